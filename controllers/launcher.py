@@ -1,0 +1,49 @@
+"""fabriclab's own os-ken launcher (os-ken 4.x ships no ``osken-manager``).
+
+Usage: ``python -m controllers.launcher --topology T.json --status S.json --port 6653``.
+Listens for OpenFlow 1.3 on 127.0.0.1 only, on native threads (no eventlet monkey-patching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, configure os-ken and run the fabric controller until signalled."""
+    parser = argparse.ArgumentParser(prog="fabriclab-controller")
+    parser.add_argument("--topology", required=True, help="intended topology (JSON)")
+    parser.add_argument("--status", required=True, help="status file the app keeps current")
+    parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address")
+    parser.add_argument("--log", help="log file (default: stderr)")
+    parser.add_argument("--app", default="controllers.app", help="os-ken app module")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(filename=args.log, level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # app_manager must be imported before controller.controller (circular import otherwise).
+    from os_ken import cfg
+    from os_ken.base import app_manager
+    from os_ken.controller import controller  # noqa: F401 - registers the ofp-* options
+
+    cfg.CONF.register_opts([cfg.StrOpt("topology"), cfg.StrOpt("status")], group="fabriclab")
+    cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)],
+             project="os_ken")
+    cfg.CONF.set_override("topology", args.topology, group="fabriclab")
+    cfg.CONF.set_override("status", args.status, group="fabriclab")
+
+    def _stop(signum, _frame):
+        logging.getLogger("fabriclab.controller").info("signal %d: exiting", signum)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    app_manager.AppManager.run_apps([args.app])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""Pure forwarding policy: from the intended topology and live link state to per-switch tables.
+
+The controller app is a shim over :class:`FabricPolicy`: it decodes OpenFlow events, calls the
+policy with ``now``, and sends the :class:`Op` lists the policy returns. Nothing here imports
+os_ken or touches a socket, so the whole policy is tested against a fake flow table.
+
+Forwarding is L3 on the host addresses (MACs are not rewritten; hosts hold static ARP entries or
+ask the controller):
+
+* on an access switch, one /32 route per attached host -> output port;
+* on every switch, one route per other access switch's /24 -> a SELECT group whose buckets are the
+  ports on shortest paths towards it (per-flow ECMP; the switch hashes the 5-tuple);
+* ARP and LLDP go to the controller; anything else is dropped by the table-miss entry.
+
+Link failures are handled by recomputing the desired tables on the live graph and sending the
+difference, which in practice modifies the buckets of the affected groups only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from testbed.topology import Link, Node, Topology
+
+ETH_TYPE_IPV4 = 0x0800
+ETH_TYPE_ARP = 0x0806
+ETH_TYPE_LLDP = 0x88CC
+CONTROLLER_PORT = "controller"
+
+PRIORITY_MISS = 0
+PRIORITY_PREFIX = 100
+PRIORITY_HOST = 200
+PRIORITY_PUNT = 300
+
+
+@dataclass(frozen=True)
+class FlowEntry:
+    """One flow: ``match`` and ``actions`` are sorted tuples of (name, value)."""
+
+    priority: int
+    match: tuple[tuple[str, object], ...]
+    actions: tuple[tuple[str, object], ...]
+
+    @property
+    def key(self) -> tuple:
+        return (self.priority, self.match)
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """An OpenFlow SELECT group; each bucket outputs to (and watches) one port."""
+
+    group_id: int
+    ports: tuple[int, ...]
+
+
+@dataclass
+class SwitchTables:
+    """The desired (or installed) flow and group tables of one switch."""
+
+    flows: dict[tuple, FlowEntry] = field(default_factory=dict)
+    groups: dict[int, GroupEntry] = field(default_factory=dict)
+
+    def add_flow(self, entry: FlowEntry) -> None:
+        self.flows[entry.key] = entry
+
+    def add_group(self, entry: GroupEntry) -> None:
+        self.groups[entry.group_id] = entry
+
+
+@dataclass(frozen=True)
+class Op:
+    """One change to a switch: ``kind`` is clear, group_add, group_mod, group_del, flow_add,
+    flow_del, or barrier; ``entry`` is the FlowEntry/GroupEntry concerned."""
+
+    kind: str
+    entry: FlowEntry | GroupEntry | None = None
+
+
+@dataclass(frozen=True)
+class PortMismatch:
+    """A difference between the intended ports of a switch and the ones it reported."""
+
+    switch: str
+    port: int
+    expected: str | None
+    found: str | None
+
+    def __str__(self) -> str:
+        if self.found is None:
+            return f"{self.switch}: port {self.port} ({self.expected}) missing"
+        if self.expected is None:
+            return f"{self.switch}: unexpected port {self.port} ({self.found})"
+        return f"{self.switch}: port {self.port} is {self.found!r}, expected {self.expected!r}"
+
+
+def _prefix_match(subnet: str) -> tuple[tuple[str, object], ...]:
+    addr, plen = subnet.split("/")
+    mask = ".".join(str((0xFFFFFFFF << (32 - int(plen)) >> (24 - 8 * i)) & 0xFF) for i in range(4))
+    return (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (addr, mask)))
+
+
+def compute_tables(topo: Topology, link_up: dict[str, bool]) -> dict[str, SwitchTables]:
+    """Compute the desired tables of every switch for the given link state.
+
+    Args:
+        topo: the intended topology.
+        link_up: link name -> up; links not present count as up.
+
+    Returns:
+        switch name -> desired tables.
+    """
+    access = topo.access_switches
+    group_ids = {sw.name: i for i, sw in enumerate(access, start=1)}
+    tables = {sw.name: SwitchTables() for sw in topo.switches}
+    for sw in topo.switches:
+        t = tables[sw.name]
+        t.add_flow(FlowEntry(PRIORITY_MISS, (), ()))
+        t.add_flow(FlowEntry(PRIORITY_PUNT, (("eth_type", ETH_TYPE_LLDP),),
+                             (("output", CONTROLLER_PORT),)))
+        for port, link in topo.ports(sw.name).items():
+            if link.tier == "host":
+                host = topo.nodes[link.other(sw.name).node]
+                t.add_flow(FlowEntry(PRIORITY_HOST, (("eth_type", ETH_TYPE_IPV4),
+                                                     ("ipv4_dst", (host.ip, "255.255.255.255"))),
+                                     (("output", port),)))
+        if sw.role in ("edge", "leaf"):
+            t.add_flow(FlowEntry(PRIORITY_PUNT, (("eth_type", ETH_TYPE_ARP),),
+                                 (("output", CONTROLLER_PORT),)))
+    for dst in access:
+        dist = _distances_to(topo, dst.name, link_up)
+        for sw in topo.switches:
+            if sw.name == dst.name:
+                continue
+            ports = tuple(sorted(_next_hops(topo, sw.name, dist, link_up)))
+            gid = group_ids[dst.name]
+            tables[sw.name].add_group(GroupEntry(gid, ports))
+            tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
+                                               (("group", gid),)))
+    return tables
+
+
+def _is_up(link: Link, link_up: dict[str, bool]) -> bool:
+    return link_up.get(link.name, True)
+
+
+def _distances_to(topo: Topology, target: str, link_up: dict[str, bool]) -> dict[str, int]:
+    """Hop distances from every switch to ``target`` over live fabric links (BFS)."""
+    dist = {target: 0}
+    queue = deque([target])
+    while queue:
+        node = queue.popleft()
+        for link in topo.ports(node).values():
+            if link.tier != "fabric" or not _is_up(link, link_up):
+                continue
+            peer = link.other(node).node
+            if peer not in dist:
+                dist[peer] = dist[node] + 1
+                queue.append(peer)
+    return dist
+
+
+def _next_hops(topo: Topology, node: str, dist: dict[str, int],
+               link_up: dict[str, bool]) -> Iterable[int]:
+    if node not in dist:
+        return []
+    return [port for port, link in topo.ports(node).items()
+            if link.tier == "fabric" and _is_up(link, link_up)
+            and dist.get(link.other(node).node) == dist[node] - 1]
+
+
+def diff_tables(old: SwitchTables | None, new: SwitchTables) -> list[Op]:
+    """The ops that turn ``old`` into ``new``; ``old=None`` means unknown (clear first).
+
+    Groups are added or changed before the flows that point at them, and deleted after them.
+    """
+    ops: list[Op] = []
+    if old is None:
+        ops.append(Op("clear"))
+        old = SwitchTables()
+    for gid, group in sorted(new.groups.items()):
+        if gid not in old.groups:
+            ops.append(Op("group_add", group))
+        elif old.groups[gid] != group:
+            ops.append(Op("group_mod", group))
+    for key, flow in sorted(new.flows.items(), key=lambda kv: _sort_key(kv[0])):
+        if old.flows.get(key) != flow:
+            ops.append(Op("flow_add", flow))  # OFPFC_ADD replaces an identical match
+    for key, flow in sorted(old.flows.items(), key=lambda kv: _sort_key(kv[0])):
+        if key not in new.flows:
+            ops.append(Op("flow_del", flow))
+    for gid, group in sorted(old.groups.items()):
+        if gid not in new.groups:
+            ops.append(Op("group_del", group))
+    if ops:
+        ops.append(Op("barrier"))
+    return ops
+
+
+def _sort_key(key: tuple) -> tuple:
+    return (key[0], repr(key[1]))
+
+
+def check_ports(topo: Topology, switch: Node, reported: dict[int, str]) -> list[PortMismatch]:
+    """Compare the ports a switch reported (number -> name) with the intended ones."""
+    expected = {port: link.end(switch.name).ifname for port, link in topo.ports(switch.name).items()}
+    out = []
+    for port in sorted(set(expected) | set(reported)):
+        if expected.get(port) != reported.get(port):
+            out.append(PortMismatch(switch.name, port, expected.get(port), reported.get(port)))
+    return out
+
+
+class FabricPolicy:
+    """Controller state and decisions for one fabric; every method returns what to send.
+
+    Args:
+        topo: the intended topology.
+    """
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.port_up: dict[tuple[str, int], bool] = {}
+        self.installed: dict[str, SwitchTables] = {}
+        self.connected: set[str] = set()
+        self.mismatches: dict[str, list[PortMismatch]] = {}
+        self.events: list[tuple[float, str]] = []
+        self._desired: dict[str, SwitchTables] | None = None
+
+    # -- queries ------------------------------------------------------------------------------
+    def link_state(self) -> dict[str, bool]:
+        """Link name -> up, from the port states reported so far (unknown counts as up)."""
+        state = {}
+        for link in self.topo.links:
+            ends = [e for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
+            state[link.name] = all(self.port_up.get((e.node, e.port), True) for e in ends)
+        return state
+
+    def desired(self) -> dict[str, SwitchTables]:
+        if self._desired is None:
+            self._desired = compute_tables(self.topo, self.link_state())
+        return self._desired
+
+    # -- events -------------------------------------------------------------------------------
+    def switch_connected(self, dpid: int, ports: dict[int, tuple[str, bool]],
+                         now: float) -> list[Op]:
+        """A switch (re)connected and described its ports.
+
+        Args:
+            dpid: its datapath id.
+            ports: port number -> (interface name, live) for its physical ports.
+            now: the current time.
+
+        Returns:
+            The ops that bring this switch to its desired state (starting with a clear).
+            Port-state changes that affect other switches are folded in by
+            :meth:`reconcile`, which the caller runs next.
+        """
+        switch = self.topo.switch_by_dpid(dpid)
+        if switch is None:
+            self.events.append((now, f"unknown datapath {dpid:016x} connected"))
+            return []
+        self.connected.add(switch.name)
+        self.mismatches[switch.name] = check_ports(self.topo, switch,
+                                                   {p: n for p, (n, _) in ports.items()})
+        for mismatch in self.mismatches[switch.name]:
+            self.events.append((now, f"port mismatch: {mismatch}"))
+        for port in self.topo.ports(switch.name):
+            live = ports.get(port, ("", False))[1]
+            self._set_port(switch.name, port, live)
+        self.events.append((now, f"{switch.name} connected"))
+        self.installed.pop(switch.name, None)
+        return self._sync(switch.name)
+
+    def switch_disconnected(self, dpid: int, now: float) -> None:
+        switch = self.topo.switch_by_dpid(dpid)
+        if switch is None:
+            return
+        self.connected.discard(switch.name)
+        self.installed.pop(switch.name, None)
+        self.events.append((now, f"{switch.name} disconnected"))
+
+    def port_status(self, dpid: int, port: int, live: bool, now: float) -> dict[str, list[Op]]:
+        """A port went up or down; returns the ops for every connected switch affected."""
+        switch = self.topo.switch_by_dpid(dpid)
+        if switch is None or self.topo.link_at(switch.name, port) is None:
+            return {}
+        if self.port_up.get((switch.name, port), True) != live:
+            self.events.append((now, f"{switch.name} port {port} {'up' if live else 'down'}"))
+        self._set_port(switch.name, port, live)
+        return self.reconcile()
+
+    def reconcile(self) -> dict[str, list[Op]]:
+        """Bring every connected switch to the desired state; returns the non-empty op lists."""
+        out = {}
+        for name in sorted(self.connected):
+            ops = self._sync(name)
+            if ops:
+                out[name] = ops
+        return out
+
+    def _set_port(self, switch: str, port: int, live: bool) -> None:
+        if self.port_up.get((switch, port), True) != live or (switch, port) not in self.port_up:
+            self.port_up[(switch, port)] = live
+            self._desired = None
+
+    def _sync(self, name: str) -> list[Op]:
+        new = self.desired()[name]
+        ops = diff_tables(self.installed.get(name), new)
+        self.installed[name] = new
+        return ops
+
+    def arp_reply(self, target_ip: str) -> str | None:
+        """The MAC a proxy-ARP reply carries for ``target_ip``, or None for no reply."""
+        for host in self.topo.hosts:
+            if host.ip == target_ip:
+                return host.mac
+        return None
+
+    def lldp_seen(self, dpid: int, in_port: int, peer_dpid: int, peer_port: int,
+                  now: float) -> str | None:
+        """Check one LLDP adjacency against the model; returns a mismatch text or None."""
+        switch = self.topo.switch_by_dpid(dpid)
+        peer = self.topo.switch_by_dpid(peer_dpid)
+        if switch is None or peer is None:
+            return None
+        link = self.topo.link_at(switch.name, in_port)
+        expected = link.other(switch.name) if link else None
+        if expected and (expected.node, expected.port) == (peer.name, peer_port):
+            return None
+        text = (f"wiring mismatch: {switch.name} port {in_port} sees {peer.name} port {peer_port}, "
+                f"expected {expected.node + ' port ' + str(expected.port) if expected else 'nothing'}")
+        self.events.append((now, text))
+        return text

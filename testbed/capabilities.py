@@ -1,0 +1,123 @@
+"""Probe what the running kernel and Open vSwitch can do, once per boot.
+
+Qdiscs are probed by asking the kernel to create each kind, without options, on the loopback
+device of a throwaway network namespace: ENOENT means the kind is unknown to this kernel (its
+module is missing), anything else means the kind exists. The OVS kernel datapath exists when the
+``ovs_datapath`` generic-netlink family does. Results are cached in the state directory keyed by
+the boot id, so a reboot (or a new kernel) probes again.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pyroute2 import IPRoute, netns
+from pyroute2 import GenericNetlinkSocket
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWQDISC
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+from testbed import ovs
+
+PROBED_QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "fq", "sfq",
+                 "prio", "cake", "clsact", "ingress")
+_PARENT = {"clsact": 0xFFFFFFF1, "ingress": 0xFFFFFFF1}
+
+
+@dataclass
+class Capabilities:
+    """What this machine offers to a fabric."""
+
+    kernel: str
+    ovs_kernel_datapath: bool
+    ovs_iface_types: list[str] = field(default_factory=list)
+    ovs_userspace_tso: bool = False
+    qdiscs: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def datapath_type(self) -> str:
+        """``system`` (kernel datapath) where the kernel has it, else ``netdev`` (userspace)."""
+        return "system" if self.ovs_kernel_datapath else "netdev"
+
+    def has_qdisc(self, kind: str) -> bool:
+        return self.qdiscs.get(kind, False)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def probe_qdiscs() -> dict[str, bool]:
+    """Which qdisc kinds the kernel knows, tried in a throwaway namespace."""
+    name = f"fl-probe-{uuid.uuid4().hex[:8]}"
+    netns.create(name)
+    try:
+        with IPRoute(netns=name) as ipr:
+            lo = ipr.link_lookup(ifname="lo")[0]
+            ipr.link("set", index=lo, state="up")
+            return {kind: _qdisc_known(ipr, lo, kind) for kind in PROBED_QDISCS}
+    finally:
+        netns.remove(name)
+
+
+def _qdisc_known(ipr: IPRoute, index: int, kind: str) -> bool:
+    msg = tcmsg()
+    msg["index"] = index
+    msg["handle"] = 0xFFFF0000 if kind in _PARENT else 0x50000
+    msg["parent"] = _PARENT.get(kind, 0xFFFFFFFF)
+    msg["attrs"] = [["TCA_KIND", kind]]
+    ipr.status["nlm_generator"] = False  # pyroute2 0.9's sync nlm_request reads this key
+    try:
+        ipr.nlm_request(msg, msg_type=RTM_NEWQDISC,
+                        msg_flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+    except NetlinkError as err:
+        return err.code != errno.ENOENT
+    ipr.tc("del", index=index, handle=msg["handle"], parent=msg["parent"])
+    return True
+
+
+def probe_ovs_kernel_datapath() -> bool:
+    sock = GenericNetlinkSocket()
+    try:
+        sock.bind("ovs_datapath", None)
+        return True
+    except NetlinkError:
+        return False
+    finally:
+        sock.close()
+
+
+def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
+    """Return the machine's capabilities, probing the kernel once per boot.
+
+    The OVS part (interface types, userspace TSO) is read every time: it is cheap and it
+    changes when the daemons are reconfigured.
+    """
+    cache = state_dir / "capabilities.json"
+    boot = _boot_id()
+    kernel = os.uname().release
+    cached = None
+    if cache.exists() and not refresh:
+        try:
+            cached = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            cached = None
+    if cached and cached.get("boot_id") == boot:
+        caps = Capabilities(kernel, cached["ovs_kernel_datapath"], qdiscs=cached["qdiscs"])
+    else:
+        caps = Capabilities(kernel, probe_ovs_kernel_datapath(), qdiscs=probe_qdiscs())
+        state_dir.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"boot_id": boot, **asdict(caps)}, indent=1))
+    types = ovs.vsctl("get", "Open_vSwitch", ".", "iface_types").strip()
+    caps.ovs_iface_types = [t.strip() for t in types.strip("[]").split(",") if t.strip()]
+    caps.ovs_userspace_tso = ovs.get_other_config("userspace-tso-enable") == "true"
+    return caps

@@ -1,0 +1,92 @@
+"""Remove what a run created, from its record: the normal teardown path and ``fabriclab clean``.
+
+Only resources listed in a run record (or OVS bridges tagged with a fabriclab run id) are
+touched; nothing is found or killed by a broad name.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed import ovs
+from testbed.errors import TestbedError
+from testbed.netlink import Netlink
+from testbed.registry import Registry, RunRecord, stop_process
+
+
+@dataclass
+class CleanReport:
+    """What a clean removed, and what it could not."""
+
+    runs: list[str] = field(default_factory=list)
+    bridges: int = 0
+    links: int = 0
+    processes: int = 0
+    skipped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def clean_record(record: RunRecord, registry: Registry, report: CleanReport | None = None,
+                 keep_run_dir: bool = True) -> CleanReport:
+    """Remove every resource of one run, in dependency order, then its record.
+
+    Each step runs even when an earlier one failed; failures are collected in the report and the
+    record is kept so that a later clean can retry.
+    """
+    report = report or CleanReport()
+    errors_before = len(report.errors)
+    try:
+        existing = set(ovs.bridges_by_run())
+        mine = [b for b in record.bridges if b in existing]
+        ovs.delete_bridges(mine)
+        report.bridges += len(mine)
+    except TestbedError as err:
+        report.errors.append(f"{record.run_id}: bridges: {err}")
+    hosts = [p for p in record.processes if p.role.startswith("host:")]
+    others = [p for p in record.processes if not p.role.startswith("host:")]
+    for proc in others + hosts:  # agents before the shells whose namespaces they live in
+        if proc.alive():
+            try:
+                stop_process(proc)
+                report.processes += 1
+            except OSError as err:
+                report.errors.append(f"{record.run_id}: pid {proc.pid} ({proc.role}): {err}")
+    try:
+        with Netlink() as nl:
+            for name in sorted(nl.existing(set(record.links) | set(record.bridges))):
+                if nl.delete(name):
+                    report.links += 1
+    except TestbedError as err:
+        report.errors.append(f"{record.run_id}: links: {err}")
+    if len(report.errors) == errors_before:
+        registry.remove(record)
+        report.runs.append(record.run_id)
+        if not keep_run_dir:
+            shutil.rmtree(record.run_dir, ignore_errors=True)
+    return report
+
+
+def clean(registry: Registry, include_live: bool = False) -> CleanReport:
+    """Clean every recorded run whose owner is gone (or all, with ``include_live``), then any
+    fabriclab-tagged OVS bridge that no live run owns."""
+    report = CleanReport()
+    live_ids = set()
+    for record in registry.runs():
+        if record.owner_alive() and not include_live:
+            live_ids.add(record.run_id)
+            report.skipped.append(f"{record.run_id} (pid {record.owner_pid} still running)")
+            continue
+        clean_record(record, registry, report)
+    try:
+        orphans = [b for b, run in ovs.bridges_by_run().items() if run not in live_ids]
+        ovs.delete_bridges(orphans)
+        report.bridges += len(orphans)
+    except TestbedError as err:
+        report.errors.append(f"orphan bridges: {err}")
+    return report
+
+
+def remove_run_dir(path: str | Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,287 @@
+"""A running fabric: build the topology model on this machine, and take it down again.
+
+:class:`Fabric` is a context manager. Everything it creates is recorded in a run record before it
+is created, and removed in ``__exit__`` (normal exit, exception, Ctrl-C, or SIGTERM turned into an
+exception by the CLI). A run killed with SIGKILL is removed by ``fabriclab clean`` or by the next
+fabric that comes up.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from testbed import capabilities, cleanup, ovs
+from testbed.config import Experiment
+from testbed.errors import ConfigError, TestbedError
+from testbed.mininet_hosts import Hosts
+from testbed.netlink import Netlink
+from testbed.reachability import Reachability, evaluate, fping_command
+from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord
+from testbed.tcplan import plan_shaping
+from testbed.topology import HOST_PREFIX_LEN, Link
+
+POLL_S = 0.05
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM while tearing down, so a second Ctrl-C cannot leak resources."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in saved:
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to defer
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+class Fabric:
+    """One emulated fabric, up between ``__enter__`` and ``__exit__``.
+
+    Args:
+        experiment: the validated experiment.
+        state_dir: where run records and the capability cache live.
+        log: called with progress lines.
+    """
+
+    def __init__(self, experiment: Experiment, state_dir: Path = DEFAULT_STATE_DIR,
+                 log: Callable[[str], None] = lambda _msg: None) -> None:
+        self.experiment = experiment
+        self.topo = experiment.topology
+        self.registry = Registry(state_dir)
+        self.log = log
+        self.timings: dict[str, float] = {}
+        self.record: RunRecord | None = None
+        self.hosts: Hosts | None = None
+        self.netlink: Netlink | None = None
+        self.controller: subprocess.Popen | None = None
+        self.caps: capabilities.Capabilities | None = None
+        self.of_port = 0
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.record is not None
+        return Path(self.record.run_dir)
+
+    @property
+    def status_path(self) -> Path:
+        return self.run_dir / "controller-status.json"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> "Fabric":
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self) -> None:
+        """Build the fabric and wait until the controller has programmed every switch."""
+        start = time.monotonic()
+        self.caps = self._check_machine()
+        self._prepare_run()
+        self._step("controller", self._start_controller)
+        self._step("hosts", self._start_hosts)
+        self._step("links", self._create_links)
+        self._step("switches", self._create_switches)
+        self._step("programmed", self._wait_programmed)
+        self.timings["up_total"] = time.monotonic() - start
+
+    def down(self) -> None:
+        """Remove everything this fabric created (safe to call more than once)."""
+        if self.record is None:
+            return
+        start = time.monotonic()
+        with signals_deferred():
+            if self.hosts is not None:
+                self.hosts.stop()
+                self.hosts = None
+            if self.netlink is not None:
+                self.netlink.close()
+                self.netlink = None
+            report = cleanup.clean_record(self.record, self.registry)
+            if self.controller is not None:
+                self.controller.wait()
+                self.controller = None
+            if report.errors:
+                raise TestbedError("teardown incomplete (run 'fabriclab clean'):\n  "
+                                   + "\n  ".join(report.errors))
+            cleanup.remove_run_dir(self.record.run_dir)
+            self.record = None
+        self.timings["down_total"] = time.monotonic() - start
+
+    def _step(self, name: str, fn: Callable[[], None]) -> None:
+        t0 = time.monotonic()
+        fn()
+        self.timings[name] = time.monotonic() - t0
+        self.log(f"{name}: {self.timings[name]:.2f} s")
+
+    # -- steps --------------------------------------------------------------------------------
+    def _check_machine(self) -> capabilities.Capabilities:
+        ovs.check_running()
+        caps = capabilities.probe(self.registry.state_dir)
+        for path, kind in self.experiment.required_qdiscs():
+            if not caps.has_qdisc(kind):
+                raise ConfigError(path, f"needs the '{kind}' qdisc, which this kernel "
+                                  f"({caps.kernel}) does not have (module sch_{kind} missing)")
+        if caps.datapath_type == "netdev" and not caps.ovs_userspace_tso:
+            raise TestbedError("Open vSwitch runs the userspace datapath without "
+                               "other_config:userspace-tso-enable=true; TCP through it breaks "
+                               "or crawls. Run scripts/setup.sh (sets it and restarts OVS).")
+        return caps
+
+    def _prepare_run(self) -> None:
+        report = cleanup.clean(self.registry)  # runs killed with SIGKILL
+        if report.runs:
+            self.log(f"cleaned {len(report.runs)} stale run(s)")
+        live = [r for r in self.registry.runs() if r.owner_alive()]
+        if live:
+            raise TestbedError(f"another fabric is up (run {live[0].run_id}, pid "
+                               f"{live[0].owner_pid}); stop it or run 'fabriclab clean --all'")
+        run_dir = self.registry.state_dir / "work"
+        self.record = self.registry.new_run(run_dir)
+        self.record.run_dir = str(run_dir / self.record.run_id)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.registry.save(self.record)
+        self.netlink = Netlink()
+
+    def _start_controller(self) -> None:
+        topo_path = self.run_dir / "topology.json"
+        topo_path.write_text(json.dumps(self.topo.to_dict()))
+        self.of_port = _free_port()
+        cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
+               "--status", str(self.status_path), "--port", str(self.of_port),
+               "--log", str(self.run_dir / "controller.log")]
+        with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
+            self.controller = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                               stdout=subprocess.DEVNULL, stderr=err,
+                                               start_new_session=True)
+        self.registry.track_process(self.record, self.controller.pid, "controller")
+
+    def _start_hosts(self) -> None:
+        def track(name: str, pid: int) -> None:
+            self.registry.track_process(self.record, pid, f"host:{name}")
+
+        self.hosts = Hosts([h.name for h in self.topo.hosts], on_spawn=track)
+
+    def _root_ends(self, link: Link) -> list[str]:
+        return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
+
+    def _create_links(self) -> None:
+        fab = self.experiment.fabric
+        self.record.links = [n for l in self.topo.links for n in self._root_ends(l)]
+        self.registry.save(self.record)
+        nl, mtu = self.netlink, fab.mtu
+        for link in self.topo.links:
+            plan = plan_shaping(link.rate_mbps, mtu, fab.queue_kb, fab.queue_packets)
+            if link.tier == "host":
+                host = self.topo.nodes[link.a.node]
+                pid = self.hosts.pid(host.name)
+                nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=pid, peer_mac=host.mac,
+                               mtu=mtu)
+                nl.shape(link.a.ifname, plan, pid=pid)
+            else:
+                nl.create_veth(link.b.ifname, link.a.ifname, mtu=mtu)
+                nl.shape(link.a.ifname, plan)
+                nl.set_state(link.a.ifname, True)
+            nl.shape(link.b.ifname, plan)
+            nl.set_state(link.b.ifname, True)
+        neighbours = [(h.ip, h.mac) for h in self.topo.hosts]
+        for host in self.topo.hosts:
+            nl.configure_host(self.hosts.pid(host.name), self.topo.host_link(host.name).a.ifname,
+                              host.ip, HOST_PREFIX_LEN,
+                              [n for n in neighbours if n[0] != host.ip])
+
+    def _create_switches(self) -> None:
+        self._wait_listening()
+        specs = [ovs.BridgeSpec(sw.name, sw.dpid_hex,
+                                tuple((l.end(sw.name).ifname, p)
+                                      for p, l in self.topo.ports(sw.name).items()))
+                 for sw in self.topo.switches]
+        self.record.bridges = [s.name for s in specs]
+        self.registry.save(self.record)
+        ovs.create_bridges(specs, self.record.run_id, self.caps.datapath_type,
+                           f"tcp:127.0.0.1:{self.of_port}", self.experiment.fabric.mtu)
+
+    def _wait_listening(self, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_controller_alive()
+            try:
+                with socket.create_connection(("127.0.0.1", self.of_port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(POLL_S)
+        raise TestbedError(f"controller did not listen on 127.0.0.1:{self.of_port} within "
+                           f"{timeout_s:.0f} s; see {self.run_dir / 'controller.log'}")
+
+    def _check_controller_alive(self) -> None:
+        if self.controller is not None and self.controller.poll() is not None:
+            err = (self.run_dir / "controller.stderr").read_text()[-2000:]
+            raise TestbedError(f"controller exited with code {self.controller.returncode}",
+                               stderr=err)
+
+    def controller_status(self) -> dict:
+        """The controller's latest status document (empty before its first write)."""
+        try:
+            return json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _wait_programmed(self) -> None:
+        timeout_s = self.experiment.controller.ready_timeout_s
+        deadline = time.monotonic() + timeout_s
+        expected = {sw.name for sw in self.topo.switches}
+        status: dict = {}
+        while time.monotonic() < deadline:
+            self._check_controller_alive()
+            status = self.controller_status()
+            problems = status.get("errors", []) + status.get("port_mismatches", [])
+            if problems:
+                raise TestbedError("controller reported problems:\n  " + "\n  ".join(problems))
+            if expected <= set(status.get("programmed", [])):
+                return
+            time.sleep(POLL_S)
+        missing = sorted(expected - set(status.get("programmed", [])))
+        raise TestbedError(f"{len(missing)} switch(es) not programmed within {timeout_s:.0f} s: "
+                           f"{', '.join(missing[:10])}; see {self.run_dir / 'controller.log'}")
+
+    # -- operations on a running fabric ---------------------------------------------------------
+    def reachability(self, count: int = 2, timeout_s: float = 60.0) -> Reachability:
+        """Probe every ordered host pair ``count`` times, all sources at once."""
+        hosts = self.topo.hosts
+        expected = {h.name: {o.ip: o.name for o in hosts if o is not h} for h in hosts}
+        commands = {src: fping_command(sorted(targets), count) for src, targets in expected.items()}
+        results = self.hosts.run_parallel(commands, timeout_s)
+        return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
+
+    def set_link(self, node1: str, node2: str, up: bool) -> Link:
+        """Take the link between two nodes down (both ends) or bring it back up."""
+        link = self.topo.find_link(node1, node2)
+        for end in (link.a, link.b):
+            node = self.topo.nodes[end.node]
+            pid = None if node.is_switch else self.hosts.pid(node.name)
+            self.netlink.set_state(end.ifname, up, pid=pid)
+        return link

@@ -1,0 +1,147 @@
+"""Netlink adapter (pyroute2): veth pairs, link state, HTB shaping, addresses, neighbours.
+
+The only module that speaks rtnetlink. Every failing request raises :class:`TestbedError` naming
+the interface and the operation.
+"""
+
+from __future__ import annotations
+
+import errno
+from contextlib import contextmanager
+from typing import Iterator
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
+from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
+
+from testbed.errors import TestbedError
+from testbed.tcplan import Shaping
+
+# bfifo takes the same options as pfifo (struct tc_fifo_qopt) but pyroute2 does not list it.
+_tc_plugins.setdefault("bfifo", sched_pfifo)
+
+HTB_HANDLE = 0x10000  # 1:
+HTB_CLASS = 0x10001  # 1:1
+LEAF_HANDLE = 0x100000  # 10:
+
+
+@contextmanager
+def _request(what: str) -> Iterator[None]:
+    try:
+        yield
+    except NetlinkError as err:
+        raise TestbedError(f"netlink: {what} failed: {err.args[1] if len(err.args) > 1 else err}"
+                           f" (errno {err.code})") from err
+
+
+class Netlink:
+    """Root-namespace and per-namespace rtnetlink sockets, opened once and reused."""
+
+    def __init__(self) -> None:
+        self.root = IPRoute()
+        self._ns: dict[int, IPRoute] = {}
+
+    def close(self) -> None:
+        for ipr in [self.root, *self._ns.values()]:
+            ipr.close()
+        self._ns.clear()
+
+    def __enter__(self) -> "Netlink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def ns(self, pid: int | None) -> IPRoute:
+        """The socket for the network namespace of process ``pid`` (None: the root one)."""
+        if pid is None:
+            return self.root
+        if pid not in self._ns:
+            with _request(f"open namespace of pid {pid}"):
+                self._ns[pid] = IPRoute(netns=f"/proc/{pid}/ns/net")
+        return self._ns[pid]
+
+    # -- links ------------------------------------------------------------------------------
+    def create_veth(self, name: str, peer: str, peer_pid: int | None = None,
+                    peer_mac: str | None = None, mtu: int = 1500) -> None:
+        """Create a veth pair ``name`` (root namespace) -- ``peer`` (in ``peer_pid``'s)."""
+        peer_spec: dict = {"ifname": peer, "mtu": mtu}
+        if peer_pid is not None:
+            peer_spec["net_ns_pid"] = peer_pid
+        if peer_mac:
+            peer_spec["address"] = peer_mac
+        with _request(f"create veth {name}--{peer}"):
+            self.root.link("add", ifname=name, kind="veth", mtu=mtu, peer=peer_spec)
+
+    def index(self, ifname: str, pid: int | None = None) -> int:
+        found = self.ns(pid).link_lookup(ifname=ifname)
+        if not found:
+            raise TestbedError(f"netlink: interface {ifname} not found")
+        return found[0]
+
+    def set_state(self, ifname: str, up: bool, pid: int | None = None) -> None:
+        with _request(f"set {ifname} {'up' if up else 'down'}"):
+            self.ns(pid).link("set", index=self.index(ifname, pid), state="up" if up else "down")
+
+    def is_up(self, ifname: str, pid: int | None = None) -> bool:
+        link = self.ns(pid).get_links(self.index(ifname, pid))[0]
+        return link.get_attr("IFLA_OPERSTATE") == "UP"
+
+    def delete(self, ifname: str) -> bool:
+        """Delete a root-namespace link; returns False when it did not exist."""
+        try:
+            self.root.link("del", index=self.index(ifname))
+            return True
+        except TestbedError:
+            return False
+        except NetlinkError as err:
+            if err.code in (errno.ENODEV, errno.ENOENT):
+                return False
+            raise TestbedError(f"netlink: delete {ifname} failed: {err}") from err
+
+    def existing(self, names: set[str]) -> set[str]:
+        """Which of ``names`` exist in the root namespace."""
+        return {l.get_attr("IFLA_IFNAME") for l in self.root.get_links()} & names
+
+    # -- traffic control --------------------------------------------------------------------
+    def shape(self, ifname: str, plan: Shaping, pid: int | None = None) -> None:
+        """Install ``htb 1: / class 1:1 / {b,p}fifo 10:`` on the egress of ``ifname``."""
+        ipr = self.ns(pid)
+        idx = self.index(ifname, pid)
+        with _request(f"tc htb on {ifname}"):
+            ipr.tc("replace", "htb", index=idx, handle=HTB_HANDLE, default=1)
+            ipr.tc("add-class", "htb", index=idx, handle=HTB_CLASS, parent=HTB_HANDLE,
+                   rate=f"{plan.rate_kbit}kbit", ceil=f"{plan.rate_kbit}kbit",
+                   burst=plan.burst_bytes, cburst=plan.burst_bytes, quantum=plan.quantum_bytes)
+        with _request(f"tc {plan.queue_kind} on {ifname}"):
+            ipr.tc("add", plan.queue_kind, index=idx, handle=LEAF_HANDLE, parent=HTB_CLASS,
+                   limit=plan.queue_limit)
+
+    def qdisc_stats(self, ifname: str, pid: int | None = None) -> list[dict]:
+        """Kind, handle and basic counters of every qdisc on ``ifname``."""
+        out = []
+        for q in self.ns(pid).get_qdiscs(index=self.index(ifname, pid)):
+            stats = q.get_attr("TCA_STATS2")
+            basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
+            queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
+            out.append({"kind": q.get_attr("TCA_KIND"), "handle": q["handle"],
+                        "bytes": basic["bytes"] if basic else 0,
+                        "packets": basic["packets"] if basic else 0,
+                        "drops": queue["drops"] if queue else 0})
+        return out
+
+    # -- addresses --------------------------------------------------------------------------
+    def configure_host(self, pid: int, ifname: str, ip: str, prefix_len: int,
+                       neighbours: list[tuple[str, str]]) -> None:
+        """Bring a host interface up with its address and permanent ARP entries."""
+        ipr = self.ns(pid)
+        idx = self.index(ifname, pid)
+        with _request(f"configure {ifname} with {ip}/{prefix_len}"):
+            ipr.addr("add", index=idx, address=ip, prefixlen=prefix_len)
+            ipr.link("set", index=idx, state="up")
+            lo = ipr.link_lookup(ifname="lo")
+            if lo:
+                ipr.link("set", index=lo[0], state="up")
+            for addr, mac in neighbours:
+                ipr.neigh("replace", dst=addr, lladdr=mac, ifindex=idx, state="permanent")

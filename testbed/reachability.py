@@ -1,0 +1,73 @@
+"""Pure all-pairs reachability: the probe commands and the reading of their output (fping)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_FPING_LINE = re.compile(r"^(?P<ip>\d+\.\d+\.\d+\.\d+)\s*:\s*xmt/rcv/%loss\s*=\s*"
+                         r"(?P<xmt>\d+)/(?P<rcv>\d+)/")
+
+
+@dataclass
+class Reachability:
+    """Outcome of an all-pairs test: pairs are (source host, destination host)."""
+
+    pairs: int = 0
+    ok: int = 0
+    sent: int = 0
+    received: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return self.sent - self.received
+
+    @property
+    def complete(self) -> bool:
+        return self.pairs > 0 and self.ok == self.pairs and self.lost == 0
+
+    def summary(self) -> str:
+        return f"reachability: {self.ok}/{self.pairs} pairs ({self.lost} of {self.sent} probes lost)"
+
+
+def fping_command(targets: list[str], count: int, interval_ms: int = 1,
+                  period_ms: int = 20, timeout_ms: int = 500) -> list[str]:
+    """The fping command one host runs to probe ``targets`` ``count`` times each."""
+    return ["fping", "-q", "-c", str(count), "-i", str(interval_ms), "-p", str(period_ms),
+            "-t", str(timeout_ms), *targets]
+
+
+def parse_fping(text: str) -> dict[str, tuple[int, int]]:
+    """Map target IP -> (sent, received) from ``fping -q -c`` output."""
+    out = {}
+    for line in text.splitlines():
+        match = _FPING_LINE.match(line.strip())
+        if match:
+            out[match["ip"]] = (int(match["xmt"]), int(match["rcv"]))
+    return out
+
+
+def evaluate(expected: dict[str, dict[str, str]], outputs: dict[str, str]) -> Reachability:
+    """Score the probes of every source.
+
+    Args:
+        expected: source host -> {destination IP: destination host}.
+        outputs: source host -> fping output.
+
+    Returns:
+        The outcome; a pair whose line is missing counts as failed.
+    """
+    result = Reachability()
+    for src, targets in sorted(expected.items()):
+        seen = parse_fping(outputs.get(src, ""))
+        for ip, dst in sorted(targets.items(), key=lambda kv: kv[1]):
+            result.pairs += 1
+            sent, rcv = seen.get(ip, (0, 0))
+            result.sent += sent
+            result.received += rcv
+            if sent and rcv == sent:
+                result.ok += 1
+            else:
+                result.failed.append((src, dst))
+    return result

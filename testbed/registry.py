@@ -1,0 +1,125 @@
+"""What each fabriclab run created, on disk, so any later process can remove exactly that.
+
+A run records a resource *before* creating it (so a SIGKILL in between leaks nothing), and its
+record is deleted only once everything in it is gone. Processes are identified by PID and kernel
+start time, so a recycled PID is never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path("/run/fabriclab")
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The kernel start time (clock ticks since boot) of ``pid``; None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+@dataclass
+class TrackedProcess:
+    pid: int
+    start: int
+    role: str
+
+    def alive(self) -> bool:
+        return proc_start_time(self.pid) == self.start
+
+
+@dataclass
+class RunRecord:
+    """The resources of one run."""
+
+    run_id: str
+    owner_pid: int
+    owner_start: int
+    run_dir: str
+    created: float = field(default_factory=time.time)
+    bridges: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # root-namespace interface names
+    processes: list[TrackedProcess] = field(default_factory=list)
+
+    def owner_alive(self) -> bool:
+        return proc_start_time(self.owner_pid) == self.owner_start
+
+
+class Registry:
+    """Run records in ``state_dir/runs``."""
+
+    def __init__(self, state_dir: Path = DEFAULT_STATE_DIR) -> None:
+        self.state_dir = Path(state_dir)
+        self.runs_dir = self.state_dir / "runs"
+
+    def new_run(self, run_dir: Path) -> RunRecord:
+        pid = os.getpid()
+        record = RunRecord(f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}", pid,
+                           proc_start_time(pid) or 0, str(run_dir))
+        self.save(record)
+        return record
+
+    def path(self, record: RunRecord) -> Path:
+        return self.runs_dir / f"{record.run_id}.json"
+
+    def save(self, record: RunRecord) -> None:
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.path(record).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(record), indent=1))
+        os.replace(tmp, self.path(record))
+
+    def remove(self, record: RunRecord) -> None:
+        self.path(record).unlink(missing_ok=True)
+
+    def runs(self) -> list[RunRecord]:
+        out = []
+        for path in sorted(self.runs_dir.glob("*.json")) if self.runs_dir.exists() else []:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            data["processes"] = [TrackedProcess(**p) for p in data.get("processes", [])]
+            out.append(RunRecord(**data))
+        return out
+
+    def track_process(self, record: RunRecord, pid: int, role: str) -> None:
+        start = proc_start_time(pid)
+        if start is not None:
+            record.processes.append(TrackedProcess(pid, start, role))
+            self.save(record)
+
+
+def stop_process(proc: TrackedProcess, timeout_s: float = 5.0) -> None:
+    """SIGTERM a tracked process (its process group if it leads one), then SIGKILL."""
+    if not proc.alive():
+        return
+    _signal(proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            return
+        time.sleep(0.02)
+    _signal(proc, signal.SIGKILL)
+    deadline = time.monotonic() + 2
+    while proc.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _signal(proc: TrackedProcess, sig: int) -> None:
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
