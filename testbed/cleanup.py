@@ -41,6 +41,7 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
         existing = set(ovs.bridges_by_run())
         mine = [b for b in record.bridges if b in existing]
         ovs.delete_bridges(mine)
+        ovs.delete_qos({record.run_id})
         report.bridges += len(mine)
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: bridges: {err}")
@@ -82,6 +83,7 @@ def clean(registry: Registry, include_live: bool = False) -> CleanReport:
     try:
         orphans = [b for b, run in ovs.bridges_by_run().items() if run not in live_ids]
         ovs.delete_bridges(orphans)
+        ovs.delete_qos(keep=live_ids)
         report.bridges += len(orphans)
     except TestbedError as err:
         report.errors.append(f"orphan bridges: {err}")

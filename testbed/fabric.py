@@ -23,7 +23,7 @@ from testbed.config import Experiment
 from testbed.errors import ConfigError, TestbedError
 from testbed.mininet_hosts import Hosts
 from testbed.netlink import Netlink
-from testbed.reachability import Reachability, evaluate, fping_command
+from testbed.reachability import Reachability, evaluate, fping_command, probe_interval_ms
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord
 from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link
@@ -273,7 +273,9 @@ class Fabric:
         """Probe every ordered host pair ``count`` times, all sources at once."""
         hosts = self.topo.hosts
         expected = {h.name: {o.ip: o.name for o in hosts if o is not h} for h in hosts}
-        commands = {src: fping_command(sorted(targets), count) for src, targets in expected.items()}
+        interval = probe_interval_ms(len(hosts))
+        commands = {src: fping_command(sorted(targets), count, interval)
+                    for src, targets in expected.items()}
         results = self.hosts.run_parallel(commands, timeout_s)
         return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
 

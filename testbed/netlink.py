@@ -73,6 +73,21 @@ class Netlink:
             peer_spec["address"] = peer_mac
         with _request(f"create veth {name}--{peer}"):
             self.root.link("add", ifname=name, kind="veth", mtu=mtu, peer=peer_spec)
+        self._disable_ipv6(name)
+        if peer_pid is None:
+            self._disable_ipv6(peer)
+
+    @staticmethod
+    def _disable_ipv6(ifname: str) -> None:
+        """Keep a root-namespace fabric port from sending IPv6 link-local chatter (router
+        solicitations, MLD) into the switches; set before the interface comes up."""
+        try:
+            with open(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6", "w") as fh:
+                fh.write("1")
+        except FileNotFoundError:  # kernel without IPv6
+            pass
+        except OSError as err:
+            raise TestbedError(f"cannot disable IPv6 on {ifname}: {err}") from err
 
     def index(self, ifname: str, pid: int | None = None) -> int:
         found = self.ns(pid).link_lookup(ifname=ifname)

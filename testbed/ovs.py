@@ -64,8 +64,13 @@ def get_other_config(key: str) -> str | None:
 
 def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
                    controller_target: str, mtu: int, protocols: str = "OpenFlow13") -> None:
-    """Create all bridges, their ports and controller rows in one OVSDB transaction."""
-    args: list[str] = []
+    """Create all bridges, their ports and controller rows in one OVSDB transaction.
+
+    Every port gets the QoS ``linux-noop``: without it Open vSwitch deletes the root qdisc of
+    each port it adds (its empty-QoS default), silently removing the link shaping.
+    """
+    args: list[str] = ["--", "--id=@noop", "create", "QoS", "type=linux-noop",
+                       f"external_ids:{RUN_KEY}={run_id}"]
     for i, br in enumerate(bridges):
         args += ["--", "--id=@c%d" % i, "create", "Controller", f"target=\"{controller_target}\"",
                  "max_backoff=1000", "connection_mode=out-of-band"]
@@ -78,7 +83,8 @@ def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
         for ifname, port in br.ports:
             args += ["--", "add-port", br.name, ifname,
                      "--", "set", "Interface", ifname, f"ofport_request={port}",
-                     f"mtu_request={mtu}"]
+                     f"mtu_request={mtu}",
+                     "--", "set", "Port", ifname, "qos=@noop"]
     vsctl(*args)
 
 
@@ -92,14 +98,27 @@ def delete_bridges(names: list[str]) -> None:
     vsctl(*args)
 
 
-def bridges_by_run() -> dict[str, str]:
-    """Map bridge name -> fabriclab run id for every bridge fabriclab created."""
-    out = vsctl("--format=json", "--columns=name,external_ids", "list", "Bridge")
-    data = json.loads(out)
+def _tagged(table: str, column: str) -> dict[str, str]:
+    out = vsctl("--format=json", f"--columns={column},external_ids", "list", table)
     result = {}
-    for name, ext in data.get("data", []):
+    for key, ext in json.loads(out).get("data", []):
         ids = dict(ext[1]) if isinstance(ext, list) and ext[0] == "map" else {}
         if RUN_KEY in ids:
-            result[name] = ids[RUN_KEY]
+            result[key[1] if isinstance(key, list) else key] = ids[RUN_KEY]
     return result
+
+
+def bridges_by_run() -> dict[str, str]:
+    """Map bridge name -> fabriclab run id for every bridge fabriclab created."""
+    return _tagged("Bridge", "name")
+
+
+def delete_qos(run_ids: set[str] | None = None, keep: set[str] = frozenset()) -> int:
+    """Destroy fabriclab's QoS rows of the given runs (None: of every run not in ``keep``);
+    QoS is a root table, so its rows outlive the bridges that used them."""
+    uuids = [u for u, run in _tagged("QoS", "_uuid").items()
+             if (run_ids is None or run in run_ids) and run not in keep]
+    if uuids:
+        vsctl(*[a for u in uuids for a in ("--", "--if-exists", "destroy", "QoS", u)])
+    return len(uuids)
 
