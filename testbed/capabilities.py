@@ -1,7 +1,7 @@
 """Probe what the running kernel and Open vSwitch can do, once per boot.
 
 Qdiscs are probed by asking the kernel to create each kind, without options, on the loopback
-device of a throwaway network namespace: ENOENT means the kind is unknown to this kernel (its
+device of a throwaway anonymous network namespace: ENOENT means the kind is unknown to this kernel (its
 module is missing), anything else means the kind exists. The OVS kernel datapath exists when the
 ``ovs_datapath`` generic-netlink family does. Results are cached in the state directory keyed by
 the boot id, so a reboot (or a new kernel) probes again.
@@ -12,11 +12,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute
 from pyroute2 import GenericNetlinkSocket
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
@@ -24,6 +23,7 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from testbed import ovs
+from testbed.netlink import in_netns
 
 PROBED_QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "fq", "sfq",
                  "prio", "cake", "clsact", "ingress")
@@ -58,15 +58,12 @@ def _boot_id() -> str:
 
 def probe_qdiscs() -> dict[str, bool]:
     """Which qdisc kinds the kernel knows, tried in a throwaway namespace."""
-    name = f"fl-probe-{uuid.uuid4().hex[:8]}"
-    netns.create(name)
-    try:
-        with IPRoute(netns=name) as ipr:
-            lo = ipr.link_lookup(ifname="lo")[0]
-            ipr.link("set", index=lo, state="up")
-            return {kind: _qdisc_known(ipr, lo, kind) for kind in PROBED_QDISCS}
-    finally:
-        netns.remove(name)
+    with in_netns(None):  # anonymous: gone when the socket closes
+        ipr = IPRoute()
+    with ipr:
+        lo = ipr.link_lookup(ifname="lo")[0]
+        ipr.link("set", index=lo, state="up")
+        return {kind: _qdisc_known(ipr, lo, kind) for kind in PROBED_QDISCS}
 
 
 def _qdisc_known(ipr: IPRoute, index: int, kind: str) -> bool:
@@ -116,7 +113,9 @@ def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
     else:
         caps = Capabilities(kernel, probe_ovs_kernel_datapath(), qdiscs=probe_qdiscs())
         state_dir.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"boot_id": boot, **asdict(caps)}, indent=1))
+        cache.write_text(json.dumps({"boot_id": boot, "kernel": kernel,
+                                     "ovs_kernel_datapath": caps.ovs_kernel_datapath,
+                                     "qdiscs": caps.qdiscs}, indent=1))
     types = ovs.vsctl("get", "Open_vSwitch", ".", "iface_types").strip()
     caps.ovs_iface_types = [t.strip() for t in types.strip("[]").split(",") if t.strip()]
     caps.ovs_userspace_tso = ovs.get_other_config("userspace-tso-enable") == "true"

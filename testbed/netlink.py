@@ -6,11 +6,14 @@ the interface and the operation.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
 from contextlib import contextmanager
 from typing import Iterator
 
 from pyroute2 import IPRoute
+from pyroute2.netns import setns
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
@@ -24,6 +27,35 @@ _tc_plugins.setdefault("bfifo", sched_pfifo)
 HTB_HANDLE = 0x10000  # 1:
 HTB_CLASS = 0x10001  # 1:1
 LEAF_HANDLE = 0x100000  # 10:
+CLONE_NEWNET = 0x40000000
+
+
+@contextmanager
+def in_netns(path: str | None = None) -> Iterator[None]:
+    """Run the body with the calling thread in another network namespace.
+
+    ``path`` names a namespace file (``/proc/PID/ns/net``); None enters a new anonymous one,
+    which lives as long as a socket opened in the body. Sockets opened in the body stay bound
+    to that namespace. (pyroute2's own ``IPRoute(netns=...)`` forks a helper process instead,
+    which deadlocks when the caller already runs threads.)
+    """
+    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if path is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise TestbedError(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}")
+        else:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                setns(fd)
+            finally:
+                os.close(fd)
+        yield
+    finally:
+        setns(saved)
+        os.close(saved)
 
 
 @contextmanager
@@ -58,8 +90,8 @@ class Netlink:
         if pid is None:
             return self.root
         if pid not in self._ns:
-            with _request(f"open namespace of pid {pid}"):
-                self._ns[pid] = IPRoute(netns=f"/proc/{pid}/ns/net")
+            with _request(f"open namespace of pid {pid}"), in_netns(f"/proc/{pid}/ns/net"):
+                self._ns[pid] = IPRoute()
         return self._ns[pid]
 
     # -- links ------------------------------------------------------------------------------

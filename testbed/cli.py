@@ -1,0 +1,153 @@
+"""The ``fabriclab`` command: validate, up (with --check), clean, schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from testbed import cleanup, config
+from testbed.errors import ConfigError, TestbedError
+from testbed.registry import DEFAULT_STATE_DIR, Registry
+
+console = Console(stderr=False, highlight=False)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind through every ``finally`` so the fabric is torn down."""
+
+
+def _on_sigterm(signum, _frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _summary_table(exp: config.Experiment, fabric) -> Table:
+    topo = exp.topology
+    counts = topo.counts()
+    table = Table(title=f"fabric {exp.name} ({topo.kind})", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("switches", ", ".join(f"{counts[r]} {r}" for r in
+                                        ("core", "agg", "edge", "spine", "leaf") if r in counts))
+    table.add_row("hosts", str(counts["hosts"]))
+    table.add_row("links", f"{counts['links']} (host {exp.fabric.host_link.rate_mbps:g} Mbit/s, "
+                           f"fabric {exp.fabric.fabric_link.rate_mbps:g} Mbit/s)")
+    table.add_row("oversubscription", f"{topo.oversubscription():g}:1")
+    queue = (f"{exp.fabric.queue_packets} packets" if exp.fabric.queue_packets
+             else f"{exp.fabric.queue_kb} KiB")
+    table.add_row("queue / MTU", f"{queue} / {exp.fabric.mtu}")
+    table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}")
+    table.add_row("controller", f"os-ken on 127.0.0.1:{fabric.of_port}, "
+                                f"{exp.controller.routing}")
+    table.add_row("up in", f"{fabric.timings['up_total']:.2f} s")
+    hosts = topo.hosts
+    table.add_row("first hosts", ", ".join(f"{h.name}={h.ip}" for h in hosts[:3]) + ", ...")
+    return table
+
+
+def cmd_validate(args) -> int:
+    for path in args.files:
+        exp = config.load(path)
+        counts = exp.topology.counts()
+        console.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
+                      f"{counts['hosts']} hosts, {counts['links']} links)")
+    return 0
+
+
+def cmd_up(args) -> int:
+    from testbed.fabric import Fabric  # system adapters only when a fabric is built
+
+    exp = config.load(args.file)
+    start = time.monotonic()
+    fabric = Fabric(exp, state_dir=args.state_dir,
+                    log=(lambda m: console.print(f"[dim]{m}[/dim]")) if args.verbose else
+                    (lambda _m: None))
+    with console.status("building the fabric ..."):
+        fabric.__enter__()
+    try:
+        console.print(_summary_table(exp, fabric))
+        if args.check:
+            result = fabric.reachability(count=args.count)
+            console.print(result.summary())
+            reach_s = time.monotonic() - start
+            console.print(f"all pairs reachable {reach_s:.2f} s after start"
+                          if result.complete else
+                          "unreachable: " + ", ".join(f"{s}->{d}" for s, d in result.failed[:20]))
+            return 0 if result.complete else 1
+        console.print("fabric is up; Ctrl-C (or SIGTERM) tears it down")
+        while True:
+            time.sleep(3600)
+    finally:
+        with console.status("tearing down ..."):
+            t0 = time.monotonic()
+            fabric.down()
+        console.print(f"torn down in {time.monotonic() - t0:.2f} s")
+
+
+def cmd_clean(args) -> int:
+    report = cleanup.clean(Registry(args.state_dir), include_live=args.all)
+    console.print(f"removed {len(report.runs)} run(s): {report.bridges} bridge(s), "
+                  f"{report.links} link(s), {report.processes} process(es)")
+    for item in report.skipped:
+        console.print(f"skipped live run {item} (use --all to remove it too)")
+    for err in report.errors:
+        console.print(f"[red]error:[/red] {err}")
+    return 1 if report.errors else 0
+
+
+def cmd_schema(_args) -> int:
+    print(json.dumps(config.schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fabriclab", description=__doc__)
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help=f"run records and caches (default {DEFAULT_STATE_DIR})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check experiment files without building anything")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("up", help="build a fabric and keep it up until Ctrl-C")
+    p.add_argument("file")
+    p.add_argument("--check", action="store_true",
+                   help="test all-pairs reachability, tear down, exit non-zero on any loss")
+    p.add_argument("--count", type=int, default=2, help="probes per pair with --check")
+    p.add_argument("-v", "--verbose", action="store_true", help="print step timings")
+    p.set_defaults(func=cmd_up)
+    p = sub.add_parser("clean", help="remove what earlier (killed) runs left behind")
+    p.add_argument("--all", action="store_true", help="also runs whose process is still alive")
+    p.set_defaults(func=cmd_clean)
+    p = sub.add_parser("schema", help="print the experiment file's JSON Schema")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        console.print(f"[red]config error:[/red] {err}")
+        return 2
+    except TestbedError as err:
+        console.print(f"[red]testbed error:[/red] {err}")
+        return 3
+    except (KeyboardInterrupt, Terminated) as err:
+        if getattr(args, "verbose", False):
+            console.print_exception()
+        console.print(f"interrupted ({type(err).__name__}); torn down")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
