@@ -1,0 +1,62 @@
+"""Experiment files: shipped ones validate; each bad file fails with its field path."""
+
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from testbed import config
+from testbed.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_experiments_validate(path):
+    exp = config.load(path)
+    assert exp.topology.counts()["hosts"] >= 2
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_file_names_the_field(path):
+    expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    with pytest.raises(ConfigError) as err:
+        config.load(path)
+    assert expected in str(err.value)
+
+
+def test_schema_is_valid_and_rejects_unknown_keys_everywhere():
+    schema = config.schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    objects = [schema] + list(schema["$defs"].values())
+    assert all(o.get("additionalProperties") is False for o in objects if o.get("type") == "object")
+
+
+def test_defaults_and_overrides():
+    exp = config.parse({"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2,
+                                                  "spines": 1, "hosts_per_leaf": 3,
+                                                  "fabric_link": {"rate_mbps": 400},
+                                                  "queue": {"size_packets": 50}}})
+    assert exp.fabric.host_link.rate_mbps == config.DEFAULT_RATE_MBPS
+    assert exp.fabric.fabric_link.rate_mbps == 400
+    assert (exp.fabric.queue_kb, exp.fabric.queue_packets) == (None, 50)
+    assert exp.controller.routing == "ecmp" and exp.fabric.mtu == 1500
+    assert ("fabric.queue", "pfifo") in exp.required_qdiscs()
+
+
+def test_netem_settings_are_requirements():
+    exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4,
+                                                  "fabric_link": {"delay_us": 50}}})
+    assert ("fabric.fabric_link.delay_us", "netem") in exp.required_qdiscs()
+
+
+def test_several_problems_are_all_listed():
+    with pytest.raises(ConfigError) as err:
+        config.parse({"version": 3, "fabric": {"topology": "fat_tree", "k": 4, "x": 1}})
+    assert "fabric.x: unknown key" in str(err.value) and "version: must be 1" in str(err.value)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load("/nonexistent/experiment.yaml")

@@ -1,0 +1,135 @@
+"""Controller policy against a fake flow table: routes, groups, failures, diffs."""
+
+import itertools
+
+import pytest
+
+from controllers.policy import FabricPolicy, compute_tables, diff_tables, check_ports
+from testbed.topology import fat_tree, leaf_spine
+from tests.unit.fakeswitch import FakeSwitch, walk
+
+
+def _connect_all(topo, policy, now=0.0):
+    switches = {sw.name: FakeSwitch() for sw in topo.switches}
+    for sw in topo.switches:
+        ports = {p: (l.end(sw.name).ifname, True) for p, l in topo.ports(sw.name).items()}
+        switches[sw.name].apply(policy.switch_connected(sw.dpid, ports, now))
+        for name, ops in policy.reconcile().items():
+            switches[name].apply(ops)
+    return switches
+
+
+@pytest.mark.parametrize("topo", [fat_tree(4), fat_tree(6), leaf_spine(3, 2, 2)],
+                         ids=["k4", "k6", "leafspine"])
+def test_every_pair_takes_exactly_the_equal_cost_paths(topo):
+    policy = FabricPolicy(topo)
+    switches = _connect_all(topo, policy)
+    hosts = [h.name for h in topo.hosts]
+    pairs = list(itertools.permutations(hosts, 2))
+    if len(pairs) > 400:
+        pairs = pairs[::7]
+    for src, dst in pairs:
+        assert walk(topo, switches, src, dst) == topo.equal_cost_paths(src, dst)
+
+
+def test_groups_and_routes_per_switch_k4():
+    topo = fat_tree(4)
+    tables = compute_tables(topo, {})
+    edge = tables["edge1_1"]
+    # 2 local hosts, 7 remote /24s, ARP and LLDP punts, table-miss
+    assert len(edge.flows) == 2 + 7 + 2 + 1
+    assert len(edge.groups) == 7
+    assert all(g.ports == (3, 4) for g in edge.groups.values())  # both uplinks
+    agg = tables["agg1_1"]
+    same_pod = [g for g in agg.groups.values() if len(g.ports) == 1]
+    assert sorted(g.ports for g in same_pod) == [(1,), (2,)]  # down to each edge of the pod
+    cross = [g for g in agg.groups.values() if len(g.ports) == 2]
+    assert len(cross) == 6 and all(g.ports == (3, 4) for g in cross)
+    core = tables["core1"]
+    assert len(core.groups) == 8 and all(len(g.ports) == 1 for g in core.groups.values())
+    assert not any(f.match == (("eth_type", 0x0806),) for f in core.flows.values())
+
+
+def test_link_down_is_routed_around_and_restored():
+    topo = fat_tree(4)
+    policy = FabricPolicy(topo)
+    switches = _connect_all(topo, policy)
+    link = topo.find_link("agg1_1", "core1")
+    ops = policy.port_status(topo.nodes["agg1_1"].dpid, link.end("agg1_1").port, False, 1.0)
+    ops2 = policy.port_status(topo.nodes["core1"].dpid, link.end("core1").port, False, 1.0)
+    for name, o in list(ops.items()) + list(ops2.items()):
+        switches[name].apply(o)
+    assert all(op.kind in ("group_mod", "barrier") for o in ops.values() for op in o)
+    for src, dst in [("h1_1_1", "h2_1_1"), ("h2_1_1", "h1_1_1"), ("h3_2_2", "h1_2_1")]:
+        paths = walk(topo, switches, src, dst)
+        assert paths
+        assert not any(("agg1_1", "core1") in zip(p, p[1:]) or ("core1", "agg1_1") in zip(p, p[1:])
+                       for p in paths)
+    assert "agg1_1:3-core1:1" in [n for n, up in policy.link_state().items() if not up]
+    for name, o in policy.port_status(topo.nodes["agg1_1"].dpid, 3, True, 2.0).items():
+        switches[name].apply(o)
+    for name, o in policy.port_status(topo.nodes["core1"].dpid, 1, True, 2.0).items():
+        switches[name].apply(o)
+    assert walk(topo, switches, "h1_1_1", "h2_1_1") == topo.equal_cost_paths("h1_1_1", "h2_1_1")
+
+
+def test_isolated_edge_uplinks_down_leave_empty_groups_not_loops():
+    topo = fat_tree(4)
+    policy = FabricPolicy(topo)
+    switches = _connect_all(topo, policy)
+    for port in (3, 4):
+        for name, ops in policy.port_status(topo.nodes["edge1_1"].dpid, port, False, 1).items():
+            switches[name].apply(ops)
+    with pytest.raises(AssertionError, match="dropped"):
+        walk(topo, switches, "h2_1_1", "h1_1_1")
+    assert walk(topo, switches, "h1_1_1", "h1_1_2") == [["h1_1_1", "edge1_1", "h1_1_2"]]
+
+
+def test_diff_orders_groups_around_flows_and_ends_with_barrier():
+    topo = leaf_spine(2, 2, 1)
+    new = compute_tables(topo, {})["leaf1"]
+    ops = diff_tables(None, new)
+    kinds = [op.kind for op in ops]
+    assert kinds[0] == "clear" and kinds[-1] == "barrier"
+    assert max(i for i, k in enumerate(kinds) if k == "group_add") < kinds.index("flow_add")
+    assert diff_tables(new, new) == []
+
+
+def test_port_check_reports_missing_renamed_and_extra_ports():
+    topo = leaf_spine(2, 2, 1)
+    leaf = topo.nodes["leaf1"]
+    reported = {1: "leaf1-eth1", 2: "wrong", 9: "leaf1-eth9"}
+    texts = sorted(str(m) for m in check_ports(topo, leaf, reported))
+    assert texts == ["leaf1: port 2 is 'wrong', expected 'leaf1-eth2'",
+                     "leaf1: port 3 (leaf1-eth3) missing",
+                     "leaf1: unexpected port 9 (leaf1-eth9)"]
+
+
+def test_reconnect_clears_and_reinstalls_only_that_switch():
+    topo = leaf_spine(2, 2, 1)
+    policy = FabricPolicy(topo)
+    switches = _connect_all(topo, policy)
+    spine = topo.nodes["spine1"]
+    policy.switch_disconnected(spine.dpid, 5)
+    ports = {p: (l.end("spine1").ifname, True) for p, l in topo.ports("spine1").items()}
+    ops = policy.switch_connected(spine.dpid, ports, 6)
+    assert ops[0].kind == "clear"
+    assert policy.reconcile() == {}
+
+
+def test_unknown_datapath_and_lldp_mismatch_are_reported():
+    topo = leaf_spine(2, 2, 1)
+    policy = FabricPolicy(topo)
+    assert policy.switch_connected(0xDEAD, {}, 0) == []
+    leaf1, spine1, spine2 = (topo.nodes[n] for n in ("leaf1", "spine1", "spine2"))
+    assert policy.lldp_seen(leaf1.dpid, 2, spine1.dpid, 1, 0) is None
+    text = policy.lldp_seen(leaf1.dpid, 2, spine2.dpid, 1, 0)
+    assert "wiring mismatch: leaf1 port 2 sees spine2 port 1, expected spine1 port 1" == text
+    assert any("unknown datapath" in e for _, e in policy.events)
+
+
+def test_arp_reply_only_for_fabric_hosts():
+    topo = leaf_spine(2, 1, 2)
+    policy = FabricPolicy(topo)
+    assert policy.arp_reply("10.0.2.2") == topo.nodes["h2_2"].mac
+    assert policy.arp_reply("192.0.2.1") is None
