@@ -1,0 +1,88 @@
+"""Integration fixtures: real fabrics (netns, veth, OVS, os-ken), checked for leaks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import config
+from testbed.fabric import Fabric
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: D103 - pytest hook
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="integration tests need root")
+        for item in items:
+            item.add_marker(skip)
+
+
+def machine_state() -> dict[str, set[str]]:
+    """What a run could leave behind: namespaces, veths, OVS bridges, our processes."""
+    def lines(cmd: str) -> set[str]:
+        out = subprocess.run(cmd, shell=True, capture_output=True, text=True, check=False).stdout
+        return {l.strip() for l in out.splitlines() if l.strip()}
+
+    return {
+        "netns": lines("ip netns list"),
+        "veth": lines("ip -o link show type veth | awk -F': ' '{print $2}'"),
+        "bridges": lines("ovs-vsctl --timeout=10 list-br"),
+        "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
+        "procs": lines("ps -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping'"
+                       " | grep -v grep"),
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every integration test must leave the machine as it found it."""
+    before = machine_state()
+    yield
+    deadline = time.monotonic() + 10
+    while True:
+        after = machine_state()
+        leaked = {k: sorted(after[k] - before[k]) for k in after if after[k] - before[k]}
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not leaked, f"left behind: {leaked}"
+
+
+@pytest.fixture
+def state_dir(tmp_path) -> Path:
+    return tmp_path / "state"
+
+
+def experiment(text: str) -> config.Experiment:
+    import yaml
+    return config.parse(yaml.safe_load(text))
+
+
+@pytest.fixture
+def make_fabric(state_dir, tmp_path):
+    """Build fabrics that are always torn down; keep their logs and tc state in tmp_path."""
+    made: list[Fabric] = []
+
+    def _make(exp: config.Experiment) -> Fabric:
+        fabric = Fabric(exp, state_dir=state_dir)
+        made.append(fabric)
+        fabric.__enter__()
+        return fabric
+
+    yield _make
+    errors = []
+    for fabric in made:
+        if fabric.record is None:
+            continue
+        shutil.copytree(fabric.run_dir, tmp_path / "run", dirs_exist_ok=True)
+        (tmp_path / "tc.txt").write_text(subprocess.run(
+            ["tc", "-s", "qdisc", "show"], capture_output=True, text=True).stdout)
+        errors += fabric.controller_status().get("errors", [])
+        fabric.down()
+    assert not errors, f"controller errors: {errors}"

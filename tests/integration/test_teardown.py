@@ -1,0 +1,52 @@
+"""SIGTERM tears a running `fabriclab up` down; SIGKILL leftovers go with `fabriclab clean`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.integration.conftest import ROOT, machine_state
+
+K4 = ROOT / "experiments" / "quickstart.yaml"
+
+
+def _start_up(state_dir) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+                             "up", str(K4)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        if "fabric is up" in line:
+            return proc
+        assert time.monotonic() < deadline, "fabric did not come up"
+    raise AssertionError(f"fabriclab up exited early with {proc.wait()}")
+
+
+def _ours_present() -> bool:
+    state = machine_state()
+    return any(b.startswith(("edge", "agg", "core")) for b in state["bridges"])
+
+
+def test_sigterm_tears_down(state_dir):
+    proc = _start_up(state_dir)
+    assert _ours_present()
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, rest
+    assert not _ours_present()
+
+
+def test_sigkill_leftovers_are_removed_by_clean(state_dir):
+    proc = _start_up(state_dir)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert _ours_present()  # killed: nothing could tear down
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+                          "clean"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "removed 1 run(s): 20 bridge(s)" in out.stdout
+    assert not _ours_present()
