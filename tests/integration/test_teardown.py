@@ -50,3 +50,16 @@ def test_sigkill_leftovers_are_removed_by_clean(state_dir):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "removed 1 run(s): 20 bridge(s)" in out.stdout
     assert not _ours_present()
+
+
+def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir):
+    from testbed import config
+    from testbed.fabric import Fabric
+
+    proc = _start_up(state_dir)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    with Fabric(config.load(K4), state_dir=state_dir) as fabric:  # same names: must clean first
+        assert fabric.reachability(count=1).complete
+    assert not _ours_present()

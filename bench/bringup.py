@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): time from `fabriclab up --check` start to all-pairs reachable, and to
+teardown done, for k=4/6(/8) fat-trees and a leaf-spine. Prints one row per fabric.
+
+Usage: bench/bringup.py [--k 4 6 8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_once(experiment: Path) -> dict[str, float]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "up", "--check", str(experiment)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    total = time.monotonic() - start
+    out = proc.stdout
+    if proc.returncode != 0:
+        raise SystemExit(f"{experiment.name}: fabriclab up --check failed ({proc.returncode}):\n{out}"
+                         f"{proc.stderr}")
+    reach = float(re.search(r"all pairs reachable ([\d.]+) s after start", out)[1])
+    down = float(re.search(r"torn down in ([\d.]+) s", out)[1])
+    pairs = re.search(r"reachability: (\d+/\d+) pairs", out)[1]
+    return {"reachable_s": reach, "teardown_s": down, "total_s": total, "pairs": pairs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--k", type=int, nargs="+", default=[4, 6])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    fabrics = {f"fat_tree k={k}": f"version: 1\nfabric: {{topology: fat_tree, k: {k}}}\n"
+               for k in args.k}
+    fabrics["leaf_spine 4x2x4"] = ("version: 1\nfabric: {topology: leaf_spine, leaves: 4, "
+                                   "spines: 2, hosts_per_leaf: 4}\n")
+    print(f"{'fabric':<18} {'pairs':>11} {'reachable_s':>12} {'teardown_s':>11} {'total_s':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in fabrics.items():
+            path = Path(tmp) / f"{name.replace(' ', '_')}.yaml"
+            path.write_text(text)
+            runs = [run_once(path) for _ in range(args.repeat)]
+            med = {k: statistics.median(r[k] for r in runs)
+                   for k in ("reachable_s", "teardown_s", "total_s")}
+            print(f"{name:<18} {runs[0]['pairs']:>11} {med['reachable_s']:>12.2f} "
+                  f"{med['teardown_s']:>11.2f} {med['total_s']:>8.2f}", flush=True)
+    print(f"(median of {args.repeat} runs; reachable_s counts from the start of 'fabriclab up')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
