@@ -25,6 +25,12 @@ def _start_up(state_dir) -> subprocess.Popen:
     raise AssertionError(f"fabriclab up exited early with {proc.wait()}")
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+
+
 def _ours_present() -> bool:
     state = machine_state()
     return any(b.startswith(("edge", "agg", "core")) for b in state["bridges"])
@@ -40,10 +46,7 @@ def test_sigterm_tears_down(state_dir):
 
 
 def test_sigkill_leftovers_are_removed_by_clean(state_dir):
-    proc = _start_up(state_dir)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
+    _kill(_start_up(state_dir))
     assert _ours_present()  # killed: nothing could tear down
     out = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
                           "clean"], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -56,10 +59,7 @@ def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir):
     from testbed import config
     from testbed.fabric import Fabric
 
-    proc = _start_up(state_dir)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
+    _kill(_start_up(state_dir))
     with Fabric(config.load(K4), state_dir=state_dir) as fabric:  # same names: must clean first
         assert fabric.reachability(count=1).complete
     assert not _ours_present()
