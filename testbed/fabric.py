@@ -269,11 +269,11 @@ class Fabric:
                            f"{', '.join(missing[:10])}; see {self.run_dir / 'controller.log'}")
 
     # -- operations on a running fabric ---------------------------------------------------------
-    def reachability(self, count: int = 2, timeout_s: float = 60.0) -> Reachability:
+    def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
         """Probe every ordered host pair ``count`` times, all sources at once."""
         hosts = self.topo.hosts
         expected = {h.name: {o.ip: o.name for o in hosts if o is not h} for h in hosts}
-        interval = probe_interval_ms(len(hosts))
+        interval = probe_interval_ms(len(hosts), len(self.topo.switches))
         commands = {src: fping_command(sorted(targets), count, interval)
                     for src, targets in expected.items()}
         results = self.hosts.run_parallel(commands, timeout_s)

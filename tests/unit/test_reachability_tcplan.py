@@ -28,7 +28,8 @@ def test_complete_needs_zero_loss():
 
 
 def test_probe_pacing():
-    assert probe_interval_ms(16) == 2 and probe_interval_ms(128) == 13
+    assert probe_interval_ms(16, 20) == 2  # k=4: 10,000 probes/s in all
+    assert probe_interval_ms(128, 80) == 51  # k=8: 2,500 probes/s in all
     cmd = fping_command(["10.0.0.1"], 2, 5)
     assert cmd[:2] == ["fping", "-q"] and "10.0.0.1" in cmd and cmd[cmd.index("-i") + 1] == "5"
 
