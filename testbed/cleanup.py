@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from testbed import ovs
 from testbed.errors import TestbedError
@@ -89,6 +88,3 @@ def clean(registry: Registry, include_live: bool = False) -> CleanReport:
         report.errors.append(f"orphan bridges: {err}")
     return report
 
-
-def remove_run_dir(path: str | Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

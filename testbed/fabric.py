@@ -121,14 +121,13 @@ class Fabric:
             if self.netlink is not None:
                 self.netlink.close()
                 self.netlink = None
-            report = cleanup.clean_record(self.record, self.registry)
+            report = cleanup.clean_record(self.record, self.registry, keep_run_dir=False)
             if self.controller is not None:
                 self.controller.wait()
                 self.controller = None
             if report.errors:
                 raise TestbedError("teardown incomplete (run 'fabriclab clean'):\n  "
                                    + "\n  ".join(report.errors))
-            cleanup.remove_run_dir(self.record.run_dir)
             self.record = None
         self.timings["down_total"] = time.monotonic() - start
 

@@ -108,7 +108,7 @@ def test_port_check_reports_missing_renamed_and_extra_ports():
 def test_reconnect_clears_and_reinstalls_only_that_switch():
     topo = leaf_spine(2, 2, 1)
     policy = FabricPolicy(topo)
-    switches = _connect_all(topo, policy)
+    _connect_all(topo, policy)
     spine = topo.nodes["spine1"]
     policy.switch_disconnected(spine.dpid, 5)
     ports = {p: (l.end("spine1").ifname, True) for p, l in topo.ports("spine1").items()}
