@@ -64,14 +64,14 @@ class FabricController(app_manager.OSKenApp):
         self.programmed: set[str] = set()
         self.errors: list[str] = []
         self.wiring: dict[tuple[str, int], str | None] = {}
+        self.fabric_ends = [(e.node, e.port) for l in self.policy.topo.links
+                            if l.tier == "fabric" for e in (l.a, l.b)]
         self.write_status()
         hub.spawn(self._lldp_loop)
 
     # -- status ----------------------------------------------------------------------------
     def write_status(self) -> None:
         topo = self.policy.topo
-        fabric_ends = [(e.node, e.port) for l in topo.links if l.tier == "fabric"
-                       for e in (l.a, l.b)]
         status = {
             "pid": os.getpid(),
             "time": time.time(),
@@ -80,9 +80,9 @@ class FabricController(app_manager.OSKenApp):
             "programmed": sorted(self.programmed),
             "port_mismatches": [str(m) for ms in self.policy.mismatches.values() for m in ms],
             "wiring_mismatches": sorted(t for t in self.wiring.values() if t),
-            "wiring_verified": sum(1 for e in fabric_ends if self.wiring.get(e) is None
+            "wiring_verified": sum(1 for e in self.fabric_ends if self.wiring.get(e) is None
                                    and e in self.wiring),
-            "wiring_expected": len(fabric_ends),
+            "wiring_expected": len(self.fabric_ends),
             "links_down": sorted(n for n, up in self.policy.link_state().items() if not up),
             "errors": self.errors[-50:],
             "events": [f"{t:.3f} {text}" for t, text in self.policy.events[-200:]],
@@ -236,8 +236,7 @@ class FabricController(app_manager.OSKenApp):
         then at a slower pace (a rewiring or a miscabled port shows up later too)."""
         while True:
             with self.lock:
-                verified = len(self.wiring) >= sum(2 for l in self.policy.topo.links
-                                                   if l.tier == "fabric")
+                verified = len(self.wiring) >= len(self.fabric_ends)
                 for name in sorted(self.programmed):
                     self._send_probes(name)
             hub.sleep(LLDP_INTERVAL_S * (5 if verified else 1))
