@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import os
+import struct
 import threading
 import time
 import traceback
@@ -21,7 +22,7 @@ from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_
                                        set_ev_cls)
 from os_ken.lib import hub
 from os_ken.lib.packet import arp, ethernet, lldp, packet
-from os_ken.ofproto import ofproto_v1_3
+from os_ken.ofproto import ofproto_v1_5
 
 from controllers.policy import CONTROLLER_PORT, ETH_TYPE_ARP, ETH_TYPE_LLDP, FabricPolicy, Op
 from testbed.topology import from_dict
@@ -49,13 +50,14 @@ def _guarded(handler):
 class FabricController(app_manager.OSKenApp):
     """Proactive L3 ECMP controller for a fabriclab fabric."""
 
-    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+    OFP_VERSIONS = [ofproto_v1_5.OFP_VERSION]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         conf = self.CONF.fabriclab
         with open(conf.topology, encoding="utf-8") as fh:
-            self.policy = FabricPolicy(from_dict(json.load(fh)))
+            self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing or "ecmp",
+                                       conf.ecmp_seed or "per_switch")
         self.status_path = conf.status
         self.lock = threading.RLock()
         self.datapaths: dict[str, object] = {}
@@ -115,7 +117,7 @@ class FabricController(app_manager.OSKenApp):
     def on_features(self, ev) -> None:
         dp = ev.msg.datapath
         self.port_desc[dp.id] = {}
-        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0, dp.ofproto.OFPP_ANY))
 
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, MAIN_DISPATCHER)
     @_guarded
@@ -228,7 +230,8 @@ class FabricController(app_manager.OSKenApp):
     def _packet_out(self, dp, port: int, pkt) -> None:
         pkt.serialize()
         parser, ofp = dp.ofproto_parser, dp.ofproto
-        dp.send_msg(parser.OFPPacketOut(dp, ofp.OFP_NO_BUFFER, ofp.OFPP_CONTROLLER,
+        dp.send_msg(parser.OFPPacketOut(dp, ofp.OFP_NO_BUFFER,
+                                        parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
                                         [parser.OFPActionOutput(port)], pkt.data))
 
     def _lldp_loop(self) -> None:
@@ -259,12 +262,37 @@ class FabricController(app_manager.OSKenApp):
             self._packet_out(dp, port, pkt)
 
 
+class HashSelection:
+    """Open vSwitch's group property ``selection_method=hash`` (an ONF/NTR experimenter
+    property of OpenFlow 1.5 group mods): the switch hashes the 5-tuple with ``basis`` to pick a
+    bucket, in the slow path, so the datapath needs no recirculation (OVS's default, dp_hash,
+    recirculates every packet and seeds every switch alike)."""
+
+    EXPERIMENTER_NTR = 0x0000154D
+    NTRT_SELECTION_METHOD = 1
+    OFPGPT_EXPERIMENTER = 0xFFFF
+    # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
+    FIELDS = ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2))
+
+    def __init__(self, basis: int) -> None:
+        self.basis = basis
+
+    def serialize(self) -> bytes:
+        fields = b"".join(struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
+                          for field, width in self.FIELDS)
+        length = 40 + len(fields)
+        body = struct.pack("!HHII4x16sQ", self.OFPGPT_EXPERIMENTER, length,
+                           self.EXPERIMENTER_NTR, self.NTRT_SELECTION_METHOD, b"hash",
+                           self.basis) + fields
+        return body + b"\0" * (-len(body) % 8)
+
+
 def _live(ofp, port) -> bool:
     return not (port.state & ofp.OFPPS_LINK_DOWN) and not (port.config & ofp.OFPPC_PORT_DOWN)
 
 
 def _to_messages(dp, op: Op) -> list:
-    """Translate one policy op into OpenFlow 1.3 messages for ``dp``."""
+    """Translate one policy op into OpenFlow 1.5 messages for ``dp``."""
     ofp, parser = dp.ofproto, dp.ofproto_parser
     if op.kind == "clear":
         return [parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
@@ -276,10 +304,14 @@ def _to_messages(dp, op: Op) -> list:
     if op.kind in ("group_add", "group_mod", "group_del"):
         command = {"group_add": ofp.OFPGC_ADD, "group_mod": ofp.OFPGC_MODIFY,
                    "group_del": ofp.OFPGC_DELETE}[op.kind]
-        buckets = [parser.OFPBucket(weight=1, watch_port=p, watch_group=ofp.OFPG_ANY,
-                                    actions=[parser.OFPActionOutput(p)]) for p in op.entry.ports]
+        buckets = [parser.OFPBucket(
+            bucket_id=i, actions=[parser.OFPActionOutput(p)],
+            properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)])
+            for i, p in enumerate(op.entry.ports)]
+        props = [] if op.kind == "group_del" else [HashSelection(op.entry.hash_basis)]
         return [parser.OFPGroupMod(dp, command=command, type_=ofp.OFPGT_SELECT,
-                                   group_id=op.entry.group_id, buckets=buckets)]
+                                   group_id=op.entry.group_id, buckets=buckets,
+                                   properties=props)]
     entry = op.entry
     match = parser.OFPMatch(**dict(entry.match))
     if op.kind == "flow_del":

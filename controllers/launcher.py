@@ -1,7 +1,7 @@
 """fabriclab's own os-ken launcher (os-ken 4.x ships no ``osken-manager``).
 
 Usage: ``python -m controllers.launcher --topology T.json --status S.json --port 6653``.
-Listens for OpenFlow 1.3 on 127.0.0.1 only, on native threads (no eventlet monkey-patching).
+Listens for OpenFlow 1.5 on 127.0.0.1 only, on native threads (no eventlet monkey-patching).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fabriclab-controller")
     parser.add_argument("--topology", required=True, help="intended topology (JSON)")
     parser.add_argument("--status", required=True, help="status file the app keeps current")
+    parser.add_argument("--routing", default="ecmp", help="ecmp or dmodk")
+    parser.add_argument("--ecmp-seed", default="per_switch", help="per_switch or shared")
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
@@ -31,11 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     from os_ken.base import app_manager
     from os_ken.controller import controller  # noqa: F401 - registers the ofp-* options
 
-    cfg.CONF.register_opts([cfg.StrOpt("topology"), cfg.StrOpt("status")], group="fabriclab")
+    cfg.CONF.register_opts([cfg.StrOpt(name) for name in
+                            ("topology", "status", "routing", "ecmp_seed")], group="fabriclab")
     cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
     cfg.CONF.set_override("status", args.status, group="fabriclab")
+    cfg.CONF.set_override("routing", args.routing, group="fabriclab")
+    cfg.CONF.set_override("ecmp_seed", args.ecmp_seed, group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

@@ -8,8 +8,16 @@ Forwarding is L3 on the host addresses (MACs are not rewritten; hosts hold stati
 ask the controller):
 
 * on an access switch, one /32 route per attached host -> output port;
-* on every switch, one route per other access switch's /24 -> a SELECT group whose buckets are the
-  ports on shortest paths towards it (per-flow ECMP; the switch hashes the 5-tuple);
+* routing ``ecmp``: on every switch, one route per other access switch's /24 -> a SELECT group
+  whose buckets are the ports on shortest paths towards it (per-flow ECMP: the switch hashes the
+  5-tuple). Each switch hashes with its own basis (seed ``per_switch``, as real switches seed their
+  hash per device) unless the seed is ``shared``: then every switch computes the same hash and the
+  fabric polarizes (a switch whose upstream neighbour already split flows by that hash sends them
+  all to one bucket) -- kept as an option because it is a real phenomenon worth showing;
+* routing ``dmodk``: destination-based static routing as InfiniBand fat-trees do (D-mod-k): one
+  route per remote host, whose up-port at tier ``t`` is ``(d // c^t) mod c`` for host number
+  ``d`` and ``c`` uplink choices. Shift permutations (and any pattern whose destinations differ in
+  those digits) then get link-disjoint paths, so it doubles as "paths pinned disjoint";
 * ARP and LLDP go to the controller; anything else is dropped by the table-miss entry.
 
 Link failures are handled by recomputing the desired tables on the live graph and sending the
@@ -31,7 +39,13 @@ CONTROLLER_PORT = "controller"
 
 PRIORITY_MISS = 0
 PRIORITY_PREFIX = 100
+PRIORITY_REMOTE_HOST = 150
 PRIORITY_HOST = 200
+
+ROUTINGS = ("ecmp", "dmodk")
+ECMP_SEEDS = ("per_switch", "shared")
+SHARED_HASH_BASIS = 0
+TIER = {"edge": 0, "leaf": 0, "agg": 1, "spine": 1, "core": 2}
 PRIORITY_PUNT = 300
 
 
@@ -50,10 +64,12 @@ class FlowEntry:
 
 @dataclass(frozen=True)
 class GroupEntry:
-    """An OpenFlow SELECT group; each bucket outputs to (and watches) one port."""
+    """An OpenFlow SELECT group; each bucket outputs to (and watches) one port. The switch picks
+    a bucket by hashing the 5-tuple with ``hash_basis``."""
 
     group_id: int
     ports: tuple[int, ...]
+    hash_basis: int = SHARED_HASH_BASIS
 
 
 @dataclass
@@ -102,18 +118,42 @@ def _prefix_match(subnet: str) -> tuple[tuple[str, object], ...]:
     return (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (addr, mask)))
 
 
-def compute_tables(topo: Topology, link_up: dict[str, bool]) -> dict[str, SwitchTables]:
+def hash_basis(switch: Node, seed: str) -> int:
+    """The 32-bit ECMP hash basis of ``switch``: derived from its datapath id (reproducible from
+    run to run) for ``per_switch``, the same everywhere for ``shared``."""
+    if seed == "shared":
+        return SHARED_HASH_BASIS
+    x = (switch.dpid or 0) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 29)) & 0xFFFFFFFF or 1
+
+
+def compute_tables(topo: Topology, link_up: dict[str, bool], routing: str = "ecmp",
+                   ecmp_seed: str = "per_switch") -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
         topo: the intended topology.
         link_up: link name -> up; links not present count as up.
+        routing: ``ecmp`` or ``dmodk``.
+        ecmp_seed: ``per_switch`` or ``shared`` hash basis (ecmp only).
 
     Returns:
         switch name -> desired tables.
     """
-    access = topo.access_switches
-    group_ids = {sw.name: i for i, sw in enumerate(access, start=1)}
+    if routing not in ROUTINGS:
+        raise ValueError(f"unknown routing {routing!r}")
+    if ecmp_seed not in ECMP_SEEDS:
+        raise ValueError(f"unknown ecmp seed {ecmp_seed!r}")
+    tables = _base_tables(topo)
+    if routing == "ecmp":
+        _add_ecmp(topo, link_up, ecmp_seed, tables)
+    else:
+        _add_dmodk(topo, link_up, tables)
+    return tables
+
+
+def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
+    """Table-miss, punts, and the /32 routes of directly attached hosts."""
     tables = {sw.name: SwitchTables() for sw in topo.switches}
     for sw in topo.switches:
         t = tables[sw.name]
@@ -129,17 +169,43 @@ def compute_tables(topo: Topology, link_up: dict[str, bool]) -> dict[str, Switch
         if sw.role in ("edge", "leaf"):
             t.add_flow(FlowEntry(PRIORITY_PUNT, (("eth_type", ETH_TYPE_ARP),),
                                  (("output", CONTROLLER_PORT),)))
-    for dst in access:
+    return tables
+
+
+def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str,
+              tables: dict[str, SwitchTables]) -> None:
+    for gid, dst in enumerate(topo.access_switches, start=1):
         dist = _distances_to(topo, dst.name, link_up)
         for sw in topo.switches:
             if sw.name == dst.name:
                 continue
             ports = tuple(sorted(_next_hops(topo, sw.name, dist, link_up)))
-            gid = group_ids[dst.name]
-            tables[sw.name].add_group(GroupEntry(gid, ports))
+            tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed)))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
-    return tables
+
+
+def _add_dmodk(topo: Topology, link_up: dict[str, bool],
+               tables: dict[str, SwitchTables]) -> None:
+    number = {h.name: d for d, h in enumerate(topo.hosts)}
+    for dst in topo.access_switches:
+        dist = _distances_to(topo, dst.name, link_up)
+        intact = _distances_to(topo, dst.name, {})
+        local = [l.other(dst.name).node for l in topo.ports(dst.name).values() if l.tier == "host"]
+        for sw in topo.switches:
+            if sw.name == dst.name:
+                continue
+            live = sorted(_next_hops(topo, sw.name, dist, link_up))
+            choices = max(1, len(list(_next_hops(topo, sw.name, intact, {}))))
+            for host in local:
+                if not live:
+                    continue
+                d = number[host] // choices ** TIER.get(sw.role, 0)
+                port = live[(d % choices) % len(live)]
+                tables[sw.name].add_flow(FlowEntry(
+                    PRIORITY_REMOTE_HOST, (("eth_type", ETH_TYPE_IPV4),
+                                           ("ipv4_dst", (topo.nodes[host].ip, "255.255.255.255"))),
+                    (("output", port),)))
 
 
 def _is_up(link: Link, link_up: dict[str, bool]) -> bool:
@@ -220,8 +286,11 @@ class FabricPolicy:
         topo: the intended topology.
     """
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(self, topo: Topology, routing: str = "ecmp",
+                 ecmp_seed: str = "per_switch") -> None:
         self.topo = topo
+        self.routing = routing
+        self.ecmp_seed = ecmp_seed
         self.port_up: dict[tuple[str, int], bool] = {}
         self.installed: dict[str, SwitchTables] = {}
         self.connected: set[str] = set()
@@ -240,7 +309,8 @@ class FabricPolicy:
 
     def desired(self) -> dict[str, SwitchTables]:
         if self._desired is None:
-            self._desired = compute_tables(self.topo, self.link_state())
+            self._desired = compute_tables(self.topo, self.link_state(), self.routing,
+                                           self.ecmp_seed)
         return self._desired
 
     # -- events -------------------------------------------------------------------------------

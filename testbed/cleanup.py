@@ -45,8 +45,10 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: bridges: {err}")
     hosts = [p for p in record.processes if p.role.startswith("host:")]
-    others = [p for p in record.processes if not p.role.startswith("host:")]
-    for proc in others + hosts:  # agents before the shells whose namespaces they live in
+    # switch daemons before their databases; agents before the shells they live in
+    others = sorted((p for p in record.processes if not p.role.startswith("host:")),
+                    key=lambda p: (p.role.endswith("ovsdb-server"), p.role))
+    for proc in others + hosts:
         if proc.alive():
             try:
                 stop_process(proc)

@@ -53,7 +53,15 @@ class FabricSpec:
 @dataclass(frozen=True)
 class ControllerSpec:
     routing: str = "ecmp"
+    ecmp_seed: str = "per_switch"
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class EmulatorSpec:
+    """How the machine emulates the fabric (not what the fabric is)."""
+
+    vswitchd_instances: int | str = "auto"  # private Open vSwitch instances (userspace datapath)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class Experiment:
     fabric: FabricSpec
     controller: ControllerSpec
     source: str = "<memory>"
+    emulator: EmulatorSpec = field(default_factory=EmulatorSpec)
 
     @cached_property
     def topology(self) -> Topology:
@@ -125,10 +134,12 @@ def parse(data: object, source: str = "<memory>") -> Experiment:
         raise ConfigError(first_path, first_msg + more)
     fabric = _fabric(data["fabric"])
     ctl = data.get("controller", {})
-    controller = ControllerSpec(ctl.get("routing", "ecmp"),
+    controller = ControllerSpec(ctl.get("routing", "ecmp"), ctl.get("ecmp_seed", "per_switch"),
                                 float(ctl.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)))
+    emu = data.get("emulator", {})
+    emulator = EmulatorSpec(emu.get("vswitchd_instances", "auto"))
     exp = Experiment(data.get("name", Path(source).stem if source != "<memory>" else "experiment"),
-                     data.get("description", ""), fabric, controller, source)
+                     data.get("description", ""), fabric, controller, source, emulator)
     exp.topology  # semantic checks of the shape happen in the model
     return exp
 

@@ -26,7 +26,7 @@ from testbed.netlink import Netlink
 from testbed.reachability import Reachability, evaluate, fping_command, probe_interval_ms
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord
 from testbed.tcplan import plan_shaping
-from testbed.topology import HOST_PREFIX_LEN, Link
+from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
 
 POLL_S = 0.05
 
@@ -75,6 +75,7 @@ class Fabric:
         self.controller: subprocess.Popen | None = None
         self.caps: capabilities.Capabilities | None = None
         self.of_port = 0
+        self.instances: list[ovs.Instance] = []
 
     @property
     def run_dir(self) -> Path:
@@ -145,7 +146,8 @@ class Fabric:
             if not caps.has_qdisc(kind):
                 raise ConfigError(path, f"needs the '{kind}' qdisc, which this kernel "
                                   f"({caps.kernel}) does not have (module sch_{kind} missing)")
-        if caps.datapath_type == "netdev" and not caps.ovs_userspace_tso:
+        if (caps.datapath_type == "netdev" and not caps.ovs_userspace_tso
+                and self.experiment.emulator.vswitchd_instances == 0):
             raise TestbedError("Open vSwitch runs the userspace datapath without "
                                "other_config:userspace-tso-enable=true; TCP through it breaks "
                                "or crawls. Run scripts/setup.sh (sets it and restarts OVS).")
@@ -172,6 +174,8 @@ class Fabric:
         self.of_port = _free_port()
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
                "--status", str(self.status_path), "--port", str(self.of_port),
+               "--routing", self.experiment.controller.routing,
+               "--ecmp-seed", self.experiment.controller.ecmp_seed,
                "--log", str(self.run_dir / "controller.log")]
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.controller = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
@@ -215,14 +219,34 @@ class Fabric:
 
     def _create_switches(self) -> None:
         self._wait_listening()
-        specs = [ovs.BridgeSpec(sw.name, sw.dpid_hex,
-                                tuple((l.end(sw.name).ifname, p)
-                                      for p, l in self.topo.ports(sw.name).items()))
-                 for sw in self.topo.switches]
-        self.record.bridges = [s.name for s in specs]
+        specs = {sw.name: ovs.BridgeSpec(sw.name, sw.dpid_hex,
+                                         tuple((l.end(sw.name).ifname, p)
+                                               for p, l in self.topo.ports(sw.name).items()))
+                 for sw in self.topo.switches}
+        self.record.bridges = sorted(specs)
         self.registry.save(self.record)
-        ovs.create_bridges(specs, self.record.run_id, self.caps.datapath_type,
-                           f"tcp:127.0.0.1:{self.of_port}", self.experiment.fabric.mtu)
+        target = f"tcp:127.0.0.1:{self.of_port}"
+        mtu = self.experiment.fabric.mtu
+        if self.caps.datapath_type != "netdev":
+            ovs.create_bridges(list(specs.values()), self.record.run_id, self.caps.datapath_type,
+                               target, mtu)
+            return
+        wanted = self.experiment.emulator.vswitchd_instances
+        shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted))
+        instances = [ovs.Instance(self.run_dir / f"ovs{i}", f"ovs{i}")
+                     for i in range(len(shards))]
+        for inst in instances:
+            inst.start_db({"userspace-tso-enable": "true"})
+            self.registry.track_process(self.record, inst.pids["ovsdb-server"],
+                                        f"ovs:{inst.name}:ovsdb-server")
+        for inst in instances:
+            inst.start_switch()
+            self.registry.track_process(self.record, inst.pids["ovs-vswitchd"],
+                                        f"ovs:{inst.name}:ovs-vswitchd")
+        self.instances = instances
+        for inst, names in zip(instances, shards):
+            ovs.create_bridges([specs[n] for n in names], self.record.run_id,
+                               ovs.PRIVATE_DATAPATH_TYPE, target, mtu, db=inst.db)
 
     def _wait_listening(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -151,6 +151,18 @@ class Netlink:
         """Which of ``names`` exist in the root namespace."""
         return {l.get_attr("IFLA_IFNAME") for l in self.root.get_links()} & names
 
+    def counters(self, names: set[str], pid: int | None = None) -> dict[str, dict[str, int]]:
+        """Interface counters (``IFLA_STATS64``: rx/tx packets, bytes, dropped) by name."""
+        out = {}
+        for link in self.ns(pid).get_links():
+            name = link.get_attr("IFLA_IFNAME")
+            if name in names:
+                stats = link.get_attr("IFLA_STATS64")
+                out[name] = {key: stats[key] for key in
+                             ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes",
+                              "rx_dropped", "tx_dropped")}
+        return out
+
     # -- traffic control --------------------------------------------------------------------
     def shape(self, ifname: str, plan: Shaping, pid: int | None = None) -> None:
         """Install ``htb 1: / class 1:1 / {b,p}fifo 10:`` on the egress of ``ifname``."""

@@ -1,7 +1,16 @@
-"""Open vSwitch adapter: bridges, ports and controller targets through ``ovs-vsctl``.
+"""Open vSwitch adapter: bridges, ports and controller targets through ``ovs-vsctl``, and
+private Open vSwitch instances.
 
-Every bridge fabriclab creates carries ``external_ids:fabriclab-run=<run id>`` so that cleanup can
-find exactly ours, even when the run's state file is lost.
+Two ways to host a fabric's bridges:
+
+* the machine's own Open vSwitch (kernel datapath): every bridge fabriclab creates carries
+  ``external_ids:fabriclab-run=<run id>`` so that cleanup can find exactly ours, even when the
+  run's state file is lost;
+* private instances (userspace datapath): an ``ovsdb-server`` + ``ovs-vswitchd`` pair per shard of
+  the fabric, with its database, sockets and logs in the run directory. The userspace datapath
+  forwards in the vswitchd main thread, which polls every port of the instance on each wake-up,
+  so splitting the fabric over several instances both shortens each poll and lets every core
+  forward. Their bridges live and die with the processes: teardown is ending two PIDs.
 """
 
 from __future__ import annotations
@@ -9,7 +18,9 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from testbed.errors import TestbedError
 
@@ -26,20 +37,92 @@ class BridgeSpec:
     ports: tuple[tuple[str, int], ...]  # (interface name, OpenFlow port number)
 
 
-def vsctl(*args: str, timeout_s: int = VSCTL_TIMEOUT_S) -> str:
-    """Run ``ovs-vsctl`` and return its stdout; raise TestbedError on failure."""
-    cmd = ["ovs-vsctl", f"--timeout={timeout_s}", *args]
+def _run(cmd: list[str], timeout_s: float) -> str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 5,
                               check=False)
     except FileNotFoundError as err:
-        raise TestbedError("ovs-vsctl not found: install openvswitch-switch "
+        raise TestbedError(f"{cmd[0]} not found: install openvswitch-switch "
                            "(scripts/setup.sh does)") from err
     except subprocess.TimeoutExpired as err:
-        raise TestbedError("ovs-vsctl timed out", _short(cmd)) from err
+        raise TestbedError(f"{cmd[0]} timed out", _short(cmd)) from err
     if proc.returncode != 0:
-        raise TestbedError("ovs-vsctl failed", _short(cmd), proc.stderr)
+        raise TestbedError(f"{cmd[0]} failed", _short(cmd), proc.stderr)
     return proc.stdout
+
+
+def vsctl(*args: str, timeout_s: int = VSCTL_TIMEOUT_S, db: str | None = None) -> str:
+    """Run ``ovs-vsctl`` (against database socket ``db``, default the machine's) and return its
+    stdout; raise TestbedError on failure."""
+    dbarg = [f"--db=unix:{db}"] if db else []
+    return _run(["ovs-vsctl", f"--timeout={timeout_s}", *dbarg, *args], timeout_s)
+
+
+@dataclass
+class Instance:
+    """A private ``ovsdb-server`` + ``ovs-vswitchd`` pair, all of its files under ``directory``.
+
+    Args:
+        directory: where the database, sockets, pidfiles and logs go (created).
+        name: a short label used in errors.
+    """
+
+    directory: Path
+    name: str
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def db(self) -> str:
+        return str(self.directory / "db.sock")
+
+    def ctl(self, daemon: str) -> str:
+        return str(self.directory / f"{daemon}.ctl")
+
+    def start_db(self, other_config: dict[str, str]) -> None:
+        """Create the database, start ``ovsdb-server`` and initialise the root row."""
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        _run(["ovsdb-tool", "create", str(d / "conf.db"), VSWITCH_SCHEMA], 10)
+        _run(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{self.db}",
+              f"--pidfile={d / 'ovsdb-server.pid'}", f"--unixctl={self.ctl('ovsdb-server')}",
+              f"--log-file={d / 'ovsdb-server.log'}", "--detach", "--no-chdir"], 10)
+        self.pids["ovsdb-server"] = _read_pid(d / "ovsdb-server.pid")
+        settings = [f"other_config:{k}={v}" for k, v in sorted(other_config.items())]
+        vsctl("--no-wait", "init", "--", "set", "Open_vSwitch", ".", *settings, db=self.db)
+
+    def start_switch(self) -> None:
+        """Start ``ovs-vswitchd`` on the database (after :meth:`start_db`)."""
+        d = self.directory
+        _run(["ovs-vswitchd", f"unix:{self.db}", "--enable-dummy",
+              f"--pidfile={d / 'ovs-vswitchd.pid'}",
+              f"--unixctl={self.ctl('ovs-vswitchd')}", f"--log-file={d / 'ovs-vswitchd.log'}",
+              "--detach", "--no-chdir"], 30)
+        self.pids["ovs-vswitchd"] = _read_pid(d / "ovs-vswitchd.pid")
+
+    def appctl(self, *args: str, timeout_s: float = 30) -> str:
+        """Run ``ovs-appctl`` against this instance's vswitchd."""
+        return _run(["ovs-appctl", "-t", self.ctl("ovs-vswitchd"), f"--timeout={int(timeout_s)}",
+                     *args], timeout_s)
+
+
+VSWITCH_SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
+# The userspace datapath under its other name. Every netdev datapath owns a tap device named
+# "ovs-netdev" (and one per bridge for the bridge's internal port), so two vswitchd processes
+# with netdev datapaths collide on it in one network namespace. The same datapath registered as
+# "dummy" (ovs-vswitchd --enable-dummy) gives internal ports no kernel device at all; "system"
+# ports (our veths) are still opened by the Linux netdev provider, so forwarding is identical.
+PRIVATE_DATAPATH_TYPE = "dummy"
+
+
+def _read_pid(path: Path, timeout_s: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError) as err:
+            if time.monotonic() > deadline:
+                raise TestbedError(f"no pid in {path} after {timeout_s:.0f} s") from err
+            time.sleep(0.02)
 
 
 def _short(cmd: list[str]) -> str:
@@ -57,13 +140,23 @@ def check_running() -> None:
                            "(scripts/setup.sh does)", stderr=err.stderr) from err
 
 
+def vswitchd_pids(run_dir: str = "/var/run/openvswitch") -> list[int]:
+    """PIDs of the running ovs-vswitchd (from its pidfile); empty when it is not running."""
+    try:
+        pid = int(Path(run_dir, "ovs-vswitchd.pid").read_text().strip())
+    except (OSError, ValueError):
+        return []
+    return [pid] if Path(f"/proc/{pid}").exists() else []
+
+
 def get_other_config(key: str) -> str | None:
     out = vsctl("--if-exists", "get", "Open_vSwitch", ".", f"other_config:{key}").strip()
     return out.strip('"') or None
 
 
 def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
-                   controller_target: str, mtu: int, protocols: str = "OpenFlow13") -> None:
+                   controller_target: str, mtu: int, protocols: str = "OpenFlow15",
+                   db: str | None = None) -> None:
     """Create all bridges, their ports and controller rows in one OVSDB transaction.
 
     Every port gets the QoS ``linux-noop``: without it Open vSwitch deletes the root qdisc of
@@ -85,7 +178,7 @@ def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
                      "--", "set", "Interface", ifname, f"ofport_request={port}",
                      f"mtu_request={mtu}",
                      "--", "set", "Port", ifname, "qos=@noop"]
-    vsctl(*args)
+    vsctl(*args, db=db)
 
 
 def delete_bridges(names: list[str]) -> None:

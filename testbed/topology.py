@@ -351,3 +351,27 @@ def all_interfaces(topo: Topology) -> Iterable[Endpoint]:
     for link in topo.links:
         yield link.a
         yield link.b
+
+
+def shard_switches(topo: Topology, shards: int) -> list[list[str]]:
+    """Split the switches into ``shards`` near-equal groups that keep neighbours together
+    (pods, then the core), e.g. to spread them over several switch processes.
+
+    Args:
+        topo: the topology.
+        shards: how many groups (capped at the number of switches).
+
+    Returns:
+        Non-empty lists of switch names.
+    """
+    if shards < 1:
+        raise ConfigError("shards", f"must be >= 1, got {shards}")
+    order = sorted(topo.switches, key=lambda s: (s.group == 0, s.group, s.role, s.index))
+    n = min(shards, len(order))
+    size, extra = divmod(len(order), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append([s.name for s in order[start:end]])
+        start = end
+    return out

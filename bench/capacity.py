@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): how much traffic this machine can carry through an emulated fabric.
+
+On a fat-tree built by the project's own Fabric, every host sends one TCP flow (iperf3) at once,
+in patterns whose paths cannot collide: same-edge, same-pod and cross-pod pairs with paths pinned
+link-disjoint (``dmodk`` routing), plus a random permutation under ECMP, whose delivered share is
+compared with the balls-in-bins expectation (max-min fair share over random path choices). The
+link rate is swept. Per pattern and rate it prints delivered/ideal, vswitchd and machine CPU, and
+the packet x switch-hop rate; at the end, the saturation point (the highest packet x switch-hop
+rate sustained while delivering >= 0.90 of ideal, and the highest seen at all).
+
+Usage: bench/capacity.py [--k 4] [--rates 10 25 50 100] [--patterns ...] [--duration 10]
+                         [--set fabric.mtu=9000 ...] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from testbed import config, cpu, ovs  # noqa: E402
+from testbed.fabric import Fabric  # noqa: E402
+from testbed.fidelity import ecmp_expectation, goodput_fraction, switch_hops  # noqa: E402
+from traffic.patterns import pattern_pairs  # noqa: E402
+
+PINNED = ("same_edge", "same_pod", "cross_pod")
+BASE_PORT = 5201
+
+
+def experiment_text(k: int, rate: float, routing: str, overrides: list[str]) -> dict:
+    doc = {"version": 1, "name": "capacity",
+           "fabric": {"topology": "fat_tree", "k": k, "host_link": {"rate_mbps": rate},
+                      "fabric_link": {"rate_mbps": rate}},
+           "controller": {"routing": routing}}
+    for item in overrides:
+        path, _, value = item.partition("=")
+        node = doc
+        keys = path.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = yaml.safe_load(value)
+    return doc
+
+
+def wait_listening(fabric: Fabric, host: str, port: int, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = fabric.hosts.popen(host, ["ss", "-Hltn", f"sport = :{port}"]).communicate()[0]
+        if out.strip():
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"iperf3 server on {host}:{port} did not listen")
+
+
+def run_pattern(fabric: Fabric, pairs: list[tuple[str, str]], duration_s: int) -> dict:
+    """All pairs send at once; returns delivered Mbit/s, CPU and switch counters."""
+    topo = fabric.topo
+    servers = []
+    try:
+        for n, (_, dst) in enumerate(pairs):
+            servers.append(fabric.hosts.popen(dst, ["iperf3", "-s", "-1", "-p",
+                                                    str(BASE_PORT + n)]))
+        for n, (_, dst) in enumerate(pairs):
+            wait_listening(fabric, dst, BASE_PORT + n)
+        switch_ports = {e.ifname for l in topo.links for e in (l.a, l.b)
+                        if topo.nodes[e.node].is_switch}
+        pids = ([i.pids["ovs-vswitchd"] for i in fabric.instances] or ovs.vswitchd_pids())
+        before_c = fabric.netlink.counters(switch_ports)
+        before = cpu.sample(pids)
+        clients = {src: fabric.hosts.popen(src, ["iperf3", "-c", topo.nodes[dst].ip, "-p",
+                                                 str(BASE_PORT + n), "-t", str(duration_s),
+                                                 "-J"])
+                   for n, (src, dst) in enumerate(pairs)}
+        outputs = {src: p.communicate(timeout=duration_s + 60) for src, p in clients.items()}
+        after = cpu.sample(pids)
+        after_c = fabric.netlink.counters(switch_ports)
+    finally:
+        for proc in servers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    per_flow = {}
+    for src, (out, err) in outputs.items():
+        try:
+            per_flow[src] = json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+        except (ValueError, KeyError) as exc:
+            raise SystemExit(f"iperf3 from {src} failed: {out[-300:]} {err[-300:]}") from exc
+    use = cpu.usage(before, after)
+    dt = after.time_s - before.time_s
+    tx_packets = sum(after_c[n]["tx_packets"] - before_c[n]["tx_packets"] for n in after_c)
+    tx_bytes = sum(after_c[n]["tx_bytes"] - before_c[n]["tx_bytes"] for n in after_c)
+    drops = sum(after_c[n]["tx_dropped"] - before_c[n]["tx_dropped"] for n in after_c)
+    return {"per_flow_mbps": per_flow, "delivered_mbps": sum(per_flow.values()),
+            "vswitchd_pct": sum(use.proc_pct.values()), "idle_pct": use.idle_pct,
+            "pkt_hops_per_s": tx_packets / dt, "byte_hops_per_s": tx_bytes / dt,
+            "avg_packet_bytes": tx_bytes / max(tx_packets, 1), "tx_dropped": drops}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--rates", type=float, nargs="+", default=[10, 25, 50, 100])
+    parser.add_argument("--patterns", nargs="+", default=[*PINNED, "permutation"])
+    parser.add_argument("--duration", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random permutation")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="experiment override, e.g. fabric.mtu=9000 (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    rows = []
+    print(f"{'pattern':<12} {'rate':>5} {'flows':>5} {'deliv':>8} {'ideal':>8} {'ratio':>6} "
+          f"{'expect':>6} {'vsw%':>5} {'idle%':>5} {'kpkt*hop/s':>10} {'avgB':>6} {'drops':>6}")
+    for rate in args.rates:
+        for routing in ("dmodk", "ecmp"):
+            patterns = [p for p in args.patterns if (p in PINNED) == (routing == "dmodk")]
+            if not patterns:
+                continue
+            exp = config.parse(experiment_text(args.k, rate, routing, args.overrides),
+                               source="bench")
+            with Fabric(exp) as fabric:
+                for pattern in patterns:
+                    pairs = pattern_pairs(fabric.topo, pattern, seed=args.seed)
+                    ideal = rate * goodput_fraction(exp.fabric.mtu) * len(pairs)
+                    expect = (ecmp_expectation(fabric.topo, pairs, seed=args.seed)
+                              if routing == "ecmp" else 1.0)
+                    res = run_pattern(fabric, pairs, args.duration)
+                    row = {"pattern": pattern, "routing": routing, "rate_mbps": rate,
+                           "flows": len(pairs), "ideal_mbps": ideal,
+                           "ratio": res["delivered_mbps"] / ideal, "expected_ratio": expect,
+                           "hops": sum(switch_hops(fabric.topo, s, d) for s, d in pairs)
+                           / len(pairs), "overrides": args.overrides, **res}
+                    rows.append(row)
+                    print(f"{pattern:<12} {rate:>5g} {len(pairs):>5} "
+                          f"{row['delivered_mbps']:>8.1f} {ideal:>8.1f} {row['ratio']:>6.3f} "
+                          f"{expect:>6.3f} {row['vswitchd_pct']:>5.0f} {row['idle_pct']:>5.0f} "
+                          f"{row['pkt_hops_per_s'] / 1e3:>10.1f} "
+                          f"{row['avg_packet_bytes']:>6.0f} {row['tx_dropped']:>6}", flush=True)
+    good = [r["pkt_hops_per_s"] for r in rows if r["ratio"] >= 0.90 * r["expected_ratio"]]
+    print(f"saturation: highest packet x switch-hop rate at >= 0.90 of ideal: "
+          f"{max(good, default=0) / 1e3:.1f} k/s; highest seen: "
+          f"{max(r['pkt_hops_per_s'] for r in rows) / 1e3:.1f} k/s")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

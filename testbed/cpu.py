@@ -1,0 +1,64 @@
+"""CPU accounting from /proc: machine-wide busy/idle and per-process usage between two samples."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """One reading: machine jiffies (busy, total) and per-pid CPU seconds, at ``time_s``."""
+
+    time_s: float
+    busy: int
+    total: int
+    proc_s: dict[int, float]
+
+
+def _machine() -> tuple[int, int]:
+    with open("/proc/stat", encoding="ascii") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already in user/nice
+    return total - idle, total
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User+system CPU seconds of ``pid`` and its threads, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def sample(pids: list[int]) -> CpuSample:
+    """Read the machine counters and those of ``pids`` now."""
+    busy, total = _machine()
+    procs = {pid: cpu for pid in pids if (cpu := process_cpu_s(pid)) is not None}
+    return CpuSample(time.monotonic(), busy, total, procs)
+
+
+@dataclass(frozen=True)
+class CpuUsage:
+    """Usage between two samples: ``idle_pct`` of the whole machine (all cores), and per pid
+    the percentage of one core (100 = one core fully busy)."""
+
+    idle_pct: float
+    busy_cores: float
+    proc_pct: dict[int, float]
+
+
+def usage(before: CpuSample, after: CpuSample) -> CpuUsage:
+    """CPU usage between ``before`` and ``after``."""
+    dt = max(after.time_s - before.time_s, 1e-6)
+    total = max(after.total - before.total, 1)
+    busy = after.busy - before.busy
+    procs = {pid: 100.0 * (after.proc_s[pid] - before.proc_s[pid]) / dt
+             for pid in after.proc_s if pid in before.proc_s}
+    return CpuUsage(100.0 * (1 - busy / total), busy / CLK_TCK / dt, procs)
