@@ -34,8 +34,8 @@ def machine_state() -> dict[str, set[str]]:
         "veth": lines("ip -o link show type veth | awk -F': ' '{print $2}'"),
         "bridges": lines("ovs-vsctl --timeout=10 list-br"),
         "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
-        "procs": lines("ps -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping'"
-                       " | grep -v grep"),
+        "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
+                       "|ovs(db-server|-vswitchd) .*/work/[0-9]{8}-' | grep -v grep"),
     }
 
 
@@ -80,7 +80,8 @@ def make_fabric(state_dir, tmp_path):
     for fabric in made:
         if fabric.record is None:
             continue
-        shutil.copytree(fabric.run_dir, tmp_path / "run", dirs_exist_ok=True)
+        shutil.copytree(fabric.run_dir, tmp_path / "run", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.sock", "*.ctl"))
         (tmp_path / "tc.txt").write_text(subprocess.run(
             ["tc", "-s", "qdisc", "show"], capture_output=True, text=True).stdout)
         errors += fabric.controller_status().get("errors", [])
