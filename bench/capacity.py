@@ -28,11 +28,13 @@ import yaml  # noqa: E402
 
 from testbed import config, cpu, ovs  # noqa: E402
 from testbed.fabric import Fabric  # noqa: E402
-from testbed.fidelity import ecmp_expectation, goodput_fraction, switch_hops  # noqa: E402
+from testbed.fidelity import (capacities, ecmp_expectation, goodput_fraction,  # noqa: E402
+                              max_min_rates, switch_hops)  # noqa: E402
 from traffic.patterns import pattern_pairs  # noqa: E402
 
 PINNED = ("same_edge", "same_pod", "cross_pod")
 BASE_PORT = 5201
+CLIENT_PORT = 40001
 
 
 def experiment_text(k: int, rate: float, routing: str, overrides: list[str]) -> dict:
@@ -60,7 +62,8 @@ def wait_listening(fabric: Fabric, host: str, port: int, timeout_s: float = 10) 
     raise SystemExit(f"iperf3 server on {host}:{port} did not listen")
 
 
-def run_pattern(fabric: Fabric, pairs: list[tuple[str, str]], duration_s: int) -> dict:
+def run_pattern(fabric: Fabric, pairs: list[tuple[str, str]], duration_s: int,
+                cport: int = CLIENT_PORT) -> dict:
     """All pairs send at once; returns delivered Mbit/s, CPU and switch counters."""
     topo = fabric.topo
     servers = []
@@ -76,7 +79,8 @@ def run_pattern(fabric: Fabric, pairs: list[tuple[str, str]], duration_s: int) -
         before_c = fabric.netlink.counters(switch_ports)
         before = cpu.sample(pids)
         clients = {src: fabric.hosts.popen(src, ["iperf3", "-c", topo.nodes[dst].ip, "-p",
-                                                 str(BASE_PORT + n), "-t", str(duration_s),
+                                                 str(BASE_PORT + n), "--cport",
+                                                 str(cport + n), "-t", str(duration_s),
                                                  "-J"])
                    for n, (src, dst) in enumerate(pairs)}
         outputs = {src: p.communicate(timeout=duration_s + 60) for src, p in clients.items()}
@@ -111,14 +115,15 @@ def main() -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=[10, 25, 50, 100])
     parser.add_argument("--patterns", nargs="+", default=[*PINNED, "permutation"])
     parser.add_argument("--duration", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=1, help="seed of the random permutation")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="random permutations to run (seeds 1..N); their mean is reported")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="experiment override, e.g. fabric.mtu=9000 (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     rows = []
     print(f"{'pattern':<12} {'rate':>5} {'flows':>5} {'deliv':>8} {'ideal':>8} {'ratio':>6} "
-          f"{'expect':>6} {'vsw%':>5} {'idle%':>5} {'kpkt*hop/s':>10} {'avgB':>6} {'drops':>6}")
+          f"{'expect':>6} {'given':>6} {'vsw%':>5} {'idle%':>5} {'kpkt*hop/s':>10} {'avgB':>6} {'drops':>6}")
     for rate in args.rates:
         for routing in ("dmodk", "ecmp"):
             patterns = [p for p in args.patterns if (p in PINNED) == (routing == "dmodk")]
@@ -127,23 +132,44 @@ def main() -> int:
             exp = config.parse(experiment_text(args.k, rate, routing, args.overrides),
                                source="bench")
             with Fabric(exp) as fabric:
-                for pattern in patterns:
-                    pairs = pattern_pairs(fabric.topo, pattern, seed=args.seed)
+                runs = [(p, 1) for p in patterns if p != "permutation"]
+                runs += [("permutation", seed) for seed in range(1, args.seeds + 1)
+                         if "permutation" in patterns]
+                for index, (pattern, seed) in enumerate(runs):
+                    cport = CLIENT_PORT + 100 * index  # TIME_WAIT keeps earlier ones busy
+                    pairs = pattern_pairs(fabric.topo, pattern, seed=seed)
                     ideal = rate * goodput_fraction(exp.fabric.mtu) * len(pairs)
-                    expect = (ecmp_expectation(fabric.topo, pairs, seed=args.seed)
+                    expect = (ecmp_expectation(fabric.topo, pairs, seed=seed)
                               if routing == "ecmp" else 1.0)
-                    res = run_pattern(fabric, pairs, args.duration)
-                    row = {"pattern": pattern, "routing": routing, "rate_mbps": rate,
+                    res = run_pattern(fabric, pairs, args.duration, cport)
+                    paths = [tuple(zip(p, p[1:])) for p in
+                             (fabric.flow_path(s, d, "tcp", cport + n, BASE_PORT + n)
+                              for n, (s, d) in enumerate(pairs))]
+                    given = sum(max_min_rates(paths, capacities(fabric.topo))) / (
+                        rate * len(pairs))
+                    row = {"pattern": pattern, "seed": seed, "routing": routing,
+                           "rate_mbps": rate,
                            "flows": len(pairs), "ideal_mbps": ideal,
                            "ratio": res["delivered_mbps"] / ideal, "expected_ratio": expect,
+                           "given_paths_ratio": given,
                            "hops": sum(switch_hops(fabric.topo, s, d) for s, d in pairs)
                            / len(pairs), "overrides": args.overrides, **res}
                     rows.append(row)
-                    print(f"{pattern:<12} {rate:>5g} {len(pairs):>5} "
+                    label = pattern if pattern != "permutation" else f"perm(s={seed})"
+                    print(f"{label:<12} {rate:>5g} {len(pairs):>5} "
                           f"{row['delivered_mbps']:>8.1f} {ideal:>8.1f} {row['ratio']:>6.3f} "
-                          f"{expect:>6.3f} {row['vswitchd_pct']:>5.0f} {row['idle_pct']:>5.0f} "
+                          f"{expect:>6.3f} {given:>6.3f} {row['vswitchd_pct']:>5.0f} {row['idle_pct']:>5.0f} "
                           f"{row['pkt_hops_per_s'] / 1e3:>10.1f} "
                           f"{row['avg_packet_bytes']:>6.0f} {row['tx_dropped']:>6}", flush=True)
+    for rate in args.rates:
+        perms = [r for r in rows if r["pattern"] == "permutation" and r["rate_mbps"] == rate]
+        if perms:
+            mean = sum(r["ratio"] for r in perms) / len(perms)
+            expect = sum(r["expected_ratio"] for r in perms) / len(perms)
+            given = sum(r["given_paths_ratio"] for r in perms) / len(perms)
+            print(f"permutation at {rate:g} Mbit/s, mean of {len(perms)}: {mean:.3f} of ideal; "
+                  f"balls-in-bins expectation {expect:.3f} ({mean / expect:.2f} of it); "
+                  f"max-min on the paths the hashes chose {given:.3f} ({mean / given:.2f})")
     good = [r["pkt_hops_per_s"] for r in rows if r["ratio"] >= 0.90 * r["expected_ratio"]]
     print(f"saturation: highest packet x switch-hop rate at >= 0.90 of ideal: "
           f"{max(good, default=0) / 1e3:.1f} k/s; highest seen: "

@@ -9,6 +9,7 @@ fabric that comes up.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord
 from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
 
+STARTUP_WORKERS = 16
 POLL_S = 0.05
 
 
@@ -76,6 +78,7 @@ class Fabric:
         self.caps: capabilities.Capabilities | None = None
         self.of_port = 0
         self.instances: list[ovs.Instance] = []
+        self.switch_instance: dict[str, ovs.Instance] = {}
 
     @property
     def run_dir(self) -> Path:
@@ -235,18 +238,24 @@ class Fabric:
         shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted))
         instances = [ovs.Instance(self.run_dir / f"ovs{i}", f"ovs{i}")
                      for i in range(len(shards))]
-        for inst in instances:
+        self.instances = instances
+        self.switch_instance = {n: inst for inst, names in zip(instances, shards) for n in names}
+
+        def start(inst: ovs.Instance, names: list[str]) -> None:
             inst.start_db({"userspace-tso-enable": "true"})
             self.registry.track_process(self.record, inst.pids["ovsdb-server"],
                                         f"ovs:{inst.name}:ovsdb-server")
-        for inst in instances:
             inst.start_switch()
             self.registry.track_process(self.record, inst.pids["ovs-vswitchd"],
                                         f"ovs:{inst.name}:ovs-vswitchd")
-        self.instances = instances
-        for inst, names in zip(instances, shards):
             ovs.create_bridges([specs[n] for n in names], self.record.run_id,
                                ovs.PRIVATE_DATAPATH_TYPE, target, mtu, db=inst.db)
+
+        # daemons start mostly asleep (vswitchd calibrates its TSC for 0.5 s): in parallel
+        with ThreadPoolExecutor(max_workers=STARTUP_WORKERS) as pool:
+            for future in [pool.submit(start, i, n) for i, n in zip(instances, shards)]:
+                future.result()
+        self.registry.save(self.record)
 
     def _wait_listening(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -310,3 +319,40 @@ class Fabric:
             pid = None if node.is_switch else self.hosts.pid(node.name)
             self.netlink.set_state(end.ifname, up, pid=pid)
         return link
+
+    def flow_path(self, src: str, dst: str, proto: str, sport: int, dport: int) -> list[str]:
+        """The switches a flow's packets cross, as the switches' own tables decide it
+        (``ofproto/trace`` at every hop: ECMP bucket choices included).
+
+        Args:
+            src: source host.
+            dst: destination host.
+            proto: ``tcp`` or ``udp``.
+            sport: source port.
+            dport: destination port.
+
+        Returns:
+            The node path, hosts included.
+        """
+        topo = self.topo
+        end = topo.attachment(src)
+        path = [src]
+        flow = (f"{proto},nw_src={topo.nodes[src].ip},nw_dst={topo.nodes[dst].ip},"
+                f"tp_src={sport},tp_dst={dport}")
+        for _ in range(len(topo.nodes)):
+            switch, in_port = end.node, end.port
+            path.append(switch)
+            inst = self.switch_instance.get(switch)
+            report = ovs.appctl("ofproto/trace", switch, f"in_port={in_port},{flow}",
+                                target=inst.ctl("ovs-vswitchd") if inst else None)
+            outputs = ovs.trace_outputs(report)
+            if len(outputs) != 1:
+                raise TestbedError(f"{switch}: trace of {flow} gave outputs {outputs}", report)
+            link = topo.link_at(switch, outputs[0])
+            end = link.other(switch)
+            if end.node == dst:
+                return path + [dst]
+            if not topo.nodes[end.node].is_switch:
+                raise TestbedError(f"{flow} leaves {switch} towards {end.node}, not {dst}")
+        raise TestbedError(f"{flow} loops: {' '.join(path[:20])}")
+

@@ -16,6 +16,7 @@ Two ways to host a fabric's bridges:
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -101,8 +102,7 @@ class Instance:
 
     def appctl(self, *args: str, timeout_s: float = 30) -> str:
         """Run ``ovs-appctl`` against this instance's vswitchd."""
-        return _run(["ovs-appctl", "-t", self.ctl("ovs-vswitchd"), f"--timeout={int(timeout_s)}",
-                     *args], timeout_s)
+        return appctl(*args, target=self.ctl("ovs-vswitchd"), timeout_s=timeout_s)
 
 
 VSWITCH_SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
@@ -112,6 +112,17 @@ VSWITCH_SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
 # "dummy" (ovs-vswitchd --enable-dummy) gives internal ports no kernel device at all; "system"
 # ports (our veths) are still opened by the Linux netdev provider, so forwarding is identical.
 PRIVATE_DATAPATH_TYPE = "dummy"
+
+
+def appctl(*args: str, target: str | None = None, timeout_s: float = 30) -> str:
+    """Run ``ovs-appctl`` against ``target`` (a control socket; default the machine's vswitchd)."""
+    tgt = ["-t", target] if target else []
+    return _run(["ovs-appctl", *tgt, f"--timeout={int(timeout_s)}", *args], timeout_s)
+
+
+def trace_outputs(text: str) -> list[int]:
+    """The OpenFlow output ports in an ``ofproto/trace`` report (bucket choices resolved)."""
+    return [int(m) for m in re.findall(r"^\s+output:(\d+)\s*$", text, flags=re.M)]
 
 
 def _read_pid(path: Path, timeout_s: float = 5.0) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -61,6 +62,7 @@ class Registry:
     def __init__(self, state_dir: Path = DEFAULT_STATE_DIR) -> None:
         self.state_dir = Path(state_dir)
         self.runs_dir = self.state_dir / "runs"
+        self._lock = threading.Lock()  # records are updated from start-up threads
 
     def new_run(self, run_dir: Path) -> RunRecord:
         pid = os.getpid()
@@ -73,10 +75,11 @@ class Registry:
         return self.runs_dir / f"{record.run_id}.json"
 
     def save(self, record: RunRecord) -> None:
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(record).with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(record), indent=1))
-        os.replace(tmp, self.path(record))
+        with self._lock:
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.path(record).with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(record), indent=1))
+            os.replace(tmp, self.path(record))
 
     def remove(self, record: RunRecord) -> None:
         self.path(record).unlink(missing_ok=True)
@@ -95,7 +98,8 @@ class Registry:
     def track_process(self, record: RunRecord, pid: int, role: str) -> None:
         start = proc_start_time(pid)
         if start is not None:
-            record.processes.append(TrackedProcess(pid, start, role))
+            with self._lock:
+                record.processes.append(TrackedProcess(pid, start, role))
             self.save(record)
 
 
