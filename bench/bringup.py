@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_once(experiment: Path) -> dict[str, float]:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "up", "--check", str(experiment)],
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "up", "--check", str(experiment)], check=False,
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     total = time.monotonic() - start
     out = proc.stdout
@@ -39,10 +39,11 @@ def main() -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[4, 6])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    fabrics = {f"fat_tree k={k}": f"version: 1\nfabric: {{topology: fat_tree, k: {k}}}\n"
+    warn = "emulator: {fidelity: warn}\n"  # bring-up only: no traffic, so no load budget
+    fabrics = {f"fat_tree k={k}": f"version: 1\nfabric: {{topology: fat_tree, k: {k}}}\n{warn}"
                for k in args.k}
     fabrics["leaf_spine 4x2x4"] = ("version: 1\nfabric: {topology: leaf_spine, leaves: 4, "
-                                   "spines: 2, hosts_per_leaf: 4}\n")
+                                   "spines: 2, hosts_per_leaf: 4}\n" + warn)
     print(f"{'fabric':<18} {'pairs':>11} {'reachable_s':>12} {'teardown_s':>11} {'total_s':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in fabrics.items():

@@ -18,13 +18,23 @@ import traceback
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
-from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER,
-                                       set_ev_cls)
+from os_ken.controller.handler import (
+    CONFIG_DISPATCHER,
+    DEAD_DISPATCHER,
+    MAIN_DISPATCHER,
+    set_ev_cls,
+)
 from os_ken.lib import hub
 from os_ken.lib.packet import arp, ethernet, lldp, packet
 from os_ken.ofproto import ofproto_v1_5
 
-from controllers.policy import CONTROLLER_PORT, ETH_TYPE_ARP, ETH_TYPE_LLDP, FabricPolicy, Op
+from controllers.policy import (
+    CONTROLLER_PORT,
+    ETH_TYPE_ARP,
+    ETH_TYPE_LLDP,
+    FabricPolicy,
+    Op,
+)
 from testbed.topology import from_dict
 
 LOG = logging.getLogger("fabriclab.controller")
@@ -40,7 +50,7 @@ def _guarded(handler):
         try:
             with self.lock:
                 handler(self, ev)
-        except Exception:  # noqa: BLE001 - reported, then re-raised to os-ken's logger
+        except Exception:
             self.errors.append(f"exception in {handler.__name__}: {traceback.format_exc()}")
             self.write_status()
             raise
@@ -50,7 +60,7 @@ def _guarded(handler):
 class FabricController(app_manager.OSKenApp):
     """Proactive L3 ECMP controller for a fabriclab fabric."""
 
-    OFP_VERSIONS = [ofproto_v1_5.OFP_VERSION]
+    OFP_VERSIONS = (ofproto_v1_5.OFP_VERSION,)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

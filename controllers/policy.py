@@ -27,8 +27,8 @@ difference, which in practice modifies the buckets of the affected groups only.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from testbed.topology import Link, Node, Topology
 

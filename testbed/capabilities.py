@@ -15,8 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from pyroute2 import GenericNetlinkSocket
+from pyroute2 import GenericNetlinkSocket, IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWQDISC

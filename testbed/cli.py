@@ -15,6 +15,7 @@ from rich.table import Table
 
 from testbed import cleanup, config
 from testbed.errors import ConfigError, TestbedError
+from testbed.fidelity import assess
 from testbed.registry import DEFAULT_STATE_DIR, Registry
 
 console = Console(stderr=False, highlight=False)
@@ -46,6 +47,11 @@ def _summary_table(exp: config.Experiment, fabric) -> Table:
     table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}")
     table.add_row("controller", f"os-ken on 127.0.0.1:{fabric.of_port}, "
                                 f"{exp.controller.routing}")
+    if fabric.fidelity is not None:
+        v = fabric.fidelity
+        table.add_row("fidelity", f"full load {v.load:.0%} of this machine's budget "
+                                  f"({'fits' if v.fits else 'OVER the headroom'}; "
+                                  f"<= {v.max_rate_mbps:.1f} Mbit/s per host fits)")
     table.add_row("up in", f"{fabric.timings['up_total']:.2f} s")
     hosts = topo.hosts
     table.add_row("first hosts", ", ".join(f"{h.name}={h.ip}" for h in hosts[:3]) + ", ...")
@@ -58,6 +64,9 @@ def cmd_validate(args) -> int:
         counts = exp.topology.counts()
         console.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
                       f"{counts['hosts']} hosts, {counts['links']} links)")
+        verdict = assess(exp.topology, exp.fabric.mtu)
+        console.print(f"  on the userspace datapath: {verdict.explain()}"
+                      + ("" if verdict.fits else " -- over the headroom"))
     return 0
 
 
@@ -73,6 +82,8 @@ def cmd_up(args) -> int:
         fabric.__enter__()
     try:
         console.print(_summary_table(exp, fabric))
+        for warning in fabric.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
         if args.check:
             result = fabric.reachability(count=args.count)
             console.print(result.summary())

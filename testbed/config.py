@@ -18,9 +18,9 @@ import yaml
 from testbed.errors import ConfigError
 from testbed.topology import Topology, fat_tree, leaf_spine
 
-DEFAULT_RATE_MBPS = 100.0
+DEFAULT_RATE_MBPS = 10.0
 DEFAULT_QUEUE_KB = 256
-DEFAULT_MTU = 1500
+DEFAULT_MTU = 9000
 DEFAULT_READY_TIMEOUT_S = 60.0
 
 _SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf")}
@@ -62,6 +62,7 @@ class EmulatorSpec:
     """How the machine emulates the fabric (not what the fabric is)."""
 
     vswitchd_instances: int | str = "auto"  # private Open vSwitch instances (userspace datapath)
+    fidelity: str = "strict"  # strict: refuse an overloaded fabric; warn; off
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,10 @@ def parse(data: object, source: str = "<memory>") -> Experiment:
     controller = ControllerSpec(ctl.get("routing", "ecmp"), ctl.get("ecmp_seed", "per_switch"),
                                 float(ctl.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)))
     emu = data.get("emulator", {})
-    emulator = EmulatorSpec(emu.get("vswitchd_instances", "auto"))
+    emulator = EmulatorSpec(emu.get("vswitchd_instances", "auto"), emu.get("fidelity", "strict"))
     exp = Experiment(data.get("name", Path(source).stem if source != "<memory>" else "experiment"),
                      data.get("description", ""), fabric, controller, source, emulator)
-    exp.topology  # semantic checks of the shape happen in the model
+    _ = exp.topology  # semantic checks of the shape happen in the model
     return exp
 
 

@@ -15,7 +15,7 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)
 
-    def under(self, prefix: str) -> "ConfigError":
+    def under(self, prefix: str) -> ConfigError:
         """Return the same error with ``prefix`` prepended to its field path."""
         path = f"{prefix}.{self.path}" if self.path else prefix
         return ConfigError(path, self.message)

@@ -9,22 +9,29 @@ fabric that comes up.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Self
 
 from testbed import capabilities, cleanup, ovs
 from testbed.config import Experiment
 from testbed.errors import ConfigError, TestbedError
+from testbed.fidelity import FidelityVerdict, assess
 from testbed.mininet_hosts import Hosts
 from testbed.netlink import Netlink
-from testbed.reachability import Reachability, evaluate, fping_command, probe_interval_ms
+from testbed.reachability import (
+    Reachability,
+    evaluate,
+    fping_command,
+    probe_interval_ms,
+)
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord
 from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
@@ -78,6 +85,8 @@ class Fabric:
         self.caps: capabilities.Capabilities | None = None
         self.of_port = 0
         self.instances: list[ovs.Instance] = []
+        self.fidelity: FidelityVerdict | None = None
+        self.warnings: list[str] = []
         self.switch_instance: dict[str, ovs.Instance] = {}
 
     @property
@@ -90,7 +99,7 @@ class Fabric:
         return self.run_dir / "controller-status.json"
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def __enter__(self) -> "Fabric":
+    def __enter__(self) -> Self:
         try:
             self.up()
         except BaseException:
@@ -105,6 +114,7 @@ class Fabric:
         """Build the fabric and wait until the controller has programmed every switch."""
         start = time.monotonic()
         self.caps = self._check_machine()
+        self._check_fidelity()
         self._prepare_run()
         self._step("controller", self._start_controller)
         self._step("hosts", self._start_hosts)
@@ -155,6 +165,20 @@ class Fabric:
                                "other_config:userspace-tso-enable=true; TCP through it breaks "
                                "or crawls. Run scripts/setup.sh (sets it and restarts OVS).")
         return caps
+
+    def _check_fidelity(self) -> None:
+        """Refuse (or warn about) a fabric whose full load exceeds this machine's budget."""
+        mode = self.experiment.emulator.fidelity
+        if self.caps.datapath_type != "netdev" or mode == "off":
+            return
+        self.fidelity = verdict = assess(self.topo, self.experiment.fabric.mtu)
+        if verdict.overloaded and mode == "strict":
+            raise ConfigError("fabric.host_link.rate_mbps",
+                              f"too fast for this machine: {verdict.explain()}. Lower the rates, "
+                              "or set emulator.fidelity: warn to measure the emulator anyway")
+        if not verdict.fits:
+            self.warnings.append(f"fidelity: {verdict.explain()}; measured numbers may describe "
+                                 "the emulator rather than the fabric")
 
     def _prepare_run(self) -> None:
         report = cleanup.clean(self.registry)  # runs killed with SIGKILL

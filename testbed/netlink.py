@@ -9,14 +9,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Self
 
 from pyroute2 import IPRoute
-from pyroute2.netns import setns
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
+from pyroute2.netns import setns
 
 from testbed.errors import TestbedError
 from testbed.tcplan import Shaping
@@ -79,7 +80,7 @@ class Netlink:
             ipr.close()
         self._ns.clear()
 
-    def __enter__(self) -> "Netlink":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -122,7 +122,7 @@ def appctl(*args: str, target: str | None = None, timeout_s: float = 30) -> str:
 
 def trace_outputs(text: str) -> list[int]:
     """The OpenFlow output ports in an ``ofproto/trace`` report (bucket choices resolved)."""
-    return [int(m) for m in re.findall(r"^\s+output:(\d+)\s*$", text, flags=re.M)]
+    return [int(m) for m in re.findall(r"^\s+output:(\d+)\s*$", text, flags=re.MULTILINE)]
 
 
 def _read_pid(path: Path, timeout_s: float = 5.0) -> int:
@@ -176,7 +176,7 @@ def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
     args: list[str] = ["--", "--id=@noop", "create", "QoS", "type=linux-noop",
                        f"external_ids:{RUN_KEY}={run_id}"]
     for i, br in enumerate(bridges):
-        args += ["--", "--id=@c%d" % i, "create", "Controller", f"target=\"{controller_target}\"",
+        args += ["--", f"--id=@c{i}", "create", "Controller", f"target=\"{controller_target}\"",
                  "max_backoff=1000", "connection_mode=out-of-band"]
         args += ["--", "add-br", br.name,
                  "--", "set", "Bridge", br.name, f"datapath_type={datapath_type}",

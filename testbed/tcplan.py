@@ -49,4 +49,4 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         kind, limit = "pfifo", int(queue_packets)
     else:
         kind, limit = "bfifo", int((queue_kb if queue_kb is not None else 256) * 1024)
-    return Shaping(int(round(rate_mbps * 1000)), burst, quantum, kind, limit)
+    return Shaping(round(rate_mbps * 1000), burst, quantum, kind, limit)

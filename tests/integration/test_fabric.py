@@ -62,7 +62,8 @@ def test_tcp_over_one_shaped_path_reaches_the_configured_rate(make_fabric):
     rate = 100
     fabric = make_fabric(experiment(
         f"version: 1\nfabric: {{topology: fat_tree, k: 4, host_link: {{rate_mbps: {rate}}}, "
-        f"fabric_link: {{rate_mbps: {rate}}}}}\n"))
+        f"fabric_link: {{rate_mbps: {rate}}}}}\n"
+        "emulator: {fidelity: warn}\n"))  # one flow: the full-load budget does not apply
     mbps = _iperf3(fabric, "h2_1_1", "h1_1_1")  # cross-pod: 5 switch hops, 6 shaped links
     print(f"iperf3 cross-pod: {mbps:.1f} Mbit/s of {rate}")
     assert 0.90 * rate <= mbps <= 1.02 * rate, f"{mbps:.1f} Mbit/s on a {rate} Mbit/s path"
@@ -103,3 +104,18 @@ def test_missing_netem_fails_before_building_anything(state_dir, tmp_path):
         assert "netem" in err.message and "sch_netem" in err.message
         return
     assert caps_netem, "built a fabric with delay_us although netem is missing"
+
+
+def test_an_overloaded_fabric_is_refused_with_the_numbers(state_dir):
+    exp = experiment("version: 1\nfabric: {topology: fat_tree, k: 4, "
+                     "host_link: {rate_mbps: 400}, fabric_link: {rate_mbps: 400}}\n")
+    fabric = Fabric(exp, state_dir=state_dir)
+    with pytest.raises(ConfigError) as err, fabric:
+        pass
+    if fabric.caps.datapath_type != "netdev":
+        pytest.skip("the budget applies to the userspace datapath")
+    assert err.value.path == "fabric.host_link.rate_mbps"
+    assert "16 hosts x 400 Mbit/s x 4.47 switch hops" in err.value.message
+    assert "emulator.fidelity: warn" in err.value.message
+    assert fabric.record is None  # refused before anything was built
+

@@ -41,8 +41,25 @@ def test_defaults_and_overrides():
     assert exp.fabric.host_link.rate_mbps == config.DEFAULT_RATE_MBPS
     assert exp.fabric.fabric_link.rate_mbps == 400
     assert (exp.fabric.queue_kb, exp.fabric.queue_packets) == (None, 50)
-    assert exp.controller.routing == "ecmp" and exp.fabric.mtu == 1500
+    assert exp.controller.routing == "ecmp" and exp.fabric.mtu == 9000
+    assert exp.controller.ecmp_seed == "per_switch"
+    assert exp.emulator.vswitchd_instances == "auto" and exp.emulator.fidelity == "strict"
     assert ("fabric.queue", "pfifo") in exp.required_qdiscs()
+
+
+def test_routing_seed_and_emulator_settings_are_checked():
+    base = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
+    exp = config.parse({**base, "controller": {"routing": "dmodk", "ecmp_seed": "shared"},
+                        "emulator": {"vswitchd_instances": 3, "fidelity": "warn"}})
+    assert (exp.controller.routing, exp.controller.ecmp_seed) == ("dmodk", "shared")
+    assert (exp.emulator.vswitchd_instances, exp.emulator.fidelity) == (3, "warn")
+    for section, key, value in (("controller", "routing", "spray"),
+                                ("controller", "ecmp_seed", "random"),
+                                ("emulator", "vswitchd_instances", 0),
+                                ("emulator", "fidelity", "loose")):
+        with pytest.raises(ConfigError) as err:
+            config.parse({**base, section: {key: value}})
+        assert err.value.path == f"{section}.{key}"
 
 
 def test_netem_settings_are_requirements():

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from controllers.policy import FabricPolicy, compute_tables, diff_tables, check_ports
+from controllers.policy import FabricPolicy, check_ports, compute_tables, diff_tables
 from testbed.topology import fat_tree, leaf_spine
 from tests.unit.fakeswitch import FakeSwitch, walk
 
@@ -63,7 +63,7 @@ def test_link_down_is_routed_around_and_restored():
     for src, dst in [("h1_1_1", "h2_1_1"), ("h2_1_1", "h1_1_1"), ("h3_2_2", "h1_2_1")]:
         paths = walk(topo, switches, src, dst)
         assert paths
-        assert not any(("agg1_1", "core1") in zip(p, p[1:]) or ("core1", "agg1_1") in zip(p, p[1:])
+        assert not any(("agg1_1", "core1") in itertools.pairwise(p) or ("core1", "agg1_1") in itertools.pairwise(p)
                        for p in paths)
     assert "agg1_1:3-core1:1" in [n for n, up in policy.link_state().items() if not up]
     for name, o in policy.port_status(topo.nodes["agg1_1"].dpid, 3, True, 2.0).items():
@@ -133,3 +133,53 @@ def test_arp_reply_only_for_fabric_hosts():
     policy = FabricPolicy(topo)
     assert policy.arp_reply("10.0.2.2") == topo.nodes["h2_2"].mac
     assert policy.arp_reply("192.0.2.1") is None
+
+
+def test_ecmp_groups_carry_a_per_switch_hash_basis_unless_shared():
+    topo = fat_tree(4)
+    per_switch = compute_tables(topo, {}, "ecmp", "per_switch")
+    bases = {name: {g.hash_basis for g in t.groups.values()} for name, t in per_switch.items()}
+    assert all(len(b) == 1 for b in bases.values())  # one basis per switch
+    assert len({b.pop() for b in bases.values()}) == len(topo.switches)  # all different
+    shared = compute_tables(topo, {}, "ecmp", "shared")
+    assert {g.hash_basis for t in shared.values() for g in t.groups.values()} == {0}
+    with pytest.raises(ValueError, match="seed"):
+        compute_tables(topo, {}, "ecmp", "random")
+
+
+@pytest.mark.parametrize("topo", [fat_tree(4), fat_tree(6), leaf_spine(3, 2, 2)],
+                         ids=["k4", "k6", "leafspine"])
+def test_dmodk_gives_every_pair_exactly_one_shortest_path(topo):
+    switches = _connect_all(topo, FabricPolicy(topo, routing="dmodk"))
+    assert not any(s.groups for s in switches.values())
+    hosts = [h.name for h in topo.hosts]
+    for src, dst in list(itertools.permutations(hosts, 2))[::3]:
+        paths = walk(topo, switches, src, dst)
+        assert len(paths) == 1 and paths[0] in topo.equal_cost_paths(src, dst)
+
+
+@pytest.mark.parametrize("k", [4, 6, 8])
+def test_dmodk_makes_shift_permutations_link_disjoint(k):
+    from traffic.patterns import pattern_pairs
+
+    topo = fat_tree(k)
+    switches = _connect_all(topo, FabricPolicy(topo, routing="dmodk"))
+    for pattern in ("same_pod", "cross_pod"):
+        used = []
+        for src, dst in pattern_pairs(topo, pattern):
+            (path,) = walk(topo, switches, src, dst)
+            used += list(itertools.pairwise(path))
+        assert len(used) == len(set(used)), f"{pattern}: two flows share a link direction"
+
+
+def test_dmodk_fails_over_to_a_live_uplink():
+    topo = fat_tree(4)
+    policy = FabricPolicy(topo, routing="dmodk")
+    switches = _connect_all(topo, policy)
+    (before,) = walk(topo, switches, "h1_1_1", "h2_1_1")
+    assert before[2] == "agg1_1"
+    port = next(p for p, l in topo.ports("edge1_1").items() if l.other("edge1_1").node == "agg1_1")
+    for name, ops in policy.port_status(topo.nodes["edge1_1"].dpid, port, False, 1.0).items():
+        switches[name].apply(ops)
+    (after,) = walk(topo, switches, "h1_1_1", "h2_1_1")
+    assert after[2] == "agg1_2"

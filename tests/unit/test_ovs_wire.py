@@ -1,0 +1,47 @@
+"""Wire formats fabriclab writes or reads by hand: the NTR selection-method group property and
+ofproto/trace reports."""
+
+import struct
+
+from controllers.app import HashSelection
+from testbed.ovs import trace_outputs
+
+TRACE = """Flow: tcp,in_port=1,vlan_tci=0x0000,nw_src=10.1.1.1,nw_dst=10.3.1.1,tp_src=40000,tp_dst=5201
+
+bridge("edge1_1")
+-----------------
+ 0. ip,nw_dst=10.3.1.0/24, priority 100
+    group:5
+     -> bucket 0: score 5448
+     -> bucket 1: score 38040
+     -> using bucket 1
+    bucket 1
+            output:4
+
+Final flow: unchanged
+Megaflow: recirc_id=0,eth,tcp,in_port=1,nw_src=10.1.1.1,nw_dst=10.3.1.1,nw_frag=no
+Datapath actions: 4
+"""
+
+
+def test_trace_outputs_reads_the_chosen_bucket():
+    assert trace_outputs(TRACE) == [4]
+    assert trace_outputs("Datapath actions: drop\n") == []
+
+
+def test_hash_selection_property_layout():
+    raw = HashSelection(0xDEADBEEF).serialize()
+    assert len(raw) % 8 == 0
+    ptype, length, experimenter, exp_type = struct.unpack_from("!HHII", raw)
+    assert (ptype, experimenter, exp_type) == (0xFFFF, 0x154D, 1)
+    assert raw[16:32].rstrip(b"\0") == b"hash"
+    assert struct.unpack_from("!Q", raw, 32)[0] == 0xDEADBEEF
+    fields, offset = [], 40
+    while offset < length:
+        oxm_class, field_hm, width = struct.unpack_from("!HBB", raw, offset)
+        assert oxm_class == 0x8000 and not field_hm & 1  # no has_mask: the value is the mask
+        assert raw[offset + 4:offset + 4 + width] == b"\xff" * width
+        fields.append(field_hm >> 1)
+        offset += 4 + width
+    assert offset == length and raw[length:] == b"\0" * (len(raw) - length)
+    assert fields == [10, 11, 12, 13, 14, 15, 16]  # ip_proto, ipv4 src/dst, tcp/udp ports
