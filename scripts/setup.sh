@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${FABRICLAB_VENV:-$ROOT/.venv}
 PACKAGES=(mininet openvswitch-switch iperf3 fping prometheus python3-venv python3-pip
-          iproute2 ethtool procps)
+          iproute2 ethtool procps
+          debootstrap qemu-system-x86 e2fsprogs)  # the vm backend's guest image and its runs
 
 log() { printf '[setup] %s\n' "$*"; }
 

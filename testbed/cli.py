@@ -18,7 +18,7 @@ from testbed.errors import ConfigError, TestbedError
 from testbed.fidelity import assess
 from testbed.registry import DEFAULT_STATE_DIR, Registry
 
-console = Console(stderr=False, highlight=False)
+console = Console(stderr=False, highlight=False, soft_wrap=True)  # logs stay grep-able
 
 
 class Terminated(Exception):
@@ -27,6 +27,15 @@ class Terminated(Exception):
 
 def _on_sigterm(signum, _frame) -> None:
     raise Terminated(f"signal {signum}")
+
+
+def _link_text(link: config.LinkSpec) -> str:
+    text = f"{link.rate_mbps:g} Mbit/s"
+    if link.delay_us:
+        text += f" {link.delay_us:g} us"
+    if link.loss_percent:
+        text += f" {link.loss_percent:g} % loss"
+    return text
 
 
 def _summary_table(exp: config.Experiment, fabric) -> Table:
@@ -38,13 +47,15 @@ def _summary_table(exp: config.Experiment, fabric) -> Table:
     table.add_row("switches", ", ".join(f"{counts[r]} {r}" for r in
                                         ("core", "agg", "edge", "spine", "leaf") if r in counts))
     table.add_row("hosts", str(counts["hosts"]))
-    table.add_row("links", f"{counts['links']} (host {exp.fabric.host_link.rate_mbps:g} Mbit/s, "
-                           f"fabric {exp.fabric.fabric_link.rate_mbps:g} Mbit/s)")
+    table.add_row("links", f"{counts['links']} (host {_link_text(exp.fabric.host_link)}, "
+                           f"fabric {_link_text(exp.fabric.fabric_link)})")
     table.add_row("oversubscription", f"{topo.oversubscription():g}:1")
     queue = (f"{exp.fabric.queue_packets} packets" if exp.fabric.queue_packets
              else f"{exp.fabric.queue_kb} KiB")
     table.add_row("queue / MTU", f"{queue} / {exp.fabric.mtu}")
-    table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}")
+    table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}"
+                              + (f", {len(fabric.instances)} private vswitchd"
+                                 if fabric.instances else ""))
     table.add_row("controller", f"os-ken on 127.0.0.1:{fabric.of_port}, "
                                 f"{exp.controller.routing}")
     if fabric.fidelity is not None:
@@ -70,10 +81,25 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def resolve_backend(exp: config.Experiment, requested: str | None, state_dir: Path) -> str:
+    """``host`` or ``vm``: the flag, else the experiment's choice; ``auto`` picks the host when
+    its kernel has every qdisc the experiment needs."""
+    choice = requested or exp.emulator.backend
+    if choice != "auto":
+        return choice
+    from testbed import capabilities  # probes the kernel (root)
+
+    caps = capabilities.probe(state_dir)
+    missing = [kind for _, kind in exp.required_qdiscs() if not caps.has_qdisc(kind)]
+    return "vm" if missing else "host"
+
+
 def cmd_up(args) -> int:
     from testbed.fabric import Fabric  # system adapters only when a fabric is built
 
     exp = config.load(args.file)
+    if resolve_backend(exp, args.backend, args.state_dir) == "vm":
+        return _up_in_vm(args)
     start = time.monotonic()
     fabric = Fabric(exp, state_dir=args.state_dir,
                     log=(lambda m: console.print(f"[dim]{m}[/dim]")) if args.verbose else
@@ -100,6 +126,31 @@ def cmd_up(args) -> int:
             t0 = time.monotonic()
             fabric.down()
         console.print(f"torn down in {time.monotonic() - t0:.2f} s")
+
+
+def _up_in_vm(args) -> int:
+    """Run ``up --check`` inside the full-kernel guest and relay its output and exit code."""
+    from testbed import vm
+
+    if not args.check:
+        raise ConfigError("emulator.backend", "the vm backend runs a job and powers off: use "
+                          "'fabriclab up --check' (an interactive guest is the lab VM's job)")
+    job = ("python3 -m testbed.cli up --check --backend host "
+           f"--count {int(args.count)} {'-v ' if args.verbose else ''}/job/experiment.yaml\n")
+    with console.status("preparing the guest image ..."):
+        image = vm.ensure_image(log=console.print)
+    work = args.state_dir / "vm" / time.strftime("%Y%m%d-%H%M%S")
+    console.print(f"booting the full-kernel guest ({image.directory.name}); this machine "
+                  "emulates its CPU, so expect minutes")
+    result = vm.run(image, job, {"experiment.yaml": Path(args.file)}, work,
+                    Registry(args.state_dir), accel=args.vm_accel,
+                    on_console=(lambda line: console.print(f"[dim]guest| {line}[/dim]"))
+                    if args.verbose else None)
+    if not args.verbose:
+        console.print(result.output.rstrip())
+    console.print(f"guest run: exit {result.returncode} after {result.duration_s:.0f} s; "
+                  f"console log {result.console}")
+    return result.returncode
 
 
 def cmd_clean(args) -> int:
@@ -132,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="test all-pairs reachability, tear down, exit non-zero on any loss")
     p.add_argument("--count", type=int, default=2, help="probes per pair with --check")
     p.add_argument("-v", "--verbose", action="store_true", help="print step timings")
+    p.add_argument("--backend", choices=("auto", "host", "vm"),
+                   help="where to run (default: the experiment's emulator.backend)")
+    p.add_argument("--vm-accel", choices=("tcg", "kvm"), default="tcg",
+                   help="vm backend: CPU emulation (default; works everywhere) or KVM")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("clean", help="remove what earlier (killed) runs left behind")
     p.add_argument("--all", action="store_true", help="also runs whose process is still alive")

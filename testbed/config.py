@@ -63,6 +63,7 @@ class EmulatorSpec:
 
     vswitchd_instances: int | str = "auto"  # private Open vSwitch instances (userspace datapath)
     fidelity: str = "strict"  # strict: refuse an overloaded fabric; warn; off
+    backend: str = "auto"  # host, vm (full-kernel guest), auto: host if its kernel suffices
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def parse(data: object, source: str = "<memory>") -> Experiment:
     controller = ControllerSpec(ctl.get("routing", "ecmp"), ctl.get("ecmp_seed", "per_switch"),
                                 float(ctl.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)))
     emu = data.get("emulator", {})
-    emulator = EmulatorSpec(emu.get("vswitchd_instances", "auto"), emu.get("fidelity", "strict"))
+    emulator = EmulatorSpec(emu.get("vswitchd_instances", "auto"), emu.get("fidelity", "strict"),
+                            emu.get("backend", "auto"))
     exp = Experiment(data.get("name", Path(source).stem if source != "<memory>" else "experiment"),
                      data.get("description", ""), fabric, controller, source, emulator)
     _ = exp.topology  # semantic checks of the shape happen in the model

@@ -225,7 +225,9 @@ class Fabric:
         self.registry.save(self.record)
         nl, mtu = self.netlink, fab.mtu
         for link in self.topo.links:
-            plan = plan_shaping(link.rate_mbps, mtu, fab.queue_kb, fab.queue_packets)
+            spec = fab.host_link if link.tier == "host" else fab.fabric_link
+            plan = plan_shaping(link.rate_mbps, mtu, fab.queue_kb, fab.queue_packets,
+                                spec.delay_us, spec.loss_percent)
             if link.tier == "host":
                 host = self.topo.nodes[link.a.node]
                 pid = self.hosts.pid(host.name)

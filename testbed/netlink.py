@@ -166,7 +166,7 @@ class Netlink:
 
     # -- traffic control --------------------------------------------------------------------
     def shape(self, ifname: str, plan: Shaping, pid: int | None = None) -> None:
-        """Install ``htb 1: / class 1:1 / {b,p}fifo 10:`` on the egress of ``ifname``."""
+        """Install ``htb 1: / class 1:1 / {b,p}fifo|netem 10:`` on the egress of ``ifname``."""
         ipr = self.ns(pid)
         idx = self.index(ifname, pid)
         with _request(f"tc htb on {ifname}"):
@@ -174,9 +174,11 @@ class Netlink:
             ipr.tc("add-class", "htb", index=idx, handle=HTB_CLASS, parent=HTB_HANDLE,
                    rate=f"{plan.rate_kbit}kbit", ceil=f"{plan.rate_kbit}kbit",
                    burst=plan.burst_bytes, cburst=plan.burst_bytes, quantum=plan.quantum_bytes)
+        extra = ({"delay": int(plan.delay_us), "loss": plan.loss_percent}
+                 if plan.queue_kind == "netem" else {})
         with _request(f"tc {plan.queue_kind} on {ifname}"):
             ipr.tc("add", plan.queue_kind, index=idx, handle=LEAF_HANDLE, parent=HTB_CLASS,
-                   limit=plan.queue_limit)
+                   limit=plan.queue_limit, **extra)
 
     def qdisc_stats(self, ifname: str, pid: int | None = None) -> list[dict]:
         """Kind, handle and basic counters of every qdisc on ``ifname``."""

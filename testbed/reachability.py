@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass, field
 
 _FPING_LINE = re.compile(r"^(?P<ip>\d+\.\d+\.\d+\.\d+)\s*:\s*xmt/rcv/%loss\s*=\s*"
-                         r"(?P<xmt>\d+)/(?P<rcv>\d+)/")
+                         r"(?P<xmt>\d+)/(?P<rcv>\d+)/[^,]*"
+                         r"(?:,\s*min/avg/max\s*=\s*(?P<min>[\d.]+)/(?P<avg>[\d.]+)/(?P<max>[\d.]+))?")
 
 
 @dataclass
@@ -18,6 +19,7 @@ class Reachability:
     sent: int = 0
     received: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    rtt_ms: list[float] = field(default_factory=list)  # the mean RTT of every answering pair
 
     @property
     def lost(self) -> int:
@@ -28,7 +30,12 @@ class Reachability:
         return self.pairs > 0 and self.ok == self.pairs and self.lost == 0
 
     def summary(self) -> str:
-        return f"reachability: {self.ok}/{self.pairs} pairs ({self.lost} of {self.sent} probes lost)"
+        text = f"reachability: {self.ok}/{self.pairs} pairs ({self.lost} of {self.sent} probes lost)"
+        if self.rtt_ms:
+            rtts = sorted(self.rtt_ms)
+            text += (f"; RTT per pair min/median/max {rtts[0]:.2f}/{rtts[len(rtts) // 2]:.2f}/"
+                     f"{rtts[-1]:.2f} ms")
+        return text
 
 
 UPCALL_BUDGET = 200_000  # probes/s x switches the userspace datapath absorbed here
@@ -54,13 +61,14 @@ def fping_command(targets: list[str], count: int, interval_ms: int = 1,
             "-t", str(timeout_ms), *targets]
 
 
-def parse_fping(text: str) -> dict[str, tuple[int, int]]:
-    """Map target IP -> (sent, received) from ``fping -q -c`` output."""
+def parse_fping(text: str) -> dict[str, tuple[int, int, float | None]]:
+    """Map target IP -> (sent, received, mean RTT in ms or None) from ``fping -q -c`` output."""
     out = {}
     for line in text.splitlines():
         match = _FPING_LINE.match(line.strip())
         if match:
-            out[match["ip"]] = (int(match["xmt"]), int(match["rcv"]))
+            avg = float(match["avg"]) if match["avg"] else None
+            out[match["ip"]] = (int(match["xmt"]), int(match["rcv"]), avg)
     return out
 
 
@@ -79,9 +87,11 @@ def evaluate(expected: dict[str, dict[str, str]], outputs: dict[str, str]) -> Re
         seen = parse_fping(outputs.get(src, ""))
         for ip, dst in sorted(targets.items(), key=lambda kv: kv[1]):
             result.pairs += 1
-            sent, rcv = seen.get(ip, (0, 0))
+            sent, rcv, avg = seen.get(ip, (0, 0, None))
             result.sent += sent
             result.received += rcv
+            if avg is not None:
+                result.rtt_ms.append(avg)
             if sent and rcv == sent:
                 result.ok += 1
             else:

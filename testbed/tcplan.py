@@ -1,6 +1,8 @@
 """Pure link-shaping plans: what HTB class and leaf queue each link end gets.
 
-Every link end shapes its egress with ``htb 1: -> class 1:1 (rate = ceil) -> fifo 10:``. With
+Every link end shapes its egress with ``htb 1: -> class 1:1 (rate = ceil) -> fifo 10:``, or
+``netem 10:`` as the leaf when the link has a delay or a loss rate (each direction's packets meet
+the delay once, at the end they leave by; netem's queue limit counts packets). With
 TSO/GSO on, the queue holds super-packets of up to 64 KiB, so queues are sized in bytes (bfifo)
 unless the experiment asks for a packet count, and the HTB burst must cover one super-packet.
 """
@@ -21,8 +23,10 @@ class Shaping:
     rate_kbit: int
     burst_bytes: int
     quantum_bytes: int
-    queue_kind: str  # bfifo (limit in bytes) or pfifo (limit in packets)
+    queue_kind: str  # bfifo (limit in bytes), pfifo or netem (limit in packets)
     queue_limit: int
+    delay_us: float = 0.0
+    loss_percent: float = 0.0
 
     @property
     def rate_mbps(self) -> float:
@@ -30,7 +34,8 @@ class Shaping:
 
 
 def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
-                 queue_packets: int | None = None) -> Shaping:
+                 queue_packets: int | None = None, delay_us: float = 0.0,
+                 loss_percent: float = 0.0) -> Shaping:
     """Plan the shaping of one link end.
 
     Args:
@@ -38,6 +43,8 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         mtu: link MTU in bytes.
         queue_kb: queue size in KiB (bfifo); used when ``queue_packets`` is None.
         queue_packets: queue size in packets (pfifo).
+        delay_us: one-way delay of the link (netem leaf).
+        loss_percent: random loss of the link (netem leaf).
 
     Returns:
         The plan.
@@ -49,4 +56,10 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         kind, limit = "pfifo", int(queue_packets)
     else:
         kind, limit = "bfifo", int((queue_kb if queue_kb is not None else 256) * 1024)
+    if delay_us or loss_percent:
+        packets = limit if kind == "pfifo" else max(1, -(-limit // (mtu + 14)))
+        # netem holds the packets in flight on the delay line too: add the bandwidth-delay product
+        packets += int(rate_bytes_s * delay_us / 1e6 / (mtu + 14)) + 1
+        return Shaping(round(rate_mbps * 1000), burst, quantum, "netem", packets,
+                       float(delay_us), float(loss_percent))
     return Shaping(round(rate_mbps * 1000), burst, quantum, kind, limit)

@@ -45,3 +45,23 @@ def test_hash_selection_property_layout():
         offset += 4 + width
     assert offset == length and raw[length:] == b"\0" * (len(raw) - length)
     assert fields == [10, 11, 12, 13, 14, 15, 16]  # ip_proto, ipv4 src/dst, tcp/udp ports
+
+
+def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
+    import io
+    import tarfile
+
+    from testbed.vm import job_archive
+
+    (tmp_path / "testbed").mkdir()
+    (tmp_path / "testbed" / "x.py").write_text("x = 1\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text("")
+    (tmp_path / "exp.yaml").write_text("version: 1\n")
+    raw = job_archive(tmp_path, "echo hi\n", {"experiment.yaml": tmp_path / "exp.yaml"})
+    assert len(raw) % 512 == 0
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        names = set(tar.getnames())
+        assert tar.extractfile("job.sh").read() == b"echo hi\n"
+    assert {"project/testbed/x.py", "experiment.yaml", "job.sh"} <= names
+    assert not any(".venv" in n for n in names)

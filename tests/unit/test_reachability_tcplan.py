@@ -12,13 +12,15 @@ FPING = """10.0.1.2 : xmt/rcv/%loss = 2/2/0%, min/avg/max = 0.10/0.12/0.15
 
 
 def test_parse_and_evaluate():
-    assert parse_fping(FPING) == {"10.0.1.2": (2, 2), "10.0.2.1": (2, 1), "10.0.2.2": (2, 0)}
+    assert parse_fping(FPING) == {"10.0.1.2": (2, 2, 0.12), "10.0.2.1": (2, 1, 0.10),
+                                  "10.0.2.2": (2, 0, None)}
     expected = {"a": {"10.0.1.2": "b", "10.0.2.1": "c", "10.0.2.2": "d", "10.0.3.3": "e"}}
     result = evaluate(expected, {"a": FPING})
     assert (result.pairs, result.ok, result.sent, result.received) == (4, 1, 6, 3)
     assert result.failed == [("a", "c"), ("a", "d"), ("a", "e")]
     assert not result.complete
-    assert result.summary().startswith("reachability: 1/4 pairs")
+    assert result.summary() == ("reachability: 1/4 pairs (3 of 6 probes lost); "
+                                "RTT per pair min/median/max 0.10/0.12/0.12 ms")
 
 
 def test_complete_needs_zero_loss():
@@ -42,3 +44,16 @@ def test_shaping_plan(rate):
     assert plan.burst_bytes >= rate * 1e6 / 8 * 0.001
     assert (plan.queue_kind, plan.queue_limit) == ("bfifo", 128 * 1024)
     assert plan_shaping(rate, 9000, queue_packets=64).queue_kind == "pfifo"
+
+
+def test_delay_or_loss_puts_netem_at_the_leaf_with_room_for_the_delay_line():
+    from testbed.tcplan import plan_shaping
+
+    plain = plan_shaping(10, 9000, queue_kb=256)
+    assert (plain.queue_kind, plain.delay_us) == ("bfifo", 0.0)
+    delayed = plan_shaping(10, 9000, queue_kb=256, delay_us=2000)
+    # 256 KiB of 9014-byte frames, plus 10 Mbit/s x 2 ms in flight on the delay line
+    assert delayed.queue_kind == "netem" and delayed.delay_us == 2000
+    assert delayed.queue_limit == -(-256 * 1024 // 9014) + int(10e6 / 8 * 0.002 / 9014) + 1
+    lossy = plan_shaping(10, 1500, queue_packets=100, loss_percent=1.5)
+    assert (lossy.queue_kind, lossy.queue_limit, lossy.loss_percent) == ("netem", 101, 1.5)
