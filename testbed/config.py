@@ -64,6 +64,7 @@ class EmulatorSpec:
     vswitchd_instances: int | str = "auto"  # private Open vSwitch instances (userspace datapath)
     fidelity: str = "strict"  # strict: refuse an overloaded fabric; warn; off
     backend: str = "auto"  # host, vm (full-kernel guest), auto: host if its kernel suffices
+    ovs_other_config: dict = field(default_factory=dict)  # extra Open_vSwitch other_config
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ def parse(data: object, source: str = "<memory>") -> Experiment:
                                 float(ctl.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)))
     emu = data.get("emulator", {})
     emulator = EmulatorSpec(emu.get("vswitchd_instances", "auto"), emu.get("fidelity", "strict"),
-                            emu.get("backend", "auto"))
+                            emu.get("backend", "auto"),
+                            {k: str(v).lower() if isinstance(v, bool) else str(v)
+                             for k, v in emu.get("ovs_other_config", {}).items()})
     exp = Experiment(data.get("name", Path(source).stem if source != "<memory>" else "experiment"),
                      data.get("description", ""), fabric, controller, source, emulator)
     _ = exp.topology  # semantic checks of the shape happen in the model

@@ -268,7 +268,8 @@ class Fabric:
         self.switch_instance = {n: inst for inst, names in zip(instances, shards) for n in names}
 
         def start(inst: ovs.Instance, names: list[str]) -> None:
-            inst.start_db({"userspace-tso-enable": "true"})
+            inst.start_db({"userspace-tso-enable": "true",
+                           **self.experiment.emulator.ovs_other_config})
             self.registry.track_process(self.record, inst.pids["ovsdb-server"],
                                         f"ovs:{inst.name}:ovsdb-server")
             inst.start_switch()

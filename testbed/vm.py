@@ -18,9 +18,9 @@ import os
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from testbed.errors import TestbedError
 from testbed.registry import Registry, stop_process
@@ -116,8 +116,8 @@ def qemu_command(image: VmImage, job_disk: Path, out_disk: Path, console: Path,
     return ["qemu-system-x86_64", "-accel", "tcg,thread=multi" if accel == "tcg" else accel,
             "-cpu", "max", "-smp", str(cpus), "-m", str(memory_mb),
             "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-            "-append", "root=/dev/vda rw console=ttyS0 quiet panic=-1 "
-                       "init=/sbin/fabriclab-init net.ifnames=0",
+            "-append", ("root=/dev/vda rw console=ttyS0 quiet panic=-1 "
+                        "init=/sbin/fabriclab-init net.ifnames=0"),
             "-drive", f"file={image.rootfs},{drive},snapshot=on",
             "-drive", f"file={job_disk},{drive},readonly=on",
             "-drive", f"file={out_disk},{drive}",
@@ -219,7 +219,7 @@ def _collect(out_disk: Path, out_dir: Path, console: Path, duration_s: float) ->
     try:
         with tarfile.open(out_disk, mode="r:") as tar:
             members = [m for m in tar.getmembers() if _safe_member(m)]
-            tar.extractall(out_dir, members=members)  # noqa: S202 - members checked above
+            tar.extractall(out_dir, members=members)
     except tarfile.TarError as err:
         tail = console.read_text(errors="replace")[-3000:]
         raise TestbedError(f"the guest wrote no results ({err}); end of its console:", "",
