@@ -144,6 +144,7 @@ class FabricController(app_manager.OSKenApp):
         ops = self.policy.switch_connected(dp.id, ports, time.time())
         if switch is not None:
             self.datapaths[switch.name] = dp
+            self.pending_barriers.pop(switch.name, None)  # a reconnect starts from scratch
             self._send(switch.name, ops)
             self._send_all(self.policy.reconcile())
         self.write_status()
@@ -158,6 +159,8 @@ class FabricController(app_manager.OSKenApp):
         if switch is not None and self.datapaths.get(switch.name) is dp:
             del self.datapaths[switch.name]
             self.programmed.discard(switch.name)
+            # barriers sent on the dead connection are never answered
+            self.pending_barriers.pop(switch.name, None)
             self.policy.switch_disconnected(dp.id, time.time())
             self.write_status()
 

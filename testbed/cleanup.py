@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from testbed import ovs
 from testbed.errors import TestbedError
 from testbed.netlink import Netlink
-from testbed.registry import Registry, RunRecord, stop_process
+from testbed.registry import Registry, RunRecord, stop_processes
 
 
 @dataclass
@@ -48,13 +48,14 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     # switch daemons before their databases; agents before the shells they live in
     others = sorted((p for p in record.processes if not p.role.startswith("host:")),
                     key=lambda p: (p.role.endswith("ovsdb-server"), p.role))
-    for proc in others + hosts:
-        if proc.alive():
-            try:
-                stop_process(proc)
-                report.processes += 1
-            except OSError as err:
-                report.errors.append(f"{record.run_id}: pid {proc.pid} ({proc.role}): {err}")
+    # in stages, each stage signalled at once: switch daemons and agents, databases, shells
+    stages = [[p for p in others if not p.role.endswith("ovsdb-server")],
+              [p for p in others if p.role.endswith("ovsdb-server")], hosts]
+    for stage in stages:
+        try:
+            report.processes += stop_processes(stage)
+        except OSError as err:
+            report.errors.append(f"{record.run_id}: stopping {[p.pid for p in stage]}: {err}")
     try:
         with Netlink() as nl:
             for name in sorted(nl.existing(set(record.links) | set(record.bridges))):

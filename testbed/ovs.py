@@ -16,6 +16,7 @@ Two ways to host a fabric's bridges:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -27,6 +28,7 @@ from testbed.errors import TestbedError
 
 RUN_KEY = "fabriclab-run"
 VSCTL_TIMEOUT_S = 60
+INACTIVITY_PROBE_MS = 30000
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,10 @@ class BridgeSpec:
     ports: tuple[tuple[str, int], ...]  # (interface name, OpenFlow port number)
 
 
-def _run(cmd: list[str], timeout_s: float) -> str:
+def _run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 5,
-                              check=False)
+                              check=False, env=env)
     except FileNotFoundError as err:
         raise TestbedError(f"{cmd[0]} not found: install openvswitch-switch "
                            "(scripts/setup.sh does)") from err
@@ -76,6 +78,13 @@ class Instance:
     def db(self) -> str:
         return str(self.directory / "db.sock")
 
+    @property
+    def env(self) -> dict[str, str]:
+        """Daemon environment: run, database and log directories all inside ours, so that
+        per-bridge management sockets do not land in the machine's /var/run/openvswitch."""
+        d = str(self.directory)
+        return {**os.environ, "OVS_RUNDIR": d, "OVS_DBDIR": d, "OVS_LOGDIR": d}
+
     def ctl(self, daemon: str) -> str:
         return str(self.directory / f"{daemon}.ctl")
 
@@ -86,7 +95,7 @@ class Instance:
         _run(["ovsdb-tool", "create", str(d / "conf.db"), VSWITCH_SCHEMA], 10)
         _run(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{self.db}",
               f"--pidfile={d / 'ovsdb-server.pid'}", f"--unixctl={self.ctl('ovsdb-server')}",
-              f"--log-file={d / 'ovsdb-server.log'}", "--detach", "--no-chdir"], 10)
+              f"--log-file={d / 'ovsdb-server.log'}", "--detach", "--no-chdir"], 10, self.env)
         self.pids["ovsdb-server"] = _read_pid(d / "ovsdb-server.pid")
         settings = [f"other_config:{k}={v}" for k, v in sorted(other_config.items())]
         vsctl("--no-wait", "init", "--", "set", "Open_vSwitch", ".", *settings, db=self.db)
@@ -97,7 +106,7 @@ class Instance:
         _run(["ovs-vswitchd", f"unix:{self.db}", "--enable-dummy",
               f"--pidfile={d / 'ovs-vswitchd.pid'}",
               f"--unixctl={self.ctl('ovs-vswitchd')}", f"--log-file={d / 'ovs-vswitchd.log'}",
-              "--detach", "--no-chdir"], 30)
+              "--detach", "--no-chdir"], 30, self.env)
         self.pids["ovs-vswitchd"] = _read_pid(d / "ovs-vswitchd.pid")
 
     def appctl(self, *args: str, timeout_s: float = 30) -> str:
@@ -176,8 +185,10 @@ def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
     args: list[str] = ["--", "--id=@noop", "create", "QoS", "type=linux-noop",
                        f"external_ids:{RUN_KEY}={run_id}"]
     for i, br in enumerate(bridges):
+        # a controller busy with 80 handshakes on 2 cores answers echoes late: probe gently
         args += ["--", f"--id=@c{i}", "create", "Controller", f"target=\"{controller_target}\"",
-                 "max_backoff=1000", "connection_mode=out-of-band"]
+                 "max_backoff=1000", "connection_mode=out-of-band",
+                 f"inactivity_probe={INACTIVITY_PROBE_MS}"]
         args += ["--", "add-br", br.name,
                  "--", "set", "Bridge", br.name, f"datapath_type={datapath_type}",
                  "fail_mode=secure", f"protocols={protocols}", f"controller=@c{i}",

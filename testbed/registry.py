@@ -105,18 +105,29 @@ class Registry:
 
 def stop_process(proc: TrackedProcess, timeout_s: float = 5.0) -> None:
     """SIGTERM a tracked process (its process group if it leads one), then SIGKILL."""
-    if not proc.alive():
-        return
-    _signal(proc, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            return
-        time.sleep(0.02)
-    _signal(proc, signal.SIGKILL)
-    deadline = time.monotonic() + 2
-    while proc.alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    stop_processes([proc], timeout_s)
+
+
+def stop_processes(procs: list[TrackedProcess], timeout_s: float = 5.0) -> int:
+    """SIGTERM tracked processes all at once, wait for them together, SIGKILL the stragglers.
+
+    Returns:
+        How many were alive.
+    """
+    alive = [p for p in procs if p.alive()]
+    for proc in alive:
+        _signal(proc, signal.SIGTERM)
+    for sig, wait_s in ((signal.SIGKILL, timeout_s), (None, 2.0)):
+        deadline = time.monotonic() + wait_s
+        left = alive
+        while left and time.monotonic() < deadline:
+            time.sleep(0.02)
+            left = [p for p in left if p.alive()]
+        if sig is None:
+            break
+        for proc in left:
+            _signal(proc, sig)
+    return len(alive)
 
 
 def _signal(proc: TrackedProcess, sig: int) -> None:
