@@ -1,0 +1,273 @@
+"""The traffic agent: one process per participating host, run inside the host's namespace.
+
+Usage: ``python -m traffic.agent SPEC.json RANK_HOST`` -- prints one JSON document (its timings)
+on stdout and exits 0, or prints the error on stderr and exits 1.
+
+The spec (written by :mod:`traffic.runner`) lists the ranks (host, address), the TCP port every
+agent listens on, the number of connections per peer (NCCL opens several channels per peer; each
+transfer is split over them), a wall-clock start time shared by all agents (one machine, one
+clock), and the collectives in issue order with their transfers. An agent:
+
+1. listens, connects ``connections`` sockets to every peer it sends to, and accepts the ones
+   from every peer that sends to it (each connection announces its sender rank and channel);
+2. waits for the start time;
+3. runs the collectives in order (stream order, as NCCL does), each behind a barrier over a
+   control connection to rank 0 so that all ranks start it together: a step's sends start once every
+   receive of the previous step is complete; bytes come from one zero buffer, are sent in
+   pieces and never held whole, so sizes from bytes to gigabytes cost the same memory;
+4. reports, per collective, its start and end and the completion time of every transfer.
+
+One sender thread per (peer, channel) keeps the byte stream of a connection in step order, and
+one receiver thread per (peer, channel) reads it in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+BUF = memoryview(bytearray(1 << 20))
+HELLO = struct.Struct("!II")  # sender rank, channel
+CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
+CONNECT_TIMEOUT_S = 30.0
+
+
+def split(nbytes: int, parts: int) -> list[int]:
+    base, extra = divmod(nbytes, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@dataclass
+class Work:
+    """One channel's share of one transfer."""
+
+    collective: int
+    step: int
+    peer: int
+    nbytes: int
+    key: tuple  # (collective, step, src, dst): the transfer it belongs to
+
+
+class Agent:
+    """The state of one rank's agent."""
+
+    def __init__(self, spec: dict, rank: int) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.channels = int(spec["connections"])
+        self.lock = threading.Condition()
+        self.remaining: dict[tuple, int] = {}  # transfer key -> channels not yet done
+        self.done_at: dict[tuple, float] = {}
+        self.errors: list[str] = []
+        self.send_q: dict[tuple[int, int], queue.Queue] = {}
+        self.recv_q: dict[tuple[int, int], queue.Queue] = {}
+        self.socks: dict[tuple[str, int, int], socket.socket] = {}
+        self.control: list[socket.socket] = []
+
+    # -- connections ---------------------------------------------------------------------
+    def peers(self) -> tuple[set[int], set[int]]:
+        send_to, recv_from = set(), set()
+        for coll in self.spec["collectives"]:
+            for _step, src, dst, _n in coll["transfers"]:
+                if src == self.rank:
+                    send_to.add(dst)
+                if dst == self.rank:
+                    recv_from.add(src)
+        return send_to, recv_from
+
+    def connect(self, listener: socket.socket) -> None:
+        send_to, recv_from = self.peers()
+        expected = {(p, c) for p in recv_from for c in range(self.channels)}
+        if self.rank == 0:
+            expected |= {(p, CONTROL) for p in range(1, len(self.spec["ranks"]))}
+        accepted: dict[tuple[int, int], socket.socket] = {}
+
+        def accept() -> None:
+            listener.settimeout(CONNECT_TIMEOUT_S)
+            while len(accepted) < len(expected):
+                conn, _ = listener.accept()
+                conn.settimeout(None)
+                hello = _recv_exact(conn, HELLO.size)
+                accepted[HELLO.unpack(hello)] = conn
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        ranks = self.spec["ranks"]
+        for peer in sorted(send_to):
+            for ch in range(self.channels):
+                sock = _connect(ranks[peer]["ip"], self.spec["port"])
+                sock.sendall(HELLO.pack(self.rank, ch))
+                self.socks[("send", peer, ch)] = sock
+        if self.rank != 0:
+            sock = _connect(ranks[0]["ip"], self.spec["port"])
+            sock.sendall(HELLO.pack(self.rank, CONTROL))
+            self.control = [sock]
+        acceptor.join(CONNECT_TIMEOUT_S + 5)
+        missing = expected - set(accepted)
+        if missing:
+            raise RuntimeError(f"rank {self.rank}: no connection from ranks "
+                               f"{sorted({p for p, _ in missing})} within {CONNECT_TIMEOUT_S} s")
+        for (peer, ch), sock in accepted.items():
+            if ch == CONTROL:
+                self.control.append(sock)
+            else:
+                self.socks[("recv", peer, ch)] = sock
+
+    def barrier(self) -> None:
+        """All ranks wait here until every rank has arrived (rank 0 gathers, then releases)."""
+        if self.rank == 0:
+            for sock in self.control:
+                _recv_exact(sock, 1)
+            for sock in self.control:
+                sock.sendall(b"g")
+        else:
+            self.control[0].sendall(b"a")
+            _recv_exact(self.control[0], 1)
+
+    # -- data movement -------------------------------------------------------------------
+    def _finish(self, work: Work) -> None:
+        with self.lock:
+            self.remaining[work.key] -= 1
+            if self.remaining[work.key] == 0:
+                self.done_at[work.key] = time.time()
+            self.lock.notify_all()
+
+    def _sender(self, sock: socket.socket, q: queue.Queue) -> None:
+        try:
+            while (work := q.get()) is not None:
+                left = work.nbytes
+                while left:
+                    left -= sock.send(BUF[:min(left, len(BUF))])
+                self._finish(work)
+        except OSError as err:
+            self._fail(f"send: {err}")
+
+    def _receiver(self, sock: socket.socket, q: queue.Queue) -> None:
+        try:
+            while (work := q.get()) is not None:
+                left = work.nbytes
+                while left:
+                    got = sock.recv_into(BUF, min(left, len(BUF)))
+                    if not got:
+                        raise OSError(f"rank {work.peer} closed the connection")
+                    left -= got
+                self._finish(work)
+        except OSError as err:
+            self._fail(f"receive from rank {getattr(work, 'peer', '?')}: {err}")
+
+    def _fail(self, text: str) -> None:
+        with self.lock:
+            self.errors.append(text)
+            self.lock.notify_all()
+
+    def start_threads(self) -> None:
+        for (kind, peer, ch), sock in self.socks.items():
+            q: queue.Queue = queue.Queue()
+            (self.send_q if kind == "send" else self.recv_q)[(peer, ch)] = q
+            target = self._sender if kind == "send" else self._receiver
+            threading.Thread(target=target, args=(sock, q), daemon=True).start()
+
+    def run(self) -> list[dict]:
+        results = []
+        for index, coll in enumerate(self.spec["collectives"]):
+            if self.spec.get("barrier", True):
+                self.barrier()  # every collective starts together, as NCCL-tests times them
+            steps: dict[int, list] = {}
+            for step, src, dst, nbytes in coll["transfers"]:
+                if self.rank in (src, dst):
+                    steps.setdefault(step, []).append((src, dst, nbytes))
+            start = time.time()
+            flows = []
+            for step in sorted(steps):
+                keys = []
+                for src, dst, nbytes in steps[step]:
+                    key = (index, step, src, dst)
+                    peer, queues = (dst, self.send_q) if src == self.rank else (src, self.recv_q)
+                    shares = [n for n in split(nbytes, self.channels)]
+                    with self.lock:
+                        self.remaining[key] = sum(1 for n in shares if n) or 1
+                    if not any(shares):
+                        self._finish(Work(index, step, peer, 0, key))
+                    for ch, share in enumerate(shares):
+                        if share:
+                            queues[(peer, ch)].put(Work(index, step, peer, share, key))
+                    if dst == self.rank:
+                        keys.append(key)
+                    flows.append((key, nbytes, src == self.rank))
+                self._wait(keys)  # the next step's sends depend on this step's receives
+            self._wait([k for k, _n, _is_send in flows])  # and our own sends to drain
+            end = time.time()
+            results.append({"index": index, "start": start, "end": end,
+                            "flows": [{"src": k[2], "dst": k[3], "step": k[1], "bytes": n,
+                                       "done": self.done_at[k]}
+                                      for k, n, is_send in flows if not is_send]})
+        return results
+
+    def _wait(self, keys: list[tuple]) -> None:
+        with self.lock:
+            while not self.errors and any(k not in self.done_at for k in keys):
+                self.lock.wait(1.0)
+            if self.errors:
+                raise RuntimeError("; ".join(self.errors))
+
+    def close(self) -> None:
+        for q in [*self.send_q.values(), *self.recv_q.values()]:
+            q.put(None)
+        for sock in [*self.socks.values(), *self.control]:
+            sock.close()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OSError("connection closed during hello")
+        data += chunk
+    return data
+
+
+def _connect(ip: str, port: int) -> socket.socket:
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            sock = socket.create_connection((ip, port), timeout=5)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # the peer's agent is not listening yet
+
+
+def main(argv: list[str]) -> int:
+    spec_path, host = argv
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    rank = next(i for i, r in enumerate(spec["ranks"]) if r["host"] == host)
+    agent = Agent(spec, rank)
+    listener = socket.create_server(("0.0.0.0", spec["port"]), backlog=256, reuse_port=False)
+    try:
+        agent.connect(listener)
+        agent.start_threads()
+        time.sleep(max(0.0, spec["start_at"] - time.time()))
+        results = agent.run()
+    except (OSError, RuntimeError) as err:
+        print(f"rank {rank} ({host}): {err}", file=sys.stderr)
+        return 1
+    finally:
+        agent.close()
+        listener.close()
+    json.dump({"rank": rank, "host": host, "collectives": results}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,133 @@
+"""Run collectives on a fabric: one agent per rank host, a shared start, results per collective.
+
+The runner writes the job spec into the run directory, starts ``python -m traffic.agent`` in
+every participating host's namespace (tracked by PID in the run record, ended by PID), waits
+with a hard timeout, and turns the agents' timings into per-collective results with NCCL-tests'
+metrics. A job that times out names the ranks that had not finished.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.fidelity import goodput_fraction
+from traffic import metrics
+from traffic.schedules import Schedule
+
+AGENT_PORT = 17000
+START_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective to run: ``hosts[i]`` is rank i."""
+
+    op: str
+    hosts: tuple[str, ...]
+    schedule: Schedule
+    label: str = ""
+
+
+@dataclass
+class CollectiveResult:
+    """What one collective measured (results.json fields)."""
+
+    op: str
+    algorithm: str
+    ranks: list[str]
+    bytes: int
+    duration_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+    ideal_s: float
+    efficiency: float
+    flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    label: str = ""
+
+
+def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
+             start_at: float) -> dict:
+    """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
+    hosts = collectives[0].hosts
+    if any(c.hosts != hosts for c in collectives):
+        raise ValueError("one job, one rank list")
+    return {"port": AGENT_PORT, "connections": connections, "start_at": start_at,
+            "ranks": [{"host": h, "ip": ips[h]} for h in hosts],
+            "collectives": [{"op": c.op, "transfers": [(t.step, t.src, t.dst, t.nbytes)
+                                                       for t in c.schedule.transfers]}
+                            for c in collectives]}
+
+
+def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: float,
+              mtu: int) -> list[CollectiveResult]:
+    """Per-collective results from the agents' reports (pure)."""
+    out = []
+    for index, coll in enumerate(collectives):
+        per_rank = [r["collectives"][index] for r in reports]
+        start = min(c["start"] for c in per_rank)
+        end = max(c["end"] for c in per_rank)
+        duration = max(end - start, 1e-9)
+        fcts = [f["done"] - c["start"] for c in per_rank for f in c["flows"]]
+        sched = coll.schedule
+        n = sched.ranks
+        ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
+                                     goodput_fraction(mtu))
+        out.append(CollectiveResult(
+            coll.op, sched.algorithm, list(coll.hosts), sched.size_bytes, duration,
+            metrics.algbw_gbps(sched.size_bytes, duration),
+            metrics.busbw_gbps(coll.op, n, sched.size_bytes, duration), ideal,
+            metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
+            {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
+             "max": max(fcts)} if fcts else {}, coll.label))
+    return out
+
+
+def run_job(fabric, collectives: list[Collective], connections: int = 1,
+            timeout_s: float = 600.0) -> list[CollectiveResult]:
+    """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
+
+    Raises:
+        TestbedError: when an agent fails or the job outlives ``timeout_s`` (naming the ranks).
+    """
+    topo = fabric.topo
+    hosts = collectives[0].hosts
+    ips = {h.name: h.ip for h in topo.hosts}
+    spec = job_spec(collectives, ips, connections, time.time() + START_DELAY_S + 0.1 * len(hosts))
+    path = Path(fabric.run_dir) / f"job-{time.time_ns()}.json"
+    path.write_text(json.dumps(spec))
+    procs = {}
+    try:
+        for host in hosts:
+            procs[host] = fabric.hosts.popen(host, [sys.executable, "-m", "traffic.agent",
+                                                    str(path), host])
+            fabric.registry.track_process(fabric.record, procs[host].pid, f"agent:{host}")
+        deadline = time.monotonic() + timeout_s
+        reports, failures = [], []
+        for rank, (host, proc) in enumerate(procs.items()):
+            try:
+                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stuck = [f"rank {i} ({h})" for i, (h, p) in enumerate(procs.items())
+                         if p.poll() is None]
+                raise TestbedError(f"job timed out after {timeout_s:.0f} s; still running: "
+                                   f"{', '.join(stuck)}") from None
+            if proc.returncode != 0:
+                failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
+            else:
+                reports.append(json.loads(out))
+        if failures:
+            raise TestbedError("traffic agents failed:\n  " + "\n  ".join(failures))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    link = topo.host_link(hosts[0])
+    return summarize(collectives, sorted(reports, key=lambda r: r["rank"]), link.rate_mbps,
+                     fabric.experiment.fabric.mtu)
