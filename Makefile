@@ -1,4 +1,5 @@
-# fabriclab: `make run` brings up the default fabric, checks it and tears it down;
+# fabriclab: `make run` checks the default fabric's reachability, then runs its workload
+# (results in runs/<experiment>/results.json);
 # `make test` runs the unit and integration tests. Both do the set-up themselves.
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
@@ -9,7 +10,8 @@ setup:
 	./scripts/setup.sh
 
 run: setup
-	$(VENV)/bin/fabriclab up --check -v $(EXPERIMENT)
+	$(VENV)/bin/fabriclab up --check $(EXPERIMENT)
+	$(VENV)/bin/fabriclab run $(EXPERIMENT) --out runs/$(notdir $(basename $(EXPERIMENT)))
 
 test: setup
 	$(VENV)/bin/python -m pytest -v tests

@@ -153,6 +153,97 @@ def _up_in_vm(args) -> int:
     return result.returncode
 
 
+def _write_results(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
+def cmd_run(args) -> int:
+    """Build the fabric, run the workload, write DIR/results.json, tear down."""
+    from dataclasses import asdict
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from testbed.fabric import Fabric
+    from traffic.runner import run_job
+
+    exp = config.load(args.file)
+    jobs = exp.jobs()
+    if not jobs:
+        raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
+    if resolve_backend(exp, args.backend, args.state_dir) == "vm":
+        raise ConfigError("emulator.backend", "'fabriclab run' runs on the host backend for now")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.json"
+    doc = {"experiment": exp.name, "source": str(args.file), "complete": False,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "fabric": {"topology": exp.topology.kind, **exp.fabric.shape,
+                      "host_rate_mbps": exp.fabric.host_link.rate_mbps,
+                      "fabric_rate_mbps": exp.fabric.fabric_link.rate_mbps,
+                      "mtu": exp.fabric.mtu, "routing": exp.controller.routing},
+           "collectives": []}
+    _write_results(results, doc)
+    total = sum(len(j.collectives) for j in jobs)
+    with console.status("building the fabric ..."):
+        fabric = Fabric(exp, state_dir=args.state_dir)
+        fabric.__enter__()
+    try:
+        for warning in fabric.warnings:
+            console.print(f"[yellow]warning:[/yellow] {warning}")
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
+                "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
+            task = bar.add_task("collectives", total=total)
+            for job in jobs:
+                first = job.collectives[0]
+                bar.update(task, description=f"{first.op} {first.schedule.size_bytes} B "
+                                             f"x{len(job.collectives)} on {len(first.hosts)} ranks")
+                try:
+                    measured = run_job(fabric, list(job.collectives), job.connections,
+                                       job.timeout_s)
+                except TestbedError as err:
+                    doc["error"] = f"workload.collectives[{job.index}]: {err}"
+                    _write_results(results, doc)
+                    raise
+                doc["collectives"] += [{"job": job.index, "repetition": i, **asdict(r)}
+                                       for i, r in enumerate(measured)]
+                _write_results(results, doc)
+                bar.advance(task, len(measured))
+        doc["complete"] = True
+        _write_results(results, doc)
+    finally:
+        with console.status("tearing down ..."):
+            fabric.down()
+    console.print(_results_table(doc))
+    console.print(f"results: {results}")
+    return 0
+
+
+def _results_table(doc: dict) -> Table:
+    """An nccl-tests-like table: one row per job, times averaged over its repetitions."""
+    table = Table(title=f"{doc['experiment']}: collectives",
+                  caption="bytes: NCCL-tests size; count: float32 elements; algbw, busbw: Mbit/s;"
+                          " eff: busbw / link rate", box=None)
+    for col in ("op", "algo", "n", "bytes", "count", "reps", "time_ms", "algbw", "busbw",
+                "eff"):
+        table.add_column(col, justify="left" if col in ("op", "algo") else "right",
+                         no_wrap=True)
+    jobs: dict[int, list[dict]] = {}
+    for row in doc["collectives"]:
+        jobs.setdefault(row["job"], []).append(row)
+    for rows in jobs.values():
+        r0 = rows[0]
+        mean_s = sum(r["duration_s"] for r in rows) / len(rows)
+        algbw = r0["bytes"] * 8 / mean_s / 1e6
+        factor = r0["busbw_gbps"] / r0["algbw_gbps"]
+        table.add_row(r0["op"], r0["algorithm"], str(len(r0["ranks"])), str(r0["bytes"]),
+                      str(r0["bytes"] // 4), str(len(rows)), f"{mean_s * 1e3:.0f}",
+                      f"{algbw:.2f}", f"{algbw * factor:.2f}",
+                      f"{sum(r['efficiency'] for r in rows) / len(rows):.3f}")
+    return table
+
+
 def cmd_clean(args) -> int:
     report = cleanup.clean(Registry(args.state_dir), include_live=args.all)
     console.print(f"removed {len(report.runs)} run(s): {report.bridges} bridge(s), "
@@ -188,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vm-accel", choices=("tcg", "kvm"), default="tcg",
                    help="vm backend: CPU emulation (default; works everywhere) or KVM")
     p.set_defaults(func=cmd_up)
+    p = sub.add_parser("run", help="build the fabric, run the workload, write results, tear down")
+    p.add_argument("file")
+    p.add_argument("--out", required=True, help="directory for results.json")
+    p.add_argument("--backend", choices=("auto", "host", "vm"),
+                   help="where to run (default: the experiment's emulator.backend)")
+    p.set_defaults(func=cmd_run)
     p = sub.add_parser("clean", help="remove what earlier (killed) runs left behind")
     p.add_argument("--all", action="store_true", help="also runs whose process is still alive")
     p.set_defaults(func=cmd_clean)

@@ -77,6 +77,15 @@ class Experiment:
     controller: ControllerSpec
     source: str = "<memory>"
     emulator: EmulatorSpec = field(default_factory=EmulatorSpec)
+    workload: dict | None = None  # raw section; traffic.workload.parse_workload reads it
+
+    def jobs(self) -> list:
+        """The workload's jobs (ConfigError naming the field when one is wrong)."""
+        from traffic.workload import (
+            parse_workload,  # pure; traffic builds on the testbed model
+        )
+
+        return parse_workload(self.topology, self.workload) if self.workload else []
 
     @cached_property
     def topology(self) -> Topology:
@@ -145,8 +154,10 @@ def parse(data: object, source: str = "<memory>") -> Experiment:
                             {k: str(v).lower() if isinstance(v, bool) else str(v)
                              for k, v in emu.get("ovs_other_config", {}).items()})
     exp = Experiment(data.get("name", Path(source).stem if source != "<memory>" else "experiment"),
-                     data.get("description", ""), fabric, controller, source, emulator)
+                     data.get("description", ""), fabric, controller, source, emulator,
+                     data.get("workload"))
     _ = exp.topology  # semantic checks of the shape happen in the model
+    exp.jobs()  # and those of the workload, against it: all before anything is built
     return exp
 
 
@@ -174,7 +185,8 @@ def _fabric(raw: dict) -> FabricSpec:
 
 
 def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
-    path = ".".join(str(p) for p in error.absolute_path)
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                   for p in error.absolute_path).lstrip(".")
     kind = error.validator
     if kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))

@@ -18,20 +18,10 @@ from pathlib import Path
 from testbed.errors import TestbedError
 from testbed.fidelity import goodput_fraction
 from traffic import metrics
-from traffic.schedules import Schedule
+from traffic.workload import Collective
 
 AGENT_PORT = 17000
 START_DELAY_S = 1.0
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective to run: ``hosts[i]`` is rank i."""
-
-    op: str
-    hosts: tuple[str, ...]
-    schedule: Schedule
-    label: str = ""
 
 
 @dataclass

@@ -6,8 +6,9 @@ import pytest
 
 from testbed.errors import TestbedError
 from tests.integration.conftest import experiment
-from traffic.runner import Collective, run_job
+from traffic.runner import run_job
 from traffic.schedules import build
+from traffic.workload import Collective
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"  # 10 Mbit/s links, non-blocking
 # dmodk pins every step of these collectives (shift permutations) onto disjoint paths, so the
@@ -38,3 +39,33 @@ def test_a_stuck_rank_is_named(make_fabric):
         run_job(fabric, [Collective("all_reduce", RANKS, build("all_reduce", 4, 1 << 20))],
                 timeout_s=15)
     assert "rank 2 (h3_1_1)" in str(err.value) or "h3_1_1" in str(err.value)
+
+
+def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import ROOT
+
+    exp = tmp_path / "run.yaml"
+    exp.write_text(PINNED + "workload:\n  connections: 2\n  collectives:\n"
+                   "    - {op: all_reduce, size: 1MiB, ranks: [h1_1_1, h2_1_1, h3_1_1, h4_1_1],"
+                   " repetitions: 2}\n"
+                   "    - {op: broadcast, size: 1MiB, ranks: 4}\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+                           "run", str(exp), "--out", str(out)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is True and "error" not in doc
+    rows = doc["collectives"]
+    assert [(r["op"], r["job"], r["repetition"]) for r in rows] == [
+        ("all_reduce", 0, 0), ("all_reduce", 0, 1), ("broadcast", 1, 0)]
+    for row in rows:
+        for key in ("ranks", "bytes", "duration_s", "algbw_gbps", "busbw_gbps", "efficiency",
+                    "ideal_s", "flow_completion_s"):
+            assert key in row
+        assert 0.5 < row["efficiency"] <= 1.15  # HTB burst tokens speed the first KiB
+    assert "busbw" in proc.stdout and "all_reduce" in proc.stdout

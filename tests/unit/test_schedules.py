@@ -145,7 +145,8 @@ def test_nccl_log_bad_lines():
 
 
 def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
-    from traffic.runner import Collective, job_spec, summarize
+    from traffic.runner import job_spec, summarize
+    from traffic.workload import Collective
 
     hosts = ("a", "b")
     coll = Collective("all_reduce", hosts, build("all_reduce", 2, 1_000_000))

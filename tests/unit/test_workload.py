@@ -1,0 +1,69 @@
+"""Workload sections: sizes, rank placement, and every bad input named before anything is built."""
+
+import pytest
+
+from testbed import config
+from testbed.errors import ConfigError
+from testbed.topology import fat_tree
+from traffic.workload import parse_size, place_ranks
+
+BASE = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
+
+
+def _exp(*collectives, **workload):
+    return config.parse({**BASE, "workload": {"collectives": list(collectives), **workload}})
+
+
+def test_sizes_with_units():
+    assert parse_size(4096, "s") == 4096
+    assert parse_size("16MiB", "s") == 16 << 20
+    assert parse_size("1.5 KB", "s") == 1500
+    assert parse_size("1GiB", "s") == 1 << 30
+
+
+def test_placements():
+    topo = fat_tree(4)
+    hosts = [h.name for h in topo.hosts]
+    assert place_ranks(topo, 4, "r") == tuple(hosts[:4])
+    assert place_ranks(topo, {"count": 4, "placement": "strided"}, "r") == tuple(hosts[::4])
+    rnd = place_ranks(topo, {"count": 5, "placement": "random", "seed": 3}, "r")
+    assert rnd == place_ranks(topo, {"count": 5, "placement": "random", "seed": 3}, "r")
+    assert len(set(rnd)) == 5
+    assert place_ranks(topo, ["h2_1_1", "h1_1_1"], "r") == ("h2_1_1", "h1_1_1")
+
+
+def test_a_workload_becomes_jobs_with_repetitions():
+    exp = _exp({"op": "all_reduce", "size": "1MiB", "ranks": 8, "repetitions": 3},
+               {"op": "all_to_all", "size": 65536, "ranks": ["h1_1_1", "h4_2_2"]},
+               connections=4, timeout_s=30)
+    jobs = exp.jobs()
+    assert [len(j.collectives) for j in jobs] == [3, 1]
+    assert jobs[0].collectives[0].schedule.algorithm == "ring"
+    assert (jobs[0].connections, jobs[0].timeout_s) == (4, 30.0)
+
+
+@pytest.mark.parametrize("entry,path,text", [
+    ({"op": "allreduce", "size": 1024}, "workload.collectives[0].op", "unknown op 'allreduce'"),
+    ({"op": "all_reduce", "size": 1024, "ranks": ["h1_1_1", "h9_9_9"]},
+     "workload.collectives[0].ranks[1]", "no host 'h9_9_9'"),
+    ({"op": "all_reduce", "size": 1024, "ranks": ["h1_1_1"]},
+     "workload.collectives[0].ranks", "at least 2 ranks"),
+    ({"op": "all_reduce", "size": 1024, "ranks": 1},
+     "workload.collectives[0].ranks", "at least 2 ranks"),
+    ({"op": "all_reduce", "size": 0}, "workload.collectives[0].size", "> 0"),
+    ({"op": "all_reduce", "size": -5}, "workload.collectives[0].size", "> 0"),
+    ({"op": "all_reduce", "size": "12 parsecs"}, "workload.collectives[0].size",
+     "cannot read size"),
+    ({"op": "all_reduce"}, "workload.collectives[0].size", "must be a size"),
+    ({"op": "all_reduce", "size": 8, "ranks": {"count": 4, "placement": "scattered"}},
+     "workload.collectives[0].ranks.placement", "unknown placement"),
+    ({"op": "all_reduce", "size": 8, "repetitions": 0},
+     "workload.collectives[0].repetitions", ">= 1"),
+    ({"op": "all_reduce", "size": 8, "colour": "red"}, "workload.collectives[0].colour",
+     "unknown key"),
+])
+def test_bad_workloads_name_the_field(entry, path, text):
+    with pytest.raises(ConfigError) as err:
+        _exp(entry)
+    assert err.value.path == path, err.value
+    assert text in err.value.message

@@ -1,0 +1,126 @@
+"""Pure workload parsing: the experiment file's ``workload`` section -> jobs of collectives.
+
+```yaml
+workload:
+  connections: 2          # TCP connections per peer (NCCL channels); default 1
+  timeout_s: 600          # hard limit per job
+  collectives:
+    - op: all_reduce      # all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv
+      algorithm: ring     # optional; see traffic.schedules
+      size: 16MiB         # bytes as an integer, or with a unit: KiB MiB GiB KB MB GB
+      ranks: 8            # the first N hosts; or a list of host names;
+                          # or {count: 8, placement: contiguous | strided | random, seed: 1}
+      repetitions: 3
+```
+
+Every entry becomes one job (its repetitions back to back on the same ranks). All errors are
+:class:`ConfigError` naming the field, raised before anything is built.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+from testbed.topology import Topology
+from traffic.schedules import Schedule, build
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
+         "GIB": 2**30}
+PLACEMENTS = ("contiguous", "strided", "random")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective to run: ``hosts[i]`` is rank i."""
+
+    op: str
+    hosts: tuple[str, ...]
+    schedule: Schedule
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload entry: its collectives (repetitions) and settings."""
+
+    index: int
+    collectives: tuple[Collective, ...]
+    connections: int
+    timeout_s: float
+
+
+def parse_size(value: object, path: str) -> int:
+    """Bytes from an integer or a string such as ``16MiB``."""
+    if isinstance(value, bool):
+        raise ConfigError(path, f"must be a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        if not match or match[2].upper() not in UNITS:
+            raise ConfigError(path, f"cannot read size {value!r}; use e.g. 4096, 64KiB, 16MiB, "
+                                    "1GiB")
+        size = int(float(match[1]) * UNITS[match[2].upper()])
+    else:
+        raise ConfigError(path, f"must be a size in bytes, got {value!r}")
+    if size <= 0:
+        raise ConfigError(path, f"must be > 0, got {value!r}")
+    return size
+
+
+def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
+    """Rank hosts from a count, a host list, or ``{count, placement, seed}``."""
+    hosts = [h.name for h in topo.hosts]
+    if isinstance(spec, list):
+        for i, name in enumerate(spec):
+            if name not in topo.nodes or topo.nodes[name].is_switch:
+                raise ConfigError(f"{path}[{i}]", f"no host {name!r} in this fabric "
+                                                  f"(hosts: {hosts[0]} .. {hosts[-1]})")
+        if len(set(spec)) != len(spec):
+            raise ConfigError(path, "a host appears twice; one rank per host")
+        chosen = list(spec)
+    else:
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            spec = {"count": spec}
+        if not isinstance(spec, dict) or "count" not in spec:
+            raise ConfigError(path, "give a rank count, a list of hosts, or "
+                                    "{count, placement, seed}")
+        count, placement = spec["count"], spec.get("placement", "contiguous")
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"{path}.placement", f"unknown placement {placement!r}; expected "
+                                                   f"one of {', '.join(PLACEMENTS)}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= len(hosts):
+            raise ConfigError(f"{path}.count", f"must be between 2 and {len(hosts)} "
+                                               f"(the fabric's hosts), got {count!r}")
+        if placement == "contiguous":
+            chosen = hosts[:count]
+        elif placement == "strided":
+            stride = len(hosts) // count
+            chosen = hosts[::stride][:count]
+        else:
+            chosen = random.Random(spec.get("seed", 1)).sample(hosts, count)
+    if len(chosen) < 2:
+        raise ConfigError(path, f"a communicator needs at least 2 ranks, got {len(chosen)}")
+    return tuple(chosen)
+
+
+def parse_workload(topo: Topology, raw: dict) -> list[Job]:
+    """The jobs of a ``workload`` section (already schema-checked for shape)."""
+    jobs = []
+    connections = raw.get("connections", 1)
+    timeout_s = float(raw.get("timeout_s", 600))
+    for i, entry in enumerate(raw.get("collectives", [])):
+        path = f"workload.collectives[{i}]"
+        ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
+        size = parse_size(entry.get("size", entry.get("size_bytes")), f"{path}.size")
+        sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
+                      field_path=path)
+        reps = entry.get("repetitions", 1)
+        coll = Collective(sched.op, ranks, sched, entry.get("label", ""))
+        jobs.append(Job(i, (coll,) * reps, connections, timeout_s))
+    if not jobs:
+        raise ConfigError("workload.collectives", "the workload lists no collectives")
+    return jobs
