@@ -19,6 +19,8 @@ from testbed.fidelity import assess
 from testbed.registry import DEFAULT_STATE_DIR, Registry
 
 console = Console(stderr=False, highlight=False, soft_wrap=True)  # logs stay grep-able
+if not console.is_terminal:
+    console.width = max(console.width, 120)  # tables in logs and CI output stay whole
 
 
 class Terminated(Exception):
@@ -224,9 +226,9 @@ def _results_table(doc: dict) -> Table:
     """An nccl-tests-like table: one row per job, times averaged over its repetitions."""
     table = Table(title=f"{doc['experiment']}: collectives",
                   caption="bytes: NCCL-tests size; count: float32 elements; algbw, busbw: Mbit/s;"
-                          " eff: busbw / link rate", box=None)
+                          " eff: busbw / link rate; cpu_s: all agents' CPU seconds", box=None)
     for col in ("op", "algo", "n", "bytes", "count", "reps", "time_ms", "algbw", "busbw",
-                "eff"):
+                "eff", "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
     jobs: dict[int, list[dict]] = {}
@@ -240,7 +242,8 @@ def _results_table(doc: dict) -> Table:
         table.add_row(r0["op"], r0["algorithm"], str(len(r0["ranks"])), str(r0["bytes"]),
                       str(r0["bytes"] // 4), str(len(rows)), f"{mean_s * 1e3:.0f}",
                       f"{algbw:.2f}", f"{algbw * factor:.2f}",
-                      f"{sum(r['efficiency'] for r in rows) / len(rows):.3f}")
+                      f"{sum(r['efficiency'] for r in rows) / len(rows):.3f}",
+                      f"{sum(r.get('agent_cpu_s', 0.0) for r in rows):.1f}")
     return table
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import queue
+import resource
 import socket
 import struct
 import sys
@@ -265,7 +266,9 @@ def main(argv: list[str]) -> int:
     finally:
         agent.close()
         listener.close()
-    json.dump({"rank": rank, "host": host, "collectives": results}, sys.stdout)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    json.dump({"rank": rank, "host": host, "collectives": results,
+               "cpu_s": usage.ru_utime + usage.ru_stime}, sys.stdout)
     return 0
 
 

@@ -39,6 +39,7 @@ class CollectiveResult:
     efficiency: float
     flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     label: str = ""
+    agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
@@ -119,5 +120,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = 1,
                 proc.kill()
             proc.wait()
     link = topo.host_link(hosts[0])
-    return summarize(collectives, sorted(reports, key=lambda r: r["rank"]), link.rate_mbps,
-                     fabric.experiment.fabric.mtu)
+    results = summarize(collectives, sorted(reports, key=lambda r: r["rank"]), link.rate_mbps,
+                        fabric.experiment.fabric.mtu)
+    results[0].agent_cpu_s = sum(r.get("cpu_s", 0.0) for r in reports)
+    return results
