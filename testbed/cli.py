@@ -168,7 +168,8 @@ def cmd_run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from testbed.fabric import Fabric
-    from traffic.runner import run_job
+    from traffic.runner import run_batch
+    from traffic.workload import batches
 
     exp = config.load(args.file)
     jobs = exp.jobs()
@@ -197,21 +198,29 @@ def cmd_run(args) -> int:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
             task = bar.add_task("collectives", total=total)
-            for job in jobs:
-                first = job.collectives[0]
+            for batch in batches(jobs):
+                first = batch[0].collectives[0]
                 bar.update(task, description=f"{first.op} {first.schedule.size_bytes} B "
-                                             f"x{len(job.collectives)} on {len(first.hosts)} ranks")
-                try:
-                    measured = run_job(fabric, list(job.collectives), job.connections,
-                                       job.timeout_s)
-                except TestbedError as err:
-                    doc["error"] = f"workload.collectives[{job.index}]: {err}"
-                    _write_results(results, doc)
-                    raise
-                doc["collectives"] += [{"job": job.index, "repetition": i, **asdict(r)}
-                                       for i, r in enumerate(measured)]
+                                             f"x{len(batch[0].collectives)} on "
+                                             f"{len(first.hosts)} ranks"
+                                             + (f" (+{len(batch) - 1} at once)"
+                                                if len(batch) > 1 else ""))
+                outcome = run_batch(fabric, [(list(j.collectives), j.connections, j.timeout_s)
+                                             for j in batch])
+                errors = []
+                for job, measured in zip(batch, outcome):
+                    if isinstance(measured, TestbedError):
+                        errors.append(f"workload.collectives[{job.index}]: {measured}")
+                        continue
+                    doc["collectives"] += [{"job": job.index, "repetition": i,
+                                            "concurrent_jobs": len(batch), **asdict(r)}
+                                           for i, r in enumerate(measured)]
+                    bar.advance(task, len(measured))
                 _write_results(results, doc)
-                bar.advance(task, len(measured))
+                if errors:
+                    doc["error"] = "\n".join(errors)
+                    _write_results(results, doc)
+                    raise TestbedError("\n".join(errors))
         doc["complete"] = True
         _write_results(results, doc)
     finally:

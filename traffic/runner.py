@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,16 +44,42 @@ class CollectiveResult:
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
-             start_at: float) -> dict:
+             start_at: float, port: int = AGENT_PORT) -> dict:
     """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
         raise ValueError("one job, one rank list")
-    return {"port": AGENT_PORT, "connections": connections, "start_at": start_at,
+    return {"port": port, "connections": connections, "start_at": start_at,
             "ranks": [{"host": h, "ip": ips[h]} for h in hosts],
             "collectives": [{"op": c.op, "transfers": [(t.step, t.src, t.dst, t.nbytes)
                                                        for t in c.schedule.transfers]}
                             for c in collectives]}
+
+
+def run_batch(fabric, jobs: list[tuple[list[Collective], int, float]]
+              ) -> list[list[CollectiveResult] | TestbedError]:
+    """Run several jobs at once, each (collectives, connections, timeout_s) on its own port,
+    all starting together; returns each job's results or its error."""
+    if len(jobs) == 1:
+        colls, conns, timeout = jobs[0]
+        return [run_job(fabric, colls, conns, timeout)]
+    hosts = {h for colls, _, _ in jobs for h in colls[0].hosts}
+    start_at = time.time() + START_DELAY_S + 0.1 * len(hosts) * len(jobs)
+    out: list = [None] * len(jobs)
+
+    def one(i: int) -> None:
+        colls, conns, timeout = jobs[i]
+        try:
+            out[i] = run_job(fabric, colls, conns, timeout, AGENT_PORT + i, start_at)
+        except TestbedError as err:
+            out[i] = err
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
 
 
 def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: float,
@@ -80,8 +107,12 @@ def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: flo
 
 
 def run_job(fabric, collectives: list[Collective], connections: int = 1,
-            timeout_s: float = 600.0) -> list[CollectiveResult]:
+            timeout_s: float = 600.0, port: int = AGENT_PORT,
+            start_at: float | None = None) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
+
+    Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
+    ``start_at`` wall-clock time.
 
     Raises:
         TestbedError: when an agent fails or the job outlives ``timeout_s`` (naming the ranks).
@@ -89,15 +120,17 @@ def run_job(fabric, collectives: list[Collective], connections: int = 1,
     topo = fabric.topo
     hosts = collectives[0].hosts
     ips = {h.name: h.ip for h in topo.hosts}
-    spec = job_spec(collectives, ips, connections, time.time() + START_DELAY_S + 0.1 * len(hosts))
-    path = Path(fabric.run_dir) / f"job-{time.time_ns()}.json"
+    start_at = start_at or time.time() + START_DELAY_S + 0.1 * len(hosts)
+    spec = job_spec(collectives, ips, connections, start_at, port)
+    path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
     path.write_text(json.dumps(spec))
     procs = {}
     try:
         for host in hosts:
             procs[host] = fabric.hosts.popen(host, [sys.executable, "-m", "traffic.agent",
                                                     str(path), host])
-            fabric.registry.track_process(fabric.record, procs[host].pid, f"agent:{host}")
+            fabric.registry.track_process(fabric.record, procs[host].pid,
+                                          f"agent:{port}:{host}")
         deadline = time.monotonic() + timeout_s
         reports, failures = [], []
         for rank, (host, proc) in enumerate(procs.items()):

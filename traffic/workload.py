@@ -11,9 +11,14 @@ workload:
       ranks: 8            # the first N hosts; or a list of host names;
                           # or {count: 8, placement: contiguous | strided | random, seed: 1}
       repetitions: 3
+    - op: all_to_all      # concurrent: true starts this entry together with the previous one
+      size: 4MiB          # (several jobs at once, each with its own ranks, which may share hosts)
+      ranks: {count: 8, placement: random, seed: 2}
+      concurrent: true
 ```
 
-Every entry becomes one job (its repetitions back to back on the same ranks). All errors are
+Every entry becomes one job (its repetitions back to back on the same ranks); consecutive
+entries marked ``concurrent`` form one batch that runs at once. All errors are
 :class:`ConfigError` naming the field, raised before anything is built.
 """
 
@@ -50,6 +55,7 @@ class Job:
     collectives: tuple[Collective, ...]
     connections: int
     timeout_s: float
+    concurrent: bool = False  # starts together with the previous job
 
 
 def parse_size(value: object, path: str) -> int:
@@ -107,6 +113,17 @@ def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
     return tuple(chosen)
 
 
+def batches(jobs: list[Job]) -> list[list[Job]]:
+    """Consecutive jobs grouped so that each ``concurrent`` job joins the batch before it."""
+    out: list[list[Job]] = []
+    for job in jobs:
+        if job.concurrent and out:
+            out[-1].append(job)
+        else:
+            out.append([job])
+    return out
+
+
 def parse_workload(topo: Topology, raw: dict) -> list[Job]:
     """The jobs of a ``workload`` section (already schema-checked for shape)."""
     jobs = []
@@ -120,7 +137,11 @@ def parse_workload(topo: Topology, raw: dict) -> list[Job]:
                       field_path=path)
         reps = entry.get("repetitions", 1)
         coll = Collective(sched.op, ranks, sched, entry.get("label", ""))
-        jobs.append(Job(i, (coll,) * reps, connections, timeout_s))
+        concurrent = bool(entry.get("concurrent", False))
+        if concurrent and i == 0:
+            raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
+                                                    "run with")
+        jobs.append(Job(i, (coll,) * reps, connections, timeout_s, concurrent))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return jobs

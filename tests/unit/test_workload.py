@@ -67,3 +67,17 @@ def test_bad_workloads_name_the_field(entry, path, text):
         _exp(entry)
     assert err.value.path == path, err.value
     assert text in err.value.message
+
+
+def test_concurrent_entries_form_batches():
+    from traffic.workload import batches
+
+    exp = _exp({"op": "all_reduce", "size": 64, "ranks": 2},
+               {"op": "all_reduce", "size": 64, "ranks": 2, "concurrent": True},
+               {"op": "all_gather", "size": 64, "ranks": 4},
+               {"op": "all_to_all", "size": 64, "ranks": 3, "concurrent": True},
+               {"op": "broadcast", "size": 64, "ranks": 3, "concurrent": True})
+    assert [[j.index for j in b] for b in batches(exp.jobs())] == [[0, 1], [2, 3, 4]]
+    with pytest.raises(ConfigError) as err:
+        _exp({"op": "all_reduce", "size": 64, "concurrent": True})
+    assert err.value.path == "workload.collectives[0].concurrent"
