@@ -36,7 +36,6 @@ class Capabilities:
     kernel: str
     ovs_kernel_datapath: bool
     ovs_iface_types: list[str] = field(default_factory=list)
-    ovs_userspace_tso: bool = False
     qdiscs: dict[str, bool] = field(default_factory=dict)
 
     @property
@@ -95,7 +94,7 @@ def probe_ovs_kernel_datapath() -> bool:
 def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
     """Return the machine's capabilities, probing the kernel once per boot.
 
-    The OVS part (interface types, userspace TSO) is read every time: it is cheap and it
+    The OVS part (interface types) is read every time: it is cheap and it
     changes when the daemons are reconfigured.
     """
     cache = state_dir / "capabilities.json"
@@ -117,5 +116,4 @@ def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
                                      "qdiscs": caps.qdiscs}, indent=1))
     types = ovs.vsctl("get", "Open_vSwitch", ".", "iface_types").strip()
     caps.ovs_iface_types = [t.strip() for t in types.strip("[]").split(",") if t.strip()]
-    caps.ovs_userspace_tso = ovs.get_other_config("userspace-tso-enable") == "true"
     return caps

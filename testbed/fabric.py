@@ -159,11 +159,6 @@ class Fabric:
             if not caps.has_qdisc(kind):
                 raise ConfigError(path, f"needs the '{kind}' qdisc, which this kernel "
                                   f"({caps.kernel}) does not have (module sch_{kind} missing)")
-        if (caps.datapath_type == "netdev" and not caps.ovs_userspace_tso
-                and self.experiment.emulator.vswitchd_instances == 0):
-            raise TestbedError("Open vSwitch runs the userspace datapath without "
-                               "other_config:userspace-tso-enable=true; TCP through it breaks "
-                               "or crawls. Run scripts/setup.sh (sets it and restarts OVS).")
         return caps
 
     def _check_fidelity(self) -> None:

@@ -169,11 +169,6 @@ def vswitchd_pids(run_dir: str = "/var/run/openvswitch") -> list[int]:
     return [pid] if Path(f"/proc/{pid}").exists() else []
 
 
-def get_other_config(key: str) -> str | None:
-    out = vsctl("--if-exists", "get", "Open_vSwitch", ".", f"other_config:{key}").strip()
-    return out.strip('"') or None
-
-
 def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
                    controller_target: str, mtu: int, protocols: str = "OpenFlow15",
                    db: str | None = None) -> None:

@@ -190,7 +190,7 @@ class Agent:
                 for src, dst, nbytes in steps[step]:
                     key = (index, step, src, dst)
                     peer, queues = (dst, self.send_q) if src == self.rank else (src, self.recv_q)
-                    shares = [n for n in split(nbytes, self.channels)]
+                    shares = split(nbytes, self.channels)
                     with self.lock:
                         self.remaining[key] = sum(1 for n in shares if n) or 1
                     if not any(shares):
