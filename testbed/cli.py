@@ -132,24 +132,35 @@ def cmd_up(args) -> int:
 
 def _up_in_vm(args) -> int:
     """Run ``up --check`` inside the full-kernel guest and relay its output and exit code."""
-    from testbed import vm
-
     if not args.check:
         raise ConfigError("emulator.backend", "the vm backend runs a job and powers off: use "
                           "'fabriclab up --check' (an interactive guest is the lab VM's job)")
-    job = ("python3 -m testbed.cli up --check --backend host "
-           f"--count {int(args.count)} {'-v ' if args.verbose else ''}/job/experiment.yaml\n")
+    return _in_vm(args, f"up --check --backend host --count {int(args.count)} "
+                        f"{'-v ' if args.verbose else ''}/job/experiment.yaml")
+
+
+def _in_vm(args, cli_args: str, results_to: Path | None = None) -> int:
+    """Run ``fabriclab CLI_ARGS`` inside the full-kernel guest, relay its output and exit code,
+    and copy what it wrote under ``$FABRICLAB_OUT/results`` to ``results_to``."""
+    import shutil
+
+    from testbed import vm
+
+    job = f"python3 -m testbed.cli {cli_args}\n"
     with console.status("preparing the guest image ..."):
         image = vm.ensure_image(log=console.print)
     work = args.state_dir / "vm" / time.strftime("%Y%m%d-%H%M%S")
     console.print(f"booting the full-kernel guest ({image.directory.name}); this machine "
                   "emulates its CPU, so expect minutes")
     result = vm.run(image, job, {"experiment.yaml": Path(args.file)}, work,
-                    Registry(args.state_dir), accel=args.vm_accel,
+                    Registry(args.state_dir), accel=getattr(args, "vm_accel", "tcg"),
                     on_console=(lambda line: console.print(f"[dim]guest| {line}[/dim]"))
-                    if args.verbose else None)
-    if not args.verbose:
+                    if getattr(args, "verbose", False) else None)
+    if not getattr(args, "verbose", False):
         console.print(result.output.rstrip())
+    if results_to is not None and (result.out_dir / "results").is_dir():
+        shutil.copytree(result.out_dir / "results", results_to, dirs_exist_ok=True)
+        console.print(f"results copied to {results_to}")
     console.print(f"guest run: exit {result.returncode} after {result.duration_s:.0f} s; "
                   f"console log {result.console}")
     return result.returncode
@@ -176,7 +187,8 @@ def cmd_run(args) -> int:
     if not jobs:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
     if resolve_backend(exp, args.backend, args.state_dir) == "vm":
-        raise ConfigError("emulator.backend", "'fabriclab run' runs on the host backend for now")
+        return _in_vm(args, "run --backend host /job/experiment.yaml "
+                            "--out \"$FABRICLAB_OUT/results\"", Path(args.out))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.json"
