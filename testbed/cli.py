@@ -210,7 +210,11 @@ def cmd_run(args) -> int:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as bar:
             task = bar.add_task("collectives", total=total)
+            began = time.monotonic()
             for batch in batches(jobs):
+                wait_s = batch[0].not_before_s - (time.monotonic() - began)
+                if wait_s > 0:  # a replayed trace's timestamp
+                    time.sleep(wait_s)
                 first = batch[0].collectives[0]
                 bar.update(task, description=f"{first.op} {first.schedule.size_bytes} B "
                                              f"x{len(batch[0].collectives)} on "

@@ -85,7 +85,8 @@ class Experiment:
             parse_workload,  # pure; traffic builds on the testbed model
         )
 
-        return parse_workload(self.topology, self.workload) if self.workload else []
+        base = str(Path(self.source).parent) if self.source != "<memory>" else "."
+        return parse_workload(self.topology, self.workload, base) if self.workload else []
 
     @cached_property
     def topology(self) -> Topology:

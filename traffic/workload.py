@@ -56,6 +56,7 @@ class Job:
     connections: int
     timeout_s: float
     concurrent: bool = False  # starts together with the previous job
+    not_before_s: float = 0.0  # replay: earliest start, seconds after the workload began
 
 
 def parse_size(value: object, path: str) -> int:
@@ -124,13 +125,22 @@ def batches(jobs: list[Job]) -> list[list[Job]]:
     return out
 
 
-def parse_workload(topo: Topology, raw: dict) -> list[Job]:
-    """The jobs of a ``workload`` section (already schema-checked for shape)."""
+def parse_workload(topo: Topology, raw: dict, base_dir: str = ".") -> list[Job]:
+    """The jobs of a ``workload`` section (already schema-checked for shape); ``trace`` and
+    ``nccl_log`` paths are relative to ``base_dir`` (the experiment file's folder)."""
     jobs = []
     connections = raw.get("connections", 1)
     timeout_s = float(raw.get("timeout_s", 600))
-    for i, entry in enumerate(raw.get("collectives", [])):
-        path = f"workload.collectives[{i}]"
+    entries = list(raw.get("collectives", []))
+    if raw.get("trace"):
+        entries += parse_trace(_read(base_dir, raw["trace"], "workload.trace"), str(raw["trace"]))
+    if raw.get("nccl_log"):
+        from traffic.nccl_log import import_log
+
+        entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
+                                                 "workload.nccl_log")))
+    for i, entry in enumerate(entries):
+        path = entry.pop("_where", f"workload.collectives[{i}]")
         ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
         size = parse_size(entry.get("size", entry.get("size_bytes")), f"{path}.size")
         sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
@@ -141,7 +151,89 @@ def parse_workload(topo: Topology, raw: dict) -> list[Job]:
         if concurrent and i == 0:
             raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
                                                     "run with")
-        jobs.append(Job(i, (coll,) * reps, connections, timeout_s, concurrent))
+        jobs.append(Job(i, (coll,) * reps, connections, timeout_s, concurrent,
+                        float(entry.get("t_s", 0))))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return jobs
+
+
+def _read(base_dir: str, path: str, field: str) -> str:
+    import os
+
+    try:
+        with open(os.path.join(base_dir, path), encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as err:
+        raise ConfigError(field, f"cannot read {path}: {err.strerror}") from err
+
+
+# -- traces -------------------------------------------------------------------------------------
+#
+# A trace is JSON lines, one collective per line, replayed in file order:
+#
+#   {"op": "all_reduce", "size": "16MiB", "ranks": 8, "algorithm": "ring"}
+#   {"op": "all_to_all", "size": 4194304, "ranks": [...], "concurrent": true, "t_s": 1.5}
+#
+# Keys are those of a workload entry (op, size or size_bytes, ranks, algorithm, repetitions,
+# concurrent, label) plus ``t_s``: do not start before t_s seconds after the replay began
+# (the runner waits; a collective still follows the one before it, as NCCL's stream order
+# does). Blank lines and lines starting with # are skipped.
+
+TRACE_KEYS = {"op", "size", "size_bytes", "ranks", "algorithm", "repetitions", "concurrent",
+              "label", "t_s"}
+
+
+def parse_trace(text: str, source: str = "trace") -> list[dict]:
+    """Workload entries from a JSON-lines trace; errors name the line.
+
+    Raises:
+        ConfigError: ``<source> line N`` for malformed JSON, unknown keys or a bad ``t_s``.
+    """
+    import json
+
+    entries = []
+    for no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{source} line {no}"
+        try:
+            entry = json.loads(line)
+        except ValueError as err:
+            raise ConfigError(where, f"not JSON: {err}") from err
+        if not isinstance(entry, dict):
+            raise ConfigError(where, "each line is one JSON object")
+        unknown = sorted(set(entry) - TRACE_KEYS)
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: "
+                                                      f"{', '.join(sorted(TRACE_KEYS))})")
+        t_s = entry.get("t_s", 0)
+        if isinstance(t_s, bool) or not isinstance(t_s, (int, float)) or t_s < 0:
+            raise ConfigError(f"{where}.t_s", f"must be a number >= 0, got {t_s!r}")
+        entries.append({**entry, "_where": where})
+    if not entries:
+        raise ConfigError(source, "the trace has no collectives")
+    return entries
+
+
+def nccl_entries(collectives: list) -> list[dict]:
+    """Workload entries replaying imported NCCL collectives on the first ``nranks`` hosts.
+
+    Send/Recv pairs of one opCount become one ``send_recv``; collectives keep NCCL's order.
+    """
+    entries = []
+    seen_p2p = set()
+    for coll in collectives:
+        if coll.op in ("send", "recv"):
+            if coll.op_count in seen_p2p:
+                continue
+            seen_p2p.add(coll.op_count)
+            entries.append({"op": "send_recv", "size": coll.size_bytes, "ranks": 2,
+                            "label": f"nccl opCount {coll.op_count:x}"})
+        elif coll.op == "reduce":
+            entries.append({"op": "all_reduce", "size": coll.size_bytes, "ranks": coll.nranks,
+                            "label": f"nccl Reduce opCount {coll.op_count:x} (as all_reduce)"})
+        else:
+            entries.append({"op": coll.op, "size": coll.size_bytes, "ranks": coll.nranks,
+                            "label": f"nccl opCount {coll.op_count:x}"})
+    return entries

@@ -1,5 +1,7 @@
 """Workload sections: sizes, rank placement, and every bad input named before anything is built."""
 
+from pathlib import Path
+
 import pytest
 
 from testbed import config
@@ -81,3 +83,60 @@ def test_concurrent_entries_form_batches():
     with pytest.raises(ConfigError) as err:
         _exp({"op": "all_reduce", "size": 64, "concurrent": True})
     assert err.value.path == "workload.collectives[0].concurrent"
+
+
+TRACE = """# a replayed job
+{"op": "all_reduce", "size": "1MiB", "ranks": 4}
+
+{"op": "all_to_all", "size": 65536, "ranks": 4, "concurrent": true, "t_s": 0.5}
+"""
+
+
+def test_trace_and_nccl_log_replay_become_jobs(tmp_path):
+    from traffic.workload import batches
+
+    (tmp_path / "job.jsonl").write_text(TRACE)
+    nccl = Path(__file__).resolve().parent / "data" / "nccl"
+    for name in ("allreduce-2ranks.log", "sendrecv-2ranks.log"):
+        (tmp_path / name).write_text((nccl / name).read_text())
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                        "workload: {trace: job.jsonl, nccl_log: allreduce-2ranks.log}\n")
+    jobs = config.load(exp_file).jobs()  # paths relative to the experiment file
+    assert [j.collectives[0].op for j in jobs] == ["all_reduce", "all_to_all"] + ["all_reduce"] * 3
+    assert [[j.index for j in b] for b in batches(jobs)] == [[0, 1], [2], [3], [4]]
+    assert jobs[1].not_before_s == 0.5
+    assert [j.collectives[0].schedule.size_bytes for j in jobs[2:]] == [256, 948736, 1546240]
+    exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                        "workload: {nccl_log: sendrecv-2ranks.log}\n")
+    jobs = config.load(exp_file).jobs()
+    assert {j.collectives[0].op for j in jobs} == {"send_recv"}
+
+
+@pytest.mark.parametrize("text,path,message", [
+    ('{"op": "all_reduce", "size": 64}\n{"op": "all_reduce", size: 64}\n', "t.jsonl line 2",
+     "not JSON"),
+    ('{"op": "all_reduce", "size": 64, "when": 3}\n', "t.jsonl line 1.when", "unknown key"),
+    ('{"op": "all_reduce", "size": 64, "t_s": -1}\n', "t.jsonl line 1.t_s", ">= 0"),
+    ('[1, 2]\n', "t.jsonl line 1", "one JSON object"),
+    ('{"op": "all_gatherv", "size": 64}\n', "t.jsonl line 1.op", "unknown op"),
+    ('{"op": "all_reduce", "size": 0}\n', "t.jsonl line 1.size", "> 0"),
+    ("# only a comment\n", "t.jsonl", "no collectives"),
+])
+def test_malformed_trace_lines_are_reported_with_their_number(tmp_path, text, path, message):
+    (tmp_path / "t.jsonl").write_text(text)
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                        "workload: {trace: t.jsonl}\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(exp_file)
+    assert err.value.path == path and message in err.value.message
+
+
+def test_a_missing_trace_file_is_named(tmp_path):
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                        "workload: {trace: nope.jsonl}\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(exp_file)
+    assert err.value.path == "workload.trace" and "cannot read nope.jsonl" in err.value.message
