@@ -18,6 +18,7 @@ BUS_FACTOR = {
     "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "send_recv": lambda n: 1.0,
+    "flows": lambda n: 1.0,  # size is per flow: busbw is the slowest flow's rate
 }
 
 

@@ -11,6 +11,7 @@ shortfall is the fabric's (or the emulator's), not the host's.
   are link-disjoint, so the pattern is non-blocking.
 * ``permutation``: a random derangement with a seed (the classic ECMP stress test).
 * ``stride``: host j sends to host j + stride (modulo the host count), in topology order.
+* ``incast``: every other host sends to the first one (``fan_in`` senders, default all).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import random
 from testbed.errors import ConfigError
 from testbed.topology import Node, Topology
 
-PATTERNS = ("same_edge", "same_pod", "cross_pod", "permutation", "stride")
+PATTERNS = ("same_edge", "same_pod", "cross_pod", "permutation", "stride", "incast")
 
 Pairs = list[tuple[str, str]]
 
@@ -53,7 +54,7 @@ def _shift(topo: Topology, axis: int, field: str) -> Pairs:
 
 
 def pattern_pairs(topo: Topology, pattern: str, seed: int = 1, stride: int = 1,
-                  field: str = "pattern") -> Pairs:
+                  field: str = "pattern", fan_in: int | None = None) -> Pairs:
     """The (source, destination) pairs of a named pattern on ``topo``.
 
     Args:
@@ -61,6 +62,7 @@ def pattern_pairs(topo: Topology, pattern: str, seed: int = 1, stride: int = 1,
         pattern: one of :data:`PATTERNS`.
         seed: random seed of ``permutation``.
         stride: offset of ``stride``.
+        fan_in: senders of ``incast`` (default: every other host).
         field: the config field path named in errors.
 
     Returns:
@@ -87,6 +89,12 @@ def pattern_pairs(topo: Topology, pattern: str, seed: int = 1, stride: int = 1,
             raise ConfigError(field, f"stride {stride} maps every host onto itself "
                                      f"({len(hosts)} hosts)")
         return [(h, hosts[(i + stride) % len(hosts)]) for i, h in enumerate(hosts)]
+    if pattern == "incast":
+        senders = len(hosts) - 1 if fan_in is None else fan_in
+        if not 1 <= senders < len(hosts):
+            raise ConfigError(field, f"incast fan_in must be between 1 and {len(hosts) - 1}, "
+                                     f"got {senders}")
+        return [(h, hosts[0]) for h in hosts[1:senders + 1]]
     raise ConfigError(field, f"unknown pattern {pattern!r}; expected one of {', '.join(PATTERNS)}")
 
 

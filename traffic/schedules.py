@@ -22,6 +22,8 @@ Algorithms:
 * all_to_all ``pairwise``: step ``s`` sends to rank ``r + s`` and receives from ``r - s``.
 * broadcast ``ring``: a chain from the root, pipelined in ``chunks`` pieces.
 * send_recv: one transfer from rank 0 to rank 1 (a pipeline-parallel stage boundary).
+* flows: independent point-to-point flows of ``size`` bytes each, all at once (background
+  traffic patterns: permutation, incast, stride; see :func:`flows`).
 """
 
 from __future__ import annotations
@@ -224,3 +226,21 @@ BUILDERS: dict[tuple[str, str], Callable[[Schedule, int], None]] = {
     ("broadcast", "ring"): _broadcast_ring,
     ("send_recv", "direct"): _send_recv,
 }
+
+
+def flows(pairs: list[tuple[int, int]], ranks: int, size_bytes: int,
+          field_path: str = "flows") -> Schedule:
+    """A schedule of concurrent flows, ``size_bytes`` each, between rank pairs (one step).
+
+    Raises:
+        ConfigError: for a size <= 0 or no pairs.
+    """
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0:
+        raise ConfigError(f"{field_path}.size_bytes",
+                          f"must be a positive integer, got {size_bytes!r}")
+    if not pairs:
+        raise ConfigError(field_path, "the pattern gives no flows on this fabric")
+    sched = Schedule("flows", "direct", ranks, size_bytes)
+    for src, dst in pairs:
+        sched.add(0, src, dst, size_bytes)
+    return sched

@@ -15,6 +15,10 @@ workload:
       size: 4MiB          # (several jobs at once, each with its own ranks, which may share hosts)
       ranks: {count: 8, placement: random, seed: 2}
       concurrent: true
+    - op: flows           # background traffic through the same engine: a pattern's flows,
+      pattern: permutation  # size bytes each, all at once (same_edge, same_pod, cross_pod,
+      size: 8MiB          # permutation, stride, incast; with seed, stride, fan_in)
+      concurrent: true
 ```
 
 Every entry becomes one job (its repetitions back to back on the same ranks); consecutive
@@ -30,7 +34,8 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError
 from testbed.topology import Topology
-from traffic.schedules import Schedule, build
+from traffic.patterns import PATTERNS, pattern_pairs
+from traffic.schedules import Schedule, build, flows
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -141,10 +146,13 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".") -> list[Job]:
                                                  "workload.nccl_log")))
     for i, entry in enumerate(entries):
         path = entry.pop("_where", f"workload.collectives[{i}]")
-        ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
         size = parse_size(entry.get("size", entry.get("size_bytes")), f"{path}.size")
-        sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
-                      field_path=path)
+        if entry.get("op") == "flows":
+            ranks, sched = _pattern_flows(topo, entry, size, path)
+        else:
+            ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
+            sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
+                          field_path=path)
         reps = entry.get("repetitions", 1)
         coll = Collective(sched.op, ranks, sched, entry.get("label", ""))
         concurrent = bool(entry.get("concurrent", False))
@@ -156,6 +164,19 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".") -> list[Job]:
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return jobs
+
+
+def _pattern_flows(topo: Topology, entry: dict, size: int,
+                   path: str) -> tuple[tuple[str, ...], Schedule]:
+    """Background traffic: the flows of a named pattern, ``size`` bytes each, all at once."""
+    if "pattern" not in entry:
+        raise ConfigError(f"{path}.pattern", f"op flows needs a pattern ({', '.join(PATTERNS)})")
+    pairs = pattern_pairs(topo, entry["pattern"], seed=entry.get("seed", 1),
+                          stride=entry.get("stride", 1), field=f"{path}.pattern",
+                          fan_in=entry.get("fan_in"))
+    hosts = tuple(dict.fromkeys(h for pair in pairs for h in pair))
+    index = {h: i for i, h in enumerate(hosts)}
+    return hosts, flows([(index[s], index[d]) for s, d in pairs], len(hosts), size, path)
 
 
 def _read(base_dir: str, path: str, field: str) -> str:
@@ -181,7 +202,7 @@ def _read(base_dir: str, path: str, field: str) -> str:
 # does). Blank lines and lines starting with # are skipped.
 
 TRACE_KEYS = {"op", "size", "size_bytes", "ranks", "algorithm", "repetitions", "concurrent",
-              "label", "t_s"}
+              "label", "t_s", "pattern", "seed", "stride", "fan_in"}
 
 
 def parse_trace(text: str, source: str = "trace") -> list[dict]:

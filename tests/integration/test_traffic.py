@@ -74,3 +74,16 @@ def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
         low = 0.5 if row["concurrent_jobs"] == 1 else 0.2  # concurrent jobs share h1_1_1
         assert low < row["efficiency"] <= 1.15  # HTB burst tokens speed the first KiB
     assert "busbw" in proc.stdout and "all_reduce" in proc.stdout
+
+
+def test_background_incast_shares_the_receivers_link(make_fabric):
+    from testbed import config
+
+    exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                        "workload": {"collectives": [
+                            {"op": "flows", "pattern": "incast", "fan_in": 3, "size": "1MiB"}]}})
+    fabric = make_fabric(exp)
+    (job,) = exp.jobs()
+    (res,) = run_job(fabric, list(job.collectives), timeout_s=60)
+    # three senders share h1_1_1's 10 Mbit/s link: each flow gets about a third of it
+    assert 0.2 <= res.efficiency <= 0.4, res

@@ -140,3 +140,33 @@ def test_a_missing_trace_file_is_named(tmp_path):
     with pytest.raises(ConfigError) as err:
         config.load(exp_file)
     assert err.value.path == "workload.trace" and "cannot read nope.jsonl" in err.value.message
+
+
+def test_background_flows_from_patterns():
+    from traffic.patterns import pattern_pairs
+
+    topo = fat_tree(4)
+    assert pattern_pairs(topo, "incast", fan_in=3) == [("h1_1_2", "h1_1_1"), ("h1_2_1", "h1_1_1"),
+                                                        ("h1_2_2", "h1_1_1")]
+    exp = _exp({"op": "flows", "pattern": "incast", "fan_in": 4, "size": "1MiB"},
+               {"op": "flows", "pattern": "permutation", "seed": 3, "size": 4096,
+                "concurrent": True})
+    incast, perm = exp.jobs()
+    sched = incast.collectives[0].schedule
+    assert incast.collectives[0].hosts[1] == "h1_1_1"
+    assert sched.received_by(1) == 4 << 20 and sched.steps == 1
+    assert len(perm.collectives[0].hosts) == 16 and perm.concurrent
+    assert len(perm.collectives[0].schedule.transfers) == 16
+
+
+@pytest.mark.parametrize("entry,path,text", [
+    ({"op": "flows", "size": 64}, "workload.collectives[0].pattern", "needs a pattern"),
+    ({"op": "flows", "pattern": "shuffle", "size": 64}, "workload.collectives[0].pattern",
+     "unknown pattern"),
+    ({"op": "flows", "pattern": "incast", "fan_in": 16, "size": 64},
+     "workload.collectives[0].pattern", "fan_in must be between 1 and 15"),
+])
+def test_bad_flow_entries(entry, path, text):
+    with pytest.raises(ConfigError) as err:
+        _exp(entry)
+    assert err.value.path == path and text in err.value.message
