@@ -237,6 +237,15 @@ def cmd_run(args) -> int:
                     doc["error"] = "\n".join(errors)
                     _write_results(results, doc)
                     raise TestbedError("\n".join(errors))
+        iterations: dict[str, float] = {}
+        for row in doc["collectives"]:  # training: an iteration is its phases and their gaps
+            if row["label"].startswith("iter "):
+                key = row["label"].split()[1]
+                iterations[key] = iterations.get(key, 0.0) + row["duration_s"] + row["gap_s"]
+        if iterations:
+            doc["iterations"] = [{"iteration": int(k), "time_s": v} for k, v in iterations.items()]
+            for item in doc["iterations"]:
+                console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
         doc["complete"] = True
         _write_results(results, doc)
     finally:
@@ -256,15 +265,16 @@ def _results_table(doc: dict) -> Table:
                 "eff", "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
-    jobs: dict[int, list[dict]] = {}
+    jobs: dict[tuple, list[dict]] = {}
     for row in doc["collectives"]:
-        jobs.setdefault(row["job"], []).append(row)
+        key = (row["job"], row["op"], row["algorithm"], row["bytes"], row["communicator_size"])
+        jobs.setdefault(key, []).append(row)
     for rows in jobs.values():
         r0 = rows[0]
         mean_s = sum(r["duration_s"] for r in rows) / len(rows)
         algbw = r0["bytes"] * 8 / mean_s / 1e6
         factor = r0["busbw_gbps"] / r0["algbw_gbps"]
-        table.add_row(r0["op"], r0["algorithm"], str(len(r0["ranks"])), str(r0["bytes"]),
+        table.add_row(r0["op"], r0["algorithm"], str(r0["communicator_size"]), str(r0["bytes"]),
                       str(r0["bytes"] // 4), str(len(rows)), f"{mean_s * 1e3:.0f}",
                       f"{algbw:.2f}", f"{algbw * factor:.2f}",
                       f"{sum(r['efficiency'] for r in rows) / len(rows):.3f}",

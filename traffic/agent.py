@@ -179,6 +179,7 @@ class Agent:
         for index, coll in enumerate(self.spec["collectives"]):
             if self.spec.get("barrier", True):
                 self.barrier()  # every collective starts together, as NCCL-tests times them
+            time.sleep(coll.get("gap_s", 0.0))  # the compute before it (training workloads)
             steps: dict[int, list] = {}
             for step, src, dst, nbytes in coll["transfers"]:
                 if self.rank in (src, dst):

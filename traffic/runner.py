@@ -41,6 +41,8 @@ class CollectiveResult:
     flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     label: str = ""
     agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
+    gap_s: float = 0.0  # compute time before it (training workloads)
+    communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
@@ -51,8 +53,9 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
         raise ValueError("one job, one rank list")
     return {"port": port, "connections": connections, "start_at": start_at,
             "ranks": [{"host": h, "ip": ips[h]} for h in hosts],
-            "collectives": [{"op": c.op, "transfers": [(t.step, t.src, t.dst, t.nbytes)
-                                                       for t in c.schedule.transfers]}
+            "collectives": [{"op": c.op, "gap_s": c.gap_s,
+                             "transfers": [(t.step, t.src, t.dst, t.nbytes)
+                                           for t in c.schedule.transfers]}
                             for c in collectives]}
 
 
@@ -93,7 +96,7 @@ def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: flo
         duration = max(end - start, 1e-9)
         fcts = [f["done"] - c["start"] for c in per_rank for f in c["flows"]]
         sched = coll.schedule
-        n = sched.ranks
+        n = sched.communicator_size
         ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
                                      goodput_fraction(mtu))
         out.append(CollectiveResult(
@@ -102,7 +105,8 @@ def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: flo
             metrics.busbw_gbps(coll.op, n, sched.size_bytes, duration), ideal,
             metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
             {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
-             "max": max(fcts)} if fcts else {}, coll.label))
+             "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
+            communicator_size=n))
     return out
 
 

@@ -58,6 +58,12 @@ class Schedule:
     ranks: int
     size_bytes: int
     transfers: list[Transfer] = field(default_factory=list)
+    group_ranks: int | None = None  # set by merge(): the size of each communicator
+
+    @property
+    def communicator_size(self) -> int:
+        """Ranks per communicator (NCCL-tests' n): the groups' size for a merged schedule."""
+        return self.group_ranks or self.ranks
 
     def add(self, step: int, src: int, dst: int, nbytes: int) -> None:
         if nbytes > 0 and src != dst:
@@ -244,3 +250,20 @@ def flows(pairs: list[tuple[int, int]], ranks: int, size_bytes: int,
     for src, dst in pairs:
         sched.add(0, src, dst, size_bytes)
     return sched
+
+
+def merge(parts: list[tuple[Schedule, list[int]]], ranks: int) -> Schedule:
+    """Several communicators running the same collective at once (e.g. every tensor-parallel
+    group's all-reduce), as one schedule over ``ranks`` global ranks.
+
+    Args:
+        parts: (schedule of one communicator, the global rank of each of its ranks).
+        ranks: the global rank count.
+    """
+    first = parts[0][0]
+    merged = Schedule(first.op, first.algorithm, ranks, first.size_bytes,
+                      group_ranks=first.ranks)
+    for sched, members in parts:
+        for t in sched.transfers:
+            merged.add(t.step, members[t.src], members[t.dst], t.nbytes)
+    return merged

@@ -50,6 +50,7 @@ class Collective:
     hosts: tuple[str, ...]
     schedule: Schedule
     label: str = ""
+    gap_s: float = 0.0  # compute time before it starts (after the barrier)
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,26 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".") -> list[Job]:
                                                     "run with")
         jobs.append(Job(i, (coll,) * reps, connections, timeout_s, concurrent,
                         float(entry.get("t_s", 0))))
+    if raw.get("training"):
+        jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return jobs
+
+
+def _training_job(topo: Topology, raw: dict, index: int, connections: int,
+                  timeout_s: float) -> Job:
+    """One job running every phase of the training iterations on one set of rank hosts."""
+    from traffic import training
+
+    world = training.world_size(raw)
+    ranks = place_ranks(topo, raw.get("ranks", world), "workload.training.ranks")
+    if len(ranks) != world:
+        raise ConfigError("workload.training.ranks", f"tp * pp * dp = {world} ranks, but "
+                                                     f"{len(ranks)} hosts were given")
+    colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s)
+                  for ph in training.phases(raw))
+    return Job(index, colls, connections, timeout_s)
 
 
 def _pattern_flows(topo: Topology, entry: dict, size: int,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from testbed.errors import TestbedError
-from tests.integration.conftest import experiment
+from tests.integration.conftest import ROOT, experiment
 from traffic.runner import run_job
 from traffic.schedules import build
 from traffic.workload import Collective
@@ -15,6 +19,15 @@ K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"  # 10 Mbit/s links, non-
 # band below tests the emulation, not the luck of ECMP hashing
 PINNED = K4 + "controller: {routing: dmodk}\n"
 RANKS = ("h1_1_1", "h2_1_1", "h3_1_1", "h4_1_1")  # one per pod: every transfer crosses the core
+
+
+def _fabriclab_run(state_dir, exp, out):
+    """``fabriclab run EXP --out OUT`` as a user runs it; returns the process and results.json."""
+    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+                           "run", str(exp), "--out", str(out)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, json.loads((out / "results.json").read_text())
 
 
 def test_ring_all_reduce_and_all_to_all_complete_near_line_rate(make_fabric):
@@ -47,12 +60,6 @@ def test_a_stuck_rank_is_named(make_fabric):
 
 
 def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    from tests.integration.conftest import ROOT
-
     exp = tmp_path / "run.yaml"
     exp.write_text(PINNED + "workload:\n  connections: 2\n  collectives:\n"
                    "    - {op: all_reduce, size: 1MiB, ranks: [h1_1_1, h2_1_1, h3_1_1, h4_1_1],"
@@ -61,12 +68,7 @@ def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
                    # at the same time as the broadcast, sharing host h1_1_1 with it
                    "    - {op: all_to_all, size: 512KiB, ranks: [h3_2_2, h4_2_2, h1_1_1],"
                    " concurrent: true}\n")
-    out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
-                           "run", str(exp), "--out", str(out)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads((out / "results.json").read_text())
+    proc, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
     assert doc["complete"] is True and "error" not in doc
     rows = doc["collectives"]
     assert [(r["op"], r["job"], r["repetition"], r["concurrent_jobs"]) for r in rows] == [
@@ -92,3 +94,18 @@ def test_background_incast_shares_the_receivers_link(make_fabric):
     (res,) = run_job(fabric, list(job.collectives), timeout_s=60)
     # three senders share h1_1_1's 10 Mbit/s link: each flow gets about a third of it
     assert 0.2 <= res.efficiency <= 0.4, res
+
+
+def test_a_training_iteration_runs_and_is_timed(state_dir, tmp_path):
+    exp = tmp_path / "train.yaml"
+    exp.write_text(K4 + "workload:\n  training: {layers: 2, hidden: 256, seq_len: 128, "
+                   "micro_batches: 1, tp: 2, pp: 2, dp: 2, params: 1000000, compute_ms: 50}\n")
+    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
+    (iteration,) = doc["iterations"]
+    phases = doc["collectives"]
+    assert {r["op"] for r in phases} == {"all_reduce", "send_recv"}
+    assert all(r["communicator_size"] == 2 and len(r["ranks"]) == 8 for r in phases)
+    # the iteration is its phases plus their compute gaps (50 ms over the stages' layers)
+    assert iteration["time_s"] == pytest.approx(
+        sum(r["duration_s"] + r["gap_s"] for r in phases))
+    assert sum(r["gap_s"] for r in phases) == pytest.approx(4 * 0.050)

@@ -170,3 +170,33 @@ def test_bad_flow_entries(entry, path, text):
     with pytest.raises(ConfigError) as err:
         _exp(entry)
     assert err.value.path == path and text in err.value.message
+
+
+def test_training_iteration_phases():
+    from traffic import training
+
+    raw = {"layers": 4, "hidden": 256, "seq_len": 128, "micro_batches": 2, "tp": 2, "pp": 2,
+           "dp": 2, "params": 8_000_000, "compute_ms": 8, "iterations": 1}
+    phases = training.phases(raw)
+    tp_phases = [p for p in phases if "tp all_reduce" in p.label]
+    # 2 all-reduces per layer of the stage (2 layers), fwd and bwd, 2 stages, 2 micro-batches
+    assert len(tp_phases) == 2 * 2 * 2 * 2 * 2
+    act = 128 * 1 * 256 * 2
+    assert {p.schedule.size_bytes for p in tp_phases} == {act}
+    assert {p.schedule.communicator_size for p in tp_phases} == {2}
+    assert tp_phases[0].gap_s == pytest.approx(0.008 / 4)
+    sends = [p for p in phases if "pp send_recv" in p.label]
+    assert len(sends) == 2 * 2 and all(len(p.schedule.transfers) == 4 for p in sends)
+    (dp_phase,) = [p for p in phases if "dp all_reduce" in p.label]
+    assert dp_phase.schedule.size_bytes == 8_000_000 // 4 * 4
+    # every rank of every DP group sends 2(n-1)/n of the gradient: n = 2 -> all of it once
+    assert all(dp_phase.schedule.sent_by(r) == 2_000_000 * 4 for r in range(8))
+    with pytest.raises(ConfigError) as err:
+        training.phases({**raw, "pp": 3})
+    assert err.value.path == "workload.training.pp"
+    with pytest.raises(ConfigError) as err:
+        training.phases({**raw, "layerz": 3})
+    assert err.value.path == "workload.training.layerz"
+    with pytest.raises(ConfigError) as err:
+        config.parse({**BASE, "workload": {"training": {**raw, "ranks": 4}}})
+    assert err.value.path == "workload.training.ranks"
