@@ -24,6 +24,7 @@ one receiver thread per (peer, channel) reads it in the same order.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import resource
 import socket
@@ -70,6 +71,7 @@ class Agent:
         self.recv_q: dict[tuple[int, int], queue.Queue] = {}
         self.socks: dict[tuple[str, int, int], socket.socket] = {}
         self.control: list[socket.socket] = []
+        self.state = "starting"  # what it is waiting for, published for a stuck-job report
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
@@ -101,14 +103,18 @@ class Agent:
         acceptor.start()
         ranks = self.spec["ranks"]
         for peer in sorted(send_to):
+            self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
                 sock = _connect(ranks[peer]["ip"], self.spec["port"])
                 sock.sendall(HELLO.pack(self.rank, ch))
                 self.socks[("send", peer, ch)] = sock
         if self.rank != 0:
+            self.state = "connecting to rank 0 (barrier)"
             sock = _connect(ranks[0]["ip"], self.spec["port"])
             sock.sendall(HELLO.pack(self.rank, CONTROL))
             self.control = [sock]
+        self.state = ("waiting for connections from ranks "
+                      f"{sorted({p for p, _ in expected - set(accepted)})}")
         acceptor.join(CONNECT_TIMEOUT_S + 5)
         missing = expected - set(accepted)
         if missing:
@@ -122,6 +128,7 @@ class Agent:
 
     def barrier(self) -> None:
         """All ranks wait here until every rank has arrived (rank 0 gathers, then releases)."""
+        self.state = "in the barrier before the next collective"
         if self.rank == 0:
             for sock in self.control:
                 _recv_exact(sock, 1)
@@ -212,6 +219,11 @@ class Agent:
         return results
 
     def _wait(self, keys: list[tuple]) -> None:
+        pending = [k for k in keys if k not in self.done_at]
+        if pending:
+            self.state = (f"collective {pending[0][0]} step {pending[0][1]}: waiting for data "
+                          f"from ranks {sorted({k[2] for k in pending if k[3] == self.rank})} "
+                          f"and to drain sends to {sorted({k[3] for k in pending if k[2] == self.rank})}")
         with self.lock:
             while not self.errors and any(k not in self.done_at for k in keys):
                 self.lock.wait(1.0)
@@ -249,12 +261,29 @@ def _connect(ip: str, port: int) -> socket.socket:
             time.sleep(0.05)  # the peer's agent is not listening yet
 
 
+def _publish_state(agent: Agent, path: str) -> None:
+    """Keep ``path`` holding what the agent waits for (read by the runner when a job hangs)."""
+
+    def loop() -> None:
+        last = None
+        while True:
+            if agent.state != last:
+                last = agent.state
+                with open(f"{path}.tmp", "w", encoding="utf-8") as fh:
+                    fh.write(last)
+                os.replace(f"{path}.tmp", path)
+            time.sleep(0.2)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     spec_path, host = argv
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     rank = next(i for i, r in enumerate(spec["ranks"]) if r["host"] == host)
     agent = Agent(spec, rank)
+    _publish_state(agent, f"{spec_path}.rank{rank}")
     listener = socket.create_server(("0.0.0.0", spec["port"]), backlog=256, reuse_port=False)
     try:
         agent.connect(listener)

@@ -85,6 +85,13 @@ def run_batch(fabric, jobs: list[tuple[list[Collective], int, float]]
     return out
 
 
+def _agent_state(spec_path: Path, rank: int) -> str:
+    try:
+        return Path(f"{spec_path}.rank{rank}").read_text()
+    except OSError:
+        return "no state published"
+
+
 def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: float,
               mtu: int) -> list[CollectiveResult]:
     """Per-collective results from the agents' reports (pure)."""
@@ -141,10 +148,10 @@ def run_job(fabric, collectives: list[Collective], connections: int = 1,
             try:
                 out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                stuck = [f"rank {i} ({h})" for i, (h, p) in enumerate(procs.items())
-                         if p.poll() is None]
-                raise TestbedError(f"job timed out after {timeout_s:.0f} s; still running: "
-                                   f"{', '.join(stuck)}") from None
+                stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
+                         for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
+                raise TestbedError(f"job timed out after {timeout_s:.0f} s; still running:\n  "
+                                   + "\n  ".join(stuck)) from None
             if proc.returncode != 0:
                 failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
             else:

@@ -56,7 +56,10 @@ def test_a_stuck_rank_is_named(make_fabric):
     with pytest.raises(TestbedError) as err:
         run_job(fabric, [Collective("all_reduce", RANKS, build("all_reduce", 4, 1 << 20))],
                 timeout_s=15)
-    assert "rank 2 (h3_1_1)" in str(err.value) or "h3_1_1" in str(err.value)
+    text = str(err.value)
+    # every rank says what it waits for; the others wait on rank 2, which cannot reach anyone
+    assert "rank 2 (h3_1_1): connecting to rank" in text, text
+    assert "waiting for connections from ranks [" in text and "2" in text, text
 
 
 def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
