@@ -1,6 +1,6 @@
 """Run collectives on a fabric: one agent per rank host, a shared start, results per collective.
 
-The runner writes the job spec into the run directory, starts ``python -m traffic.agent`` in
+The runner (this adapter) writes the job spec into the run directory, starts ``python -m traffic.agent`` in
 every participating host's namespace (tracked by PID in the run record, ended by PID), waits
 with a hard timeout, and turns the agents' timings into per-collective results with NCCL-tests'
 metrics. A job that times out names the ranks that had not finished.
@@ -13,50 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import TestbedError
-from testbed.fidelity import goodput_fraction
-from traffic import metrics
+from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
 from traffic.workload import Collective
 
-AGENT_PORT = 17000
 START_DELAY_S = 1.0
-
-
-@dataclass
-class CollectiveResult:
-    """What one collective measured (results.json fields)."""
-
-    op: str
-    algorithm: str
-    ranks: list[str]
-    bytes: int
-    duration_s: float
-    algbw_gbps: float
-    busbw_gbps: float
-    ideal_s: float
-    efficiency: float
-    flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
-    label: str = ""
-    agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
-    gap_s: float = 0.0  # compute time before it (training workloads)
-    communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
-
-
-def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
-             start_at: float, port: int = AGENT_PORT) -> dict:
-    """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
-    hosts = collectives[0].hosts
-    if any(c.hosts != hosts for c in collectives):
-        raise ValueError("one job, one rank list")
-    return {"port": port, "connections": connections, "start_at": start_at,
-            "ranks": [{"host": h, "ip": ips[h]} for h in hosts],
-            "collectives": [{"op": c.op, "gap_s": c.gap_s,
-                             "transfers": [(t.step, t.src, t.dst, t.nbytes)
-                                           for t in c.schedule.transfers]}
-                            for c in collectives]}
 
 
 def run_batch(fabric, jobs: list[tuple[list[Collective], int, float]]
@@ -90,31 +53,6 @@ def _agent_state(spec_path: Path, rank: int) -> str:
         return Path(f"{spec_path}.rank{rank}").read_text()
     except OSError:
         return "no state published"
-
-
-def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: float,
-              mtu: int) -> list[CollectiveResult]:
-    """Per-collective results from the agents' reports (pure)."""
-    out = []
-    for index, coll in enumerate(collectives):
-        per_rank = [r["collectives"][index] for r in reports]
-        start = min(c["start"] for c in per_rank)
-        end = max(c["end"] for c in per_rank)
-        duration = max(end - start, 1e-9)
-        fcts = [f["done"] - c["start"] for c in per_rank for f in c["flows"]]
-        sched = coll.schedule
-        n = sched.communicator_size
-        ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
-                                     goodput_fraction(mtu))
-        out.append(CollectiveResult(
-            coll.op, sched.algorithm, list(coll.hosts), sched.size_bytes, duration,
-            metrics.algbw_gbps(sched.size_bytes, duration),
-            metrics.busbw_gbps(coll.op, n, sched.size_bytes, duration), ideal,
-            metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
-            {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
-             "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
-            communicator_size=n))
-    return out
 
 
 def run_job(fabric, collectives: list[Collective], connections: int = 1,

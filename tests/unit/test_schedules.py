@@ -145,7 +145,7 @@ def test_nccl_log_bad_lines():
 
 
 def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
-    from traffic.runner import job_spec, summarize
+    from traffic.results import job_spec, summarize
     from traffic.workload import Collective
 
     hosts = ("a", "b")
