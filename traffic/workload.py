@@ -147,7 +147,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".") -> list[Job]:
                                                  "workload.nccl_log")))
     for i, entry in enumerate(entries):
         path = entry.pop("_where", f"workload.collectives[{i}]")
-        size = parse_size(entry.get("size", entry.get("size_bytes")), f"{path}.size")
+        size = parse_size(entry.get("size"), f"{path}.size")
         if entry.get("op") == "flows":
             ranks, sched = _pattern_flows(topo, entry, size, path)
         else:
@@ -214,13 +214,18 @@ def _read(base_dir: str, path: str, field: str) -> str:
 #   {"op": "all_reduce", "size": "16MiB", "ranks": 8, "algorithm": "ring"}
 #   {"op": "all_to_all", "size": 4194304, "ranks": [...], "concurrent": true, "t_s": 1.5}
 #
-# Keys are those of a workload entry (op, size or size_bytes, ranks, algorithm, repetitions,
-# concurrent, label) plus ``t_s``: do not start before t_s seconds after the replay began
+# Keys are those of a workload entry (op, size, ranks, algorithm, repetitions,
+# concurrent, label, pattern, seed, stride, fan_in; the schema is the list) plus ``t_s``: do not
+# start before t_s seconds after the replay began
 # (the runner waits; a collective still follows the one before it, as NCCL's stream order
 # does). Blank lines and lines starting with # are skipped.
 
-TRACE_KEYS = {"op", "size", "size_bytes", "ranks", "algorithm", "repetitions", "concurrent",
-              "label", "t_s", "pattern", "seed", "stride", "fan_in"}
+def _trace_keys() -> set[str]:
+    """A trace line takes a workload entry's keys (from the experiment schema) plus ``t_s``."""
+    from testbed.config import schema
+
+    entry = schema()["$defs"]["workload"]["properties"]["collectives"]["items"]
+    return set(entry["properties"]) | {"t_s"}
 
 
 def parse_trace(text: str, source: str = "trace") -> list[dict]:
@@ -232,6 +237,7 @@ def parse_trace(text: str, source: str = "trace") -> list[dict]:
     import json
 
     entries = []
+    allowed = _trace_keys()
     for no, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -242,10 +248,10 @@ def parse_trace(text: str, source: str = "trace") -> list[dict]:
             raise ConfigError(where, f"not JSON: {err}") from err
         if not isinstance(entry, dict):
             raise ConfigError(where, "each line is one JSON object")
-        unknown = sorted(set(entry) - TRACE_KEYS)
+        unknown = sorted(set(entry) - allowed)
         if unknown:
             raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: "
-                                                      f"{', '.join(sorted(TRACE_KEYS))})")
+                                                      f"{', '.join(sorted(allowed))})")
         t_s = entry.get("t_s", 0)
         if isinstance(t_s, bool) or not isinstance(t_s, (int, float)) or t_s < 0:
             raise ConfigError(f"{where}.t_s", f"must be a number >= 0, got {t_s!r}")
