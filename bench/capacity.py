@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,20 +27,15 @@ import itertools
 
 import yaml
 
-from testbed import config, cpu, ovs
+from fabriclab import experiment as xp
+from testbed import cpu, ovs
 from testbed.fabric import Fabric
-from testbed.fidelity import (
-    capacities,
-    ecmp_expectation,
-    goodput_fraction,
-    max_min_rates,
-    switch_hops,
-)
+from testbed.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
+from traffic import iperf
 from traffic.patterns import pattern_pairs
+from traffic.transport import goodput_fraction
 
 PINNED = ("same_edge", "same_pod", "cross_pod")
-BASE_PORT = 5201
-CLIENT_PORT = 40001
 
 
 def experiment_text(k: int, rate: float, routing: str, overrides: list[str]) -> dict:
@@ -60,57 +54,29 @@ def experiment_text(k: int, rate: float, routing: str, overrides: list[str]) -> 
     return doc
 
 
-def wait_listening(fabric: Fabric, host: str, port: int, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = fabric.hosts.popen(host, ["ss", "-Hltn", f"sport = :{port}"]).communicate()[0]
-        if out.strip():
-            return
-        time.sleep(0.05)
-    raise SystemExit(f"iperf3 server on {host}:{port} did not listen")
-
-
-def run_pattern(fabric: Fabric, pairs: list[tuple[str, str]], duration_s: int,
-                cport: int = CLIENT_PORT) -> dict:
-    """All pairs send at once; returns delivered Mbit/s, CPU and switch counters."""
+def run_pattern(fabric: Fabric, flows: list[iperf.Flow], duration_s: int) -> dict:
+    """All flows at once; returns delivered Mbit/s, CPU and switch counters."""
     topo = fabric.topo
-    servers = []
-    try:
-        for n, (_, dst) in enumerate(pairs):
-            servers.append(fabric.hosts.popen(dst, ["iperf3", "-s", "-1", "-p",
-                                                    str(BASE_PORT + n)]))
-        for n, (_, dst) in enumerate(pairs):
-            wait_listening(fabric, dst, BASE_PORT + n)
-        switch_ports = {e.ifname for l in topo.links for e in (l.a, l.b)
-                        if topo.nodes[e.node].is_switch}
-        pids = ([i.pids["ovs-vswitchd"] for i in fabric.instances] or ovs.vswitchd_pids())
-        before_c = fabric.netlink.counters(switch_ports)
-        before = cpu.sample(pids)
-        clients = {src: fabric.hosts.popen(src, ["iperf3", "-c", topo.nodes[dst].ip, "-p",
-                                                 str(BASE_PORT + n), "--cport",
-                                                 str(cport + n), "-t", str(duration_s),
-                                                 "-J"])
-                   for n, (src, dst) in enumerate(pairs)}
-        outputs = {src: p.communicate(timeout=duration_s + 60) for src, p in clients.items()}
-        after = cpu.sample(pids)
-        after_c = fabric.netlink.counters(switch_ports)
-    finally:
-        for proc in servers:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-    per_flow = {}
-    for src, (out, err) in outputs.items():
-        try:
-            per_flow[src] = json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
-        except (ValueError, KeyError) as exc:
-            raise SystemExit(f"iperf3 from {src} failed: {out[-300:]} {err[-300:]}") from exc
-    use = cpu.usage(before, after)
-    dt = after.time_s - before.time_s
+    switch_ports = {e.ifname for l in topo.links for e in (l.a, l.b)
+                    if topo.nodes[e.node].is_switch}
+    pids = [i.pids["ovs-vswitchd"] for i in fabric.instances] or ovs.vswitchd_pids()
+    before: dict = {}
+
+    def sample() -> None:
+        before["counters"] = fabric.netlink.counters(switch_ports)
+        before["cpu"] = cpu.sample(pids)
+
+    rates = iperf.run(fabric, flows, duration_s, on_start=sample)
+    after = cpu.sample(pids)
+    after_c = fabric.netlink.counters(switch_ports)
+    before_c = before["counters"]
+    use = cpu.usage(before["cpu"], after)
+    dt = after.time_s - before["cpu"].time_s
     tx_packets = sum(after_c[n]["tx_packets"] - before_c[n]["tx_packets"] for n in after_c)
     tx_bytes = sum(after_c[n]["tx_bytes"] - before_c[n]["tx_bytes"] for n in after_c)
     drops = sum(after_c[n]["tx_dropped"] - before_c[n]["tx_dropped"] for n in after_c)
-    return {"per_flow_mbps": per_flow, "delivered_mbps": sum(per_flow.values()),
+    return {"per_flow_mbps": {f.src: mbps for f, mbps in rates.items()},
+            "delivered_mbps": sum(rates.values()),
             "vswitchd_pct": sum(use.proc_pct.values()), "idle_pct": use.idle_pct,
             "pkt_hops_per_s": tx_packets / dt, "byte_hops_per_s": tx_bytes / dt,
             "avg_packet_bytes": tx_bytes / max(tx_packets, 1), "tx_dropped": drops}
@@ -137,22 +103,22 @@ def main() -> int:
             patterns = [p for p in args.patterns if (p in PINNED) == (routing == "dmodk")]
             if not patterns:
                 continue
-            exp = config.parse(experiment_text(args.k, rate, routing, args.overrides),
-                               source="bench")
+            exp = xp.parse(experiment_text(args.k, rate, routing, args.overrides),
+                           source="bench")
             with Fabric(exp) as fabric:
                 runs = [(p, 1) for p in patterns if p != "permutation"]
                 runs += [("permutation", seed) for seed in range(1, args.seeds + 1)
                          if "permutation" in patterns]
                 for index, (pattern, seed) in enumerate(runs):
-                    cport = CLIENT_PORT + 100 * index  # TIME_WAIT keeps earlier ones busy
                     pairs = pattern_pairs(fabric.topo, pattern, seed=seed)
+                    # client ports move on: TIME_WAIT keeps earlier ones busy
+                    flows = iperf.plan(pairs, client_port=iperf.CLIENT_PORT + 100 * index)
                     ideal = rate * goodput_fraction(exp.fabric.mtu) * len(pairs)
                     expect = (ecmp_expectation(fabric.topo, pairs, seed=seed)
                               if routing == "ecmp" else 1.0)
-                    res = run_pattern(fabric, pairs, args.duration, cport)
-                    paths = [tuple(itertools.pairwise(p)) for p in
-                             (fabric.flow_path(s, d, "tcp", cport + n, BASE_PORT + n)
-                              for n, (s, d) in enumerate(pairs))]
+                    res = run_pattern(fabric, flows, args.duration)
+                    paths = [tuple(itertools.pairwise(
+                        fabric.flow_path(f.src, f.dst, "tcp", f.cport, f.port))) for f in flows]
                     given = sum(max_min_rates(paths, capacities(fabric.topo))) / (
                         rate * len(pairs))
                     row = {"pattern": pattern, "seed": seed, "routing": routing,

@@ -1,8 +1,10 @@
-"""os-ken application: a thin shim over :class:`controllers.policy.FabricPolicy`.
+"""os-ken application: a thin shim over :class:`controllers.policy.FabricPolicy` and
+:class:`controllers.session.Session`.
 
-Each handler decodes an OpenFlow event, asks the policy what to do (passing ``now``), and sends
-the returned ops. The app publishes its view in a JSON status file (switches connected and
-programmed, port and wiring mismatches, error replies, handler exceptions) that the testbed polls.
+Each handler decodes an OpenFlow event, asks the policy what to do (passing ``now``), sends the
+returned ops (translated by :mod:`controllers.ofmsgs`) and tells the session what it sent and
+received. The session's status document (switches connected and programmed, port and wiring
+mismatches, error replies, handler exceptions) is written to a JSON file the testbed polls.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import functools
 import json
 import logging
 import os
-import struct
 import threading
 import time
 import traceback
@@ -28,13 +29,10 @@ from os_ken.lib import hub
 from os_ken.lib.packet import arp, ethernet, lldp, packet
 from os_ken.ofproto import ofproto_v1_5
 
-from controllers.policy import (
-    CONTROLLER_PORT,
-    ETH_TYPE_ARP,
-    ETH_TYPE_LLDP,
-    FabricPolicy,
-    Op,
-)
+from controllers.ofmsgs import to_messages
+from controllers.policy import ETH_TYPE_ARP, ETH_TYPE_LLDP, FabricPolicy, Op, OpKind
+from controllers.session import Session
+from testbed.files import write_json_atomic
 from testbed.topology import from_dict
 
 LOG = logging.getLogger("fabriclab.controller")
@@ -51,7 +49,7 @@ def _guarded(handler):
             with self.lock:
                 handler(self, ev)
         except Exception:
-            self.errors.append(f"exception in {handler.__name__}: {traceback.format_exc()}")
+            self.session.error(f"exception in {handler.__name__}: {traceback.format_exc()}")
             self.write_status()
             raise
     return wrapper
@@ -66,43 +64,17 @@ class FabricController(app_manager.OSKenApp):
         super().__init__(*args, **kwargs)
         conf = self.CONF.fabriclab
         with open(conf.topology, encoding="utf-8") as fh:
-            self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing or "ecmp",
-                                       conf.ecmp_seed or "per_switch")
+            self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed)
+        self.session = Session(self.policy)
         self.status_path = conf.status
         self.lock = threading.RLock()
         self.datapaths: dict[str, object] = {}
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
-        self.pending_barriers: dict[str, set[int]] = {}
-        self.programmed: set[str] = set()
-        self.errors: list[str] = []
-        self.wiring: dict[tuple[str, int], str | None] = {}
-        self.fabric_ends = [(e.node, e.port) for l in self.policy.topo.links
-                            if l.tier == "fabric" for e in (l.a, l.b)]
         self.write_status()
         hub.spawn(self._lldp_loop)
 
-    # -- status ----------------------------------------------------------------------------
     def write_status(self) -> None:
-        topo = self.policy.topo
-        status = {
-            "pid": os.getpid(),
-            "time": time.time(),
-            "switches_expected": len(topo.switches),
-            "connected": sorted(self.policy.connected),
-            "programmed": sorted(self.programmed),
-            "port_mismatches": [str(m) for ms in self.policy.mismatches.values() for m in ms],
-            "wiring_mismatches": sorted(t for t in self.wiring.values() if t),
-            "wiring_verified": sum(1 for e in self.fabric_ends if self.wiring.get(e) is None
-                                   and e in self.wiring),
-            "wiring_expected": len(self.fabric_ends),
-            "links_down": sorted(n for n, up in self.policy.link_state().items() if not up),
-            "errors": self.errors[-50:],
-            "events": [f"{t:.3f} {text}" for t, text in self.policy.events[-200:]],
-        }
-        tmp = f"{self.status_path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(status, fh, indent=1)
-        os.replace(tmp, self.status_path)
+        write_json_atomic(self.status_path, self.session.status(time.time(), os.getpid()))
 
     # -- sending -----------------------------------------------------------------------------
     def _send(self, name: str, ops: list[Op]) -> None:
@@ -110,12 +82,10 @@ class FabricController(app_manager.OSKenApp):
         if dp is None:
             return
         for op in ops:
-            msgs = _to_messages(dp, op)
-            for msg in msgs:
+            for msg in to_messages(dp, op):
                 dp.send_msg(msg)
-                if op.kind == "barrier":
-                    self.pending_barriers.setdefault(name, set()).add(msg.xid)
-                    self.programmed.discard(name)
+                if op.kind == OpKind.BARRIER:
+                    self.session.barrier_sent(name, msg.xid)
 
     def _send_all(self, per_switch: dict[str, list[Op]]) -> None:
         for name, ops in per_switch.items():
@@ -144,7 +114,7 @@ class FabricController(app_manager.OSKenApp):
         ops = self.policy.switch_connected(dp.id, ports, time.time())
         if switch is not None:
             self.datapaths[switch.name] = dp
-            self.pending_barriers.pop(switch.name, None)  # a reconnect starts from scratch
+            self.session.connected(switch.name)  # a reconnect starts from scratch
             self._send(switch.name, ops)
             self._send_all(self.policy.reconcile())
         self.write_status()
@@ -158,9 +128,7 @@ class FabricController(app_manager.OSKenApp):
         switch = self.policy.topo.switch_by_dpid(dp.id)
         if switch is not None and self.datapaths.get(switch.name) is dp:
             del self.datapaths[switch.name]
-            self.programmed.discard(switch.name)
-            # barriers sent on the dead connection are never answered
-            self.pending_barriers.pop(switch.name, None)
+            self.session.disconnected(switch.name)
             self.policy.switch_disconnected(dp.id, time.time())
             self.write_status()
 
@@ -179,10 +147,7 @@ class FabricController(app_manager.OSKenApp):
         switch = self.policy.topo.switch_by_dpid(ev.msg.datapath.id)
         if switch is None:
             return
-        pending = self.pending_barriers.get(switch.name, set())
-        pending.discard(ev.msg.xid)
-        if not pending:
-            self.programmed.add(switch.name)
+        self.session.barrier_replied(switch.name, ev.msg.xid)
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -191,7 +156,7 @@ class FabricController(app_manager.OSKenApp):
         msg = ev.msg
         switch = self.policy.topo.switch_by_dpid(msg.datapath.id)
         name = switch.name if switch else f"{msg.datapath.id:016x}"
-        self.errors.append(f"{name}: OpenFlow error type={msg.type} code={msg.code} "
+        self.session.error(f"{name}: OpenFlow error type={msg.type} code={msg.code} "
                            f"data={msg.data[:64].hex()}")
         self.write_status()
 
@@ -219,13 +184,7 @@ class FabricController(app_manager.OSKenApp):
             peer_port = int(port_tlv.port_id.decode())
         except (ValueError, AttributeError):
             return
-        switch = self.policy.topo.switch_by_dpid(dp.id)
-        if switch is None:
-            return
-        before = dict(self.wiring)
-        self.wiring[(switch.name, in_port)] = self.policy.lldp_seen(
-            dp.id, in_port, peer_dpid, peer_port, time.time())
-        if self.wiring != before:
+        if self.session.lldp_seen(dp.id, in_port, peer_dpid, peer_port, time.time()):
             self.write_status()
 
     def _on_arp(self, dp, in_port: int, req) -> None:
@@ -252,8 +211,8 @@ class FabricController(app_manager.OSKenApp):
         then at a slower pace (a rewiring or a miscabled port shows up later too)."""
         while True:
             with self.lock:
-                verified = len(self.wiring) >= len(self.fabric_ends)
-                for name in sorted(self.programmed):
+                verified = self.session.wiring_complete
+                for name in sorted(self.session.programmed):
                     self._send_probes(name)
             hub.sleep(LLDP_INTERVAL_S * (5 if verified else 1))
 
@@ -275,70 +234,5 @@ class FabricController(app_manager.OSKenApp):
             self._packet_out(dp, port, pkt)
 
 
-class HashSelection:
-    """Open vSwitch's group property ``selection_method=hash`` (an ONF/NTR experimenter
-    property of OpenFlow 1.5 group mods): the switch hashes the 5-tuple with ``basis`` to pick a
-    bucket, in the slow path, so the datapath needs no recirculation (OVS's default, dp_hash,
-    recirculates every packet and seeds every switch alike)."""
-
-    EXPERIMENTER_NTR = 0x0000154D
-    NTRT_SELECTION_METHOD = 1
-    OFPGPT_EXPERIMENTER = 0xFFFF
-    # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
-    FIELDS = ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2))
-
-    def __init__(self, basis: int) -> None:
-        self.basis = basis
-
-    def serialize(self) -> bytes:
-        fields = b"".join(struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
-                          for field, width in self.FIELDS)
-        length = 40 + len(fields)
-        body = struct.pack("!HHII4x16sQ", self.OFPGPT_EXPERIMENTER, length,
-                           self.EXPERIMENTER_NTR, self.NTRT_SELECTION_METHOD, b"hash",
-                           self.basis) + fields
-        return body + b"\0" * (-len(body) % 8)
-
-
 def _live(ofp, port) -> bool:
     return not (port.state & ofp.OFPPS_LINK_DOWN) and not (port.config & ofp.OFPPC_PORT_DOWN)
-
-
-def _to_messages(dp, op: Op) -> list:
-    """Translate one policy op into OpenFlow 1.5 messages for ``dp``."""
-    ofp, parser = dp.ofproto, dp.ofproto_parser
-    if op.kind == "clear":
-        return [parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
-                                  out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                                  match=parser.OFPMatch()),
-                parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL)]
-    if op.kind == "barrier":
-        return [parser.OFPBarrierRequest(dp)]
-    if op.kind in ("group_add", "group_mod", "group_del"):
-        command = {"group_add": ofp.OFPGC_ADD, "group_mod": ofp.OFPGC_MODIFY,
-                   "group_del": ofp.OFPGC_DELETE}[op.kind]
-        buckets = [parser.OFPBucket(
-            bucket_id=i, actions=[parser.OFPActionOutput(p)],
-            properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)])
-            for i, p in enumerate(op.entry.ports)]
-        props = [] if op.kind == "group_del" else [HashSelection(op.entry.hash_basis)]
-        return [parser.OFPGroupMod(dp, command=command, type_=ofp.OFPGT_SELECT,
-                                   group_id=op.entry.group_id, buckets=buckets,
-                                   properties=props)]
-    entry = op.entry
-    match = parser.OFPMatch(**dict(entry.match))
-    if op.kind == "flow_del":
-        return [parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE_STRICT, priority=entry.priority,
-                                  out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=match)]
-    actions = []
-    for name, value in entry.actions:
-        if name == "output":
-            port = ofp.OFPP_CONTROLLER if value == CONTROLLER_PORT else value
-            actions.append(parser.OFPActionOutput(port, ofp.OFPCML_NO_BUFFER))
-        elif name == "group":
-            actions.append(parser.OFPActionGroup(value))
-        else:
-            raise ValueError(f"unknown action {name}")
-    inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []
-    return [parser.OFPFlowMod(dp, command=ofp.OFPFC_ADD, priority=entry.priority, match=match,
-                              instructions=inst)]

@@ -12,14 +12,19 @@ import os
 import signal
 import sys
 
+from testbed.spec import ControllerSpec, EcmpSeed, Routing
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, configure os-ken and run the fabric controller until signalled."""
     parser = argparse.ArgumentParser(prog="fabriclab-controller")
     parser.add_argument("--topology", required=True, help="intended topology (JSON)")
     parser.add_argument("--status", required=True, help="status file the app keeps current")
-    parser.add_argument("--routing", default="ecmp", help="ecmp or dmodk")
-    parser.add_argument("--ecmp-seed", default="per_switch", help="per_switch or shared")
+    defaults = ControllerSpec()
+    parser.add_argument("--routing", type=Routing, choices=list(Routing),
+                        default=defaults.routing)
+    parser.add_argument("--ecmp-seed", type=EcmpSeed, choices=list(EcmpSeed),
+                        default=defaults.ecmp_seed)
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
@@ -39,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
              project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
     cfg.CONF.set_override("status", args.status, group="fabriclab")
-    cfg.CONF.set_override("routing", args.routing, group="fabriclab")
-    cfg.CONF.set_override("ecmp_seed", args.ecmp_seed, group="fabriclab")
+    cfg.CONF.set_override("routing", str(args.routing), group="fabriclab")
+    cfg.CONF.set_override("ecmp_seed", str(args.ecmp_seed), group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

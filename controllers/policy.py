@@ -29,8 +29,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from testbed.topology import Link, Node, Topology
+from testbed.spec import EcmpSeed, Routing
+from testbed.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_ARP = 0x0806
@@ -42,10 +44,7 @@ PRIORITY_PREFIX = 100
 PRIORITY_REMOTE_HOST = 150
 PRIORITY_HOST = 200
 
-ROUTINGS = ("ecmp", "dmodk")
-ECMP_SEEDS = ("per_switch", "shared")
 SHARED_HASH_BASIS = 0
-TIER = {"edge": 0, "leaf": 0, "agg": 1, "spine": 1, "core": 2}
 PRIORITY_PUNT = 300
 
 
@@ -86,12 +85,24 @@ class SwitchTables:
         self.groups[entry.group_id] = entry
 
 
+class OpKind(StrEnum):
+    """What an :class:`Op` does to a switch."""
+
+    CLEAR = "clear"  # delete every flow and group
+    GROUP_ADD = "group_add"
+    GROUP_MOD = "group_mod"
+    GROUP_DEL = "group_del"
+    FLOW_ADD = "flow_add"  # add or replace (same priority and match)
+    FLOW_DEL = "flow_del"
+    BARRIER = "barrier"  # the switch answers once everything before it is applied
+
+
 @dataclass(frozen=True)
 class Op:
-    """One change to a switch: ``kind`` is clear, group_add, group_mod, group_del, flow_add,
-    flow_del, or barrier; ``entry`` is the FlowEntry/GroupEntry concerned."""
+    """One change to a switch; ``entry`` is the FlowEntry/GroupEntry concerned (None for
+    clear and barrier)."""
 
-    kind: str
+    kind: OpKind
     entry: FlowEntry | GroupEntry | None = None
 
 
@@ -121,14 +132,14 @@ def _prefix_match(subnet: str) -> tuple[tuple[str, object], ...]:
 def hash_basis(switch: Node, seed: str) -> int:
     """The 32-bit ECMP hash basis of ``switch``: derived from its datapath id (reproducible from
     run to run) for ``per_switch``, the same everywhere for ``shared``."""
-    if seed == "shared":
+    if seed == EcmpSeed.SHARED:
         return SHARED_HASH_BASIS
     x = (switch.dpid or 0) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
     return (x ^ (x >> 29)) & 0xFFFFFFFF or 1
 
 
-def compute_tables(topo: Topology, link_up: dict[str, bool], routing: str = "ecmp",
-                   ecmp_seed: str = "per_switch") -> dict[str, SwitchTables]:
+def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = Routing.ECMP,
+                   ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH) -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
@@ -140,12 +151,9 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: str = "ecm
     Returns:
         switch name -> desired tables.
     """
-    if routing not in ROUTINGS:
-        raise ValueError(f"unknown routing {routing!r}")
-    if ecmp_seed not in ECMP_SEEDS:
-        raise ValueError(f"unknown ecmp seed {ecmp_seed!r}")
+    routing, ecmp_seed = Routing(routing), EcmpSeed(ecmp_seed)  # ValueError when unknown
     tables = _base_tables(topo)
-    if routing == "ecmp":
+    if routing == Routing.ECMP:
         _add_ecmp(topo, link_up, ecmp_seed, tables)
     else:
         _add_dmodk(topo, link_up, tables)
@@ -166,7 +174,7 @@ def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
                 t.add_flow(FlowEntry(PRIORITY_HOST, (("eth_type", ETH_TYPE_IPV4),
                                                      ("ipv4_dst", (host.ip, "255.255.255.255"))),
                                      (("output", port),)))
-        if sw.role in ("edge", "leaf"):
+        if sw.role in ACCESS_ROLES:
             t.add_flow(FlowEntry(PRIORITY_PUNT, (("eth_type", ETH_TYPE_ARP),),
                                  (("output", CONTROLLER_PORT),)))
     return tables
@@ -200,7 +208,7 @@ def _add_dmodk(topo: Topology, link_up: dict[str, bool],
             for host in local:
                 if not live:
                     continue
-                d = number[host] // choices ** TIER.get(sw.role, 0)
+                d = number[host] // choices ** ROLE_TIER[sw.role]
                 port = live[(d % choices) % len(live)]
                 tables[sw.name].add_flow(FlowEntry(
                     PRIORITY_REMOTE_HOST, (("eth_type", ETH_TYPE_IPV4),
@@ -244,24 +252,24 @@ def diff_tables(old: SwitchTables | None, new: SwitchTables) -> list[Op]:
     """
     ops: list[Op] = []
     if old is None:
-        ops.append(Op("clear"))
+        ops.append(Op(OpKind.CLEAR))
         old = SwitchTables()
     for gid, group in sorted(new.groups.items()):
         if gid not in old.groups:
-            ops.append(Op("group_add", group))
+            ops.append(Op(OpKind.GROUP_ADD, group))
         elif old.groups[gid] != group:
-            ops.append(Op("group_mod", group))
+            ops.append(Op(OpKind.GROUP_MOD, group))
     for key, flow in sorted(new.flows.items(), key=lambda kv: _sort_key(kv[0])):
         if old.flows.get(key) != flow:
-            ops.append(Op("flow_add", flow))  # OFPFC_ADD replaces an identical match
+            ops.append(Op(OpKind.FLOW_ADD, flow))  # OFPFC_ADD replaces an identical match
     for key, flow in sorted(old.flows.items(), key=lambda kv: _sort_key(kv[0])):
         if key not in new.flows:
-            ops.append(Op("flow_del", flow))
+            ops.append(Op(OpKind.FLOW_DEL, flow))
     for gid, group in sorted(old.groups.items()):
         if gid not in new.groups:
-            ops.append(Op("group_del", group))
+            ops.append(Op(OpKind.GROUP_DEL, group))
     if ops:
-        ops.append(Op("barrier"))
+        ops.append(Op(OpKind.BARRIER))
     return ops
 
 
@@ -284,13 +292,15 @@ class FabricPolicy:
 
     Args:
         topo: the intended topology.
+        routing: the routing mode.
+        ecmp_seed: the ECMP hash basis (ecmp only).
     """
 
-    def __init__(self, topo: Topology, routing: str = "ecmp",
-                 ecmp_seed: str = "per_switch") -> None:
+    def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
+                 ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH) -> None:
         self.topo = topo
-        self.routing = routing
-        self.ecmp_seed = ecmp_seed
+        self.routing = Routing(routing)
+        self.ecmp_seed = EcmpSeed(ecmp_seed)
         self.port_up: dict[tuple[str, int], bool] = {}
         self.installed: dict[str, SwitchTables] = {}
         self.connected: set[str] = set()

@@ -1,4 +1,4 @@
-"""Probe what the running kernel and Open vSwitch can do, once per boot.
+"""Probe what the running kernel can do for a fabric, once per boot.
 
 Qdiscs are probed by asking the kernel to create each kind, without options, on the loopback
 device of a throwaway anonymous network namespace: ENOENT means the kind is unknown to this kernel (its
@@ -21,7 +21,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from testbed import ovs
+from testbed.files import write_json_atomic
 from testbed.netlink import in_netns
 
 PROBED_QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "fq", "sfq",
@@ -35,7 +35,6 @@ class Capabilities:
 
     kernel: str
     ovs_kernel_datapath: bool
-    ovs_iface_types: list[str] = field(default_factory=list)
     qdiscs: dict[str, bool] = field(default_factory=dict)
 
     @property
@@ -92,11 +91,8 @@ def probe_ovs_kernel_datapath() -> bool:
 
 
 def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
-    """Return the machine's capabilities, probing the kernel once per boot.
-
-    The OVS part (interface types) is read every time: it is cheap and it
-    changes when the daemons are reconfigured.
-    """
+    """Return the machine's capabilities, probing the kernel once per boot (the cache in
+    ``state_dir`` is keyed by the boot id; an unreadable cache is probed again)."""
     cache = state_dir / "capabilities.json"
     boot = _boot_id()
     kernel = os.uname().release
@@ -106,14 +102,13 @@ def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
             cached = json.loads(cache.read_text())
         except (OSError, ValueError):
             cached = None
-    if cached and cached.get("boot_id") == boot:
+    if (isinstance(cached, dict) and cached.get("boot_id") == boot
+            and isinstance(cached.get("qdiscs"), dict) and "ovs_kernel_datapath" in cached):
         caps = Capabilities(kernel, cached["ovs_kernel_datapath"], qdiscs=cached["qdiscs"])
     else:
         caps = Capabilities(kernel, probe_ovs_kernel_datapath(), qdiscs=probe_qdiscs())
         state_dir.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"boot_id": boot, "kernel": kernel,
-                                     "ovs_kernel_datapath": caps.ovs_kernel_datapath,
-                                     "qdiscs": caps.qdiscs}, indent=1))
-    types = ovs.vsctl("get", "Open_vSwitch", ".", "iface_types").strip()
-    caps.ovs_iface_types = [t.strip() for t in types.strip("[]").split(",") if t.strip()]
+        write_json_atomic(cache, {"boot_id": boot, "kernel": kernel,
+                                  "ovs_kernel_datapath": caps.ovs_kernel_datapath,
+                                  "qdiscs": caps.qdiscs})
     return caps

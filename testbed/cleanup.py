@@ -37,11 +37,12 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     report = report or CleanReport()
     errors_before = len(report.errors)
     try:
-        existing = set(ovs.bridges_by_run())
-        mine = [b for b in record.bridges if b in existing]
-        ovs.delete_bridges(mine)
-        ovs.delete_qos({record.run_id})
-        report.bridges += len(mine)
+        if record.bridges:  # bridges and QoS rows of the machine's Open vSwitch
+            existing = set(ovs.bridges_by_run())
+            mine = [b for b in record.bridges if b in existing]
+            ovs.delete_bridges(mine)
+            ovs.delete_qos({record.run_id})
+            report.bridges += len(mine)
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: bridges: {err}")
     hosts = [p for p in record.processes if p.role.startswith("host:")]
@@ -57,10 +58,11 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
         except OSError as err:
             report.errors.append(f"{record.run_id}: stopping {[p.pid for p in stage]}: {err}")
     try:
-        with Netlink() as nl:
-            for name in sorted(nl.existing(set(record.links) | set(record.bridges))):
-                if nl.delete(name):
-                    report.links += 1
+        if record.links or record.bridges:
+            with Netlink() as nl:
+                for name in sorted(nl.existing(set(record.links) | set(record.bridges))):
+                    if nl.delete(name):
+                        report.links += 1
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: links: {err}")
     if len(report.errors) == errors_before:
@@ -73,10 +75,13 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
 
 def clean(registry: Registry, include_live: bool = False) -> CleanReport:
     """Clean every recorded run whose owner is gone (or all, with ``include_live``), then any
-    fabriclab-tagged OVS bridge that no live run owns."""
+    fabriclab-tagged OVS bridge that no live run owns. A record that cannot be read is an error
+    of the report (its resources stay until someone looks), never skipped in silence."""
     report = CleanReport()
     live_ids = set()
-    for record in registry.runs():
+    records, unreadable = registry.scan()
+    report.errors += unreadable
+    for record in records:
         if record.owner_alive() and not include_live:
             live_ids.add(record.run_id)
             report.skipped.append(f"{record.run_id} (pid {record.owner_pid} still running)")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from testbed.procfs import CLK_TCK, read_stat
 
 
 @dataclass(frozen=True)
@@ -29,12 +28,8 @@ def _machine() -> tuple[int, int]:
 
 def process_cpu_s(pid: int) -> float | None:
     """User+system CPU seconds of ``pid`` and its threads, None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    stat = read_stat(pid)
+    return None if stat is None else stat.cpu_s
 
 
 def sample(pids: list[int]) -> CpuSample:

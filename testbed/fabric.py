@@ -1,9 +1,15 @@
-"""A running fabric: build the topology model on this machine, and take it down again.
+"""A running fabric: build a :class:`testbed.spec.TestbedSpec` on this machine, and take it down.
 
 :class:`Fabric` is a context manager. Everything it creates is recorded in a run record before it
 is created, and removed in ``__exit__`` (normal exit, exception, Ctrl-C, or SIGTERM turned into an
 exception by the CLI). A run killed with SIGKILL is removed by ``fabriclab clean`` or by the next
 fabric that comes up.
+
+Fabric services: whatever lives exactly as long as the fabric (the controller, traffic agents,
+iperf3, and the pollers, exporters and agents of later features) starts through
+:meth:`Fabric.spawn` (a process, in a host's namespace or this machine's) or
+:meth:`Fabric.start_thread` (a thread given a stop event). Both are registered like every other
+resource and ended by :meth:`Fabric.down`, processes by their recorded PID.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,23 +28,24 @@ from pathlib import Path
 from typing import Self
 
 from testbed import capabilities, cleanup, ovs
-from testbed.config import Experiment
 from testbed.errors import ConfigError, TestbedError
 from testbed.fidelity import FidelityVerdict, assess
 from testbed.mininet_hosts import Hosts
 from testbed.netlink import Netlink
+from testbed.poll import wait_for
 from testbed.reachability import (
     Reachability,
     evaluate,
     fping_command,
     probe_interval_ms,
 )
-from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord
+from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
+from testbed.spec import Fidelity, TestbedSpec
 from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
 
 STARTUP_WORKERS = 16
-POLL_S = 0.05
+THREAD_JOIN_S = 10.0
 
 
 def _free_port() -> int:
@@ -66,15 +74,15 @@ class Fabric:
     """One emulated fabric, up between ``__enter__`` and ``__exit__``.
 
     Args:
-        experiment: the validated experiment.
+        spec: what to build (an experiment is one).
         state_dir: where run records and the capability cache live.
         log: called with progress lines.
     """
 
-    def __init__(self, experiment: Experiment, state_dir: Path = DEFAULT_STATE_DIR,
+    def __init__(self, spec: TestbedSpec, state_dir: Path = DEFAULT_STATE_DIR,
                  log: Callable[[str], None] = lambda _msg: None) -> None:
-        self.experiment = experiment
-        self.topo = experiment.topology
+        self.spec = spec
+        self.topo = spec.topology
         self.registry = Registry(state_dir)
         self.log = log
         self.timings: dict[str, float] = {}
@@ -88,6 +96,8 @@ class Fabric:
         self.fidelity: FidelityVerdict | None = None
         self.warnings: list[str] = []
         self.switch_instance: dict[str, ovs.Instance] = {}
+        self._processes: list[subprocess.Popen] = []
+        self._threads: list[tuple[threading.Thread, threading.Event]] = []
 
     @property
     def run_dir(self) -> Path:
@@ -102,8 +112,11 @@ class Fabric:
     def __enter__(self) -> Self:
         try:
             self.up()
-        except BaseException:
-            self.down()
+        except BaseException as err:
+            try:
+                self.down()
+            except Exception as down_err:  # the build error stays the one raised
+                err.add_note(f"and tearing down after it failed too: {down_err}")
             raise
         return self
 
@@ -129,6 +142,12 @@ class Fabric:
             return
         start = time.monotonic()
         with signals_deferred():
+            for thread, stop in self._threads:
+                stop.set()
+            for thread, _ in self._threads:
+                thread.join(THREAD_JOIN_S)
+            stuck = [t.name for t, _ in self._threads if t.is_alive()]
+            self._threads.clear()
             if self.hosts is not None:
                 self.hosts.stop()
                 self.hosts = None
@@ -136,14 +155,75 @@ class Fabric:
                 self.netlink.close()
                 self.netlink = None
             report = cleanup.clean_record(self.record, self.registry, keep_run_dir=False)
-            if self.controller is not None:
-                self.controller.wait()
-                self.controller = None
+            for proc in self._processes:  # ended by PID above: reap them
+                _reap(proc)
+            self._processes.clear()
+            self.controller = None
+            if stuck:
+                report.errors.append(f"service threads did not stop: {', '.join(stuck)}")
             if report.errors:
                 raise TestbedError("teardown incomplete (run 'fabriclab clean'):\n  "
                                    + "\n  ".join(report.errors))
             self.record = None
         self.timings["down_total"] = time.monotonic() - start
+
+    # -- fabric services ---------------------------------------------------------------------
+    def spawn(self, host: str | None, argv: list[str], role: str,
+              **popen_kwargs) -> subprocess.Popen:
+        """Start a process that lives at most as long as the fabric.
+
+        Args:
+            host: the host whose network namespace it runs in; None: this machine's.
+            argv: the command.
+            role: what it is, for the run record and errors (``agent:17000:h1_1_1``).
+            popen_kwargs: passed to ``subprocess.Popen`` (in a host: stdout and stderr default
+                to text pipes).
+
+        Returns:
+            The process, tracked by PID in the run record; :meth:`stop` ends it early,
+            :meth:`down` (or ``fabriclab clean`` after a SIGKILL) ends it otherwise.
+        """
+        if self.record is None:
+            raise TestbedError(f"{role}: the fabric is not up")
+        if host is None:
+            popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+            proc = subprocess.Popen(argv, start_new_session=True, **popen_kwargs)
+        else:
+            proc = self.hosts.popen(host, argv, **popen_kwargs)
+        self._processes.append(proc)
+        self.registry.track_process(self.record, proc.pid, role)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, timeout_s: float = 5.0) -> int:
+        """End a spawned process now (SIGTERM to its group, SIGKILL after ``timeout_s``; a
+        process that already exited is only reaped) and drop it from the run record.
+
+        Returns:
+            Its exit code.
+        """
+        tracked = [p for p in self.record.processes if p.pid == proc.pid] if self.record else []
+        stop_processes(tracked, timeout_s)
+        _reap(proc)
+        if proc in self._processes:
+            self._processes.remove(proc)
+        if self.record is not None:
+            self.registry.untrack_process(self.record, proc.pid)
+        return proc.returncode
+
+    def start_thread(self, target: Callable[[threading.Event], None],
+                     role: str) -> threading.Thread:
+        """Run ``target(stop)`` in a daemon thread until :meth:`down` sets ``stop``.
+
+        The target must return soon after ``stop`` is set (it is joined for
+        ``THREAD_JOIN_S``; one that is not done by then is reported as a teardown error).
+        """
+        if self.record is None:
+            raise TestbedError(f"{role}: the fabric is not up")
+        stop = threading.Event()
+        thread = threading.Thread(target=target, args=(stop,), name=role, daemon=True)
+        self._threads.append((thread, stop))
+        thread.start()
+        return thread
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         t0 = time.monotonic()
@@ -155,7 +235,7 @@ class Fabric:
     def _check_machine(self) -> capabilities.Capabilities:
         ovs.check_running()
         caps = capabilities.probe(self.registry.state_dir)
-        for path, kind in self.experiment.required_qdiscs():
+        for path, kind in self.spec.required_qdiscs():
             if not caps.has_qdisc(kind):
                 raise ConfigError(path, f"needs the '{kind}' qdisc, which this kernel "
                                   f"({caps.kernel}) does not have (module sch_{kind} missing)")
@@ -163,11 +243,11 @@ class Fabric:
 
     def _check_fidelity(self) -> None:
         """Refuse (or warn about) a fabric whose full load exceeds this machine's budget."""
-        mode = self.experiment.emulator.fidelity
-        if self.caps.datapath_type != "netdev" or mode == "off":
+        mode = self.spec.emulator.fidelity
+        if self.caps.datapath_type != "netdev" or mode == Fidelity.OFF:
             return
-        self.fidelity = verdict = assess(self.topo, self.experiment.fabric.mtu)
-        if verdict.overloaded and mode == "strict":
+        self.fidelity = verdict = assess(self.topo, self.spec.fabric.mtu)
+        if verdict.overloaded and mode == Fidelity.STRICT:
             raise ConfigError("fabric.host_link.rate_mbps",
                               f"too fast for this machine: {verdict.explain()}. Lower the rates, "
                               "or set emulator.fidelity: warn to measure the emulator anyway")
@@ -179,6 +259,9 @@ class Fabric:
         report = cleanup.clean(self.registry)  # runs killed with SIGKILL
         if report.runs:
             self.log(f"cleaned {len(report.runs)} stale run(s)")
+        if report.errors:
+            raise TestbedError("cannot clean what earlier runs left behind (see 'fabriclab "
+                               "clean'):\n  " + "\n  ".join(report.errors))
         live = [r for r in self.registry.runs() if r.owner_alive()]
         if live:
             raise TestbedError(f"another fabric is up (run {live[0].run_id}, pid "
@@ -196,14 +279,12 @@ class Fabric:
         self.of_port = _free_port()
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
                "--status", str(self.status_path), "--port", str(self.of_port),
-               "--routing", self.experiment.controller.routing,
-               "--ecmp-seed", self.experiment.controller.ecmp_seed,
+               "--routing", self.spec.controller.routing,
+               "--ecmp-seed", self.spec.controller.ecmp_seed,
                "--log", str(self.run_dir / "controller.log")]
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
-            self.controller = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                               stdout=subprocess.DEVNULL, stderr=err,
-                                               start_new_session=True)
-        self.registry.track_process(self.record, self.controller.pid, "controller")
+            self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,
+                                         stderr=err)
 
     def _start_hosts(self) -> None:
         def track(name: str, pid: int) -> None:
@@ -215,14 +296,14 @@ class Fabric:
         return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
 
     def _create_links(self) -> None:
-        fab = self.experiment.fabric
+        fab = self.spec.fabric
         self.record.links = [n for l in self.topo.links for n in self._root_ends(l)]
         self.registry.save(self.record)
         nl, mtu = self.netlink, fab.mtu
         for link in self.topo.links:
-            spec = fab.host_link if link.tier == "host" else fab.fabric_link
+            tier = fab.link(link.tier)
             plan = plan_shaping(link.rate_mbps, mtu, fab.queue_kb, fab.queue_packets,
-                                spec.delay_us, spec.loss_percent)
+                                tier.delay_us, tier.loss_percent)
             if link.tier == "host":
                 host = self.topo.nodes[link.a.node]
                 pid = self.hosts.pid(host.name)
@@ -250,12 +331,12 @@ class Fabric:
         self.record.bridges = sorted(specs)
         self.registry.save(self.record)
         target = f"tcp:127.0.0.1:{self.of_port}"
-        mtu = self.experiment.fabric.mtu
+        mtu = self.spec.fabric.mtu
         if self.caps.datapath_type != "netdev":
             ovs.create_bridges(list(specs.values()), self.record.run_id, self.caps.datapath_type,
                                target, mtu)
             return
-        wanted = self.experiment.emulator.vswitchd_instances
+        wanted = self.spec.emulator.vswitchd_instances
         shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted))
         instances = [ovs.Instance(self.run_dir / f"ovs{i}", f"ovs{i}")
                      for i in range(len(shards))]
@@ -264,7 +345,7 @@ class Fabric:
 
         def start(inst: ovs.Instance, names: list[str]) -> None:
             inst.start_db({"userspace-tso-enable": "true",
-                           **self.experiment.emulator.ovs_other_config})
+                           **self.spec.emulator.ovs_other_config})
             self.registry.track_process(self.record, inst.pids["ovsdb-server"],
                                         f"ovs:{inst.name}:ovsdb-server")
             inst.start_switch()
@@ -280,16 +361,16 @@ class Fabric:
         self.registry.save(self.record)
 
     def _wait_listening(self, timeout_s: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             self._check_controller_alive()
             try:
                 with socket.create_connection(("127.0.0.1", self.of_port), timeout=0.2):
-                    return
+                    return True
             except OSError:
-                time.sleep(POLL_S)
-        raise TestbedError(f"controller did not listen on 127.0.0.1:{self.of_port} within "
-                           f"{timeout_s:.0f} s; see {self.run_dir / 'controller.log'}")
+                return False
+
+        wait_for(listening, timeout_s, f"the controller to listen on 127.0.0.1:{self.of_port} "
+                                       f"(see {self.run_dir / 'controller.log'})")
 
     def _check_controller_alive(self) -> None:
         if self.controller is not None and self.controller.poll() is not None:
@@ -305,22 +386,26 @@ class Fabric:
             return {}
 
     def _wait_programmed(self) -> None:
-        timeout_s = self.experiment.controller.ready_timeout_s
-        deadline = time.monotonic() + timeout_s
         expected = {sw.name for sw in self.topo.switches}
-        status: dict = {}
-        while time.monotonic() < deadline:
+        missing: list[str] = sorted(expected)
+
+        def programmed() -> bool:
+            nonlocal missing
             self._check_controller_alive()
             status = self.controller_status()
             problems = status.get("errors", []) + status.get("port_mismatches", [])
             if problems:
                 raise TestbedError("controller reported problems:\n  " + "\n  ".join(problems))
-            if expected <= set(status.get("programmed", [])):
-                return
-            time.sleep(POLL_S)
-        missing = sorted(expected - set(status.get("programmed", [])))
-        raise TestbedError(f"{len(missing)} switch(es) not programmed within {timeout_s:.0f} s: "
-                           f"{', '.join(missing[:10])}; see {self.run_dir / 'controller.log'}")
+            missing = sorted(expected - set(status.get("programmed", [])))
+            return not missing
+
+        try:
+            wait_for(programmed, self.spec.controller.ready_timeout_s, "every switch to be "
+                     "programmed")
+        except TestbedError as err:
+            raise TestbedError(f"{err}: {len(missing)} switch(es) are not: "
+                               f"{', '.join(missing[:10])}; see "
+                               f"{self.run_dir / 'controller.log'}") from None
 
     # -- operations on a running fabric ---------------------------------------------------------
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
@@ -378,3 +463,14 @@ class Fabric:
                 raise TestbedError(f"{flow} leaves {switch} towards {end.node}, not {dst}")
         raise TestbedError(f"{flow} loops: {' '.join(path[:20])}")
 
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for an ended process and close its pipes."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

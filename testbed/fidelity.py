@@ -14,15 +14,6 @@ import networkx as nx
 
 from testbed.topology import Topology
 
-ETH_HEADER_BYTES = 14  # what HTB counts on top of the IP packet (no preamble, no FCS)
-TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12
-
-
-def goodput_fraction(mtu: int) -> float:
-    """TCP payload bytes per byte on the wire (as HTB counts it) for full-size segments."""
-    return (mtu - TCP_IP_HEADER_BYTES) / (mtu + ETH_HEADER_BYTES)
-
-
 Path = tuple[tuple[str, str], ...]
 
 
@@ -111,7 +102,7 @@ def ecmp_expectation(topo: Topology, pairs: list[tuple[str, str]], trials: int =
 # traffic of 16 TCP flows): at MTU 9000, 16 x 10 Mbit/s x 5 hops = 800 Mbit-hop/s kept 25 %
 # of the CPU idle and 0.995 of ideal; 16 x 20 x 5 = 1600 still delivered 0.99 of ideal with the
 # CPU exhausted. At MTU 1500, 800 Mbit-hop/s already exhausted the CPU and delivered 0.83.
-# ``bench/capacity.py --save`` measures the machine it runs on and stores its own figures.
+# ``bench/capacity.py`` measures these figures again on the machine it runs on.
 
 SATURATION_MBIT_HOPS = {1500: 700.0, 9000: 1600.0}
 HEADROOM = 0.5  # full load under half the saturation point kept >= 25 % CPU idle (k=4, k=6)

@@ -132,10 +132,6 @@ class Netlink:
         with _request(f"set {ifname} {'up' if up else 'down'}"):
             self.ns(pid).link("set", index=self.index(ifname, pid), state="up" if up else "down")
 
-    def is_up(self, ifname: str, pid: int | None = None) -> bool:
-        link = self.ns(pid).get_links(self.index(ifname, pid))[0]
-        return link.get_attr("IFLA_OPERSTATE") == "UP"
-
     def delete(self, ifname: str) -> bool:
         """Delete a root-namespace link; returns False when it did not exist."""
         try:

@@ -20,11 +20,11 @@ import os
 import re
 import shlex
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.poll import wait_for
 
 RUN_KEY = "fabriclab-run"
 VSCTL_TIMEOUT_S = 60
@@ -109,10 +109,6 @@ class Instance:
               "--detach", "--no-chdir"], 30, self.env)
         self.pids["ovs-vswitchd"] = _read_pid(d / "ovs-vswitchd.pid")
 
-    def appctl(self, *args: str, timeout_s: float = 30) -> str:
-        """Run ``ovs-appctl`` against this instance's vswitchd."""
-        return appctl(*args, target=self.ctl("ovs-vswitchd"), timeout_s=timeout_s)
-
 
 VSWITCH_SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
 # The userspace datapath under its other name. Every netdev datapath owns a tap device named
@@ -135,14 +131,13 @@ def trace_outputs(text: str) -> list[int]:
 
 
 def _read_pid(path: Path, timeout_s: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def pid() -> int | None:
         try:
             return int(path.read_text().strip())
-        except (OSError, ValueError) as err:
-            if time.monotonic() > deadline:
-                raise TestbedError(f"no pid in {path} after {timeout_s:.0f} s") from err
-            time.sleep(0.02)
+        except (OSError, ValueError):
+            return None
+
+    return wait_for(pid, timeout_s, f"a pid in {path}", interval_s=0.02)
 
 
 def _short(cmd: list[str]) -> str:

@@ -29,6 +29,15 @@ class Reachability:
     def complete(self) -> bool:
         return self.pairs > 0 and self.ok == self.pairs and self.lost == 0
 
+    def to_dict(self) -> dict:
+        """The outcome as JSON-ready numbers (RTTs: min, median, max over the pairs, ms)."""
+        rtts = sorted(self.rtt_ms)
+        return {"pairs": self.pairs, "ok": self.ok, "sent": self.sent,
+                "received": self.received, "lost": self.lost, "complete": self.complete,
+                "failed": [list(p) for p in self.failed],
+                "rtt_ms": {"min": rtts[0], "median": rtts[len(rtts) // 2], "max": rtts[-1]}
+                if rtts else None}
+
     def summary(self) -> str:
         text = f"reachability: {self.ok}/{self.pairs} pairs ({self.lost} of {self.sent} probes lost)"
         if self.rtt_ms:

@@ -16,17 +16,17 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed.errors import TestbedError
+from testbed.files import write_json_atomic
+from testbed.procfs import read_stat
+
 DEFAULT_STATE_DIR = Path("/run/fabriclab")
 
 
 def proc_start_time(pid: int) -> int | None:
     """The kernel start time (clock ticks since boot) of ``pid``; None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    stat = read_stat(pid)
+    return None if stat is None or stat.gone else stat.start_ticks
 
 
 @dataclass
@@ -77,23 +77,35 @@ class Registry:
     def save(self, record: RunRecord) -> None:
         with self._lock:
             self.runs_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.path(record).with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(record), indent=1))
-            os.replace(tmp, self.path(record))
+            write_json_atomic(self.path(record), asdict(record))
 
     def remove(self, record: RunRecord) -> None:
         self.path(record).unlink(missing_ok=True)
 
-    def runs(self) -> list[RunRecord]:
-        out = []
+    def scan(self) -> tuple[list[RunRecord], list[str]]:
+        """Every run record, and a description of each file that is not a readable record
+        (its resources cannot be cleaned until someone looks at it)."""
+        records, unreadable = [], []
         for path in sorted(self.runs_dir.glob("*.json")) if self.runs_dir.exists() else []:
             try:
                 data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            data["processes"] = [TrackedProcess(**p) for p in data.get("processes", [])]
-            out.append(RunRecord(**data))
-        return out
+                data["processes"] = [TrackedProcess(**p) for p in data.get("processes", [])]
+                records.append(RunRecord(**data))
+            except (OSError, ValueError, TypeError, AttributeError) as err:
+                unreadable.append(f"{path}: not a readable run record ({err}); check what it "
+                                  "lists and remove it by hand")
+        return records, unreadable
+
+    def runs(self) -> list[RunRecord]:
+        """Every run record.
+
+        Raises:
+            TestbedError: when a record cannot be read (naming the file).
+        """
+        records, unreadable = self.scan()
+        if unreadable:
+            raise TestbedError("\n".join(unreadable))
+        return records
 
     def track_process(self, record: RunRecord, pid: int, role: str) -> None:
         start = proc_start_time(pid)
@@ -101,6 +113,12 @@ class Registry:
             with self._lock:
                 record.processes.append(TrackedProcess(pid, start, role))
             self.save(record)
+
+    def untrack_process(self, record: RunRecord, pid: int) -> None:
+        """Forget a process that has ended (reaped by its owner)."""
+        with self._lock:
+            record.processes = [p for p in record.processes if p.pid != pid]
+        self.save(record)
 
 
 def stop_process(proc: TrackedProcess, timeout_s: float = 5.0) -> None:

@@ -34,6 +34,8 @@ _ROLE_CODE = {"core": 0x01, "agg": 0x02, "edge": 0x03, "spine": 0x11, "leaf": 0x
 SWITCH_ROLES = tuple(_ROLE_CODE)
 #: Roles whose switches own a host subnet (where routes terminate).
 ACCESS_ROLES = ("edge", "leaf")
+#: Tier of each switch role, counted from the hosts' switches (0) up.
+ROLE_TIER = {"edge": 0, "leaf": 0, "agg": 1, "spine": 1, "core": 2}
 
 
 @dataclass(frozen=True)

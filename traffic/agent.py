@@ -1,12 +1,15 @@
 """The traffic agent: one process per participating host, run inside the host's namespace.
 
-Usage: ``python -m traffic.agent SPEC.json RANK_HOST`` -- prints one JSON document (its timings)
-on stdout and exits 0, or prints the error on stderr and exits 1.
+Usage: ``python -m traffic.agent SPEC.json RANK_HOST`` -- prints one
+:class:`traffic.protocol.AgentReport` (its timings, JSON) on stdout and exits 0, or prints the
+error on stderr and exits 1.
 
-The spec (written by :mod:`traffic.runner`) lists the ranks (host, address), the TCP port every
-agent listens on, the number of connections per peer (NCCL opens several channels per peer; each
-transfer is split over them), a wall-clock start time shared by all agents (one machine, one
-clock), and the collectives in issue order with their transfers. An agent:
+The spec (a :class:`traffic.protocol.AgentSpec`, written by :mod:`traffic.runner`) lists the
+ranks (host, address), the TCP port every agent listens on (on its own address, so that agents
+can share a machine's loopback in tests), the number of connections per peer (NCCL opens several
+channels per peer; each transfer is split over them), a wall-clock start time shared by all
+agents (one machine, one clock), and the collectives in issue order with their transfers. An
+agent:
 
 1. listens, connects ``connections`` sockets to every peer it sends to, and accepts the ones
    from every peer that sends to it (each connection announces its sender rank and channel);
@@ -23,8 +26,6 @@ one receiver thread per (peer, channel) reads it in the same order.
 
 from __future__ import annotations
 
-import json
-import os
 import queue
 import resource
 import socket
@@ -34,15 +35,16 @@ import threading
 import time
 from dataclasses import dataclass
 
+from testbed.errors import TestbedError
+from testbed.files import write_text_atomic
+from testbed.poll import wait_for
+from traffic.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
+from traffic.schedules import chunk_sizes
+
 BUF = memoryview(bytearray(1 << 20))
 HELLO = struct.Struct("!II")  # sender rank, channel
 CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
 CONNECT_TIMEOUT_S = 30.0
-
-
-def split(nbytes: int, parts: int) -> list[int]:
-    base, extra = divmod(nbytes, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 @dataclass
@@ -59,10 +61,10 @@ class Work:
 class Agent:
     """The state of one rank's agent."""
 
-    def __init__(self, spec: dict, rank: int) -> None:
+    def __init__(self, spec: AgentSpec, rank: int) -> None:
         self.spec = spec
         self.rank = rank
-        self.channels = int(spec["connections"])
+        self.channels = spec.connections
         self.lock = threading.Condition()
         self.remaining: dict[tuple, int] = {}  # transfer key -> channels not yet done
         self.done_at: dict[tuple, float] = {}
@@ -76,19 +78,19 @@ class Agent:
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
         send_to, recv_from = set(), set()
-        for coll in self.spec["collectives"]:
-            for _step, src, dst, _n in coll["transfers"]:
-                if src == self.rank:
-                    send_to.add(dst)
-                if dst == self.rank:
-                    recv_from.add(src)
+        for coll in self.spec.collectives:
+            for t in coll.transfers:
+                if t.src == self.rank:
+                    send_to.add(t.dst)
+                if t.dst == self.rank:
+                    recv_from.add(t.src)
         return send_to, recv_from
 
     def connect(self, listener: socket.socket) -> None:
         send_to, recv_from = self.peers()
         expected = {(p, c) for p in recv_from for c in range(self.channels)}
         if self.rank == 0:
-            expected |= {(p, CONTROL) for p in range(1, len(self.spec["ranks"]))}
+            expected |= {(p, CONTROL) for p in range(1, len(self.spec.ranks))}
         accepted: dict[tuple[int, int], socket.socket] = {}
 
         def accept() -> None:
@@ -101,16 +103,16 @@ class Agent:
 
         acceptor = threading.Thread(target=accept, daemon=True)
         acceptor.start()
-        ranks = self.spec["ranks"]
+        ranks = self.spec.ranks
         for peer in sorted(send_to):
             self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
-                sock = _connect(ranks[peer]["ip"], self.spec["port"])
+                sock = _connect(ranks[peer].ip, self.spec.port)
                 sock.sendall(HELLO.pack(self.rank, ch))
                 self.socks[("send", peer, ch)] = sock
         if self.rank != 0:
             self.state = "connecting to rank 0 (barrier)"
-            sock = _connect(ranks[0]["ip"], self.spec["port"])
+            sock = _connect(ranks[0].ip, self.spec.port)
             sock.sendall(HELLO.pack(self.rank, CONTROL))
             self.control = [sock]
         self.state = ("waiting for connections from ranks "
@@ -181,16 +183,16 @@ class Agent:
             target = self._sender if kind == "send" else self._receiver
             threading.Thread(target=target, args=(sock, q), daemon=True).start()
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[CollectiveTiming]:
         results = []
-        for index, coll in enumerate(self.spec["collectives"]):
-            if self.spec.get("barrier", True):
+        for index, coll in enumerate(self.spec.collectives):
+            if self.spec.barrier:
                 self.barrier()  # every collective starts together, as NCCL-tests times them
-            time.sleep(coll.get("gap_s", 0.0))  # the compute before it (training workloads)
+            time.sleep(coll.gap_s)  # the compute before it (training workloads)
             steps: dict[int, list] = {}
-            for step, src, dst, nbytes in coll["transfers"]:
-                if self.rank in (src, dst):
-                    steps.setdefault(step, []).append((src, dst, nbytes))
+            for t in coll.transfers:
+                if self.rank in (t.src, t.dst):
+                    steps.setdefault(t.step, []).append((t.src, t.dst, t.nbytes))
             start = time.time()
             flows = []
             for step in sorted(steps):
@@ -198,7 +200,7 @@ class Agent:
                 for src, dst, nbytes in steps[step]:
                     key = (index, step, src, dst)
                     peer, queues = (dst, self.send_q) if src == self.rank else (src, self.recv_q)
-                    shares = split(nbytes, self.channels)
+                    shares = chunk_sizes(nbytes, self.channels)
                     with self.lock:
                         self.remaining[key] = sum(1 for n in shares if n) or 1
                     if not any(shares):
@@ -212,10 +214,9 @@ class Agent:
                 self._wait(keys)  # the next step's sends depend on this step's receives
             self._wait([k for k, _n, _is_send in flows])  # and our own sends to drain
             end = time.time()
-            results.append({"index": index, "start": start, "end": end,
-                            "flows": [{"src": k[2], "dst": k[3], "step": k[1], "bytes": n,
-                                       "done": self.done_at[k]}
-                                      for k, n, is_send in flows if not is_send]})
+            results.append(CollectiveTiming(index, start, end, tuple(
+                FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
+                for k, n, is_send in flows if not is_send)))
         return results
 
     def _wait(self, keys: list[tuple]) -> None:
@@ -248,17 +249,23 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _connect(ip: str, port: int) -> socket.socket:
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
-    while True:
+    """A connection to a peer's agent, retried until it listens (``CONNECT_TIMEOUT_S``)."""
+    errors: list[OSError] = []
+
+    def attempt() -> socket.socket | None:
         try:
             sock = socket.create_connection((ip, port), timeout=5)
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)  # the peer's agent is not listening yet
+        except OSError as err:  # the peer's agent is not listening yet
+            errors[:] = [err]
+            return None
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    try:
+        return wait_for(attempt, CONNECT_TIMEOUT_S, f"{ip}:{port} to accept")
+    except TestbedError as err:
+        raise OSError(f"{err} (last: {errors[0] if errors else 'no attempt'})") from None
 
 
 def _publish_state(agent: Agent, path: str) -> None:
@@ -269,9 +276,7 @@ def _publish_state(agent: Agent, path: str) -> None:
         while True:
             if agent.state != last:
                 last = agent.state
-                with open(f"{path}.tmp", "w", encoding="utf-8") as fh:
-                    fh.write(last)
-                os.replace(f"{path}.tmp", path)
+                write_text_atomic(path, last)
             time.sleep(0.2)
 
     threading.Thread(target=loop, daemon=True).start()
@@ -280,15 +285,15 @@ def _publish_state(agent: Agent, path: str) -> None:
 def main(argv: list[str]) -> int:
     spec_path, host = argv
     with open(spec_path, encoding="utf-8") as fh:
-        spec = json.load(fh)
-    rank = next(i for i, r in enumerate(spec["ranks"]) if r["host"] == host)
+        spec = AgentSpec.from_json(fh.read())
+    rank = spec.rank_of(host)
     agent = Agent(spec, rank)
     _publish_state(agent, f"{spec_path}.rank{rank}")
-    listener = socket.create_server(("0.0.0.0", spec["port"]), backlog=256, reuse_port=False)
+    listener = socket.create_server((spec.ranks[rank].ip, spec.port), backlog=256)
     try:
         agent.connect(listener)
         agent.start_threads()
-        time.sleep(max(0.0, spec["start_at"] - time.time()))
+        time.sleep(max(0.0, spec.start_at - time.time()))
         results = agent.run()
     except (OSError, RuntimeError) as err:
         print(f"rank {rank} ({host}): {err}", file=sys.stderr)
@@ -297,8 +302,8 @@ def main(argv: list[str]) -> int:
         agent.close()
         listener.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    json.dump({"rank": rank, "host": host, "collectives": results,
-               "cpu_s": usage.ru_utime + usage.ru_stime}, sys.stdout)
+    sys.stdout.write(AgentReport(rank, host, tuple(results),
+                                 usage.ru_utime + usage.ru_stime).to_json())
     return 0
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from testbed.fidelity import goodput_fraction
 from traffic import metrics
+from traffic.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
+from traffic.transport import goodput_fraction
 from traffic.workload import Collective
 
 AGENT_PORT = 17000
@@ -30,32 +31,30 @@ class CollectiveResult:
     agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
     gap_s: float = 0.0  # compute time before it (training workloads)
     communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
+    iteration: int | None = None  # training workloads: the iteration it belongs to
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
-             start_at: float, port: int = AGENT_PORT) -> dict:
+             start_at: float, port: int = AGENT_PORT) -> AgentSpec:
     """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
         raise ValueError("one job, one rank list")
-    return {"port": port, "connections": connections, "start_at": start_at,
-            "ranks": [{"host": h, "ip": ips[h]} for h in hosts],
-            "collectives": [{"op": c.op, "gap_s": c.gap_s,
-                             "transfers": [(t.step, t.src, t.dst, t.nbytes)
-                                           for t in c.schedule.transfers]}
-                            for c in collectives]}
+    return AgentSpec(port, connections, start_at, tuple(RankSpec(h, ips[h]) for h in hosts),
+                     tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
+                           for c in collectives))
 
 
-def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: float,
+def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
               mtu: int) -> list[CollectiveResult]:
     """Per-collective results from the agents' reports (pure)."""
     out = []
     for index, coll in enumerate(collectives):
-        per_rank = [r["collectives"][index] for r in reports]
-        start = min(c["start"] for c in per_rank)
-        end = max(c["end"] for c in per_rank)
+        per_rank = [r.collectives[index] for r in reports]
+        start = min(c.start for c in per_rank)
+        end = max(c.end for c in per_rank)
         duration = max(end - start, 1e-9)
-        fcts = [f["done"] - c["start"] for c in per_rank for f in c["flows"]]
+        fcts = [f.done - c.start for c in per_rank for f in c.flows]
         sched = coll.schedule
         n = sched.communicator_size
         ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
@@ -67,5 +66,7 @@ def summarize(collectives: list[Collective], reports: list[dict], rate_mbps: flo
             metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
             {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
              "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
-            communicator_size=n))
+            communicator_size=n, iteration=coll.iteration))
+    if out:
+        out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
     return out

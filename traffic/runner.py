@@ -1,51 +1,79 @@
 """Run collectives on a fabric: one agent per rank host, a shared start, results per collective.
 
-The runner (this adapter) writes the job spec into the run directory, starts ``python -m traffic.agent`` in
-every participating host's namespace (tracked by PID in the run record, ended by PID), waits
-with a hard timeout, and turns the agents' timings into per-collective results with NCCL-tests'
-metrics. A job that times out names the ranks that had not finished.
+The runner (this adapter) writes the job's :class:`traffic.protocol.AgentSpec` into the run
+directory, starts ``python -m traffic.agent`` in every participating host's namespace as a
+fabric service (:meth:`testbed.fabric.Fabric.spawn`: tracked by PID, ended by PID), waits with a
+hard timeout, and turns the agents' reports into per-collective results with NCCL-tests'
+metrics. A job that times out names the ranks that had not finished and what each waits for.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.files import write_text_atomic
+from traffic.protocol import AgentReport
 from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
-from traffic.workload import Collective
+from traffic.workload import Collective, Job
 
 START_DELAY_S = 1.0
 
 
-def run_batch(fabric, jobs: list[tuple[list[Collective], int, float]]
-              ) -> list[list[CollectiveResult] | TestbedError]:
-    """Run several jobs at once, each (collectives, connections, timeout_s) on its own port,
-    all starting together; returns each job's results or its error."""
-    if len(jobs) == 1:
-        colls, conns, timeout = jobs[0]
-        return [run_job(fabric, colls, conns, timeout)]
-    hosts = {h for colls, _, _ in jobs for h in colls[0].hosts}
+@dataclass(frozen=True)
+class JobOutcome:
+    """What one job of a batch gave: its results, or the error that stopped it."""
+
+    job: Job
+    results: tuple[CollectiveResult, ...] = ()
+    error: TestbedError | None = None
+
+
+def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
+    """Run several jobs at once, each on its own agent port, all starting together.
+
+    Returns:
+        One outcome per job, in order: a job that failed (an agent error, a timeout) carries
+        its error and the others still run to their end.
+
+    Raises:
+        Exception: anything other than a TestbedError (a bug) is raised again here, after
+            every job's thread has ended.
+    """
+    hosts = {h for job in jobs for h in job.collectives[0].hosts}
     start_at = time.time() + START_DELAY_S + 0.1 * len(hosts) * len(jobs)
-    out: list = [None] * len(jobs)
+    outcomes: list[JobOutcome | None] = [None] * len(jobs)
+    crashes: list[BaseException] = []
 
     def one(i: int) -> None:
-        colls, conns, timeout = jobs[i]
+        job = jobs[i]
         try:
-            out[i] = run_job(fabric, colls, conns, timeout, AGENT_PORT + i, start_at)
+            results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
+                              AGENT_PORT + i, start_at)
+            outcomes[i] = JobOutcome(job, tuple(results))
         except TestbedError as err:
-            out[i] = err
+            outcomes[i] = JobOutcome(job, error=err)
+        except BaseException as err:  # noqa: BLE001 - re-raised below, in the caller's thread
+            crashes.append(err)
+            outcomes[i] = JobOutcome(job, error=TestbedError(f"crashed: {err!r}"))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+    if len(jobs) == 1:
+        one(0)
+    else:
+        threads = [threading.Thread(target=one, args=(i,), name=f"job{i}")
+                   for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if crashes:
+        raise crashes[0]
+    return [o for o in outcomes if o is not None]
 
 
 def _agent_state(spec_path: Path, rank: int) -> str:
@@ -72,14 +100,12 @@ def run_job(fabric, collectives: list[Collective], connections: int = 1,
     start_at = start_at or time.time() + START_DELAY_S + 0.1 * len(hosts)
     spec = job_spec(collectives, ips, connections, start_at, port)
     path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
-    path.write_text(json.dumps(spec))
-    procs = {}
+    write_text_atomic(path, spec.to_json())
+    procs: dict[str, subprocess.Popen] = {}
     try:
         for host in hosts:
-            procs[host] = fabric.hosts.popen(host, [sys.executable, "-m", "traffic.agent",
-                                                    str(path), host])
-            fabric.registry.track_process(fabric.record, procs[host].pid,
-                                          f"agent:{port}:{host}")
+            procs[host] = fabric.spawn(host, [sys.executable, "-m", "traffic.agent", str(path),
+                                              host], f"agent:{port}:{host}")
         deadline = time.monotonic() + timeout_s
         reports, failures = [], []
         for rank, (host, proc) in enumerate(procs.items()):
@@ -93,16 +119,16 @@ def run_job(fabric, collectives: list[Collective], connections: int = 1,
             if proc.returncode != 0:
                 failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
             else:
-                reports.append(json.loads(out))
+                try:
+                    reports.append(AgentReport.from_json(out))
+                except (ValueError, KeyError, TypeError) as exc:
+                    failures.append(f"rank {rank} ({host}): unreadable report ({exc!r}): "
+                                    f"{out[-200:]!r}")
         if failures:
             raise TestbedError("traffic agents failed:\n  " + "\n  ".join(failures))
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+            fabric.stop(proc)
     link = topo.host_link(hosts[0])
-    results = summarize(collectives, sorted(reports, key=lambda r: r["rank"]), link.rate_mbps,
-                        fabric.experiment.fabric.mtu)
-    results[0].agent_cpu_s = sum(r.get("cpu_s", 0.0) for r in reports)
-    return results
+    return summarize(collectives, sorted(reports, key=lambda r: r.rank), link.rate_mbps,
+                     fabric.spec.fabric.mtu)

@@ -13,19 +13,67 @@ iteration, for each micro-batch, forward through the stages then backward throug
 * then the data-parallel gradient all-reduce of ``params / (tp * pp) * grad_dtype`` bytes in
   every DP group at once.
 
-Each phase is one merged schedule (all groups at once) preceded by its compute gap.
+Each phase is one merged schedule (all groups at once) preceded by its compute gap, and carries
+the number of the iteration it belongs to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from testbed.errors import ConfigError
 from traffic.schedules import Schedule, build, merge
 
-KEYS = {"layers": 4, "hidden": 1024, "seq_len": 512, "micro_batch": 1, "micro_batches": 2,
-        "dtype_bytes": 2, "grad_dtype_bytes": 4, "params": 50_000_000, "tp": 2, "pp": 1,
-        "dp": 2, "ep": 1, "moe_every": 0, "top_k": 2, "compute_ms": 10.0, "iterations": 1}
+FIELD = "workload.training"
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """A training job's shape (the experiment file's ``workload.training``, minus ``ranks``).
+
+    Types and ranges are checked by the experiment schema; :meth:`check` adds the rules that
+    relate fields to each other.
+    """
+
+    layers: int = 4
+    hidden: int = 1024
+    seq_len: int = 512
+    micro_batch: int = 1
+    micro_batches: int = 2
+    dtype_bytes: int = 2
+    grad_dtype_bytes: int = 4
+    params: int = 50_000_000
+    tp: int = 2
+    pp: int = 1
+    dp: int = 2
+    ep: int = 1
+    moe_every: int = 0
+    top_k: int = 2
+    compute_ms: float = 10.0
+    iterations: int = 1
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def check(self) -> TrainingSpec:
+        """Cross-field rules; returns self.
+
+        Raises:
+            ConfigError: naming the field (``workload.training.pp``).
+        """
+        if self.layers % self.pp:
+            raise ConfigError(f"{FIELD}.pp", f"{self.layers} layers do not split into "
+                                             f"{self.pp} stages")
+        if self.dp % self.ep:
+            raise ConfigError(f"{FIELD}.ep", f"ep {self.ep} must divide dp {self.dp}")
+        if self.world_size < 2:
+            raise ConfigError(FIELD, "tp * pp * dp must be at least 2 ranks")
+        return self
 
 
 @dataclass(frozen=True)
@@ -35,78 +83,48 @@ class Phase:
     label: str
     schedule: Schedule
     gap_s: float
+    iteration: int
 
 
-def _settings(raw: dict) -> dict:
-    unknown = sorted(set(raw) - set(KEYS) - {"ranks"})
-    if unknown:
-        raise ConfigError(f"workload.training.{unknown[0]}",
-                          f"unknown key (allowed: {', '.join(sorted(KEYS))}, ranks)")
-    cfg = {**KEYS, **raw}
-    for key, default in KEYS.items():
-        value = cfg[key]
-        kind = float if isinstance(default, float) else int
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-                kind is int and int(value) != value):
-            raise ConfigError(f"workload.training.{key}", f"must be a number >= 0, got {value!r}")
-        cfg[key] = kind(value)
-    for key in ("layers", "hidden", "seq_len", "micro_batch", "micro_batches", "dtype_bytes",
-                "tp", "pp", "dp", "ep", "iterations", "params", "grad_dtype_bytes"):
-        if cfg[key] < 1:
-            raise ConfigError(f"workload.training.{key}", f"must be >= 1, got {cfg[key]}")
-    if cfg["layers"] % cfg["pp"]:
-        raise ConfigError("workload.training.pp",
-                          f"{cfg['layers']} layers do not split into {cfg['pp']} stages")
-    if cfg["dp"] % cfg["ep"]:
-        raise ConfigError("workload.training.ep", f"ep {cfg['ep']} must divide dp {cfg['dp']}")
-    return cfg
-
-
-def world_size(raw: dict) -> int:
-    cfg = _settings(raw)
-    return cfg["tp"] * cfg["pp"] * cfg["dp"]
-
-
-def phases(raw: dict) -> list[Phase]:
-    """The phases of ``iterations`` iterations (ConfigError naming the field when wrong)."""
-    c = _settings(raw)
-    tp, pp, dp, ep = c["tp"], c["pp"], c["dp"], c["ep"]
-    world = tp * pp * dp
-    if world < 2:
-        raise ConfigError("workload.training", "tp * pp * dp must be at least 2 ranks")
+def phases(spec: TrainingSpec) -> list[Phase]:
+    """The phases of ``spec.iterations`` iterations."""
+    c = spec.check()
+    tp, pp, dp, ep = c.tp, c.pp, c.dp, c.ep
+    world = c.world_size
     rank = lambda t, d, p: t + tp * (d + dp * p)
-    act = c["seq_len"] * c["micro_batch"] * c["hidden"] * c["dtype_bytes"]
-    layers = c["layers"] // pp
-    gap = c["compute_ms"] / 1e3
+    act = c.seq_len * c.micro_batch * c.hidden * c.dtype_bytes
+    layers = c.layers // pp
+    gap = c.compute_ms / 1e3
     out: list[Phase] = []
 
-    def groups(op: str, size: int, members: list[list[int]], label: str, gap_s: float) -> None:
+    def groups(op: str, size: int, members: list[list[int]], label: str, gap_s: float,
+               it: int) -> None:
         if len(members[0]) < 2 or size <= 0:
             return
         parts = [(build(op, len(m), size), m) for m in members]
-        out.append(Phase(label, merge(parts, world), gap_s))
+        out.append(Phase(label, merge(parts, world), gap_s, it))
 
-    moe_layers = layers // c["moe_every"] if c["moe_every"] else 0
-    for it in range(c["iterations"]):
-        for mb in range(c["micro_batches"]):
+    moe_layers = layers // c.moe_every if c.moe_every else 0
+    for it in range(c.iterations):
+        for mb in range(c.micro_batches):
             for direction, stages in (("fwd", range(pp)), ("bwd", reversed(range(pp)))):
                 for p in stages:
                     tp_groups = [[rank(t, d, p) for t in range(tp)] for d in range(dp)]
                     tag = f"iter {it} mb {mb} {direction} stage {p}"
                     for _ in range(2 * layers):
                         groups("all_reduce", act, tp_groups, f"{tag} tp all_reduce",
-                               gap / (2 * layers))
+                               gap / (2 * layers), it)
                     ep_groups = [[rank(t, g * ep + e, p) for e in range(ep)]
                                  for t in range(tp) for g in range(dp // ep)]
                     for _ in range(2 * moe_layers):
-                        groups("all_to_all", act * c["top_k"], ep_groups,
-                               f"{tag} ep all_to_all", 0.0)
+                        groups("all_to_all", act * c.top_k, ep_groups,
+                               f"{tag} ep all_to_all", 0.0, it)
                     nxt = p + 1 if direction == "fwd" else p - 1
                     if 0 <= nxt < pp:
                         groups("send_recv", act,
                                [[rank(t, d, p), rank(t, d, nxt)] for t in range(tp)
-                                for d in range(dp)], f"{tag} pp send_recv", 0.0)
-        grad = c["params"] // (tp * pp) * c["grad_dtype_bytes"]
+                                for d in range(dp)], f"{tag} pp send_recv", 0.0, it)
+        grad = c.params // (tp * pp) * c.grad_dtype_bytes
         dp_groups = [[rank(t, d, p) for d in range(dp)] for t in range(tp) for p in range(pp)]
-        groups("all_reduce", grad, dp_groups, f"iter {it} dp all_reduce", 0.0)
+        groups("all_reduce", grad, dp_groups, f"iter {it} dp all_reduce", 0.0, it)
     return out

@@ -1,4 +1,4 @@
-"""Pure workload parsing: the experiment file's ``workload`` section -> jobs of collectives.
+"""Pure workload parsing: the experiment file's ``workload`` section -> a typed :class:`Workload`.
 
 ```yaml
 workload:
@@ -19,27 +19,43 @@ workload:
       pattern: permutation  # size bytes each, all at once (same_edge, same_pod, cross_pod,
       size: 8MiB          # permutation, stride, incast; with seed, stride, fan_in)
       concurrent: true
+  trace: job.jsonl        # replayed after the collectives (one entry per line, plus t_s)
+  nccl_log: rank0.log     # an NCCL_DEBUG=INFO log's collectives, replayed after those
+  training: {tp: 2, pp: 2, dp: 2, layers: 4}   # one job: a training iteration's phases
 ```
 
-Every entry becomes one job (its repetitions back to back on the same ranks); consecutive
-entries marked ``concurrent`` form one batch that runs at once. All errors are
-:class:`ConfigError` naming the field, raised before anything is built.
+The section's shape (keys and types) is checked by the experiment schema before this module
+sees it; here each entry becomes one :class:`Job` (its repetitions back to back on the same
+ranks) and consecutive entries marked ``concurrent`` form one batch that runs at once. All
+errors are :class:`ConfigError` naming the field, raised before anything is built. The
+experiment is parsed once: trace and NCCL log files are read here and never again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.errors import ConfigError
 from testbed.topology import Topology
+from traffic import training
+from traffic.nccl_log import ImportedCollective, import_log
 from traffic.patterns import PATTERNS, pattern_pairs
 from traffic.schedules import Schedule, build, flows
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
 PLACEMENTS = ("contiguous", "strided", "random")
+DEFAULT_CONNECTIONS = 1
+DEFAULT_TIMEOUT_S = 600.0
+
+#: Checks one workload entry (a trace line's object) against the experiment schema; raises
+#: ConfigError under the given field path. Supplied by the experiment layer.
+EntryCheck = Callable[[dict, str], None]
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,7 @@ class Collective:
     schedule: Schedule
     label: str = ""
     gap_s: float = 0.0  # compute time before it starts (after the barrier)
+    iteration: int | None = None  # training workloads: the iteration it belongs to
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,23 @@ class Job:
     timeout_s: float
     concurrent: bool = False  # starts together with the previous job
     not_before_s: float = 0.0  # replay: earliest start, seconds after the workload began
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A parsed workload: its jobs in issue order."""
+
+    jobs: tuple[Job, ...]
+    connections: int = DEFAULT_CONNECTIONS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def collective_count(self) -> int:
+        return sum(len(j.collectives) for j in self.jobs)
+
+    def batches(self) -> list[list[Job]]:
+        """Consecutive jobs grouped so that each ``concurrent`` job joins the batch before it."""
+        return batches(list(self.jobs))
 
 
 def parse_size(value: object, path: str) -> int:
@@ -131,56 +165,75 @@ def batches(jobs: list[Job]) -> list[list[Job]]:
     return out
 
 
-def parse_workload(topo: Topology, raw: dict, base_dir: str = ".") -> list[Job]:
-    """The jobs of a ``workload`` section (already schema-checked for shape); ``trace`` and
-    ``nccl_log`` paths are relative to ``base_dir`` (the experiment file's folder)."""
-    jobs = []
-    connections = raw.get("connections", 1)
-    timeout_s = float(raw.get("timeout_s", 600))
-    entries = list(raw.get("collectives", []))
-    if raw.get("trace"):
-        entries += parse_trace(_read(base_dir, raw["trace"], "workload.trace"), str(raw["trace"]))
-    if raw.get("nccl_log"):
-        from traffic.nccl_log import import_log
+def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
+                   check_entry: EntryCheck | None = None) -> Workload:
+    """The typed workload of a ``workload`` section (already schema-checked for shape).
 
+    Args:
+        topo: the fabric the ranks are placed on.
+        raw: the section.
+        base_dir: ``trace`` and ``nccl_log`` paths are relative to it (the experiment's folder).
+        check_entry: checks each trace line's object as the schema checks an entry.
+
+    Returns:
+        The workload.
+
+    Raises:
+        ConfigError: naming the field (or the trace line) of the first problem.
+    """
+    connections = raw.get("connections", DEFAULT_CONNECTIONS)
+    timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
+    entries = [(entry, f"workload.collectives[{i}]")
+               for i, entry in enumerate(raw.get("collectives", []))]
+    if raw.get("trace"):
+        entries += parse_trace(_read(base_dir, raw["trace"], "workload.trace"),
+                               str(raw["trace"]), check_entry)
+    if raw.get("nccl_log"):
         entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
                                                  "workload.nccl_log")))
-    for i, entry in enumerate(entries):
-        path = entry.pop("_where", f"workload.collectives[{i}]")
-        size = parse_size(entry.get("size"), f"{path}.size")
-        if entry.get("op") == "flows":
-            ranks, sched = _pattern_flows(topo, entry, size, path)
-        else:
-            ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
-            sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
-                          field_path=path)
-        reps = entry.get("repetitions", 1)
-        coll = Collective(sched.op, ranks, sched, entry.get("label", ""))
-        concurrent = bool(entry.get("concurrent", False))
-        if concurrent and i == 0:
-            raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
-                                                    "run with")
-        jobs.append(Job(i, (coll,) * reps, connections, timeout_s, concurrent,
-                        float(entry.get("t_s", 0))))
+    jobs = [_entry_job(topo, i, entry, path, connections, timeout_s)
+            for i, (entry, path) in enumerate(entries)]
     if raw.get("training"):
         jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
-    return jobs
+    return Workload(tuple(jobs), connections, timeout_s)
+
+
+def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: int,
+               timeout_s: float) -> Job:
+    size = parse_size(entry.get("size"), f"{path}.size")
+    if entry.get("op") == "flows":
+        ranks, sched = _pattern_flows(topo, entry, size, path)
+    else:
+        ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
+        sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
+                      field_path=path)
+    coll = Collective(sched.op, ranks, sched, entry.get("label", ""))
+    concurrent = bool(entry.get("concurrent", False))
+    if concurrent and index == 0:
+        raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
+                                                "run with")
+    return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
+               concurrent, float(entry.get("t_s", 0)))
+
+
+def training_spec(raw: dict) -> training.TrainingSpec:
+    """The typed training settings of a ``workload.training`` section (schema-checked)."""
+    return training.TrainingSpec(**{k: v for k, v in raw.items() if k != "ranks"}).check()
 
 
 def _training_job(topo: Topology, raw: dict, index: int, connections: int,
                   timeout_s: float) -> Job:
     """One job running every phase of the training iterations on one set of rank hosts."""
-    from traffic import training
-
-    world = training.world_size(raw)
+    spec = training_spec(raw)
+    world = spec.world_size
     ranks = place_ranks(topo, raw.get("ranks", world), "workload.training.ranks")
     if len(ranks) != world:
         raise ConfigError("workload.training.ranks", f"tp * pp * dp = {world} ranks, but "
                                                      f"{len(ranks)} hosts were given")
-    colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s)
-                  for ph in training.phases(raw))
+    colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
+                             ph.iteration) for ph in training.phases(spec))
     return Job(index, colls, connections, timeout_s)
 
 
@@ -198,11 +251,11 @@ def _pattern_flows(topo: Topology, entry: dict, size: int,
 
 
 def _read(base_dir: str, path: str, field: str) -> str:
-    import os
-
     try:
         with open(os.path.join(base_dir, path), encoding="utf-8") as fh:
             return fh.read()
+    except UnicodeDecodeError as err:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
     except OSError as err:
         raise ConfigError(field, f"cannot read {path}: {err.strerror}") from err
 
@@ -214,30 +267,19 @@ def _read(base_dir: str, path: str, field: str) -> str:
 #   {"op": "all_reduce", "size": "16MiB", "ranks": 8, "algorithm": "ring"}
 #   {"op": "all_to_all", "size": 4194304, "ranks": [...], "concurrent": true, "t_s": 1.5}
 #
-# Keys are those of a workload entry (op, size, ranks, algorithm, repetitions,
-# concurrent, label, pattern, seed, stride, fan_in; the schema is the list) plus ``t_s``: do not
-# start before t_s seconds after the replay began
-# (the runner waits; a collective still follows the one before it, as NCCL's stream order
-# does). Blank lines and lines starting with # are skipped.
+# A line is a workload entry (its keys and types are the experiment schema's), whose ``t_s``
+# says: do not start before t_s seconds after the replay began (the runner waits; a collective
+# still follows the one before it, as NCCL's stream order does). Blank lines and lines starting
+# with # are skipped.
 
-def _trace_keys() -> set[str]:
-    """A trace line takes a workload entry's keys (from the experiment schema) plus ``t_s``."""
-    from testbed.config import schema
-
-    entry = schema()["$defs"]["workload"]["properties"]["collectives"]["items"]
-    return set(entry["properties"]) | {"t_s"}
-
-
-def parse_trace(text: str, source: str = "trace") -> list[dict]:
-    """Workload entries from a JSON-lines trace; errors name the line.
+def parse_trace(text: str, source: str = "trace",
+                check_entry: EntryCheck | None = None) -> list[tuple[dict, str]]:
+    """Workload entries from a JSON-lines trace, each with its field path (``source line N``).
 
     Raises:
-        ConfigError: ``<source> line N`` for malformed JSON, unknown keys or a bad ``t_s``.
+        ConfigError: ``<source> line N`` for malformed JSON or an entry the schema refuses.
     """
-    import json
-
     entries = []
-    allowed = _trace_keys()
     for no, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -248,20 +290,15 @@ def parse_trace(text: str, source: str = "trace") -> list[dict]:
             raise ConfigError(where, f"not JSON: {err}") from err
         if not isinstance(entry, dict):
             raise ConfigError(where, "each line is one JSON object")
-        unknown = sorted(set(entry) - allowed)
-        if unknown:
-            raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (allowed: "
-                                                      f"{', '.join(sorted(allowed))})")
-        t_s = entry.get("t_s", 0)
-        if isinstance(t_s, bool) or not isinstance(t_s, (int, float)) or t_s < 0:
-            raise ConfigError(f"{where}.t_s", f"must be a number >= 0, got {t_s!r}")
-        entries.append({**entry, "_where": where})
+        if check_entry is not None:
+            check_entry(entry, where)
+        entries.append((entry, where))
     if not entries:
         raise ConfigError(source, "the trace has no collectives")
     return entries
 
 
-def nccl_entries(collectives: list) -> list[dict]:
+def nccl_entries(collectives: list[ImportedCollective]) -> list[tuple[dict, str]]:
     """Workload entries replaying imported NCCL collectives on the first ``nranks`` hosts.
 
     Send/Recv pairs of one opCount become one ``send_recv``; collectives keep NCCL's order.
@@ -269,16 +306,18 @@ def nccl_entries(collectives: list) -> list[dict]:
     entries = []
     seen_p2p = set()
     for coll in collectives:
+        where = f"workload.nccl_log line {coll.first_line}"
         if coll.op in ("send", "recv"):
             if coll.op_count in seen_p2p:
                 continue
             seen_p2p.add(coll.op_count)
-            entries.append({"op": "send_recv", "size": coll.size_bytes, "ranks": 2,
-                            "label": f"nccl opCount {coll.op_count:x}"})
+            entry = {"op": "send_recv", "size": coll.size_bytes, "ranks": 2,
+                     "label": f"nccl opCount {coll.op_count:x}"}
         elif coll.op == "reduce":
-            entries.append({"op": "all_reduce", "size": coll.size_bytes, "ranks": coll.nranks,
-                            "label": f"nccl Reduce opCount {coll.op_count:x} (as all_reduce)"})
+            entry = {"op": "all_reduce", "size": coll.size_bytes, "ranks": coll.nranks,
+                     "label": f"nccl Reduce opCount {coll.op_count:x} (as all_reduce)"}
         else:
-            entries.append({"op": coll.op, "size": coll.size_bytes, "ranks": coll.nranks,
-                            "label": f"nccl opCount {coll.op_count:x}"})
+            entry = {"op": coll.op, "size": coll.size_bytes, "ranks": coll.nranks,
+                     "label": f"nccl opCount {coll.op_count:x}"}
+        entries.append((entry, where))
     return entries

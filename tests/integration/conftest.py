@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import config
+from fabriclab import experiment as config
 from testbed.fabric import Fabric
 
 ROOT = Path(__file__).resolve().parents[2]

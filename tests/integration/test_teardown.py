@@ -14,7 +14,7 @@ K4 = ROOT / "experiments" / "quickstart.yaml"
 
 
 def _start_up(state_dir) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                              "up", str(K4)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=ROOT)
     deadline = time.monotonic() + 60
@@ -50,7 +50,7 @@ def test_sigterm_tears_down(state_dir):
 def test_sigkill_leftovers_are_removed_by_clean(state_dir):
     _kill(_start_up(state_dir))
     assert _ours_present()  # killed: nothing could tear down
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+    out = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                           "clean"], capture_output=True, text=True, cwd=ROOT, timeout=120,
                          check=False)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -59,7 +59,7 @@ def test_sigkill_leftovers_are_removed_by_clean(state_dir):
 
 
 def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir):
-    from testbed import config
+    from fabriclab import experiment as config
     from testbed.fabric import Fabric
 
     _kill(_start_up(state_dir))

@@ -23,7 +23,7 @@ RANKS = ("h1_1_1", "h2_1_1", "h3_1_1", "h4_1_1")  # one per pod: every transfer 
 
 def _fabriclab_run(state_dir, exp, out):
     """``fabriclab run EXP --out OUT`` as a user runs it; returns the process and results.json."""
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                            "run", str(exp), "--out", str(out)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -87,13 +87,13 @@ def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
 
 
 def test_background_incast_shares_the_receivers_link(make_fabric):
-    from testbed import config
+    from fabriclab import experiment as config
 
     exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
                         "workload": {"collectives": [
                             {"op": "flows", "pattern": "incast", "fan_in": 3, "size": "1MiB"}]}})
     fabric = make_fabric(exp)
-    (job,) = exp.jobs()
+    (job,) = exp.workload.jobs
     (res,) = run_job(fabric, list(job.collectives), timeout_s=60)
     # three senders share h1_1_1's 10 Mbit/s link: each flow gets about a third of it
     assert 0.2 <= res.efficiency <= 0.4, res

@@ -24,7 +24,7 @@ emulator: {backend: vm}
 def test_a_delayed_fabric_runs_in_the_guest_with_its_delay(state_dir, tmp_path):
     exp = tmp_path / "delay.yaml"
     exp.write_text(DELAYED)
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                            "up", "--check", str(exp)], capture_output=True, text=True, cwd=ROOT,
                           timeout=1800, check=False)
     out = proc.stdout + proc.stderr
@@ -44,7 +44,7 @@ def test_a_workload_runs_in_the_guest_and_its_results_come_out(state_dir, tmp_pa
     exp.write_text(DELAYED.replace("hosts_per_leaf: 1", "hosts_per_leaf: 2")
                    + "workload:\n  collectives:\n    - {op: all_reduce, size: 1MiB, ranks: 4}\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "--state-dir", str(state_dir),
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                            "run", str(exp), "--out", str(out)], capture_output=True, text=True,
                           cwd=ROOT, timeout=1800, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from controllers.policy import FlowEntry, GroupEntry, Op
+from controllers.policy import FlowEntry, GroupEntry, Op, OpKind
 from testbed.topology import Topology
 
 
@@ -16,28 +16,29 @@ class FakeSwitch:
 
     def apply(self, ops: list[Op]) -> None:
         for op in ops:
-            if op.kind == "clear":
-                self.flows.clear()
-                self.groups.clear()
-            elif op.kind == "barrier":
-                self.barriers += 1
-            elif op.kind == "group_add":
-                assert op.entry.group_id not in self.groups, "group added twice"
-                self.groups[op.entry.group_id] = op.entry
-            elif op.kind == "group_mod":
-                assert op.entry.group_id in self.groups, "modify of a missing group"
-                self.groups[op.entry.group_id] = op.entry
-            elif op.kind == "group_del":
-                del self.groups[op.entry.group_id]
-            elif op.kind == "flow_add":
-                for name, value in op.entry.actions:
-                    if name == "group":
-                        assert value in self.groups, "flow points at a missing group"
-                self.flows[op.entry.key] = op.entry
-            elif op.kind == "flow_del":
-                del self.flows[op.entry.key]
-            else:
-                raise AssertionError(f"unknown op {op.kind}")
+            match op.kind:
+                case OpKind.CLEAR:
+                    self.flows.clear()
+                    self.groups.clear()
+                case OpKind.BARRIER:
+                    self.barriers += 1
+                case OpKind.GROUP_ADD:
+                    assert op.entry.group_id not in self.groups, "group added twice"
+                    self.groups[op.entry.group_id] = op.entry
+                case OpKind.GROUP_MOD:
+                    assert op.entry.group_id in self.groups, "modify of a missing group"
+                    self.groups[op.entry.group_id] = op.entry
+                case OpKind.GROUP_DEL:
+                    del self.groups[op.entry.group_id]
+                case OpKind.FLOW_ADD:
+                    for name, value in op.entry.actions:
+                        if name == "group":
+                            assert value in self.groups, "flow points at a missing group"
+                    self.flows[op.entry.key] = op.entry
+                case OpKind.FLOW_DEL:
+                    del self.flows[op.entry.key]
+                case _:
+                    raise AssertionError(f"unknown op {op.kind}")
 
     def lookup(self, packet: dict) -> FlowEntry | None:
         best = None

@@ -5,8 +5,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from testbed import config
+from fabriclab import experiment as config
 from testbed.errors import ConfigError
+from testbed.spec import DEFAULT_RATE_MBPS
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))
@@ -38,7 +39,7 @@ def test_defaults_and_overrides():
                                                   "spines": 1, "hosts_per_leaf": 3,
                                                   "fabric_link": {"rate_mbps": 400},
                                                   "queue": {"size_packets": 50}}})
-    assert exp.fabric.host_link.rate_mbps == config.DEFAULT_RATE_MBPS
+    assert exp.fabric.host_link.rate_mbps == DEFAULT_RATE_MBPS
     assert exp.fabric.fabric_link.rate_mbps == 400
     assert (exp.fabric.queue_kb, exp.fabric.queue_packets) == (None, 50)
     assert exp.controller.routing == "ecmp" and exp.fabric.mtu == 9000

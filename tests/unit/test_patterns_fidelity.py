@@ -3,13 +3,8 @@
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.fidelity import (
-    capacities,
-    ecmp_expectation,
-    goodput_fraction,
-    max_min_rates,
-    switch_hops,
-)
+from testbed.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
+from traffic.transport import goodput_fraction
 from testbed.topology import fat_tree, leaf_spine, shard_switches
 from traffic.patterns import pattern_pairs
 

@@ -143,7 +143,7 @@ def test_ecmp_groups_carry_a_per_switch_hash_basis_unless_shared():
     assert len({b.pop() for b in bases.values()}) == len(topo.switches)  # all different
     shared = compute_tables(topo, {}, "ecmp", "shared")
     assert {g.hash_basis for t in shared.values() for g in t.groups.values()} == {0}
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ValueError, match="EcmpSeed"):
         compute_tables(topo, {}, "ecmp", "random")
 
 

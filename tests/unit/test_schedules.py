@@ -145,18 +145,21 @@ def test_nccl_log_bad_lines():
 
 
 def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
+    from traffic.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
     from traffic.results import job_spec, summarize
     from traffic.workload import Collective
 
     hosts = ("a", "b")
     coll = Collective("all_reduce", hosts, build("all_reduce", 2, 1_000_000))
     spec = job_spec([coll], {"a": "10.0.0.1", "b": "10.0.0.2"}, connections=4, start_at=5.0)
-    assert spec["ranks"] == [{"host": "a", "ip": "10.0.0.1"}, {"host": "b", "ip": "10.0.0.2"}]
-    assert spec["connections"] == 4 and len(spec["collectives"][0]["transfers"]) == 4
-    reports = [{"rank": 0, "collectives": [{"start": 10.0, "end": 11.5, "flows": [
-                   {"src": 1, "dst": 0, "step": 0, "bytes": 500_000, "done": 10.8}]}]},
-               {"rank": 1, "collectives": [{"start": 10.0, "end": 12.0, "flows": [
-                   {"src": 0, "dst": 1, "step": 1, "bytes": 500_000, "done": 12.0}]}]}]
+    assert [(r.host, r.ip) for r in spec.ranks] == [("a", "10.0.0.1"), ("b", "10.0.0.2")]
+    assert spec.connections == 4 and len(spec.collectives[0].transfers) == 4
+    assert AgentSpec.from_json(spec.to_json()) == spec  # what the agents read back
+    reports = [AgentReport(0, "a", (CollectiveTiming(0, 10.0, 11.5, (
+                   FlowTiming(1, 0, 0, 500_000, 10.8),)),), cpu_s=0.5),
+               AgentReport(1, "b", (CollectiveTiming(0, 10.0, 12.0, (
+                   FlowTiming(0, 1, 1, 500_000, 12.0),)),), cpu_s=0.25)]
+    reports = [AgentReport.from_json(r.to_json()) for r in reports]
     (res,) = summarize([coll], reports, rate_mbps=10, mtu=9000)
     assert res.duration_s == pytest.approx(2.0)
     assert res.algbw_gbps == pytest.approx(1_000_000 * 8 / 2.0 / 1e9)
@@ -164,6 +167,7 @@ def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
     assert res.efficiency == pytest.approx(res.busbw_gbps * 1e3 / 10)
     assert res.flow_completion_s == {"p50": pytest.approx(0.8), "p99": pytest.approx(2.0),
                                      "max": pytest.approx(2.0)}
+    assert res.agent_cpu_s == pytest.approx(0.75)
     with pytest.raises(ValueError):
         job_spec([coll, Collective("all_reduce", ("b", "a"), coll.schedule)],
                  {"a": "1", "b": "2"}, 1, 0.0)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import config
+from fabriclab import experiment as config
 from testbed.errors import ConfigError
 from testbed.topology import fat_tree
 from traffic.workload import parse_size, place_ranks
@@ -38,7 +38,7 @@ def test_a_workload_becomes_jobs_with_repetitions():
     exp = _exp({"op": "all_reduce", "size": "1MiB", "ranks": 8, "repetitions": 3},
                {"op": "all_to_all", "size": 65536, "ranks": ["h1_1_1", "h4_2_2"]},
                connections=4, timeout_s=30)
-    jobs = exp.jobs()
+    jobs = exp.workload.jobs
     assert [len(j.collectives) for j in jobs] == [3, 1]
     assert jobs[0].collectives[0].schedule.algorithm == "ring"
     assert (jobs[0].connections, jobs[0].timeout_s) == (4, 30.0)
@@ -79,7 +79,7 @@ def test_concurrent_entries_form_batches():
                {"op": "all_gather", "size": 64, "ranks": 4},
                {"op": "all_to_all", "size": 64, "ranks": 3, "concurrent": True},
                {"op": "broadcast", "size": 64, "ranks": 3, "concurrent": True})
-    assert [[j.index for j in b] for b in batches(exp.jobs())] == [[0, 1], [2, 3, 4]]
+    assert [[j.index for j in b] for b in batches(list(exp.workload.jobs))] == [[0, 1], [2, 3, 4]]
     with pytest.raises(ConfigError) as err:
         _exp({"op": "all_reduce", "size": 64, "concurrent": True})
     assert err.value.path == "workload.collectives[0].concurrent"
@@ -102,14 +102,14 @@ def test_trace_and_nccl_log_replay_become_jobs(tmp_path):
     exp_file = tmp_path / "exp.yaml"
     exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
                         "workload: {trace: job.jsonl, nccl_log: allreduce-2ranks.log}\n")
-    jobs = config.load(exp_file).jobs()  # paths relative to the experiment file
+    jobs = config.load(exp_file).workload.jobs  # paths relative to the experiment file
     assert [j.collectives[0].op for j in jobs] == ["all_reduce", "all_to_all"] + ["all_reduce"] * 3
-    assert [[j.index for j in b] for b in batches(jobs)] == [[0, 1], [2], [3], [4]]
+    assert [[j.index for j in b] for b in batches(list(jobs))] == [[0, 1], [2], [3], [4]]
     assert jobs[1].not_before_s == 0.5
     assert [j.collectives[0].schedule.size_bytes for j in jobs[2:]] == [256, 948736, 1546240]
     exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
                         "workload: {nccl_log: sendrecv-2ranks.log}\n")
-    jobs = config.load(exp_file).jobs()
+    jobs = config.load(exp_file).workload.jobs
     assert {j.collectives[0].op for j in jobs} == {"send_recv"}
 
 
@@ -151,7 +151,7 @@ def test_background_flows_from_patterns():
     exp = _exp({"op": "flows", "pattern": "incast", "fan_in": 4, "size": "1MiB"},
                {"op": "flows", "pattern": "permutation", "seed": 3, "size": 4096,
                 "concurrent": True})
-    incast, perm = exp.jobs()
+    incast, perm = exp.workload.jobs
     sched = incast.collectives[0].schedule
     assert incast.collectives[0].hosts[1] == "h1_1_1"
     assert sched.received_by(1) == 4 << 20 and sched.steps == 1
@@ -177,7 +177,8 @@ def test_training_iteration_phases():
 
     raw = {"layers": 4, "hidden": 256, "seq_len": 128, "micro_batches": 2, "tp": 2, "pp": 2,
            "dp": 2, "params": 8_000_000, "compute_ms": 8, "iterations": 1}
-    phases = training.phases(raw)
+    phases = training.phases(training.TrainingSpec(**raw))
+    assert {p.iteration for p in phases} == {0}
     tp_phases = [p for p in phases if "tp all_reduce" in p.label]
     # 2 all-reduces per layer of the stage (2 layers), fwd and bwd, 2 stages, 2 micro-batches
     assert len(tp_phases) == 2 * 2 * 2 * 2 * 2
@@ -192,11 +193,14 @@ def test_training_iteration_phases():
     # every rank of every DP group sends 2(n-1)/n of the gradient: n = 2 -> all of it once
     assert all(dp_phase.schedule.sent_by(r) == 2_000_000 * 4 for r in range(8))
     with pytest.raises(ConfigError) as err:
-        training.phases({**raw, "pp": 3})
+        training.phases(training.TrainingSpec(**{**raw, "pp": 3}))
     assert err.value.path == "workload.training.pp"
-    with pytest.raises(ConfigError) as err:
-        training.phases({**raw, "layerz": 3})
-    assert err.value.path == "workload.training.layerz"
+    for key, value, message in (("layerz", 3, "unknown key"), ("tp", 0, ">= 1"),
+                                ("compute_ms", "slow", "must be of type number"),
+                                ("moe_every", -1, ">= 0")):
+        with pytest.raises(ConfigError) as err:  # the schema checks every field's type
+            config.parse({**BASE, "workload": {"training": {**raw, key: value}}})
+        assert err.value.path == f"workload.training.{key}" and message in err.value.message
     with pytest.raises(ConfigError) as err:
         config.parse({**BASE, "workload": {"training": {**raw, "ranks": 4}}})
     assert err.value.path == "workload.training.ranks"

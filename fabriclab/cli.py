@@ -1,0 +1,378 @@
+"""The ``fabriclab`` command: validate, up (with --check), run, clean, schema.
+
+Every command that reports something takes ``--json``: stdout then carries exactly one JSON
+document (what benchmarks and tests read) and the human output goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fabriclab import experiment as xp
+from fabriclab.results import job_summaries
+from fabriclab.run import RunView, batch_text, run_experiment
+from testbed import cleanup
+from testbed.errors import ConfigError, TestbedError
+from testbed.fidelity import assess
+from testbed.registry import DEFAULT_STATE_DIR, Registry
+from testbed.spec import Backend
+from testbed.topology import SWITCH_ROLES
+
+EXIT_OK, EXIT_UNREACHABLE, EXIT_CONFIG, EXIT_SYSTEM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind through every ``finally`` so the fabric is torn down."""
+
+
+def _on_sigterm(signum, _frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _console(to_stderr: bool) -> Console:
+    console = Console(stderr=to_stderr, highlight=False, soft_wrap=True)  # logs stay grep-able
+    if not console.is_terminal:
+        console.width = max(console.width, 120)  # tables in logs and CI output stay whole
+    return console
+
+
+def _emit(doc: object) -> None:
+    """The one JSON document of a ``--json`` command, on stdout."""
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    sys.stdout.flush()
+
+
+def _summary_table(exp: xp.Experiment, fabric) -> Table:
+    topo = exp.topology
+    counts = topo.counts()
+    table = Table(title=f"fabric {exp.name} ({topo.kind})", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("switches", ", ".join(f"{counts[r]} {r}" for r in SWITCH_ROLES if r in counts))
+    table.add_row("hosts", str(counts["hosts"]))
+    table.add_row("links", f"{counts['links']} (host {exp.fabric.host_link.describe()}, "
+                           f"fabric {exp.fabric.fabric_link.describe()})")
+    table.add_row("oversubscription", f"{topo.oversubscription():g}:1")
+    table.add_row("queue / MTU", f"{exp.fabric.queue_text()} / {exp.fabric.mtu}")
+    table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}"
+                              + (f", {len(fabric.instances)} private vswitchd"
+                                 if fabric.instances else ""))
+    table.add_row("controller", f"os-ken on 127.0.0.1:{fabric.of_port}, "
+                                f"{exp.controller.routing}")
+    if fabric.fidelity is not None:
+        v = fabric.fidelity
+        table.add_row("fidelity", f"full load {v.load:.0%} of this machine's budget "
+                                  f"({'fits' if v.fits else 'OVER the headroom'}; "
+                                  f"<= {v.max_rate_mbps:.1f} Mbit/s per host fits)")
+    table.add_row("up in", f"{fabric.timings['up_total']:.2f} s")
+    table.add_row("first hosts", ", ".join(f"{h.name}={h.ip}" for h in topo.hosts[:3]) + ", ...")
+    return table
+
+
+def _fabric_doc(exp: xp.Experiment, fabric) -> dict:
+    """A running fabric, for ``--json``."""
+    return {"experiment": exp.name, "source": exp.source, "backend": "host",
+            "datapath": fabric.caps.datapath_type, "vswitchd_instances": len(fabric.instances),
+            "controller_port": fabric.of_port, "run_dir": str(fabric.run_dir),
+            "fabric": exp.fabric_summary(), "counts": exp.topology.counts(),
+            "warnings": list(fabric.warnings), "timings_s": dict(fabric.timings)}
+
+
+def cmd_validate(args) -> int:
+    docs, failed = [], 0
+    for path in args.files:
+        try:
+            exp = xp.load(path)
+        except ConfigError as err:
+            failed += 1
+            args.console.print(f"[red]{path}: config error:[/red] {err}")
+            docs.append({"file": path, "ok": False, "field": err.path, "error": err.message})
+            continue
+        counts = exp.topology.counts()
+        verdict = assess(exp.topology, exp.fabric.mtu)
+        args.console.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
+                           f"{counts['hosts']} hosts, {counts['links']} links)")
+        args.console.print(f"  on the userspace datapath: {verdict.explain()}"
+                           + ("" if verdict.fits else " -- over the headroom"))
+        docs.append({"file": path, "ok": True, "experiment": exp.name, "counts": counts,
+                     "collectives": exp.workload.collective_count if exp.workload else 0,
+                     "fidelity": {"load": verdict.load, "fits": verdict.fits,
+                                  "max_rate_mbps": verdict.max_rate_mbps}})
+    if args.json:
+        _emit(docs)
+    return EXIT_CONFIG if failed else EXIT_OK
+
+
+def resolve_backend(exp: xp.Experiment, requested: str | None, state_dir: Path) -> Backend:
+    """``host`` or ``vm``: the flag, else the experiment's choice; ``auto`` picks the host when
+    its kernel has every qdisc the experiment needs."""
+    choice = Backend(requested or exp.emulator.backend)
+    if choice != Backend.AUTO:
+        return choice
+    from testbed import capabilities  # probes the kernel (root)
+
+    caps = capabilities.probe(state_dir)
+    missing = [kind for _, kind in exp.required_qdiscs() if not caps.has_qdisc(kind)]
+    return Backend.VM if missing else Backend.HOST
+
+
+def cmd_up(args) -> int:
+    from testbed.fabric import Fabric  # system adapters only when a fabric is built
+
+    ui = args.console
+    exp = xp.load(args.file)
+    if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
+        return _up_in_vm(args)
+    start = time.monotonic()
+    fabric = Fabric(exp, state_dir=args.state_dir,
+                    log=(lambda m: ui.print(f"[dim]{m}[/dim]")) if args.verbose else
+                    (lambda _m: None))
+    doc: dict = {}
+    code = EXIT_OK
+    with ExitStack() as stack:
+        # registered first, so it runs after the fabric's teardown: the teardown's time
+        stack.callback(lambda: ui.print(f"torn down in {fabric.timings.get('down_total', 0):.2f}"
+                                        " s") if "down_total" in fabric.timings else None)
+        with ui.status("building the fabric ..."):
+            stack.enter_context(fabric)
+        ui.print(_summary_table(exp, fabric))
+        for warning in fabric.warnings:
+            ui.print(f"[yellow]warning:[/yellow] {warning}")
+        doc = _fabric_doc(exp, fabric)
+        if not args.check:
+            if args.json:
+                _emit({**doc, "state": "up"})
+            ui.print("fabric is up; Ctrl-C (or SIGTERM) tears it down")
+            while True:
+                time.sleep(3600)
+        result = fabric.reachability(count=args.count)
+        reach_s = time.monotonic() - start
+        ui.print(result.summary())
+        ui.print(f"all pairs reachable {reach_s:.2f} s after start" if result.complete else
+                 "unreachable: " + ", ".join(f"{s}->{d}" for s, d in result.failed[:20]))
+        doc["reachability"] = {**result.to_dict(), "reachable_s": reach_s if result.complete
+                               else None}
+        code = EXIT_OK if result.complete else EXIT_UNREACHABLE
+        ui.print("tearing down ...")
+    doc["timings_s"] = dict(fabric.timings)
+    if args.json:
+        _emit(doc)
+    return code
+
+
+def _up_in_vm(args) -> int:
+    """Run ``up --check`` inside the full-kernel guest and relay its output and exit code."""
+    if not args.check:
+        raise ConfigError("emulator.backend", "the vm backend runs a job and powers off: use "
+                          "'fabriclab up --check' (an interactive guest is the lab VM's job)")
+    return _in_vm(args, f"up --check --backend host --count {int(args.count)} "
+                        f"{'-v ' if args.verbose else ''}/job/experiment.yaml")
+
+
+def _in_vm(args, cli_args: str, results_to: Path | None = None) -> int:
+    """Run ``fabriclab CLI_ARGS`` inside the full-kernel guest, relay its output and exit code,
+    and copy what it wrote under ``$FABRICLAB_OUT/results`` to ``results_to``. With ``--json``
+    the guest's JSON document (written to ``$FABRICLAB_OUT/cli.json``) is printed, with the
+    guest run's figures under ``vm``."""
+    from testbed import vm
+
+    ui = args.console
+    job = f"python3 -m fabriclab.cli {cli_args}"
+    job += ' --json > "$FABRICLAB_OUT/cli.json"\n' if args.json else "\n"
+    with ui.status("preparing the guest image ..."):
+        image = vm.ensure_image(log=ui.print)
+    work = args.state_dir / "vm" / time.strftime("%Y%m%d-%H%M%S")
+    ui.print(f"booting the full-kernel guest ({image.directory.name}); this machine "
+             "emulates its CPU, so expect minutes")
+    result = vm.run(image, job, {"experiment.yaml": Path(args.file)}, work,
+                    Registry(args.state_dir), accel=getattr(args, "vm_accel", "tcg"),
+                    on_console=(lambda line: ui.print(f"[dim]guest| {line}[/dim]"))
+                    if getattr(args, "verbose", False) else None)
+    if not getattr(args, "verbose", False):
+        ui.print(result.output.rstrip())
+    if results_to is not None and (result.out_dir / "results").is_dir():
+        shutil.copytree(result.out_dir / "results", results_to, dirs_exist_ok=True)
+        ui.print(f"results copied to {results_to}")
+    ui.print(f"guest run: exit {result.returncode} after {result.duration_s:.0f} s; "
+             f"console log {result.console}")
+    if args.json:
+        try:
+            doc = json.loads((result.out_dir / "cli.json").read_text())
+        except (OSError, ValueError) as err:
+            raise TestbedError(f"the guest wrote no JSON document ({err})",
+                               stderr=result.output[-2000:]) from None
+        if isinstance(doc, dict):
+            doc["backend"] = "vm"
+            doc["vm"] = {"exit": result.returncode, "duration_s": result.duration_s,
+                         "console": str(result.console)}
+        _emit(doc)
+    return result.returncode
+
+
+class _TerminalView(RunView):
+    """Progress of ``fabriclab run`` on the terminal."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.stack = ExitStack()
+        self.bar = None
+        self.task = None
+
+    def building(self) -> None:
+        self.status = self.stack.enter_context(self.console.status("building the fabric ..."))
+
+    def started(self, fabric, total: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.stack.close()  # the spinner
+        for warning in fabric.warnings:
+            self.console.print(f"[yellow]warning:[/yellow] {warning}")
+        self.bar = self.stack.enter_context(Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn(
+                "{task.completed}/{task.total}"), TimeElapsedColumn(), console=self.console))
+        self.task = self.bar.add_task("collectives", total=total)
+
+    def batch(self, jobs) -> None:
+        self.bar.update(self.task, description=batch_text(jobs))
+
+    def measured(self, count: int) -> None:
+        self.bar.advance(self.task, count)
+
+    def tearing_down(self) -> None:
+        self.stack.close()
+        self.console.print("tearing down ...")
+
+
+def cmd_run(args) -> int:
+    """Build the fabric, run the workload, write DIR/results.json, tear down."""
+    exp = xp.load(args.file)
+    if exp.workload is None:
+        raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
+    out = Path(args.out)
+    if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
+        return _in_vm(args, "run --backend host /job/experiment.yaml "
+                            "--out \"$FABRICLAB_OUT/results\"", out)
+    view = _TerminalView(args.console)
+    try:
+        doc = run_experiment(exp, out, args.state_dir, view)
+    finally:
+        view.stack.close()
+    for item in doc.get("iterations", []):
+        args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
+    args.console.print(_results_table(doc))
+    args.console.print(f"results: {out / 'results.json'}")
+    if args.json:
+        _emit(doc)
+    return EXIT_OK
+
+
+def _results_table(doc: dict) -> Table:
+    """An nccl-tests-like table: one row per job, times averaged over its repetitions."""
+    table = Table(title=f"{doc['experiment']}: collectives",
+                  caption="bytes: NCCL-tests size; count: float32 elements; algbw, busbw: Mbit/s;"
+                          " eff: busbw / link rate; cpu_s: all agents' CPU seconds", box=None)
+    for col in ("op", "algo", "n", "bytes", "count", "reps", "time_ms", "algbw", "busbw",
+                "eff", "cpu_s"):
+        table.add_column(col, justify="left" if col in ("op", "algo") else "right",
+                         no_wrap=True)
+    for s in job_summaries(doc["collectives"]):
+        table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
+                      str(s.repetitions), f"{s.mean_s * 1e3:.0f}", f"{s.algbw_mbps:.2f}",
+                      f"{s.busbw_mbps:.2f}", f"{s.efficiency:.3f}", f"{s.agent_cpu_s:.1f}")
+    return table
+
+
+def cmd_clean(args) -> int:
+    report = cleanup.clean(Registry(args.state_dir), include_live=args.all)
+    args.console.print(f"removed {len(report.runs)} run(s): {report.bridges} bridge(s), "
+                       f"{report.links} link(s), {report.processes} process(es)")
+    for item in report.skipped:
+        args.console.print(f"skipped live run {item} (use --all to remove it too)")
+    for err in report.errors:
+        args.console.print(f"[red]error:[/red] {err}")
+    if args.json:
+        _emit({"runs": report.runs, "bridges": report.bridges, "links": report.links,
+               "processes": report.processes, "skipped": report.skipped,
+               "errors": report.errors})
+    return 1 if report.errors else EXIT_OK
+
+
+def cmd_schema(_args) -> int:
+    _emit(xp.schema())
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fabriclab", description=__doc__)
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help=f"run records and caches (default {DEFAULT_STATE_DIR})")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, func, help_text: str, json_flag: bool = True):
+        p = sub.add_parser(name, help=help_text)
+        p.set_defaults(func=func, json=False)
+        if json_flag:
+            p.add_argument("--json", action="store_true",
+                           help="print one JSON document on stdout (the rest goes to stderr)")
+        return p
+
+    def backend(p) -> None:
+        p.add_argument("--backend", choices=list(Backend),
+                       help="where to run (default: the experiment's emulator.backend)")
+
+    p = command("validate", cmd_validate, "check experiment files without building anything")
+    p.add_argument("files", nargs="+")
+    p = command("up", cmd_up, "build a fabric and keep it up until Ctrl-C")
+    p.add_argument("file")
+    p.add_argument("--check", action="store_true",
+                   help="test all-pairs reachability, tear down, exit non-zero on any loss")
+    p.add_argument("--count", type=int, default=2, help="probes per pair with --check")
+    p.add_argument("-v", "--verbose", action="store_true", help="print step timings")
+    backend(p)
+    p.add_argument("--vm-accel", choices=("tcg", "kvm"), default="tcg",
+                   help="vm backend: CPU emulation (default; works everywhere) or KVM")
+    p = command("run", cmd_run, "build the fabric, run the workload, write results, tear down")
+    p.add_argument("file")
+    p.add_argument("--out", required=True, help="directory for results.json")
+    backend(p)
+    p = command("clean", cmd_clean, "remove what earlier (killed) runs left behind")
+    p.add_argument("--all", action="store_true", help="also runs whose process is still alive")
+    command("schema", cmd_schema, "print the experiment file's JSON Schema", json_flag=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.console = ui = _console(to_stderr=args.json)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        ui.print(f"[red]config error:[/red] {err}")
+        return EXIT_CONFIG
+    except TestbedError as err:
+        ui.print(f"[red]testbed error:[/red] {err}")
+        for note in getattr(err, "__notes__", []):
+            ui.print(f"  {note}")
+        return EXIT_SYSTEM
+    except (KeyboardInterrupt, Terminated) as err:
+        if getattr(args, "verbose", False):
+            ui.print_exception()
+        ui.print(f"interrupted ({type(err).__name__}); torn down")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The experiment file: YAML, checked against the shipped JSON Schema, then semantically, and
+parsed once into a typed :class:`Experiment` (the testbed it builds and the workload it runs).
+
+This is the layer above :mod:`testbed` and :mod:`traffic`: it knows both, neither knows it.
+Defaults are those of the typed specs (:mod:`testbed.spec`, :mod:`traffic.workload`,
+:class:`traffic.training.TrainingSpec`); they apply per level (built-in defaults -> the file's
+``fabric`` section -> per-tier link settings). Every error names its field path:
+``fabric.k: must be even, got 5``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from testbed.errors import ConfigError
+from testbed.spec import (
+    DEFAULT_QUEUE_KB,
+    SHAPE_KEYS,
+    Backend,
+    ControllerSpec,
+    EcmpSeed,
+    EmulatorSpec,
+    FabricSpec,
+    Fidelity,
+    LinkSpec,
+    Routing,
+    TestbedSpec,
+)
+from traffic.workload import Workload, parse_workload
+
+MEMORY = "<memory>"
+
+
+@cache
+def schema() -> dict:
+    """The experiment file's JSON Schema (``fabriclab/schema/experiment.schema.json``)."""
+    text = resources.files("fabriclab").joinpath("schema/experiment.schema.json").read_text()
+    return json.loads(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment(TestbedSpec):
+    """A validated experiment: the testbed to build, and what runs on it."""
+
+    name: str
+    description: str = ""
+    source: str = MEMORY
+    workload: Workload | None = None
+
+    def fabric_summary(self) -> dict:
+        """What fabric ran (the results document's ``fabric``)."""
+        return {"topology": self.topology.kind, **self.fabric.shape,
+                "host_rate_mbps": self.fabric.host_link.rate_mbps,
+                "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
+                "mtu": self.fabric.mtu, "routing": str(self.controller.routing)}
+
+
+def load(path: str | Path) -> Experiment:
+    """Read, validate and return an experiment file.
+
+    Raises:
+        ConfigError: naming the field path of the first problem (all problems are listed).
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ConfigError(str(path), f"cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), f"not a text file: byte {err.start} is not UTF-8; an "
+                                     "experiment file is YAML text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(str(path), f"not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    return parse(data, source=str(path))
+
+
+def parse(data: object, source: str = MEMORY) -> Experiment:
+    """Validate already-parsed YAML/JSON data and return the experiment (workload included:
+    trace and NCCL log files are read here, once, relative to ``source``'s folder)."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
+    _check(data, schema())
+    spec = TestbedSpec(
+        fabric=_fabric(data["fabric"]),
+        controller=ControllerSpec(**_typed(data.get("controller", {}), _CONTROLLER_TYPES)),
+        emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
+    workload = None
+    if data.get("workload"):  # checked against the model: all before anything is built
+        base = str(Path(source).parent) if source != MEMORY else "."
+        workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry)
+    else:
+        _ = spec.topology  # semantic checks of the shape happen in the model
+    return Experiment(
+        name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
+        description=data.get("description", ""), source=source, fabric=spec.fabric,
+        controller=spec.controller, emulator=spec.emulator, workload=workload)
+
+
+def _other_config(raw: dict) -> dict[str, str]:
+    """OVSDB other_config values are strings; YAML booleans become ``true``/``false``."""
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in raw.items()}
+
+
+# schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
+_CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ready_timeout_s": float}
+_EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
+                   "ovs_other_config": _other_config}
+
+
+def _typed(raw: dict, types: dict) -> dict:
+    return {key: types[key](value) for key, value in raw.items()}
+
+
+def check_entry(entry: dict, where: str) -> None:
+    """Check one workload entry (a replayed trace line) as the schema checks ``collectives``."""
+    _check(entry, schema()["$defs"]["workload"]["properties"]["collectives"]["items"], where)
+
+
+def _check(data: object, sub_schema: dict, prefix: str = "") -> None:
+    validator = jsonschema.Draft202012Validator(sub_schema)
+    problems = sorted((_describe(e, prefix) for e in validator.iter_errors(data)),
+                      key=lambda p: p[0])
+    if problems:
+        first_path, first_msg = problems[0]
+        more = "".join(f"\n  {p}: {m}" if p else f"\n  {m}" for p, m in problems[1:])
+        raise ConfigError(first_path, first_msg + more)
+
+
+def _fabric(raw: dict) -> FabricSpec:
+    kind = raw["topology"]
+    for other, keys in SHAPE_KEYS.items():
+        for key in keys:
+            if other != kind and key in raw:
+                raise ConfigError(f"fabric.{key}", f"only applies to topology {other}, not {kind}")
+    for key in SHAPE_KEYS[kind]:
+        if key not in raw:
+            raise ConfigError(f"fabric.{key}", f"required for topology {kind}")
+    queue = raw.get("queue", {})
+    if "size_kb" in queue and "size_packets" in queue:
+        raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")
+    optional = {k: raw[k] for k in ("mtu",) if k in raw}
+    return FabricSpec(
+        topology=kind,
+        shape={key: raw[key] for key in SHAPE_KEYS[kind]},
+        host_link=LinkSpec(**raw.get("host_link", {})),
+        fabric_link=LinkSpec(**raw.get("fabric_link", {})),
+        queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
+        queue_packets=queue.get("size_packets"),
+        **optional,
+    )
+
+
+def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                   for p in error.absolute_path)
+    path = (prefix + path) if prefix else path.lstrip(".")
+    kind = error.validator
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        key = ".".join(filter(None, [path, extra[0] if extra else ""]))
+        return key, f"unknown key (allowed: {', '.join(allowed)})"
+    if kind == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else "?"
+        return ".".join(filter(None, [path, missing])), "required"
+    if kind == "type":
+        return path, f"must be of type {error.validator_value}, got {error.instance!r}"
+    if kind == "enum":
+        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {error.instance!r}"
+    if kind == "const":
+        return path, f"must be {error.validator_value!r}, got {error.instance!r}"
+    if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
+              "exclusiveMaximum": "<"}[kind]
+        return path, f"must be {op} {error.validator_value}, got {error.instance!r}"
+    return path, error.message

@@ -1,0 +1,92 @@
+"""Pure results document: what ``fabriclab run`` writes to ``results.json`` as it goes, and the
+figures derived from its rows (training iterations, the nccl-tests-like per-job summary).
+
+Fields are documented in README ("Workloads and results"). The document is complete only when
+``complete`` is true; a failed run keeps the rows it measured and gains ``error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from traffic.results import CollectiveResult
+
+
+def new_document(experiment: str, source: str, started: str, fabric: dict) -> dict:
+    """An empty, incomplete results document."""
+    return {"experiment": experiment, "source": source, "complete": False, "started": started,
+            "fabric": fabric, "collectives": []}
+
+
+def add_rows(doc: dict, job_index: int, measured: list[CollectiveResult] | tuple,
+             concurrent_jobs: int) -> None:
+    """Append one job's results (one row per collective run, repetitions numbered)."""
+    doc["collectives"] += [{"job": job_index, "repetition": i, "concurrent_jobs": concurrent_jobs,
+                            **asdict(r)} for i, r in enumerate(measured)]
+
+
+def fail(doc: dict, error: str) -> None:
+    """Mark the document failed: it keeps what it measured and says why it stopped."""
+    doc["complete"] = False
+    doc["error"] = error
+
+
+def finish(doc: dict) -> None:
+    """Mark the document complete, with its training iterations if any."""
+    iterations = iteration_times(doc["collectives"])
+    if iterations:
+        doc["iterations"] = iterations
+    doc["complete"] = True
+
+
+def iteration_times(rows: list[dict]) -> list[dict]:
+    """Training: each iteration's time, the sum of its phases and their compute gaps.
+
+    Rows without an ``iteration`` (collectives, traces, background flows) count for none.
+    """
+    totals: dict[int, float] = {}
+    for row in rows:
+        if row.get("iteration") is not None:
+            totals[row["iteration"]] = (totals.get(row["iteration"], 0.0) + row["duration_s"]
+                                        + row["gap_s"])
+    return [{"iteration": it, "time_s": t} for it, t in sorted(totals.items())]
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One row of the nccl-tests-like table: a job's collectives of one kind, averaged."""
+
+    op: str
+    algorithm: str
+    ranks: int
+    bytes: int
+    repetitions: int
+    mean_s: float
+    algbw_mbps: float
+    busbw_mbps: float
+    efficiency: float
+    agent_cpu_s: float
+
+    @property
+    def count(self) -> int:
+        """float32 elements, as nccl-tests prints them."""
+        return self.bytes // 4
+
+
+def job_summaries(rows: list[dict]) -> list[JobSummary]:
+    """Rows grouped by (job, op, algorithm, bytes, communicator size), times averaged."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = (row["job"], row["op"], row["algorithm"], row["bytes"], row["communicator_size"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for group in groups.values():
+        r0 = group[0]
+        mean_s = sum(r["duration_s"] for r in group) / len(group)
+        algbw = r0["bytes"] * 8 / mean_s / 1e6
+        factor = r0["busbw_gbps"] / r0["algbw_gbps"]
+        out.append(JobSummary(r0["op"], r0["algorithm"], r0["communicator_size"], r0["bytes"],
+                              len(group), mean_s, algbw, algbw * factor,
+                              sum(r["efficiency"] for r in group) / len(group),
+                              sum(r.get("agent_cpu_s", 0.0) for r in group)))
+    return out

@@ -1,0 +1,95 @@
+"""Run an experiment end to end: build its fabric, run its workload batch by batch, and keep
+``results.json`` current as it goes (complete, or failed with what it measured and why).
+
+The terminal (progress bar, tables) is the CLI's: it hands in a :class:`RunView`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fabriclab import results
+from fabriclab.experiment import Experiment
+from testbed.errors import TestbedError
+from testbed.fabric import Fabric
+from testbed.files import write_json_atomic
+from traffic.runner import run_batch
+from traffic.workload import Job
+
+
+class RunView:
+    """What a run shows while it goes; the default shows nothing."""
+
+    def building(self) -> None:
+        """The fabric is being built."""
+
+    def started(self, fabric: Fabric, total: int) -> None:
+        """The fabric is up; ``total`` collectives will run."""
+
+    def batch(self, jobs: list[Job]) -> None:
+        """A batch of jobs starts."""
+
+    def measured(self, count: int) -> None:
+        """``count`` more collectives were measured."""
+
+    def tearing_down(self) -> None:
+        """The fabric is being torn down."""
+
+
+def batch_text(jobs: list[Job]) -> str:
+    """``all_reduce 4194304 B x2 on 16 ranks (+1 at once)``."""
+    first = jobs[0].collectives[0]
+    return (f"{first.op} {first.schedule.size_bytes} B x{len(jobs[0].collectives)} on "
+            f"{len(first.hosts)} ranks" + (f" (+{len(jobs) - 1} at once)" if len(jobs) > 1
+                                          else ""))
+
+
+def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
+                   view: RunView | None = None) -> dict:
+    """Build ``exp``'s fabric, run its workload, tear down; ``out_dir/results.json`` holds the
+    document at every moment (written before the build, after every batch, and at the end).
+
+    Returns:
+        The complete results document.
+
+    Raises:
+        TestbedError: a failing job or system step (the document then holds ``error``).
+        ConfigError, KeyboardInterrupt, ...: likewise recorded in the document, then raised.
+    """
+    view = view or RunView()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    doc = results.new_document(exp.name, exp.source, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               exp.fabric_summary())
+    write_json_atomic(path, doc)
+    try:
+        view.building()
+        with Fabric(exp, state_dir=state_dir) as fabric:
+            view.started(fabric, exp.workload.collective_count)
+            began = time.monotonic()
+            for batch in exp.workload.batches():
+                wait_s = batch[0].not_before_s - (time.monotonic() - began)
+                if wait_s > 0:  # a replayed trace's timestamp
+                    time.sleep(wait_s)
+                view.batch(batch)
+                errors = []
+                for outcome in run_batch(fabric, batch):
+                    if outcome.error is not None:
+                        errors.append(f"job {outcome.job.index} ({batch_text([outcome.job])}): "
+                                      f"{outcome.error}")
+                        continue
+                    results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
+                    view.measured(len(outcome.results))
+                write_json_atomic(path, doc)
+                if errors:
+                    raise TestbedError("\n".join(errors))
+            results.finish(doc)
+            view.tearing_down()
+    except BaseException as err:
+        results.fail(doc, f"{type(err).__name__}: {err}" if not isinstance(
+            err, TestbedError) else str(err))
+        raise
+    finally:
+        write_json_atomic(path, doc)
+    return doc

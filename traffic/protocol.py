@@ -1,0 +1,109 @@
+"""Pure, typed contract between the runner and its agents, as JSON files and lines.
+
+The runner writes an :class:`AgentSpec` (``SPEC.json``) that every agent of a job reads; each
+agent prints one :class:`AgentReport` on stdout. Both sides use these classes, so a field is
+named once and a malformed document fails with the field it lacks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from traffic.schedules import Transfer
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Rank ``i`` of a job is ``ranks[i]``: its host and that host's address."""
+
+    host: str
+    ip: str
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """One collective as an agent runs it: the compute gap before it, then its transfers."""
+
+    op: str
+    gap_s: float
+    transfers: tuple[Transfer, ...]
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One job: what every agent of it reads.
+
+    ``port`` is where every agent listens (on its own address), ``connections`` the sockets per
+    peer (NCCL channels), ``start_at`` a wall-clock time shared by all agents (one machine, one
+    clock), ``barrier`` whether each collective waits for every rank first.
+    """
+
+    port: int
+    connections: int
+    start_at: float
+    ranks: tuple[RankSpec, ...]
+    collectives: tuple[CollectiveSpec, ...]
+    barrier: bool = True
+
+    def rank_of(self, host: str) -> int:
+        for i, rank in enumerate(self.ranks):
+            if rank.host == host:
+                return i
+        raise ValueError(f"{host} is not a rank of this job")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> AgentSpec:
+        d = json.loads(text)
+        return cls(d["port"], d["connections"], d["start_at"],
+                   tuple(RankSpec(**r) for r in d["ranks"]),
+                   tuple(CollectiveSpec(c["op"], c["gap_s"],
+                                        tuple(Transfer(**t) for t in c["transfers"]))
+                         for c in d["collectives"]),
+                   d.get("barrier", True))
+
+
+@dataclass(frozen=True)
+class FlowTiming:
+    """A transfer an agent received, and when its last byte arrived (wall clock)."""
+
+    src: int
+    dst: int
+    step: int
+    bytes: int
+    done: float
+
+
+@dataclass(frozen=True)
+class CollectiveTiming:
+    """One rank's view of one collective: when it started and ended, and its receives."""
+
+    index: int
+    start: float
+    end: float
+    flows: tuple[FlowTiming, ...]
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """What an agent prints when its job is done."""
+
+    rank: int
+    host: str
+    collectives: tuple[CollectiveTiming, ...]
+    cpu_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> AgentReport:
+        d = json.loads(text)
+        return cls(d["rank"], d["host"],
+                   tuple(CollectiveTiming(c["index"], c["start"], c["end"],
+                                          tuple(FlowTiming(**f) for f in c["flows"]))
+                         for c in d["collectives"]),
+                   d.get("cpu_s", 0.0))
