@@ -1,13 +1,17 @@
 # fabriclab: `make run` checks the default fabric's reachability, then runs its workload
 # (results in runs/<experiment>/results.json);
-# `make test` runs the unit and integration tests. Both do the set-up themselves.
+# `make test` runs the unit and integration tests. Both do the set-up themselves (as root).
+# `make unit` runs the unit tests only, as any user (it needs python3-venv, nothing else).
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
 
-.PHONY: setup run test unit integration bench clean
+.PHONY: setup venv run test unit integration bench clean
 
 setup:
 	./scripts/setup.sh
+
+venv:
+	./scripts/venv.sh
 
 run: setup
 	$(VENV)/bin/fabriclab up --check $(EXPERIMENT)
@@ -16,11 +20,11 @@ run: setup
 test: setup
 	$(VENV)/bin/python -m pytest -v tests
 
-unit: setup
-	$(VENV)/bin/python -m pytest -v tests/unit
+unit: venv
+	$(VENV)/bin/python -m pytest -v -m "not integration" tests/unit
 
 integration: setup
-	$(VENV)/bin/python -m pytest -v tests/integration
+	$(VENV)/bin/python -m pytest -v -m integration tests/integration
 
 bench: setup
 	$(VENV)/bin/python bench/bringup.py

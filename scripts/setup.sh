@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a Debian 12 machine for fabriclab: packages, Open vSwitch daemons with
-# userspace TSO, and a venv (Debian's python3, --system-site-packages for Mininet) with the
-# project installed editable. Safe to run again; does only what is missing.
+# userspace TSO, and the venv (scripts/venv.sh: Debian's python3, --system-site-packages for
+# Mininet) with the project installed editable. Safe to run again; does only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -44,17 +44,7 @@ if [ "$(ovs-vsctl --timeout=5 --if-exists get Open_vSwitch . other_config:usersp
 fi
 ovs-vsctl --timeout=10 show >/dev/null
 
-if [ ! -x "$VENV/bin/python" ]; then
-  log "creating venv $VENV"
-  /usr/bin/python3 -m venv --system-site-packages "$VENV"
-fi
-stamp="$VENV/.fabriclab-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  log "installing fabriclab into the venv"
-  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -e ".[test]" 2> >(grep -vE "WARNING: Location|^ *$" >&2)
-  touch "$stamp"
-fi
-"$VENV/bin/python" -c "import mininet.node, os_ken, pyroute2, testbed" \
-  || { echo "venv cannot import mininet/os_ken/pyroute2/testbed" >&2; exit 1; }
+FABRICLAB_VENV=$VENV ./scripts/venv.sh
+"$VENV/bin/python" -c "import mininet.node" \
+  || { echo "venv cannot import mininet (Debian's package)" >&2; exit 1; }
 log "ready: $VENV/bin/fabriclab"

@@ -207,25 +207,35 @@ def _wait(proc: subprocess.Popen, console: Path, deadline: float,
         time.sleep(0.2)
 
 
-def _safe_member(member: tarfile.TarInfo) -> bool:
-    """Regular files and directories inside the target only (the guest writes this tar)."""
-    parts = Path(member.name).parts
-    return (member.isfile() or member.isdir()) and not Path(member.name).is_absolute() \
-        and ".." not in parts
+def _safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """What may be extracted from a tar the guest wrote: regular files and directories whose
+    path stays inside the target (no absolute path, no ``..``; links, devices and FIFOs are
+    dropped), owned by us, without setuid/setgid bits."""
+    out = []
+    for member in tar.getmembers():
+        path = Path(member.name)
+        if not (member.isfile() or member.isdir()) or path.is_absolute() or ".." in path.parts:
+            continue
+        member.mode &= 0o755
+        member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+        out.append(member)
+    return out
 
 
 def _collect(out_disk: Path, out_dir: Path, console: Path, duration_s: float) -> VmResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(out_disk, mode="r:") as tar:
-            members = [m for m in tar.getmembers() if _safe_member(m)]
-            tar.extractall(out_dir, members=members)
+            tar.extractall(out_dir, members=_safe_members(tar))
     except tarfile.TarError as err:
         tail = console.read_text(errors="replace")[-3000:]
         raise TestbedError(f"the guest wrote no results ({err}); end of its console:", "",
                            tail) from err
     rc_file = out_dir / "rc"
-    returncode = int(rc_file.read_text().strip()) if rc_file.is_file() else 3
+    try:
+        returncode = int(rc_file.read_text().strip())
+    except (OSError, ValueError):  # no exit code, or not a number: the job did not end well
+        returncode = 3
     output_file = out_dir / "output.txt"
     output = output_file.read_text(errors="replace") if output_file.is_file() else ""
     return VmResult(returncode, output, out_dir, console, duration_s)

@@ -1,4 +1,8 @@
-"""Integration fixtures: real fabrics (netns, veth, OVS, os-ken), checked for leaks."""
+"""Integration fixtures: real fabrics (netns, veth, OVS, os-ken), checked for leaks.
+
+Every test under this folder carries the ``integration`` marker (``-m "not integration"``
+deselects them) and is skipped, with the reason, when not run as root.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,17 @@ from testbed.fabric import Fabric
 ROOT = Path(__file__).resolve().parents[2]
 
 
+HERE = Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.geteuid() != 0:
-        skip = pytest.mark.skip(reason="integration tests need root")
-        for item in items:
-            item.add_marker(skip)
+    """Mark the tests of this folder only (the hook sees every collected item)."""
+    skip = pytest.mark.skip(reason="integration tests need root")
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+            if os.geteuid() != 0:
+                item.add_marker(skip)
 
 
 def machine_state() -> dict[str, set[str]]:
@@ -36,7 +46,8 @@ def machine_state() -> dict[str, set[str]]:
         "bridges": lines("ovs-vsctl --timeout=10 list-br"),
         "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
         "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
-                       "|ovs(db-server|-vswitchd) .*/work/[0-9]{8}-' | grep -v grep"),
+                       "|traffic.agent|ovs(db-server|-vswitchd) .*/work/[0-9]{8}-' "
+                       "| grep -v grep"),
     }
 
 
@@ -70,6 +81,13 @@ def experiment(text: str) -> config.Experiment:
     return config.parse(yaml.safe_load(text))
 
 
+def keep_artifacts(fabric: Fabric, into: Path) -> None:
+    """The run directory (logs, controller status) and every qdisc's counters, for a post-mortem."""
+    shutil.copytree(fabric.run_dir, into / "run", dirs_exist_ok=True, ignore=_sockets)
+    (into / "tc.txt").write_text(subprocess.run(
+        ["tc", "-s", "qdisc", "show"], capture_output=True, text=True, check=False).stdout)
+
+
 @pytest.fixture
 def make_fabric(state_dir, tmp_path):
     """Build fabrics that are always torn down; keep their logs and tc state in tmp_path."""
@@ -78,18 +96,16 @@ def make_fabric(state_dir, tmp_path):
     def _make(exp: config.Experiment) -> Fabric:
         fabric = Fabric(exp, state_dir=state_dir)
         made.append(fabric)
-        fabric.__enter__()
-        return fabric
+        return fabric.__enter__()  # torn down below, after the test, with its artifacts kept
 
     yield _make
     errors = []
     for fabric in made:
         if fabric.record is None:
             continue
-        shutil.copytree(fabric.run_dir, tmp_path / "run", dirs_exist_ok=True,
-                        ignore=_sockets)
-        (tmp_path / "tc.txt").write_text(subprocess.run(
-            ["tc", "-s", "qdisc", "show"], capture_output=True, text=True, check=False).stdout)
-        errors += fabric.controller_status().get("errors", [])
-        fabric.down()
+        try:
+            errors += fabric.controller_status().get("errors", [])
+            keep_artifacts(fabric, tmp_path)
+        finally:
+            fabric.down()
     assert not errors, f"controller errors: {errors}"

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import json
-import time
+import subprocess
+import sys
 
 import pytest
 
-from testbed.errors import ConfigError
+from testbed import capabilities
+from testbed.errors import ConfigError, TestbedError
 from testbed.fabric import Fabric
-from tests.integration.conftest import experiment
+from testbed.poll import wait_for
+from tests.integration.conftest import experiment, machine_state
+from traffic import iperf
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"
 LEAF_SPINE = ("version: 1\nfabric: {topology: leaf_spine, leaves: 3, spines: 2, "
               "hosts_per_leaf: 3}\n")
 
 
-def poll(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+poll = wait_for
 
 
 @pytest.mark.parametrize("text", [K4, LEAF_SPINE], ids=["fat_tree_k4", "leaf_spine"])
@@ -41,40 +37,29 @@ def test_all_pairs_reachable_with_zero_loss(make_fabric, text):
     assert not fabric.controller_status()["wiring_mismatches"]
 
 
-def _iperf3(fabric: Fabric, server: str, client: str, seconds: int = 5) -> float:
-    """Mbit/s received by ``server`` from one TCP flow sent by ``client``."""
-    port = 5201
-    srv = fabric.hosts.popen(server, ["iperf3", "-s", "-1", "-p", str(port)])
-    try:
-        poll(lambda: fabric.hosts.popen(server, ["ss", "-Hltn", f"sport = :{port}"])
-             .communicate()[0].strip(), 10, "iperf3 server to listen")
-        cli = fabric.hosts.popen(client, ["iperf3", "-c", fabric.topo.nodes[server].ip, "-p",
-                                          str(port), "-t", str(seconds), "-J"])
-        out, err = cli.communicate(timeout=seconds + 30)
-        assert cli.returncode == 0, f"iperf3 client failed: {out[-500:]} {err[-500:]}"
-        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
-    finally:
-        srv.kill()
-        srv.wait()
-
-
 def test_tcp_over_one_shaped_path_reaches_the_configured_rate(make_fabric):
     rate = 100
     fabric = make_fabric(experiment(
         f"version: 1\nfabric: {{topology: fat_tree, k: 4, host_link: {{rate_mbps: {rate}}}, "
         f"fabric_link: {{rate_mbps: {rate}}}}}\n"
         "emulator: {fidelity: warn}\n"))  # one flow: the full-load budget does not apply
-    mbps = _iperf3(fabric, "h2_1_1", "h1_1_1")  # cross-pod: 5 switch hops, 6 shaped links
+    (mbps,) = iperf.run(fabric, iperf.plan([("h1_1_1", "h2_1_1")]), 5).values()  # cross-pod:
+    # 5 switch hops, 6 shaped links
     print(f"iperf3 cross-pod: {mbps:.1f} Mbit/s of {rate}")
     assert 0.90 * rate <= mbps <= 1.02 * rate, f"{mbps:.1f} Mbit/s on a {rate} Mbit/s path"
 
 
-def test_shaping_survives_on_every_switch_port(make_fabric):
+def test_shaping_survives_on_every_link_end(make_fabric):
     fabric = make_fabric(experiment(LEAF_SPINE))
+    ends = 0
     for link in fabric.topo.links:
-        end = link.b  # the switch end
-        kinds = [q["kind"] for q in fabric.netlink.qdisc_stats(end.ifname)]
-        assert kinds == ["htb", "bfifo"], f"{end.ifname}: {kinds}"
+        for end in (link.a, link.b):  # switch ports, and hosts' interfaces in their namespaces
+            node = fabric.topo.nodes[end.node]
+            pid = None if node.is_switch else fabric.hosts.pid(node.name)
+            kinds = [q["kind"] for q in fabric.netlink.qdisc_stats(end.ifname, pid=pid)]
+            assert kinds == ["htb", "bfifo"], f"{end.ifname}: {kinds}"
+            ends += 1
+    assert ends == 2 * len(fabric.topo.links)
 
 
 def test_link_down_is_routed_around_and_restored(make_fabric):
@@ -107,15 +92,54 @@ def test_missing_netem_fails_before_building_anything(state_dir, tmp_path):
 
 
 def test_an_overloaded_fabric_is_refused_with_the_numbers(state_dir):
+    if capabilities.probe(state_dir).datapath_type != "netdev":
+        pytest.skip("the budget applies to the userspace datapath")
     exp = experiment("version: 1\nfabric: {topology: fat_tree, k: 4, "
                      "host_link: {rate_mbps: 400}, fabric_link: {rate_mbps: 400}}\n")
     fabric = Fabric(exp, state_dir=state_dir)
     with pytest.raises(ConfigError) as err, fabric:
         pass
-    if fabric.caps.datapath_type != "netdev":
-        pytest.skip("the budget applies to the userspace datapath")
     assert err.value.path == "fabric.host_link.rate_mbps"
     assert "16 hosts x 400 Mbit/s x 4.47 switch hops" in err.value.message
     assert "emulator.fidelity: warn" in err.value.message
     assert fabric.record is None  # refused before anything was built
 
+
+
+def test_a_failure_in_the_middle_of_up_leaves_nothing_behind(state_dir, monkeypatch):
+    before = machine_state()
+    exp = experiment(LEAF_SPINE)
+    fabric = Fabric(exp, state_dir=state_dir)
+
+    def broken_switches() -> None:
+        raise TestbedError("switches failed on purpose")
+
+    monkeypatch.setattr(fabric, "_create_switches", broken_switches)
+    with pytest.raises(TestbedError, match="on purpose"), fabric:
+        pass
+    # controller, hosts and links existed; all are gone, and so is the run record
+    assert fabric.timings.get("links", 0) > 0 and fabric.record is None
+    assert not list((state_dir / "runs").glob("*.json"))
+    assert machine_state() == before
+
+
+def test_fabric_services_live_and_die_with_the_fabric(make_fabric):
+    fabric = make_fabric(experiment(LEAF_SPINE))
+    host = fabric.spawn("h1_1", ["sleep", "600"], "test:sleep-in-host")
+    root = fabric.spawn(None, [sys.executable, "-c", "import time; time.sleep(600)"],
+                        "test:sleep-here", stdout=subprocess.DEVNULL)
+    ticks = []
+
+    def ticker(stop) -> None:
+        while not stop.wait(0.05):
+            ticks.append(1)
+
+    fabric.start_thread(ticker, "test:thread")
+    roles = {p.role for p in fabric.record.processes}
+    assert {"test:sleep-in-host", "test:sleep-here", "controller"} <= roles
+    assert fabric.stop(host) is not None and host.returncode != 0  # ended by SIGTERM
+    assert "test:sleep-in-host" not in {p.role for p in fabric.record.processes}
+    poll(lambda: ticks, 5, "the service thread to run")
+    fabric.down()  # ends what is left: the root-namespace process and the thread
+    assert root.returncode is not None
+    assert not fabric._threads

@@ -2,27 +2,49 @@
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 from tests.integration.conftest import ROOT, machine_state
 
 K4 = ROOT / "experiments" / "quickstart.yaml"
+UP_TIMEOUT_S = 60
 
 
 def _start_up(state_dir) -> subprocess.Popen:
+    """``fabriclab up --json``, returned once its document says the fabric is up."""
+    log = open(state_dir.parent / "up.stderr", "w", encoding="utf-8")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
-                             "up", str(K4)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "up", "--json", str(K4)], stdout=subprocess.PIPE, stderr=log,
                             text=True, cwd=ROOT)
-    deadline = time.monotonic() + 60
-    for line in proc.stdout:
-        if "fabric is up" in line:
+    log.close()
+    lines: queue.Queue = queue.Queue()
+
+    def reader() -> None:  # a pipe read cannot time out: a thread reads, the test waits
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
+    text = ""
+    while True:
+        try:
+            line = lines.get(timeout=UP_TIMEOUT_S)
+        except queue.Empty:
+            _kill(proc)
+            raise AssertionError(f"fabriclab up said nothing for {UP_TIMEOUT_S} s") from None
+        if line is None:
+            raise AssertionError(f"fabriclab up exited early with {proc.wait()}: "
+                                 + (state_dir.parent / "up.stderr").read_text()[-2000:])
+        text += line
+        if line.startswith("}"):  # the end of the one JSON document
+            assert json.loads(text)["state"] == "up"
             return proc
-        assert time.monotonic() < deadline, "fabric did not come up"
-    raise AssertionError(f"fabriclab up exited early with {proc.wait()}")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -42,8 +64,8 @@ def test_sigterm_tears_down(state_dir):
     proc = _start_up(state_dir)
     assert _ours_present()
     proc.send_signal(signal.SIGTERM)
-    rest = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130, rest
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130, (state_dir.parent / "up.stderr").read_text()[-2000:]
     assert not _ours_present()
 
 
@@ -51,10 +73,11 @@ def test_sigkill_leftovers_are_removed_by_clean(state_dir):
     _kill(_start_up(state_dir))
     assert _ours_present()  # killed: nothing could tear down
     out = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
-                          "clean"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                         check=False)
+                          "clean", "--json"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "removed 1 run(s)" in out.stdout
+    report = json.loads(out.stdout)
+    assert len(report["runs"]) == 1 and report["processes"] > 0 and not report["errors"]
     assert not _ours_present()
 
 

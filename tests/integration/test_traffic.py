@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -22,12 +23,15 @@ RANKS = ("h1_1_1", "h2_1_1", "h3_1_1", "h4_1_1")  # one per pod: every transfer 
 
 
 def _fabriclab_run(state_dir, exp, out):
-    """``fabriclab run EXP --out OUT`` as a user runs it; returns the process and results.json."""
+    """``fabriclab run EXP --out OUT --json`` as a user runs it; returns the process and the
+    document (which must be what results.json holds)."""
     proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
-                           "run", str(exp), "--out", str(out)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, check=False)
+                           "run", str(exp), "--out", str(out), "--json"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc, json.loads((out / "results.json").read_text())
+    doc = json.loads(proc.stdout)
+    assert doc == json.loads((out / "results.json").read_text())
+    return proc, doc
 
 
 def test_ring_all_reduce_and_all_to_all_complete_near_line_rate(make_fabric):
@@ -59,7 +63,9 @@ def test_a_stuck_rank_is_named(make_fabric):
     text = str(err.value)
     # every rank says what it waits for; the others wait on rank 2, which cannot reach anyone
     assert "rank 2 (h3_1_1): connecting to rank" in text, text
-    assert "waiting for connections from ranks [" in text and "2" in text, text
+    waits = re.findall(r"rank (\d) \(\w+\): waiting for connections from ranks \[([\d, ]*)\]",
+                       text)
+    assert waits and all("2" in ranks.split(", ") for _, ranks in waits), text
 
 
 def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
@@ -83,7 +89,7 @@ def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
             assert key in row
         low = 0.5 if row["concurrent_jobs"] == 1 else 0.2  # concurrent jobs share h1_1_1
         assert low < row["efficiency"] <= 1.15  # HTB burst tokens speed the first KiB
-    assert "busbw" in proc.stdout and "all_reduce" in proc.stdout
+    assert "busbw" in proc.stderr and "all_reduce" in proc.stderr  # the table, for a person
 
 
 def test_background_incast_shares_the_receivers_link(make_fabric):
@@ -95,18 +101,24 @@ def test_background_incast_shares_the_receivers_link(make_fabric):
     fabric = make_fabric(exp)
     (job,) = exp.workload.jobs
     (res,) = run_job(fabric, list(job.collectives), timeout_s=60)
+    assert not [p for p in fabric.record.processes if p.role.startswith("agent:")]  # reaped
     # three senders share h1_1_1's 10 Mbit/s link: each flow gets about a third of it
     assert 0.2 <= res.efficiency <= 0.4, res
 
 
 def test_a_training_iteration_runs_and_is_timed(state_dir, tmp_path):
     exp = tmp_path / "train.yaml"
+    # a collective whose label looks like a training phase's counts for no iteration
     exp.write_text(K4 + "workload:\n  training: {layers: 2, hidden: 256, seq_len: 128, "
-                   "micro_batches: 1, tp: 2, pp: 2, dp: 2, params: 1000000, compute_ms: 50}\n")
+                   "micro_batches: 1, tp: 2, pp: 2, dp: 2, params: 1000000, compute_ms: 50}\n"
+                   "  collectives:\n    - {op: all_reduce, size: 64KiB, ranks: 2, "
+                   "label: iter warmup}\n")
     _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
     (iteration,) = doc["iterations"]
-    phases = doc["collectives"]
+    warmup, *phases = doc["collectives"]
+    assert warmup["label"] == "iter warmup" and warmup["iteration"] is None
     assert {r["op"] for r in phases} == {"all_reduce", "send_recv"}
+    assert {r["iteration"] for r in phases} == {0}
     assert all(r["communicator_size"] == 2 and len(r["ranks"]) == 8 for r in phases)
     # the iteration is its phases plus their compute gaps (50 ms over the stages' layers)
     assert iteration["time_s"] == pytest.approx(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import json
 import subprocess
 import sys
 
@@ -25,29 +25,29 @@ def test_a_delayed_fabric_runs_in_the_guest_with_its_delay(state_dir, tmp_path):
     exp = tmp_path / "delay.yaml"
     exp.write_text(DELAYED)
     proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
-                           "up", "--check", str(exp)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=1800, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    assert "Open vSwitch system" in out  # the guest's kernel datapath
-    assert "reachability: 2/2 pairs (0 of 4 probes lost)" in out
+                           "up", "--check", "--json", str(exp)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=1800, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["backend"] == "vm" and doc["vm"]["exit"] == 0
+    assert doc["datapath"] == "system"  # the guest's kernel datapath
+    reach = doc["reachability"]
+    assert (reach["pairs"], reach["ok"], reach["sent"], reach["lost"]) == (2, 2, 4, 0)
     # each probe crosses two host links each way, each delayed 2 ms: RTT >= 8 ms
-    rtt_min = float(re.search(r"RTT per pair min/median/max ([\d.]+)/", out)[1])
-    assert 8.0 <= rtt_min < 60.0, out[-2000:]  # without the delay: about 1 ms
+    assert 8.0 <= reach["rtt_ms"]["min"] < 60.0, reach  # without the delay: about 1 ms
     assert not list((state_dir / "runs").glob("*.json"))  # the guest's run record is gone
 
 
 def test_a_workload_runs_in_the_guest_and_its_results_come_out(state_dir, tmp_path):
-    import json
-
     exp = tmp_path / "run.yaml"
     exp.write_text(DELAYED.replace("hosts_per_leaf: 1", "hosts_per_leaf: 2")
                    + "workload:\n  collectives:\n    - {op: all_reduce, size: 1MiB, ranks: 4}\n")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
-                           "run", str(exp), "--out", str(out)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=1800, check=False)
+                           "run", str(exp), "--out", str(out), "--json"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=1800, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     doc = json.loads((out / "results.json").read_text())
+    assert json.loads(proc.stdout)["collectives"] == doc["collectives"]
     assert doc["complete"] and [r["op"] for r in doc["collectives"]] == ["all_reduce"]
     assert 0.3 < doc["collectives"][0]["efficiency"] <= 1.15

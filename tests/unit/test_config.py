@@ -78,3 +78,44 @@ def test_several_problems_are_all_listed():
 def test_missing_file():
     with pytest.raises(ConfigError, match="cannot read"):
         config.load("/nonexistent/experiment.yaml")
+
+
+def test_the_schema_and_the_typed_specs_agree():
+    from testbed.spec import Backend, EcmpSeed, Fidelity, Routing
+    from traffic.patterns import PATTERNS
+    from traffic.training import TrainingSpec
+
+    defs = config.schema()["$defs"]
+    assert defs["controller"]["properties"]["routing"]["enum"] == list(Routing)
+    assert defs["controller"]["properties"]["ecmp_seed"]["enum"] == list(EcmpSeed)
+    assert defs["emulator"]["properties"]["fidelity"]["enum"] == list(Fidelity)
+    assert defs["emulator"]["properties"]["backend"]["enum"] == list(Backend)
+    training = defs["workload"]["properties"]["training"]["properties"]
+    assert set(training) == set(TrainingSpec.keys()) | {"ranks"}
+    for name in PATTERNS:
+        assert name in defs["workload"]["properties"]["collectives"]["items"]["properties"][
+            "pattern"]["description"]
+
+
+def test_the_workload_is_parsed_once_and_typed(tmp_path, monkeypatch):
+    import traffic.workload as workload
+
+    (tmp_path / "t.jsonl").write_text('{"op": "all_reduce", "size": "1MiB", "ranks": 4}\n')
+    (tmp_path / "e.yaml").write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                                     "workload: {trace: t.jsonl}\n")
+    reads = []
+    real_read = workload._read
+    monkeypatch.setattr(workload, "_read", lambda *a: reads.append(a) or real_read(*a))
+    exp = config.load(tmp_path / "e.yaml")
+    (job,) = exp.workload.jobs
+    assert exp.workload.collective_count == 1 and job.collectives[0].schedule.ranks == 4
+    assert exp.workload.batches() == [[job]] and len(reads) == 1
+
+
+def test_a_trace_line_is_checked_by_the_schema(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"op": "all_reduce", "size": "1MiB", "ranks": "four"}\n')
+    (tmp_path / "e.yaml").write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                                     "workload: {trace: t.jsonl}\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(tmp_path / "e.yaml")
+    assert err.value.path == "t.jsonl line 1.ranks" and "must be of type" in err.value.message

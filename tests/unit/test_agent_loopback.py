@@ -1,0 +1,72 @@
+"""The traffic agent's step engine for real, without root: one agent process per rank, each on
+its own loopback address (127.0.0.x, same port), running collectives over TCP."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from traffic.protocol import AgentReport
+from traffic.results import job_spec, summarize
+from traffic.schedules import build
+from traffic.workload import Collective
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTS = ("r0", "r1", "r2", "r3")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_agents(tmp_path, collectives, connections=2) -> list[AgentReport]:
+    ips = {h: f"127.0.0.{i + 1}" for i, h in enumerate(HOSTS)}
+    spec = job_spec(collectives, ips, connections, time.time() + 0.5, _free_port())
+    path = tmp_path / "spec.json"
+    path.write_text(spec.to_json())
+    procs = [subprocess.Popen([sys.executable, "-m", "traffic.agent", str(path), h],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT) for h in HOSTS]
+    reports = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            reports.append(AgentReport.from_json(out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return sorted(reports, key=lambda r: r.rank)
+
+
+def test_ring_all_reduce_and_all_to_all_over_loopback(tmp_path):
+    ring = build("all_reduce", 4, 1 << 20)
+    a2a = build("all_to_all", 4, 256 << 10)
+    colls = [Collective("all_reduce", HOSTS, ring), Collective("all_to_all", HOSTS, a2a)]
+    reports = _run_agents(tmp_path, colls)
+    assert [r.host for r in reports] == list(HOSTS) and all(r.cpu_s > 0 for r in reports)
+    for index, sched in enumerate((ring, a2a)):
+        for rank, report in enumerate(reports):
+            timing = report.collectives[index]
+            got = sum(f.bytes for f in timing.flows)
+            assert got == sched.received_by(rank)  # every byte the schedule sends it arrived
+            assert timing.start <= min(f.done for f in timing.flows) <= timing.end
+        if index > 0:
+            continue  # the step dependency below is the ring's
+        done = {(f.dst, f.step): f.done for r in reports for f in r.collectives[0].flows}
+        for (rank, step), at in done.items():
+            # rank+1 receives step s+1 from rank, which sends it only once its own step s is in
+            later = done.get(((rank + 1) % 4, step + 1))
+            assert later is None or later >= at, (rank, step)
+    # every collective starts behind a barrier: ranks start within a few ms of each other
+    starts = [r.collectives[1].start for r in reports]
+    assert max(starts) - min(starts) < 0.25
+    results = summarize(colls, reports, rate_mbps=10_000, mtu=9000)
+    assert [r.op for r in results] == ["all_reduce", "all_to_all"]
+    assert all(r.duration_s > 0 and r.flow_completion_s["max"] <= r.duration_s + 1e-6
+               for r in results)

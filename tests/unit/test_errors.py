@@ -1,0 +1,84 @@
+"""Errors are never swallowed: each bad input or failing step ends in one clear error."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fabriclab import experiment as xp
+from testbed.errors import ConfigError, TestbedError
+from traffic import runner
+from traffic.schedules import build
+from traffic.workload import Collective, Job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_binary_experiment_file_is_a_config_error_not_a_traceback(tmp_path):
+    binary = tmp_path / "exp.yaml"
+    binary.write_bytes(b"version: 1\n\xff\xfe\x00\x01garbage")
+    with pytest.raises(ConfigError) as err:
+        xp.load(binary)
+    assert err.value.path == str(binary) and "not UTF-8" in err.value.message
+    good = ROOT / "experiments" / "leaf-spine.yaml"
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "validate", "--json",
+                           str(binary), str(good)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    bad_doc, good_doc = json.loads(proc.stdout)  # the good file is still validated
+    assert not bad_doc["ok"] and "not UTF-8" in bad_doc["error"]
+    assert good_doc["ok"] and good_doc["counts"]["hosts"] == 16
+
+
+def test_a_binary_trace_is_named(tmp_path):
+    (tmp_path / "t.jsonl").write_bytes(b"\x89PNG\r\n")
+    (tmp_path / "exp.yaml").write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                                       "workload: {trace: t.jsonl}\n")
+    with pytest.raises(ConfigError) as err:
+        xp.load(tmp_path / "exp.yaml")
+    assert err.value.path == "workload.trace" and "not UTF-8" in err.value.message
+
+
+def _jobs(n: int) -> list[Job]:
+    coll = Collective("send_recv", ("a", "b"), build("send_recv", 2, 64))
+    return [Job(i, (coll,), 1, 5.0) for i in range(n)]
+
+
+def test_a_crashing_job_thread_is_raised_not_left_as_none(monkeypatch):
+    behaviour = {}  # agent port -> what run_job does there
+
+    def run_job(_fabric, _colls, _conns, _timeout, port, _start):
+        if behaviour.get(port):
+            raise behaviour[port]
+        return []
+
+    monkeypatch.setattr(runner, "run_job", run_job)
+    behaviour[runner.AGENT_PORT + 1] = KeyError("a bug")
+    with pytest.raises(KeyError, match="a bug"):  # a bug in any thread reaches the caller
+        runner.run_batch(None, _jobs(3))
+    behaviour[runner.AGENT_PORT + 1] = TestbedError("agents failed")
+    ok, failed, also_ok = runner.run_batch(None, _jobs(3))  # a job's own failure is its outcome
+    assert ok.error is None and ok.results == () and also_ok.error is None
+    assert isinstance(failed.error, TestbedError) and failed.job.index == 1
+
+
+def test_a_failing_teardown_after_a_failing_build_keeps_the_build_error(monkeypatch, tmp_path):
+    from testbed.fabric import Fabric
+
+    exp = xp.parse({"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
+                                             "hosts_per_leaf": 1}})
+    fabric = Fabric(exp, state_dir=tmp_path)
+
+    def up() -> None:
+        raise TestbedError("the build failed")
+
+    def down() -> None:
+        raise TestbedError("and so did the teardown")
+
+    monkeypatch.setattr(fabric, "up", up)
+    monkeypatch.setattr(fabric, "down", down)
+    with pytest.raises(TestbedError, match="the build failed") as err, fabric:
+        pass
+    assert any("and so did the teardown" in note for note in err.value.__notes__)

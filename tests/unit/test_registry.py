@@ -1,0 +1,107 @@
+"""Run records and cleanup without root: processes (with children) ended by PID and start time,
+records that cannot be read reported instead of skipped, /proc parsing, and polling."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import cleanup
+from testbed.errors import TestbedError
+from testbed.poll import wait_for
+from testbed.procfs import parse_stat, read_stat
+from testbed.registry import Registry, TrackedProcess, proc_start_time, stop_processes
+
+PARENT = ("import subprocess, sys, time; "
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+          "print('child up', flush=True); time.sleep(600)")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def test_cleaning_a_record_ends_its_processes_and_their_children(tmp_path):
+    registry = Registry(tmp_path)
+    record = registry.new_run(tmp_path / "work")
+    record.owner_pid, record.owner_start = 1, 0  # an owner that is not us: the run is dead
+    proc = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # leads a group, as fabric services do
+    try:
+        assert proc.stdout.readline() == "child up\n"
+        (child,) = wait_for(lambda: _children(proc.pid), 5, "the child process")
+        registry.track_process(record, proc.pid, "agent:test")
+        assert [p.role for p in registry.runs()[0].processes] == ["agent:test"]
+        # clean() would go on to sweep the machine's Open vSwitch (root): the record alone here
+        report = cleanup.clean_record(record, registry)
+        assert report.runs == [record.run_id] and report.processes == 1, report
+        assert not report.errors
+        assert proc.wait(timeout=5) != 0
+        wait_for(lambda: proc_start_time(child) is None, 5, "the child to be gone")
+        assert registry.runs() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_a_live_owner_keeps_its_run_and_a_recycled_pid_is_never_signalled(tmp_path):
+    registry = Registry(tmp_path)
+    record = registry.new_run(tmp_path / "work")  # owned by this (live) process
+    assert record.owner_alive() and registry.runs() == [record]
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        impostor = TrackedProcess(stranger.pid, proc_start_time(stranger.pid) + 1, "agent:old")
+        assert stop_processes([impostor]) == 0  # same PID, other start time: not ours
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+    registry.untrack_process(record, 12345)
+    registry.remove(record)
+
+
+def test_an_unreadable_record_is_an_error_not_a_silent_skip(tmp_path, monkeypatch):
+    registry = Registry(tmp_path)
+    registry.runs_dir.mkdir(parents=True)
+    (registry.runs_dir / "20260101-000000-abcdef.json").write_text("{not json")
+    records, unreadable = registry.scan()
+    assert records == [] and "20260101-000000-abcdef.json" in unreadable[0]
+    with pytest.raises(TestbedError, match="not a readable run record"):
+        registry.runs()
+    # the sweep of the machine's Open vSwitch (root) finds nothing here
+    monkeypatch.setattr(cleanup.ovs, "bridges_by_run", lambda: {})
+    monkeypatch.setattr(cleanup.ovs, "delete_bridges", lambda names: None)
+    monkeypatch.setattr(cleanup.ovs, "delete_qos", lambda run_ids=None, keep=(): 0)
+    report = cleanup.clean(registry)
+    assert report.runs == [] and len(report.errors) == 1
+    assert "remove it by hand" in report.errors[0]
+
+
+def test_proc_stat_parsing():
+    stat = parse_stat("42 (a (weird) name) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 "
+                      "1 0 987654 1000 10 18446744073709551615")
+    assert (stat.state, stat.utime_ticks, stat.stime_ticks, stat.start_ticks) == (
+        "S", 250, 50, 987654)
+    assert not stat.gone and parse_stat("1 (x) Z " + "0 " * 20).gone
+    with pytest.raises(ValueError):
+        parse_stat("garbage")
+    assert read_stat(2 ** 22 + 12345) is None
+    me = read_stat(__import__("os").getpid())
+    assert me is not None and me.cpu_s >= 0
+
+
+def test_wait_for_returns_the_value_or_names_what_it_waited_for():
+    start = time.monotonic()
+    calls = []
+    assert wait_for(lambda: calls.append(1) or len(calls) >= 3 and "done", 5, "x",
+                    interval_s=0.01) == "done"
+    with pytest.raises(TestbedError, match=r"timed out after 0.1 s waiting for the moon"):
+        wait_for(lambda: None, 0.1, "the moon", interval_s=0.02)
+    assert time.monotonic() - start < 2

@@ -1,0 +1,49 @@
+"""The results document: rows per repetition, training iterations by their number (never by a
+label), the nccl-tests-like per-job summary, and a failed run keeping what it measured."""
+
+import pytest
+
+from fabriclab import results
+from traffic.results import CollectiveResult
+
+
+def _row(duration_s: float, label: str = "", iteration=None, gap_s: float = 0.0,
+         op: str = "all_reduce") -> CollectiveResult:
+    return CollectiveResult(op, "ring", ["a", "b"], 1_000_000, duration_s,
+                            1e6 * 8 / duration_s / 1e9, 1e6 * 8 / duration_s / 1e9, 0.8,
+                            0.5, label=label, gap_s=gap_s, communicator_size=2,
+                            iteration=iteration)
+
+
+def test_iterations_come_from_the_phases_numbers_not_from_labels():
+    doc = results.new_document("x", "x.yaml", "now", {})
+    # user labels that look like training phases: one made the run raise after measuring,
+    # the other was merged into iteration 3
+    results.add_rows(doc, 0, [_row(1.0, label="iter warmup"), _row(1.0, label="iter 3")], 1)
+    results.add_rows(doc, 1, [_row(0.5, "iter 0 tp", 0, 0.1), _row(0.25, "iter 0 dp", 0),
+                              _row(0.75, "iter 1 tp", 1, 0.2)], 1)
+    results.finish(doc)
+    assert doc["complete"] is True
+    assert doc["iterations"] == [{"iteration": 0, "time_s": pytest.approx(0.85)},
+                                 {"iteration": 1, "time_s": pytest.approx(0.95)}]
+    assert [r["repetition"] for r in doc["collectives"]] == [0, 1, 0, 1, 2]
+
+
+def test_no_training_no_iterations_and_a_failure_keeps_the_rows():
+    doc = results.new_document("x", "x.yaml", "now", {"topology": "fat_tree"})
+    results.add_rows(doc, 0, [_row(2.0)], 2)
+    results.fail(doc, "job 1: timed out")
+    assert doc["complete"] is False and doc["error"] == "job 1: timed out"
+    assert len(doc["collectives"]) == 1 and doc["collectives"][0]["concurrent_jobs"] == 2
+    results.finish(doc)
+    assert "iterations" not in doc
+
+
+def test_job_summaries_average_repetitions():
+    doc = results.new_document("x", "x.yaml", "now", {})
+    results.add_rows(doc, 0, [_row(1.0), _row(3.0)], 1)
+    results.add_rows(doc, 1, [_row(1.0, op="all_to_all")], 1)
+    first, second = results.job_summaries(doc["collectives"])
+    assert (first.op, first.repetitions, first.mean_s) == ("all_reduce", 2, 2.0)
+    assert first.algbw_mbps == pytest.approx(4.0) and first.count == 250_000
+    assert first.efficiency == 0.5 and second.op == "all_to_all"

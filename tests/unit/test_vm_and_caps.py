@@ -1,0 +1,68 @@
+"""Offline parts of the vm backend and of the capability probe: a hostile results tar from the
+guest writes nothing outside its folder; the capability cache is used within a boot, redone
+after a reboot or when unreadable."""
+
+import io
+import json
+import tarfile
+
+from testbed import capabilities, vm
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes = b"x", **fields) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if fields.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else 0
+    for key, value in fields.items():
+        setattr(info, key, value)
+    tar.addfile(info, io.BytesIO(data) if info.size else None)
+
+
+def test_a_hostile_results_tar_stays_in_its_folder(tmp_path):
+    disk, out, console = tmp_path / "out.img", tmp_path / "guest" / "out", tmp_path / "c.log"
+    console.write_text("")
+    with tarfile.open(disk, "w") as tar:
+        _add(tar, "./rc", b"0\n")
+        _add(tar, "./output.txt", b"all pairs reachable\n")
+        _add(tar, "./results/results.json", b"{}", mode=0o4777)
+        _add(tar, "../escaped", b"evil")
+        _add(tar, "/tmp/absolute-escape", b"evil")
+        _add(tar, "./results/../../escaped2", b"evil")
+        _add(tar, "./link", type=tarfile.SYMTYPE, linkname="/etc/passwd")
+        _add(tar, "./hard", type=tarfile.LNKTYPE, linkname="/etc/passwd")
+        _add(tar, "./dev", type=tarfile.CHRTYPE, devmajor=1, devminor=3)
+    result = vm._collect(disk, out, console, 1.0)
+    assert (result.returncode, result.output) == (0, "all pairs reachable\n")
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert written == ["c.log", "guest", "guest/out", "guest/out/output.txt",
+                       "guest/out/rc", "guest/out/results", "guest/out/results/results.json",
+                       "out.img"]
+    assert (out / "results" / "results.json").stat().st_mode & 0o7777 == 0o755
+
+
+def test_results_without_an_exit_code_count_as_a_failed_job(tmp_path):
+    disk, out, console = tmp_path / "out.img", tmp_path / "out", tmp_path / "c.log"
+    console.write_text("")
+    with tarfile.open(disk, "w") as tar:
+        _add(tar, "./rc", b"not a number")
+    assert vm._collect(disk, out, console, 1.0).returncode == 3
+
+
+def test_the_capability_cache_is_used_within_a_boot(tmp_path, monkeypatch):
+    probes = []
+    monkeypatch.setattr(capabilities, "_boot_id", lambda: "boot-1")
+    monkeypatch.setattr(capabilities, "probe_qdiscs",
+                        lambda: probes.append("qdiscs") or {"htb": True, "netem": False})
+    monkeypatch.setattr(capabilities, "probe_ovs_kernel_datapath",
+                        lambda: probes.append("ovs") or False)
+    caps = capabilities.probe(tmp_path)
+    assert (caps.datapath_type, caps.has_qdisc("htb"), caps.has_qdisc("netem")) == (
+        "netdev", True, False)
+    assert json.loads((tmp_path / "capabilities.json").read_text())["boot_id"] == "boot-1"
+    assert capabilities.probe(tmp_path).qdiscs == caps.qdiscs and len(probes) == 2  # cached
+    monkeypatch.setattr(capabilities, "_boot_id", lambda: "boot-2")  # rebooted
+    capabilities.probe(tmp_path)
+    assert len(probes) == 4
+    (tmp_path / "capabilities.json").write_text('{"boot_id": "boot-2"}')  # damaged
+    assert capabilities.probe(tmp_path).has_qdisc("htb") and len(probes) == 6
+    capabilities.probe(tmp_path, refresh=True)
+    assert len(probes) == 8
