@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.files import write_json_atomic
+from testbed.poll import wait_for
 from testbed.procfs import read_stat
 
 DEFAULT_STATE_DIR = Path("/run/fabriclab")
@@ -135,17 +136,21 @@ def stop_processes(procs: list[TrackedProcess], timeout_s: float = 5.0) -> int:
     alive = [p for p in procs if p.alive()]
     for proc in alive:
         _signal(proc, signal.SIGTERM)
-    for sig, wait_s in ((signal.SIGKILL, timeout_s), (None, 2.0)):
-        deadline = time.monotonic() + wait_s
-        left = alive
-        while left and time.monotonic() < deadline:
-            time.sleep(0.02)
-            left = [p for p in left if p.alive()]
-        if sig is None:
-            break
-        for proc in left:
-            _signal(proc, sig)
+    left = _wait_gone(alive, timeout_s)
+    for proc in left:
+        _signal(proc, signal.SIGKILL)
+    _wait_gone(left, 2.0)
     return len(alive)
+
+
+def _wait_gone(procs: list[TrackedProcess], timeout_s: float) -> list[TrackedProcess]:
+    """Wait until every process is gone; returns those still alive after ``timeout_s``."""
+    try:
+        wait_for(lambda: not any(p.alive() for p in procs), timeout_s, "processes to end",
+                 interval_s=0.02)
+        return []
+    except TestbedError:
+        return [p for p in procs if p.alive()]
 
 
 def _signal(proc: TrackedProcess, sig: int) -> None:

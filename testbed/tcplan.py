@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.spec import DEFAULT_QUEUE_KB
+
 GSO_MAX_BYTES = 65536
 HTB_MAX_QUANTUM = 200000
 BURST_TIME_S = 0.001  # tokens for 1 ms at line rate, at least one super-packet
@@ -55,7 +57,8 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
     if queue_packets is not None:
         kind, limit = "pfifo", int(queue_packets)
     else:
-        kind, limit = "bfifo", int((queue_kb if queue_kb is not None else 256) * 1024)
+        kind, limit = "bfifo", int((queue_kb if queue_kb is not None else DEFAULT_QUEUE_KB)
+                                     * 1024)
     if delay_us or loss_percent:
         packets = limit if kind == "pfifo" else max(1, -(-limit // (mtu + 14)))
         # netem holds the packets in flight on the delay line too: add the bandwidth-delay product

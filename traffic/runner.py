@@ -20,7 +20,7 @@ from testbed.errors import TestbedError
 from testbed.files import write_text_atomic
 from traffic.protocol import AgentReport
 from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
-from traffic.workload import Collective, Job
+from traffic.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job
 
 START_DELAY_S = 1.0
 
@@ -83,8 +83,8 @@ def _agent_state(spec_path: Path, rank: int) -> str:
         return "no state published"
 
 
-def run_job(fabric, collectives: list[Collective], connections: int = 1,
-            timeout_s: float = 600.0, port: int = AGENT_PORT,
+def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
+            timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
             start_at: float | None = None) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 

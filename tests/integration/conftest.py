@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -91,21 +92,18 @@ def keep_artifacts(fabric: Fabric, into: Path) -> None:
 @pytest.fixture
 def make_fabric(state_dir, tmp_path):
     """Build fabrics that are always torn down; keep their logs and tc state in tmp_path."""
-    made: list[Fabric] = []
+    errors: list[str] = []
 
-    def _make(exp: config.Experiment) -> Fabric:
-        fabric = Fabric(exp, state_dir=state_dir)
-        made.append(fabric)
-        return fabric.__enter__()  # torn down below, after the test, with its artifacts kept
-
-    yield _make
-    errors = []
-    for fabric in made:
-        if fabric.record is None:
-            continue
-        try:
-            errors += fabric.controller_status().get("errors", [])
+    def post_mortem(fabric: Fabric) -> None:
+        if fabric.record is not None:  # still up (a test may have taken it down itself)
+            errors.extend(fabric.controller_status().get("errors", []))
             keep_artifacts(fabric, tmp_path)
-        finally:
-            fabric.down()
+
+    with ExitStack() as stack:
+        def _make(exp: config.Experiment) -> Fabric:
+            fabric = stack.enter_context(Fabric(exp, state_dir=state_dir))
+            stack.callback(post_mortem, fabric)  # runs first: before the fabric goes down
+            return fabric
+
+        yield _make
     assert not errors, f"controller errors: {errors}"

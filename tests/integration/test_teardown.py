@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 
+from testbed.topology import SWITCH_ROLES
 from tests.integration.conftest import ROOT, machine_state
 
 K4 = ROOT / "experiments" / "quickstart.yaml"
@@ -56,7 +57,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _ours_present() -> bool:
     """Switches of a fabriclab run: bridges in the machine's OVS, or private switch daemons."""
     state = machine_state()
-    return (any(b.startswith(("edge", "agg", "core")) for b in state["bridges"])
+    return (any(b.startswith(SWITCH_ROLES) for b in state["bridges"])
             or any("ovs-vswitchd" in p for p in state["procs"]))
 
 
