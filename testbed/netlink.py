@@ -28,6 +28,7 @@ _tc_plugins.setdefault("bfifo", sched_pfifo)
 HTB_HANDLE = 0x10000  # 1:
 HTB_CLASS = 0x10001  # 1:1
 LEAF_HANDLE = 0x100000  # 10:
+CLSACT_EGRESS = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
 CLONE_NEWNET = 0x40000000
 
 
@@ -175,6 +176,18 @@ class Netlink:
         with _request(f"tc {plan.queue_kind} on {ifname}"):
             ipr.tc("add", plan.queue_kind, index=idx, handle=LEAF_HANDLE, parent=HTB_CLASS,
                    limit=plan.queue_limit, **extra)
+
+    def attach_bpf_egress(self, ifname: str, prog_fd: int, name: str,
+                          pid: int | None = None) -> None:
+        """Run a BPF program (direct action) at the egress of ``ifname``, before its qdisc:
+        ``clsact`` plus a ``bpf`` filter holding the program by file descriptor."""
+        ipr = self.ns(pid)
+        idx = self.index(ifname, pid)
+        with _request(f"tc clsact on {ifname}"):
+            ipr.tc("add", "clsact", index=idx)
+        with _request(f"tc bpf filter {name} on {ifname} egress"):
+            ipr.tc("add-filter", "bpf", index=idx, handle=1, parent=CLSACT_EGRESS, fd=prog_fd,
+                   name=name, direct_action=True, prio=1, protocol=0x0003)  # ETH_P_ALL
 
     def qdisc_stats(self, ifname: str, pid: int | None = None) -> list[dict]:
         """Kind, handle and basic counters of every qdisc on ``ifname``."""

@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: GPL-2.0
+/* fabriclab ECN marker: one job, at a switch port's egress (clsact, before the qdisc).
+ *
+ * The port's real queue (HTB rate -> bfifo) cannot be read from here: clsact egress runs
+ * before the qdisc enqueues. So the program keeps a virtual queue per port that mirrors it:
+ * the same bytes (the skb's wire length, as HTB counts GSO super-packets), drained at the same
+ * rate between packets, dropped when the bfifo would drop. A packet of an ECN-capable transport
+ * (ECT) is marked CE when the virtual backlog it joins is above its priority's threshold: a
+ * step at K (DCTCP) or RED-like between kmin and kmax with probability up to pmax (DCQCN).
+ * Priorities come from DSCP through the port's table. The loader writes each port's settings
+ * into fl_cfg; user space reads fl_queue and fl_count, never a trace pipe.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define MAX_PRIO 8
+#define NS_PER_S 1000000000ULL
+#define MODE_OFF 0
+#define MODE_STEP 1
+#define MODE_RED 2
+#define PROB_SCALE 1000000U
+
+struct ecn_cfg {
+	__u32 mode;
+	__u32 k_bytes;		/* step */
+	__u32 kmin_bytes;	/* red */
+	__u32 kmax_bytes;
+	__u32 pmax;		/* red: marking probability at kmax, x PROB_SCALE */
+};
+
+struct port_cfg {
+	__u64 rate_bytes_s;	/* the HTB rate of the port */
+	__u64 limit_bytes;	/* the bfifo limit behind it (0: none mirrored) */
+	__u8 dscp_prio[64];
+	struct ecn_cfg ecn[MAX_PRIO];
+};
+
+struct vqueue {
+	struct bpf_spin_lock lock;
+	__u64 backlog_bytes;
+	__u64 last_ns;
+	__u64 max_bytes;
+};
+
+struct count_key {
+	__u32 ifindex;
+	__u32 prio;
+};
+
+struct counters {
+	__u64 packets;
+	__u64 bytes;
+	__u64 ect;		/* ECN-capable packets seen */
+	__u64 marked;		/* set to CE here */
+	__u64 ce_seen;		/* already CE when they arrived */
+	__u64 vq_drops;		/* the mirrored bfifo would have dropped them */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct port_cfg);
+} fl_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct vqueue);
+} fl_queue SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096 * MAX_PRIO);
+	__type(key, struct count_key);
+	__type(value, struct counters);
+} fl_count SEC(".maps");
+
+static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
+{
+	__u64 prob;
+
+	if (e->mode == MODE_STEP)
+		return backlog > e->k_bytes;
+	if (e->mode != MODE_RED || backlog <= e->kmin_bytes)
+		return 0;
+	if (backlog >= e->kmax_bytes || e->kmax_bytes <= e->kmin_bytes)
+		return 1;
+	prob = (__u64)e->pmax * (backlog - e->kmin_bytes) / (e->kmax_bytes - e->kmin_bytes);
+	return (bpf_get_prandom_u32() % PROB_SCALE) < prob;
+}
+
+SEC("tc")
+int ecn_marker(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 ifindex = skb->ifindex;
+	struct port_cfg *cfg = bpf_map_lookup_elem(&fl_cfg, &ifindex);
+	struct vqueue *q = bpf_map_lookup_elem(&fl_queue, &ifindex);
+	struct count_key key = { .ifindex = ifindex, .prio = 0 };
+	struct counters *c, zero = {};
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+	__u64 len = skb->wire_len ? skb->wire_len : skb->len;
+	__u64 now = bpf_ktime_get_ns(), elapsed, drained, backlog;
+	__u8 ecn = 0, dscp = 0;
+	__u32 prio;
+	int is_ip = 0, drop = 0;
+
+	if (!cfg || !q)
+		return TC_ACT_OK;
+	if ((void *)(ip + 1) <= data_end && eth->h_proto == bpf_htons(ETH_P_IP)) {
+		is_ip = 1;
+		ecn = ip->tos & 0x3;
+		dscp = ip->tos >> 2;
+		key.prio = cfg->dscp_prio[dscp & 63] & (MAX_PRIO - 1);
+	}
+
+	bpf_spin_lock(&q->lock);
+	elapsed = now > q->last_ns ? now - q->last_ns : 0;
+	if (elapsed > NS_PER_S)
+		elapsed = NS_PER_S;
+	drained = elapsed * cfg->rate_bytes_s / NS_PER_S;
+	q->backlog_bytes = q->backlog_bytes > drained ? q->backlog_bytes - drained : 0;
+	q->last_ns = now;
+	if (cfg->limit_bytes && q->backlog_bytes + len > cfg->limit_bytes)
+		drop = 1;
+	else
+		q->backlog_bytes += len;
+	if (q->backlog_bytes > q->max_bytes)
+		q->max_bytes = q->backlog_bytes;
+	backlog = q->backlog_bytes;
+	bpf_spin_unlock(&q->lock);
+
+	c = bpf_map_lookup_elem(&fl_count, &key);
+	if (!c) {
+		bpf_map_update_elem(&fl_count, &key, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&fl_count, &key);
+		if (!c)
+			return TC_ACT_OK;
+	}
+	__sync_fetch_and_add(&c->packets, 1);
+	__sync_fetch_and_add(&c->bytes, len);
+	if (drop)
+		__sync_fetch_and_add(&c->vq_drops, 1);
+	if (!is_ip || ecn == 0)
+		return TC_ACT_OK;
+	if (ecn == 3) {
+		__sync_fetch_and_add(&c->ce_seen, 1);
+		return TC_ACT_OK;
+	}
+	__sync_fetch_and_add(&c->ect, 1);
+	prio = key.prio;
+	if (prio >= MAX_PRIO)	/* bounded again for the verifier: the key lives on the stack */
+		return TC_ACT_OK;
+	if (!drop && should_mark(&cfg->ecn[prio], backlog) && bpf_skb_ecn_set_ce(skb))
+		__sync_fetch_and_add(&c->marked, 1);
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "GPL";
