@@ -116,14 +116,14 @@ def cmd_validate(args) -> int:
 
 def resolve_backend(exp: xp.Experiment, requested: str | None, state_dir: Path) -> Backend:
     """``host`` or ``vm``: the flag, else the experiment's choice; ``auto`` picks the host when
-    its kernel has every qdisc the experiment needs."""
+    its kernel has everything the experiment needs (qdiscs, TCP congestion controls)."""
     choice = Backend(requested or exp.emulator.backend)
     if choice != Backend.AUTO:
         return choice
     from testbed import capabilities  # probes the kernel (root)
 
     caps = capabilities.probe(state_dir)
-    missing = [kind for _, kind in exp.required_qdiscs() if not caps.has_qdisc(kind)]
+    missing = [need for need in exp.requirements() if not caps.has(need)]
     return Backend.VM if missing else Backend.HOST
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from testbed.congestion import EcnMode, EcnSpec, TrafficClasses
 from testbed.errors import ConfigError
 from testbed.spec import (
     DEFAULT_QUEUE_KB,
@@ -30,6 +31,7 @@ from testbed.spec import (
     FabricSpec,
     Fidelity,
     LinkSpec,
+    Requirement,
     Routing,
     TestbedSpec,
 )
@@ -53,6 +55,15 @@ class Experiment(TestbedSpec):
     description: str = ""
     source: str = MEMORY
     workload: Workload | None = None
+
+    def requirements(self) -> list[Requirement]:
+        """The testbed's requirements and the workload's (TCP congestion controls)."""
+        needs = super().requirements()
+        if self.workload is not None:
+            needs += [Requirement(f"workload job {job.index}.congestion_control", "tcp_cc",
+                                  job.congestion_control)
+                      for job in self.workload.jobs if job.congestion_control]
+        return needs
 
     def fabric_summary(self) -> dict:
         """What fabric ran (the results document's ``fabric``)."""
@@ -95,6 +106,8 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
         fabric=_fabric(data["fabric"]),
         controller=ControllerSpec(**_typed(data.get("controller", {}), _CONTROLLER_TYPES)),
         emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
+    for tier in ("host", "fabric"):
+        spec.port_ecn(tier)  # thresholds in order, priorities in range
     workload = None
     if data.get("workload"):  # checked against the model: all before anything is built
         base = str(Path(source).parent) if source != MEMORY else "."
@@ -115,7 +128,7 @@ def _other_config(raw: dict) -> dict[str, str]:
 # schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
 _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ready_timeout_s": float}
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
-                   "ovs_other_config": _other_config}
+                   "ovs_other_config": _other_config, "queue_sample_ms": float}
 
 
 def _typed(raw: dict, types: dict) -> dict:
@@ -150,15 +163,29 @@ def _fabric(raw: dict) -> FabricSpec:
     if "size_kb" in queue and "size_packets" in queue:
         raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")
     optional = {k: raw[k] for k in ("mtu",) if k in raw}
+    classes = raw.get("traffic_classes", {})
     return FabricSpec(
         topology=kind,
         shape={key: raw[key] for key in SHAPE_KEYS[kind]},
-        host_link=LinkSpec(**raw.get("host_link", {})),
-        fabric_link=LinkSpec(**raw.get("fabric_link", {})),
+        host_link=_link(raw.get("host_link", {})),
+        fabric_link=_link(raw.get("fabric_link", {})),
         queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
         queue_packets=queue.get("size_packets"),
+        traffic_classes=TrafficClasses(
+            {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
+            tuple(classes.get("lossless", ()))).check(),
+        host_ecn=raw.get("hosts", {}).get("ecn", False),
         **optional,
     )
+
+
+def _link(raw: dict) -> LinkSpec:
+    ecn = raw.get("ecn", ())
+    entries = [ecn] if isinstance(ecn, dict) else list(ecn)
+    return LinkSpec(**{k: v for k, v in raw.items() if k != "ecn"}, ecn=tuple(
+        EcnSpec(**{**e, "mode": EcnMode(e["mode"]),
+                   "priorities": tuple(e["priorities"]) if "priorities" in e else None})
+        for e in entries))
 
 
 def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from fabriclab import results
 from fabriclab.experiment import Experiment
+from testbed.congestion import summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
 from testbed.files import write_json_atomic
+from testbed.queues import QueueSampler
 from traffic.runner import run_batch
 from traffic.workload import Job
 
@@ -67,6 +69,11 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
         view.building()
         with Fabric(exp, state_dir=state_dir) as fabric:
             view.started(fabric, exp.workload.collective_count)
+            sampler = None
+            if exp.emulator.queue_sample_ms > 0:
+                sampler = QueueSampler(fabric, exp.emulator.queue_sample_ms / 1e3)
+                fabric.start_thread(sampler, "queue-sampler")
+            before = fabric.congestion()
             began = time.monotonic()
             for batch in exp.workload.batches():
                 wait_s = batch[0].not_before_s - (time.monotonic() - began)
@@ -81,6 +88,9 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                         continue
                     results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
                     view.measured(len(outcome.results))
+                # the switch queues since the workload began (totals, per port and priority)
+                doc["congestion"] = summarize_congestion(
+                    before, fabric.congestion(), sampler.snapshot() if sampler else {})
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))

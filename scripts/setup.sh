@@ -8,7 +8,8 @@ ROOT=$(pwd)
 VENV=${FABRICLAB_VENV:-$ROOT/.venv}
 PACKAGES=(mininet openvswitch-switch iperf3 fping prometheus python3-venv python3-pip
           iproute2 ethtool procps
-          debootstrap qemu-system-x86 e2fsprogs)  # the vm backend's guest image and its runs
+          debootstrap qemu-system-x86 e2fsprogs   # the vm backend's guest image and its runs
+          clang libbpf-dev bpftool)                # the eBPF ECN marker (built from source)
 
 log() { printf '[setup] %s\n' "$*"; }
 

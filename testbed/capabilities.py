@@ -23,6 +23,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from testbed.files import write_json_atomic
 from testbed.netlink import in_netns
+from testbed.spec import Requirement
 
 PROBED_QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "fq", "sfq",
                  "prio", "cake", "clsact", "ingress")
@@ -36,6 +37,7 @@ class Capabilities:
     kernel: str
     ovs_kernel_datapath: bool
     qdiscs: dict[str, bool] = field(default_factory=dict)
+    tcp_congestion: list[str] = field(default_factory=list)  # available TCP congestion controls
 
     @property
     def datapath_type(self) -> str:
@@ -44,6 +46,21 @@ class Capabilities:
 
     def has_qdisc(self, kind: str) -> bool:
         return self.qdiscs.get(kind, False)
+
+    def has(self, requirement: Requirement) -> bool:
+        """Whether this machine offers what a setting needs."""
+        if requirement.kind == "tcp_cc":
+            return requirement.name in self.tcp_congestion
+        return self.has_qdisc(requirement.name)
+
+    def explain_missing(self, requirement: Requirement) -> str:
+        """Why a requirement fails here, for the error that names its field."""
+        if requirement.kind == "tcp_cc":
+            return (f"needs TCP congestion control '{requirement.name}', which this kernel "
+                    f"({self.kernel}) does not have (available: "
+                    f"{', '.join(self.tcp_congestion)}; the vm backend's guest has dctcp)")
+        return (f"needs the '{requirement.name}' qdisc, which this kernel ({self.kernel}) does "
+                f"not have (module sch_{requirement.name} missing)")
 
 
 def _boot_id() -> str:
@@ -79,6 +96,14 @@ def _qdisc_known(ipr: IPRoute, index: int, kind: str) -> bool:
     return True
 
 
+def probe_tcp_congestion() -> list[str]:
+    """The TCP congestion controls the kernel offers (built in or loaded)."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    except OSError:
+        return []
+
+
 def probe_ovs_kernel_datapath() -> bool:
     sock = GenericNetlinkSocket()
     try:
@@ -111,4 +136,5 @@ def probe(state_dir: Path, refresh: bool = False) -> Capabilities:
         write_json_atomic(cache, {"boot_id": boot, "kernel": kernel,
                                   "ovs_kernel_datapath": caps.ovs_kernel_datapath,
                                   "qdiscs": caps.qdiscs})
+    caps.tcp_congestion = probe_tcp_congestion()  # a file read: cheap, and modules may load
     return caps

@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
-from testbed import capabilities, cleanup, ovs
+from testbed import bpf, capabilities, cleanup, ovs
+from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
 from testbed.fidelity import FidelityVerdict, assess
 from testbed.mininet_hosts import Hosts
@@ -98,6 +99,7 @@ class Fabric:
         self.switch_instance: dict[str, ovs.Instance] = {}
         self._processes: list[subprocess.Popen] = []
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
+        self.marker: Marker | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -132,6 +134,8 @@ class Fabric:
         self._step("controller", self._start_controller)
         self._step("hosts", self._start_hosts)
         self._step("links", self._create_links)
+        if self.spec.fabric.marks_ecn:
+            self._step("ecn", self._attach_markers)
         self._step("switches", self._create_switches)
         self._step("programmed", self._wait_programmed)
         self.timings["up_total"] = time.monotonic() - start
@@ -154,6 +158,9 @@ class Fabric:
             if self.netlink is not None:
                 self.netlink.close()
                 self.netlink = None
+            if self.marker is not None:
+                self.marker.close()
+                self.marker = None
             report = cleanup.clean_record(self.record, self.registry, keep_run_dir=False)
             for proc in self._processes:  # ended by PID above: reap them
                 _reap(proc)
@@ -235,10 +242,9 @@ class Fabric:
     def _check_machine(self) -> capabilities.Capabilities:
         ovs.check_running()
         caps = capabilities.probe(self.registry.state_dir)
-        for path, kind in self.spec.required_qdiscs():
-            if not caps.has_qdisc(kind):
-                raise ConfigError(path, f"needs the '{kind}' qdisc, which this kernel "
-                                  f"({caps.kernel}) does not have (module sch_{kind} missing)")
+        for need in self.spec.requirements():
+            if not caps.has(need):
+                raise ConfigError(need.field, caps.explain_missing(need))
         return caps
 
     def _check_fidelity(self) -> None:
@@ -290,10 +296,18 @@ class Fabric:
         def track(name: str, pid: int) -> None:
             self.registry.track_process(self.record, pid, f"host:{name}")
 
-        self.hosts = Hosts([h.name for h in self.topo.hosts], on_spawn=track)
+        sysctls = {"net.ipv4.tcp_ecn": "1"} if self.spec.fabric.host_ecn else {}
+        self.hosts = Hosts([h.name for h in self.topo.hosts], on_spawn=track, sysctls=sysctls)
 
     def _root_ends(self, link: Link) -> list[str]:
         return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
+
+    def _shaping(self, link: Link):
+        """The tc plan of both ends of a link."""
+        fab = self.spec.fabric
+        tier = fab.link(link.tier)
+        return plan_shaping(link.rate_mbps, fab.mtu, fab.queue_kb, fab.queue_packets,
+                            tier.delay_us, tier.loss_percent)
 
     def _create_links(self) -> None:
         fab = self.spec.fabric
@@ -301,9 +315,7 @@ class Fabric:
         self.registry.save(self.record)
         nl, mtu = self.netlink, fab.mtu
         for link in self.topo.links:
-            tier = fab.link(link.tier)
-            plan = plan_shaping(link.rate_mbps, mtu, fab.queue_kb, fab.queue_packets,
-                                tier.delay_us, tier.loss_percent)
+            plan = self._shaping(link)
             if link.tier == "host":
                 host = self.topo.nodes[link.a.node]
                 pid = self.hosts.pid(host.name)
@@ -321,6 +333,39 @@ class Fabric:
             nl.configure_host(self.hosts.pid(host.name), self.topo.host_link(host.name).a.ifname,
                               host.ip, HOST_PREFIX_LEN,
                               [n for n in neighbours if n[0] != host.ip])
+
+    def _attach_markers(self) -> None:
+        """The ECN marker at the egress of every switch port, with its link tier's marking."""
+        pins = bpf.PIN_ROOT / self.record.run_id
+        self.record.bpf_pins.append(str(pins))
+        self.registry.save(self.record)
+        self.marker = Marker(self.registry.state_dir, pins)
+        fab = self.spec.fabric
+        table = tuple(fab.traffic_classes.table())
+        tiers = {tier: tuple(self.spec.port_ecn(tier)) for tier in ("host", "fabric")}
+        for link in self.topo.links:
+            plan = self._shaping(link)
+            limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
+            for ifname in self._root_ends(link):
+                self.marker.attach(self.netlink, ifname, PortMarking(
+                    link.rate_mbps, plan.burst_bytes, limit, table, tiers[link.tier]))
+
+    def switch_ports(self) -> set[str]:
+        """The root-namespace interface of every switch port."""
+        return {n for link in self.topo.links for n in self._root_ends(link)}
+
+    def congestion(self) -> dict[str, dict]:
+        """Switch port -> its leaf queue's counters and backlog now, and, with the ECN marker,
+        its virtual queue and per-priority marking counters (cumulative since the build)."""
+        ports = {name: {"queue": q} for name, q in
+                 self.netlink.leaf_queues(self.switch_ports()).items()}
+        if self.marker is not None:
+            for name, (backlog, peak) in self.marker.queues().items():
+                ports.setdefault(name, {})["virtual_queue"] = {"backlog_bytes": backlog,
+                                                               "max_bytes": peak}
+            for (name, prio), counts in self.marker.counters().items():
+                ports.setdefault(name, {}).setdefault("priorities", {})[prio] = counts
+        return ports
 
     def _create_switches(self) -> None:
         self._wait_listening()

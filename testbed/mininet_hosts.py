@@ -28,20 +28,23 @@ class Hosts:
         names: host names from the topology model.
         on_spawn: called with (name, pid) as soon as each host's shell exists, so that the
             caller can register it for cleanup before anything else happens.
+        sysctls: extra settings of every host's namespace (``net.ipv4.tcp_ecn``: ``1``).
     """
 
-    def __init__(self, names: list[str], on_spawn: Callable[[str, int], None]) -> None:
+    def __init__(self, names: list[str], on_spawn: Callable[[str, int], None],
+                 sysctls: dict[str, str] | None = None) -> None:
         self.nodes: dict[str, Host] = {}
         for name in names:
             node = Host(name)
             self.nodes[name] = node
             on_spawn(name, node.pid)
+        init = _HOST_INIT + "".join(f" {k}={v}" for k, v in sorted((sysctls or {}).items()))
         for node in self.nodes.values():
-            node.sendCmd(_HOST_INIT)
+            node.sendCmd(init)
         for node in self.nodes.values():
             out = node.waitOutput()
             if out.strip():
-                raise TestbedError(f"{node.name}: host set-up failed", _HOST_INIT, out)
+                raise TestbedError(f"{node.name}: host set-up failed", init, out)
 
     def pid(self, name: str) -> int:
         return self.nodes[name].pid

@@ -189,6 +189,25 @@ class Netlink:
             ipr.tc("add-filter", "bpf", index=idx, handle=1, parent=CLSACT_EGRESS, fd=prog_fd,
                    name=name, direct_action=True, prio=1, protocol=0x0003)  # ETH_P_ALL
 
+    def leaf_queues(self, names: set[str]) -> dict[str, dict[str, int]]:
+        """The leaf queue (``10:``) of every named root-namespace interface, in one dump: bytes
+        and packets sent, drops, backlog bytes and packets now."""
+        by_index = {l["index"]: l.get_attr("IFLA_IFNAME") for l in self.root.get_links()}
+        out = {}
+        for q in self.root.get_qdiscs():
+            name = by_index.get(q["index"])
+            if name not in names or q["handle"] != LEAF_HANDLE:
+                continue
+            stats = q.get_attr("TCA_STATS2")
+            basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
+            queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
+            out[name] = {"bytes": basic["bytes"] if basic else 0,
+                         "packets": basic["packets"] if basic else 0,
+                         "drops": queue["drops"] if queue else 0,
+                         "backlog_bytes": queue["backlog"] if queue else 0,
+                         "backlog_packets": queue["qlen"] if queue else 0}
+        return out
+
     def qdisc_stats(self, ifname: str, pid: int | None = None) -> list[dict]:
         """Kind, handle and basic counters of every qdisc on ``ifname``."""
         out = []

@@ -51,6 +51,7 @@ class RunRecord:
     created: float = field(default_factory=time.time)
     bridges: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)  # root-namespace interface names
+    bpf_pins: list[str] = field(default_factory=list)  # bpffs folders of pinned programs/maps
     processes: list[TrackedProcess] = field(default_factory=list)
 
     def owner_alive(self) -> bool:

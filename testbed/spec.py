@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
 
+import networkx as nx
+
+from testbed.congestion import EcnSpec, EcnThresholds, TrafficClasses, base_rtt_s, resolve_ecn
 from testbed.errors import ConfigError
 from testbed.topology import Topology, fat_tree, leaf_spine
 
@@ -52,13 +55,32 @@ class Backend(StrEnum):
 SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf")}
 
 
+class TcpCongestion(StrEnum):
+    """TCP congestion control a workload's senders use (per socket, ``TCP_CONGESTION``)."""
+
+    CUBIC = "cubic"
+    RENO = "reno"
+    BBR = "bbr"
+    DCTCP = "dctcp"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something of the machine's kernel a setting needs: a qdisc, or a TCP congestion control."""
+
+    field: str  # the experiment field that needs it
+    kind: str  # "qdisc" or "tcp_cc"
+    name: str
+
+
 @dataclass(frozen=True)
 class LinkSpec:
-    """One link class (host links or fabric links)."""
+    """One link class (host links or fabric links); ``ecn`` marks at the switch ports' egress."""
 
     rate_mbps: float = DEFAULT_RATE_MBPS
     delay_us: float = 0.0
     loss_percent: float = 0.0
+    ecn: tuple[EcnSpec, ...] = ()
 
     def describe(self) -> str:
         """``10 Mbit/s 100 us 1 % loss``."""
@@ -81,6 +103,13 @@ class FabricSpec:
     queue_kb: int | None = DEFAULT_QUEUE_KB
     queue_packets: int | None = None
     mtu: int = DEFAULT_MTU
+    traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
+    host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
+
+    @property
+    def marks_ecn(self) -> bool:
+        """Whether any switch port marks ECN (the marker is attached to every switch port)."""
+        return any(e.mode != "off" for tier in ("host", "fabric") for e in self.link(tier).ecn)
 
     def link(self, tier: str) -> LinkSpec:
         """The settings of a link tier (``host`` or ``fabric``)."""
@@ -107,6 +136,7 @@ class EmulatorSpec:
     fidelity: Fidelity = Fidelity.STRICT
     backend: Backend = Backend.AUTO
     ovs_other_config: dict = field(default_factory=dict)  # extra Open_vSwitch other_config
+    queue_sample_ms: float = 50.0  # switch queues sampled during a workload (0: not at all)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,17 +154,39 @@ class TestbedSpec:
         """The topology model (model errors come back under ``fabric.``)."""
         return build_topology(self.fabric)
 
-    def required_qdiscs(self) -> list[tuple[str, str]]:
-        """(field path, qdisc kind) for every setting that needs a particular qdisc."""
-        needs = [("fabric", "htb"),
-                 ("fabric.queue", "pfifo" if self.fabric.queue_packets else "bfifo")]
+    def requirements(self) -> list[Requirement]:
+        """What every setting needs of the machine's kernel (an experiment adds its workload's)."""
+        q = lambda path, kind: Requirement(path, "qdisc", kind)  # noqa: E731
+        needs = [q("fabric", "htb"), q("fabric.queue", "pfifo" if self.fabric.queue_packets
+                                       else "bfifo")]
         for tier in ("host", "fabric"):
             link = self.fabric.link(tier)
             if link.delay_us:
-                needs.append((f"fabric.{tier}_link.delay_us", "netem"))
+                needs.append(q(f"fabric.{tier}_link.delay_us", "netem"))
             if link.loss_percent:
-                needs.append((f"fabric.{tier}_link.loss_percent", "netem"))
+                needs.append(q(f"fabric.{tier}_link.loss_percent", "netem"))
+            if any(e.mode != "off" for e in link.ecn):
+                needs.append(q(f"fabric.{tier}_link.ecn", "clsact"))
         return needs
+
+    @cached_property
+    def base_rtt_s(self) -> float:
+        """The unloaded round trip of the fabric's longest host-to-host path (the scale of the
+        ECN defaults)."""
+        topo = self.topology
+        first = topo.hosts[0].name
+        paths = nx.single_source_shortest_path(nx.Graph(topo.graph), first)
+        far = max((p for n, p in paths.items() if not topo.nodes[n].is_switch),
+                  key=len)
+        links = [topo.find_link(a, b) for a, b in zip(far, far[1:])]
+        return base_rtt_s([l.rate_mbps for l in links],
+                          [self.fabric.link(l.tier).delay_us for l in links], self.fabric.mtu)
+
+    def port_ecn(self, tier: str) -> list[EcnThresholds]:
+        """The marking of each priority at the switch ports of a link tier."""
+        link = self.fabric.link(tier)
+        return resolve_ecn(link.ecn, link.rate_mbps, self.base_rtt_s, self.fabric.mtu,
+                           f"fabric.{tier}_link.ecn")
 
 
 def build_topology(spec: FabricSpec) -> Topology:

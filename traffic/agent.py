@@ -108,6 +108,9 @@ class Agent:
             self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
                 sock = _connect(ranks[peer].ip, self.spec.port)
+                if self.spec.congestion_control:  # the sender's choice is what counts
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                                    self.spec.congestion_control.encode())
                 sock.sendall(HELLO.pack(self.rank, ch))
                 self.socks[("send", peer, ch)] = sock
         if self.rank != 0:

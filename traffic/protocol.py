@@ -36,7 +36,8 @@ class AgentSpec:
 
     ``port`` is where every agent listens (on its own address), ``connections`` the sockets per
     peer (NCCL channels), ``start_at`` a wall-clock time shared by all agents (one machine, one
-    clock), ``barrier`` whether each collective waits for every rank first.
+    clock), ``barrier`` whether each collective waits for every rank first,
+    ``congestion_control`` the TCP congestion control of the data sockets (None: the kernel's).
     """
 
     port: int
@@ -45,6 +46,7 @@ class AgentSpec:
     ranks: tuple[RankSpec, ...]
     collectives: tuple[CollectiveSpec, ...]
     barrier: bool = True
+    congestion_control: str | None = None
 
     def rank_of(self, host: str) -> int:
         for i, rank in enumerate(self.ranks):
@@ -63,7 +65,7 @@ class AgentSpec:
                    tuple(CollectiveSpec(c["op"], c["gap_s"],
                                         tuple(Transfer(**t) for t in c["transfers"]))
                          for c in d["collectives"]),
-                   d.get("barrier", True))
+                   d.get("barrier", True), d.get("congestion_control"))
 
 
 @dataclass(frozen=True)

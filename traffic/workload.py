@@ -80,6 +80,8 @@ class Job:
     timeout_s: float
     concurrent: bool = False  # starts together with the previous job
     not_before_s: float = 0.0  # replay: earliest start, seconds after the workload began
+    congestion_control: str | None = None  # TCP congestion control of its senders (None: the
+    # kernel's default)
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     """
     connections = raw.get("connections", DEFAULT_CONNECTIONS)
     timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
+    cc = raw.get("congestion_control")
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     if raw.get("trace"):
@@ -191,10 +194,10 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if raw.get("nccl_log"):
         entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
                                                  "workload.nccl_log")))
-    jobs = [_entry_job(topo, i, entry, path, connections, timeout_s)
-            for i, (entry, path) in enumerate(entries)]
+    jobs = [_entry_job(topo, i, {"congestion_control": cc, **entry}, path, connections,
+                       timeout_s) for i, (entry, path) in enumerate(entries)]
     if raw.get("training"):
-        jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s))
+        jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s, cc))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return Workload(tuple(jobs), connections, timeout_s)
@@ -215,7 +218,7 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
         raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
                                                 "run with")
     return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
-               concurrent, float(entry.get("t_s", 0)))
+               concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"))
 
 
 def training_spec(raw: dict) -> training.TrainingSpec:
@@ -224,7 +227,7 @@ def training_spec(raw: dict) -> training.TrainingSpec:
 
 
 def _training_job(topo: Topology, raw: dict, index: int, connections: int,
-                  timeout_s: float) -> Job:
+                  timeout_s: float, congestion_control: str | None) -> Job:
     """One job running every phase of the training iterations on one set of rank hosts."""
     spec = training_spec(raw)
     world = spec.world_size
@@ -234,7 +237,7 @@ def _training_job(topo: Topology, raw: dict, index: int, connections: int,
                                                      f"{len(ranks)} hosts were given")
     colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
                              ph.iteration) for ph in training.phases(spec))
-    return Job(index, colls, connections, timeout_s)
+    return Job(index, colls, connections, timeout_s, congestion_control=congestion_control)
 
 
 def _pattern_flows(topo: Topology, entry: dict, size: int,

@@ -4,7 +4,9 @@
  * The port's real queue (HTB rate -> bfifo) cannot be read from here: clsact egress runs
  * before the qdisc enqueues. So the program keeps a virtual queue per port that mirrors it:
  * the same bytes (the skb's wire length, as HTB counts GSO super-packets), drained at the same
- * rate between packets, dropped when the bfifo would drop. A packet of an ECN-capable transport
+ * rate between packets, with HTB's burst as credit (an idle port sends up to burst bytes at
+ * once, so the level may go that far below zero and the backlog is its positive part), and
+ * dropped when the bfifo would drop. A packet of an ECN-capable transport
  * (ECT) is marked CE when the virtual backlog it joins is above its priority's threshold: a
  * step at K (DCTCP) or RED-like between kmin and kmax with probability up to pmax (DCQCN).
  * Priorities come from DSCP through the port's table. The loader writes each port's settings
@@ -34,6 +36,7 @@ struct ecn_cfg {
 
 struct port_cfg {
 	__u64 rate_bytes_s;	/* the HTB rate of the port */
+	__u64 burst_bytes;	/* the HTB burst: credit an idle port builds up */
 	__u64 limit_bytes;	/* the bfifo limit behind it (0: none mirrored) */
 	__u8 dscp_prio[64];
 	struct ecn_cfg ecn[MAX_PRIO];
@@ -41,7 +44,7 @@ struct port_cfg {
 
 struct vqueue {
 	struct bpf_spin_lock lock;
-	__u64 backlog_bytes;
+	__s64 level_bytes;	/* backlog when > 0, unused burst credit when < 0 */
 	__u64 last_ns;
 	__u64 max_bytes;
 };
@@ -109,6 +112,7 @@ int ecn_marker(struct __sk_buff *skb)
 	struct iphdr *ip = data + sizeof(*eth);
 	__u64 len = skb->wire_len ? skb->wire_len : skb->len;
 	__u64 now = bpf_ktime_get_ns(), elapsed, drained, backlog;
+	__s64 level;
 	__u8 ecn = 0, dscp = 0;
 	__u32 prio;
 	int is_ip = 0, drop = 0;
@@ -127,15 +131,19 @@ int ecn_marker(struct __sk_buff *skb)
 	if (elapsed > NS_PER_S)
 		elapsed = NS_PER_S;
 	drained = elapsed * cfg->rate_bytes_s / NS_PER_S;
-	q->backlog_bytes = q->backlog_bytes > drained ? q->backlog_bytes - drained : 0;
-	q->last_ns = now;
-	if (cfg->limit_bytes && q->backlog_bytes + len > cfg->limit_bytes)
+	level = q->level_bytes - (__s64)drained;
+	if (level < -(__s64)cfg->burst_bytes)
+		level = -(__s64)cfg->burst_bytes;
+	backlog = level > 0 ? level : 0;
+	if (cfg->limit_bytes && backlog + len > cfg->limit_bytes)
 		drop = 1;
 	else
-		q->backlog_bytes += len;
-	if (q->backlog_bytes > q->max_bytes)
-		q->max_bytes = q->backlog_bytes;
-	backlog = q->backlog_bytes;
+		level += len;
+	q->level_bytes = level;
+	q->last_ns = now;
+	backlog = level > 0 ? level : 0;
+	if (backlog > q->max_bytes)
+		q->max_bytes = backlog;
 	bpf_spin_unlock(&q->lock);
 
 	c = bpf_map_lookup_elem(&fl_count, &key);

@@ -7,7 +7,7 @@ import pytest
 
 from fabriclab import experiment as config
 from testbed.errors import ConfigError
-from testbed.spec import DEFAULT_RATE_MBPS
+from testbed.spec import DEFAULT_RATE_MBPS, Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))
@@ -45,7 +45,7 @@ def test_defaults_and_overrides():
     assert exp.controller.routing == "ecmp" and exp.fabric.mtu == 9000
     assert exp.controller.ecmp_seed == "per_switch"
     assert exp.emulator.vswitchd_instances == "auto" and exp.emulator.fidelity == "strict"
-    assert ("fabric.queue", "pfifo") in exp.required_qdiscs()
+    assert Requirement("fabric.queue", "qdisc", "pfifo") in exp.requirements()
 
 
 def test_routing_seed_and_emulator_settings_are_checked():
@@ -66,7 +66,7 @@ def test_routing_seed_and_emulator_settings_are_checked():
 def test_netem_settings_are_requirements():
     exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4,
                                                   "fabric_link": {"delay_us": 50}}})
-    assert ("fabric.fabric_link.delay_us", "netem") in exp.required_qdiscs()
+    assert Requirement("fabric.fabric_link.delay_us", "qdisc", "netem") in exp.requirements()
 
 
 def test_several_problems_are_all_listed():

@@ -1,0 +1,234 @@
+"""Pure congestion settings: traffic classes (DSCP -> priority, lossless priorities), ECN marking
+per priority with thresholds derived from the link, and the PFC headroom arithmetic.
+
+Thresholds follow the references network engineers use:
+
+* DCTCP (Alizadeh et al., SIGCOMM 2010): mark at a step ``K > C x RTT / 7``; at the emulated
+  rates (10 Mbit/s, jumbo frames) that is less than a frame, so the default is at least
+  ``MIN_K_FRAMES`` full frames: marking below a few frames marks every packet of a window.
+* DCQCN (Zhu et al., SIGCOMM 2015): RED-like marking between ``kmin`` and ``kmax`` with
+  probability rising to ``pmax``; defaults ``kmin = K``, ``kmax = 4 K``, ``pmax = 0.1`` (the paper's
+  5 KB / 200 KB / 1 % at 40 Gbit/s do not scale to frames of 9 KB at 10 Mbit/s).
+* PFC headroom: what still arrives after a pause is sent, ``rate x (2 x propagation + reaction)
+  + 2 x MTU`` (IEEE 802.1Qbb's budget: the frame in flight each way, plus the round trip and the
+  time the upstream device takes to act).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from testbed.errors import ConfigError
+
+PRIORITIES = 8
+DSCP_VALUES = 64
+ETH_FRAME_OVERHEAD = 14  # Ethernet header; HTB and the marker count it, not preamble/FCS
+ACK_BYTES = 66
+MIN_K_FRAMES = 3
+RED_KMAX_FACTOR = 4
+RED_PMAX = 0.1
+
+
+class EcnMode(StrEnum):
+    """How a switch port marks ECN-capable packets of a priority."""
+
+    OFF = "off"
+    STEP = "step"  # CE above K (DCTCP)
+    RED = "red"  # CE with probability rising from kmin to kmax (DCQCN)
+
+
+@dataclass(frozen=True)
+class EcnSpec:
+    """The ``ecn`` setting of a link class, for some priorities (None: all of them).
+
+    Thresholds left None are derived from the link (:func:`resolve_ecn`).
+    """
+
+    mode: EcnMode = EcnMode.OFF
+    k_kb: float | None = None
+    kmin_kb: float | None = None
+    kmax_kb: float | None = None
+    pmax: float | None = None
+    priorities: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EcnThresholds:
+    """What a port's marker does for one priority, in bytes."""
+
+    mode: EcnMode
+    k_bytes: int = 0
+    kmin_bytes: int = 0
+    kmax_bytes: int = 0
+    pmax: float = 0.0
+
+    def describe(self) -> str:
+        if self.mode == EcnMode.STEP:
+            return f"step K={self.k_bytes / 1024:.1f} KiB"
+        if self.mode == EcnMode.RED:
+            return (f"red {self.kmin_bytes / 1024:.1f}-{self.kmax_bytes / 1024:.1f} KiB "
+                    f"pmax {self.pmax:g}")
+        return "off"
+
+
+@dataclass(frozen=True)
+class TrafficClasses:
+    """Which DSCP values map to which priority, and which priorities are lossless.
+
+    Unlisted DSCP values are priority 0; the default is one lossy class.
+    """
+
+    dscp_to_priority: dict[int, int] = field(default_factory=dict)
+    lossless: tuple[int, ...] = ()
+
+    def table(self) -> list[int]:
+        """The priority of every DSCP value, 0..63."""
+        return [self.dscp_to_priority.get(d, 0) for d in range(DSCP_VALUES)]
+
+    def check(self, path: str = "fabric.traffic_classes") -> TrafficClasses:
+        for dscp, prio in self.dscp_to_priority.items():
+            if not 0 <= dscp < DSCP_VALUES:
+                raise ConfigError(f"{path}.dscp_to_priority.{dscp}",
+                                  f"DSCP is 0..{DSCP_VALUES - 1}, got {dscp}")
+            if not 0 <= prio < PRIORITIES:
+                raise ConfigError(f"{path}.dscp_to_priority.{dscp}",
+                                  f"priority is 0..{PRIORITIES - 1}, got {prio}")
+        for i, prio in enumerate(self.lossless):
+            if not 0 <= prio < PRIORITIES:
+                raise ConfigError(f"{path}.lossless[{i}]",
+                                  f"priority is 0..{PRIORITIES - 1}, got {prio}")
+        return self
+
+
+def frame_bytes(mtu: int) -> int:
+    """A full frame as HTB counts it."""
+    return mtu + ETH_FRAME_OVERHEAD
+
+
+def base_rtt_s(link_rates_mbps: list[float], delays_us: list[float], mtu: int) -> float:
+    """The round trip of an unloaded path: a full frame out and an ACK back over each link, each
+    serialized at the link's rate, plus every link's delay both ways.
+
+    Args:
+        link_rates_mbps: the rate of each link on the path (one direction's order).
+        delays_us: the one-way delay of each link.
+        mtu: the MTU.
+    """
+    ser = sum((frame_bytes(mtu) + ACK_BYTES) * 8 / (r * 1e6) for r in link_rates_mbps)
+    return ser + 2 * sum(delays_us) / 1e6
+
+
+def default_k_bytes(rate_mbps: float, rtt_s: float, mtu: int) -> int:
+    """DCTCP's marking threshold for a port: ``C x RTT / 7``, at least a few frames."""
+    return max(math.ceil(rate_mbps * 1e6 / 8 * rtt_s / 7), MIN_K_FRAMES * frame_bytes(mtu))
+
+
+def resolve_ecn(specs: tuple[EcnSpec, ...], rate_mbps: float, rtt_s: float, mtu: int,
+                path: str) -> list[EcnThresholds]:
+    """The marking of each priority on a port of this link class.
+
+    Args:
+        specs: the link class's ``ecn`` entries (a later entry overrides an earlier one's
+            priorities).
+        rate_mbps: the port's rate.
+        rtt_s: the base RTT the defaults scale with (:func:`base_rtt_s` of the longest path).
+        mtu: the MTU.
+        path: the field path named in errors (``fabric.fabric_link.ecn``).
+
+    Raises:
+        ConfigError: for thresholds out of order or a priority out of range.
+    """
+    out = [EcnThresholds(EcnMode.OFF)] * PRIORITIES
+    k_default = default_k_bytes(rate_mbps, rtt_s, mtu)
+    for i, spec in enumerate(specs):
+        where = f"{path}[{i}]" if len(specs) > 1 else path
+        for prio in spec.priorities or ():
+            if not 0 <= prio < PRIORITIES:
+                raise ConfigError(f"{where}.priorities", f"priority is 0..{PRIORITIES - 1}, "
+                                                         f"got {prio}")
+        if spec.mode == EcnMode.STEP:
+            th = EcnThresholds(EcnMode.STEP, k_bytes=_kb(spec.k_kb, k_default))
+        elif spec.mode == EcnMode.RED:
+            kmin = _kb(spec.kmin_kb, k_default)
+            kmax = _kb(spec.kmax_kb, RED_KMAX_FACTOR * kmin)
+            if kmax <= kmin:
+                raise ConfigError(f"{where}.kmax_kb", f"must be above kmin_kb "
+                                                      f"({kmin / 1024:g}), got {kmax / 1024:g}")
+            th = EcnThresholds(EcnMode.RED, kmin_bytes=kmin, kmax_bytes=kmax,
+                               pmax=RED_PMAX if spec.pmax is None else spec.pmax)
+        else:
+            th = EcnThresholds(EcnMode.OFF)
+        for prio in spec.priorities if spec.priorities is not None else range(PRIORITIES):
+            out[prio] = th
+    return out
+
+
+def _kb(value: float | None, default_bytes: int) -> int:
+    return default_bytes if value is None else int(value * 1024)
+
+
+def pfc_headroom_bytes(rate_mbps: float, propagation_us: float, reaction_s: float,
+                       mtu: int) -> int:
+    """The buffer a lossless priority needs above XOFF at a port: what the upstream device still
+    sends between the crossing and its stop (``rate x (2 x propagation + reaction)``) plus a full
+    frame in flight each way."""
+    in_flight = rate_mbps * 1e6 / 8 * (2 * propagation_us / 1e6 + reaction_s)
+    return math.ceil(in_flight) + 2 * frame_bytes(mtu)
+
+
+# -- what a run's switch queues did ------------------------------------------------------------
+
+def _percentile(values: list[int], q: float) -> int:
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
+                         samples: dict[str, list[tuple[int, int | None]]]) -> dict:
+    """The ``congestion`` section of a results document.
+
+    Args:
+        before: :meth:`testbed.fabric.Fabric.congestion` when the workload started.
+        after: the same when it ended.
+        samples: port -> (real backlog, virtual backlog or None) sampled during the workload.
+
+    Returns:
+        Totals over the switch ports (drops, ECN-capable packets, CE marks, queue max and p99
+        from the samples, the virtual queue's drift from the real backlog) and the same per
+        port and priority under ``ports`` (ports that carried nothing are left out).
+    """
+    ports, all_samples, drift = {}, [], []
+    totals = {"drops": 0, "ect": 0, "ecn_marked": 0}
+    for name, now in sorted(after.items()):
+        then = before.get(name, {})
+        q0, q1 = then.get("queue", {}), now.get("queue", {})
+        sent = q1.get("packets", 0) - q0.get("packets", 0)
+        if not sent:
+            continue
+        real = [r for r, _ in samples.get(name, [])]
+        port = {"packets": sent, "drops": q1.get("drops", 0) - q0.get("drops", 0),
+                "queue_max_bytes": max(real, default=0),
+                "queue_p99_bytes": _percentile(real, 99), "priorities": {}}
+        for prio, c1 in now.get("priorities", {}).items():
+            c0 = then.get("priorities", {}).get(prio, {})
+            delta = {k: c1[k] - c0.get(k, 0) for k in ("packets", "ect", "marked")}
+            if delta["packets"]:
+                port["priorities"][str(prio)] = {"packets": delta["packets"],
+                                                 "ect": delta["ect"],
+                                                 "ecn_marked": delta["marked"]}
+                totals["ect"] += delta["ect"]
+                totals["ecn_marked"] += delta["marked"]
+        totals["drops"] += port["drops"]
+        all_samples += real
+        drift += [abs(v - r) for r, v in samples.get(name, []) if v is not None and (r or v)]
+        ports[name] = port
+    return {**totals, "queue_max_bytes": max(all_samples, default=0),
+            "queue_p99_bytes": _percentile(all_samples, 99),
+            "samples": len(all_samples),
+            "virtual_queue_drift_bytes": {"mean": sum(drift) / len(drift) if drift else 0.0,
+                                          "p99": _percentile(drift, 99)} if drift else None,
+            "ports": ports}
