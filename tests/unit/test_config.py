@@ -81,7 +81,8 @@ def test_missing_file():
 
 
 def test_the_schema_and_the_typed_specs_agree():
-    from testbed.spec import Backend, EcmpSeed, Fidelity, Routing
+    from testbed.congestion import EcnMode
+    from testbed.spec import Backend, EcmpSeed, Fidelity, Routing, TcpCongestion
     from traffic.patterns import PATTERNS
     from traffic.training import TrainingSpec
 
@@ -90,6 +91,9 @@ def test_the_schema_and_the_typed_specs_agree():
     assert defs["controller"]["properties"]["ecmp_seed"]["enum"] == list(EcmpSeed)
     assert defs["emulator"]["properties"]["fidelity"]["enum"] == list(Fidelity)
     assert defs["emulator"]["properties"]["backend"]["enum"] == list(Backend)
+    assert defs["ecn_entry"]["properties"]["mode"]["enum"] == list(EcnMode)
+    entry = defs["workload"]["properties"]["collectives"]["items"]["properties"]
+    assert entry["congestion_control"]["enum"] == list(TcpCongestion)
     training = defs["workload"]["properties"]["training"]["properties"]
     assert set(training) == set(TrainingSpec.keys()) | {"ranks"}
     for name in PATTERNS:

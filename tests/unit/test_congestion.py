@@ -1,0 +1,120 @@
+"""Congestion settings: DSCP -> priority plans, ECN thresholds derived from the link, PFC
+headroom arithmetic, the experiment file's ecn / traffic_classes / hosts / congestion_control,
+and the congestion summary of a run."""
+
+import pytest
+
+from fabriclab import experiment as xp
+from testbed.congestion import (
+    EcnMode,
+    EcnSpec,
+    TrafficClasses,
+    base_rtt_s,
+    default_k_bytes,
+    frame_bytes,
+    pfc_headroom_bytes,
+    resolve_ecn,
+    summarize_congestion,
+)
+from testbed.errors import ConfigError
+from testbed.spec import Requirement
+
+LS = {"topology": "leaf_spine", "leaves": 2, "spines": 1, "hosts_per_leaf": 2}
+
+
+def test_dscp_table_and_lossless_classes():
+    classes = TrafficClasses({26: 3, 46: 5}, (3,)).check()
+    table = classes.table()
+    assert len(table) == 64 and table[26] == 3 and table[46] == 5 and table[0] == 0
+    assert sum(table) == 8
+    with pytest.raises(ConfigError) as err:
+        TrafficClasses({26: 9}).check()
+    assert err.value.path == "fabric.traffic_classes.dscp_to_priority.26"
+    with pytest.raises(ConfigError):
+        TrafficClasses({64: 1}).check()
+
+
+def test_dctcp_threshold_is_c_rtt_over_7_but_at_least_three_frames():
+    # 10 Mbit/s, 30 ms: C x RTT / 7 = 5.4 KB, less than a jumbo frame: three frames
+    assert default_k_bytes(10, 0.030, 9000) == 3 * frame_bytes(9000)
+    # 10 Gbit/s, 100 us: 17.9 KB, above three 1500-byte frames
+    assert default_k_bytes(10_000, 100e-6, 1500) == 17858
+    rtt = base_rtt_s([10, 10, 10, 10], [0, 0, 100, 0], 9000)
+    assert rtt == pytest.approx(4 * (9014 + 66) * 8 / 10e6 + 2 * 100e-6)
+
+
+def test_resolve_ecn_per_priority_with_defaults():
+    specs = (EcnSpec(EcnMode.STEP), EcnSpec(EcnMode.RED, kmin_kb=40, priorities=(3,)),
+             EcnSpec(EcnMode.OFF, priorities=(7,)))
+    table = resolve_ecn(specs, 10, 0.03, 9000, "fabric.fabric_link.ecn")
+    k = 3 * 9014
+    assert table[0].mode == EcnMode.STEP and table[0].k_bytes == k
+    assert (table[3].mode, table[3].kmin_bytes, table[3].kmax_bytes, table[3].pmax) == (
+        EcnMode.RED, 40 * 1024, 4 * 40 * 1024, 0.1)
+    assert table[7].mode == EcnMode.OFF
+    assert "step K=26.4 KiB" == table[0].describe()
+    with pytest.raises(ConfigError) as err:
+        resolve_ecn((EcnSpec(EcnMode.RED, kmin_kb=50, kmax_kb=20),), 10, 0.03, 9000, "x.ecn")
+    assert err.value.path == "x.ecn.kmax_kb"
+
+
+def test_pfc_headroom_covers_the_round_trip_the_reaction_and_two_frames():
+    # 10 Mbit/s, 5 us of propagation, 2 ms to react: 1.25 MB/s x 2.01 ms + 2 frames
+    assert pfc_headroom_bytes(10, 5, 0.002, 9000) == 2513 + 2 * 9014
+    assert pfc_headroom_bytes(100_000, 1, 0, 1500) == 25_000 + 2 * 1514
+
+
+def test_the_experiment_file_carries_ecn_classes_hosts_and_congestion_control():
+    exp = xp.parse({"version": 1, "fabric": {
+        **LS, "fabric_link": {"ecn": [{"mode": "step", "k_kb": 30},
+                                      {"mode": "red", "priorities": [3], "pmax": 0.2}]},
+        "host_link": {"ecn": {"mode": "step"}},
+        "traffic_classes": {"dscp_to_priority": {"26": 3}, "lossless": [3]},
+        "hosts": {"ecn": True}},
+        "workload": {"congestion_control": "reno", "collectives": [
+            {"op": "all_reduce", "size": 64, "ranks": 2},
+            {"op": "all_reduce", "size": 64, "ranks": 2, "congestion_control": "dctcp"}]}})
+    assert exp.fabric.marks_ecn and exp.fabric.host_ecn
+    assert exp.fabric.traffic_classes.table()[26] == 3
+    fabric_ports = exp.port_ecn("fabric")
+    assert fabric_ports[0].k_bytes == 30 * 1024 and fabric_ports[3].pmax == 0.2
+    assert [j.congestion_control for j in exp.workload.jobs] == ["reno", "dctcp"]
+    needs = exp.requirements()
+    assert Requirement("fabric.fabric_link.ecn", "qdisc", "clsact") in needs
+    assert Requirement("workload job 1.congestion_control", "tcp_cc", "dctcp") in needs
+    plain = xp.parse({"version": 1, "fabric": LS})
+    assert not plain.fabric.marks_ecn and not plain.fabric.host_ecn
+
+
+@pytest.mark.parametrize("fabric,path,text", [
+    ({"host_link": {"ecn": {"mode": "wred"}}}, "fabric.host_link.ecn", "is not valid"),
+    ({"host_link": {"ecn": {"mode": "red", "pmax": 2}}}, "fabric.host_link.ecn", ""),
+    ({"fabric_link": {"ecn": {"mode": "red", "kmin_kb": 90, "kmax_kb": 10}}},
+     "fabric.fabric_link.ecn.kmax_kb", "above kmin_kb"),
+    ({"traffic_classes": {"dscp_to_priority": {"26": 8}}},
+     "fabric.traffic_classes.dscp_to_priority.26", "<= 7"),
+    ({"traffic_classes": {"dscp_to_priority": {"70": 1}}},
+     "fabric.traffic_classes.dscp_to_priority.70", "DSCP is 0..63"),
+    ({"hosts": {"ecn": "yes"}}, "fabric.hosts.ecn", "boolean"),
+])
+def test_bad_congestion_settings_name_the_field(fabric, path, text):
+    with pytest.raises(ConfigError) as err:
+        xp.parse({"version": 1, "fabric": {**LS, **fabric}})
+    assert err.value.path == path and text in err.value.message, err.value
+
+
+def test_congestion_summary_counts_deltas_and_samples():
+    def port(packets, drops, marked, ect):
+        return {"queue": {"packets": packets, "drops": drops},
+                "priorities": {0: {"packets": packets, "ect": ect, "marked": marked}}}
+
+    before = {"p1": port(10, 1, 2, 5), "p2": port(4, 0, 0, 0)}
+    after = {"p1": port(110, 4, 32, 95), "p2": port(4, 0, 0, 0)}
+    samples = {"p1": [(0, 0), (1000, 1200), (50_000, 40_000), (9000, None)], "p2": [(0, 0)]}
+    doc = summarize_congestion(before, after, samples)
+    assert (doc["drops"], doc["ect"], doc["ecn_marked"]) == (3, 90, 30)
+    assert doc["queue_max_bytes"] == 50_000 and doc["samples"] == 4
+    assert list(doc["ports"]) == ["p1"]  # p2 carried nothing during the run
+    assert doc["virtual_queue_drift_bytes"]["mean"] == pytest.approx((200 + 10_000) / 2)
+    assert doc["ports"]["p1"]["priorities"]["0"] == {"packets": 100, "ect": 90,
+                                                     "ecn_marked": 30}
