@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fabriclab import experiment as xp
-from fabriclab.results import job_summaries
+from fabriclab.results import job_summaries, variant_row
 from fabriclab.run import RunView, batch_text, run_experiment
 from testbed import cleanup
 from testbed.errors import ConfigError, TestbedError
@@ -263,6 +263,31 @@ def cmd_run(args) -> int:
     if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
         return _in_vm(args, "run --backend host /job/experiment.yaml "
                             "--out \"$FABRICLAB_OUT/results\"", out)
+    if not exp.variants:
+        doc = _run_one(args, exp, out)
+        if args.json:
+            _emit(doc)
+        return EXIT_OK
+    rows, failed = [], 0
+    for variant in exp.variants:  # each on a fresh fabric; a failing one does not stop the rest
+        args.console.rule(f"variant {variant.variant}")
+        try:
+            _run_one(args, variant, out / variant.variant)
+        except (ConfigError, TestbedError) as err:
+            failed += 1
+            args.console.print(f"[red]variant {variant.variant} failed:[/red] {err}")
+        doc = json.loads((out / variant.variant / "results.json").read_text())
+        rows.append(variant_row(doc))
+    (out / "variants.json").write_text(json.dumps(rows, indent=1))
+    args.console.print(_variants_table(exp.name, rows))
+    args.console.print(f"results: {out}/<variant>/results.json; side by side: "
+                       f"{out / 'variants.json'}")
+    if args.json:
+        _emit(rows)
+    return EXIT_SYSTEM if failed else EXIT_OK
+
+
+def _run_one(args, exp: xp.Experiment, out: Path) -> dict:
     view = _TerminalView(args.console)
     try:
         doc = run_experiment(exp, out, args.state_dir, view)
@@ -272,9 +297,31 @@ def cmd_run(args) -> int:
         args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
     args.console.print(_results_table(doc))
     args.console.print(f"results: {out / 'results.json'}")
-    if args.json:
-        _emit(doc)
-    return EXIT_OK
+    return doc
+
+
+def _variants_table(name: str, rows: list[dict]) -> Table:
+    """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
+    table = Table(title=f"{name}: variants", box=None,
+                  caption="queue: sampled switch backlog, KiB; busbw: Mbit/s; fct p99: s")
+    for col in ("variant", "drops", "ce marks", "queue max", "queue p99"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    jobs = max((len(r["jobs"]) for r in rows), default=0)
+    for j in range(jobs):
+        op = next((r["jobs"][j]["op"] for r in rows if len(r["jobs"]) > j), "?")
+        table.add_column(f"j{j} {op} busbw", justify="right")
+        table.add_column(f"j{j} fct p99", justify="right")
+    for r in rows:
+        kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
+        cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
+                 str(r["drops"]) if r["drops"] is not None else "-",
+                 str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
+                 kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"])]
+        for j in range(jobs):
+            job = r["jobs"][j] if len(r["jobs"]) > j else None
+            cells += [f"{job['busbw_mbps']:.2f}", f"{job['fct_p99_s']:.2f}"] if job else ["-", "-"]
+        table.add_row(*cells)
+    return table
 
 
 def _results_table(doc: dict) -> Table:

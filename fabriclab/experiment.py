@@ -10,7 +10,10 @@ Defaults are those of the typed specs (:mod:`testbed.spec`, :mod:`traffic.worklo
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -55,6 +58,8 @@ class Experiment(TestbedSpec):
     description: str = ""
     source: str = MEMORY
     workload: Workload | None = None
+    variant: str | None = None  # the variant this is (None: the base experiment)
+    variants: tuple[Experiment, ...] = ()  # the base's variants, each a whole experiment
 
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
@@ -67,7 +72,7 @@ class Experiment(TestbedSpec):
 
     def fabric_summary(self) -> dict:
         """What fabric ran (the results document's ``fabric``)."""
-        return {"topology": self.topology.kind, **self.fabric.shape,
+        return {"topology": self.topology.kind, **self.fabric.shape, "variant": self.variant,
                 "host_rate_mbps": self.fabric.host_link.rate_mbps,
                 "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
                 "mtu": self.fabric.mtu, "routing": str(self.controller.routing)}
@@ -98,10 +103,65 @@ def load(path: str | Path) -> Experiment:
 
 def parse(data: object, source: str = MEMORY) -> Experiment:
     """Validate already-parsed YAML/JSON data and return the experiment (workload included:
-    trace and NCCL log files are read here, once, relative to ``source``'s folder)."""
+    trace and NCCL log files are read here, once, relative to ``source``'s folder), with its
+    variants, each validated as a whole experiment."""
     if not isinstance(data, dict):
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
     _check(data, schema())
+    base = {k: v for k, v in data.items() if k != "variants"}
+    variants = []
+    for i, variant in enumerate(data.get("variants", [])):
+        raw = copy.deepcopy(base)
+        for path, value in variant["set"].items():
+            _set_path(raw, path, value, f"variants[{i}].set.{path}")
+        try:
+            _check(raw, schema())
+            variants.append(_parse_one(raw, source, variant["name"]))
+        except ConfigError as err:
+            raise ConfigError(err.path, f"{err.message} (in variant {variant['name']!r}, "
+                                        f"variants[{i}])") from None
+    names = [v.variant for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError("variants", f"variant names repeat: {', '.join(names)}")
+    return dataclasses.replace(_parse_one(base, source, None), variants=tuple(variants))
+
+
+_SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
+
+
+def _set_path(data: dict, path: str, value: object, where: str) -> None:
+    """Set ``fabric.host_link.ecn`` or ``workload.collectives[1].size`` in nested data
+    (mappings are created on the way; ``None`` removes the field)."""
+    steps: list[str | int] = []
+    for part in path.split("."):
+        match = _SEGMENT.fullmatch(part)
+        if match is None:
+            raise ConfigError(where, f"cannot read the field path {path!r}")
+        steps.append(match[1])
+        steps += [int(i) for i in re.findall(r"\[(\d+)\]", match[2])]
+    node = data
+    for step, nxt in zip(steps, steps[1:]):
+        try:
+            if isinstance(step, int):
+                node = node[step]
+            else:
+                node = node.setdefault(step, [] if isinstance(nxt, int) else {})
+        except (IndexError, TypeError, AttributeError):
+            raise ConfigError(where, f"{path!r} does not lead anywhere in the base "
+                                     "experiment") from None
+    last = steps[-1]
+    try:
+        if value is None:
+            node.pop(last)
+        else:
+            node[last] = value
+    except (IndexError, KeyError, TypeError):
+        raise ConfigError(where, f"{path!r} does not lead anywhere in the base "
+                                 "experiment") from None
+
+
+def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
+    """One experiment (the base, or a variant), already checked against the schema."""
     spec = TestbedSpec(
         fabric=_fabric(data["fabric"]),
         controller=ControllerSpec(**_typed(data.get("controller", {}), _CONTROLLER_TYPES)),
@@ -117,7 +177,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
     return Experiment(
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
-        controller=spec.controller, emulator=spec.emulator, workload=workload)
+        controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant)
 
 
 def _other_config(raw: dict) -> dict[str, str]:
@@ -172,8 +232,7 @@ def _fabric(raw: dict) -> FabricSpec:
         queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
         queue_packets=queue.get("size_packets"),
         traffic_classes=TrafficClasses(
-            {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
-            tuple(classes.get("lossless", ()))).check(),
+            {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()}).check(),
         host_ecn=raw.get("hosts", {}).get("ecn", False),
         **optional,
     )

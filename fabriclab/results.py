@@ -90,3 +90,20 @@ def job_summaries(rows: list[dict]) -> list[JobSummary]:
                               sum(r["efficiency"] for r in group) / len(group),
                               sum(r.get("agent_cpu_s", 0.0) for r in group)))
     return out
+
+
+def variant_row(doc: dict) -> dict:
+    """One variant's line of the side-by-side comparison: its status, its switch queues, and
+    per job the mean busbw and the worst flow completion p99."""
+    congestion = doc.get("congestion") or {}
+    row = {"variant": doc["fabric"].get("variant"), "complete": doc["complete"],
+           "error": doc.get("error"),
+           **{k: congestion.get(k) for k in ("drops", "ecn_marked", "queue_max_bytes",
+                                             "queue_p99_bytes")},
+           "jobs": []}
+    for s in job_summaries(doc["collectives"]):
+        rows = [r for r in doc["collectives"] if (r["op"], r["bytes"]) == (s.op, s.bytes)]
+        p99 = max((r["flow_completion_s"].get("p99", 0.0) for r in rows), default=0.0)
+        row["jobs"].append({"op": s.op, "ranks": s.ranks, "busbw_mbps": s.busbw_mbps,
+                            "efficiency": s.efficiency, "fct_p99_s": p99})
+    return row

@@ -75,13 +75,10 @@ class EcnThresholds:
 
 @dataclass(frozen=True)
 class TrafficClasses:
-    """Which DSCP values map to which priority, and which priorities are lossless.
-
-    Unlisted DSCP values are priority 0; the default is one lossy class.
-    """
+    """Which DSCP values map to which priority. Unlisted DSCP values are priority 0; the default
+    is one class."""
 
     dscp_to_priority: dict[int, int] = field(default_factory=dict)
-    lossless: tuple[int, ...] = ()
 
     def table(self) -> list[int]:
         """The priority of every DSCP value, 0..63."""
@@ -94,10 +91,6 @@ class TrafficClasses:
                                   f"DSCP is 0..{DSCP_VALUES - 1}, got {dscp}")
             if not 0 <= prio < PRIORITIES:
                 raise ConfigError(f"{path}.dscp_to_priority.{dscp}",
-                                  f"priority is 0..{PRIORITIES - 1}, got {prio}")
-        for i, prio in enumerate(self.lossless):
-            if not 0 <= prio < PRIORITIES:
-                raise ConfigError(f"{path}.lossless[{i}]",
                                   f"priority is 0..{PRIORITIES - 1}, got {prio}")
         return self
 

@@ -111,6 +111,8 @@ class Agent:
                 if self.spec.congestion_control:  # the sender's choice is what counts
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
                                     self.spec.congestion_control.encode())
+                if self.spec.dscp:  # the traffic class; TCP keeps the ECN bits itself
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.spec.dscp << 2)
                 sock.sendall(HELLO.pack(self.rank, ch))
                 self.socks[("send", peer, ch)] = sock
         if self.rank != 0:

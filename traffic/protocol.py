@@ -37,7 +37,8 @@ class AgentSpec:
     ``port`` is where every agent listens (on its own address), ``connections`` the sockets per
     peer (NCCL channels), ``start_at`` a wall-clock time shared by all agents (one machine, one
     clock), ``barrier`` whether each collective waits for every rank first,
-    ``congestion_control`` the TCP congestion control of the data sockets (None: the kernel's).
+    ``congestion_control`` the TCP congestion control of the data sockets (None: the kernel's),
+    ``dscp`` the DSCP they mark their packets with.
     """
 
     port: int
@@ -47,6 +48,7 @@ class AgentSpec:
     collectives: tuple[CollectiveSpec, ...]
     barrier: bool = True
     congestion_control: str | None = None
+    dscp: int = 0
 
     def rank_of(self, host: str) -> int:
         for i, rank in enumerate(self.ranks):
@@ -65,7 +67,7 @@ class AgentSpec:
                    tuple(CollectiveSpec(c["op"], c["gap_s"],
                                         tuple(Transfer(**t) for t in c["transfers"]))
                          for c in d["collectives"]),
-                   d.get("barrier", True), d.get("congestion_control"))
+                   d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0))
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,15 @@ class CollectiveResult:
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
              start_at: float, port: int = AGENT_PORT,
-             congestion_control: str | None = None) -> AgentSpec:
+             congestion_control: str | None = None, dscp: int = 0) -> AgentSpec:
     """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
         raise ValueError("one job, one rank list")
     return AgentSpec(port, connections, start_at, tuple(RankSpec(h, ips[h]) for h in hosts),
                      tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
-                           for c in collectives), congestion_control=congestion_control)
+                           for c in collectives), congestion_control=congestion_control,
+                     dscp=dscp)
 
 
 def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,

@@ -54,7 +54,7 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
         job = jobs[i]
         try:
             results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
-                              AGENT_PORT + i, start_at, job.congestion_control)
+                              AGENT_PORT + i, start_at, job.congestion_control, job.dscp)
             outcomes[i] = JobOutcome(job, tuple(results))
         except TestbedError as err:
             outcomes[i] = JobOutcome(job, error=err)
@@ -85,8 +85,8 @@ def _agent_state(spec_path: Path, rank: int) -> str:
 
 def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
             timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
-            start_at: float | None = None,
-            congestion_control: str | None = None) -> list[CollectiveResult]:
+            start_at: float | None = None, congestion_control: str | None = None,
+            dscp: int = 0) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 
     Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
@@ -99,7 +99,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
     hosts = collectives[0].hosts
     ips = {h.name: h.ip for h in topo.hosts}
     start_at = start_at or time.time() + START_DELAY_S + 0.1 * len(hosts)
-    spec = job_spec(collectives, ips, connections, start_at, port, congestion_control)
+    spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp)
     path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
     write_text_atomic(path, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}

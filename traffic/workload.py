@@ -82,6 +82,7 @@ class Job:
     not_before_s: float = 0.0  # replay: earliest start, seconds after the workload began
     congestion_control: str | None = None  # TCP congestion control of its senders (None: the
     # kernel's default)
+    dscp: int = 0  # DSCP of its packets (the fabric's traffic class)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     """
     connections = raw.get("connections", DEFAULT_CONNECTIONS)
     timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
-    cc = raw.get("congestion_control")
+    defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0)}
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     if raw.get("trace"):
@@ -194,10 +195,11 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if raw.get("nccl_log"):
         entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
                                                  "workload.nccl_log")))
-    jobs = [_entry_job(topo, i, {"congestion_control": cc, **entry}, path, connections,
-                       timeout_s) for i, (entry, path) in enumerate(entries)]
+    jobs = [_entry_job(topo, i, {**defaults, **entry}, path, connections, timeout_s)
+            for i, (entry, path) in enumerate(entries)]
     if raw.get("training"):
-        jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s, cc))
+        jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s,
+                                  defaults))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return Workload(tuple(jobs), connections, timeout_s)
@@ -218,7 +220,8 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
         raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
                                                 "run with")
     return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
-               concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"))
+               concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"),
+               entry.get("dscp", 0))
 
 
 def training_spec(raw: dict) -> training.TrainingSpec:
@@ -227,7 +230,7 @@ def training_spec(raw: dict) -> training.TrainingSpec:
 
 
 def _training_job(topo: Topology, raw: dict, index: int, connections: int,
-                  timeout_s: float, congestion_control: str | None) -> Job:
+                  timeout_s: float, defaults: dict) -> Job:
     """One job running every phase of the training iterations on one set of rank hosts."""
     spec = training_spec(raw)
     world = spec.world_size
@@ -237,17 +240,31 @@ def _training_job(topo: Topology, raw: dict, index: int, connections: int,
                                                      f"{len(ranks)} hosts were given")
     colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
                              ph.iteration) for ph in training.phases(spec))
-    return Job(index, colls, connections, timeout_s, congestion_control=congestion_control)
+    return Job(index, colls, connections, timeout_s, **defaults)
 
 
 def _pattern_flows(topo: Topology, entry: dict, size: int,
                    path: str) -> tuple[tuple[str, ...], Schedule]:
-    """Background traffic: the flows of a named pattern, ``size`` bytes each, all at once."""
-    if "pattern" not in entry:
-        raise ConfigError(f"{path}.pattern", f"op flows needs a pattern ({', '.join(PATTERNS)})")
-    pairs = pattern_pairs(topo, entry["pattern"], seed=entry.get("seed", 1),
-                          stride=entry.get("stride", 1), field=f"{path}.pattern",
-                          fan_in=entry.get("fan_in"))
+    """Background traffic: the flows of a named pattern (or explicit pairs), ``size`` bytes
+    each, all at once."""
+    if "pairs" in entry:
+        if "pattern" in entry:
+            raise ConfigError(f"{path}.pairs", "give a pattern or pairs, not both")
+        pairs = [tuple(p) for p in entry["pairs"]]
+        for i, pair in enumerate(pairs):
+            for j, host in enumerate(pair):
+                if host not in topo.nodes or topo.nodes[host].is_switch:
+                    raise ConfigError(f"{path}.pairs[{i}][{j}]", f"no host {host!r} in this "
+                                                                 "fabric")
+            if pair[0] == pair[1]:
+                raise ConfigError(f"{path}.pairs[{i}]", "a host cannot send to itself")
+    elif "pattern" not in entry:
+        raise ConfigError(f"{path}.pattern", f"op flows needs a pattern ({', '.join(PATTERNS)}) "
+                                             "or pairs")
+    else:
+        pairs = pattern_pairs(topo, entry["pattern"], seed=entry.get("seed", 1),
+                              stride=entry.get("stride", 1), field=f"{path}.pattern",
+                              fan_in=entry.get("fan_in"))
     hosts = tuple(dict.fromkeys(h for pair in pairs for h in pair))
     index = {h: i for i, h in enumerate(hosts)}
     return hosts, flows([(index[s], index[d]) for s, d in pairs], len(hosts), size, path)

@@ -23,7 +23,7 @@ LS = {"topology": "leaf_spine", "leaves": 2, "spines": 1, "hosts_per_leaf": 2}
 
 
 def test_dscp_table_and_lossless_classes():
-    classes = TrafficClasses({26: 3, 46: 5}, (3,)).check()
+    classes = TrafficClasses({26: 3, 46: 5}).check()
     table = classes.table()
     assert len(table) == 64 and table[26] == 3 and table[46] == 5 and table[0] == 0
     assert sum(table) == 8
@@ -69,7 +69,7 @@ def test_the_experiment_file_carries_ecn_classes_hosts_and_congestion_control():
         **LS, "fabric_link": {"ecn": [{"mode": "step", "k_kb": 30},
                                       {"mode": "red", "priorities": [3], "pmax": 0.2}]},
         "host_link": {"ecn": {"mode": "step"}},
-        "traffic_classes": {"dscp_to_priority": {"26": 3}, "lossless": [3]},
+        "traffic_classes": {"dscp_to_priority": {"26": 3}},
         "hosts": {"ecn": True}},
         "workload": {"congestion_control": "reno", "collectives": [
             {"op": "all_reduce", "size": 64, "ranks": 2},
