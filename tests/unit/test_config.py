@@ -123,3 +123,45 @@ def test_a_trace_line_is_checked_by_the_schema(tmp_path):
     with pytest.raises(ConfigError) as err:
         config.load(tmp_path / "e.yaml")
     assert err.value.path == "t.jsonl line 1.ranks" and "must be of type" in err.value.message
+
+
+def test_variants_are_whole_experiments_with_their_overrides():
+    exp = config.parse({"version": 1, "name": "base",
+                        "fabric": {"topology": "fat_tree", "k": 4,
+                                   "host_link": {"ecn": {"mode": "step"}}},
+                        "workload": {"collectives": [{"op": "all_reduce", "size": "1MiB"}]},
+                        "variants": [
+                            {"name": "lossy", "set": {"fabric.host_link.ecn": None}},
+                            {"name": "big", "set": {"workload.collectives[0].size": "4MiB",
+                                                    "controller.routing": "dmodk"}},
+                            {"name": "same", "set": {}}]})
+    assert exp.variant is None and exp.fabric.marks_ecn
+    lossy, big, same = exp.variants
+    assert (lossy.variant, lossy.fabric.marks_ecn, lossy.name) == ("lossy", False, "base")
+    assert big.workload.jobs[0].collectives[0].schedule.size_bytes == 4 << 20
+    assert big.controller.routing == "dmodk" and exp.controller.routing == "ecmp"
+    assert same.fabric == exp.fabric and same.fabric_summary()["variant"] == "same"
+    assert not lossy.variants  # variants do not nest
+
+
+@pytest.mark.parametrize("variant,path,text", [
+    ({"name": "v", "set": {"fabric.k": 5}}, "fabric.k", "in variant 'v', variants[0]"),
+    ({"name": "v", "set": {"fabric.host_link.speed": 5}}, "fabric.host_link.speed",
+     "unknown key"),
+    ({"name": "v", "set": {"workload.collectives[3].size": 5}},
+     "variants[0].set.workload.collectives[3].size", "does not lead anywhere"),
+    ({"name": "v", "set": {"fabric..k": 5}}, "variants[0].set.fabric..k", "cannot read"),
+])
+def test_a_bad_variant_names_its_field_and_itself(variant, path, text):
+    with pytest.raises(ConfigError) as err:
+        config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                      "workload": {"collectives": [{"op": "all_reduce", "size": 64}]},
+                      "variants": [variant]})
+    assert err.value.path == path and text in err.value.message, err.value
+
+
+def test_repeated_variant_names_are_refused():
+    with pytest.raises(ConfigError) as err:
+        config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                      "variants": [{"name": "a", "set": {}}, {"name": "a", "set": {}}]})
+    assert err.value.path == "variants"

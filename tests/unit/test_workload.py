@@ -204,3 +204,32 @@ def test_training_iteration_phases():
     with pytest.raises(ConfigError) as err:
         config.parse({**BASE, "workload": {"training": {**raw, "ranks": 4}}})
     assert err.value.path == "workload.training.ranks"
+
+
+def test_flows_by_pairs_and_per_entry_dscp_and_congestion_control():
+    exp = _exp({"op": "flows", "pairs": [["h2_1_1", "h1_1_1"], ["h3_1_1", "h1_1_1"]],
+                "size": "1MiB", "dscp": 26},
+               {"op": "send_recv", "size": 64, "ranks": ["h4_1_1", "h1_1_2"],
+                "concurrent": True}, dscp=10, congestion_control="reno")
+    flows_job, victim = exp.workload.jobs
+    assert flows_job.collectives[0].hosts == ("h2_1_1", "h1_1_1", "h3_1_1")
+    assert flows_job.collectives[0].schedule.received_by(1) == 2 << 20
+    assert (flows_job.dscp, victim.dscp) == (26, 10)
+    assert flows_job.congestion_control == victim.congestion_control == "reno"
+
+
+@pytest.mark.parametrize("entry,path,text", [
+    ({"op": "flows", "pairs": [["h1_1_1", "h9_9_9"]], "size": 64},
+     "workload.collectives[0].pairs[0][1]", "no host 'h9_9_9'"),
+    ({"op": "flows", "pairs": [["h1_1_1", "h1_1_1"]], "size": 64},
+     "workload.collectives[0].pairs[0]", "cannot send to itself"),
+    ({"op": "flows", "pairs": [["h1_1_1", "h1_1_2"]], "pattern": "incast", "size": 64},
+     "workload.collectives[0].pairs", "not both"),
+    ({"op": "all_reduce", "size": 64, "dscp": 64}, "workload.collectives[0].dscp", "<= 63"),
+    ({"op": "all_reduce", "size": 64, "congestion_control": "vegas"},
+     "workload.collectives[0].congestion_control", "must be one of"),
+])
+def test_bad_pairs_dscp_and_congestion_control(entry, path, text):
+    with pytest.raises(ConfigError) as err:
+        _exp(entry)
+    assert err.value.path == path and text in err.value.message, err.value
