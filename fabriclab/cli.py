@@ -105,13 +105,35 @@ def cmd_validate(args) -> int:
                            f"{counts['hosts']} hosts, {counts['links']} links)")
         args.console.print(f"  on the userspace datapath: {verdict.explain()}"
                            + ("" if verdict.fits else " -- over the headroom"))
+        ecn = _ecn_text(exp)
+        for tier, text in ecn.items():
+            args.console.print(f"  ECN at the switch ports of {tier} links: {text}")
+        if exp.variants:
+            args.console.print(f"  variants: {', '.join(v.variant for v in exp.variants)}")
         docs.append({"file": path, "ok": True, "experiment": exp.name, "counts": counts,
                      "collectives": exp.workload.collective_count if exp.workload else 0,
                      "fidelity": {"load": verdict.load, "fits": verdict.fits,
-                                  "max_rate_mbps": verdict.max_rate_mbps}})
+                                  "max_rate_mbps": verdict.max_rate_mbps},
+                     "ecn": ecn, "base_rtt_s": exp.base_rtt_s,
+                     "variants": [v.variant for v in exp.variants]})
     if args.json:
         _emit(docs)
     return EXIT_CONFIG if failed else EXIT_OK
+
+
+def _ecn_text(exp: xp.Experiment) -> dict[str, str]:
+    """Per link tier, the marking of each priority (``0-7: step K=26.4 KiB``), when any."""
+    out = {}
+    for tier in ("host", "fabric"):
+        table = exp.port_ecn(tier)
+        if all(t.mode == "off" for t in table):
+            continue
+        groups: dict[str, list[int]] = {}
+        for prio, th in enumerate(table):
+            groups.setdefault(th.describe(), []).append(prio)
+        out[tier] = "; ".join(f"priority {','.join(map(str, p)) if len(p) < 8 else '0-7'}: {d}"
+                              for d, p in groups.items())
+    return out
 
 
 def resolve_backend(exp: xp.Experiment, requested: str | None, state_dir: Path) -> Backend:

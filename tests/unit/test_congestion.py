@@ -118,3 +118,21 @@ def test_congestion_summary_counts_deltas_and_samples():
     assert doc["virtual_queue_drift_bytes"]["mean"] == pytest.approx((200 + 10_000) / 2)
     assert doc["ports"]["p1"]["priorities"]["0"] == {"packets": 100, "ect": 90,
                                                      "ecn_marked": 30}
+
+
+def test_validate_prints_the_thresholds_it_derived():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "validate", "--json",
+                           str(root / "experiments" / "incast.yaml")], capture_output=True,
+                          text=True, cwd=root, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = json.loads(proc.stdout)
+    assert doc["ecn"] == {"host": "priority 0-7: step K=26.4 KiB",
+                          "fabric": "priority 0-7: step K=26.4 KiB"}
+    assert doc["variants"] == ["lossy", "ecn"] and 0 < doc["base_rtt_s"] < 0.1
+    assert "ECN at the switch ports of fabric links" in proc.stderr
