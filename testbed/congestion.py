@@ -225,3 +225,31 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
             "virtual_queue_drift_bytes": {"mean": sum(drift) / len(drift) if drift else 0.0,
                                           "p99": _percentile(drift, 99)} if drift else None,
             "ports": ports}
+
+
+# -- PFC deadlock: a cycle of pauses -------------------------------------------------------------
+
+def pause_cycles(paused_by: dict[str, set[str]]) -> list[list[str]]:
+    """The cyclic pause dependencies of a pause graph: each port in a cycle is paused by the
+    next one (it cannot send until that one drains, which waits for the one after, and so on
+    back to the first): a PFC deadlock, which only a watchdog breaks.
+
+    Args:
+        paused_by: port -> the ports whose XOFF currently pauses it (for one priority).
+
+    Returns:
+        Every elementary cycle once, each rotated to start at its smallest port, sorted.
+    """
+    cycles: set[tuple[str, ...]] = set()
+    nodes = sorted(set(paused_by) | {p for targets in paused_by.values() for p in targets})
+    index = {n: i for i, n in enumerate(nodes)}
+    for start in nodes:  # cycles whose smallest node is ``start`` (Johnson-style restriction)
+        stack = [(start, [start], {start})]
+        while stack:
+            node, path, seen = stack.pop()
+            for nxt in sorted(paused_by.get(node, ())):
+                if nxt == start:
+                    cycles.add(tuple(path))
+                elif index[nxt] > index[start] and nxt not in seen:
+                    stack.append((nxt, path + [nxt], seen | {nxt}))
+    return [list(c) for c in sorted(cycles)]

@@ -136,3 +136,17 @@ def test_validate_prints_the_thresholds_it_derived():
                           "fabric": "priority 0-7: step K=26.4 KiB"}
     assert doc["variants"] == ["lossy", "ecn"] and 0 < doc["base_rtt_s"] < 0.1
     assert "ECN at the switch ports of fabric links" in proc.stderr
+
+
+def test_pause_cycles_find_each_deadlock_once():
+    from testbed.congestion import pause_cycles
+
+    # a ring of three switches, each port paused by the next: the classic PFC deadlock
+    ring = {"s1-eth2": {"s2-eth2"}, "s2-eth2": {"s3-eth2"}, "s3-eth2": {"s1-eth2"},
+            "h1-eth0": {"s1-eth2"}}  # a host paused by the ring is a victim, not in the cycle
+    assert pause_cycles(ring) == [["s1-eth2", "s2-eth2", "s3-eth2"]]
+    # a chain of pauses back to the senders is no deadlock
+    assert pause_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    # two cycles sharing a port, and a port pausing itself
+    both = {"a": {"b", "c"}, "b": {"a"}, "c": {"a"}, "d": {"d"}}
+    assert pause_cycles(both) == [["a", "b"], ["a", "c"], ["d"]]
