@@ -155,7 +155,7 @@ def cmd_up(args) -> int:
     ui = args.console
     exp = xp.load(args.file)
     if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
-        return _up_in_vm(args)
+        return _up_in_vm(args, exp)
     start = time.monotonic()
     fabric = Fabric(exp, state_dir=args.state_dir,
                     log=(lambda m: ui.print(f"[dim]{m}[/dim]")) if args.verbose else
@@ -193,16 +193,16 @@ def cmd_up(args) -> int:
     return code
 
 
-def _up_in_vm(args) -> int:
+def _up_in_vm(args, exp: xp.Experiment) -> int:
     """Run ``up --check`` inside the full-kernel guest and relay its output and exit code."""
     if not args.check:
         raise ConfigError("emulator.backend", "the vm backend runs a job and powers off: use "
                           "'fabriclab up --check' (an interactive guest is the lab VM's job)")
-    return _in_vm(args, f"up --check --backend host --count {int(args.count)} "
+    return _in_vm(args, exp, f"up --check --backend host --count {int(args.count)} "
                         f"{'-v ' if args.verbose else ''}/job/experiment.yaml")
 
 
-def _in_vm(args, cli_args: str, results_to: Path | None = None) -> int:
+def _in_vm(args, exp: xp.Experiment, cli_args: str, results_to: Path | None = None) -> int:
     """Run ``fabriclab CLI_ARGS`` inside the full-kernel guest, relay its output and exit code,
     and copy what it wrote under ``$FABRICLAB_OUT/results`` to ``results_to``. With ``--json``
     the guest's JSON document (written to ``$FABRICLAB_OUT/cli.json``) is printed, with the
@@ -210,14 +210,24 @@ def _in_vm(args, cli_args: str, results_to: Path | None = None) -> int:
     from testbed import vm
 
     ui = args.console
-    job = f"python3 -m fabriclab.cli {cli_args}"
+    files = {"experiment.yaml": Path(args.file)}
+    job = ""
+    if any(e.fabric.marks_ecn for e in (exp, *exp.variants)):
+        # the guest has no compiler: the marker is built here and carried in with the job
+        from testbed import bpf
+        from testbed.ecn import PROGRAM
+
+        obj = bpf.build(PROGRAM, args.state_dir)
+        files[f"bpf/{obj.parent.name}/{obj.name}"] = obj
+        job += "mkdir -p /run/fabriclab && cp -r /job/bpf /run/fabriclab/\n"
+    job += f"python3 -m fabriclab.cli {cli_args}"
     job += ' --json > "$FABRICLAB_OUT/cli.json"\n' if args.json else "\n"
     with ui.status("preparing the guest image ..."):
         image = vm.ensure_image(log=ui.print)
     work = args.state_dir / "vm" / time.strftime("%Y%m%d-%H%M%S")
     ui.print(f"booting the full-kernel guest ({image.directory.name}); this machine "
              "emulates its CPU, so expect minutes")
-    result = vm.run(image, job, {"experiment.yaml": Path(args.file)}, work,
+    result = vm.run(image, job, files, work,
                     Registry(args.state_dir), accel=getattr(args, "vm_accel", "tcg"),
                     on_console=(lambda line: ui.print(f"[dim]guest| {line}[/dim]"))
                     if getattr(args, "verbose", False) else None)
@@ -283,7 +293,7 @@ def cmd_run(args) -> int:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
     out = Path(args.out)
     if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
-        return _in_vm(args, "run --backend host /job/experiment.yaml "
+        return _in_vm(args, exp, "run --backend host /job/experiment.yaml "
                             "--out \"$FABRICLAB_OUT/results\"", out)
     if not exp.variants:
         doc = _run_one(args, exp, out)

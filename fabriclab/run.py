@@ -20,6 +20,9 @@ from traffic.runner import run_batch
 from traffic.workload import Job
 
 
+MARKER = "ebpf: a virtual queue at each switch port's clsact egress (testbed/bpf/ecn_marker.c)"
+
+
 class RunView:
     """What a run shows while it goes; the default shows nothing."""
 
@@ -91,6 +94,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 # the switch queues since the workload began (totals, per port and priority)
                 doc["congestion"] = summarize_congestion(
                     before, fabric.congestion(), sampler.snapshot() if sampler else {})
+                doc["congestion"]["marker"] = MARKER if exp.fabric.marks_ecn else None
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))

@@ -15,7 +15,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MIRROR=${FABRICLAB_DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' \
   /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
-PACKAGES=linux-image-amd64,udev,kmod,openvswitch-switch,iproute2,iperf3,ethtool,fping,mininet,python3,procps,e2fsprogs,tar
+PACKAGES=linux-image-amd64,udev,kmod,openvswitch-switch,iproute2,iperf3,ethtool,fping,mininet,python3,procps,e2fsprogs,tar,bpftool
+# bpftool loads the ECN marker; its object is built on the host (clang stays out of the guest)
+# and carried in with the job
 IMAGE_MB=${FABRICLAB_VM_IMAGE_MB:-3072}
 
 log() { printf '[vm-image] %s\n' "$*"; }

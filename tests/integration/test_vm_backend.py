@@ -40,8 +40,17 @@ def test_a_delayed_fabric_runs_in_the_guest_with_its_delay(state_dir, tmp_path):
 
 def test_a_workload_runs_in_the_guest_and_its_results_come_out(state_dir, tmp_path):
     exp = tmp_path / "run.yaml"
+    # the guest's kernel has dctcp (this one does not): the incast runs DCTCP over ECN marked
+    # by RED at the leaf's port towards its receiver, with the marker carried into the guest
     exp.write_text(DELAYED.replace("hosts_per_leaf: 1", "hosts_per_leaf: 2")
-                   + "workload:\n  collectives:\n    - {op: all_reduce, size: 1MiB, ranks: 4}\n")
+                   .replace("  fabric_link: {rate_mbps: 10}\n",
+                            "  fabric_link: {rate_mbps: 10}\n  hosts: {ecn: true}\n"
+                            "  queue: {size_kb: 128}\n")
+                   .replace("host_link: {rate_mbps: 10, delay_us: 2000}",
+                            "host_link: {rate_mbps: 10, delay_us: 2000, ecn: {mode: red}}")
+                   + "workload:\n  collectives:\n    - {op: all_reduce, size: 1MiB, ranks: 4}\n"
+                   "    - {op: flows, pattern: incast, fan_in: 3, size: 1MiB,"
+                   " congestion_control: dctcp}\n")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                            "run", str(exp), "--out", str(out), "--json"], capture_output=True,
@@ -49,5 +58,8 @@ def test_a_workload_runs_in_the_guest_and_its_results_come_out(state_dir, tmp_pa
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     doc = json.loads((out / "results.json").read_text())
     assert json.loads(proc.stdout)["collectives"] == doc["collectives"]
-    assert doc["complete"] and [r["op"] for r in doc["collectives"]] == ["all_reduce"]
+    assert doc["complete"] and [r["op"] for r in doc["collectives"]] == ["all_reduce", "flows"]
     assert 0.3 < doc["collectives"][0]["efficiency"] <= 1.15
+    congestion = doc["congestion"]
+    assert congestion["marker"].startswith("ebpf") and congestion["ecn_marked"] > 0, congestion
+    print({k: v for k, v in congestion.items() if k != "ports"})
