@@ -31,6 +31,7 @@ from fabriclab import experiment as xp
 from testbed import cpu, ovs
 from testbed.fabric import Fabric
 from testbed.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
+from testbed.trace import flow_path
 from traffic import iperf
 from traffic.patterns import pattern_pairs
 from traffic.transport import goodput_fraction
@@ -118,7 +119,7 @@ def main() -> int:
                               if routing == "ecmp" else 1.0)
                     res = run_pattern(fabric, flows, args.duration)
                     paths = [tuple(itertools.pairwise(
-                        fabric.flow_path(f.src, f.dst, "tcp", f.cport, f.port))) for f in flows]
+                        flow_path(fabric, f.src, f.dst, "tcp", f.cport, f.port))) for f in flows]
                     given = sum(max_min_rates(paths, capacities(fabric.topo))) / (
                         rate * len(pairs))
                     row = {"pattern": pattern, "seed": seed, "routing": routing,

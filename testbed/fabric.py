@@ -472,42 +472,6 @@ class Fabric:
             self.netlink.set_state(end.ifname, up, pid=pid)
         return link
 
-    def flow_path(self, src: str, dst: str, proto: str, sport: int, dport: int) -> list[str]:
-        """The switches a flow's packets cross, as the switches' own tables decide it
-        (``ofproto/trace`` at every hop: ECMP bucket choices included).
-
-        Args:
-            src: source host.
-            dst: destination host.
-            proto: ``tcp`` or ``udp``.
-            sport: source port.
-            dport: destination port.
-
-        Returns:
-            The node path, hosts included.
-        """
-        topo = self.topo
-        end = topo.attachment(src)
-        path = [src]
-        flow = (f"{proto},nw_src={topo.nodes[src].ip},nw_dst={topo.nodes[dst].ip},"
-                f"tp_src={sport},tp_dst={dport}")
-        for _ in range(len(topo.nodes)):
-            switch, in_port = end.node, end.port
-            path.append(switch)
-            inst = self.switch_instance.get(switch)
-            report = ovs.appctl("ofproto/trace", switch, f"in_port={in_port},{flow}",
-                                target=inst.ctl("ovs-vswitchd") if inst else None)
-            outputs = ovs.trace_outputs(report)
-            if len(outputs) != 1:
-                raise TestbedError(f"{switch}: trace of {flow} gave outputs {outputs}", report)
-            link = topo.link_at(switch, outputs[0])
-            end = link.other(switch)
-            if end.node == dst:
-                return path + [dst]
-            if not topo.nodes[end.node].is_switch:
-                raise TestbedError(f"{flow} leaves {switch} towards {end.node}, not {dst}")
-        raise TestbedError(f"{flow} loops: {' '.join(path[:20])}")
-
 
 def _reap(proc: subprocess.Popen) -> None:
     """Wait for an ended process and close its pipes."""

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from testbed.trace import flow_path
 from tests.integration.conftest import experiment
 from traffic.patterns import pattern_pairs
 
@@ -17,7 +18,7 @@ def _uplinks_used_by_aggs(fabric, flows: int = 32) -> dict[str, set[str]]:
     """For flows h1_1_1 -> h3_1_1 with distinct source ports: agg -> cores it sent them to."""
     used: dict[str, set[str]] = {}
     for sport in range(20000, 20000 + flows):
-        path = fabric.flow_path("h1_1_1", "h3_1_1", "tcp", sport, 5201)
+        path = flow_path(fabric, "h1_1_1", "h3_1_1", "tcp", sport, 5201)
         used.setdefault(path[2], set()).add(path[3])
     return used
 
@@ -39,6 +40,6 @@ def test_dmodk_pins_shift_permutations_onto_disjoint_paths(make_fabric):
     for pattern in ("same_pod", "cross_pod"):
         hops = []
         for n, (src, dst) in enumerate(pattern_pairs(fabric.topo, pattern)):
-            path = fabric.flow_path(src, dst, "tcp", 30000 + n, 5201)
+            path = flow_path(fabric, src, dst, "tcp", 30000 + n, 5201)
             hops += list(itertools.pairwise(path))
         assert len(hops) == len(set(hops)), f"{pattern}: flows share a link direction"
