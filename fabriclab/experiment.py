@@ -109,6 +109,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
     _check(data, schema())
     base = {k: v for k, v in data.items() if k != "variants"}
+    experiment = _parse_one(base, source, None)  # the base's own errors come first
     variants = []
     for i, variant in enumerate(data.get("variants", [])):
         raw = copy.deepcopy(base)
@@ -123,7 +124,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
     names = [v.variant for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError("variants", f"variant names repeat: {', '.join(names)}")
-    return dataclasses.replace(_parse_one(base, source, None), variants=tuple(variants))
+    return dataclasses.replace(experiment, variants=tuple(variants))
 
 
 _SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import socket
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Self
@@ -75,11 +77,16 @@ class Netlink:
     def __init__(self) -> None:
         self.root = IPRoute()
         self._ns: dict[int, IPRoute] = {}
+        self._dump: QdiscDump | None = None
+        self._ifnames: dict[int, str] = {}
 
     def close(self) -> None:
         for ipr in [self.root, *self._ns.values()]:
             ipr.close()
         self._ns.clear()
+        if self._dump is not None:
+            self._dump.close()
+            self._dump = None
 
     def __enter__(self) -> Self:
         return self
@@ -191,21 +198,21 @@ class Netlink:
 
     def leaf_queues(self, names: set[str]) -> dict[str, dict[str, int]]:
         """The leaf queue (``10:``) of every named root-namespace interface, in one dump: bytes
-        and packets sent, drops, backlog bytes and packets now."""
-        by_index = {l["index"]: l.get_attr("IFLA_IFNAME") for l in self.root.get_links()}
+        and packets sent, drops, backlog bytes and packets now.
+
+        Sampled every few tens of milliseconds while a workload runs, so it reads the dump
+        itself (:class:`QdiscDump`): pyroute2's generic parsing took 106 ms of CPU per dump
+        of a k=4 fabric's 160 qdiscs, this takes about 1.
+        """
+        if self._dump is None:
+            self._dump = QdiscDump()
+        if not names <= set(self._ifnames.values()):
+            self._ifnames = {l["index"]: l.get_attr("IFLA_IFNAME") for l in self.root.get_links()}
         out = {}
-        for q in self.root.get_qdiscs():
-            name = by_index.get(q["index"])
-            if name not in names or q["handle"] != LEAF_HANDLE:
-                continue
-            stats = q.get_attr("TCA_STATS2")
-            basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
-            queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
-            out[name] = {"bytes": basic["bytes"] if basic else 0,
-                         "packets": basic["packets"] if basic else 0,
-                         "drops": queue["drops"] if queue else 0,
-                         "backlog_bytes": queue["backlog"] if queue else 0,
-                         "backlog_packets": queue["qlen"] if queue else 0}
+        for index, handle, stats in self._dump.read():
+            name = self._ifnames.get(index)
+            if handle == LEAF_HANDLE and name in names:
+                out[name] = stats
         return out
 
     def qdisc_stats(self, ifname: str, pid: int | None = None) -> list[dict]:
@@ -235,3 +242,67 @@ class Netlink:
                 ipr.link("set", index=lo[0], state="up")
             for addr, mac in neighbours:
                 ipr.neigh("replace", dst=addr, lladdr=mac, ifindex=idx, state="permanent")
+
+
+class QdiscDump:
+    """A raw rtnetlink socket that dumps every qdisc of its namespace and reads only the
+    counters (``TCA_STATS2``: basic bytes/packets, queue length, backlog, drops)."""
+
+    _NLMSG = struct.Struct("=IHHII")
+    _TCMSG = struct.Struct("=BxxxiIII")
+    _RTA = struct.Struct("=HH")
+    _RTM_GETQDISC, _NLMSG_DONE, _NLMSG_ERROR = 38, 3, 2
+    _DUMP_FLAGS = 0x301  # NLM_F_REQUEST | NLM_F_DUMP
+    _TCA_STATS2, _TCA_STATS_BASIC, _TCA_STATS_QUEUE = 7, 1, 3
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.sock.bind((0, 0))
+        self.seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def read(self) -> list[tuple[int, int, dict[str, int]]]:
+        """(interface index, qdisc handle, counters) of every qdisc, now."""
+        self.seq += 1
+        body = self._TCMSG.pack(0, 0, 0, 0, 0)
+        self.sock.send(self._NLMSG.pack(self._NLMSG.size + len(body), self._RTM_GETQDISC,
+                                        self._DUMP_FLAGS, self.seq, 0) + body)
+        out = []
+        while True:
+            data = self.sock.recv(1 << 20)
+            offset = 0
+            while offset + self._NLMSG.size <= len(data):
+                length, kind, _flags, seq, _pid = self._NLMSG.unpack_from(data, offset)
+                if kind == self._NLMSG_DONE and seq == self.seq:
+                    return out
+                if kind == self._NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", data, offset + self._NLMSG.size)[0]
+                    raise TestbedError(f"netlink: qdisc dump failed (errno {code})")
+                if kind == 36 and seq == self.seq:  # RTM_NEWQDISC
+                    out.append(self._qdisc(data, offset + self._NLMSG.size, offset + length))
+                offset += (length + 3) & ~3
+
+    def _qdisc(self, data: bytes, start: int, end: int) -> tuple[int, int, dict[str, int]]:
+        _family, index, handle, _parent, _info = self._TCMSG.unpack_from(data, start)
+        stats = {"bytes": 0, "packets": 0, "drops": 0, "backlog_bytes": 0, "backlog_packets": 0}
+        for kind, payload, plen in self._attrs(data, start + self._TCMSG.size, end):
+            if kind != self._TCA_STATS2:
+                continue
+            for sub, at, slen in self._attrs(data, payload, payload + plen):
+                if sub == self._TCA_STATS_BASIC and slen >= 12:
+                    stats["bytes"], stats["packets"] = struct.unpack_from("=QI", data, at)
+                elif sub == self._TCA_STATS_QUEUE and slen >= 12:
+                    qlen, backlog, drops = struct.unpack_from("=III", data, at)
+                    stats.update(backlog_packets=qlen, backlog_bytes=backlog, drops=drops)
+        return index, handle, stats
+
+    def _attrs(self, data: bytes, start: int, end: int):
+        offset = start
+        while offset + self._RTA.size <= end:
+            length, kind = self._RTA.unpack_from(data, offset)
+            if length < self._RTA.size:
+                return
+            yield kind & 0x3FFF, offset + self._RTA.size, length - self._RTA.size
+            offset += (length + 3) & ~3
