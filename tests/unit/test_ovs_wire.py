@@ -1,5 +1,5 @@
-"""Wire formats fabriclab writes or reads by hand: the NTR selection-method group property and
-ofproto/trace reports."""
+"""Wire formats fabriclab writes or reads by hand: the NTR selection-method group property,
+ofproto/trace reports, and the counters of a raw qdisc dump."""
 
 import struct
 
@@ -65,3 +65,22 @@ def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
         assert tar.extractfile("job.sh").read() == b"echo hi\n"
     assert {"project/testbed/x.py", "experiment.yaml", "job.sh"} <= names
     assert not any(".venv" in n for n in names)
+
+
+def test_the_raw_qdisc_dump_reads_counters_from_tca_stats2():
+    from testbed.netlink import QdiscDump
+
+    def rta(kind: int, payload: bytes) -> bytes:
+        raw = struct.pack("=HH", 4 + len(payload), kind) + payload
+        return raw + b"\0" * (-len(raw) % 4)
+
+    basic = rta(1, struct.pack("=QI", 123456, 78) + b"\0" * 4)
+    queue = rta(3, struct.pack("=IIIII", 3, 27042, 5, 0, 9))
+    attrs = rta(1, b"bfifo\0") + rta(7, basic + queue)
+    tcmsg = struct.pack("=BxxxiIII", 0, 42, 0x100000, 0x10001, 1)
+    msg = struct.pack("=IHHII", 16 + len(tcmsg) + len(attrs), 36, 2, 1, 0) + tcmsg + attrs
+    dump = QdiscDump.__new__(QdiscDump)  # parsing only: no socket
+    index, handle, stats = dump._qdisc(msg, 16, len(msg))
+    assert (index, handle) == (42, 0x100000)
+    assert stats == {"bytes": 123456, "packets": 78, "drops": 5, "backlog_bytes": 27042,
+                     "backlog_packets": 3}
