@@ -335,14 +335,15 @@ def _run_one(args, exp: xp.Experiment, out: Path) -> dict:
 def _variants_table(name: str, rows: list[dict]) -> Table:
     """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
     table = Table(title=f"{name}: variants", box=None,
-                  caption="queue: sampled switch backlog, KiB; busbw: Mbit/s; fct p99: s")
+                  caption="queue: sampled switch backlog, KiB; busbw: Mbit/s; fct: flow "
+                          "completion, s")
     for col in ("variant", "drops", "ce marks", "queue max", "queue p99"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r["jobs"]) for r in rows), default=0)
     for j in range(jobs):
         op = next((r["jobs"][j]["op"] for r in rows if len(r["jobs"]) > j), "?")
         table.add_column(f"j{j} {op} busbw", justify="right")
-        table.add_column(f"j{j} fct p99", justify="right")
+        table.add_column(f"j{j} fct p50/p99", justify="right")
     for r in rows:
         kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
         cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
@@ -351,7 +352,8 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
                  kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"])]
         for j in range(jobs):
             job = r["jobs"][j] if len(r["jobs"]) > j else None
-            cells += [f"{job['busbw_mbps']:.2f}", f"{job['fct_p99_s']:.2f}"] if job else ["-", "-"]
+            cells += ([f"{job['busbw_mbps']:.2f}",
+                       f"{job['fct_p50_s']:.2f}/{job['fct_p99_s']:.2f}"] if job else ["-", "-"])
         table.add_row(*cells)
     return table
 

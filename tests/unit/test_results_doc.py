@@ -47,3 +47,20 @@ def test_job_summaries_average_repetitions():
     assert (first.op, first.repetitions, first.mean_s) == ("all_reduce", 2, 2.0)
     assert first.algbw_mbps == pytest.approx(4.0) and first.count == 250_000
     assert first.efficiency == 0.5 and second.op == "all_to_all"
+
+
+def test_a_variant_row_compares_queues_and_jobs():
+    doc = results.new_document("x", "x.yaml", "now", {"variant": "ecn"})
+    fast, slow = _row(1.0), _row(2.0)
+    fast.flow_completion_s = {"p50": 0.4, "p99": 0.9, "max": 1.0}
+    slow.flow_completion_s = {"p50": 0.5, "p99": 1.8, "max": 2.0}
+    results.add_rows(doc, 0, [fast, slow], 1)
+    doc["congestion"] = {"drops": 3, "ecn_marked": 40, "queue_max_bytes": 9000,
+                         "queue_p99_bytes": 8000, "ports": {}}
+    results.finish(doc)
+    row = results.variant_row(doc)
+    assert (row["variant"], row["complete"], row["drops"], row["ecn_marked"]) == (
+        "ecn", True, 3, 40)
+    (job,) = row["jobs"]
+    assert (job["fct_p50_s"], job["fct_p99_s"]) == (0.5, 1.8)
+    assert job["busbw_mbps"] == pytest.approx(1e6 * 8 / 1.5 / 1e6)
