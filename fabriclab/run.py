@@ -95,6 +95,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 doc["congestion"] = summarize_congestion(
                     before, fabric.congestion(), sampler.snapshot() if sampler else {})
                 doc["congestion"]["marker"] = MARKER if exp.fabric.marks_ecn else None
+                errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))

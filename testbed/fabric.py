@@ -100,6 +100,7 @@ class Fabric:
         self._processes: list[subprocess.Popen] = []
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
         self.marker: Marker | None = None
+        self.service_errors: list[str] = []  # what fabric service threads died of
 
     @property
     def run_dir(self) -> Path:
@@ -222,12 +223,20 @@ class Fabric:
         """Run ``target(stop)`` in a daemon thread until :meth:`down` sets ``stop``.
 
         The target must return soon after ``stop`` is set (it is joined for
-        ``THREAD_JOIN_S``; one that is not done by then is reported as a teardown error).
+        ``THREAD_JOIN_S``; one that is not done by then is reported as a teardown error). An
+        exception that ends it is kept in :attr:`service_errors`, never lost.
         """
         if self.record is None:
             raise TestbedError(f"{role}: the fabric is not up")
         stop = threading.Event()
-        thread = threading.Thread(target=target, args=(stop,), name=role, daemon=True)
+
+        def guarded(event: threading.Event) -> None:
+            try:
+                target(event)
+            except Exception as err:  # noqa: BLE001 - kept for the caller, see service_errors
+                self.service_errors.append(f"{role}: {type(err).__name__}: {err}")
+
+        thread = threading.Thread(target=guarded, args=(stop,), name=role, daemon=True)
         self._threads.append((thread, stop))
         thread.start()
         return thread

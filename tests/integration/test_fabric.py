@@ -140,6 +140,12 @@ def test_fabric_services_live_and_die_with_the_fabric(make_fabric):
     assert fabric.stop(host) is not None and host.returncode != 0  # ended by SIGTERM
     assert "test:sleep-in-host" not in {p.role for p in fabric.record.processes}
     poll(lambda: ticks, 5, "the service thread to run")
+
+    def broken(stop) -> None:
+        raise ValueError("a service bug")
+
+    fabric.start_thread(broken, "test:broken").join(5)
+    assert fabric.service_errors == ["test:broken: ValueError: a service bug"]
     fabric.down()  # ends what is left: the root-namespace process and the thread
     assert root.returncode is not None
     assert not fabric._threads
