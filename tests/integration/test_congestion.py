@@ -68,3 +68,23 @@ def test_marking_keeps_an_incast_queue_from_filling_and_dropping(state_dir, tmp_
     assert marked["queue_p99_bytes"] < lossy["queue_p99_bytes"]
     drift = marked["virtual_queue_drift_bytes"]
     assert drift is not None and drift["mean"] < 48 * 1024  # within ~5 frames of the real queue
+
+
+def test_dctcp_on_a_kernel_without_it_is_refused_naming_the_field(state_dir, tmp_path):
+    from testbed import capabilities
+
+    if "dctcp" in capabilities.probe(state_dir).tcp_congestion:
+        import pytest
+
+        pytest.skip("this kernel has dctcp")
+    path = tmp_path / "dctcp.yaml"
+    path.write_text(LS + "workload:\n  collectives:\n"
+                    "    - {op: all_reduce, size: 64KiB, ranks: 2, congestion_control: dctcp}\n")
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
+                           "run", str(path), "--out", str(tmp_path / "out"), "--backend", "host"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "workload job 0.congestion_control: needs TCP congestion control 'dctcp'" in \
+        proc.stdout, proc.stdout
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["complete"] is False and "dctcp" in doc["error"]  # refused before building

@@ -66,3 +66,27 @@ def test_the_capability_cache_is_used_within_a_boot(tmp_path, monkeypatch):
     assert capabilities.probe(tmp_path).has_qdisc("htb") and len(probes) == 6
     capabilities.probe(tmp_path, refresh=True)
     assert len(probes) == 8
+
+
+def test_a_congestion_control_this_kernel_lacks_moves_auto_to_the_vm(tmp_path, monkeypatch):
+    from fabriclab import experiment as xp
+    from fabriclab.cli import resolve_backend
+    from testbed.spec import Requirement
+
+    caps = capabilities.Capabilities("6.x-test", False, {"htb": True, "bfifo": True,
+                                                         "clsact": True},
+                                     tcp_congestion=["reno", "cubic", "bbr"])
+    monkeypatch.setattr(capabilities, "probe", lambda state_dir, refresh=False: caps)
+    base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
+                                     "hosts_per_leaf": 1}}
+    dctcp = xp.parse({**base, "workload": {"collectives": [
+        {"op": "all_reduce", "size": 64, "congestion_control": "dctcp"}]}})
+    cubic = xp.parse({**base, "workload": {"congestion_control": "cubic",
+                                           "collectives": [{"op": "all_reduce", "size": 64}]}})
+    assert resolve_backend(dctcp, None, tmp_path) == "vm"
+    assert resolve_backend(cubic, None, tmp_path) == "host"
+    assert resolve_backend(dctcp, "host", tmp_path) == "host"  # asked for: the build refuses
+    need = Requirement("workload job 0.congestion_control", "tcp_cc", "dctcp")
+    assert need in dctcp.requirements() and not caps.has(need)
+    assert "'dctcp'" in caps.explain_missing(need) and "reno, cubic, bbr" in \
+        caps.explain_missing(need)
