@@ -184,6 +184,17 @@ class Netlink:
             ipr.tc("add", plan.queue_kind, index=idx, handle=LEAF_HANDLE, parent=HTB_CLASS,
                    limit=plan.queue_limit, **extra)
 
+    def set_class_rate(self, ifname: str, rate_kbit: int, burst_bytes: int, quantum_bytes: int,
+                       pid: int | None = None) -> None:
+        """Change the rate (= ceil) and burst of a link end's HTB class ``1:1`` in place (the
+        queue behind it stays): the actuator of a pause and of its release."""
+        ipr = self.ns(pid)
+        idx = self.index(ifname, pid)
+        with _request(f"tc class change on {ifname}"):
+            ipr.tc("change-class", "htb", index=idx, handle=HTB_CLASS, parent=HTB_HANDLE,
+                   rate=f"{rate_kbit}kbit", ceil=f"{rate_kbit}kbit", burst=burst_bytes,
+                   cburst=burst_bytes, quantum=quantum_bytes)
+
     def attach_bpf_egress(self, ifname: str, prog_fd: int, name: str,
                           pid: int | None = None) -> None:
         """Run a BPF program (direct action) at the egress of ``ifname``, before its qdisc:
