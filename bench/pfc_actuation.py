@@ -12,9 +12,9 @@ leave, and the port never resumes within a trial. HTB charges each frame to the 
 the class's rate *at that moment* and keeps the debt across a change: one 9 KB frame at 8 kbit/s
 is 9 s of debt, repaid in time whatever the new rate. A pause built on HTB rate changes is
 therefore not a pause. TBF resets its bucket on ``tc qdisc change`` (tried by hand on a veth
-pair: stop after 1-2 frames in 1.6-2.7 ms), but its resume waited 74-80 ms for the watchdog it
-had set at the paused rate: the PFC agent's actuator should be a TBF per lossless class, kicked
-on release.
+pair: stop after 1-2 frames in 1.6-2.7 ms), but its resume waited 74-80 ms, not yet explained
+(a second change right after the release does not shorten it): the PFC agent's actuator should
+be a TBF per lossless class, once that wait is understood.
 
 Usage: bench/pfc_actuation.py [--trials 20] [--cut-burst] [--json out.json]
 """
