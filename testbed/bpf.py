@@ -149,35 +149,31 @@ class Map:
         ctypes.memmove(ctypes.addressof(attr) + 8, ptrs, 24)
         return attr
 
-    def update(self, key, value) -> None:
+    def _op(self, cmd: int, key, target, what: str) -> bool:
+        """One map command; False when the key is not there (ENOENT), TestbedError otherwise."""
         try:
-            _syscall(_BPF_MAP_UPDATE_ELEM, self._attr(key, value))
+            _syscall(cmd, self._attr(key, target))
         except OSError as err:
-            raise TestbedError(f"BPF map {self.path.name}: update failed: {err.strerror}") from None
+            if err.errno == errno.ENOENT:
+                return False
+            raise TestbedError(f"BPF map {self.path.name}: {what} failed: {err.strerror}") \
+                from None
+        return True
+
+    def update(self, key, value) -> None:
+        if not self._op(_BPF_MAP_UPDATE_ELEM, key, value, "update"):
+            raise TestbedError(f"BPF map {self.path.name}: update failed: no such entry")
 
     def lookup(self, key):
         value = self.value_type()
-        try:
-            _syscall(_BPF_MAP_LOOKUP_ELEM, self._attr(key, value))
-        except OSError as err:
-            if err.errno == errno.ENOENT:
-                return None
-            raise TestbedError(f"BPF map {self.path.name}: lookup failed: {err.strerror}") from None
-        return value
+        return value if self._op(_BPF_MAP_LOOKUP_ELEM, key, value, "lookup") else None
 
     def items(self) -> list[tuple]:
         """Every (key, value), read now."""
         out, key = [], None
-        while True:
-            nxt = self.key_type()
-            try:
-                _syscall(_BPF_MAP_GET_NEXT_KEY, self._attr(key, nxt))
-            except OSError as err:
-                if err.errno == errno.ENOENT:
-                    return out
-                raise TestbedError(f"BPF map {self.path.name}: iteration failed: "
-                                   f"{err.strerror}") from None
+        while self._op(_BPF_MAP_GET_NEXT_KEY, key, nxt := self.key_type(), "iteration"):
             value = self.lookup(nxt)
             if value is not None:
                 out.append((nxt, value))
             key = nxt
+        return out
