@@ -22,7 +22,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from testbed.congestion import EcnMode, EcnSpec, TrafficClasses
+from testbed.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses
 from testbed.errors import ConfigError
 from testbed.spec import (
     DEFAULT_QUEUE_KB,
@@ -169,6 +169,7 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
     for tier in ("host", "fabric"):
         spec.port_ecn(tier)  # thresholds in order, priorities in range
+    _ = spec.pfc  # thresholds in order, headroom enough
     workload = None
     if data.get("workload"):  # checked against the model: all before anything is built
         base = str(Path(source).parent) if source != MEMORY else "."
@@ -235,8 +236,13 @@ def _fabric(raw: dict) -> FabricSpec:
         traffic_classes=TrafficClasses(
             {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()}).check(),
         host_ecn=raw.get("hosts", {}).get("ecn", False),
+        pfc=_pfc(raw.get("pfc", {})),
         **optional,
     )
+
+
+def _pfc(raw: dict) -> PfcSpec:
+    return PfcSpec(**{**raw, "priorities": tuple(raw.get("priorities", ()))})
 
 
 def _link(raw: dict) -> LinkSpec:

@@ -93,8 +93,11 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     view.measured(len(outcome.results))
                 # the switch queues since the workload began (totals, per port and priority)
                 doc["congestion"] = summarize_congestion(
-                    before, fabric.congestion(), sampler.snapshot() if sampler else {})
+                    before, fabric.congestion(), sampler.snapshot() if sampler else {},
+                    exp.fabric.pfc.priorities)
                 doc["congestion"]["marker"] = MARKER if exp.fabric.marks_ecn else None
+                if fabric.pfc_agent is not None:
+                    doc["congestion"]["pfc"] = fabric.pfc_agent.report()
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
                 write_json_atomic(path, doc)
                 if errors:

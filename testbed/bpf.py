@@ -79,21 +79,22 @@ def ensure_bpffs() -> None:
 
 
 def load(obj: Path, pin_dir: Path) -> Path:
-    """Load an object's program and maps, pinned in ``pin_dir`` (``prog`` and one file per map).
+    """Load an object's programs and maps, pinned in ``pin_dir`` (each program under
+    ``progs/<its function name>``, one file per map).
 
     Returns:
-        The pinned program's path.
+        The directory of the pinned programs.
     """
     bpftool = _need("bpftool", "bpftool")
     ensure_bpffs()
     pin_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [bpftool, "prog", "load", str(obj), str(pin_dir / "prog"), "type", "classifier",
+    cmd = [bpftool, "prog", "loadall", str(obj), str(pin_dir / "progs"), "type", "classifier",
            "pinmaps", str(pin_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
     if proc.returncode != 0:
         raise TestbedError(f"loading {obj.name} failed (the verifier's log follows)",
                            " ".join(cmd), proc.stderr[-3000:])
-    return pin_dir / "prog"
+    return pin_dir / "progs"
 
 
 def unpin(pin_dir: str | Path) -> None:

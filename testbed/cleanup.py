@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
-from testbed import bpf, ovs
+from testbed import bpf, ovs, procfs
 from testbed.errors import TestbedError
 from testbed.netlink import Netlink
 from testbed.registry import Registry, RunRecord, stop_processes
@@ -67,6 +67,11 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
         report.errors.append(f"{record.run_id}: links: {err}")
     for pin_dir in record.bpf_pins:  # after the links: programs stay attached until then
         bpf.unpin(pin_dir)
+    for name, value in record.sysctls.items():  # a build that stopped while they were raised
+        try:
+            procfs.write_sysctl(name, value)
+        except OSError as err:
+            report.errors.append(f"{record.run_id}: restoring {name}={value}: {err}")
     if len(report.errors) == errors_before:
         registry.remove(record)
         report.runs.append(record.run_id)

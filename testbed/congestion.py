@@ -162,13 +162,123 @@ def _kb(value: float | None, default_bytes: int) -> int:
     return default_bytes if value is None else int(value * 1024)
 
 
+#: The PFC agent's actuation, measured here: from the sample before the one that sees a queue
+#: over XOFF until the upstream TBF change has returned, p99 over a 4-to-1 UDP incast's 738
+#: pauses (3 hops of back-pressure), was 6.5 ms with a 2 ms poll (median 3.7); less the poll,
+#: 4.5 ms, rounded up. The agent's poll interval adds to it (:func:`pfc_reaction_s`).
+PFC_ACTUATION_S = 0.005
+PFC_POLL_MS = 2.0
+PFC_WATCHDOG_MS = 500.0
+PFC_XON_FRAMES = 2  # XON sits this many frames under XOFF by default
+PFC_HEADROOM_FRAMES = 3  # a frame in flight each way, and the one the paused TBF still lets go
+
+
 def pfc_headroom_bytes(rate_mbps: float, propagation_us: float, reaction_s: float,
                        mtu: int) -> int:
-    """The buffer a lossless priority needs above XOFF at a port: what the upstream device still
-    sends between the crossing and its stop (``rate x (2 x propagation + reaction)``) plus a full
-    frame in flight each way."""
+    """The buffer a lossless priority needs above XOFF for one upstream link: what the upstream
+    device still sends between the crossing and its stop (``rate x (2 x propagation +
+    reaction)``), a full frame in flight each way, and the one frame the paused actuator (a TBF
+    whose bucket resets to one frame) may still let go."""
     in_flight = rate_mbps * 1e6 / 8 * (2 * propagation_us / 1e6 + reaction_s)
-    return math.ceil(in_flight) + 2 * frame_bytes(mtu)
+    return math.ceil(in_flight) + PFC_HEADROOM_FRAMES * frame_bytes(mtu)
+
+
+def pfc_reaction_s(poll_ms: float) -> float:
+    """From a queue crossing XOFF to its upstream stopping: up to one poll interval until the
+    agent sees it, then the measured actuation."""
+    return poll_ms / 1000 + PFC_ACTUATION_S
+
+
+@dataclass(frozen=True)
+class PfcSpec:
+    """The ``fabric.pfc`` setting: which priorities are lossless and their thresholds (None:
+    derived, :func:`resolve_pfc`)."""
+
+    priorities: tuple[int, ...] = ()
+    xoff_kb: float | None = None
+    xon_kb: float | None = None
+    headroom_kb: float | None = None
+    watchdog_ms: float = PFC_WATCHDOG_MS
+    poll_ms: float = PFC_POLL_MS
+
+
+@dataclass(frozen=True)
+class PfcThresholds:
+    """What the PFC agent does for every lossless priority, in bytes and seconds."""
+
+    priorities: tuple[int, ...]
+    xoff_bytes: int
+    xon_bytes: int
+    headroom_bytes: int
+    needed_bytes: int  # the headroom the worst switch port needs
+    worst_port: str  # that port
+    reaction_s: float
+    watchdog_s: float
+    poll_s: float
+
+    @property
+    def limit_bytes(self) -> int:
+        """A lossless leaf's limit: XOFF plus the headroom above it."""
+        return self.xoff_bytes + self.headroom_bytes
+
+    def describe(self) -> str:
+        kib = lambda b: f"{b / 1024:.1f}"  # noqa: E731
+        return (f"priorities {', '.join(map(str, self.priorities))}: XOFF {kib(self.xoff_bytes)} "
+                f"KiB, XON {kib(self.xon_bytes)} KiB, headroom {kib(self.headroom_bytes)} KiB "
+                f"(needs {kib(self.needed_bytes)} at {self.worst_port}, reaction "
+                f"{self.reaction_s * 1000:.1f} ms), watchdog {self.watchdog_s * 1000:g} ms")
+
+
+def resolve_pfc(spec: PfcSpec, fan_in: dict[str, list[tuple[float, float]]], queue_bytes: int,
+                mtu: int, path: str = "fabric.pfc") -> PfcThresholds | None:
+    """The PFC thresholds of a fabric, or None without lossless priorities.
+
+    The agent accounts a lossless priority's buffer at each switch's egress queue (the only
+    occupancy this kernel exposes), and a queue over XOFF pauses every port that feeds it; so
+    the headroom above XOFF must hold what all of them still send: the sum over the switch's
+    other ports of :func:`pfc_headroom_bytes`, at the worst port.
+
+    Args:
+        spec: the setting.
+        fan_in: switch port -> (rate, one-way delay) of each of its switch's other links.
+        queue_bytes: the fabric's queue size, XOFF's default.
+        mtu: the MTU.
+        path: the field path named in errors.
+
+    Raises:
+        ConfigError: for a priority out of range, XON not under XOFF, or a headroom smaller
+            than the worst port needs (naming the number it needs).
+    """
+    if not spec.priorities:
+        return None
+    for prio in spec.priorities:
+        if not 0 <= prio < PRIORITIES:
+            raise ConfigError(f"{path}.priorities", f"priority is 0..{PRIORITIES - 1}, got {prio}")
+    reaction = pfc_reaction_s(spec.poll_ms)
+    need, worst = 0, ""
+    for port, links in sorted(fan_in.items()):
+        n = sum(pfc_headroom_bytes(rate, delay, reaction, mtu) for rate, delay in links)
+        if n > need:
+            need, worst = n, port
+    headroom = need if spec.headroom_kb is None else int(spec.headroom_kb * 1024)
+    if headroom < need:
+        raise ConfigError(f"{path}.headroom_kb",
+                          f"{spec.headroom_kb:g} KiB cannot keep the class lossless: {worst} "
+                          f"needs at least {math.ceil(need / 1024)} KiB (what its "
+                          f"{len(fan_in[worst])} feeding links still send in "
+                          f"{reaction * 1000:.1f} ms of reaction, plus "
+                          f"{PFC_HEADROOM_FRAMES} frames each)")
+    xoff = queue_bytes if spec.xoff_kb is None else int(spec.xoff_kb * 1024)
+    if xoff < frame_bytes(mtu):
+        raise ConfigError(f"{path}.xoff_kb", f"must hold at least one frame "
+                                             f"({frame_bytes(mtu) / 1024:.1f} KiB)")
+    xon = (max(0, xoff - PFC_XON_FRAMES * frame_bytes(mtu)) if spec.xon_kb is None
+           else int(spec.xon_kb * 1024))
+    if xon >= xoff:
+        raise ConfigError(f"{path}.xon_kb", f"must be under xoff_kb ({xoff / 1024:g}), got "
+                                            f"{xon / 1024:g}")
+    return PfcThresholds(tuple(sorted(set(spec.priorities))), xoff, xon, headroom, need, worst,
+                         reaction, spec.watchdog_ms / 1000, spec.poll_ms / 1000)
 
 
 # -- what a run's switch queues did ------------------------------------------------------------
@@ -181,44 +291,67 @@ def _percentile(values: list[int], q: float) -> int:
 
 
 def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
-                         samples: dict[str, list[tuple[int, int | None]]]) -> dict:
+                         samples: dict[str, list[tuple[int, int | None]]],
+                         lossless: tuple[int, ...] = ()) -> dict:
     """The ``congestion`` section of a results document.
 
     Args:
         before: :meth:`testbed.fabric.Fabric.congestion` when the workload started.
         after: the same when it ended.
         samples: port -> (real backlog, virtual backlog or None) sampled during the workload.
+        lossless: the lossless priorities (their drops are ``lossless_drops``).
 
     Returns:
-        Totals over the switch ports (drops, ECN-capable packets, CE marks, queue max and p99
-        from the samples, the virtual queue's drift from the real backlog) and the same per
-        port and priority under ``ports`` (ports that carried nothing are left out).
+        Totals over the ports (drops, ECN-capable packets, CE marks, PFC pauses, paused time
+        and watchdog events, drops of lossless priorities, queue max and p99 from the samples,
+        the virtual queue's drift from the real backlog) and the same per port and priority
+        under ``ports`` (ports that neither carried anything nor were paused are left out).
     """
     ports, all_samples, drift = {}, [], []
-    totals = {"drops": 0, "ect": 0, "ecn_marked": 0}
+    totals = {"drops": 0, "ect": 0, "ecn_marked": 0, "pfc_pause_events": 0, "pfc_paused_s": 0.0,
+              "pfc_watchdog_events": 0, "lossless_drops": 0}
     for name, now in sorted(after.items()):
         then = before.get(name, {})
         q0, q1 = then.get("queue", {}), now.get("queue", {})
         sent = q1.get("packets", 0) - q0.get("packets", 0)
-        if not sent:
-            continue
         real = [r for r, _ in samples.get(name, [])]
         port = {"packets": sent, "drops": q1.get("drops", 0) - q0.get("drops", 0),
                 "queue_max_bytes": max(real, default=0),
                 "queue_p99_bytes": _percentile(real, 99), "priorities": {}}
         for prio, c1 in now.get("priorities", {}).items():
             c0 = then.get("priorities", {}).get(prio, {})
-            delta = {k: c1[k] - c0.get(k, 0) for k in ("packets", "ect", "marked")}
+            row = {}
+            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("packets", "ect", "marked")}
             if delta["packets"]:
-                port["priorities"][str(prio)] = {"packets": delta["packets"],
-                                                 "ect": delta["ect"],
-                                                 "ecn_marked": delta["marked"]}
+                row = {"packets": delta["packets"], "ect": delta["ect"],
+                       "ecn_marked": delta["marked"]}
                 totals["ect"] += delta["ect"]
                 totals["ecn_marked"] += delta["marked"]
+            if "queue" in c1:
+                drops = c1["queue"].get("drops", 0) - c0.get("queue", {}).get("drops", 0)
+                if drops or row:
+                    row["drops"] = drops
+                if prio in lossless:
+                    totals["lossless_drops"] += drops
+            p1, p0 = c1.get("pfc"), c0.get("pfc", {})
+            if p1 is not None:
+                pfc = {"pause_events": p1["pause_events"] - p0.get("pause_events", 0),
+                       "paused_s": round(p1["paused_s"] - p0.get("paused_s", 0.0), 4),
+                       "watchdog_events": p1["watchdog_events"] - p0.get("watchdog_events", 0)}
+                if pfc["pause_events"] or pfc["paused_s"]:
+                    row["pfc"] = pfc
+                    totals["pfc_pause_events"] += pfc["pause_events"]
+                    totals["pfc_paused_s"] += pfc["paused_s"]
+                    totals["pfc_watchdog_events"] += pfc["watchdog_events"]
+            if row:
+                port["priorities"][str(prio)] = row
+        if not sent and not port["priorities"]:
+            continue
         totals["drops"] += port["drops"]
         all_samples += real
         drift += [abs(v - r) for r, v in samples.get(name, []) if v is not None and (r or v)]
         ports[name] = port
+    totals["pfc_paused_s"] = round(totals["pfc_paused_s"], 4)
     return {**totals, "queue_max_bytes": max(all_samples, default=0),
             "queue_p99_bytes": _percentile(all_samples, 99),
             "samples": len(all_samples),

@@ -14,9 +14,14 @@ from pathlib import Path
 
 from testbed import bpf
 from testbed.congestion import PRIORITIES, EcnMode, EcnThresholds
+from testbed.errors import TestbedError
 from testbed.netlink import Netlink
 
-PROGRAM = "ecn_marker"
+OBJECT = "ecn_marker"
+EGRESS_PROGRAM = "ecn_marker"
+INGRESS_PROGRAM = "rx_count"
+PORT_CLASSIFY = 1  # a host NIC: steer into classes, keep nothing per port
+PORT_CLASSES = 2  # the port has one HTB class per priority
 _MODES = {EcnMode.OFF: 0, EcnMode.STEP: 1, EcnMode.RED: 2}
 PROB_SCALE = 1_000_000
 
@@ -29,8 +34,8 @@ class _EcnCfg(ctypes.Structure):
 
 class _PortCfg(ctypes.Structure):
     _fields_ = [("rate_bytes_s", ctypes.c_uint64), ("burst_bytes", ctypes.c_uint64),
-                ("limit_bytes", ctypes.c_uint64),
-                ("dscp_prio", ctypes.c_uint8 * 64), ("ecn", _EcnCfg * PRIORITIES)]
+                ("limit_bytes", ctypes.c_uint64), ("flags", ctypes.c_uint32),
+                ("pad", ctypes.c_uint32), ("dscp_prio", ctypes.c_uint8 * 64), ("ecn", _EcnCfg * PRIORITIES)]
 
 
 class _VQueue(ctypes.Structure):
@@ -50,7 +55,11 @@ class _Counters(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in COUNTER_FIELDS]
 
 
-assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (248, 32, 48)
+class _RxCounters(ctypes.Structure):
+    _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+
+assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (256, 32, 48)
 
 
 @dataclass(frozen=True)
@@ -62,11 +71,13 @@ class PortMarking:
     limit_bytes: int  # the bfifo's limit (0 for a packet-count queue: not mirrored)
     dscp_priority: tuple[int, ...]  # 64 entries
     thresholds: tuple[EcnThresholds, ...]  # one per priority
+    classes: bool = False  # steer IP packets into one HTB class per priority
 
 
 def _port_cfg(marking: PortMarking) -> _PortCfg:
     cfg = _PortCfg(rate_bytes_s=int(marking.rate_mbps * 1e6 / 8),
-                   burst_bytes=marking.burst_bytes, limit_bytes=marking.limit_bytes)
+                   burst_bytes=marking.burst_bytes, limit_bytes=marking.limit_bytes,
+                   flags=PORT_CLASSES if marking.classes else 0)
     for dscp, prio in enumerate(marking.dscp_priority):
         cfg.dscp_prio[dscp] = prio
     for prio, th in enumerate(marking.thresholds):
@@ -85,20 +96,53 @@ class Marker:
 
     def __init__(self, state_dir: Path, pin_dir: Path) -> None:
         self.pin_dir = pin_dir
-        self.prog_fd = bpf.obj_get(bpf.load(bpf.build(PROGRAM, state_dir), pin_dir))
+        progs = bpf.load(bpf.build(OBJECT, state_dir), pin_dir)
+        self.prog_fd = bpf.obj_get(progs / EGRESS_PROGRAM)
+        self.rx_fd = bpf.obj_get(progs / INGRESS_PROGRAM)
         self.cfg = bpf.Map(pin_dir / "fl_cfg", ctypes.c_uint32, _PortCfg)
         self.queue = bpf.Map(pin_dir / "fl_queue", ctypes.c_uint32, _VQueue)
         self.count = bpf.Map(pin_dir / "fl_count", _CountKey, _Counters)
+        self.rx = bpf.Map(pin_dir / "fl_rx", _CountKey, _RxCounters)
         self.ports: dict[int, tuple[str, float]] = {}  # ifindex -> (name, rate in bytes/s)
+        self.host_keys: dict[int, set[str]] = {}  # host NICs' indexes (in their namespaces)
 
-    def attach(self, netlink: Netlink, ifname: str, marking: PortMarking) -> None:
-        """Configure and attach the marker at a root-namespace port's egress."""
+    def attach(self, netlink: Netlink, ifname: str, marking: PortMarking,
+               count_rx: bool = False) -> None:
+        """Configure and attach the marker at a root-namespace switch port's egress (and its
+        packet counter per priority at the ingress, for the PFC agent)."""
         ifindex = netlink.index(ifname)
+        if ifindex in self.host_keys:
+            raise TestbedError(f"switch port {ifname} has interface index {ifindex}, as the "
+                               f"NIC of {', '.join(sorted(self.host_keys[ifindex]))} in its "
+                               "namespace: the marker's settings would collide")
         key = ctypes.c_uint32(ifindex)
         self.cfg.update(key, _port_cfg(marking))
         self.queue.update(key, _VQueue())
-        netlink.attach_bpf_egress(ifname, self.prog_fd, PROGRAM)
+        netlink.attach_bpf(ifname, self.prog_fd, EGRESS_PROGRAM)
+        if count_rx:
+            netlink.attach_bpf(ifname, self.rx_fd, INGRESS_PROGRAM, ingress=True)
         self.ports[ifindex] = (ifname, marking.rate_mbps * 1e6 / 8)
+
+    def classify_host(self, netlink: Netlink, host: str, pid: int, ifname: str,
+                      dscp_priority: tuple[int, ...]) -> None:
+        """Steer a host NIC's IP packets into their priority's class (in the host's namespace;
+        every host NIC with the same index shares the entry, which holds only the table)."""
+        ifindex = netlink.index(ifname, pid)
+        if ifindex in self.ports:
+            raise TestbedError(f"the NIC of {host} has interface index {ifindex} in its "
+                               f"namespace, as switch port {self.ports[ifindex][0]}: the "
+                               "marker's settings would collide")
+        cfg = _PortCfg(flags=PORT_CLASSIFY | PORT_CLASSES)
+        for dscp, prio in enumerate(dscp_priority):
+            cfg.dscp_prio[dscp] = prio
+        self.cfg.update(ctypes.c_uint32(ifindex), cfg)
+        self.host_keys.setdefault(ifindex, set()).add(host)
+        netlink.attach_bpf(ifname, self.prog_fd, EGRESS_PROGRAM, pid=pid)
+
+    def arrivals(self) -> dict[tuple[str, int], int]:
+        """(switch port, priority) -> packets received so far (ports with ``count_rx``)."""
+        return {(self.ports[k.ifindex][0], k.prio): v.packets for k, v in self.rx.items()
+                if k.ifindex in self.ports}
 
     def counters(self) -> dict[tuple[str, int], dict[str, int]]:
         """(port, priority) -> packets, bytes, ect, marked, ce_seen, vq_drops, read now."""
@@ -119,8 +163,9 @@ class Marker:
         return out
 
     def close(self) -> None:
-        for m in (self.cfg, self.queue, self.count):
+        for m in (self.cfg, self.queue, self.count, self.rx):
             m.close()
-        if self.prog_fd >= 0:
-            os.close(self.prog_fd)
-            self.prog_fd = -1
+        for attr in ("prog_fd", "rx_fd"):
+            if getattr(self, attr) >= 0:
+                os.close(getattr(self, attr))
+                setattr(self, attr, -1)

@@ -27,12 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
 
-from testbed import bpf, capabilities, cleanup, ovs
+from testbed import bpf, capabilities, cleanup, ovs, procfs
 from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
 from testbed.fidelity import FidelityVerdict, assess
 from testbed.mininet_hosts import Hosts
 from testbed.netlink import Netlink
+from testbed.pfc import PfcAgent
 from testbed.poll import wait_for
 from testbed.reachability import (
     Reachability,
@@ -44,6 +45,12 @@ from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_proces
 from testbed.spec import Fidelity, TestbedSpec
 from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
+
+#: A host NIC's lossless queue: more than the socket buffers of its senders, which block
+#: (back-pressure) instead of losing datagrams at their own NIC.
+HOST_LOSSLESS_BYTES = 4 << 20
+TRUESIZE_FACTOR = 2  # a queued frame's socket charge (skb truesize) over its length
+SEND_BUFFER_MAX = 1 << 30
 
 STARTUP_WORKERS = 16
 THREAD_JOIN_S = 10.0
@@ -100,6 +107,7 @@ class Fabric:
         self._processes: list[subprocess.Popen] = []
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
         self.marker: Marker | None = None
+        self.pfc_agent: PfcAgent | None = None
         self.service_errors: list[str] = []  # what fabric service threads died of
 
     @property
@@ -135,10 +143,14 @@ class Fabric:
         self._step("controller", self._start_controller)
         self._step("hosts", self._start_hosts)
         self._step("links", self._create_links)
-        if self.spec.fabric.marks_ecn:
+        if self.spec.fabric.needs_marker:
             self._step("ecn", self._attach_markers)
+        self._raise_send_buffer()
         self._step("switches", self._create_switches)
         self._step("programmed", self._wait_programmed)
+        self._restore_sysctls()
+        if self.spec.pfc is not None:
+            self._step("pfc", self._start_pfc)
         self.timings["up_total"] = time.monotonic() - start
 
     def down(self) -> None:
@@ -311,12 +323,18 @@ class Fabric:
     def _root_ends(self, link: Link) -> list[str]:
         return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
 
-    def _shaping(self, link: Link):
-        """The tc plan of both ends of a link."""
+    def shaping(self, link: Link, host_end: bool = False):
+        """The tc plan of a link's switch ends (or of its host NIC: a lossless queue there
+        holds more than any socket buffer, so it back-pressures its senders, never drops)."""
         fab = self.spec.fabric
         tier = fab.link(link.tier)
+        pfc = self.spec.pfc
+        lossless = {}
+        if pfc is not None:
+            limit = max(pfc.limit_bytes, HOST_LOSSLESS_BYTES) if host_end else pfc.limit_bytes
+            lossless = {p: limit for p in pfc.priorities}
         return plan_shaping(link.rate_mbps, fab.mtu, fab.queue_kb, fab.queue_packets,
-                            tier.delay_us, tier.loss_percent)
+                            tier.delay_us, tier.loss_percent, fab.priorities(), lossless)
 
     def _create_links(self) -> None:
         fab = self.spec.fabric
@@ -324,13 +342,13 @@ class Fabric:
         self.registry.save(self.record)
         nl, mtu = self.netlink, fab.mtu
         for link in self.topo.links:
-            plan = self._shaping(link)
+            plan = self.shaping(link)
             if link.tier == "host":
                 host = self.topo.nodes[link.a.node]
                 pid = self.hosts.pid(host.name)
                 nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=pid, peer_mac=host.mac,
                                mtu=mtu)
-                nl.shape(link.a.ifname, plan, pid=pid)
+                nl.shape(link.a.ifname, self.shaping(link, host_end=True), pid=pid)
             else:
                 nl.create_veth(link.b.ifname, link.a.ifname, mtu=mtu)
                 nl.shape(link.a.ifname, plan)
@@ -344,7 +362,9 @@ class Fabric:
                               [n for n in neighbours if n[0] != host.ip])
 
     def _attach_markers(self) -> None:
-        """The ECN marker at the egress of every switch port, with its link tier's marking."""
+        """The eBPF marker at the egress of every switch port, with its link tier's marking,
+        steering packets into per-priority classes where there are some (and at host NICs);
+        with PFC, its arrival counter at every switch port's ingress."""
         pins = bpf.PIN_ROOT / self.record.run_id
         self.record.bpf_pins.append(str(pins))
         self.registry.save(self.record)
@@ -352,28 +372,91 @@ class Fabric:
         fab = self.spec.fabric
         table = tuple(fab.traffic_classes.table())
         tiers = {tier: tuple(self.spec.port_ecn(tier)) for tier in ("host", "fabric")}
+        pfc = self.spec.pfc is not None
         for link in self.topo.links:
-            plan = self._shaping(link)
+            plan = self.shaping(link)
             limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
-                    link.rate_mbps, plan.burst_bytes, limit, table, tiers[link.tier]))
+                    link.rate_mbps, plan.burst_bytes, limit, table, tiers[link.tier],
+                    classes=bool(plan.classes)), count_rx=pfc)
+            if link.tier == "host" and plan.classes:
+                host = link.a.node
+                self.marker.classify_host(self.netlink, host, self.hosts.pid(host),
+                                          link.a.ifname, table)
+
+    def _raise_send_buffer(self) -> None:
+        """Let the switches' sockets hold every queue full at once, while they are created.
+
+        The userspace datapath sends every packet of a vswitchd through one AF_PACKET socket,
+        and a packet in a port's queue counts against that socket's send buffer until it
+        leaves. With the kernel's default buffer (net.core.wmem_default, 208 KiB) the queues of
+        an instance together hold about 110 KiB of jumbo frames; beyond that the switch drops
+        in silence (no qdisc or interface counter sees it). The socket takes the default when it
+        is created, during the build (the controller's first LLDP probes): raise it until the
+        fabric is programmed, then restore it (the run record keeps the old value until then).
+        """
+        fab = self.spec.fabric
+        total = 0
+        for link in self.topo.links:
+            plan = self.shaping(link)
+            limits = ([c.limit_bytes for c in plan.classes] if plan.classes
+                      else [plan.queue_limit])
+            per_port = sum(limits) if plan.queue_kind == "bfifo" or plan.classes else \
+                plan.queue_limit * (fab.mtu + 14)
+            total += per_port * len(self._root_ends(link))
+        want = min(SEND_BUFFER_MAX, TRUESIZE_FACTOR * total)
+        name = "net.core.wmem_default"
+        old = procfs.read_sysctl(name)
+        if want > int(old):
+            self.record.sysctls[name] = old
+            self.registry.save(self.record)
+            procfs.write_sysctl(name, str(want))
+
+    def _restore_sysctls(self) -> None:
+        if self.record.sysctls:  # every switch has sent (its LLDP probes): its socket exists
+            def probed() -> bool:
+                status = self.controller_status()
+                return status.get("wiring_verified", 0) >= status.get("wiring_expected", 0)
+
+            wait_for(probed, self.spec.controller.ready_timeout_s,
+                     "the controller's LLDP probes through every switch")
+        for name, value in self.record.sysctls.items():
+            procfs.write_sysctl(name, value)
+        if self.record.sysctls:
+            self.record.sysctls = {}
+            self.registry.save(self.record)
+
+    def _start_pfc(self) -> None:
+        self.pfc_agent = PfcAgent(self, self.spec.pfc)
+        self.start_thread(self.pfc_agent, "pfc agent")
 
     def switch_ports(self) -> set[str]:
         """The root-namespace interface of every switch port."""
         return {n for link in self.topo.links for n in self._root_ends(link)}
 
     def congestion(self) -> dict[str, dict]:
-        """Switch port -> its leaf queue's counters and backlog now, and, with the ECN marker,
-        its virtual queue and per-priority marking counters (cumulative since the build)."""
-        ports = {name: {"queue": q} for name, q in
-                 self.netlink.leaf_queues(self.switch_ports()).items()}
+        """Switch port -> its queue's counters and backlog now (summed over its priorities'
+        leaves), per priority that leaf's, and with the marker its virtual queue and marking
+        counters; with PFC, every paused port's (host NICs too) pause counters per priority.
+        All cumulative since the build."""
+        ports: dict[str, dict] = {}
+        for (name, prio), q in self.netlink.leaf_queues(self.switch_ports()).items():
+            port = ports.setdefault(name, {"queue": dict.fromkeys(q, 0)})
+            for k, v in q.items():
+                port["queue"][k] += v
+            port.setdefault("priorities", {}).setdefault(prio, {})["queue"] = q
         if self.marker is not None:
             for name, (backlog, peak) in self.marker.queues().items():
                 ports.setdefault(name, {})["virtual_queue"] = {"backlog_bytes": backlog,
                                                                "max_bytes": peak}
             for (name, prio), counts in self.marker.counters().items():
-                ports.setdefault(name, {}).setdefault("priorities", {})[prio] = counts
+                ports.setdefault(name, {}).setdefault("priorities", {}).setdefault(
+                    prio, {}).update(counts)
+        if self.pfc_agent is not None:
+            for (name, prio), counts in self.pfc_agent.counters().items():
+                ports.setdefault(name, {}).setdefault("priorities", {}).setdefault(
+                    prio, {})["pfc"] = counts
         return ports
 
     def _create_switches(self) -> None:

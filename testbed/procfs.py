@@ -1,4 +1,5 @@
-"""``/proc/PID/stat``, read in one place: process state, CPU time and kernel start time."""
+"""``/proc``, read in one place: process state, CPU time and kernel start time
+(``/proc/PID/stat``), and sysctls."""
 
 from __future__ import annotations
 
@@ -48,3 +49,18 @@ def read_stat(pid: int) -> ProcStat | None:
             return parse_stat(fh.read())
     except (OSError, ValueError):
         return None
+
+
+def sysctl_path(name: str) -> str:
+    """``net.core.wmem_default`` -> ``/proc/sys/net/core/wmem_default``."""
+    return "/proc/sys/" + name.replace(".", "/")
+
+
+def read_sysctl(name: str) -> str:
+    with open(sysctl_path(name), encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def write_sysctl(name: str, value: str) -> None:
+    with open(sysctl_path(name), "w", encoding="ascii") as fh:
+        fh.write(value)

@@ -1,5 +1,5 @@
 """Queue sampler: a fabric service that reads every switch port's real backlog (one netlink
-dump) and, with the ECN marker, its virtual backlog at the same instant, every ``interval_s``.
+dump; summed over the port's priority classes) and, with the ECN marker, its virtual backlog at the same instant, every ``interval_s``.
 The samples give a run's queue max and p99 and the virtual queue's drift from the real one.
 """
 
@@ -30,14 +30,15 @@ class QueueSampler:
     def __call__(self, stop: threading.Event) -> None:
         with Netlink() as nl:  # its own socket: pyroute2 sockets are not shared across threads
             while not stop.wait(self.interval_s):
-                real = nl.leaf_queues(self.ports)
+                real: dict[str, int] = {}
+                for (name, _prio), q in nl.leaf_queues(self.ports).items():
+                    real[name] = real.get(name, 0) + q["backlog_bytes"]
                 marker = self.fabric.marker
                 virtual = marker.queues() if marker is not None else {}
                 with self.lock:
-                    for name, q in real.items():
+                    for name, backlog in real.items():
                         vq = virtual.get(name)
-                        self.samples[name].append((q["backlog_bytes"],
-                                                   vq[0] if vq is not None else None))
+                        self.samples[name].append((backlog, vq[0] if vq is not None else None))
 
     def snapshot(self) -> dict[str, list[tuple[int, int | None]]]:
         """A copy of every sample so far."""

@@ -53,6 +53,7 @@ class RunRecord:
     links: list[str] = field(default_factory=list)  # root-namespace interface names
     bpf_pins: list[str] = field(default_factory=list)  # bpffs folders of pinned programs/maps
     processes: list[TrackedProcess] = field(default_factory=list)
+    sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
 
     def owner_alive(self) -> bool:
         return proc_start_time(self.owner_pid) == self.owner_start

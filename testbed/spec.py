@@ -11,7 +11,16 @@ from functools import cached_property
 
 import networkx as nx
 
-from testbed.congestion import EcnSpec, EcnThresholds, TrafficClasses, base_rtt_s, resolve_ecn
+from testbed.congestion import (
+    EcnSpec,
+    EcnThresholds,
+    PfcSpec,
+    PfcThresholds,
+    TrafficClasses,
+    base_rtt_s,
+    resolve_ecn,
+    resolve_pfc,
+)
 from testbed.errors import ConfigError
 from testbed.topology import Topology, fat_tree, leaf_spine
 
@@ -105,6 +114,19 @@ class FabricSpec:
     mtu: int = DEFAULT_MTU
     traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
     host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
+    pfc: PfcSpec = field(default_factory=PfcSpec)
+
+    def priorities(self) -> tuple[int, ...]:
+        """The traffic classes in use: 0 (unlisted DSCP), the mapped ones and the lossless
+        ones. More than one gives every link end one HTB class per priority."""
+        return tuple(sorted({0, *self.traffic_classes.dscp_to_priority.values(),
+                             *self.pfc.priorities}))
+
+    @property
+    def needs_marker(self) -> bool:
+        """Whether the eBPF program runs at the ports: to mark ECN, or to steer packets into
+        per-priority classes (and count them for PFC)."""
+        return self.marks_ecn or len(self.priorities()) > 1
 
     @property
     def marks_ecn(self) -> bool:
@@ -167,7 +189,36 @@ class TestbedSpec:
                 needs.append(q(f"fabric.{tier}_link.loss_percent", "netem"))
             if any(e.mode != "off" for e in link.ecn):
                 needs.append(q(f"fabric.{tier}_link.ecn", "clsact"))
+        if len(self.fabric.priorities()) > 1:
+            needs.append(q("fabric.traffic_classes", "clsact"))
+        if self.fabric.pfc.priorities:
+            needs.append(q("fabric.pfc", "tbf"))
         return needs
+
+    @cached_property
+    def pfc(self) -> PfcThresholds | None:
+        """The PFC thresholds (None without lossless priorities); the headroom is checked
+        against each switch port's fan-in."""
+        fab = self.fabric
+        if not fab.pfc.priorities:
+            return None
+        for tier in ("host", "fabric"):
+            link = fab.link(tier)
+            if link.delay_us or link.loss_percent:
+                raise ConfigError("fabric.pfc", f"a lossless class cannot share the "
+                                  f"{tier} links' netem delay or loss (their leaf is netem)")
+        if fab.queue_packets:
+            raise ConfigError("fabric.pfc", "lossless classes need a queue sized in bytes "
+                                            "(fabric.queue.size_kb), not size_packets")
+        topo = self.topology
+        fan_in = {}
+        for node in topo.switches:
+            links = list(topo.ports(node.name).values())
+            for link in links:
+                fan_in[link.end(node.name).ifname] = [
+                    (other.rate_mbps, fab.link(other.tier).delay_us)
+                    for other in links if other is not link]
+        return resolve_pfc(fab.pfc, fan_in, int((fab.queue_kb or 0) * 1024), fab.mtu)
 
     @cached_property
     def base_rtt_s(self) -> float:

@@ -9,8 +9,16 @@
  * dropped when the bfifo would drop. A packet of an ECN-capable transport
  * (ECT) is marked CE when the virtual backlog it joins is above its priority's threshold: a
  * step at K (DCTCP) or RED-like between kmin and kmax with probability up to pmax (DCQCN).
- * Priorities come from DSCP through the port's table. The loader writes each port's settings
- * into fl_cfg; user space reads fl_queue and fl_count, never a trace pipe.
+ * Priorities come from DSCP through the port's table, and the program steers each IP packet
+ * into its priority's HTB class (skb->priority = 1:(0x10 + priority)) when the port has one
+ * class per priority; packets that are not IP keep theirs (HTB's default class, or its direct
+ * queue for the PFC agent's kick frames). A host NIC's entry only classifies (PORT_CLASSIFY):
+ * hosts live in their own namespaces, where interface indexes repeat, so nothing per port is
+ * kept for them. The loader writes each port's settings into fl_cfg; user space reads
+ * fl_queue and fl_count, never a trace pipe.
+ *
+ * rx_count runs at a switch port's ingress and counts packets per priority (fl_rx): the PFC
+ * agent pauses the upstream ends whose packets of a lossless priority still arrive.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -25,6 +33,10 @@
 #define MODE_STEP 1
 #define MODE_RED 2
 #define PROB_SCALE 1000000U
+#define PORT_CLASSIFY 1		/* flags: classify only (a host NIC) */
+#define PORT_CLASSES 2		/* flags: one HTB class per priority, 1:(0x10 + priority) */
+#define HTB_MAJOR 0x10000U
+#define CLASS_BASE 0x10U
 
 struct ecn_cfg {
 	__u32 mode;
@@ -38,6 +50,8 @@ struct port_cfg {
 	__u64 rate_bytes_s;	/* the HTB rate of the port */
 	__u64 burst_bytes;	/* the HTB burst: credit an idle port builds up */
 	__u64 limit_bytes;	/* the bfifo limit behind it (0: none mirrored) */
+	__u32 flags;		/* PORT_CLASSIFY, PORT_CLASSES */
+	__u32 pad;
 	__u8 dscp_prio[64];
 	struct ecn_cfg ecn[MAX_PRIO];
 };
@@ -84,6 +98,33 @@ struct {
 	__type(value, struct counters);
 } fl_count SEC(".maps");
 
+struct rx_counters {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096 * MAX_PRIO);
+	__type(key, struct count_key);
+	__type(value, struct rx_counters);
+} fl_rx SEC(".maps");
+
+/* The priority of an IPv4 packet through the port's DSCP table (-1: not IPv4). */
+static __always_inline int ip_priority(struct __sk_buff *skb, const struct port_cfg *cfg,
+				       __u8 *ecn)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return -1;
+	*ecn = ip->tos & 0x3;
+	return cfg->dscp_prio[(ip->tos >> 2) & 63] & (MAX_PRIO - 1);
+}
+
 static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
 {
 	__u64 prob;
@@ -101,30 +142,31 @@ static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
 SEC("tc")
 int ecn_marker(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
 	__u32 ifindex = skb->ifindex;
 	struct port_cfg *cfg = bpf_map_lookup_elem(&fl_cfg, &ifindex);
-	struct vqueue *q = bpf_map_lookup_elem(&fl_queue, &ifindex);
 	struct count_key key = { .ifindex = ifindex, .prio = 0 };
 	struct counters *c, zero = {};
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + sizeof(*eth);
+	struct vqueue *q;
 	__u64 len = skb->wire_len ? skb->wire_len : skb->len;
 	__u64 now = bpf_ktime_get_ns(), elapsed, drained, backlog;
 	__s64 level;
-	__u8 ecn = 0, dscp = 0;
+	__u8 ecn = 0;
 	__u32 prio;
-	int is_ip = 0, drop = 0;
+	int ip_prio, drop = 0;
 
-	if (!cfg || !q)
+	if (!cfg)
 		return TC_ACT_OK;
-	if ((void *)(ip + 1) <= data_end && eth->h_proto == bpf_htons(ETH_P_IP)) {
-		is_ip = 1;
-		ecn = ip->tos & 0x3;
-		dscp = ip->tos >> 2;
-		key.prio = cfg->dscp_prio[dscp & 63] & (MAX_PRIO - 1);
+	ip_prio = ip_priority(skb, cfg, &ecn);
+	if (ip_prio >= 0) {
+		key.prio = ip_prio;
+		if (cfg->flags & PORT_CLASSES)
+			skb->priority = HTB_MAJOR | (CLASS_BASE + key.prio);
 	}
+	if (cfg->flags & PORT_CLASSIFY)
+		return TC_ACT_OK;
+	q = bpf_map_lookup_elem(&fl_queue, &ifindex);
+	if (!q)
+		return TC_ACT_OK;
 
 	bpf_spin_lock(&q->lock);
 	elapsed = now > q->last_ns ? now - q->last_ns : 0;
@@ -157,7 +199,7 @@ int ecn_marker(struct __sk_buff *skb)
 	__sync_fetch_and_add(&c->bytes, len);
 	if (drop)
 		__sync_fetch_and_add(&c->vq_drops, 1);
-	if (!is_ip || ecn == 0)
+	if (ip_prio < 0 || ecn == 0)
 		return TC_ACT_OK;
 	if (ecn == 3) {
 		__sync_fetch_and_add(&c->ce_seen, 1);
@@ -169,6 +211,33 @@ int ecn_marker(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (!drop && should_mark(&cfg->ecn[prio], backlog) && bpf_skb_ecn_set_ce(skb))
 		__sync_fetch_and_add(&c->marked, 1);
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int rx_count(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct port_cfg *cfg = bpf_map_lookup_elem(&fl_cfg, &ifindex);
+	struct count_key key = { .ifindex = ifindex, .prio = 0 };
+	struct rx_counters *c, zero = {};
+	__u8 ecn = 0;
+	int ip_prio;
+
+	if (!cfg || (cfg->flags & PORT_CLASSIFY))
+		return TC_ACT_OK;
+	ip_prio = ip_priority(skb, cfg, &ecn);
+	if (ip_prio > 0)
+		key.prio = ip_prio;
+	c = bpf_map_lookup_elem(&fl_rx, &key);
+	if (!c) {
+		bpf_map_update_elem(&fl_rx, &key, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&fl_rx, &key);
+		if (!c)
+			return TC_ACT_OK;
+	}
+	__sync_fetch_and_add(&c->packets, 1);
+	__sync_fetch_and_add(&c->bytes, skb->len);
 	return TC_ACT_OK;
 }
 

@@ -58,10 +58,11 @@ def test_resolve_ecn_per_priority_with_defaults():
     assert err.value.path == "x.ecn.kmax_kb"
 
 
-def test_pfc_headroom_covers_the_round_trip_the_reaction_and_two_frames():
-    # 10 Mbit/s, 5 us of propagation, 2 ms to react: 1.25 MB/s x 2.01 ms + 2 frames
-    assert pfc_headroom_bytes(10, 5, 0.002, 9000) == 2513 + 2 * 9014
-    assert pfc_headroom_bytes(100_000, 1, 0, 1500) == 25_000 + 2 * 1514
+def test_pfc_headroom_covers_the_round_trip_the_reaction_and_three_frames():
+    # 10 Mbit/s, 5 us of propagation, 2 ms to react: 1.25 MB/s x 2.01 ms, plus a frame in
+    # flight each way and the one the paused TBF still lets go
+    assert pfc_headroom_bytes(10, 5, 0.002, 9000) == 2513 + 3 * 9014
+    assert pfc_headroom_bytes(100_000, 1, 0, 1500) == 25_000 + 3 * 1514
 
 
 def test_the_experiment_file_carries_ecn_classes_hosts_and_congestion_control():
