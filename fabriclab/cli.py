@@ -108,13 +108,16 @@ def cmd_validate(args) -> int:
         ecn = _ecn_text(exp)
         for tier, text in ecn.items():
             args.console.print(f"  ECN at the switch ports of {tier} links: {text}")
+        pfc = exp.pfc.describe() if exp.pfc is not None else None
+        if pfc:
+            args.console.print(f"  PFC (lossless) {pfc}")
         if exp.variants:
             args.console.print(f"  variants: {', '.join(v.variant for v in exp.variants)}")
         docs.append({"file": path, "ok": True, "experiment": exp.name, "counts": counts,
                      "collectives": exp.workload.collective_count if exp.workload else 0,
                      "fidelity": {"load": verdict.load, "fits": verdict.fits,
                                   "max_rate_mbps": verdict.max_rate_mbps},
-                     "ecn": ecn, "base_rtt_s": exp.base_rtt_s,
+                     "ecn": ecn, "pfc": pfc, "base_rtt_s": exp.base_rtt_s,
                      "variants": [v.variant for v in exp.variants]})
     if args.json:
         _emit(docs)
@@ -212,12 +215,12 @@ def _in_vm(args, exp: xp.Experiment, cli_args: str, results_to: Path | None = No
     ui = args.console
     files = {"experiment.yaml": Path(args.file)}
     job = ""
-    if any(e.fabric.marks_ecn for e in (exp, *exp.variants)):
+    if any(e.fabric.needs_marker for e in (exp, *exp.variants)):
         # the guest has no compiler: the marker is built here and carried in with the job
         from testbed import bpf
-        from testbed.ecn import PROGRAM
+        from testbed.ecn import OBJECT
 
-        obj = bpf.build(PROGRAM, args.state_dir)
+        obj = bpf.build(OBJECT, args.state_dir)
         files[f"bpf/{obj.parent.name}/{obj.name}"] = obj
         job += "mkdir -p /run/fabriclab && cp -r /job/bpf /run/fabriclab/\n"
     job += f"python3 -m fabriclab.cli {cli_args}"
@@ -335,9 +338,10 @@ def _run_one(args, exp: xp.Experiment, out: Path) -> dict:
 def _variants_table(name: str, rows: list[dict]) -> Table:
     """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
     table = Table(title=f"{name}: variants", box=None,
-                  caption="queue: sampled switch backlog, KiB; busbw: Mbit/s; fct: flow "
+                  caption="pauses: PFC pause events (paused: their total time, s; over all "
+                          "ports); queue: sampled switch backlog, KiB; busbw: Mbit/s; fct: flow "
                           "completion, s")
-    for col in ("variant", "drops", "ce marks", "queue max", "queue p99"):
+    for col in ("variant", "drops", "ce marks", "pauses", "paused s", "queue max", "queue p99"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r["jobs"]) for r in rows), default=0)
     for j in range(jobs):
@@ -349,6 +353,8 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
         cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
                  str(r["drops"]) if r["drops"] is not None else "-",
                  str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
+                 str(r["pfc_pause_events"]) if r.get("pfc_pause_events") else "-",
+                 f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s") else "-",
                  kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"])]
         for j in range(jobs):
             job = r["jobs"][j] if len(r["jobs"]) > j else None

@@ -105,6 +105,7 @@ class Marker:
         self.rx = bpf.Map(pin_dir / "fl_rx", _CountKey, _RxCounters)
         self.ports: dict[int, tuple[str, float]] = {}  # ifindex -> (name, rate in bytes/s)
         self.host_keys: dict[int, set[str]] = {}  # host NICs' indexes (in their namespaces)
+        self.index: dict[str, int] = {}  # switch port -> its index
 
     def attach(self, netlink: Netlink, ifname: str, marking: PortMarking,
                count_rx: bool = False) -> None:
@@ -122,6 +123,7 @@ class Marker:
         if count_rx:
             netlink.attach_bpf(ifname, self.rx_fd, INGRESS_PROGRAM, ingress=True)
         self.ports[ifindex] = (ifname, marking.rate_mbps * 1e6 / 8)
+        self.index[ifname] = ifindex
 
     def classify_host(self, netlink: Netlink, host: str, pid: int, ifname: str,
                       dscp_priority: tuple[int, ...]) -> None:
@@ -139,10 +141,17 @@ class Marker:
         self.host_keys.setdefault(ifindex, set()).add(host)
         netlink.attach_bpf(ifname, self.prog_fd, EGRESS_PROGRAM, pid=pid)
 
-    def arrivals(self) -> dict[tuple[str, int], int]:
-        """(switch port, priority) -> packets received so far (ports with ``count_rx``)."""
-        return {(self.ports[k.ifindex][0], k.prio): v.packets for k, v in self.rx.items()
-                if k.ifindex in self.ports}
+    def arrivals(self, keys: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+        """(switch port, priority) -> packets received so far (ports with ``count_rx``): all of
+        them, or those of ``keys`` (one lookup each)."""
+        if keys is None:
+            return {(self.ports[k.ifindex][0], k.prio): v.packets for k, v in self.rx.items()
+                    if k.ifindex in self.ports}
+        out = {}
+        for name, prio in keys:
+            value = self.rx.lookup(_CountKey(self.index[name], prio))
+            out[(name, prio)] = value.packets if value is not None else 0
+        return out
 
     def counters(self) -> dict[tuple[str, int], dict[str, int]]:
         """(port, priority) -> packets, bytes, ect, marked, ce_seen, vq_drops, read now."""

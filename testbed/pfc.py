@@ -9,6 +9,10 @@ fires, and a paused TBF's timer is seconds away while the senders behind it are 
 kick is a PFC frame with no priority enabled (a no-op to any receiver; the switches' table-miss
 drops it), queued in HTB's direct queue (``SO_PRIORITY`` = the qdisc's handle) so it never waits.
 
+The feeders of a queue are its switch's other ports, less those the controller's up-down
+routing never forwards from into it (a packet that came down from a higher tier never goes back
+up): a queue pauses only the ingress links whose packets can be in it.
+
 What it measured (its reaction per pause, its CPU) and counted (pauses, paused time, watchdog
 events, deadlocks) is read by :meth:`report` and by :meth:`testbed.fabric.Fabric.congestion`.
 """
@@ -24,6 +28,7 @@ from testbed.congestion import PfcThresholds
 from testbed.netlink import HTB_HANDLE, Netlink, TbfChanger, in_netns
 from testbed.pause import Action, Feeder, PauseState
 from testbed.tcplan import ClassPlan, Shaping
+from testbed.topology import feeds as can_feed
 
 ETH_P_ALL = 0x0003
 #: 802.1Qbb frame: MAC control (0x8808), opcode 0x0101, class-enable vector 0, eight times 0.
@@ -51,7 +56,7 @@ class PfcAgent:
             for link in links:
                 feeds = []
                 for other in links:
-                    if other is link:
+                    if not can_feed(topo, node.name, other, link):
                         continue
                     up = other.other(node.name)
                     host = up.node if not topo.nodes[up.node].is_switch else None
@@ -60,6 +65,7 @@ class PfcAgent:
                     self.upstream[up.ifname] = (pid, fabric.shaping(other, host_end=bool(host)))
                 feeders[link.end(node.name).ifname] = tuple(feeds)
         self.ports = set(feeders)
+        self.feeders = feeders
         self.state = PauseState(thresholds, feeders)
         # (upstream port, priority) -> (its namespace's pid, pause request, resume request)
         self.requests: dict[tuple[str, int], tuple[int | None, bytes, bytes]] = {}
@@ -81,7 +87,6 @@ class PfcAgent:
     # -- the loop -------------------------------------------------------------------------------
     def __call__(self, stop: threading.Event) -> None:
         cpu0 = time.thread_time()
-        lossless = set(self.th.priorities)
         last_rx: dict[tuple[str, int], int] = {}
         prev = time.monotonic()
         changer = TbfChanger()
@@ -89,17 +94,21 @@ class PfcAgent:
             try:
                 while not stop.wait(max(0.0, self.th.poll_s - (time.monotonic() - prev))):
                     now = time.monotonic()
-                    backlog = {key: q["backlog_bytes"]
-                               for key, q in nl.leaf_queues(self.ports).items()
-                               if key[1] in lossless}
+                    backlog = {key: q["backlog_bytes"] for key, q in
+                               nl.leaf_queues(self.ports, self.th.priorities).items()}
                     arrived: set[tuple[str, int]] = set()
-                    if self.state.xoff or any(v >= self.th.xoff_bytes for v in backlog.values()):
-                        rx = self.fabric.marker.arrivals()
+                    hot = [k for k, v in backlog.items() if v >= self.th.xoff_bytes
+                           or k in self.state.xoff]
+                    if hot:  # the ingress counters of the ports that feed them
+                        rx = self.fabric.marker.arrivals(
+                            {(f.ingress, prio) for port, prio in hot
+                             for f in self.feeders[port]})
                         arrived = {k for k, n in rx.items() if n > last_rx.get(k, 0)}
-                        last_rx = rx
+                        last_rx.update(rx)
                     with self.lock:
                         actions = self.state.step(now, backlog, arrived)
                         self.samples += 1
+                        self.cpu_s = time.thread_time() - cpu0
                     for action in actions:
                         self._apply(changer, action, prev)
                     prev = now

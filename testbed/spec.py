@@ -22,7 +22,7 @@ from testbed.congestion import (
     resolve_pfc,
 )
 from testbed.errors import ConfigError
-from testbed.topology import Topology, fat_tree, leaf_spine
+from testbed.topology import Topology, fat_tree, feeds, leaf_spine
 
 DEFAULT_RATE_MBPS = 10.0
 DEFAULT_QUEUE_KB = 256
@@ -217,7 +217,7 @@ class TestbedSpec:
             for link in links:
                 fan_in[link.end(node.name).ifname] = [
                     (other.rate_mbps, fab.link(other.tier).delay_us)
-                    for other in links if other is not link]
+                    for other in links if feeds(topo, node.name, other, link)]
         return resolve_pfc(fab.pfc, fan_in, int((fab.queue_kb or 0) * 1024), fab.mtu)
 
     @cached_property

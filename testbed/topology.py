@@ -348,6 +348,17 @@ def leaf_spine(leaves: int, spines: int, hosts_per_leaf: int, host_rate_mbps: fl
                     b.nodes, tuple(b.links))
 
 
+def feeds(topo: Topology, node: str, ingress: Link, egress: Link) -> bool:
+    """Whether the controller's routing can forward a packet that entered switch ``node`` by
+    ``ingress`` out of ``egress``: another port, and not back up after coming down (up-down
+    routing: a packet from a higher tier only goes down)."""
+    if ingress is egress:
+        return False
+    tier = ROLE_TIER.get(topo.nodes[node].role, -1)
+    up = lambda link: ROLE_TIER.get(topo.nodes[link.other(node).node].role, -1) > tier  # noqa
+    return not (up(ingress) and up(egress))
+
+
 def all_interfaces(topo: Topology) -> Iterable[Endpoint]:
     """Every link end of the topology."""
     for link in topo.links:
