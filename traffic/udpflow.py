@@ -17,12 +17,15 @@ import argparse
 import json
 import socket
 import struct
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 HEADER = struct.Struct("!IQQ")  # flow, sequence number, datagrams in the flow
 IP_RECVERR = 11
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def datagram(flow: int, seq: int, count: int, size: int) -> bytes:
@@ -110,6 +113,39 @@ def receive(bind: str, port: int, idle_s: float) -> dict:
         sock.settimeout(idle_s)
     sock.close()
     return {"flows": {str(k): v for k, v in tally(packets).items()}}
+
+
+def run_incast(fabric, senders: list[str], receiver: str, count: int, size: int = 8000,
+               dscp: int = 0, port: int = 7000, idle_s: float = 2.0,
+               timeout_s: float = 300.0) -> dict:
+    """Blast ``count`` datagrams from every sender at once to one receiver, on a running fabric.
+
+    Returns:
+        ``{"senders": [send reports], "flows": {flow: receiver summary}, "lost": total}``.
+    """
+    topo = fabric.topo
+    ip = topo.nodes[receiver].ip
+    module = [sys.executable, "-m", "traffic.udpflow"]
+    rx = fabric.spawn(receiver, [*module, "recv", ip, str(port), "--idle-s", str(idle_s)],
+                      f"udp-rx:{receiver}", stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        first = rx.stdout.readline()
+        if not first.startswith('{"listening"'):
+            raise RuntimeError(f"the UDP receiver on {receiver} did not start: {first!r}")
+        txs = [fabric.spawn(host, [*module, "send", ip, str(port), "--count", str(count),
+                                   "--size", str(size), "--dscp", str(dscp), "--flow", str(i)],
+                            f"udp-tx:{host}", stdout=subprocess.PIPE, cwd=ROOT)
+               for i, host in enumerate(senders)]
+        sent = []
+        for tx in txs:
+            out, _ = tx.communicate(timeout=timeout_s)
+            sent.append(json.loads(out))
+        out, _ = rx.communicate(timeout=timeout_s)
+    finally:
+        fabric.stop(rx)
+    flows = json.loads(out)["flows"]
+    lost = sum(count - flows.get(str(i), {}).get("unique", 0) for i in range(len(senders)))
+    return {"senders": sent, "flows": flows, "lost": lost}
 
 
 def main(argv: list[str]) -> int:

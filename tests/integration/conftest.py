@@ -36,7 +36,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def machine_state() -> dict[str, set[str]]:
-    """What a run could leave behind: namespaces, veths, OVS bridges, our processes."""
+    """What a run could leave behind: namespaces, veths, OVS bridges, our processes, the send
+    buffer default a build raises for a while."""
     def lines(cmd: str) -> set[str]:
         out = subprocess.run(cmd, shell=True, capture_output=True, text=True, check=False).stdout
         return {l.strip() for l in out.splitlines() if l.strip()}
@@ -47,8 +48,10 @@ def machine_state() -> dict[str, set[str]]:
         "bridges": lines("ovs-vsctl --timeout=10 list-br"),
         "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
         "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
-                       "|traffic.agent|ovs(db-server|-vswitchd) .*/work/[0-9]{8}-' "
-                       "| grep -v grep"),
+                       "|traffic.agent|traffic.udpflow|ovs(db-server|-vswitchd) "
+                       ".*/work/[0-9]{8}-' | grep -v grep"),
+        "sysctl": lines("sysctl net.core.wmem_default"),
+        "bpf pins": lines("ls /sys/fs/bpf/fabriclab 2>/dev/null"),
     }
 
 

@@ -135,7 +135,8 @@ def test_validate_prints_the_thresholds_it_derived():
     (doc,) = json.loads(proc.stdout)
     assert doc["ecn"] == {"host": "priority 0-7: step K=26.4 KiB",
                           "fabric": "priority 0-7: step K=26.4 KiB"}
-    assert doc["variants"] == ["lossy", "ecn"] and 0 < doc["base_rtt_s"] < 0.1
+    assert doc["variants"] == ["lossy", "ecn", "pfc", "ecn_pfc"] and 0 < doc["base_rtt_s"] < 0.1
+    assert doc["pfc"].startswith("priorities 3: XOFF 128.0 KiB")
     assert "ECN at the switch ports of fabric links" in proc.stderr
 
 

@@ -1,0 +1,48 @@
+"""PFC on real switch ports: a lossless class loses nothing under a UDP incast while the same
+blast into a lossy class loses, and the pauses travel hop by hop back to the senders."""
+
+from __future__ import annotations
+
+from tests.integration.conftest import experiment
+from testbed.congestion import summarize_congestion
+from traffic.udpflow import run_incast
+
+# 10 Mbit/s hosts, 20 Mbit/s uplinks: four senders on leaves 2 and 3 into h1_1. The congested
+# queue is leaf1's port to h1_1; one hop upstream the spine's port to leaf1, two hops the
+# leaves' uplinks, three the senders' NICs.
+FABRIC = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 3\n  spines: 1\n"
+          "  hosts_per_leaf: 2\n  host_link: {rate_mbps: 10}\n  fabric_link: {rate_mbps: 20}\n"
+          "  queue: {size_kb: 128}\n  traffic_classes: {dscp_to_priority: {26: 3}}\n")
+EMULATOR = "emulator: {queue_sample_ms: 0}\n"
+SENDERS = ["h2_1", "h2_2", "h3_1", "h3_2"]
+COUNT = 150  # 8000-byte datagrams each: 4.8 MB in all, about 4 s at the receiver's 10 Mbit/s
+
+
+def _blast(fabric) -> tuple[dict, dict]:
+    before = fabric.congestion()
+    result = run_incast(fabric, SENDERS, "h1_1", COUNT, dscp=26)
+    return result, summarize_congestion(before, fabric.congestion(), {}, (3,))
+
+
+def test_a_lossless_udp_incast_loses_nothing_and_pauses_reach_the_senders(make_fabric):
+    fabric = make_fabric(experiment(FABRIC + "  pfc: {priorities: [3]}\n" + EMULATOR))
+    result, congestion = _blast(fabric)
+    assert result["lost"] == 0, result
+    assert all(s["local_drops"] == 0 for s in result["senders"]), result["senders"]
+    assert congestion["drops"] == 0 and congestion["lossless_drops"] == 0, congestion
+    paused = {port for port, p in congestion["ports"].items()
+              if p["priorities"].get("3", {}).get("pfc", {}).get("pause_events")}
+    # one hop (the spine), two (the leaves' uplinks) and three (the senders' NICs) upstream
+    assert "spine1-eth1" in paused
+    assert {"leaf2-eth3", "leaf3-eth3"} <= paused, paused
+    assert {f"{h}-eth0" for h in SENDERS} <= paused, paused
+    assert "leaf1-eth1" not in paused  # the congested queue pauses others, not itself
+    report = fabric.pfc_agent.report()
+    assert report["reaction_ms"]["count"] >= len(paused) and not report["errors"]
+
+
+def test_the_same_blast_into_a_lossy_class_loses(make_fabric):
+    fabric = make_fabric(experiment(FABRIC + EMULATOR))
+    result, congestion = _blast(fabric)
+    assert result["lost"] > COUNT, result  # most of the incast cannot fit
+    assert congestion["drops"] > COUNT and congestion["pfc_pause_events"] == 0, congestion
