@@ -339,9 +339,11 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
     """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
     table = Table(title=f"{name}: variants", box=None,
                   caption="pauses: PFC pause events (paused: their total time, s; over all "
-                          "ports); queue: sampled switch backlog, KiB; busbw: Mbit/s; fct: flow "
-                          "completion, s")
-    for col in ("variant", "drops", "ce marks", "pauses", "paused s", "queue max", "queue p99"):
+                          "ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
+                          "of pauses seen; queue: sampled switch backlog, KiB; busbw: Mbit/s; "
+                          "fct: flow completion, s")
+    for col in ("variant", "drops", "ce marks", "pauses", "paused s", "watchdog", "deadlocks",
+                "queue max", "queue p99"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r["jobs"]) for r in rows), default=0)
     for j in range(jobs):
@@ -355,6 +357,8 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
                  str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
                  str(r["pfc_pause_events"]) if r.get("pfc_pause_events") else "-",
                  f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s") else "-",
+                 str(r["pfc_watchdog_events"]) if r.get("pfc_watchdog_events") else "-",
+                 str(r["pfc_deadlocks"]) if r.get("pfc_deadlocks") else "-",
                  kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"])]
         for j in range(jobs):
             job = r["jobs"][j] if len(r["jobs"]) > j else None

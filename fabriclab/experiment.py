@@ -216,7 +216,7 @@ def _fabric(raw: dict) -> FabricSpec:
     kind = raw["topology"]
     for other, keys in SHAPE_KEYS.items():
         for key in keys:
-            if other != kind and key in raw:
+            if key not in SHAPE_KEYS[kind] and key in raw:
                 raise ConfigError(f"fabric.{key}", f"only applies to topology {other}, not {kind}")
     for key in SHAPE_KEYS[kind]:
         if key not in raw:

@@ -99,8 +99,10 @@ def variant_row(doc: dict) -> dict:
     row = {"variant": doc["fabric"].get("variant"), "complete": doc["complete"],
            "error": doc.get("error"),
            **{k: congestion.get(k) for k in ("drops", "ecn_marked", "pfc_pause_events",
-                                             "pfc_paused_s", "lossless_drops",
+                                             "pfc_paused_s", "pfc_watchdog_events",
+                                             "lossless_drops",
                                              "queue_max_bytes", "queue_p99_bytes")},
+           "pfc_deadlocks": len((congestion.get("pfc") or {}).get("deadlocks", [])),
            "jobs": []}
     for s in job_summaries(doc["collectives"]):
         rows = [r for r in doc["collectives"] if (r["op"], r["bytes"]) == (s.op, s.bytes)]

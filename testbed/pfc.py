@@ -83,6 +83,7 @@ class PfcAgent:
         self.cpu_s = 0.0
         self.errors: list[str] = []
         self._kick: dict[str, socket.socket] = {}
+        self.started = time.monotonic()
 
     # -- the loop -------------------------------------------------------------------------------
     def __call__(self, stop: threading.Event) -> None:
@@ -159,10 +160,14 @@ class PfcAgent:
             return self.state.counters(time.monotonic())
 
     def report(self) -> dict:
-        """The agent's own figures: thresholds, reaction (median, p99), CPU, deadlocks."""
+        """The agent's own figures: thresholds, reaction (median, p99), CPU, and the deadlocks
+        it saw (each cycle of ports with its priority, and when it was first seen, in seconds
+        since the agent started)."""
         with self.lock:
             reactions, apply_s = sorted(self.reactions_s), sorted(self.apply_s)
-            deadlocks = self.state.deadlocks()
+            deadlocks = [{"priority": d["priority"], "ports": d["ports"],
+                          "first_seen_s": round(d["first_seen"] - self.started, 3)}
+                         for d in self.state.deadlocks()]
             samples = self.samples
         return {"thresholds": self.th.describe(),
                 "samples": samples,

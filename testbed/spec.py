@@ -22,7 +22,7 @@ from testbed.congestion import (
     resolve_pfc,
 )
 from testbed.errors import ConfigError
-from testbed.topology import Topology, fat_tree, feeds, leaf_spine
+from testbed.topology import Topology, fat_tree, feeds, leaf_spine, ring
 
 DEFAULT_RATE_MBPS = 10.0
 DEFAULT_QUEUE_KB = 256
@@ -61,7 +61,8 @@ class Backend(StrEnum):
 
 
 #: The shape parameters of each topology kind (the experiment file's ``fabric`` keys).
-SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf")}
+SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf"),
+              "ring": ("leaves", "hosts_per_leaf")}
 
 
 class TcpCongestion(StrEnum):
@@ -245,6 +246,9 @@ def build_topology(spec: FabricSpec) -> Topology:
     try:
         if spec.topology == "fat_tree":
             return fat_tree(spec.shape["k"], spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
+        if spec.topology == "ring":
+            return ring(spec.shape["leaves"], spec.shape["hosts_per_leaf"],
+                        spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
         return leaf_spine(spec.shape["leaves"], spec.shape["spines"], spec.shape["hosts_per_leaf"],
                           spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
     except ConfigError as err:

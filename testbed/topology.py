@@ -99,7 +99,7 @@ class Link:
 class Topology:
     """An immutable fabric: nodes, links, and the questions asked of them."""
 
-    kind: str  # fat_tree | leaf_spine
+    kind: str  # fat_tree | leaf_spine | ring
     params: dict
     nodes: dict[str, Node]
     links: tuple[Link, ...]
@@ -346,6 +346,42 @@ def leaf_spine(leaves: int, spines: int, hosts_per_leaf: int, host_rate_mbps: fl
                                    "host_rate_mbps": host_rate_mbps,
                                    "fabric_rate_mbps": fabric_rate_mbps},
                     b.nodes, tuple(b.links))
+
+
+def ring(leaves: int, hosts_per_leaf: int, host_rate_mbps: float = 100.0,
+         fabric_rate_mbps: float = 100.0) -> Topology:
+    """Build a ring of leaf switches: not a data-center fabric, but the smallest one whose
+    shortest-path routes form a cycle of buffer dependencies (the PFC deadlock experiment).
+
+    Leaf ports 1..hosts_per_leaf face hosts, port ``hosts_per_leaf + 1`` the next leaf
+    (clockwise) and ``hosts_per_leaf + 2`` the previous one. With five or more leaves a flow to
+    the leaf two ahead has one shortest path, clockwise.
+
+    Raises:
+        ConfigError: naming the field that is out of range.
+    """
+    for name, value, low, high in (("leaves", leaves, 3, 254),
+                                   ("hosts_per_leaf", hosts_per_leaf, 1, 253)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(name, f"must be an integer, got {value!r}")
+        if not low <= value <= high:
+            raise ConfigError(name, f"must be between {low} and {high}, got {value}")
+    _check_rate("host_rate_mbps", host_rate_mbps)
+    _check_rate("fabric_rate_mbps", fabric_rate_mbps)
+    b = _Builder()
+    nodes = []
+    for l in range(1, leaves + 1):
+        leaf = b.add(Node(f"leaf{l}", "leaf", l, l, dpid=_dpid("leaf", l, l),
+                          subnet=f"10.0.{l}.0/24"))
+        b.add_hosts(leaf, hosts_per_leaf, f"h{l}", host_rate_mbps)
+        nodes.append(leaf)
+    for i, leaf in enumerate(nodes):
+        nxt = nodes[(i + 1) % leaves]
+        b.connect(leaf.name, hosts_per_leaf + 1, nxt.name, hosts_per_leaf + 2, "fabric",
+                  fabric_rate_mbps)
+    return Topology("ring", {"leaves": leaves, "hosts_per_leaf": hosts_per_leaf,
+                             "host_rate_mbps": host_rate_mbps,
+                             "fabric_rate_mbps": fabric_rate_mbps}, b.nodes, tuple(b.links))
 
 
 def feeds(topo: Topology, node: str, ingress: Link, egress: Link) -> bool:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.errors import TestbedError
+
 HEADER = struct.Struct("!IQQ")  # flow, sequence number, datagrams in the flow
 IP_RECVERR = 11
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,37 +117,50 @@ def receive(bind: str, port: int, idle_s: float) -> dict:
     return {"flows": {str(k): v for k, v in tally(packets).items()}}
 
 
-def run_incast(fabric, senders: list[str], receiver: str, count: int, size: int = 8000,
-               dscp: int = 0, port: int = 7000, idle_s: float = 2.0,
-               timeout_s: float = 300.0) -> dict:
-    """Blast ``count`` datagrams from every sender at once to one receiver, on a running fabric.
+def run_flows(fabric, pairs: list[tuple[str, str]], count: int, size: int = 8000,
+              dscp: int = 0, port: int = 7000, idle_s: float = 2.0,
+              timeout_s: float = 300.0) -> dict:
+    """Blast ``count`` datagrams over every (sender, receiver) pair at once, on a running
+    fabric; flow ``i`` is pair ``i``.
 
     Returns:
         ``{"senders": [send reports], "flows": {flow: receiver summary}, "lost": total}``.
     """
     topo = fabric.topo
-    ip = topo.nodes[receiver].ip
     module = [sys.executable, "-m", "traffic.udpflow"]
-    rx = fabric.spawn(receiver, [*module, "recv", ip, str(port), "--idle-s", str(idle_s)],
-                      f"udp-rx:{receiver}", stdout=subprocess.PIPE, cwd=ROOT)
+    receivers: dict[str, subprocess.Popen] = {}
     try:
-        first = rx.stdout.readline()
-        if not first.startswith('{"listening"'):
-            raise RuntimeError(f"the UDP receiver on {receiver} did not start: {first!r}")
-        txs = [fabric.spawn(host, [*module, "send", ip, str(port), "--count", str(count),
-                                   "--size", str(size), "--dscp", str(dscp), "--flow", str(i)],
-                            f"udp-tx:{host}", stdout=subprocess.PIPE, cwd=ROOT)
-               for i, host in enumerate(senders)]
+        for dst in dict.fromkeys(d for _, d in pairs):
+            rx = fabric.spawn(dst, [*module, "recv", topo.nodes[dst].ip, str(port), "--idle-s",
+                                    str(idle_s)], f"udp-rx:{dst}", stdout=subprocess.PIPE,
+                              cwd=ROOT)
+            receivers[dst] = rx
+            first = rx.stdout.readline()
+            if not first.startswith('{"listening"'):
+                raise TestbedError(f"the UDP receiver on {dst} did not start: {first!r}")
+        txs = [fabric.spawn(src, [*module, "send", topo.nodes[dst].ip, str(port), "--count",
+                                  str(count), "--size", str(size), "--dscp", str(dscp),
+                                  "--flow", str(i)], f"udp-tx:{src}", stdout=subprocess.PIPE,
+                            cwd=ROOT)
+               for i, (src, dst) in enumerate(pairs)]
         sent = []
         for tx in txs:
             out, _ = tx.communicate(timeout=timeout_s)
             sent.append(json.loads(out))
-        out, _ = rx.communicate(timeout=timeout_s)
+        flows: dict[str, dict] = {}
+        for rx in receivers.values():
+            out, _ = rx.communicate(timeout=timeout_s)
+            flows.update(json.loads(out)["flows"])
     finally:
-        fabric.stop(rx)
-    flows = json.loads(out)["flows"]
-    lost = sum(count - flows.get(str(i), {}).get("unique", 0) for i in range(len(senders)))
+        for rx in receivers.values():
+            fabric.stop(rx)
+    lost = sum(count - flows.get(str(i), {}).get("unique", 0) for i in range(len(pairs)))
     return {"senders": sent, "flows": flows, "lost": lost}
+
+
+def run_incast(fabric, senders: list[str], receiver: str, count: int, **kwargs) -> dict:
+    """:func:`run_flows` from every sender to one receiver."""
+    return run_flows(fabric, [(s, receiver) for s in senders], count, **kwargs)
 
 
 def main(argv: list[str]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.integration.conftest import experiment
 from testbed.congestion import summarize_congestion
-from traffic.udpflow import run_incast
+from traffic.udpflow import run_flows, run_incast
 
 # 10 Mbit/s hosts, 20 Mbit/s uplinks: four senders on leaves 2 and 3 into h1_1. The congested
 # queue is leaf1's port to h1_1; one hop upstream the spine's port to leaf1, two hops the
@@ -46,3 +46,25 @@ def test_the_same_blast_into_a_lossy_class_loses(make_fabric):
     result, congestion = _blast(fabric)
     assert result["lost"] > COUNT, result  # most of the incast cannot fit
     assert congestion["drops"] > COUNT and congestion["pfc_pause_events"] == 0, congestion
+
+
+RING = ("version: 1\nfabric:\n  topology: ring\n  leaves: 5\n  hosts_per_leaf: 1\n"
+        "  host_link: {rate_mbps: 10}\n  fabric_link: {rate_mbps: 10}\n  queue: {size_kb: 128}\n"
+        "  traffic_classes: {dscp_to_priority: {26: 3}}\n"
+        "  pfc: {priorities: [3], watchdog_ms: 300}\n" + EMULATOR)
+
+
+def test_a_ring_of_pauses_is_detected_as_a_deadlock_and_the_watchdog_breaks_it(make_fabric):
+    fabric = make_fabric(experiment(RING))
+    # every host to the host two leaves ahead: each clockwise link carries two flows
+    pairs = [(f"h{i}_1", f"h{(i + 1) % 5 + 1}_1") for i in range(1, 6)]
+    before = fabric.congestion()
+    result = run_flows(fabric, pairs, 120, dscp=26, idle_s=3.0)
+    congestion = summarize_congestion(before, fabric.congestion(), {}, (3,))
+    report = fabric.pfc_agent.report()
+    clockwise = [f"leaf{i}-eth2" for i in range(1, 6)]
+    assert {"priority": 3, "ports": clockwise} in [
+        {k: d[k] for k in ("priority", "ports")} for d in report["deadlocks"]], report
+    # the watchdog broke the cycle: every flow got through (losing what it dropped to do so)
+    assert congestion["pfc_watchdog_events"] > 0, congestion
+    assert all(result["flows"].get(str(i), {}).get("unique", 0) > 0 for i in range(5)), result
