@@ -107,10 +107,13 @@ class Netlink:
     # -- links ------------------------------------------------------------------------------
     def create_veth(self, name: str, peer: str, peer_pid: int | None = None,
                     peer_mac: str | None = None, mtu: int = 1500) -> None:
-        """Create a veth pair ``name`` (root namespace) -- ``peer`` (in ``peer_pid``'s)."""
+        """Create a veth pair ``name`` (root namespace) -- ``peer`` (in ``peer_pid``'s).
+
+        Both ends are made in the root namespace and the peer is then moved: it keeps its
+        interface index, unique in the root namespace, where a peer made in the other namespace
+        would get that namespace's next index (2 in every host), which the eBPF marker, keyed by
+        index, could not tell from a switch port's."""
         peer_spec: dict = {"ifname": peer, "mtu": mtu}
-        if peer_pid is not None:
-            peer_spec["net_ns_pid"] = peer_pid
         if peer_mac:
             peer_spec["address"] = peer_mac
         with _request(f"create veth {name}--{peer}"):
@@ -118,6 +121,9 @@ class Netlink:
         self._disable_ipv6(name)
         if peer_pid is None:
             self._disable_ipv6(peer)
+        else:
+            with _request(f"move {peer} into the namespace of pid {peer_pid}"):
+                self.root.link("set", index=self.index(peer), net_ns_pid=peer_pid)
 
     @staticmethod
     def _disable_ipv6(ifname: str) -> None:

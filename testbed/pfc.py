@@ -169,9 +169,19 @@ class PfcAgent:
                           "first_seen_s": round(d["first_seen"] - self.started, 3)}
                          for d in self.state.deadlocks()]
             samples = self.samples
+        reaction = _quantiles(reactions)
+        budget_ms = round(self.th.reaction_s * 1000, 3)
+        warnings = []
+        if reaction and reaction["p99"] > budget_ms:
+            warnings.append(f"the agent's reaction p99 {reaction['p99']:.1f} ms exceeded the "
+                            f"{budget_ms:g} ms the headroom was sized for: lossless only while "
+                            "the feeders' in-flight data fit anyway (a slower machine or guest "
+                            "needs a larger fabric.pfc.headroom_kb or poll_ms)")
         return {"thresholds": self.th.describe(),
                 "samples": samples,
-                "reaction_ms": _quantiles(reactions),
+                "reaction_ms": reaction,
+                "reaction_budget_ms": budget_ms,
+                "warnings": warnings,
                 "change_ms": _quantiles(apply_s),
                 "cpu_s": round(self.cpu_s, 3),
                 "deadlocks": deadlocks,
