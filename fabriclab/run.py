@@ -21,6 +21,8 @@ from traffic.workload import Job
 
 
 MARKER = "ebpf: a virtual queue at each switch port's clsact egress (testbed/bpf/ecn_marker.c)"
+RED_MARKER = ("red: the kernel's RED qdisc as each lossy class's leaf at the switch ports (ecn, "
+              "nodrop, instantaneous backlog); lossless classes by the eBPF marker")
 
 
 class RunView:
@@ -95,7 +97,9 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 doc["congestion"] = summarize_congestion(
                     before, fabric.congestion(), sampler.snapshot() if sampler else {},
                     exp.fabric.pfc.priorities)
-                doc["congestion"]["marker"] = MARKER if exp.fabric.marks_ecn else None
+                doc["congestion"]["marker"] = (
+                    (RED_MARKER if fabric.red_marking else MARKER) if exp.fabric.marks_ecn
+                    else None)
                 if fabric.pfc_agent is not None:
                     doc["congestion"]["pfc"] = fabric.pfc_agent.report()
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]

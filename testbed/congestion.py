@@ -328,6 +328,10 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
                 totals["ect"] += delta["ect"]
                 totals["ecn_marked"] += delta["marked"]
             if "queue" in c1:
+                red = c1["queue"].get("marked", 0) - c0.get("queue", {}).get("marked", 0)
+                if red:  # marked by a RED leaf (the marker, off there, only counted ECT)
+                    row["ecn_marked"] = row.get("ecn_marked", 0) + red
+                    totals["ecn_marked"] += red
                 drops = c1["queue"].get("drops", 0) - c0.get("queue", {}).get("drops", 0)
                 if drops or row:
                     row["drops"] = drops

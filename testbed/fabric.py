@@ -42,7 +42,8 @@ from testbed.reachability import (
     probe_interval_ms,
 )
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
-from testbed.spec import Fidelity, TestbedSpec
+from testbed.congestion import PRIORITIES, EcnMode, EcnThresholds
+from testbed.spec import EcnMarker, Fidelity, TestbedSpec
 from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
 
@@ -333,8 +334,21 @@ class Fabric:
         if pfc is not None:
             limit = max(pfc.limit_bytes, HOST_LOSSLESS_BYTES) if host_end else pfc.limit_bytes
             lossless = {p: limit for p in pfc.priorities}
+        red = None
+        if self.red_marking and not host_end:
+            red = {p: (th.mode.value, th.k_bytes, th.kmin_bytes, th.kmax_bytes, th.pmax)
+                   for p, th in enumerate(self.spec.port_ecn(link.tier))}
         return plan_shaping(link.rate_mbps, fab.mtu, fab.queue_kb, fab.queue_packets,
-                            tier.delay_us, tier.loss_percent, fab.priorities(), lossless)
+                            tier.delay_us, tier.loss_percent, fab.priorities(), lossless, red)
+
+    @property
+    def red_marking(self) -> bool:
+        """Whether the switch ports' lossy classes mark ECN with the kernel's RED qdisc (the
+        experiment's ``emulator.ecn_marker``; ``auto``: where the kernel has RED)."""
+        choice = self.spec.emulator.ecn_marker
+        if not self.spec.fabric.marks_ecn or choice == EcnMarker.EBPF:
+            return False
+        return choice == EcnMarker.RED or bool(self.caps and self.caps.has_qdisc("red"))
 
     def _create_links(self) -> None:
         fab = self.spec.fabric
@@ -376,9 +390,12 @@ class Fabric:
         for link in self.topo.links:
             plan = self.shaping(link)
             limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
+            marking = list(tiers[link.tier])
+            for prio in _red_priorities(plan):  # RED marks these: the marker only counts
+                marking[prio] = EcnThresholds(EcnMode.OFF)
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
-                    link.rate_mbps, plan.burst_bytes, limit, table, tiers[link.tier],
+                    link.rate_mbps, plan.burst_bytes, limit, table, tuple(marking),
                     classes=bool(plan.classes)), count_rx=pfc)
             if link.tier == "host" and plan.classes:
                 host = link.a.node
@@ -563,6 +580,13 @@ class Fabric:
             pid = None if node.is_switch else self.hosts.pid(node.name)
             self.netlink.set_state(end.ifname, up, pid=pid)
         return link
+
+
+def _red_priorities(plan) -> list[int]:
+    """The priorities whose ECN marking a link end's RED leaves do."""
+    if plan.red is not None:
+        return list(range(PRIORITIES))  # one class: every priority meets that leaf
+    return [c.priority for c in plan.classes if c.red is not None]
 
 
 def _reap(proc: subprocess.Popen) -> None:

@@ -65,6 +65,16 @@ SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_
               "ring": ("leaves", "hosts_per_leaf")}
 
 
+class EcnMarker(StrEnum):
+    """What marks ECN at the switch ports: the kernel's RED qdisc (where it has one: the vm
+    guest), the eBPF marker's virtual queue (anywhere), or whichever is more faithful (RED,
+    which sees the real backlog)."""
+
+    AUTO = "auto"
+    EBPF = "ebpf"
+    RED = "red"
+
+
 class TcpCongestion(StrEnum):
     """TCP congestion control a workload's senders use (per socket, ``TCP_CONGESTION``)."""
 
@@ -160,6 +170,7 @@ class EmulatorSpec:
     backend: Backend = Backend.AUTO
     ovs_other_config: dict = field(default_factory=dict)  # extra Open_vSwitch other_config
     queue_sample_ms: float = 50.0  # switch queues sampled during a workload (0: not at all)
+    ecn_marker: EcnMarker = EcnMarker.AUTO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +201,8 @@ class TestbedSpec:
                 needs.append(q(f"fabric.{tier}_link.loss_percent", "netem"))
             if any(e.mode != "off" for e in link.ecn):
                 needs.append(q(f"fabric.{tier}_link.ecn", "clsact"))
+        if self.emulator.ecn_marker == EcnMarker.RED and self.fabric.marks_ecn:
+            needs.append(q("emulator.ecn_marker", "red"))
         if len(self.fabric.priorities()) > 1:
             needs.append(q("fabric.traffic_classes", "clsact"))
         if self.fabric.pfc.priorities:

@@ -54,6 +54,19 @@ def priority_of_leaf(handle: int) -> int | None:
 
 
 @dataclass(frozen=True)
+class RedPlan:
+    """A kernel RED leaf that marks ECN (where the kernel has RED: the vm guest): marking
+    probability 0 below ``min``, rising to ``max_p`` at ``max`` (a step at K is min = K, max =
+    K + one frame, max_p = 1), over the instantaneous backlog (EWMA weight 1); ``nodrop``: a
+    packet that is not ECN-capable is queued, not dropped early, as the eBPF marker does."""
+
+    min_bytes: int
+    max_bytes: int
+    max_p: float
+    limit_bytes: int
+
+
+@dataclass(frozen=True)
 class ClassPlan:
     """One priority's HTB class and leaf at a link end."""
 
@@ -61,6 +74,7 @@ class ClassPlan:
     rate_kbit: int  # guaranteed share; the ceiling is the port's rate
     lossless: bool
     limit_bytes: int  # the leaf's limit (a lossless class's is XOFF + headroom)
+    red: RedPlan | None = None  # a RED leaf instead of the fifo (lossy classes)
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,7 @@ class Shaping:
     loss_percent: float = 0.0
     classes: tuple[ClassPlan, ...] = ()  # one per priority; empty: one class (1:1 -> 10:)
     mtu: int = 1500
+    red: RedPlan | None = None  # one class: a RED leaf 10: instead of the fifo
 
     @property
     def rate_mbps(self) -> float:
@@ -102,10 +117,21 @@ class Shaping:
         return TbfSetting(kbit, frame, cls.limit_bytes)
 
 
+def red_plan(mode: str, k_bytes: int, kmin_bytes: int, kmax_bytes: int, pmax: float,
+             limit_bytes: int, mtu: int) -> RedPlan | None:
+    """The RED leaf that marks like the eBPF marker's ``step`` or ``red`` mode (None: off)."""
+    if mode == "step":
+        return RedPlan(k_bytes, k_bytes + mtu + ETH_HEADER, 1.0, limit_bytes)
+    if mode == "red":
+        return RedPlan(kmin_bytes, kmax_bytes, pmax, limit_bytes)
+    return None
+
+
 def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
                  queue_packets: int | None = None, delay_us: float = 0.0,
                  loss_percent: float = 0.0, priorities: tuple[int, ...] = (),
-                 lossless: dict[int, int] | None = None) -> Shaping:
+                 lossless: dict[int, int] | None = None,
+                 red: dict[int, tuple] | None = None) -> Shaping:
     """Plan the shaping of one link end.
 
     Args:
@@ -118,6 +144,8 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         priorities: the traffic classes in use; more than one (or any lossless) gives one HTB
             class per priority.
         lossless: lossless priority -> its leaf's limit in bytes.
+        red: priority -> (mode, k, kmin, kmax, pmax) of the ECN marking a RED leaf does (a
+            byte queue's lossy classes only; the others keep the eBPF marker).
 
     Returns:
         The plan.
@@ -141,7 +169,16 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
                        float(delay_us), float(loss_percent), mtu=mtu)
     rate_kbit = round(rate_mbps * 1000)
     prios = sorted(set(priorities) | set(lossless) | {0})
-    classes = () if len(prios) == 1 and not lossless else tuple(
-        ClassPlan(p, max(1, rate_kbit // len(prios)), p in lossless, lossless.get(p, limit))
+
+    def red_for(prio: int, leaf_limit: int) -> RedPlan | None:
+        if kind != "bfifo" or prio in lossless or not red or prio not in red:
+            return None
+        return red_plan(*red[prio], leaf_limit, mtu)
+
+    if len(prios) == 1 and not lossless:
+        return Shaping(rate_kbit, burst, quantum, kind, limit, mtu=mtu, red=red_for(0, limit))
+    classes = tuple(
+        ClassPlan(p, max(1, rate_kbit // len(prios)), p in lossless, lossless.get(p, limit),
+                  red_for(p, lossless.get(p, limit)))
         for p in prios)
     return Shaping(rate_kbit, burst, quantum, kind, limit, classes=classes, mtu=mtu)

@@ -40,8 +40,9 @@ def test_a_delayed_fabric_runs_in_the_guest_with_its_delay(state_dir, tmp_path):
 
 def test_a_workload_runs_in_the_guest_and_its_results_come_out(state_dir, tmp_path):
     exp = tmp_path / "run.yaml"
-    # the guest's kernel has dctcp (this one does not): the incast runs DCTCP over ECN marked
-    # by RED at the leaf's port towards its receiver, with the marker carried into the guest
+    # the guest's kernel has dctcp and RED (this one has neither): the incast runs DCTCP over
+    # ECN marked by the kernel's RED qdisc at the leaf's port towards its receiver (the marker,
+    # carried into the guest, counts)
     exp.write_text(DELAYED.replace("hosts_per_leaf: 1", "hosts_per_leaf: 2")
                    .replace("  fabric_link: {rate_mbps: 10}\n",
                             "  fabric_link: {rate_mbps: 10}\n  hosts: {ecn: true}\n"
@@ -61,5 +62,41 @@ def test_a_workload_runs_in_the_guest_and_its_results_come_out(state_dir, tmp_pa
     assert doc["complete"] and [r["op"] for r in doc["collectives"]] == ["all_reduce", "flows"]
     assert 0.3 < doc["collectives"][0]["efficiency"] <= 1.15
     congestion = doc["congestion"]
-    assert congestion["marker"].startswith("ebpf") and congestion["ecn_marked"] > 0, congestion
+    assert congestion["marker"].startswith("red") and congestion["ecn_marked"] > 0, congestion
     print({k: v for k, v in congestion.items() if k != "ports"})
+
+
+PFC = """version: 1
+name: vm-pfc
+fabric:
+  topology: leaf_spine
+  leaves: 2
+  spines: 1
+  hosts_per_leaf: 2
+  host_link: {rate_mbps: 10}
+  fabric_link: {rate_mbps: 10}
+  queue: {size_kb: 128}
+  traffic_classes: {dscp_to_priority: {26: 3}}
+  pfc: {priorities: [3], poll_ms: 5}
+emulator: {backend: vm}
+workload:
+  dscp: 26
+  collectives:
+    - {op: flows, pattern: incast, fan_in: 3, size: 2MiB, congestion_control: cubic}
+"""
+
+
+def test_pfc_pauses_in_the_guest_and_its_lossless_class_drops_nothing(state_dir, tmp_path):
+    exp = tmp_path / "pfc.yaml"
+    exp.write_text(PFC)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
+                           "run", str(exp), "--out", str(out), "--json"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=1800, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    congestion = doc["congestion"]
+    print({k: v for k, v in congestion.items() if k != "ports"})
+    assert doc["complete"] and congestion["pfc_pause_events"] > 0, congestion
+    assert congestion["lossless_drops"] == 0 and congestion["drops"] == 0, congestion
+    assert congestion["pfc"]["reaction_ms"]["count"] > 0 and not congestion["pfc"]["errors"]

@@ -199,3 +199,20 @@ def test_the_summary_counts_pauses_and_lossless_drops_per_port_and_priority():
     assert doc["lossless_drops"] == 2 and doc["drops"] == 2
     assert doc["ports"]["h-eth0"]["priorities"]["3"]["pfc"]["pause_events"] == 3
     assert doc["ports"]["s-eth1"]["priorities"]["3"]["drops"] == 2
+
+
+def test_a_red_leaf_marks_like_the_marker_step_and_never_drops_early():
+    from testbed.netlink import TC_RED_ECN, TC_RED_NODROP, red_options
+    from testbed.tcplan import red_plan
+
+    step = red_plan("step", 27 * KB, 0, 0, 0.0, 128 * KB, 9000)
+    assert (step.min_bytes, step.max_bytes, step.max_p) == (27 * KB, 27 * KB + 9014, 1.0)
+    assert red_plan("off", 1, 1, 2, 0.1, 128 * KB, 9000) is None
+    plan = plan_shaping(10, 9000, 128, priorities=(0, 3), lossless={3: 300 * KB},
+                        red={0: ("step", 27 * KB, 0, 0, 0.0), 3: ("step", 27 * KB, 0, 0, 0.0)})
+    assert plan.classes[0].red == step and plan.classes[1].red is None  # lossless: the marker
+    opts = red_options(step)
+    limit, qmin, qmax, wlog, _plog, scell, flags = struct.unpack_from("=IIIBBBB", opts, 4)
+    assert (limit, qmin, qmax, wlog, scell, flags) == (128 * KB, step.min_bytes,
+                                                      step.max_bytes, 0, 0, TC_RED_ECN)
+    assert opts.endswith(struct.pack("=HHII", 12, 4, TC_RED_NODROP, TC_RED_NODROP))
