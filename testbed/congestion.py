@@ -341,8 +341,9 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
             if p1 is not None:
                 pfc = {"pause_events": p1["pause_events"] - p0.get("pause_events", 0),
                        "paused_s": round(p1["paused_s"] - p0.get("paused_s", 0.0), 4),
-                       "watchdog_events": p1["watchdog_events"] - p0.get("watchdog_events", 0)}
-                if pfc["pause_events"] or pfc["paused_s"]:
+                       "watchdog_events": p1["watchdog_events"] - p0.get("watchdog_events", 0),
+                       "xoff_events": p1.get("xoff_events", 0) - p0.get("xoff_events", 0)}
+                if pfc["pause_events"] or pfc["paused_s"] or pfc["xoff_events"]:
                     row["pfc"] = pfc
                     totals["pfc_pause_events"] += pfc["pause_events"]
                     totals["pfc_paused_s"] += pfc["paused_s"]

@@ -346,11 +346,11 @@ TC_RED_ECN, TC_RED_NODROP = 1, 8
 def red_options(plan) -> bytes:
     """The options of a RED leaf (:class:`testbed.tcplan.RedPlan`): ECN marking, no early drop
     of packets that are not ECN-capable, the instantaneous backlog (Wlog 0)."""
-    parms = struct.pack("=IIIBBBB", plan.limit_bytes, plan.min_bytes, plan.max_bytes, 0, 0, 0,
-                        TC_RED_ECN)
+    parms = struct.pack("=IIIBBBB", plan.limit_bytes, plan.min_bytes, plan.max_bytes, 0, 0, 0, 0)
     max_p = min(0xFFFFFFFF, int(plan.max_p * 2 ** 32))
+    flags = TC_RED_ECN | TC_RED_NODROP  # all in TCA_RED_FLAGS: the kernel refuses both places
     return (nlattr(1, parms) + nlattr(2, _RED_STAB) + nlattr(3, struct.pack("=I", max_p))
-            + nlattr(4, struct.pack("=II", TC_RED_NODROP, TC_RED_NODROP)))
+            + nlattr(4, struct.pack("=II", flags, flags)))
 
 
 class TbfChanger:

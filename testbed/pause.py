@@ -147,15 +147,18 @@ class PauseState:
         return actions
 
     def counters(self, now: float) -> dict[Key, dict]:
-        """(port, priority) -> pause events, paused seconds (up to ``now``), watchdog events,
-        and whether it is paused now."""
+        """(port, priority) -> both directions: pauses received (``pause_events``: the port was
+        paused, ``paused_s`` up to ``now``, ``watchdog_events``, ``paused`` now) and sent
+        (``xoff_events``: its queue went XOFF and paused its feeders)."""
         out = {}
-        for key, state in self.ports.items():
+        for key in set(self.ports) | set(self.queue_xoff_events):
+            state = self.ports.get(key, PortPause())
             running = now - state.paused_since if state.paused_since is not None else 0.0
             out[key] = {"pause_events": state.pause_events,
                         "paused_s": state.paused_s + running,
                         "watchdog_events": state.watchdog_events,
-                        "paused": state.paused_since is not None}
+                        "paused": state.paused_since is not None,
+                        "xoff_events": self.queue_xoff_events.get(key, 0)}
         return out
 
     def deadlocks(self) -> list[dict]:

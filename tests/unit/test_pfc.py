@@ -51,6 +51,8 @@ def test_xoff_pauses_the_feeders_that_sent_and_xon_resumes_them():
     counts = st.counters(0.06)[("u-eth1", 3)]
     assert counts["pause_events"] == 1 and counts["paused_s"] == pytest.approx(0.04)
     assert not counts["paused"]
+    sent = st.counters(0.06)[("s-eth1", 3)]  # the other direction: the queue that paused it
+    assert (sent["xoff_events"], sent["pause_events"]) == (1, 0)
 
 
 def test_a_host_feeder_is_paused_in_its_namespace():
@@ -198,6 +200,7 @@ def test_the_summary_counts_pauses_and_lossless_drops_per_port_and_priority():
         6, 2.75, 1)
     assert doc["lossless_drops"] == 2 and doc["drops"] == 2
     assert doc["ports"]["h-eth0"]["priorities"]["3"]["pfc"]["pause_events"] == 3
+    assert doc["ports"]["h-eth0"]["priorities"]["3"]["pfc"]["xoff_events"] == 0
     assert doc["ports"]["s-eth1"]["priorities"]["3"]["drops"] == 2
 
 
@@ -214,5 +217,6 @@ def test_a_red_leaf_marks_like_the_marker_step_and_never_drops_early():
     opts = red_options(step)
     limit, qmin, qmax, wlog, _plog, scell, flags = struct.unpack_from("=IIIBBBB", opts, 4)
     assert (limit, qmin, qmax, wlog, scell, flags) == (128 * KB, step.min_bytes,
-                                                      step.max_bytes, 0, 0, TC_RED_ECN)
-    assert opts.endswith(struct.pack("=HHII", 12, 4, TC_RED_NODROP, TC_RED_NODROP))
+                                                      step.max_bytes, 0, 0, 0)
+    both = TC_RED_ECN | TC_RED_NODROP  # in TCA_RED_FLAGS only (the kernel refuses both places)
+    assert opts.endswith(struct.pack("=HHII", 12, 4, both, both))
