@@ -83,4 +83,12 @@ def test_the_raw_qdisc_dump_reads_counters_from_tca_stats2():
     index, handle, stats = dump._qdisc(msg, 16, len(msg))
     assert (index, handle) == (42, 0x100000)
     assert stats == {"bytes": 123456, "packets": 78, "drops": 5, "backlog_bytes": 27042,
-                     "backlog_packets": 3}
+                     "backlog_packets": 3, "marked": 0}
+    # a RED leaf's xstats (TCA_STATS_APP: early, pdrop, other, marked) give its CE marks
+    app = rta(4, struct.pack("=IIII", 1, 2, 0, 77))
+    attrs = rta(1, b"red\0") + rta(7, basic + queue + app)
+    msg = struct.pack("=IHHII", 16 + len(tcmsg) + len(attrs), 36, 2, 1, 0) + tcmsg + attrs
+    assert dump._qdisc(msg, 16, len(msg))[2]["marked"] == 77
+    attrs = rta(1, b"bfifo\0") + rta(7, basic + queue + app)  # another kind's xstats: not marks
+    msg = struct.pack("=IHHII", 16 + len(tcmsg) + len(attrs), 36, 2, 1, 0) + tcmsg + attrs
+    assert dump._qdisc(msg, 16, len(msg))[2]["marked"] == 0
