@@ -35,6 +35,12 @@ from testbed.mininet_hosts import Hosts
 from testbed.netlink import Netlink
 from testbed.pfc import PfcAgent
 from testbed.poll import wait_for
+from testbed.portplan import (
+    link_plan,
+    marker_thresholds,
+    send_buffer_bytes,
+    switch_queue_bytes,
+)
 from testbed.reachability import (
     Reachability,
     evaluate,
@@ -42,16 +48,9 @@ from testbed.reachability import (
     probe_interval_ms,
 )
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
-from testbed.congestion import PRIORITIES, EcnMode, EcnThresholds
 from testbed.spec import EcnMarker, Fidelity, TestbedSpec
-from testbed.tcplan import plan_shaping
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
 
-#: A host NIC's lossless queue: more than the socket buffers of its senders, which block
-#: (back-pressure) instead of losing datagrams at their own NIC.
-HOST_LOSSLESS_BYTES = 4 << 20
-TRUESIZE_FACTOR = 2  # a queued frame's socket charge (skb truesize) over its length
-SEND_BUFFER_MAX = 1 << 30
 
 STARTUP_WORKERS = 16
 THREAD_JOIN_S = 10.0
@@ -325,21 +324,8 @@ class Fabric:
         return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
 
     def shaping(self, link: Link, host_end: bool = False):
-        """The tc plan of a link's switch ends (or of its host NIC: a lossless queue there
-        holds more than any socket buffer, so it back-pressures its senders, never drops)."""
-        fab = self.spec.fabric
-        tier = fab.link(link.tier)
-        pfc = self.spec.pfc
-        lossless = {}
-        if pfc is not None:
-            limit = max(pfc.limit_bytes, HOST_LOSSLESS_BYTES) if host_end else pfc.limit_bytes
-            lossless = {p: limit for p in pfc.priorities}
-        red = None
-        if self.red_marking and not host_end:
-            red = {p: (th.mode.value, th.k_bytes, th.kmin_bytes, th.kmax_bytes, th.pmax)
-                   for p, th in enumerate(self.spec.port_ecn(link.tier))}
-        return plan_shaping(link.rate_mbps, fab.mtu, fab.queue_kb, fab.queue_packets,
-                            tier.delay_us, tier.loss_percent, fab.priorities(), lossless, red)
+        """The tc plan of a link's switch ends, or of its host NIC (:func:`link_plan`)."""
+        return link_plan(self.spec, link, host_end, self.red_marking)
 
     @property
     def red_marking(self) -> bool:
@@ -385,17 +371,14 @@ class Fabric:
         self.marker = Marker(self.registry.state_dir, pins)
         fab = self.spec.fabric
         table = tuple(fab.traffic_classes.table())
-        tiers = {tier: tuple(self.spec.port_ecn(tier)) for tier in ("host", "fabric")}
         pfc = self.spec.pfc is not None
         for link in self.topo.links:
             plan = self.shaping(link)
             limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
-            marking = list(tiers[link.tier])
-            for prio in _red_priorities(plan):  # RED marks these: the marker only counts
-                marking[prio] = EcnThresholds(EcnMode.OFF)
+            marking = marker_thresholds(self.spec, link, plan)
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
-                    link.rate_mbps, plan.burst_bytes, limit, table, tuple(marking),
+                    link.rate_mbps, plan.burst_bytes, limit, table, marking,
                     classes=bool(plan.classes)), count_rx=pfc)
             if link.tier == "host" and plan.classes:
                 host = link.a.node
@@ -413,16 +396,7 @@ class Fabric:
         is created, during the build (the controller's first LLDP probes): raise it until the
         fabric is programmed, then restore it (the run record keeps the old value until then).
         """
-        fab = self.spec.fabric
-        total = 0
-        for link in self.topo.links:
-            plan = self.shaping(link)
-            limits = ([c.limit_bytes for c in plan.classes] if plan.classes
-                      else [plan.queue_limit])
-            per_port = sum(limits) if plan.queue_kind == "bfifo" or plan.classes else \
-                plan.queue_limit * (fab.mtu + 14)
-            total += per_port * len(self._root_ends(link))
-        want = min(SEND_BUFFER_MAX, TRUESIZE_FACTOR * total)
+        want = send_buffer_bytes(switch_queue_bytes(self.spec, self.red_marking))
         name = "net.core.wmem_default"
         old = procfs.read_sysctl(name)
         if want > int(old):
@@ -580,13 +554,6 @@ class Fabric:
             pid = None if node.is_switch else self.hosts.pid(node.name)
             self.netlink.set_state(end.ifname, up, pid=pid)
         return link
-
-
-def _red_priorities(plan) -> list[int]:
-    """The priorities whose ECN marking a link end's RED leaves do."""
-    if plan.red is not None:
-        return list(range(PRIORITIES))  # one class: every priority meets that leaf
-    return [c.priority for c in plan.classes if c.red is not None]
 
 
 def _reap(proc: subprocess.Popen) -> None:

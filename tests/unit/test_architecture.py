@@ -17,11 +17,11 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "traffic/workload.py", "traffic/training.py", "traffic/nccl_log.py",
         "traffic/results.py", "traffic/protocol.py", "traffic/transport.py",
         "controllers/policy.py", "controllers/session.py", "fabriclab/experiment.py",
-        "testbed/congestion.py",
+        "testbed/congestion.py", "testbed/pause.py", "testbed/portplan.py",
         "fabriclab/results.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
-            "testbed.bpf", "testbed.ecn", "testbed.queues"}
+            "testbed.bpf", "testbed.ecn", "testbed.queues", "testbed.pfc"}
 
 
 def imports(path: Path) -> set[str]:

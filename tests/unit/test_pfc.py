@@ -220,3 +220,15 @@ def test_a_red_leaf_marks_like_the_marker_step_and_never_drops_early():
                                                       step.max_bytes, 0, 0, 0)
     both = TC_RED_ECN | TC_RED_NODROP  # in TCA_RED_FLAGS only (the kernel refuses both places)
     assert opts.endswith(struct.pack("=HHII", 12, 4, both, both))
+
+
+def test_the_switches_send_buffer_covers_every_queue_full():
+    from testbed.portplan import TRUESIZE_FACTOR, send_buffer_bytes, switch_queue_bytes
+
+    exp = xp.parse({"version": 1, "fabric": {**PFC_LS, "pfc": {"priorities": [3]}}})
+    total = switch_queue_bytes(exp)
+    # 3 leaves x (3 host ports + 1 uplink) + 3 spine ports, each with a 128 KiB lossy class
+    # and a lossless one of XOFF + headroom
+    ports = 3 * (3 + 1) + 3
+    assert total == ports * (128 * KB + exp.pfc.limit_bytes)
+    assert send_buffer_bytes(total) == TRUESIZE_FACTOR * total
