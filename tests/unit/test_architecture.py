@@ -18,6 +18,8 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "traffic/results.py", "traffic/protocol.py", "traffic/transport.py",
         "controllers/policy.py", "controllers/session.py", "fabriclab/experiment.py",
         "testbed/congestion.py", "testbed/pause.py", "testbed/portplan.py",
+        "traffic/transports/packet.py", "traffic/transports/rocev2.py",
+        "traffic/transports/uet.py",
         "fabriclab/results.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",

@@ -1,0 +1,219 @@
+"""The UDP transports' state machines, driven by a fake clock and a scripted network: loss,
+reordering and CE marks where a test puts them."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import pytest
+
+from traffic.transports.packet import Flag, Kind, Packet, Scale
+from traffic.transports.rocev2 import Dcqcn, DcqcnConfig, RoceConfig, RoceReceiver, RoceSender
+from traffic.transports.uet import Reps, UetConfig, UetReceiver, UetSender, Window
+
+MSS = 1000
+QP = (1, 0)
+
+
+def run(sender, receiver, delay_s=0.001, mangle=None, until_s=60.0):
+    """Move packets between a sender and a receiver until the sender has nothing outstanding.
+
+    ``mangle(pkt, n)`` returns the extra delays to deliver data packet ``n`` with (``[]``
+    drops it, two values duplicate it) and may set flags on it.
+    """
+    now, seq = 0.0, itertools.count()
+    net: list = []  # (arrival, seq, to_receiver, packet)
+    sent = 0
+    total = len(sender.lengths)
+    while now < until_s:
+        while (pkt := sender.poll(now)) is not None:
+            extras = mangle(pkt, sent) if mangle else [0.0]
+            sent += 1
+            for extra in extras:
+                heapq.heappush(net, (now + delay_s + extra, next(seq), True, pkt))
+        times = [t for t in (sender.next_send_time(), sender.timer(), receiver.timer()) if t]
+        if net:
+            times.append(net[0][0])
+        if not times:
+            break
+        now = max(now, min(times))
+        while net and net[0][0] <= now:
+            _, _, to_receiver, pkt = heapq.heappop(net)
+            if to_receiver:
+                for reply in receiver.on_packet(pkt, now):
+                    heapq.heappush(net, (now + delay_s, next(seq), False, reply))
+            else:
+                sender.on_packet(pkt, now)
+        if sender.timer() is not None and sender.timer() <= now:
+            sender.on_timer(now)
+        if receiver.timer() is not None and receiver.timer() <= now:
+            for reply in receiver.on_timer(now):
+                heapq.heappush(net, (now + delay_s, next(seq), False, reply))
+        acked = sender.una
+        if acked >= total and not net:
+            break
+    return now
+
+
+def roce(**kw):
+    cfg = RoceConfig(MSS, rto_s=0.05, max_outstanding=16, ack_every=2, ack_delay_s=0.002,
+                     cnp_interval_s=0.01, line_rate_bps=8e6, **kw)
+    return RoceSender(QP, cfg, 0.0), RoceReceiver(QP, cfg)
+
+
+def test_packet_header_round_trips():
+    pkt = Packet(Kind.ACK, (7, 3), psn=9, ack=5, entropy=77, sack=0b101, sent_ns=123,
+                 flags=Flag.CE)
+    back = Packet.decode(pkt.encode() + bytes(100))
+    assert (back.kind, back.qp, back.psn, back.ack, back.entropy, back.sack, back.sent_ns,
+            back.ce, back.length) == (Kind.ACK, (7, 3), 9, 5, 77, 0b101, 123, True, 100)
+    with pytest.raises(ValueError):
+        Packet.decode(b"short")
+
+
+def test_scale_brings_published_constants_to_the_emulated_fabric():
+    scale = Scale(10e6, 0.02, 9000)
+    assert scale.time == pytest.approx(2000)  # 20 ms against 10 us
+    assert scale.bdp_bytes == 25_000
+    cfg = DcqcnConfig.scaled(scale)
+    assert cfg.rate_period_s == pytest.approx(0.11) and cfg.rate_ai_bps == pytest.approx(10e3)
+    assert cfg.byte_counter == int(10 * 1024 * 1024 / 50_000 * 25_000)
+    assert "byte counter" in cfg.describe()
+
+
+def test_rocev2_delivers_in_order_without_retransmitting():
+    tx, rx = roce()
+    end = tx.offer(20 * MSS + 10)
+    run(tx, rx)
+    assert tx.acked == end == 21 and rx.delivered == 20 * MSS + 10
+    assert tx.summary()["retransmitted"] == 0 and rx.stats["out_of_order"] == 0
+
+
+def test_rocev2_goes_back_n_after_a_loss():
+    tx, rx = roce()
+    tx.offer(20 * MSS)
+    run(tx, rx, mangle=lambda pkt, n: [] if n == 5 else [0.0])
+    assert tx.acked == 20 and rx.delivered == 20 * MSS
+    s = tx.summary()
+    # everything sent after PSN 5 before the NAK came back was thrown away and sent again
+    assert s["naks"] >= 1 and s["retransmitted"] >= 2 and rx.stats["out_of_order"] >= 1
+
+
+def test_rocev2_collapses_under_reordering_that_uet_absorbs():
+    def swap(pkt, n):  # every 4th packet overtaken by the next
+        return [0.0015] if n % 4 == 1 else [0.0]
+
+    tx, rx = roce()
+    tx.offer(40 * MSS)
+    run(tx, rx, mangle=swap)
+    assert tx.acked == 40 and tx.summary()["retransmitted"] > 5
+
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+    utx, urx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    utx.offer(40 * MSS)
+    run(utx, urx, mangle=swap)
+    assert utx.una == 40 and urx.delivered == 40 * MSS
+    assert utx.summary()["retransmitted"] == 0 and urx.stats["out_of_order"] > 5
+
+
+def test_rocev2_tail_loss_is_recovered_by_the_timeout():
+    tx, rx = roce()
+    tx.offer(3 * MSS)
+    lost = {2}
+    run(tx, rx, mangle=lambda pkt, n: [] if n in lost else [0.0])
+    assert tx.acked == 3 and tx.summary()["timeouts"] == 1
+
+
+def test_ce_marks_become_cnps_at_most_one_per_interval_and_cut_the_rate():
+    tx, rx = roce(dcqcn=DcqcnConfig(8e6, alpha_period_s=1.0, rate_period_s=1.0))
+
+    def mark(pkt, n):
+        pkt.flags |= Flag.CE
+        return [0.0]
+
+    tx.offer(30 * MSS)
+    end = run(tx, rx, mangle=mark)
+    # every packet marked, but at most one CNP per 10 ms interval (the rate falls with each)
+    assert rx.stats["ce"] == 30 and 2 <= rx.stats["cnps"] < 30
+    assert rx.stats["cnps"] <= end / 0.01 + 1
+    assert tx.summary()["rate_cuts"] == rx.stats["cnps"] and tx.rate_bps < 8e6
+
+
+def test_dcqcn_cuts_by_alpha_then_recovers_fast_then_additively_then_hyper():
+    cfg = DcqcnConfig(10e6, g=1 / 16, alpha_period_s=0.1, rate_period_s=0.1,
+                      byte_counter=10**9, fast_recovery_stages=2, rate_ai_bps=1e5,
+                      rate_hai_bps=1e6)
+    cc = Dcqcn(cfg, 0.0)
+    cc.on_cnp(0.0)
+    assert cc.rate == pytest.approx(5e6) and cc.target == 10e6  # alpha 1: half
+    assert cc.alpha == pytest.approx(1.0)
+    cc.on_timer(0.1)  # stage 1: fast recovery, halfway to the target
+    assert cc.rate == pytest.approx(7.5e6) and cc.alpha < 1.0
+    cc.on_cnp(0.15)
+    assert cc.target == pytest.approx(7.5e6) and cc.rate < 7.5e6 * 0.6
+    targets = []
+    for i in range(1, 4):
+        cc.on_timer(0.15 + 0.1 * i)
+        targets.append(cc.target)
+    # stage 1 (under F = 2): fast recovery, the target holds; then additive increase
+    assert targets[0] == pytest.approx(7.5e6)
+    assert targets[1] == pytest.approx(7.5e6 + 1e5) and targets[2] == pytest.approx(7.5e6 + 2e5)
+    cc.timer_stage = cc.byte_stage = 3  # both counters past F: hyper increase
+    before = cc.target
+    cc._increase()
+    assert cc.target == pytest.approx(before + 2 * 1e6)  # (min(3, 3) - 2 + 1) x HAI
+
+
+def test_uet_retransmits_only_what_was_lost():
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(40 * MSS)
+    run(tx, rx, mangle=lambda pkt, n: [] if n in (5, 17) else [0.0])
+    assert tx.una == 40 and rx.delivered == 40 * MSS
+    assert tx.summary()["retransmitted"] == 2  # selective: the two lost, nothing else
+
+
+def test_uet_rod_mode_orders_like_roce():
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, ordered=True)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(20 * MSS)
+    run(tx, rx, mangle=lambda pkt, n: [0.0015] if n == 3 else [0.0])
+    assert tx.una == 20 and rx.delivered == 20 * MSS
+    assert rx.stats["naks"] >= 1 and tx.summary()["retransmitted"] >= 1
+
+
+def test_uet_sprays_over_entropies_and_reuses_those_without_ce():
+    import random
+    reps = Reps(64, random.Random(3))
+    first = [reps.choose() for _ in range(4)]
+    assert reps.explored == 4
+    reps.feedback(first[0], ce=False)
+    reps.feedback(first[1], ce=True)  # a congested path: not reused
+    assert reps.choose() == first[0] and reps.reused == 1
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, entropies=64)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(50 * MSS)
+    run(tx, rx)
+    assert tx.summary()["entropies"] > 1 and tx.summary()["entropies_reused"] > 0
+    single = UetSender(QP, UetConfig(MSS, 8e6, 0.002, rto_s=0.05, spray=False), 0.0, entropy=9)
+    single.offer(10 * MSS)
+    run(single, UetReceiver(QP, single.cfg))
+    assert single.summary()["entropies"] == 1
+
+
+def test_the_window_cuts_only_when_ce_and_delay_agree():
+    cfg = UetConfig(MSS, 8e6, 0.010, rto_s=0.05)
+    w = Window(cfg)
+    start = w.cwnd
+    w.on_ack(MSS, 0.010, ce=True, now=0.0)  # CE at the base RTT: another path is congested
+    assert w.cwnd == start and w.cuts == 0
+    w.on_ack(MSS, 0.030, ce=False, now=0.0)  # delay without CE: hold
+    assert w.cwnd == start
+    w.on_ack(MSS, 0.030, ce=True, now=0.0)  # both: cut
+    assert w.cwnd == int(start * (1 - cfg.md)) and w.cuts == 1
+    w.on_ack(MSS, 0.030, ce=True, now=0.01)  # within the same RTT: once
+    assert w.cuts == 1
+    cut = w.cwnd
+    w.on_ack(MSS, 0.0105, ce=False, now=0.1)  # near the base RTT: a packet per ACK
+    assert w.cwnd == cut + MSS

@@ -1,0 +1,106 @@
+"""The wire format shared by the UDP transports, and the scaling of their constants.
+
+One header, big-endian, before a zero payload: kind, flags, queue pair (sender rank, channel),
+packet sequence number, cumulative ACK, entropy, a 64-bit SACK bitmap and the sender's send
+time (echoed in ACKs, for delay).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+HEADER = struct.Struct("!BBHHHIIHHQQ")
+VERSION = 1
+ROCEV2_PORT = 4791  # the IANA port of RoCEv2
+UET_PORT = 4793  # Ultra Ethernet's
+SACK_BITS = 64
+
+
+class Kind(IntEnum):
+    DATA = 1
+    ACK = 2
+    NAK = 3  # RoCE: out of sequence, resend from ``ack`` (go back N); UET: ``psn`` is lost
+    CNP = 4  # RoCE: congestion notification (a CE mark was seen)
+
+
+class Flag(IntEnum):
+    CE = 1  # DATA arrived with CE / the ACK echoes it
+    RETX = 2  # a retransmission
+    LAST = 4  # the last packet of a message
+
+
+@dataclass
+class Packet:
+    """One transport packet. ``qp`` is (sender rank, channel); ``length`` is the DATA payload."""
+
+    kind: Kind
+    qp: tuple[int, int]
+    psn: int = 0
+    ack: int = 0  # ACK/NAK: every PSN below is received (cumulative)
+    length: int = 0
+    entropy: int = 0
+    sack: int = 0  # bit i: PSN ack + 1 + i received
+    sent_ns: int = 0
+    flags: int = 0
+    extra: dict = field(default_factory=dict)  # engine-side facts (e.g. the CE seen)
+
+    @property
+    def ce(self) -> bool:
+        return bool(self.flags & Flag.CE)
+
+    def encode(self) -> bytes:
+        """The header (the engine appends ``length`` payload bytes to DATA)."""
+        return HEADER.pack(self.kind, self.flags, VERSION, self.qp[0], self.qp[1], self.psn,
+                           self.ack, self.entropy, 0, self.sack, self.sent_ns)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Packet:
+        """Raises ValueError for a short or foreign datagram."""
+        if len(data) < HEADER.size:
+            raise ValueError(f"datagram of {len(data)} bytes is shorter than the header")
+        kind, flags, version, src, ch, psn, ack, entropy, _pad, sack, sent = \
+            HEADER.unpack_from(data)
+        if version != VERSION or kind not in Kind.__members__.values():
+            raise ValueError(f"not a transport packet (version {version}, kind {kind})")
+        return cls(Kind(kind), (src, ch), psn, ack, len(data) - HEADER.size, entropy, sack, sent,
+                   flags)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Constants of data-center transports, which assume microsecond RTTs and 10-400 Gbit/s,
+    brought to the emulated fabric: times scale with its base RTT, byte counts with its
+    bandwidth-delay product, rates with its link rate.
+
+    Args:
+        rate_bps: the hosts' link rate.
+        base_rtt_s: the unloaded RTT of the longest path.
+        mss: payload bytes per packet.
+    """
+
+    rate_bps: float
+    base_rtt_s: float
+    mss: int
+
+    REF_RTT_S = 10e-6  # a data-center RTT the published constants were tuned for
+    REF_RATE_BPS = 40e9  # DCQCN's evaluation rate
+
+    @property
+    def time(self) -> float:
+        """Multiply a published time by this."""
+        return self.base_rtt_s / self.REF_RTT_S
+
+    @property
+    def bdp_bytes(self) -> int:
+        return max(self.mss, int(self.rate_bps / 8 * self.base_rtt_s))
+
+    def bytes_(self, published: float) -> int:
+        """A published byte count, as the same number of reference bandwidth-delay products."""
+        ref_bdp = self.REF_RATE_BPS / 8 * self.REF_RTT_S
+        return max(self.mss, int(published / ref_bdp * self.bdp_bytes))
+
+    def rate(self, published_bps: float) -> float:
+        """A published rate, as the same share of the link."""
+        return published_bps / self.REF_RATE_BPS * self.rate_bps

@@ -1,0 +1,317 @@
+"""RoCEv2-like reliable connection: go-back-N over UDP with DCQCN rate control.
+
+Sender (one per queue pair): packets carry consecutive PSNs; every ACK is cumulative; a NAK says
+"resend from PSN e" and the sender goes back to e, resending everything after it; a retransmission
+timeout goes back to the oldest unacknowledged PSN. The sender is paced at DCQCN's current rate and
+keeps at most ``max_outstanding`` packets unacknowledged (a NIC's limit per queue pair).
+
+Receiver: accepts only the expected PSN; an out-of-order packet is dropped and answered by one
+NAK per gap; a duplicate is re-acknowledged; ACKs are coalesced (every ``ack_every`` packets, at
+a message's last packet, or after ``ack_delay_s``); a CE mark becomes a CNP, at most one per
+``cnp_interval_s`` per queue pair (the notification point).
+
+DCQCN (Zhu et al., SIGCOMM 2015), the reaction point: on a CNP the target rate takes the current
+rate, the current rate is cut by ``alpha / 2`` and ``alpha`` grows towards 1 by ``g``; without
+CNPs ``alpha`` decays every ``alpha_period_s``; the rate recovers by stages counted by a timer
+(``rate_period_s``) and by a byte counter (``byte_counter``): ``F`` stages of fast recovery
+(halfway to the target), then additive increase of the target by ``rate_ai``, then hyper increase
+by ``rate_hai`` once both counters are past ``F``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from traffic.transports.packet import Flag, Kind, Packet, Scale
+
+WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP headers around a transport packet
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class DcqcnConfig:
+    """DCQCN's constants; :meth:`scaled` brings the published ones to the emulated fabric."""
+
+    line_rate_bps: float
+    g: float = 1 / 256
+    alpha_period_s: float = 55e-6
+    rate_period_s: float = 55e-6
+    byte_counter: int = 10 * 1024 * 1024
+    fast_recovery_stages: int = 5
+    rate_ai_bps: float = 40e6
+    rate_hai_bps: float = 400e6
+    min_rate_bps: float = 0.0
+
+    @classmethod
+    def scaled(cls, scale: Scale) -> DcqcnConfig:
+        """The published constants (40 Gbit/s, a few microseconds of RTT) at the emulated rate
+        and RTT: times by the RTT ratio, the byte counter by the bandwidth-delay product ratio,
+        rate steps as the same share of the link."""
+        base = cls(scale.rate_bps)
+        return cls(scale.rate_bps, base.g, base.alpha_period_s * scale.time,
+                   base.rate_period_s * scale.time, scale.bytes_(base.byte_counter),
+                   base.fast_recovery_stages, scale.rate(base.rate_ai_bps),
+                   scale.rate(base.rate_hai_bps), scale.rate_bps / 1000)
+
+    def describe(self) -> str:
+        return (f"DCQCN g={self.g:g} alpha period {self.alpha_period_s * 1e3:.1f} ms, rate "
+                f"period {self.rate_period_s * 1e3:.1f} ms, byte counter "
+                f"{self.byte_counter / 1024:.0f} KiB, F={self.fast_recovery_stages}, AI "
+                f"{self.rate_ai_bps / 1e3:.0f} kbit/s, HAI {self.rate_hai_bps / 1e3:.0f} kbit/s")
+
+
+class Dcqcn:
+    """The reaction point of one queue pair."""
+
+    def __init__(self, cfg: DcqcnConfig, now: float) -> None:
+        self.cfg = cfg
+        self.rate = self.target = cfg.line_rate_bps
+        self.alpha = 1.0
+        self.timer_stage = self.byte_stage = 0
+        self.bytes_since = 0
+        self.alpha_due = now + cfg.alpha_period_s
+        self.rate_due = now + cfg.rate_period_s
+        self.cuts = 0
+
+    def on_cnp(self, now: float) -> None:
+        cfg = self.cfg
+        self.target = self.rate
+        self.rate = max(cfg.min_rate_bps, self.rate * (1 - self.alpha / 2))
+        self.alpha = (1 - cfg.g) * self.alpha + cfg.g
+        self.timer_stage = self.byte_stage = 0
+        self.bytes_since = 0
+        self.alpha_due = now + cfg.alpha_period_s
+        self.rate_due = now + cfg.rate_period_s
+        self.cuts += 1
+
+    def on_sent(self, nbytes: int) -> None:
+        self.bytes_since += nbytes
+        if self.bytes_since >= self.cfg.byte_counter:
+            self.bytes_since = 0
+            self.byte_stage += 1
+            self._increase()
+
+    def timer(self) -> float:
+        return min(self.alpha_due, self.rate_due)
+
+    def on_timer(self, now: float) -> None:
+        cfg = self.cfg
+        if now >= self.alpha_due:
+            self.alpha *= 1 - cfg.g
+            self.alpha_due = now + cfg.alpha_period_s
+        if now >= self.rate_due:
+            self.timer_stage += 1
+            self.rate_due = now + cfg.rate_period_s
+            self._increase()
+
+    def _increase(self) -> None:
+        cfg = self.cfg
+        f = cfg.fast_recovery_stages
+        if max(self.timer_stage, self.byte_stage) < f:
+            pass  # fast recovery: towards the target only
+        elif min(self.timer_stage, self.byte_stage) >= f:
+            self.target += (min(self.timer_stage, self.byte_stage) - f + 1) * cfg.rate_hai_bps
+        else:
+            self.target += cfg.rate_ai_bps
+        self.target = min(self.target, cfg.line_rate_bps)
+        self.rate = min(cfg.line_rate_bps, (self.rate + self.target) / 2)
+
+
+@dataclass(frozen=True)
+class RoceConfig:
+    """A queue pair's settings."""
+
+    mss: int
+    rto_s: float
+    max_outstanding: int = 64  # packets
+    ack_every: int = 4
+    ack_delay_s: float = 0.002
+    cnp_interval_s: float = 50e-6
+    dcqcn: DcqcnConfig | None = None  # None: line rate, no congestion control
+    spray: bool = False  # a fresh entropy per packet (to show go-back-N's collapse)
+    entropies: int = 256
+    line_rate_bps: float = INF  # the pace without DCQCN
+
+    @classmethod
+    def scaled(cls, scale: Scale, **kw) -> RoceConfig:
+        """Timers at the emulated RTT: RTO 4 RTTs (at least 50 ms), the CNP interval scaled as
+        DCQCN's, outstanding packets up to 4 bandwidth-delay products."""
+        outstanding = max(8, 4 * scale.bdp_bytes // scale.mss)
+        kw.setdefault("dcqcn", DcqcnConfig.scaled(scale))
+        return cls(scale.mss, max(0.05, 4 * scale.base_rtt_s), outstanding,
+                   cnp_interval_s=50e-6 * scale.time, ack_delay_s=max(0.001, scale.base_rtt_s / 4),
+                   line_rate_bps=scale.rate_bps, **kw)
+
+
+@dataclass
+class RoceSender:
+    """The requester side of a queue pair."""
+
+    qp: tuple[int, int]
+    cfg: RoceConfig
+    now: float
+    entropy: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(1))
+
+    def __post_init__(self) -> None:
+        self.lengths: list[int] = []  # payload bytes of each PSN
+        self.last_of_message: set[int] = set()
+        self.una = 0  # oldest unacknowledged PSN
+        self.nxt = 0  # next PSN to send
+        self.high = 0  # PSNs below were sent at least once
+        self.next_send = self.now
+        self.progress_at = self.now
+        self.cc = Dcqcn(self.cfg.dcqcn, self.now) if self.cfg.dcqcn else None
+        self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "naks": 0, "cnps": 0,
+                      "timeouts": 0, "entropies": set()}
+
+    # -- the application's side ------------------------------------------------------------
+    def offer(self, nbytes: int) -> int:
+        """Queue a message; returns the PSN its last packet ends before (done when acked)."""
+        mss = self.cfg.mss
+        for offset in range(0, max(nbytes, 1), mss):
+            self.lengths.append(min(mss, nbytes - offset) if nbytes else 0)
+        self.last_of_message.add(len(self.lengths) - 1)
+        return len(self.lengths)
+
+    @property
+    def acked(self) -> int:
+        """Every PSN below is acknowledged."""
+        return self.una
+
+    @property
+    def rate_bps(self) -> float:
+        return self.cc.rate if self.cc else self.cfg.line_rate_bps
+
+    # -- sending ---------------------------------------------------------------------------
+    def next_send_time(self) -> float | None:
+        """When the next packet may leave (None: nothing to send, or the window is full)."""
+        if self.nxt >= len(self.lengths) or self.nxt - self.una >= self.cfg.max_outstanding:
+            return None
+        return self.next_send
+
+    def poll(self, now: float) -> Packet | None:
+        """The packet to send now, if one may leave."""
+        due = self.next_send_time()
+        if due is None or due > now:
+            return None
+        psn = self.nxt
+        length = self.lengths[psn]
+        flags = (Flag.RETX if psn < self.high else 0) | (
+            Flag.LAST if psn in self.last_of_message else 0)
+        entropy = self.rng.randrange(self.cfg.entropies) if self.cfg.spray else self.entropy
+        self.nxt += 1
+        self.high = max(self.high, self.nxt)
+        wire = length + WIRE_OVERHEAD
+        rate = self.rate_bps
+        self.next_send = max(now, self.next_send) + (wire * 8 / rate if rate < INF else 0.0)
+        if self.cc:
+            self.cc.on_sent(wire)
+        st = self.stats
+        st["packets"] += 1
+        st["bytes"] += length
+        st["retransmitted"] += 1 if flags & Flag.RETX else 0
+        st["entropies"].add(entropy)
+        return Packet(Kind.DATA, self.qp, psn, 0, length, entropy, flags=flags,
+                      sent_ns=int(now * 1e9))
+
+    # -- feedback --------------------------------------------------------------------------
+    def on_packet(self, pkt: Packet, now: float) -> None:
+        if pkt.kind == Kind.ACK:
+            if pkt.ack > self.una:
+                self.una = min(pkt.ack, self.high)
+                self.progress_at = now
+                self.nxt = max(self.nxt, self.una)
+        elif pkt.kind == Kind.NAK:
+            self.stats["naks"] += 1
+            if pkt.ack > self.una:
+                self.una = pkt.ack
+                self.progress_at = now
+            if self.nxt > pkt.ack >= self.una:  # go back N
+                self.nxt = pkt.ack
+        elif pkt.kind == Kind.CNP:
+            self.stats["cnps"] += 1
+            if self.cc:
+                self.cc.on_cnp(now)
+
+    def timer(self) -> float | None:
+        times = [self.cc.timer()] if self.cc else []
+        if self.una < self.nxt:
+            times.append(self.progress_at + self.cfg.rto_s)
+        return min(times) if times else None
+
+    def on_timer(self, now: float) -> None:
+        if self.cc:
+            self.cc.on_timer(now)
+        if self.una < self.nxt and now >= self.progress_at + self.cfg.rto_s:
+            self.stats["timeouts"] += 1
+            self.nxt = self.una  # resend everything unacknowledged
+            self.progress_at = now
+
+    def summary(self) -> dict:
+        out = {k: v for k, v in self.stats.items() if k != "entropies"}
+        out["entropies"] = len(self.stats["entropies"])
+        out["rate_cuts"] = self.cc.cuts if self.cc else 0
+        return out
+
+
+@dataclass
+class RoceReceiver:
+    """The responder side of a queue pair."""
+
+    qp: tuple[int, int]
+    cfg: RoceConfig
+
+    def __post_init__(self) -> None:
+        self.expected = 0
+        self.delivered = 0  # payload bytes accepted, in order
+        self.unacked = 0
+        self.ack_due: float | None = None
+        self.nak_for = -1
+        self.last_cnp = -INF
+        self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "cnps": 0,
+                      "ce": 0}
+
+    def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
+        """A DATA packet arrived; returns the ACK, NAK or CNP to send back."""
+        st = self.stats
+        st["packets"] += 1
+        out = []
+        if pkt.ce:
+            st["ce"] += 1
+            if now - self.last_cnp >= self.cfg.cnp_interval_s:
+                self.last_cnp = now
+                st["cnps"] += 1
+                out.append(Packet(Kind.CNP, self.qp, ack=self.expected))
+        if pkt.psn == self.expected:
+            self.expected += 1
+            self.delivered += pkt.length
+            self.unacked += 1
+            if self.unacked >= self.cfg.ack_every or pkt.flags & Flag.LAST:
+                out.append(self._ack())
+            elif self.ack_due is None:
+                self.ack_due = now + self.cfg.ack_delay_s
+        elif pkt.psn > self.expected:
+            st["out_of_order"] += 1
+            if self.nak_for != self.expected:  # one NAK per gap
+                self.nak_for = self.expected
+                st["naks"] += 1
+                out.append(Packet(Kind.NAK, self.qp, ack=self.expected))
+        else:
+            st["duplicates"] += 1
+            out.append(self._ack())
+        return out
+
+    def _ack(self) -> Packet:
+        self.unacked = 0
+        self.ack_due = None
+        return Packet(Kind.ACK, self.qp, ack=self.expected)
+
+    def timer(self) -> float | None:
+        return self.ack_due
+
+    def on_timer(self, now: float) -> list[Packet]:
+        if self.ack_due is not None and now >= self.ack_due:
+            return [self._ack()]
+        return []

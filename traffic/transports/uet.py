@@ -1,0 +1,344 @@
+"""Ultra-Ethernet-like transport: packet spraying with recycled entropy (REPS), out-of-order
+placement, SACK and selective retransmission, and an NSCC-like window.
+
+Sender (one per queue pair):
+
+* entropy per packet (the engine sends it from source port ``base + entropy``, which the
+  switches' ECMP hash covers): REPS keeps the entropies whose ACKs came back without CE and
+  reuses them first; with none in hand it explores a random one. ``spray=False`` keeps one
+  entropy for the flow (the single-path baseline);
+* every ACK carries the cumulative PSN and a 64-bit SACK map beyond it; a packet still unacked
+  when ``reorder_threshold`` later packets are acknowledged is lost and resent alone; a NACK
+  names a lost PSN; a retransmission timeout resends the oldest outstanding packet and halves
+  the window;
+* window (NSCC in spirit, constants below): an ACK with CE *and* a delay over the target cuts the
+  window (once per RTT, by ``md``); CE with a low delay means a congested path, not a congested
+  receiver: the window holds and that entropy is not reused; no CE with a low delay grows it
+  (by one packet per ACK near the base RTT, else by one packet per window); no CE with a high
+  delay holds. Sending is paced at the line rate within the window.
+
+Receiver: places packets in any order, acknowledges every packet (echoing its entropy, CE and send
+time), and NACKs the first missing PSN once ``reorder_threshold`` later packets have arrived.
+``ordered=True`` (ROD) accepts only the next PSN, as RoCE does, and NAKs the gap (go back N).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from traffic.transports.packet import SACK_BITS, Flag, Kind, Packet, Scale
+from traffic.transports.rocev2 import WIRE_OVERHEAD
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class UetConfig:
+    """A queue pair's settings (see the module docstring)."""
+
+    mss: int
+    line_rate_bps: float
+    base_rtt_s: float
+    rto_s: float
+    spray: bool = True
+    ordered: bool = False
+    entropies: int = 128
+    reorder_threshold: int = 8
+    target_factor: float = 1.5  # the delay target: base RTT x this
+    fast_factor: float = 1.1  # under base RTT x this the window grows a packet per ACK
+    md: float = 0.3
+    max_bdps: float = 4.0  # the window's ceiling, in bandwidth-delay products
+    init_bdps: float = 1.0
+
+    @classmethod
+    def scaled(cls, scale: Scale, **kw) -> UetConfig:
+        kw.setdefault("rto_s", max(0.05, 4 * scale.base_rtt_s))
+        return cls(scale.mss, scale.rate_bps, scale.base_rtt_s, **kw)
+
+    @property
+    def bdp_bytes(self) -> int:
+        return max(self.mss, int(self.line_rate_bps / 8 * self.base_rtt_s))
+
+
+class Reps:
+    """Recycled entropies: those acknowledged without CE go back in a queue and are used first;
+    with the queue empty, a random one is explored."""
+
+    def __init__(self, entropies: int, rng: random.Random) -> None:
+        self.entropies = entropies
+        self.rng = rng
+        self.good: deque[int] = deque(maxlen=entropies)
+        self.reused = self.explored = 0
+
+    def choose(self) -> int:
+        if self.good:
+            self.reused += 1
+            return self.good.popleft()
+        self.explored += 1
+        return self.rng.randrange(self.entropies)
+
+    def feedback(self, entropy: int, ce: bool) -> None:
+        if not ce:
+            self.good.append(entropy)
+
+
+class Window:
+    """The NSCC-like congestion window of one queue pair."""
+
+    def __init__(self, cfg: UetConfig) -> None:
+        self.cfg = cfg
+        self.cwnd = max(cfg.mss, int(cfg.init_bdps * cfg.bdp_bytes))
+        self.cut_until = 0.0
+        self.cuts = 0
+
+    @property
+    def ceiling(self) -> int:
+        return max(self.cfg.mss, int(self.cfg.max_bdps * self.cfg.bdp_bytes))
+
+    def on_ack(self, acked_bytes: int, rtt_s: float, ce: bool, now: float) -> None:
+        cfg = self.cfg
+        high = rtt_s > cfg.base_rtt_s * cfg.target_factor
+        if ce and high:
+            if now >= self.cut_until:  # once per RTT
+                self.cwnd = max(cfg.mss, int(self.cwnd * (1 - cfg.md)))
+                self.cut_until = now + rtt_s
+                self.cuts += 1
+        elif not ce and not high:
+            if rtt_s < cfg.base_rtt_s * cfg.fast_factor:
+                self.cwnd += cfg.mss * acked_bytes // max(1, cfg.mss)
+            else:
+                self.cwnd += max(1, cfg.mss * acked_bytes // self.cwnd)
+        self.cwnd = min(self.cwnd, self.ceiling)
+
+    def on_timeout(self) -> None:
+        self.cwnd = max(self.cfg.mss, self.cwnd // 2)
+        self.cuts += 1
+
+
+@dataclass
+class UetSender:
+    """The sending side of a queue pair."""
+
+    qp: tuple[int, int]
+    cfg: UetConfig
+    now: float
+    entropy: int = 0  # the flow's entropy without spraying
+    rng: random.Random = field(default_factory=lambda: random.Random(1))
+
+    def __post_init__(self) -> None:
+        self.lengths: list[int] = []
+        self.last_of_message: set[int] = set()
+        self.una = 0  # every PSN below is acknowledged
+        self.nxt = 0  # the next new PSN
+        self.acked: set[int] = set()  # acknowledged PSNs at or above una
+        self.outstanding: dict[int, int] = {}  # PSN in flight -> its entropy
+        self.retx: deque[int] = deque()
+        self.queued: set[int] = set()
+        self.tsn = 0  # transmissions so far (a retransmission gets a new one)
+        self.tsn_of: dict[int, int] = {}  # PSN -> its latest transmission
+        self.sent_at: dict[int, float] = {}  # PSN -> when its latest transmission left
+        self.highest_acked_tsn = -1
+        self.next_send = self.now
+        self.progress_at = self.now
+        self.reps = Reps(self.cfg.entropies, self.rng)
+        self.window = Window(self.cfg)
+        self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "naks": 0, "timeouts": 0,
+                      "sack_losses": 0, "ce_acks": 0, "entropies": set()}
+
+    # -- the application's side ------------------------------------------------------------
+    def offer(self, nbytes: int) -> int:
+        """Queue a message; returns the PSN its last packet ends before (done when acked)."""
+        mss = self.cfg.mss
+        for offset in range(0, max(nbytes, 1), mss):
+            self.lengths.append(min(mss, nbytes - offset) if nbytes else 0)
+        self.last_of_message.add(len(self.lengths) - 1)
+        return len(self.lengths)
+
+    @property
+    def acked_until(self) -> int:
+        return self.una
+
+    def inflight_bytes(self) -> int:
+        return sum(self.lengths[p] for p in self.outstanding)
+
+    # -- sending ---------------------------------------------------------------------------
+    def _candidate(self) -> int | None:
+        while self.retx and (self.retx[0] in self.acked or self.retx[0] < self.una):
+            self.queued.discard(self.retx.popleft())
+        if self.retx:
+            return self.retx[0]
+        return self.nxt if self.nxt < len(self.lengths) else None
+
+    def next_send_time(self) -> float | None:
+        psn = self._candidate()
+        if psn is None:
+            return None
+        if self.inflight_bytes() + self.lengths[psn] > self.window.cwnd and self.outstanding:
+            return None
+        return self.next_send
+
+    def poll(self, now: float) -> Packet | None:
+        due = self.next_send_time()
+        if due is None or due > now:
+            return None
+        psn = self._candidate()
+        retx = psn in self.queued
+        if retx:
+            self.retx.popleft()
+            self.queued.discard(psn)
+        else:
+            self.nxt += 1
+        if not self.cfg.spray or self.cfg.ordered:
+            entropy = self.entropy
+        else:
+            entropy = self.reps.choose()
+        self.outstanding[psn] = entropy
+        self.tsn_of[psn] = self.tsn
+        self.tsn += 1
+        self.sent_at[psn] = now
+        length = self.lengths[psn]
+        self.next_send = max(now, self.next_send) + (length + WIRE_OVERHEAD) * 8 / \
+            self.cfg.line_rate_bps
+        st = self.stats
+        st["packets"] += 1
+        st["bytes"] += length
+        st["retransmitted"] += 1 if retx else 0
+        st["entropies"].add(entropy)
+        flags = (Flag.RETX if retx else 0) | (Flag.LAST if psn in self.last_of_message else 0)
+        return Packet(Kind.DATA, self.qp, psn, 0, length, entropy, flags=flags,
+                      sent_ns=int(now * 1e9))
+
+    def _queue_retx(self, psn: int) -> None:
+        if psn not in self.queued and psn not in self.acked and psn >= self.una:
+            self.queued.add(psn)
+            self.retx.append(psn)
+
+    # -- feedback --------------------------------------------------------------------------
+    def on_packet(self, pkt: Packet, now: float) -> None:
+        if pkt.kind == Kind.ACK:
+            self._on_ack(pkt, now)
+        elif pkt.kind == Kind.NAK:
+            self.stats["naks"] += 1
+            if self.cfg.ordered:  # ROD: go back to the receiver's next expected PSN
+                for psn in range(max(pkt.ack, self.una), self.nxt):
+                    self.outstanding.pop(psn, None)
+                    self._queue_retx(psn)
+            elif now - self.sent_at.get(pkt.psn, -INF) > self.cfg.base_rtt_s * \
+                    self.cfg.target_factor:  # not if it was resent since the NACK's evidence
+                self.outstanding.pop(pkt.psn, None)
+                self._queue_retx(pkt.psn)
+
+    def _on_ack(self, pkt: Packet, now: float) -> None:
+        newly = []
+        if pkt.psn in self.outstanding and pkt.psn not in self.acked:
+            newly.append(pkt.psn)
+        for psn in range(self.una, min(pkt.ack, self.nxt)):
+            if psn not in self.acked:
+                newly.append(psn)
+        for i in range(SACK_BITS):
+            psn = pkt.ack + 1 + i
+            if pkt.sack >> i & 1 and psn < self.nxt and psn not in self.acked:
+                newly.append(psn)
+        acked_bytes = 0
+        for psn in set(newly):
+            self.acked.add(psn)
+            self.outstanding.pop(psn, None)
+            acked_bytes += self.lengths[psn]
+            self.highest_acked_tsn = max(self.highest_acked_tsn, self.tsn_of.get(psn, -1))
+        while self.una in self.acked:
+            self.acked.discard(self.una)
+            self.una += 1
+        if acked_bytes:
+            self.progress_at = now
+        rtt = max(0.0, now - pkt.sent_ns / 1e9)
+        if pkt.ce:
+            self.stats["ce_acks"] += 1
+        if self.cfg.spray and not self.cfg.ordered:
+            self.reps.feedback(pkt.entropy, pkt.ce)
+        self.window.on_ack(acked_bytes, rtt, pkt.ce, now)
+        for psn in list(self.outstanding):  # lost: overtaken by enough acknowledged packets
+            if psn not in self.queued and \
+                    self.highest_acked_tsn - self.tsn_of[psn] > self.cfg.reorder_threshold:
+                self.stats["sack_losses"] += 1
+                self.outstanding.pop(psn)
+                self._queue_retx(psn)
+
+    def timer(self) -> float | None:
+        if self.outstanding or self.retx:
+            return self.progress_at + self.cfg.rto_s
+        return None
+
+    def on_timer(self, now: float) -> None:
+        if (self.outstanding or self.retx) and now >= self.progress_at + self.cfg.rto_s:
+            self.stats["timeouts"] += 1
+            self.window.on_timeout()
+            oldest = min(set(self.outstanding) | set(self.retx), default=None)
+            if oldest is not None and oldest not in self.queued:
+                self.outstanding.pop(oldest, None)
+                self._queue_retx(oldest)
+                self.retx.rotate(1)  # the oldest first
+            self.progress_at = now
+
+    def summary(self) -> dict:
+        out = {k: v for k, v in self.stats.items() if k != "entropies"}
+        out.update(entropies=len(self.stats["entropies"]), rate_cuts=self.window.cuts,
+                   entropies_reused=self.reps.reused, entropies_explored=self.reps.explored,
+                   cwnd_bytes=self.window.cwnd)
+        return out
+
+
+@dataclass
+class UetReceiver:
+    """The receiving side of a queue pair."""
+
+    qp: tuple[int, int]
+    cfg: UetConfig
+
+    def __post_init__(self) -> None:
+        self.cum = 0  # every PSN below is placed
+        self.placed: dict[int, int] = {}  # PSN above cum -> its length
+        self.delivered = 0  # bytes of the contiguous prefix
+        self.nacked = -1
+        self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "ce": 0}
+
+    def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
+        st = self.stats
+        st["packets"] += 1
+        st["ce"] += 1 if pkt.ce else 0
+        out = []
+        if self.cfg.ordered and pkt.psn > self.cum:
+            st["out_of_order"] += 1
+            if self.nacked != self.cum:
+                self.nacked = self.cum
+                st["naks"] += 1
+                out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
+            return out
+        if pkt.psn < self.cum or pkt.psn in self.placed:
+            st["duplicates"] += 1
+        else:
+            if pkt.psn != self.cum:
+                st["out_of_order"] += 1
+            self.placed[pkt.psn] = pkt.length
+            while self.cum in self.placed:
+                self.delivered += self.placed.pop(self.cum)
+                self.cum += 1
+        sack = 0
+        for psn in self.placed:
+            if self.cum < psn <= self.cum + SACK_BITS:
+                sack |= 1 << (psn - self.cum - 1)
+        out.append(Packet(Kind.ACK, self.qp, psn=pkt.psn, ack=self.cum, entropy=pkt.entropy,
+                          sack=sack, sent_ns=pkt.sent_ns, flags=Flag.CE if pkt.ce else 0))
+        beyond = sum(1 for psn in self.placed if psn > self.cum)
+        if beyond >= self.cfg.reorder_threshold and self.nacked != self.cum:
+            self.nacked = self.cum
+            st["naks"] += 1
+            out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
+        return out
+
+    def timer(self) -> float | None:
+        return None
+
+    def on_timer(self, now: float) -> list[Packet]:
+        return []
