@@ -21,7 +21,10 @@ agent:
 4. reports, per collective, its start and end and the completion time of every transfer.
 
 One sender thread per (peer, channel) keeps the byte stream of a connection in step order, and
-one receiver thread per (peer, channel) reads it in the same order.
+one receiver thread per (peer, channel) reads it in the same order. With a UDP transport
+(``rocev2``, ``uet``: :mod:`traffic.transports`) the data moves over the agent's
+:class:`traffic.transports.engine.UdpEngine` instead, one queue pair per (peer, channel) in the
+same order; only the barrier stays on TCP. The step engine does not know which.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from testbed.files import write_text_atomic
 from testbed.poll import wait_for
 from traffic.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
 from traffic.schedules import chunk_sizes
+from traffic.transports.engine import UdpEngine
+from traffic.transports.packet import Scale
 
 BUF = memoryview(bytearray(1 << 20))
 HELLO = struct.Struct("!II")  # sender rank, channel
@@ -74,6 +79,11 @@ class Agent:
         self.socks: dict[tuple[str, int, int], socket.socket] = {}
         self.control: list[socket.socket] = []
         self.state = "starting"  # what it is waiting for, published for a stuck-job report
+        self.engine: UdpEngine | None = None
+        if spec.transport != "tcp":
+            scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
+            self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
+                                    scale, spec.dscp, spec.spray)
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
@@ -88,6 +98,8 @@ class Agent:
 
     def connect(self, listener: socket.socket) -> None:
         send_to, recv_from = self.peers()
+        if self.engine is not None:  # data over UDP: only the barrier's connections
+            send_to, recv_from = set(), set()
         expected = {(p, c) for p in recv_from for c in range(self.channels)}
         if self.rank == 0:
             expected |= {(p, CONTROL) for p in range(1, len(self.spec.ranks))}
@@ -182,6 +194,8 @@ class Agent:
             self.lock.notify_all()
 
     def start_threads(self) -> None:
+        if self.engine is not None:
+            self.engine.start()
         for (kind, peer, ch), sock in self.socks.items():
             q: queue.Queue = queue.Queue()
             (self.send_q if kind == "send" else self.recv_q)[(peer, ch)] = q
@@ -199,6 +213,7 @@ class Agent:
                 if self.rank in (t.src, t.dst):
                     steps.setdefault(t.step, []).append((t.src, t.dst, t.nbytes))
             start = time.time()
+            before = self.engine.summary() if self.engine else None
             flows = []
             for step in sorted(steps):
                 keys = []
@@ -212,7 +227,8 @@ class Agent:
                         self._finish(Work(index, step, peer, 0, key))
                     for ch, share in enumerate(shares):
                         if share:
-                            queues[(peer, ch)].put(Work(index, step, peer, share, key))
+                            self._dispatch(src == self.rank, queues, Work(index, step, peer,
+                                                                          share, key), ch)
                     if dst == self.rank:
                         keys.append(key)
                     flows.append((key, nbytes, src == self.rank))
@@ -221,8 +237,19 @@ class Agent:
             end = time.time()
             results.append(CollectiveTiming(index, start, end, tuple(
                 FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
-                for k, n, is_send in flows if not is_send)))
+                for k, n, is_send in flows if not is_send),
+                _delta(before, self.engine.summary()) if self.engine else None))
         return results
+
+    def _dispatch(self, sending: bool, queues: dict, work: Work, channel: int) -> None:
+        """Hand one channel's share of a transfer to its connection's thread, or to the UDP
+        engine's queue pair."""
+        if self.engine is None:
+            queues[(work.peer, channel)].put(work)
+        elif sending:
+            self.engine.send(work.peer, channel, work.nbytes, lambda: self._finish(work))
+        else:
+            self.engine.expect(work.peer, channel, work.nbytes, lambda: self._finish(work))
 
     def _wait(self, keys: list[tuple]) -> None:
         pending = [k for k in keys if k not in self.done_at]
@@ -233,14 +260,24 @@ class Agent:
         with self.lock:
             while not self.errors and any(k not in self.done_at for k in keys):
                 self.lock.wait(1.0)
+                if self.engine is not None and self.engine.errors:
+                    self.errors += self.engine.errors
             if self.errors:
                 raise RuntimeError("; ".join(self.errors))
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         for q in [*self.send_q.values(), *self.recv_q.values()]:
             q.put(None)
         for sock in [*self.socks.values(), *self.control]:
             sock.close()
+
+
+def _delta(before: dict, after: dict) -> dict:
+    """The engine's counters over one collective."""
+    return {k: (v - before.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                else v) for k, v in after.items()}
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

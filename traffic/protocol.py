@@ -49,6 +49,9 @@ class AgentSpec:
     barrier: bool = True
     congestion_control: str | None = None
     dscp: int = 0
+    transport: str = "tcp"  # tcp, rocev2 or uet (traffic.transports)
+    spray: bool | None = None  # UDP transports: spread packets over entropies (None: default)
+    scale: dict | None = None  # UDP transports: rate_bps, base_rtt_s, mss of the fabric
 
     def rank_of(self, host: str) -> int:
         for i, rank in enumerate(self.ranks):
@@ -67,7 +70,8 @@ class AgentSpec:
                    tuple(CollectiveSpec(c["op"], c["gap_s"],
                                         tuple(Transfer(**t) for t in c["transfers"]))
                          for c in d["collectives"]),
-                   d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0))
+                   d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0),
+                   d.get("transport", "tcp"), d.get("spray"), d.get("scale"))
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class CollectiveTiming:
     start: float
     end: float
     flows: tuple[FlowTiming, ...]
+    transport: dict | None = None  # UDP transports: this rank's packet counters in it
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class AgentReport:
         d = json.loads(text)
         return cls(d["rank"], d["host"],
                    tuple(CollectiveTiming(c["index"], c["start"], c["end"],
-                                          tuple(FlowTiming(**f) for f in c["flows"]))
+                                          tuple(FlowTiming(**f) for f in c["flows"]),
+                                          c.get("transport"))
                          for c in d["collectives"]),
                    d.get("cpu_s", 0.0))

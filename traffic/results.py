@@ -32,11 +32,13 @@ class CollectiveResult:
     gap_s: float = 0.0  # compute time before it (training workloads)
     communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
     iteration: int | None = None  # training workloads: the iteration it belongs to
+    transport: dict | None = None  # UDP transports: packet counters summed over the ranks
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
              start_at: float, port: int = AGENT_PORT,
-             congestion_control: str | None = None, dscp: int = 0) -> AgentSpec:
+             congestion_control: str | None = None, dscp: int = 0, transport: str = "tcp",
+             spray: bool | None = None, scale: dict | None = None) -> AgentSpec:
     """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
@@ -44,7 +46,23 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
     return AgentSpec(port, connections, start_at, tuple(RankSpec(h, ips[h]) for h in hosts),
                      tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
                            for c in collectives), congestion_control=congestion_control,
-                     dscp=dscp)
+                     dscp=dscp, transport=transport, spray=spray, scale=scale)
+
+
+def transport_totals(per_rank: list[dict | None]) -> dict | None:
+    """One collective's UDP transport counters summed over its ranks, with the share of sent
+    payload that was new data (goodput / throughput)."""
+    rows = [r for r in per_rank if r]
+    if not rows:
+        return None
+    out: dict = {k: rows[0][k] for k in ("transport", "spray") if k in rows[0]}
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+    sent = out.get("tx_packets", 0)
+    out["goodput_ratio"] = round(1 - out.get("tx_retransmitted", 0) / sent, 4) if sent else None
+    return out
 
 
 def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
@@ -68,7 +86,8 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
             {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
              "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
-            communicator_size=n, iteration=coll.iteration))
+            communicator_size=n, iteration=coll.iteration,
+            transport=transport_totals([c.transport for c in per_rank])))
     if out:
         out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
     return out

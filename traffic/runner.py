@@ -20,9 +20,16 @@ from testbed.errors import TestbedError
 from testbed.files import write_text_atomic
 from traffic.protocol import AgentReport
 from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
+from traffic.transports.packet import HEADER
 from traffic.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job
 
 START_DELAY_S = 1.0
+
+
+def mss_for(mtu: int) -> int:
+    """Payload bytes of a UDP transport packet in one frame: the MTU less IPv4, UDP and the
+    transport's header."""
+    return mtu - 20 - 8 - HEADER.size
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,8 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
         job = jobs[i]
         try:
             results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
-                              AGENT_PORT + i, start_at, job.congestion_control, job.dscp)
+                              AGENT_PORT + i, start_at, job.congestion_control, job.dscp,
+                              job.transport, job.spray)
             outcomes[i] = JobOutcome(job, tuple(results))
         except TestbedError as err:
             outcomes[i] = JobOutcome(job, error=err)
@@ -86,7 +94,8 @@ def _agent_state(spec_path: Path, rank: int) -> str:
 def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
             timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
             start_at: float | None = None, congestion_control: str | None = None,
-            dscp: int = 0) -> list[CollectiveResult]:
+            dscp: int = 0, transport: str = "tcp",
+            spray: bool | None = None) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 
     Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
@@ -99,7 +108,13 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
     hosts = collectives[0].hosts
     ips = {h.name: h.ip for h in topo.hosts}
     start_at = start_at or time.time() + START_DELAY_S + 0.1 * len(hosts)
-    spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp)
+    scale = None
+    if transport != "tcp":
+        link = topo.host_link(hosts[0])
+        scale = {"rate_bps": link.rate_mbps * 1e6, "base_rtt_s": fabric.spec.base_rtt_s,
+                 "mss": mss_for(fabric.spec.fabric.mtu)}
+    spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
+                    transport, spray, scale)
     path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
     write_text_atomic(path, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}

@@ -83,6 +83,8 @@ class Job:
     congestion_control: str | None = None  # TCP congestion control of its senders (None: the
     # kernel's default)
     dscp: int = 0  # DSCP of its packets (the fabric's traffic class)
+    transport: str = "tcp"  # tcp, rocev2 or uet
+    spray: bool | None = None  # UDP transports: spread packets over paths (None: default)
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,8 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     """
     connections = raw.get("connections", DEFAULT_CONNECTIONS)
     timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
-    defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0)}
+    defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0),
+                "transport": raw.get("transport", "tcp"), "spray": raw.get("spray")}
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     if raw.get("trace"):
@@ -221,7 +224,7 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
                                                 "run with")
     return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
                concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"),
-               entry.get("dscp", 0))
+               entry.get("dscp", 0), entry.get("transport", "tcp"), entry.get("spray"))
 
 
 def training_spec(raw: dict) -> training.TrainingSpec:

@@ -49,7 +49,7 @@ def _jobs(n: int) -> list[Job]:
 def test_a_crashing_job_thread_is_raised_not_left_as_none(monkeypatch):
     behaviour = {}  # agent port -> what run_job does there
 
-    def run_job(_fabric, _colls, _conns, _timeout, port, _start, _cc, _dscp):
+    def run_job(_fabric, _colls, _conns, _timeout, port, _start, _cc, _dscp, *_transport):
         if behaviour.get(port):
             raise behaviour[port]
         return []

@@ -1,0 +1,289 @@
+"""The UDP engine of an agent: drives its queue pairs' state machines (:mod:`.rocev2`,
+:mod:`.uet`) over real sockets, in one thread.
+
+Sockets: one bound to the agent's address and the transport's port receives every queue pair's
+DATA and answers it (ACK, NAK, CNP go back to the datagram's source). DATA leaves from a pool of
+sockets on ephemeral ports, one per entropy value: the entropy of a packet *is* its UDP source
+port, which the switches' ECMP hash covers, so a sprayed flow spreads over the paths and a
+queue pair that does not spray keeps one port (one path), as RoCEv2's fixed source port does.
+DATA is sent ECT(0) in the job's DSCP; CE is read back with ``IP_RECVTOS``.
+
+The agent's threads call :meth:`UdpEngine.send` and :meth:`UdpEngine.expect`; the engine calls
+their callbacks (from its thread) when a message is acknowledged or its bytes have arrived.
+Payload bytes come from one zero buffer (``sendmsg`` with the header and a view of it).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import random
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from traffic.transports.packet import Flag, Kind, Packet, Scale
+from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
+from traffic.transports.uet import UetConfig, UetReceiver, UetSender
+
+ZERO = memoryview(bytearray(65536))
+ECT0 = 0b10
+CE = 0b11
+IDLE_WAKE_S = 0.05
+BACKOFF_S = 0.001  # after a full socket buffer (our own NIC queue is full)
+
+
+class UdpEngine:
+    """One agent's queue pairs.
+
+    Args:
+        transport: ``rocev2`` or ``uet``.
+        rank: this agent's rank.
+        ips: every rank's address.
+        port: the transport's UDP port (every agent listens on its own address).
+        scale: the fabric's rate, RTT and MSS, for the transports' constants.
+        dscp: the traffic class of the job's packets.
+        spray: spread each queue pair's packets over entropies (None: the transport's default,
+            on for uet, off for rocev2).
+        entropies: the size of the entropy (source port) pool.
+    """
+
+    def __init__(self, transport: str, rank: int, ips: list[str], port: int, scale: Scale,
+                 dscp: int = 0, spray: bool | None = None, entropies: int = 64) -> None:
+        if transport not in ("rocev2", "uet"):
+            raise ValueError(f"unknown transport {transport!r}")
+        self.transport = transport
+        self.rank = rank
+        self.ips = ips
+        self.port = port
+        self.scale = scale
+        self.spray = (transport == "uet") if spray is None else spray
+        self.entropies = entropies
+        if transport == "rocev2":
+            self.cfg = RoceConfig.scaled(scale, spray=self.spray, entropies=entropies)
+        else:
+            self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies)
+        self.rng = random.Random(rank)
+        self.cmds: queue.Queue = queue.Queue()
+        self.senders: dict[tuple[int, int], RoceSender | UetSender] = {}
+        self.receivers: dict[tuple[int, int], RoceReceiver | UetReceiver] = {}
+        self.send_waits: dict[tuple[int, int], list[tuple[int, Callable]]] = {}
+        self.recv_waits: dict[tuple[int, int], list[tuple[int, Callable]]] = {}
+        self.recv_expected: dict[tuple[int, int], int] = {}
+        self.errors: list[str] = []
+        self.reply_to: dict[tuple[int, int], tuple] = {}  # queue pair -> its sender's address
+        self.ip_rank = {ip: i for i, ip in enumerate(ips)}
+        self.local_drops = 0
+        self.backoff_until = 0.0
+        self.stop = threading.Event()
+        self.sel = selectors.DefaultSelector()
+        self.listen = self._socket(ips[rank], port, tos=dscp << 2)
+        self.listen.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        self.pool = [self._socket(ips[rank], 0, tos=dscp << 2 | ECT0) for _ in range(entropies)]
+        self.sel.register(self.listen, selectors.EVENT_READ, "listen")
+        for sock in self.pool:
+            self.sel.register(sock, selectors.EVENT_READ, "pool")
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        self.thread = threading.Thread(target=self._loop, name="udp-engine", daemon=True)
+
+    @staticmethod
+    def _socket(ip: str, port: int, tos: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        sock.bind((ip, port))
+        sock.setblocking(False)
+        return sock
+
+    # -- the agent's side ------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        os.write(self.wake_w, b"x")
+        self.thread.join(5)
+        for sock in [self.listen, *self.pool]:
+            sock.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.sel.close()
+
+    def send(self, peer: int, channel: int, nbytes: int, done: Callable[[], None]) -> None:
+        """Send a message of ``nbytes`` on queue pair (peer, channel); ``done`` when acked."""
+        self.cmds.put(("send", peer, channel, nbytes, done))
+        os.write(self.wake_w, b"x")
+
+    def expect(self, peer: int, channel: int, nbytes: int, done: Callable[[], None]) -> None:
+        """Call ``done`` once ``nbytes`` more have arrived, in order, from (peer, channel)."""
+        self.cmds.put(("expect", peer, channel, nbytes, done))
+        os.write(self.wake_w, b"x")
+
+    def summary(self) -> dict:
+        """Totals over the queue pairs so far (the agent diffs them per collective)."""
+        out: dict = {"transport": self.transport, "spray": self.spray,
+                     "local_drops": self.local_drops}
+        for s in list(self.senders.values()):
+            for k, v in s.summary().items():
+                if isinstance(v, (int, float)) and k != "cwnd_bytes":
+                    out[f"tx_{k}"] = out.get(f"tx_{k}", 0) + v
+        for r in list(self.receivers.values()):
+            for k, v in r.stats.items():
+                out[f"rx_{k}"] = out.get(f"rx_{k}", 0) + v
+        return out
+
+    # -- the engine's thread ---------------------------------------------------------------
+    def _sender(self, peer: int, channel: int):
+        key = (peer, channel)
+        if key not in self.senders:
+            qp = (self.rank, channel)
+            entropy = (peer * 31 + channel) % self.entropies
+            cls = RoceSender if self.transport == "rocev2" else UetSender
+            self.senders[key] = cls(qp, self.cfg, time.monotonic(), entropy=entropy,
+                                    rng=random.Random(self.rank * 1000 + peer * 10 + channel))
+            self.send_waits[key] = []
+        return self.senders[key]
+
+    def _receiver(self, qp: tuple[int, int]):
+        if qp not in self.receivers:
+            cls = RoceReceiver if self.transport == "rocev2" else UetReceiver
+            self.receivers[qp] = cls(qp, self.cfg)
+            self.recv_waits.setdefault(qp, [])
+        return self.receivers[qp]
+
+    def _loop(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self._commands()
+                now = time.monotonic()
+                self._timers(now)
+                self._transmit(now)
+                self._completions()
+                wake = self._next_wake(time.monotonic())
+                for key, _ in self.sel.select(max(0.0, wake)):
+                    if key.data == "wake":
+                        try:
+                            os.read(self.wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                    else:
+                        self._read(key.fileobj, key.data == "listen")
+                self._completions()
+        except Exception as err:  # the agent reports it and fails the job
+            self.errors.append(f"udp engine: {err!r}")
+
+    def _commands(self) -> None:
+        while True:
+            try:
+                kind, peer, channel, nbytes, done = self.cmds.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "send":
+                end = self._sender(peer, channel).offer(nbytes)
+                self.send_waits[(peer, channel)].append((end, done))
+            else:
+                qp = (peer, channel)
+                self._receiver(qp)
+                self.recv_expected[qp] = self.recv_expected.get(qp, 0) + nbytes
+                self.recv_waits[qp].append((self.recv_expected[qp], done))
+
+    def _timers(self, now: float) -> None:
+        for s in self.senders.values():
+            t = s.timer()
+            if t is not None and t <= now:
+                s.on_timer(now)
+        for qp, r in self.receivers.items():
+            t = r.timer()
+            if t is not None and t <= now:
+                for reply in r.on_timer(now):
+                    self._reply(reply, qp)
+
+    def _transmit(self, now: float) -> None:
+        if now < self.backoff_until:
+            return
+        for (peer, _ch), s in self.senders.items():
+            while (pkt := s.poll(now)) is not None:
+                sock = self.pool[pkt.entropy % self.entropies]
+                try:
+                    sock.sendmsg([pkt.encode(), ZERO[:pkt.length]], [], 0,
+                                 (self.ips[peer], self.port))
+                except OSError as err:
+                    if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
+                        raise
+                    self.local_drops += 1  # recovered like any loss
+                    self.backoff_until = now + BACKOFF_S
+                    return
+
+    def _reply(self, pkt: Packet, qp: tuple[int, int]) -> None:
+        addr = pkt.extra.get("to") or self.reply_to.get(qp)
+        if addr is None:
+            return
+        try:
+            self.listen.sendto(pkt.encode(), addr)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
+                raise
+            self.local_drops += 1
+
+    def _read(self, sock: socket.socket, data_socket: bool) -> None:
+        now = time.monotonic()
+        for _ in range(256):
+            try:
+                if data_socket:
+                    data, anc, _flags, addr = sock.recvmsg(65536, socket.CMSG_SPACE(4))
+                else:
+                    data, addr = sock.recvfrom(65536)
+                    anc = []
+            except BlockingIOError:
+                return
+            try:
+                pkt = Packet.decode(data)
+            except ValueError:
+                continue  # not ours
+            if data_socket and pkt.kind == Kind.DATA:
+                tos = next((c[2][0] for c in anc if c[0] == socket.IPPROTO_IP
+                            and c[1] == socket.IP_TOS and c[2]), 0)
+                if tos & 0b11 == CE:
+                    pkt.flags |= Flag.CE
+                rx = self._receiver(pkt.qp)
+                self.reply_to[pkt.qp] = addr
+                for reply in rx.on_packet(pkt, now):
+                    reply.extra["to"] = addr
+                    self._reply(reply, pkt.qp)
+            elif not data_socket and pkt.kind != Kind.DATA:
+                sender = self.senders.get((self._peer_of(addr), pkt.qp[1]))
+                if sender is not None:
+                    sender.on_packet(pkt, now)
+
+    def _peer_of(self, addr) -> int:
+        return self.ip_rank.get(addr[0], -1)
+
+    def _completions(self) -> None:
+        for key, waits in self.send_waits.items():
+            s = self.senders[key]
+            while waits and s.una >= waits[0][0]:
+                waits.pop(0)[1]()
+        for qp, waits in self.recv_waits.items():
+            r = self.receivers[qp]
+            while waits and r.delivered >= waits[0][0]:
+                waits.pop(0)[1]()
+
+    def _next_wake(self, now: float) -> float:
+        times = [now + IDLE_WAKE_S]
+        if self.backoff_until > now:
+            times.append(self.backoff_until)
+        for s in self.senders.values():
+            for t in (s.next_send_time(), s.timer()):
+                if t is not None:
+                    times.append(t)
+        for r in self.receivers.values():
+            t = r.timer()
+            if t is not None:
+                times.append(t)
+        return min(times) - now
+
