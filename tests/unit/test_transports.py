@@ -185,13 +185,15 @@ def test_uet_rod_mode_orders_like_roce():
 
 def test_uet_sprays_over_entropies_and_reuses_those_without_ce():
     import random
-    reps = Reps(64, random.Random(3))
+    reps = Reps(4, random.Random(3))
     first = [reps.choose() for _ in range(4)]
-    assert reps.explored == 4
+    assert reps.explored == 4  # the first packets explore
     reps.feedback(first[0], ce=False)
     reps.feedback(first[1], ce=True)  # a congested path: not reused
     assert reps.choose() == first[0] and reps.reused == 1
-    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, entropies=64)
+    reps.choose()
+    assert reps.explored == 5  # none in hand: explore again
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, entropies=16)
     tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
     tx.offer(50 * MSS)
     run(tx, rx)

@@ -63,8 +63,10 @@ class UetConfig:
 
 
 class Reps:
-    """Recycled entropies: those acknowledged without CE go back in a queue and are used first;
-    with the queue empty, a random one is explored."""
+    """Recycled entropies: a flow first explores (its first ``entropies`` packets each take a
+    random entropy), then reuses those acknowledged without CE, oldest first (a rotation over
+    every good path); with none in hand it explores again. An entropy whose ACK carried CE is
+    not reused."""
 
     def __init__(self, entropies: int, rng: random.Random) -> None:
         self.entropies = entropies
@@ -73,7 +75,7 @@ class Reps:
         self.reused = self.explored = 0
 
     def choose(self) -> int:
-        if self.good:
+        if self.good and self.explored >= self.entropies:
             self.reused += 1
             return self.good.popleft()
         self.explored += 1
