@@ -309,7 +309,7 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
     """
     ports, all_samples, drift = {}, [], []
     totals = {"drops": 0, "ect": 0, "ecn_marked": 0, "pfc_pause_events": 0, "pfc_paused_s": 0.0,
-              "pfc_watchdog_events": 0, "lossless_drops": 0}
+              "pfc_watchdog_events": 0, "lossless_drops": 0, "link_loss_drops": 0}
     for name, now in sorted(after.items()):
         then = before.get(name, {})
         q0, q1 = then.get("queue", {}), now.get("queue", {})
@@ -321,6 +321,10 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
         for prio, c1 in now.get("priorities", {}).items():
             c0 = then.get("priorities", {}).get(prio, {})
             row = {}
+            lost = c1.get("loss_drops", 0) - c0.get("loss_drops", 0)
+            if lost:  # the link's random loss, dropped by the eBPF program
+                row["link_loss_drops"] = lost
+                totals["link_loss_drops"] += lost
             delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("packets", "ect", "marked")}
             if delta["packets"]:
                 row = {"packets": delta["packets"], "ect": delta["ect"],

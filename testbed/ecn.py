@@ -35,7 +35,7 @@ class _EcnCfg(ctypes.Structure):
 class _PortCfg(ctypes.Structure):
     _fields_ = [("rate_bytes_s", ctypes.c_uint64), ("burst_bytes", ctypes.c_uint64),
                 ("limit_bytes", ctypes.c_uint64), ("flags", ctypes.c_uint32),
-                ("pad", ctypes.c_uint32), ("dscp_prio", ctypes.c_uint8 * 64), ("ecn", _EcnCfg * PRIORITIES)]
+                ("drop_ppm", ctypes.c_uint32), ("dscp_prio", ctypes.c_uint8 * 64), ("ecn", _EcnCfg * PRIORITIES)]
 
 
 class _VQueue(ctypes.Structure):
@@ -48,7 +48,7 @@ class _CountKey(ctypes.Structure):
     _fields_ = [("ifindex", ctypes.c_uint32), ("prio", ctypes.c_uint32)]
 
 
-COUNTER_FIELDS = ("packets", "bytes", "ect", "marked", "ce_seen", "vq_drops")
+COUNTER_FIELDS = ("packets", "bytes", "ect", "marked", "ce_seen", "vq_drops", "loss_drops")
 
 
 class _Counters(ctypes.Structure):
@@ -59,7 +59,7 @@ class _RxCounters(ctypes.Structure):
     _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
 
-assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (256, 32, 48)
+assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (256, 32, 56)
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,24 @@ class PortMarking:
     dscp_priority: tuple[int, ...]  # 64 entries
     thresholds: tuple[EcnThresholds, ...]  # one per priority
     classes: bool = False  # steer IP packets into one HTB class per priority
+    loss_percent: float = 0.0  # the link's random loss, dropped here
 
 
 def _port_cfg(marking: PortMarking) -> _PortCfg:
     cfg = _PortCfg(rate_bytes_s=int(marking.rate_mbps * 1e6 / 8),
                    burst_bytes=marking.burst_bytes, limit_bytes=marking.limit_bytes,
-                   flags=PORT_CLASSES if marking.classes else 0)
+                   flags=PORT_CLASSES if marking.classes else 0,
+                   drop_ppm=_ppm(marking.loss_percent))
     for dscp, prio in enumerate(marking.dscp_priority):
         cfg.dscp_prio[dscp] = prio
     for prio, th in enumerate(marking.thresholds):
         cfg.ecn[prio] = _EcnCfg(_MODES[th.mode], th.k_bytes, th.kmin_bytes, th.kmax_bytes,
                                 int(th.pmax * PROB_SCALE))
     return cfg
+
+
+def _ppm(loss_percent: float) -> int:
+    return int(round(loss_percent * PROB_SCALE / 100))
 
 
 class Marker:
@@ -106,6 +112,7 @@ class Marker:
         self.ports: dict[int, tuple[str, float]] = {}  # ifindex -> (name, rate in bytes/s)
         self.host_keys: dict[int, set[str]] = {}  # host NICs' indexes (in their namespaces)
         self.index: dict[str, int] = {}  # switch port -> its index
+        self.hosts: dict[int, str] = {}  # host NIC index -> its name
 
     def attach(self, netlink: Netlink, ifname: str, marking: PortMarking,
                count_rx: bool = False) -> None:
@@ -126,19 +133,23 @@ class Marker:
         self.index[ifname] = ifindex
 
     def classify_host(self, netlink: Netlink, host: str, pid: int, ifname: str,
-                      dscp_priority: tuple[int, ...]) -> None:
-        """Steer a host NIC's IP packets into their priority's class (in the host's namespace;
-        every host NIC with the same index shares the entry, which holds only the table)."""
+                      dscp_priority: tuple[int, ...], classes: bool = True,
+                      loss_percent: float = 0.0) -> None:
+        """At a host NIC (in the host's namespace): steer its IP packets into their priority's
+        class, and drop the link's random loss in its direction. Host NICs are made in the
+        root namespace and moved, so their indexes are unique (checked)."""
         ifindex = netlink.index(ifname, pid)
         if ifindex in self.ports:
             raise TestbedError(f"the NIC of {host} has interface index {ifindex} in its "
                                f"namespace, as switch port {self.ports[ifindex][0]}: the "
                                "marker's settings would collide")
-        cfg = _PortCfg(flags=PORT_CLASSIFY | PORT_CLASSES)
+        cfg = _PortCfg(flags=PORT_CLASSIFY | (PORT_CLASSES if classes else 0),
+                       drop_ppm=_ppm(loss_percent))
         for dscp, prio in enumerate(dscp_priority):
             cfg.dscp_prio[dscp] = prio
         self.cfg.update(ctypes.c_uint32(ifindex), cfg)
         self.host_keys.setdefault(ifindex, set()).add(host)
+        self.hosts[ifindex] = ifname
         netlink.attach_bpf(ifname, self.prog_fd, EGRESS_PROGRAM, pid=pid)
 
     def arrivals(self, keys: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
@@ -154,9 +165,11 @@ class Marker:
         return out
 
     def counters(self) -> dict[tuple[str, int], dict[str, int]]:
-        """(port, priority) -> packets, bytes, ect, marked, ce_seen, vq_drops, read now."""
-        return {(self.ports[k.ifindex][0], k.prio): {f: getattr(v, f) for f in COUNTER_FIELDS}
-                for k, v in self.count.items() if k.ifindex in self.ports}
+        """(port, priority) -> packets, bytes, ect, marked, ce_seen, vq_drops, loss_drops,
+        read now (host NICs count only their loss drops)."""
+        names = {**self.hosts, **{i: p[0] for i, p in self.ports.items()}}
+        return {(names[k.ifindex], k.prio): {f: getattr(v, f) for f in COUNTER_FIELDS}
+                for k, v in self.count.items() if k.ifindex in names}
 
     def queues(self) -> dict[str, tuple[int, int]]:
         """Port -> (virtual backlog now, its maximum so far), in bytes. The program updates a

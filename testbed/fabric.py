@@ -376,14 +376,15 @@ class Fabric:
             plan = self.shaping(link)
             limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
             marking = marker_thresholds(self.spec, link, plan)
+            loss = fab.link(link.tier).loss_percent
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
                     link.rate_mbps, plan.burst_bytes, limit, table, marking,
-                    classes=bool(plan.classes)), count_rx=pfc)
-            if link.tier == "host" and plan.classes:
+                    classes=bool(plan.classes), loss_percent=loss), count_rx=pfc)
+            if link.tier == "host" and (plan.classes or loss):
                 host = link.a.node
                 self.marker.classify_host(self.netlink, host, self.hosts.pid(host),
-                                          link.a.ifname, table)
+                                          link.a.ifname, table, bool(plan.classes), loss)
 
     def _raise_send_buffer(self) -> None:
         """Let the switches' sockets hold every queue full at once, while they are created.

@@ -196,8 +196,7 @@ class Netlink:
             if plan.red is not None:
                 self.add_red(ifname, idx, LEAF_HANDLE, HTB_CLASS, plan.red, pid)
                 return
-            extra = ({"delay": int(plan.delay_us), "loss": plan.loss_percent}
-                     if plan.queue_kind == "netem" else {})
+            extra = {"delay": int(plan.delay_us)} if plan.queue_kind == "netem" else {}
             with _request(f"tc {plan.queue_kind} on {ifname}"):
                 ipr.tc("add", plan.queue_kind, index=idx, handle=LEAF_HANDLE, parent=HTB_CLASS,
                        limit=plan.queue_limit, **extra)

@@ -135,9 +135,10 @@ class FabricSpec:
 
     @property
     def needs_marker(self) -> bool:
-        """Whether the eBPF program runs at the ports: to mark ECN, or to steer packets into
-        per-priority classes (and count them for PFC)."""
-        return self.marks_ecn or len(self.priorities()) > 1
+        """Whether the eBPF program runs at the ports: to mark ECN, to steer packets into
+        per-priority classes (and count them for PFC), or to drop a link's random loss."""
+        return (self.marks_ecn or len(self.priorities()) > 1
+                or any(self.link(t).loss_percent for t in ("host", "fabric")))
 
     @property
     def marks_ecn(self) -> bool:
@@ -197,8 +198,8 @@ class TestbedSpec:
             link = self.fabric.link(tier)
             if link.delay_us:
                 needs.append(q(f"fabric.{tier}_link.delay_us", "netem"))
-            if link.loss_percent:
-                needs.append(q(f"fabric.{tier}_link.loss_percent", "netem"))
+            if link.loss_percent:  # dropped by the eBPF program at the link's ends
+                needs.append(q(f"fabric.{tier}_link.loss_percent", "clsact"))
             if any(e.mode != "off" for e in link.ecn):
                 needs.append(q(f"fabric.{tier}_link.ecn", "clsact"))
         if self.emulator.ecn_marker == EcnMarker.RED and self.fabric.marks_ecn:
@@ -218,9 +219,9 @@ class TestbedSpec:
             return None
         for tier in ("host", "fabric"):
             link = fab.link(tier)
-            if link.delay_us or link.loss_percent:
+            if link.delay_us:
                 raise ConfigError("fabric.pfc", f"a lossless class cannot share the "
-                                  f"{tier} links' netem delay or loss (their leaf is netem)")
+                                  f"{tier} links' netem delay (their leaf is netem)")
         if fab.queue_packets:
             raise ConfigError("fabric.pfc", "lossless classes need a queue sized in bytes "
                                             "(fabric.queue.size_kb), not size_packets")

@@ -1,8 +1,9 @@
 """Pure link-shaping plans: what HTB class and leaf queue each link end gets.
 
 Every link end shapes its egress with ``htb 1: -> class 1:1 (rate = ceil) -> fifo 10:``, or
-``netem 10:`` as the leaf when the link has a delay or a loss rate (each direction's packets meet
-the delay once, at the end they leave by; netem's queue limit counts packets). With
+``netem 10:`` as the leaf when the link has a delay (each direction's packets meet the delay
+once, at the end they leave by; netem's queue limit counts packets). A link's random loss is
+the eBPF program's (:mod:`testbed.ecn`), on both backends: no netem needed. With
 TSO/GSO on, the queue holds super-packets of up to 64 KiB, so queues are sized in bytes (bfifo)
 unless the experiment asks for a packet count, and the HTB burst covers one super-packet (but
 see ``LOSSLESS_BURST_FRAMES``).
@@ -96,7 +97,6 @@ class Shaping:
     queue_kind: str  # bfifo (limit in bytes), pfifo or netem (limit in packets)
     queue_limit: int
     delay_us: float = 0.0
-    loss_percent: float = 0.0
     classes: tuple[ClassPlan, ...] = ()  # one per priority; empty: one class (1:1 -> 10:)
     mtu: int = 1500
     red: RedPlan | None = None  # one class: a RED leaf 10: instead of the fifo
@@ -129,7 +129,7 @@ def red_plan(mode: str, k_bytes: int, kmin_bytes: int, kmax_bytes: int, pmax: fl
 
 def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
                  queue_packets: int | None = None, delay_us: float = 0.0,
-                 loss_percent: float = 0.0, priorities: tuple[int, ...] = (),
+                 priorities: tuple[int, ...] = (),
                  lossless: dict[int, int] | None = None,
                  red: dict[int, tuple] | None = None) -> Shaping:
     """Plan the shaping of one link end.
@@ -140,7 +140,6 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         queue_kb: queue size in KiB (bfifo); used when ``queue_packets`` is None.
         queue_packets: queue size in packets (pfifo).
         delay_us: one-way delay of the link (netem leaf).
-        loss_percent: random loss of the link (netem leaf).
         priorities: the traffic classes in use; more than one (or any lossless) gives one HTB
             class per priority.
         lossless: lossless priority -> its leaf's limit in bytes.
@@ -161,12 +160,12 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
     else:
         kind, limit = "bfifo", int((queue_kb if queue_kb is not None else DEFAULT_QUEUE_KB)
                                      * 1024)
-    if delay_us or loss_percent:
+    if delay_us:
         packets = limit if kind == "pfifo" else max(1, -(-limit // (mtu + 14)))
         # netem holds the packets in flight on the delay line too: add the bandwidth-delay product
         packets += int(rate_bytes_s * delay_us / 1e6 / (mtu + 14)) + 1
         return Shaping(round(rate_mbps * 1000), burst, quantum, "netem", packets,
-                       float(delay_us), float(loss_percent), mtu=mtu)
+                       float(delay_us), mtu=mtu)
     rate_kbit = round(rate_mbps * 1000)
     prios = sorted(set(priorities) | set(lossless) | {0})
 

@@ -17,6 +17,9 @@
  * kept for them. The loader writes each port's settings into fl_cfg; user space reads
  * fl_queue and fl_count, never a trace pipe.
  *
+ * A link with random loss drops here too (drop_ppm, at every end of it: each direction meets it
+ * once), so loss needs no netem.
+ *
  * rx_count runs at a switch port's ingress and counts packets per priority (fl_rx): the PFC
  * agent pauses the upstream ends whose packets of a lossless priority still arrive.
  */
@@ -51,7 +54,7 @@ struct port_cfg {
 	__u64 burst_bytes;	/* the HTB burst: credit an idle port builds up */
 	__u64 limit_bytes;	/* the bfifo limit behind it (0: none mirrored) */
 	__u32 flags;		/* PORT_CLASSIFY, PORT_CLASSES */
-	__u32 pad;
+	__u32 drop_ppm;		/* random loss of the link, parts per million */
 	__u8 dscp_prio[64];
 	struct ecn_cfg ecn[MAX_PRIO];
 };
@@ -75,6 +78,7 @@ struct counters {
 	__u64 marked;		/* set to CE here */
 	__u64 ce_seen;		/* already CE when they arrived */
 	__u64 vq_drops;		/* the mirrored bfifo would have dropped them */
+	__u64 loss_drops;	/* dropped here: the link's random loss */
 };
 
 struct {
@@ -161,6 +165,16 @@ int ecn_marker(struct __sk_buff *skb)
 		key.prio = ip_prio;
 		if (cfg->flags & PORT_CLASSES)
 			skb->priority = HTB_MAJOR | (CLASS_BASE + key.prio);
+	}
+	if (cfg->drop_ppm && bpf_get_prandom_u32() % PROB_SCALE < cfg->drop_ppm) {
+		c = bpf_map_lookup_elem(&fl_count, &key);
+		if (!c) {
+			bpf_map_update_elem(&fl_count, &key, &zero, BPF_NOEXIST);
+			c = bpf_map_lookup_elem(&fl_count, &key);
+		}
+		if (c)
+			__sync_fetch_and_add(&c->loss_drops, 1);
+		return TC_ACT_SHOT;
 	}
 	if (cfg->flags & PORT_CLASSIFY)
 		return TC_ACT_OK;

@@ -51,3 +51,23 @@ def test_spraying_spreads_one_queue_pair_over_every_uplink(make_fabric, spray):
         assert min(up.values()) > data // 5, up
     else:  # one path: the other uplink sees (almost) nothing
         assert min(up.values()) < data // 20 < max(up.values()), up
+
+
+@pytest.mark.parametrize("transport", ["rocev2", "uet"])
+def test_random_loss_on_the_fabric_links_is_recovered(make_fabric, transport):
+    # 2 % loss, dropped by the eBPF program at the fabric links' ends (no netem here)
+    exp = experiment(LS.replace("fabric_link: {rate_mbps: 10}",
+                                "fabric_link: {rate_mbps: 10, loss_percent: 2}")
+                     + "workload:\n  collectives:\n    - {op: send_recv, size: 2MiB, "
+                       "ranks: [h1_1, h2_1]}\n")
+    fabric = make_fabric(exp)
+    (job,) = exp.workload.jobs
+    before = fabric.congestion()
+    (result,) = run_job(fabric, list(job.collectives), connections=1, timeout_s=120,
+                        transport=transport)
+    from testbed.congestion import summarize_congestion
+    lost = summarize_congestion(before, fabric.congestion(), {})["link_loss_drops"]
+    t = result.transport
+    print(transport, lost, t)
+    assert lost > 0 and t["tx_retransmitted"] >= 1, (lost, t)  # lost, then resent
+    assert t["tx_bytes"] >= 2 * 1024 * 1024 and result.efficiency > 0.3

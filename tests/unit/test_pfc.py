@@ -232,3 +232,14 @@ def test_the_switches_send_buffer_covers_every_queue_full():
     ports = 3 * (3 + 1) + 3
     assert total == ports * (128 * KB + exp.pfc.limit_bytes)
     assert send_buffer_bytes(total) == TRUESIZE_FACTOR * total
+
+
+def test_the_summary_counts_a_links_random_loss_apart_from_queue_drops():
+    before = {"h-eth0": {"priorities": {0: {"loss_drops": 2}}}}
+    after = {"h-eth0": {"priorities": {0: {"loss_drops": 9}}},
+             "s-eth1": {"queue": {"packets": 50, "drops": 1},
+                        "priorities": {0: {"packets": 50, "ect": 0, "marked": 0,
+                                           "loss_drops": 3}}}}
+    doc = summarize_congestion(before, after, {})
+    assert (doc["link_loss_drops"], doc["drops"]) == (10, 1)
+    assert doc["ports"]["h-eth0"]["priorities"]["0"]["link_loss_drops"] == 7
