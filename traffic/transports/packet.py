@@ -93,6 +93,13 @@ class Scale:
         return self.base_rtt_s / self.REF_RTT_S
 
     @property
+    def rto_s(self) -> float:
+        """A retransmission timeout: 10 base RTTs, at least 200 ms. At 10 Mbit/s one full
+        256 KiB queue alone is 210 ms of delay, so a few microsecond-scale RTTs would fire on
+        queueing, not loss."""
+        return max(0.2, 10 * self.base_rtt_s)
+
+    @property
     def bdp_bytes(self) -> int:
         return max(self.mss, int(self.rate_bps / 8 * self.base_rtt_s))
 

@@ -135,11 +135,11 @@ class RoceConfig:
 
     @classmethod
     def scaled(cls, scale: Scale, **kw) -> RoceConfig:
-        """Timers at the emulated RTT: RTO 4 RTTs (at least 50 ms), the CNP interval scaled as
-        DCQCN's, outstanding packets up to 4 bandwidth-delay products."""
+        """Timers at the emulated RTT: the RTO of :attr:`Scale.rto_s`, the CNP interval scaled
+        as DCQCN's, outstanding packets up to 4 bandwidth-delay products."""
         outstanding = max(8, 4 * scale.bdp_bytes // scale.mss)
         kw.setdefault("dcqcn", DcqcnConfig.scaled(scale))
-        return cls(scale.mss, max(0.05, 4 * scale.base_rtt_s), outstanding,
+        return cls(scale.mss, scale.rto_s, outstanding,
                    cnp_interval_s=50e-6 * scale.time, ack_delay_s=max(0.001, scale.base_rtt_s / 4),
                    line_rate_bps=scale.rate_bps, **kw)
 

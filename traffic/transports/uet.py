@@ -13,9 +13,9 @@ Sender (one per queue pair):
   the window;
 * window (NSCC in spirit, constants below): an ACK with CE *and* a delay over the target cuts the
   window (once per RTT, by ``md``); CE with a low delay means a congested path, not a congested
-  receiver: the window holds and that entropy is not reused; no CE with a low delay grows it
-  (by one packet per ACK near the base RTT, else by one packet per window); no CE with a high
-  delay holds. Sending is paced at the line rate within the window.
+  receiver: the window holds and that entropy is not reused; no CE grows it (by one packet per
+  ACK near the base RTT, else by one packet per window). Sending is paced at the line rate
+  within the window.
 
 Receiver: places packets in any order, acknowledges every packet (echoing its entropy, CE and send
 time), and NACKs the first missing PSN once ``reorder_threshold`` later packets have arrived.
@@ -54,7 +54,7 @@ class UetConfig:
 
     @classmethod
     def scaled(cls, scale: Scale, **kw) -> UetConfig:
-        kw.setdefault("rto_s", max(0.05, 4 * scale.base_rtt_s))
+        kw.setdefault("rto_s", scale.rto_s)
         return cls(scale.mss, scale.rate_bps, scale.base_rtt_s, **kw)
 
     @property
@@ -107,10 +107,10 @@ class Window:
                 self.cwnd = max(cfg.mss, int(self.cwnd * (1 - cfg.md)))
                 self.cut_until = now + rtt_s
                 self.cuts += 1
-        elif not ce and not high:
+        elif not ce:  # no congestion signal from the switches: grow
             if rtt_s < cfg.base_rtt_s * cfg.fast_factor:
                 self.cwnd += cfg.mss * acked_bytes // max(1, cfg.mss)
-            else:
+            else:  # a delay without CE: queues that mark nothing (a slow host): gently
                 self.cwnd += max(1, cfg.mss * acked_bytes // self.cwnd)
         self.cwnd = min(self.cwnd, self.ceiling)
 
