@@ -201,7 +201,7 @@ class UdpEngine:
             t = r.timer()
             if t is not None and t <= now:
                 for reply in r.on_timer(now):
-                    self._reply(reply, qp)
+                    self._reply(reply, self.reply_to.get(qp))
 
     def _transmit(self, now: float) -> None:
         if now < self.backoff_until:
@@ -219,8 +219,7 @@ class UdpEngine:
                     self.backoff_until = now + BACKOFF_S
                     return
 
-    def _reply(self, pkt: Packet, qp: tuple[int, int]) -> None:
-        addr = pkt.extra.get("to") or self.reply_to.get(qp)
+    def _reply(self, pkt: Packet, addr) -> None:
         if addr is None:
             return
         try:
@@ -253,8 +252,7 @@ class UdpEngine:
                 rx = self._receiver(pkt.qp)
                 self.reply_to[pkt.qp] = addr
                 for reply in rx.on_packet(pkt, now):
-                    reply.extra["to"] = addr
-                    self._reply(reply, pkt.qp)
+                    self._reply(reply, addr)
             elif not data_socket and pkt.kind != Kind.DATA:
                 sender = self.senders.get((self._peer_of(addr), pkt.qp[1]))
                 if sender is not None:

@@ -8,7 +8,7 @@ time (echoed in ACKs, for delay).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 HEADER = struct.Struct("!BBHHHIIHHQQ")
@@ -31,7 +31,7 @@ class Flag(IntEnum):
     LAST = 4  # the last packet of a message
 
 
-@dataclass
+@dataclass(slots=True)
 class Packet:
     """One transport packet. ``qp`` is (sender rank, channel); ``length`` is the DATA payload."""
 
@@ -44,7 +44,6 @@ class Packet:
     sack: int = 0  # bit i: PSN ack + 1 + i received
     sent_ns: int = 0
     flags: int = 0
-    extra: dict = field(default_factory=dict)  # engine-side facts (e.g. the CE seen)
 
     @property
     def ce(self) -> bool:

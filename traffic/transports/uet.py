@@ -140,6 +140,8 @@ class UetSender:
         self.queued: set[int] = set()
         self.tsn = 0  # transmissions so far (a retransmission gets a new one)
         self.tsn_of: dict[int, int] = {}  # PSN -> its latest transmission
+        self.sent_order: deque[tuple[int, int]] = deque()  # (tsn, PSN), in sending order
+        self.inflight = 0  # payload bytes outstanding
         self.sent_at: dict[int, float] = {}  # PSN -> when its latest transmission left
         self.highest_acked_tsn = -1
         self.next_send = self.now
@@ -163,7 +165,7 @@ class UetSender:
         return self.una
 
     def inflight_bytes(self) -> int:
-        return sum(self.lengths[p] for p in self.outstanding)
+        return self.inflight
 
     # -- sending ---------------------------------------------------------------------------
     def _candidate(self) -> int | None:
@@ -197,7 +199,9 @@ class UetSender:
         else:
             entropy = self.reps.choose()
         self.outstanding[psn] = entropy
+        self.inflight += self.lengths[psn]
         self.tsn_of[psn] = self.tsn
+        self.sent_order.append((self.tsn, psn))
         self.tsn += 1
         self.sent_at[psn] = now
         length = self.lengths[psn]
@@ -212,6 +216,11 @@ class UetSender:
         return Packet(Kind.DATA, self.qp, psn, 0, length, entropy, flags=flags,
                       sent_ns=int(now * 1e9))
 
+    def _forget(self, psn: int) -> None:
+        """``psn`` is no longer in flight (acknowledged, or declared lost)."""
+        if self.outstanding.pop(psn, None) is not None:
+            self.inflight -= self.lengths[psn]
+
     def _queue_retx(self, psn: int) -> None:
         if psn not in self.queued and psn not in self.acked and psn >= self.una:
             self.queued.add(psn)
@@ -225,11 +234,11 @@ class UetSender:
             self.stats["naks"] += 1
             if self.cfg.ordered:  # ROD: go back to the receiver's next expected PSN
                 for psn in range(max(pkt.ack, self.una), self.nxt):
-                    self.outstanding.pop(psn, None)
+                    self._forget(psn)
                     self._queue_retx(psn)
             elif now - self.sent_at.get(pkt.psn, -INF) > self.cfg.base_rtt_s * \
                     self.cfg.target_factor:  # not if it was resent since the NACK's evidence
-                self.outstanding.pop(pkt.psn, None)
+                self._forget(pkt.psn)
                 self._queue_retx(pkt.psn)
 
     def _on_ack(self, pkt: Packet, now: float) -> None:
@@ -239,14 +248,17 @@ class UetSender:
         for psn in range(self.una, min(pkt.ack, self.nxt)):
             if psn not in self.acked:
                 newly.append(psn)
-        for i in range(SACK_BITS):
-            psn = pkt.ack + 1 + i
-            if pkt.sack >> i & 1 and psn < self.nxt and psn not in self.acked:
+        bits = pkt.sack & ((1 << SACK_BITS) - 1)
+        while bits:  # only the set bits
+            low = bits & -bits
+            psn = pkt.ack + low.bit_length()
+            bits ^= low
+            if psn < self.nxt and psn not in self.acked:
                 newly.append(psn)
         acked_bytes = 0
         for psn in set(newly):
             self.acked.add(psn)
-            self.outstanding.pop(psn, None)
+            self._forget(psn)
             acked_bytes += self.lengths[psn]
             self.highest_acked_tsn = max(self.highest_acked_tsn, self.tsn_of.get(psn, -1))
         while self.una in self.acked:
@@ -260,11 +272,12 @@ class UetSender:
         if self.cfg.spray and not self.cfg.ordered:
             self.reps.feedback(pkt.entropy, pkt.ce)
         self.window.on_ack(acked_bytes, rtt, pkt.ce, now)
-        for psn in list(self.outstanding):  # lost: overtaken by enough acknowledged packets
-            if psn not in self.queued and \
-                    self.highest_acked_tsn - self.tsn_of[psn] > self.cfg.reorder_threshold:
+        order = self.sent_order  # lost: overtaken by enough acknowledged transmissions
+        while order and self.highest_acked_tsn - order[0][0] > self.cfg.reorder_threshold:
+            tsn, psn = order.popleft()
+            if psn in self.outstanding and self.tsn_of[psn] == tsn and psn not in self.queued:
                 self.stats["sack_losses"] += 1
-                self.outstanding.pop(psn)
+                self._forget(psn)
                 self._queue_retx(psn)
 
     def timer(self) -> float | None:
@@ -278,7 +291,7 @@ class UetSender:
             self.window.on_timeout()
             oldest = min(set(self.outstanding) | set(self.retx), default=None)
             if oldest is not None and oldest not in self.queued:
-                self.outstanding.pop(oldest, None)
+                self._forget(oldest)
                 self._queue_retx(oldest)
                 self.retx.rotate(1)  # the oldest first
             self.progress_at = now
