@@ -239,6 +239,8 @@ class Agent:
                 FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
                 for k, n, is_send in flows if not is_send),
                 _delta(before, self.engine.summary()) if self.engine else None))
+        if self.engine is not None:  # a receiver's last ACK may be lost: it keeps answering
+            self.barrier()  # retransmissions until every rank's sends are acknowledged
         return results
 
     def _dispatch(self, sending: bool, queues: dict, work: Work, channel: int) -> None:
