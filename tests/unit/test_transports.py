@@ -175,7 +175,7 @@ def test_uet_retransmits_only_what_was_lost():
 
 
 def test_uet_rod_mode_orders_like_roce():
-    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, ordered=True)
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, ordered=True, init_bdps=4)
     tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
     tx.offer(20 * MSS)
     run(tx, rx, mangle=lambda pkt, n: [0.0015] if n == 3 else [0.0])
@@ -220,3 +220,21 @@ def test_the_window_cuts_only_when_ce_and_delay_agree():
     cut = w.cwnd
     w.on_ack(MSS, 0.0105, ce=False, now=0.1)  # near the base RTT: a packet per ACK
     assert w.cwnd == cut + MSS
+
+
+def test_an_ack_covers_two_in_order_packets_and_echoes_both_entropies():
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, ack_delay_s=0.005)
+    rx = UetReceiver(QP, cfg)
+    data = [Packet(Kind.DATA, QP, psn, length=MSS, entropy=10 + psn, sent_ns=psn)
+            for psn in range(4)]
+    assert rx.on_packet(data[0], 0.0) == [] and rx.timer() == 0.005
+    data[1].flags |= Flag.CE
+    (ack,) = rx.on_packet(data[1], 0.001)
+    assert (ack.ack, ack.entropy, ack.entropy2, ack.ce) == (2, 11, 10, True)
+    assert ack.flags & Flag.ENTROPY2 and rx.timer() is None
+    (late,) = rx.on_packet(data[3], 0.002)  # out of order: at once, with the SACK bit
+    assert (late.ack, late.sack) == (2, 0b1) and not late.flags & Flag.ENTROPY2
+    assert rx.on_packet(data[2], 0.003)[0].ack == 4
+    rx.on_packet(Packet(Kind.DATA, QP, 4, length=MSS, entropy=1), 0.004)
+    (timed,) = rx.on_timer(0.010)  # a lone packet is acknowledged after the delay
+    assert timed.ack == 5 and rx.stats["acks"] == 4

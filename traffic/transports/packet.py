@@ -1,8 +1,9 @@
 """The wire format shared by the UDP transports, and the scaling of their constants.
 
 One header, big-endian, before a zero payload: kind, flags, queue pair (sender rank, channel),
-packet sequence number, cumulative ACK, entropy, a 64-bit SACK bitmap and the sender's send
-time (echoed in ACKs, for delay).
+packet sequence number, cumulative ACK, entropy (and a second one: an ACK that covers two
+packets echoes both), a 64-bit SACK bitmap and the sender's send time (echoed in ACKs, for
+delay).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Flag(IntEnum):
     CE = 1  # DATA arrived with CE / the ACK echoes it
     RETX = 2  # a retransmission
     LAST = 4  # the last packet of a message
+    ENTROPY2 = 8  # the ACK echoes a second entropy
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class Packet:
     sack: int = 0  # bit i: PSN ack + 1 + i received
     sent_ns: int = 0
     flags: int = 0
+    entropy2: int = 0
 
     @property
     def ce(self) -> bool:
@@ -52,19 +55,19 @@ class Packet:
     def encode(self) -> bytes:
         """The header (the engine appends ``length`` payload bytes to DATA)."""
         return HEADER.pack(self.kind, self.flags, VERSION, self.qp[0], self.qp[1], self.psn,
-                           self.ack, self.entropy, 0, self.sack, self.sent_ns)
+                           self.ack, self.entropy, self.entropy2, self.sack, self.sent_ns)
 
     @classmethod
     def decode(cls, data: bytes) -> Packet:
         """Raises ValueError for a short or foreign datagram."""
         if len(data) < HEADER.size:
             raise ValueError(f"datagram of {len(data)} bytes is shorter than the header")
-        kind, flags, version, src, ch, psn, ack, entropy, _pad, sack, sent = \
+        kind, flags, version, src, ch, psn, ack, entropy, entropy2, sack, sent = \
             HEADER.unpack_from(data)
         if version != VERSION or kind not in Kind.__members__.values():
             raise ValueError(f"not a transport packet (version {version}, kind {kind})")
         return cls(Kind(kind), (src, ch), psn, ack, len(data) - HEADER.size, entropy, sack, sent,
-                   flags)
+                   flags, entropy2)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ Sender (one per queue pair):
   ACK near the base RTT, else by one packet per window). Sending is paced at the line rate
   within the window.
 
-Receiver: places packets in any order, acknowledges every packet (echoing its entropy, CE and send
-time), and NACKs the first missing PSN once ``reorder_threshold`` later packets have arrived.
+Receiver: places packets in any order and acknowledges them (one ACK per two in-order packets,
+echoing both entropies, CE if either had it, and the latest send time; at once for anything out
+of order, a duplicate or a message's end), and NACKs the first missing PSN once
+``reorder_threshold`` later packets have arrived.
 ``ordered=True`` (ROD) accepts only the next PSN, as RoCE does, and NAKs the gap (go back N).
 """
 
@@ -51,10 +53,13 @@ class UetConfig:
     md: float = 0.3
     max_bdps: float = 4.0  # the window's ceiling, in bandwidth-delay products
     init_bdps: float = 1.0
+    ack_every: int = 2  # an ACK covers up to this many in-order packets (both entropies echoed)
+    ack_delay_s: float = 0.001
 
     @classmethod
     def scaled(cls, scale: Scale, **kw) -> UetConfig:
         kw.setdefault("rto_s", scale.rto_s)
+        kw.setdefault("ack_delay_s", max(0.001, scale.base_rtt_s / 4))
         return cls(scale.mss, scale.rate_bps, scale.base_rtt_s, **kw)
 
     @property
@@ -271,6 +276,8 @@ class UetSender:
             self.stats["ce_acks"] += 1
         if self.cfg.spray and not self.cfg.ordered:
             self.reps.feedback(pkt.entropy, pkt.ce)
+            if pkt.flags & Flag.ENTROPY2:
+                self.reps.feedback(pkt.entropy2, pkt.ce)
         self.window.on_ack(acked_bytes, rtt, pkt.ce, now)
         order = self.sent_order  # lost: overtaken by enough acknowledged transmissions
         while order and self.highest_acked_tsn - order[0][0] > self.cfg.reorder_threshold:
@@ -316,7 +323,10 @@ class UetReceiver:
         self.placed: dict[int, int] = {}  # PSN above cum -> its length
         self.delivered = 0  # bytes of the contiguous prefix
         self.nacked = -1
-        self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "ce": 0}
+        self.pending: list[Packet] = []  # received, not yet acknowledged
+        self.ack_due: float | None = None
+        self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "ce": 0,
+                      "acks": 0}
 
     def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
         st = self.stats
@@ -330,30 +340,57 @@ class UetReceiver:
                 st["naks"] += 1
                 out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
             return out
+        in_order = False
+        cum_before = self.cum
         if pkt.psn < self.cum or pkt.psn in self.placed:
             st["duplicates"] += 1
         else:
             if pkt.psn != self.cum:
                 st["out_of_order"] += 1
+            else:
+                in_order = True
             self.placed[pkt.psn] = pkt.length
             while self.cum in self.placed:
                 self.delivered += self.placed.pop(self.cum)
                 self.cum += 1
-        sack = 0
-        for psn in self.placed:
-            if self.cum < psn <= self.cum + SACK_BITS:
-                sack |= 1 << (psn - self.cum - 1)
-        out.append(Packet(Kind.ACK, self.qp, psn=pkt.psn, ack=self.cum, entropy=pkt.entropy,
-                          sack=sack, sent_ns=pkt.sent_ns, flags=Flag.CE if pkt.ce else 0))
-        beyond = sum(1 for psn in self.placed if psn > self.cum)
+        self.pending.append(pkt)
+        if (in_order and self.cum == cum_before + 1 and len(self.pending) < self.cfg.ack_every
+                and not pkt.flags & Flag.LAST and not self.placed):
+            if self.ack_due is None:
+                self.ack_due = now + self.cfg.ack_delay_s
+        else:  # out of order, a gap filled, a duplicate, a message's end, or enough: at once
+            out.append(self._ack())
+        beyond = len(self.placed)
         if beyond >= self.cfg.reorder_threshold and self.nacked != self.cum:
             self.nacked = self.cum
             st["naks"] += 1
             out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
         return out
 
+    def _ack(self) -> Packet:
+        """One ACK for the pending packets: the cumulative PSN, the SACK map, the latest
+        packet's entropy and send time, the one before's entropy, CE if any carried it."""
+        last = self.pending[-1]
+        ce = any(p.ce for p in self.pending)
+        flags = Flag.CE if ce else 0
+        entropy2 = 0
+        if len(self.pending) > 1:
+            flags |= Flag.ENTROPY2
+            entropy2 = self.pending[-2].entropy
+        self.pending = []
+        self.ack_due = None
+        sack = 0
+        for psn in self.placed:
+            if self.cum < psn <= self.cum + SACK_BITS:
+                sack |= 1 << (psn - self.cum - 1)
+        self.stats["acks"] += 1
+        return Packet(Kind.ACK, self.qp, psn=last.psn, ack=self.cum, entropy=last.entropy,
+                      sack=sack, sent_ns=last.sent_ns, flags=flags, entropy2=entropy2)
+
     def timer(self) -> float | None:
-        return None
+        return self.ack_due
 
     def on_timer(self, now: float) -> list[Packet]:
+        if self.ack_due is not None and now >= self.ack_due and self.pending:
+            return [self._ack()]
         return []
