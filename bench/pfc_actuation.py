@@ -12,9 +12,12 @@ leave, and the port never resumes within a trial. HTB charges each frame to the 
 the class's rate *at that moment* and keeps the debt across a change: one 9 KB frame at 8 kbit/s
 is 9 s of debt, repaid in time whatever the new rate. A pause built on HTB rate changes is
 therefore not a pause. TBF resets its bucket on ``tc qdisc change`` (tried by hand on a veth
-pair: stop after 1-2 frames in 1.6-2.7 ms), but its resume waited 74-80 ms, not yet explained
-(a second change right after the release does not shorten it): the PFC agent's actuator should
-be a TBF per lossless class, once that wait is understood.
+pair: stop after 1-2 frames in 1.6-2.7 ms). Its resume looked slow (74-80 ms) only because a
+qdisc dequeues on an enqueue or its timer: with the senders blocked behind a pause nothing is
+enqueued, and a paused TBF's timer is seconds away. Measured in process (pyroute2, no fork): a
+resume took 1.7-2.3 ms with a sender still enqueueing, 60-200 ms with it stopped, 1.8-2.4 ms
+with one kick frame sent through the port after the change. That is the PFC agent's actuator
+(``testbed/pfc.py``: a TBF per lossless class, prebuilt raw requests, a kick on resume).
 
 Usage: bench/pfc_actuation.py [--trials 20] [--cut-burst] [--json out.json]
 """

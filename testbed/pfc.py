@@ -25,7 +25,7 @@ import threading
 import time
 
 from testbed.congestion import PfcThresholds
-from testbed.netlink import HTB_HANDLE, Netlink, TbfChanger, in_netns
+from testbed.netlink import HTB_HANDLE, Netlink, RawTc, in_netns
 from testbed.pause import Action, Feeder, PauseState
 from testbed.tcplan import ClassPlan, Shaping
 from testbed.topology import feeds as can_feed
@@ -74,8 +74,8 @@ class PfcAgent:
             for prio in thresholds.priorities:
                 cls = _class(plan, prio)
                 self.requests[(port, prio)] = (
-                    pid, TbfChanger.request(index, prio, plan.paused(cls)),
-                    TbfChanger.request(index, prio, plan.running(cls)))
+                    pid, RawTc.request(index, prio, plan.paused(cls)),
+                    RawTc.request(index, prio, plan.running(cls)))
         self.lock = threading.Lock()
         self.reactions_s: list[float] = []  # per pause: previous sample -> change applied
         self.apply_s: list[float] = []  # per pause or resume: the netlink change alone
@@ -90,7 +90,7 @@ class PfcAgent:
         cpu0 = time.thread_time()
         last_rx: dict[tuple[str, int], int] = {}
         prev = time.monotonic()
-        changer = TbfChanger()
+        changer = RawTc()
         with Netlink() as nl:  # its own sockets: pyroute2 sockets are not shared across threads
             try:
                 while not stop.wait(max(0.0, self.th.poll_s - (time.monotonic() - prev))):
@@ -127,7 +127,7 @@ class PfcAgent:
                 changer.close()
                 self.cpu_s = time.thread_time() - cpu0
 
-    def _apply(self, changer: TbfChanger, action: Action, sampled_at: float) -> None:
+    def _apply(self, changer: RawTc, action: Action, sampled_at: float) -> None:
         pid, pause, resume = self.requests[(action.port, action.priority)]
         t0 = time.monotonic()
         changer.send(pid, pause if action.pause else resume,

@@ -5,9 +5,9 @@ leaves), what the eBPF marker marks at a switch port, and how much the switches'
 
 from __future__ import annotations
 
-from testbed.congestion import PRIORITIES, EcnMode, EcnThresholds
+from testbed.congestion import PRIORITIES, EcnMode, EcnThresholds, frame_bytes
 from testbed.spec import TestbedSpec
-from testbed.tcplan import ETH_HEADER, Shaping, plan_shaping
+from testbed.tcplan import Shaping, plan_shaping
 from testbed.topology import Link
 
 #: A host NIC's lossless queue: more than the socket buffers of its senders, which block
@@ -69,7 +69,7 @@ def switch_queue_bytes(spec: TestbedSpec, red_marking: bool = False) -> int:
         elif plan.queue_kind == "bfifo":
             per_port = plan.queue_limit
         else:  # a packet count
-            per_port = plan.queue_limit * (spec.fabric.mtu + ETH_HEADER)
+            per_port = plan.queue_limit * frame_bytes(spec.fabric.mtu)
         ends = sum(1 for e in (link.a, link.b) if spec.topology.nodes[e.node].is_switch)
         total += per_port * ends
     return total

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.congestion import frame_bytes
 from testbed.spec import DEFAULT_QUEUE_KB
 
 GSO_MAX_BYTES = 65536
@@ -27,7 +28,6 @@ HTB_MAX_QUANTUM = 200000
 BURST_TIME_S = 0.001  # tokens for 1 ms at line rate, at least one super-packet
 HTB_MAJOR = 0x10000  # 1:
 CLASS_BASE = 0x10  # priority p's class is 1:(0x10 + p), its leaf (0x10 + p):
-ETH_HEADER = 14
 TBF_RUN_FACTOR = 2  # an unpaused lossless TBF runs at twice the port's rate
 TBF_MAX_BUFFER_S = 4.0  # the kernel clamps TBF's bucket to 2^32 ns
 PAUSE_MIN_KBIT = 20
@@ -112,7 +112,7 @@ class Shaping:
     def paused(self, cls: ClassPlan) -> TbfSetting:
         """The same TBF paused: a bucket of one frame (so nothing larger is dropped at enqueue)
         at the slowest rate whose bucket the kernel still holds (one frame per 4 s)."""
-        frame = self.mtu + ETH_HEADER
+        frame = frame_bytes(self.mtu)
         kbit = max(PAUSE_MIN_KBIT, -(-frame * 8 // int(TBF_MAX_BUFFER_S * 1000)))
         return TbfSetting(kbit, frame, cls.limit_bytes)
 
@@ -121,7 +121,7 @@ def red_plan(mode: str, k_bytes: int, kmin_bytes: int, kmax_bytes: int, pmax: fl
              limit_bytes: int, mtu: int) -> RedPlan | None:
     """The RED leaf that marks like the eBPF marker's ``step`` or ``red`` mode (None: off)."""
     if mode == "step":
-        return RedPlan(k_bytes, k_bytes + mtu + ETH_HEADER, 1.0, limit_bytes)
+        return RedPlan(k_bytes, k_bytes + frame_bytes(mtu), 1.0, limit_bytes)
     if mode == "red":
         return RedPlan(kmin_bytes, kmax_bytes, pmax, limit_bytes)
     return None
@@ -153,17 +153,17 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
     rate_bytes_s = rate_mbps * 1e6 / 8
     burst = int(max(rate_bytes_s * BURST_TIME_S, GSO_MAX_BYTES + mtu))
     if lossless:  # a paused class saves up its burst and sends it at once when resumed
-        burst = int(max(rate_bytes_s * BURST_TIME_S, LOSSLESS_BURST_FRAMES * (mtu + ETH_HEADER)))
-    quantum = int(min(HTB_MAX_QUANTUM, max(mtu + 14, GSO_MAX_BYTES)))
+        burst = int(max(rate_bytes_s * BURST_TIME_S, LOSSLESS_BURST_FRAMES * frame_bytes(mtu)))
+    quantum = int(min(HTB_MAX_QUANTUM, max(frame_bytes(mtu), GSO_MAX_BYTES)))
     if queue_packets is not None:
         kind, limit = "pfifo", int(queue_packets)
     else:
         kind, limit = "bfifo", int((queue_kb if queue_kb is not None else DEFAULT_QUEUE_KB)
                                      * 1024)
     if delay_us:
-        packets = limit if kind == "pfifo" else max(1, -(-limit // (mtu + 14)))
+        packets = limit if kind == "pfifo" else max(1, -(-limit // frame_bytes(mtu)))
         # netem holds the packets in flight on the delay line too: add the bandwidth-delay product
-        packets += int(rate_bytes_s * delay_us / 1e6 / (mtu + 14)) + 1
+        packets += int(rate_bytes_s * delay_us / 1e6 / frame_bytes(mtu)) + 1
         return Shaping(round(rate_mbps * 1000), burst, quantum, "netem", packets,
                        float(delay_us), mtu=mtu)
     rate_kbit = round(rate_mbps * 1000)

@@ -226,6 +226,13 @@ def _dpid(role: str, group: int, index: int) -> int:
     return (_ROLE_CODE[role] << 40) | (group << 16) | index
 
 
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(name, f"must be between {low} and {high}, got {value}")
+
+
 def _check_rate(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         raise ConfigError(name, f"must be a number > 0, got {value!r}")
@@ -326,10 +333,7 @@ def leaf_spine(leaves: int, spines: int, hosts_per_leaf: int, host_rate_mbps: fl
     """
     for name, value, low, high in (("leaves", leaves, 1, 254), ("spines", spines, 1, 254),
                                    ("hosts_per_leaf", hosts_per_leaf, 1, 253)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(name, f"must be an integer, got {value!r}")
-        if not low <= value <= high:
-            raise ConfigError(name, f"must be between {low} and {high}, got {value}")
+        _check_int(name, value, low, high)
     _check_rate("host_rate_mbps", host_rate_mbps)
     _check_rate("fabric_rate_mbps", fabric_rate_mbps)
     b = _Builder()
@@ -362,10 +366,7 @@ def ring(leaves: int, hosts_per_leaf: int, host_rate_mbps: float = 100.0,
     """
     for name, value, low, high in (("leaves", leaves, 3, 254),
                                    ("hosts_per_leaf", hosts_per_leaf, 1, 253)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(name, f"must be an integer, got {value!r}")
-        if not low <= value <= high:
-            raise ConfigError(name, f"must be between {low} and {high}, got {value}")
+        _check_int(name, value, low, high)
     _check_rate("host_rate_mbps", host_rate_mbps)
     _check_rate("fabric_rate_mbps", fabric_rate_mbps)
     b = _Builder()

@@ -20,16 +20,10 @@ from testbed.errors import TestbedError
 from testbed.files import write_text_atomic
 from traffic.protocol import AgentReport
 from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
-from traffic.transports.packet import HEADER
+from traffic.transports.packet import mss_for
 from traffic.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job
 
 START_DELAY_S = 1.0
-
-
-def mss_for(mtu: int) -> int:
-    """Payload bytes of a UDP transport packet in one frame: the MTU less IPv4, UDP and the
-    transport's header."""
-    return mtu - 20 - 8 - HEADER.size
 
 
 @dataclass(frozen=True)

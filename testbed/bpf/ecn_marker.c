@@ -114,6 +114,17 @@ struct {
 	__type(value, struct rx_counters);
 } fl_rx SEC(".maps");
 
+/* The entry of a (port, priority) key in a counter map, created zeroed on first use. */
+static __always_inline void *counter(void *map, struct count_key *key, void *zero)
+{
+	void *c = bpf_map_lookup_elem(map, key);
+
+	if (c)
+		return c;
+	bpf_map_update_elem(map, key, zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, key);
+}
+
 /* The priority of an IPv4 packet through the port's DSCP table (-1: not IPv4). */
 static __always_inline int ip_priority(struct __sk_buff *skb, const struct port_cfg *cfg,
 				       __u8 *ecn)
@@ -167,11 +178,7 @@ int ecn_marker(struct __sk_buff *skb)
 			skb->priority = HTB_MAJOR | (CLASS_BASE + key.prio);
 	}
 	if (cfg->drop_ppm && bpf_get_prandom_u32() % PROB_SCALE < cfg->drop_ppm) {
-		c = bpf_map_lookup_elem(&fl_count, &key);
-		if (!c) {
-			bpf_map_update_elem(&fl_count, &key, &zero, BPF_NOEXIST);
-			c = bpf_map_lookup_elem(&fl_count, &key);
-		}
+		c = counter(&fl_count, &key, &zero);
 		if (c)
 			__sync_fetch_and_add(&c->loss_drops, 1);
 		return TC_ACT_SHOT;
@@ -202,13 +209,9 @@ int ecn_marker(struct __sk_buff *skb)
 		q->max_bytes = backlog;
 	bpf_spin_unlock(&q->lock);
 
-	c = bpf_map_lookup_elem(&fl_count, &key);
-	if (!c) {
-		bpf_map_update_elem(&fl_count, &key, &zero, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&fl_count, &key);
-		if (!c)
-			return TC_ACT_OK;
-	}
+	c = counter(&fl_count, &key, &zero);
+	if (!c)
+		return TC_ACT_OK;
 	__sync_fetch_and_add(&c->packets, 1);
 	__sync_fetch_and_add(&c->bytes, len);
 	if (drop)
@@ -243,13 +246,9 @@ int rx_count(struct __sk_buff *skb)
 	ip_prio = ip_priority(skb, cfg, &ecn);
 	if (ip_prio > 0)
 		key.prio = ip_prio;
-	c = bpf_map_lookup_elem(&fl_rx, &key);
-	if (!c) {
-		bpf_map_update_elem(&fl_rx, &key, &zero, BPF_NOEXIST);
-		c = bpf_map_lookup_elem(&fl_rx, &key);
-		if (!c)
-			return TC_ACT_OK;
-	}
+	c = counter(&fl_rx, &key, &zero);
+	if (!c)
+		return TC_ACT_OK;
 	__sync_fetch_and_add(&c->packets, 1);
 	__sync_fetch_and_add(&c->bytes, skb->len);
 	return TC_ACT_OK;

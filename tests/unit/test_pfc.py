@@ -17,7 +17,7 @@ from testbed.congestion import (
     summarize_congestion,
 )
 from testbed.errors import ConfigError
-from testbed.netlink import TbfChanger
+from testbed.netlink import RawTc
 from testbed.pause import Feeder, PauseState
 from testbed.tcplan import TBF_MAX_BUFFER_S, class_id, leaf_handle, plan_shaping, priority_of_leaf
 from testbed.topology import feeds, leaf_spine
@@ -160,7 +160,7 @@ def test_the_plan_gives_each_priority_a_class_and_a_lossless_one_a_tbf():
 def test_the_actuator_request_is_a_tbf_change_of_the_priority_leaf():
     plan = plan_shaping(10, 9000, 128, priorities=(0, 3), lossless={3: 300 * KB})
     paused = plan.paused(plan.classes[1])
-    msg = TbfChanger.request(42, 3, paused)
+    msg = RawTc.request(42, 3, paused)
     length, kind, flags = struct.unpack_from("=IHH", msg)
     assert (length, kind, flags) == (len(msg), 36, 0x5)  # RTM_NEWQDISC, request + ack: change
     _family, index, handle, parent, _ = struct.unpack_from("=BxxxiIII", msg, 16)

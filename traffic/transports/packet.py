@@ -70,6 +70,21 @@ class Packet:
                    flags, entropy2)
 
 
+def packetize(lengths: list[int], last_of_message: set[int], nbytes: int, mss: int) -> int:
+    """Append a message of ``nbytes`` to a queue pair's packets (payload length per PSN; an
+    empty message is one empty packet) and mark its last; returns the PSN it ends before."""
+    for offset in range(0, max(nbytes, 1), mss):
+        lengths.append(min(mss, nbytes - offset) if nbytes else 0)
+    last_of_message.add(len(lengths) - 1)
+    return len(lengths)
+
+
+def mss_for(mtu: int) -> int:
+    """Payload bytes of a transport packet in one frame: the MTU less IPv4, UDP and the
+    transport's header."""
+    return mtu - 20 - 8 - HEADER.size
+
+
 @dataclass(frozen=True)
 class Scale:
     """Constants of data-center transports, which assume microsecond RTTs and 10-400 Gbit/s,

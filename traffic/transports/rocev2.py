@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from traffic.transports.packet import Flag, Kind, Packet, Scale
+from traffic.transports.packet import Flag, Kind, Packet, Scale, packetize
 
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP headers around a transport packet
 INF = float("inf")
@@ -169,11 +169,7 @@ class RoceSender:
     # -- the application's side ------------------------------------------------------------
     def offer(self, nbytes: int) -> int:
         """Queue a message; returns the PSN its last packet ends before (done when acked)."""
-        mss = self.cfg.mss
-        for offset in range(0, max(nbytes, 1), mss):
-            self.lengths.append(min(mss, nbytes - offset) if nbytes else 0)
-        self.last_of_message.add(len(self.lengths) - 1)
-        return len(self.lengths)
+        return packetize(self.lengths, self.last_of_message, nbytes, self.cfg.mss)
 
     @property
     def acked(self) -> int:

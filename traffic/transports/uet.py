@@ -30,7 +30,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from traffic.transports.packet import SACK_BITS, Flag, Kind, Packet, Scale
+from traffic.transports.packet import SACK_BITS, Flag, Kind, Packet, Scale, packetize
 from traffic.transports.rocev2 import WIRE_OVERHEAD
 
 INF = float("inf")
@@ -159,15 +159,7 @@ class UetSender:
     # -- the application's side ------------------------------------------------------------
     def offer(self, nbytes: int) -> int:
         """Queue a message; returns the PSN its last packet ends before (done when acked)."""
-        mss = self.cfg.mss
-        for offset in range(0, max(nbytes, 1), mss):
-            self.lengths.append(min(mss, nbytes - offset) if nbytes else 0)
-        self.last_of_message.add(len(self.lengths) - 1)
-        return len(self.lengths)
-
-    @property
-    def acked_until(self) -> int:
-        return self.una
+        return packetize(self.lengths, self.last_of_message, nbytes, self.cfg.mss)
 
     def inflight_bytes(self) -> int:
         return self.inflight
