@@ -64,7 +64,8 @@ class FabricController(app_manager.OSKenApp):
         super().__init__(*args, **kwargs)
         conf = self.CONF.fabriclab
         with open(conf.topology, encoding="utf-8") as fh:
-            self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed)
+            self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed,
+                                       conf.ecmp_selection)
         self.session = Session(self.policy)
         self.status_path = conf.status
         self.lock = threading.RLock()

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from testbed.spec import ControllerSpec, EcmpSeed, Routing
+from testbed.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults.routing)
     parser.add_argument("--ecmp-seed", type=EcmpSeed, choices=list(EcmpSeed),
                         default=defaults.ecmp_seed)
+    parser.add_argument("--ecmp-selection", type=EcmpSelection, choices=list(EcmpSelection),
+                        default=defaults.ecmp_selection)
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
@@ -39,13 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     from os_ken.controller import controller  # noqa: F401 - registers the ofp-* options
 
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in
-                            ("topology", "status", "routing", "ecmp_seed")], group="fabriclab")
+                            ("topology", "status", "routing", "ecmp_seed", "ecmp_selection")],
+                           group="fabriclab")
     cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
     cfg.CONF.set_override("status", args.status, group="fabriclab")
     cfg.CONF.set_override("routing", str(args.routing), group="fabriclab")
     cfg.CONF.set_override("ecmp_seed", str(args.ecmp_seed), group="fabriclab")
+    cfg.CONF.set_override("ecmp_selection", str(args.ecmp_selection), group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

@@ -1,5 +1,5 @@
 """Policy ops -> OpenFlow 1.5 messages (os-ken's parser classes), and the one property os-ken
-has no class for: Open vSwitch's ``selection_method=hash`` group property.
+has no class for: Open vSwitch's ``selection_method`` group property.
 
 The translation needs only a datapath's ``ofproto`` and ``ofproto_parser`` modules, so it is
 tested offline against os-ken's own OpenFlow 1.5 parser (serialize, then parse back).
@@ -14,10 +14,16 @@ from controllers.policy import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKin
 
 
 class HashSelection:
-    """Open vSwitch's group property ``selection_method=hash`` (an ONF/NTR experimenter
-    property of OpenFlow 1.5 group mods): the switch hashes the 5-tuple with ``basis`` to pick a
-    bucket, in the slow path, so the datapath needs no recirculation (OVS's default, dp_hash,
-    recirculates every packet and seeds every switch alike)."""
+    """Open vSwitch's group property ``selection_method`` (an ONF/NTR experimenter property of
+    OpenFlow 1.5 group mods), with the switch's ``basis``:
+
+    * ``hash``: the switch hashes the 5-tuple fields listed in the property, in the slow path:
+      no recirculation, and ``ofproto/trace`` resolves the bucket, but every new 5-tuple (a
+      sprayed packet's new source port) is an upcall and a datapath flow of its own;
+    * ``dp_hash``: the datapath hashes the 5-tuple (``hash(l4(basis))``, the basis in the low
+      32 bits of the parameter, algorithm 0 above) and recirculates; its flows match the hash's
+      bucket bits only, so spraying costs no upcalls, but a trace stops at the recirculation.
+    """
 
     EXPERIMENTER_NTR = 0x0000154D
     NTRT_SELECTION_METHOD = 1
@@ -25,16 +31,20 @@ class HashSelection:
     # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
     FIELDS = ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2))
 
-    def __init__(self, basis: int) -> None:
+    def __init__(self, basis: int, method: str = "hash") -> None:
+        if method not in ("hash", "dp_hash"):
+            raise ValueError(f"unknown selection method {method!r}")
         self.basis = basis
+        self.method = method
 
     def serialize(self) -> bytes:
-        fields = b"".join(struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
-                          for field, width in self.FIELDS)
+        fields = b"" if self.method == "dp_hash" else b"".join(
+            struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
+            for field, width in self.FIELDS)  # dp_hash takes no field list
         length = 40 + len(fields)
         body = struct.pack("!HHII4x16sQ", self.OFPGPT_EXPERIMENTER, length,
-                           self.EXPERIMENTER_NTR, self.NTRT_SELECTION_METHOD, b"hash",
-                           self.basis) + fields
+                           self.EXPERIMENTER_NTR, self.NTRT_SELECTION_METHOD,
+                           self.method.encode(), self.basis & 0xFFFFFFFF) + fields
         return body + b"\0" * (-len(body) % 8)
 
 
@@ -58,7 +68,8 @@ def _group(command: str) -> Callable[[object, Op], list]:
             bucket_id=i, actions=[parser.OFPActionOutput(p)],
             properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)])
             for i, p in enumerate(entry.ports)]
-        props = [] if op.kind == OpKind.GROUP_DEL else [HashSelection(entry.hash_basis)]
+        props = [] if op.kind == OpKind.GROUP_DEL else [
+            HashSelection(entry.hash_basis, entry.selection)]
         return [parser.OFPGroupMod(dp, command=getattr(ofp, command), type_=ofp.OFPGT_SELECT,
                                    group_id=entry.group_id, buckets=buckets, properties=props)]
     return build

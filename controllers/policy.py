@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from testbed.spec import EcmpSeed, Routing
+from testbed.spec import EcmpSeed, EcmpSelection, Routing
 from testbed.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
 
 ETH_TYPE_IPV4 = 0x0800
@@ -64,11 +64,13 @@ class FlowEntry:
 @dataclass(frozen=True)
 class GroupEntry:
     """An OpenFlow SELECT group; each bucket outputs to (and watches) one port. The switch picks
-    a bucket by hashing the 5-tuple with ``hash_basis``."""
+    a bucket by hashing the 5-tuple with ``hash_basis``, in the slow path (``hash``) or in the
+    datapath (``dp_hash``)."""
 
     group_id: int
     ports: tuple[int, ...]
     hash_basis: int = SHARED_HASH_BASIS
+    selection: str = "hash"
 
 
 @dataclass
@@ -139,7 +141,8 @@ def hash_basis(switch: Node, seed: str) -> int:
 
 
 def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = Routing.ECMP,
-                   ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH) -> dict[str, SwitchTables]:
+                   ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
+                   ecmp_selection: EcmpSelection = EcmpSelection.HASH) -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
@@ -147,14 +150,16 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
         link_up: link name -> up; links not present count as up.
         routing: ``ecmp`` or ``dmodk``.
         ecmp_seed: ``per_switch`` or ``shared`` hash basis (ecmp only).
+        ecmp_selection: ``hash`` or ``dp_hash`` (ecmp only).
 
     Returns:
         switch name -> desired tables.
     """
     routing, ecmp_seed = Routing(routing), EcmpSeed(ecmp_seed)  # ValueError when unknown
+    selection = EcmpSelection(ecmp_selection)
     tables = _base_tables(topo)
     if routing == Routing.ECMP:
-        _add_ecmp(topo, link_up, ecmp_seed, tables)
+        _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
     else:
         _add_dmodk(topo, link_up, tables)
     return tables
@@ -180,7 +185,7 @@ def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
     return tables
 
 
-def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str,
+def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: str,
               tables: dict[str, SwitchTables]) -> None:
     for gid, dst in enumerate(topo.access_switches, start=1):
         dist = _distances_to(topo, dst.name, link_up)
@@ -188,7 +193,7 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str,
             if sw.name == dst.name:
                 continue
             ports = tuple(sorted(_next_hops(topo, sw.name, dist, link_up)))
-            tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed)))
+            tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed), str(selection)))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
 
@@ -294,13 +299,16 @@ class FabricPolicy:
         topo: the intended topology.
         routing: the routing mode.
         ecmp_seed: the ECMP hash basis (ecmp only).
+        ecmp_selection: where the ECMP hash is computed (ecmp only).
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
-                 ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH) -> None:
+                 ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
+                 ecmp_selection: EcmpSelection = EcmpSelection.HASH) -> None:
         self.topo = topo
         self.routing = Routing(routing)
         self.ecmp_seed = EcmpSeed(ecmp_seed)
+        self.ecmp_selection = EcmpSelection(ecmp_selection)
         self.port_up: dict[tuple[str, int], bool] = {}
         self.installed: dict[str, SwitchTables] = {}
         self.connected: set[str] = set()
@@ -320,7 +328,7 @@ class FabricPolicy:
     def desired(self) -> dict[str, SwitchTables]:
         if self._desired is None:
             self._desired = compute_tables(self.topo, self.link_state(), self.routing,
-                                           self.ecmp_seed)
+                                           self.ecmp_seed, self.ecmp_selection)
         return self._desired
 
     # -- events -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from testbed.spec import (
     Backend,
     ControllerSpec,
     EcmpSeed,
+    EcmpSelection,
     EcnMarker,
     EmulatorSpec,
     FabricSpec,
@@ -189,7 +190,8 @@ def _other_config(raw: dict) -> dict[str, str]:
 
 
 # schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
-_CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ready_timeout_s": float}
+_CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
+                     "ready_timeout_s": float}
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
                    "ovs_other_config": _other_config, "queue_sample_ms": float,
                    "ecn_marker": EcnMarker}

@@ -308,6 +308,7 @@ class Fabric:
                "--status", str(self.status_path), "--port", str(self.of_port),
                "--routing", self.spec.controller.routing,
                "--ecmp-seed", self.spec.controller.ecmp_seed,
+               "--ecmp-selection", self.spec.controller.ecmp_selection,
                "--log", str(self.run_dir / "controller.log")]
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,

@@ -44,6 +44,13 @@ class EcmpSeed(StrEnum):
     SHARED = "shared"
 
 
+class EcmpSelection(StrEnum):
+    """How a switch picks an ECMP bucket (both hash the 5-tuple with the switch's basis)."""
+
+    HASH = "hash"  # Open vSwitch's selection_method=hash: in the slow path, once per 5-tuple
+    DP_HASH = "dp_hash"  # the datapath's hash and a recirculation: no upcall per new 5-tuple
+
+
 class Fidelity(StrEnum):
     """What to do with a fabric whose full load exceeds this machine's forwarding budget."""
 
@@ -159,6 +166,7 @@ class ControllerSpec:
 
     routing: Routing = Routing.ECMP
     ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH
+    ecmp_selection: EcmpSelection = EcmpSelection.HASH
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
 

@@ -22,6 +22,10 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
     Returns:
         The node path, hosts included.
     """
+    if fabric.spec.controller.ecmp_selection == "dp_hash":
+        raise TestbedError("ofproto/trace cannot follow a dp_hash group past its recirculation "
+                           "(the datapath computes the hash): trace with "
+                           "controller.ecmp_selection: hash")
     topo = fabric.topo
     end = topo.attachment(src)
     path = [src]

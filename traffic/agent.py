@@ -318,8 +318,14 @@ def _publish_state(agent: Agent, path: str) -> None:
     def loop() -> None:
         last = None
         while True:
-            if agent.state != last:
-                last = agent.state
+            state = agent.state
+            if agent.engine is not None and "waiting" in state:
+                try:
+                    state = "; ".join([state, *agent.engine.stalled()])
+                except RuntimeError:  # a dict changed size under us: next time
+                    pass
+            if state != last:
+                last = state
                 write_text_atomic(path, last)
             time.sleep(0.2)
 

@@ -19,7 +19,10 @@ Algorithms:
 * all_reduce ``tree``: reduce to rank 0 up a binary tree, then broadcast down it (``size`` per
   tree edge each way).
 * reduce_scatter, all_gather ``ring``: ``n - 1`` steps of ``size/n``.
-* all_to_all ``pairwise``: step ``s`` sends to rank ``r + s`` and receives from ``r - s``.
+* all_to_all ``pairwise``: step ``s`` sends to rank ``r + s`` and receives from ``r - s``
+  (MPI's pairwise exchange: a step waits for the previous one's data).
+* all_to_all ``direct``: every rank sends to every other at once, in one step (NCCL's: the
+  sends and receives of a group progress together).
 * broadcast ``ring``: a chain from the root, pipelined in ``chunks`` pieces.
 * send_recv: one transfer from rank 0 to rank 1 (a pipeline-parallel stage boundary).
 * flows: independent point-to-point flows of ``size`` bytes each, all at once (background
@@ -35,7 +38,7 @@ from testbed.errors import ConfigError
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 ALGORITHMS = {"all_reduce": ("ring", "rhd", "tree"), "reduce_scatter": ("ring",),
-              "all_gather": ("ring",), "all_to_all": ("pairwise",), "broadcast": ("ring",),
+              "all_gather": ("ring",), "all_to_all": ("pairwise", "direct"), "broadcast": ("ring",),
               "send_recv": ("direct",)}
 
 
@@ -210,6 +213,14 @@ def _all_to_all(sched: Schedule, _chunks: int) -> None:
             sched.add(s - 1, r, (r + s) % n, per_peer[(r + s) % n])
 
 
+def _all_to_all_direct(sched: Schedule, _chunks: int) -> None:
+    n = sched.ranks
+    per_peer = chunk_sizes(sched.size_bytes, n)
+    for s in range(1, n):
+        for r in range(n):
+            sched.add(0, r, (r + s) % n, per_peer[(r + s) % n])
+
+
 def _broadcast_ring(sched: Schedule, chunks: int) -> None:
     n = sched.ranks
     pieces = chunk_sizes(sched.size_bytes, max(1, min(chunks, sched.size_bytes)))
@@ -229,6 +240,7 @@ BUILDERS: dict[tuple[str, str], Callable[[Schedule, int], None]] = {
     ("reduce_scatter", "ring"): _ring_only,
     ("all_gather", "ring"): _ring_only,
     ("all_to_all", "pairwise"): _all_to_all,
+    ("all_to_all", "direct"): _all_to_all_direct,
     ("broadcast", "ring"): _broadcast_ring,
     ("send_recv", "direct"): _send_recv,
 }

@@ -35,9 +35,12 @@ def _uplink_packets(fabric, before: dict, after: dict) -> dict[str, int]:
             for p in ("leaf1-eth3", "leaf1-eth4")}
 
 
-@pytest.mark.parametrize("spray", [True, False])
-def test_spraying_spreads_one_queue_pair_over_every_uplink(make_fabric, spray):
-    exp = experiment(LS + "workload:\n  collectives:\n    - {op: send_recv, size: 2MiB, "
+@pytest.mark.parametrize("spray,selection", [(True, "hash"), (False, "hash"),
+                                             (True, "dp_hash")])
+def test_spraying_spreads_one_queue_pair_over_every_uplink(make_fabric, spray, selection):
+    # with dp_hash the datapath hashes each packet's 5-tuple itself (no upcall per entropy)
+    exp = experiment(LS + f"controller: {{ecmp_selection: {selection}}}\n"
+                          "workload:\n  collectives:\n    - {op: send_recv, size: 2MiB, "
                           "ranks: [h1_1, h2_1]}\n")
     fabric = make_fabric(exp)
     (job,) = exp.workload.jobs

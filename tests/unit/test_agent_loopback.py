@@ -92,3 +92,34 @@ def test_the_udp_transports_move_every_byte_over_loopback(tmp_path):
         if transport == "uet":
             assert results[0].transport["tx_entropies"] > 4  # sprayed over several ports
         assert results[0].transport["goodput_ratio"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate():
+    import threading
+
+    from traffic.transports.engine import UdpEngine
+    from traffic.transports.packet import Scale, mss_for, wire_bytes
+
+    ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    rate, mss, size = 40e6, mss_for(9000), 1 << 20
+    scale = Scale(rate, 0.001, mss)
+    engines = [UdpEngine("uet", r, ips, _free_port() if r == 0 else 0, scale) for r in range(1)]
+    port = engines[0].port
+    engines += [UdpEngine("uet", r, ips, port, scale) for r in (1, 2)]
+    done = [threading.Event() for _ in range(4)]
+    try:
+        for e in engines:
+            e.start()
+        start = time.monotonic()
+        for i, peer in enumerate((1, 2)):  # two queue pairs of one engine, at once
+            engines[peer].expect(0, 0, size, done[2 + i].set)
+            engines[0].send(peer, 0, size, done[i].set)
+        assert all(d.wait(30) for d in done)
+        elapsed = time.monotonic() - start
+    finally:
+        for e in engines:
+            e.close()
+    packets = -(-size // mss)
+    on_the_wire = 2 * packets * wire_bytes(mss) * 8 / rate  # both at line rate would take half
+    assert elapsed >= 0.95 * on_the_wire, (elapsed, on_the_wire)
+    assert engines[0].summary()["local_drops"] == 0

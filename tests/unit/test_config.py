@@ -50,12 +50,15 @@ def test_defaults_and_overrides():
 
 def test_routing_seed_and_emulator_settings_are_checked():
     base = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
-    exp = config.parse({**base, "controller": {"routing": "dmodk", "ecmp_seed": "shared"},
+    exp = config.parse({**base, "controller": {"routing": "dmodk", "ecmp_seed": "shared",
+                                               "ecmp_selection": "dp_hash"},
                         "emulator": {"vswitchd_instances": 3, "fidelity": "warn"}})
     assert (exp.controller.routing, exp.controller.ecmp_seed) == ("dmodk", "shared")
+    assert exp.controller.ecmp_selection == "dp_hash"
     assert (exp.emulator.vswitchd_instances, exp.emulator.fidelity) == (3, "warn")
     for section, key, value in (("controller", "routing", "spray"),
                                 ("controller", "ecmp_seed", "random"),
+                                ("controller", "ecmp_selection", "random"),
                                 ("emulator", "vswitchd_instances", 0),
                                 ("emulator", "fidelity", "loose")):
         with pytest.raises(ConfigError) as err:
@@ -82,13 +85,14 @@ def test_missing_file():
 
 def test_the_schema_and_the_typed_specs_agree():
     from testbed.congestion import EcnMode
-    from testbed.spec import Backend, EcmpSeed, Fidelity, Routing, TcpCongestion
+    from testbed.spec import Backend, EcmpSeed, EcmpSelection, Fidelity, Routing, TcpCongestion
     from traffic.patterns import PATTERNS
     from traffic.training import TrainingSpec
 
     defs = config.schema()["$defs"]
     assert defs["controller"]["properties"]["routing"]["enum"] == list(Routing)
     assert defs["controller"]["properties"]["ecmp_seed"]["enum"] == list(EcmpSeed)
+    assert defs["controller"]["properties"]["ecmp_selection"]["enum"] == list(EcmpSelection)
     assert defs["emulator"]["properties"]["fidelity"]["enum"] == list(Fidelity)
     assert defs["emulator"]["properties"]["backend"]["enum"] == list(Backend)
     assert defs["ecn_entry"]["properties"]["mode"]["enum"] == list(EcnMode)

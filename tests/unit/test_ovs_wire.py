@@ -47,6 +47,21 @@ def test_hash_selection_property_layout():
     assert fields == [10, 11, 12, 13, 14, 15, 16]  # ip_proto, ipv4 src/dst, tcp/udp ports
 
 
+def test_dp_hash_selection_carries_the_basis_and_no_fields():
+    raw = HashSelection(0xDEADBEEF, "dp_hash").serialize()
+    ptype, length, experimenter, exp_type = struct.unpack_from("!HHII", raw)
+    assert (ptype, length, experimenter, exp_type) == (0xFFFF, 40, 0x154D, 1)
+    assert raw[16:32].rstrip(b"\0") == b"dp_hash"
+    # OVS reads the low 32 bits as the basis, the high ones as the algorithm (0: the 5-tuple)
+    assert struct.unpack_from("!Q", raw, 32)[0] == 0xDEADBEEF and len(raw) == 40
+    try:
+        HashSelection(1, "random")
+    except ValueError as err:
+        assert "random" in str(err)
+    else:
+        raise AssertionError("an unknown selection method was accepted")
+
+
 def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
     import io
     import tarfile

@@ -147,6 +147,19 @@ def test_ecmp_groups_carry_a_per_switch_hash_basis_unless_shared():
         compute_tables(topo, {}, "ecmp", "random")
 
 
+def test_ecmp_groups_say_where_the_hash_is_computed():
+    topo = fat_tree(4)
+    assert {g.selection for t in compute_tables(topo, {}, "ecmp").values()
+            for g in t.groups.values()} == {"hash"}
+    dp = compute_tables(topo, {}, "ecmp", "per_switch", "dp_hash")
+    assert {g.selection for t in dp.values() for g in t.groups.values()} == {"dp_hash"}
+    policy = FabricPolicy(topo, "ecmp", "per_switch", "dp_hash")
+    assert {g.selection for t in policy.desired().values() for g in t.groups.values()} == {
+        "dp_hash"}
+    with pytest.raises(ValueError, match="EcmpSelection"):
+        compute_tables(topo, {}, "ecmp", "per_switch", "random")
+
+
 @pytest.mark.parametrize("topo", [fat_tree(4), fat_tree(6), leaf_spine(3, 2, 2)],
                          ids=["k4", "k6", "leafspine"])
 def test_dmodk_gives_every_pair_exactly_one_shortest_path(topo):

@@ -61,6 +61,15 @@ def test_n_minus_1_over_n_collectives(op, n):
 
 
 @pytest.mark.parametrize("n", RANKS)
+def test_direct_all_to_all_moves_the_pairwise_bytes_in_one_step(n):
+    size = 512 * n + 7
+    pairwise, direct = build("all_to_all", n, size), build("all_to_all", n, size, "direct")
+    assert direct.steps == 1 and pairwise.steps == n - 1
+    assert sorted((t.src, t.dst, t.nbytes) for t in direct.transfers) == sorted(
+        (t.src, t.dst, t.nbytes) for t in pairwise.transfers)
+
+
+@pytest.mark.parametrize("n", RANKS)
 def test_pipelined_broadcast_forwards_every_byte_down_the_chain(n):
     size = 10_001
     sched = build("broadcast", n, size, chunks=4)

@@ -205,12 +205,12 @@ def test_uet_sprays_over_entropies_and_reuses_those_without_ce():
 
 
 def test_the_window_cuts_only_when_ce_and_delay_agree():
-    cfg = UetConfig(MSS, 8e6, 0.010, rto_s=0.05)
+    cfg = UetConfig(MSS, 8e6, 0.010, rto_s=0.05)  # delay target 25 ms
     w = Window(cfg)
     start = w.cwnd
     w.on_ack(MSS, 0.010, ce=True, now=0.0)  # CE at the base RTT: another path is congested
     assert w.cwnd == start and w.cuts == 0
-    w.on_ack(MSS, 0.030, ce=False, now=0.0)  # delay without CE: grow gently
+    w.on_ack(MSS, 0.030, ce=False, now=0.0)  # delay over the target without CE: grow gently
     assert start < w.cwnd <= start + MSS
     start = w.cwnd
     w.on_ack(MSS, 0.030, ce=True, now=0.0)  # both: cut
@@ -218,23 +218,106 @@ def test_the_window_cuts_only_when_ce_and_delay_agree():
     w.on_ack(MSS, 0.030, ce=True, now=0.01)  # within the same RTT: once
     assert w.cuts == 1
     cut = w.cwnd
-    w.on_ack(MSS, 0.0105, ce=False, now=0.1)  # near the base RTT: a packet per ACK
-    assert w.cwnd == cut + MSS
+    w.on_ack(2 * MSS, 0.020, ce=False, now=0.1)  # under the target: the bytes acknowledged
+    assert w.cwnd == cut + 2 * MSS
 
 
-def test_an_ack_covers_two_in_order_packets_and_echoes_both_entropies():
+def test_an_ack_covers_up_to_four_packets_in_any_order_and_echoes_each_entropy():
     cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, ack_delay_s=0.005)
     rx = UetReceiver(QP, cfg)
     data = [Packet(Kind.DATA, QP, psn, length=MSS, entropy=10 + psn, sent_ns=psn)
-            for psn in range(4)]
+            for psn in range(12)]
     assert rx.on_packet(data[0], 0.0) == [] and rx.timer() == 0.005
     data[1].flags |= Flag.CE
-    (ack,) = rx.on_packet(data[1], 0.001)
-    assert (ack.ack, ack.entropy, ack.entropy2, ack.ce) == (2, 11, 10, True)
-    assert ack.flags & Flag.ENTROPY2 and rx.timer() is None
-    (late,) = rx.on_packet(data[3], 0.002)  # out of order: at once, with the SACK bit
-    assert (late.ack, late.sack) == (2, 0b1) and not late.flags & Flag.ENTROPY2
-    assert rx.on_packet(data[2], 0.003)[0].ack == 4
-    rx.on_packet(Packet(Kind.DATA, QP, 4, length=MSS, entropy=1), 0.004)
+    assert rx.on_packet(data[1], 0.001) == []
+    assert rx.on_packet(data[3], 0.002) == []  # out of order: coalesced too (SACK covers it)
+    (filled,) = rx.on_packet(data[2], 0.003)  # the gap closes: at once
+    assert (filled.ack, filled.sack, filled.entropy, filled.echo) == (4, 0, 12, (13, 11, 10))
+    assert filled.ce and filled.echoed()[2] == (11, True) and rx.timer() is None
+    assert Packet.decode(filled.encode()) == filled  # the echo survives the wire
+    rx.on_packet(data[4], 0.004)
     (timed,) = rx.on_timer(0.010)  # a lone packet is acknowledged after the delay
-    assert timed.ack == 5 and rx.stats["acks"] == 4
+    assert timed.ack == 5 and timed.echo == () and Packet.decode(timed.encode()).echo == ()
+    for psn in (6, 7, 8):  # PSN 5 missing
+        assert rx.on_packet(data[psn], 0.011) == []
+    (fourth,) = rx.on_packet(data[9], 0.012)  # four pending: one ACK, SACK bits for 6..9
+    assert (fourth.ack, fourth.sack, fourth.ce) == (5, 0b1111, False)
+    (dup,) = rx.on_packet(data[2], 0.013)  # a duplicate: at once, flagged for the sender
+    assert dup.flags & Flag.DUP and rx.stats["duplicates"] == 1 and rx.stats["acks"] == 4
+
+
+def test_uet_widens_its_reordering_window_after_a_spurious_retransmission():
+    # every 10th packet takes 15 ms longer (a deeper queue on its path): overtaken by more than
+    # the count threshold, late by more than the first window (one base RTT, 2 ms)
+    def skew(pkt, n):
+        return [0.015] if n % 10 == 3 and not pkt.flags & Flag.RETX else [0.0]
+
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.2, init_bdps=8, max_bdps=8)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(200 * MSS)
+    run(tx, rx, mangle=skew)
+    s = tx.summary()
+    assert tx.una == 200 and rx.delivered == 200 * MSS
+    # the first late packets were resent for nothing; the window then covered the skew
+    assert 1 <= s["spurious"] <= 4 and s["retransmitted"] <= 4, s
+    assert s["reorder_window_ms"] > 15 and rx.stats["duplicates"] == s["retransmitted"]
+
+
+def test_a_nack_rides_on_an_ack_and_resends_an_overdue_packet():
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=1.0, ack_every=4, init_bdps=8, max_bdps=8)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(12 * MSS)
+    sent = [tx.poll(0.002 * n) for n in range(12)]  # paced: one every 2 ms
+    assert [p.psn for p in sent] == list(range(12))
+    acks = []
+    for pkt in sent[:1] + sent[2:11]:  # PSN 1 lost; 9 packets beyond it
+        acks += rx.on_packet(pkt, 0.020)
+    acks += rx.on_timer(0.030)  # the NACK rides on the next ACK, here the delayed one
+    nacks = [a for a in acks if a.flags & Flag.NACK]
+    assert len(nacks) == 1 and nacks[0].ack == 1 and rx.stats["naks"] == 1
+    assert all(a.kind == Kind.ACK for a in acks)  # no packet of its own
+    tx.on_packet(nacks[0], 0.012)  # sent at 2 ms: 10 ms out, over RTT + window (2 + 2 ms)
+    assert tx.poll(0.05).psn == 1 and tx.summary()["retransmitted"] == 1
+
+
+@pytest.mark.parametrize("transport", ["rocev2", "uet"])
+def test_a_message_after_an_idle_spell_does_not_time_out_at_once(transport):
+    if transport == "rocev2":
+        tx, rx = roce()
+        rto = tx.cfg.rto_s
+    else:
+        cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+        tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+        rto = cfg.rto_s
+    tx.offer(4 * MSS)
+    end = run(tx, rx)
+    tx.offer(4 * MSS)  # the next collective, long after the last acknowledgement
+    pkt = tx.poll(end + 10 * rto)
+    assert pkt is not None and tx.timer() >= end + 10 * rto + rto * 0.99
+    assert tx.summary()["timeouts"] == 0
+
+
+def test_the_uet_timeout_stretches_with_the_measured_rtt():
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(80 * MSS)
+    # a queue builds: each packet waits 1 ms longer, up to 60 ms (a 50 ms timeout would fire)
+    run(tx, rx, mangle=lambda pkt, n: [min(0.060, 0.001 * n)])
+    assert tx.rto_s > 0.060 and tx.summary()["timeouts"] == 0
+
+
+def test_a_timeout_frees_a_window_that_a_lost_packet_holds():
+    # PSN 0 is NACKed and waits for resending; PSN 1, in flight, is lost; the window has
+    # shrunk to one packet, which PSN 1 holds: only the timeout can free it
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+    tx = UetSender(QP, cfg, 0.0)
+    tx.offer(3 * MSS)
+    assert [tx.poll(0.0).psn, tx.poll(0.002).psn] == [0, 1]
+    tx.on_packet(Packet(Kind.ACK, QP, psn=2, ack=0, flags=Flag.NACK, sent_ns=0), 0.02)
+    tx.window.cwnd = MSS  # after earlier timeouts
+    assert tx.poll(0.03) is None and tx.retx and 1 in tx.outstanding
+    tx.on_timer(tx.timer())
+    assert tx.poll(tx.timer() - cfg.rto_s + 0.001).psn == 0  # the oldest first
+    rx = UetReceiver(QP, cfg)
+    run(tx, rx)  # and the rest completes
+    assert tx.una == 3 and rx.delivered == 3 * MSS

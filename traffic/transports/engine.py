@@ -11,6 +11,11 @@ DATA is sent ECT(0) in the job's DSCP; CE is read back with ``IP_RECVTOS``.
 The agent's threads call :meth:`UdpEngine.send` and :meth:`UdpEngine.expect`; the engine calls
 their callbacks (from its thread) when a message is acknowledged or its bytes have arrived.
 Payload bytes come from one zero buffer (``sendmsg`` with the header and a view of it).
+
+Pacing: each queue pair paces itself (uet at the line rate within its window, rocev2 at its
+DCQCN rate), and the engine paces their sum at the NIC's rate, round robin over the queue pairs
+that may send, with at most ``NIC_BURST_FRAMES`` frames ahead of the wire: several queue pairs
+at once (an all-to-all's steps overlap) never overflow the host's own queue.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from traffic.transports.packet import Flag, Kind, Packet, Scale
+from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import UetConfig, UetReceiver, UetSender
 
@@ -34,6 +39,7 @@ ECT0 = 0b10
 CE = 0b11
 IDLE_WAKE_S = 0.05
 BACKOFF_S = 0.001  # after a full socket buffer (our own NIC queue is full)
+NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send
 
 
 class UdpEngine:
@@ -78,6 +84,9 @@ class UdpEngine:
         self.ip_rank = {ip: i for i, ip in enumerate(ips)}
         self.local_drops = 0
         self.backoff_until = 0.0
+        self.nic_free_at = 0.0  # when the NIC has sent everything handed to it so far
+        self.nic_slack_s = NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / scale.rate_bps
+        self.turn = 0  # round robin over the queue pairs
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
         self.listen = self._socket(ips[rank], port, tos=dscp << 2)
@@ -135,6 +144,20 @@ class UdpEngine:
         for r in list(self.receivers.values()):
             for k, v in r.stats.items():
                 out[f"rx_{k}"] = out.get(f"rx_{k}", 0) + v
+        return out
+
+    def stalled(self) -> list[str]:
+        """The queue pairs with work left, and where each stands (for a stuck job's report;
+        read from another thread, so a snapshot, not a consistent one)."""
+        out = []
+        for (peer, ch), s in list(self.senders.items()):
+            if s.una < len(s.lengths):
+                out.append(f"{self.transport} to rank {peer} channel {ch}: {s.describe()}")
+        for qp, waits in list(self.recv_waits.items()):
+            if waits:
+                r = self.receivers[qp]
+                out.append(f"{self.transport} from rank {qp[0]} channel {qp[1]}: "
+                           f"{r.delivered}/{waits[-1][0]} bytes in order")
         return out
 
     # -- the engine's thread ---------------------------------------------------------------
@@ -203,11 +226,25 @@ class UdpEngine:
                 for reply in r.on_timer(now):
                     self._reply(reply, self.reply_to.get(qp))
 
+    def _nic_sent(self, now: float, payload: int) -> None:
+        self.nic_free_at = max(now, self.nic_free_at) + \
+            wire_bytes(payload) * 8 / self.scale.rate_bps
+
     def _transmit(self, now: float) -> None:
-        if now < self.backoff_until:
+        if now < self.backoff_until or not self.senders:
             return
-        for (peer, _ch), s in self.senders.items():
-            while (pkt := s.poll(now)) is not None:
+        senders = list(self.senders.items())
+        self.turn = (self.turn + 1) % len(senders)
+        sent = True
+        while sent:  # one packet per queue pair per round, while the NIC has room
+            sent = False
+            for i in range(len(senders)):
+                if self.nic_free_at - now > self.nic_slack_s:
+                    return
+                (peer, _ch), s = senders[(self.turn + i) % len(senders)]
+                pkt = s.poll(now)
+                if pkt is None:
+                    continue
                 sock = self.pool[pkt.entropy % self.entropies]
                 try:
                     sock.sendmsg([pkt.encode(), ZERO[:pkt.length]], [], 0,
@@ -218,6 +255,8 @@ class UdpEngine:
                     self.local_drops += 1  # recovered like any loss
                     self.backoff_until = now + BACKOFF_S
                     return
+                self._nic_sent(now, pkt.length)
+                sent = True
 
     def _reply(self, pkt: Packet, addr) -> None:
         if addr is None:
@@ -228,6 +267,8 @@ class UdpEngine:
             if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
                 raise
             self.local_drops += 1
+            return
+        self._nic_sent(time.monotonic(), 0)  # replies take the NIC's time too
 
     def _read(self, sock: socket.socket, data_socket: bool) -> None:
         now = time.monotonic()
@@ -275,10 +316,14 @@ class UdpEngine:
         times = [now + IDLE_WAKE_S]
         if self.backoff_until > now:
             times.append(self.backoff_until)
+        nic_ready = self.nic_free_at - self.nic_slack_s
         for s in self.senders.values():
-            for t in (s.next_send_time(), s.timer()):
-                if t is not None:
-                    times.append(t)
+            t = s.next_send_time()
+            if t is not None:
+                times.append(max(t, nic_ready))
+            t = s.timer()
+            if t is not None:
+                times.append(t)
         for r in self.receivers.values():
             t = r.timer()
             if t is not None:

@@ -1,9 +1,9 @@
 """The wire format shared by the UDP transports, and the scaling of their constants.
 
 One header, big-endian, before a zero payload: kind, flags, queue pair (sender rank, channel),
-packet sequence number, cumulative ACK, entropy (and a second one: an ACK that covers two
-packets echoes both), a 64-bit SACK bitmap and the sender's send time (echoed in ACKs, for
-delay).
+packet sequence number, cumulative ACK, entropy, up to three more echoed entropies and which of
+the echoed packets carried CE (an ACK that covers several packets echoes each one's entropy),
+a 64-bit SACK bitmap and the sender's send time (echoed in ACKs, for delay).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-HEADER = struct.Struct("!BBHHHIIHHQQ")
-VERSION = 1
+HEADER = struct.Struct("!BBHHHIIH3HBQQ")
+MAX_ECHO = 4  # entropies an ACK can echo (its own and three more)
+NO_ENTROPY = 0xFFFF
+VERSION = 2
 ROCEV2_PORT = 4791  # the IANA port of RoCEv2
 UET_PORT = 4793  # Ultra Ethernet's
 SACK_BITS = 64
@@ -30,7 +32,8 @@ class Flag(IntEnum):
     CE = 1  # DATA arrived with CE / the ACK echoes it
     RETX = 2  # a retransmission
     LAST = 4  # the last packet of a message
-    ENTROPY2 = 8  # the ACK echoes a second entropy
+    NACK = 8  # the ACK also names a missing PSN (``ack``): evidence of loss
+    DUP = 16  # the ACK answers a duplicate: a retransmission was not needed
 
 
 @dataclass(slots=True)
@@ -46,28 +49,44 @@ class Packet:
     sack: int = 0  # bit i: PSN ack + 1 + i received
     sent_ns: int = 0
     flags: int = 0
-    entropy2: int = 0
+    echo: tuple[int, ...] = ()  # an ACK's further entropies (the packets before the latest)
+    ce_mask: int = 0  # an ACK: bit i set if echoed packet i carried CE (0: ``entropy``)
 
     @property
     def ce(self) -> bool:
         return bool(self.flags & Flag.CE)
 
+    def echoed(self) -> list[tuple[int, bool]]:
+        """An ACK's echoed entropies, each with whether its packet carried CE."""
+        return [(e, bool(self.ce_mask >> i & 1))
+                for i, e in enumerate((self.entropy, *self.echo))]
+
     def encode(self) -> bytes:
         """The header (the engine appends ``length`` payload bytes to DATA)."""
+        echo = (*self.echo, NO_ENTROPY, NO_ENTROPY, NO_ENTROPY)[:MAX_ECHO - 1]
         return HEADER.pack(self.kind, self.flags, VERSION, self.qp[0], self.qp[1], self.psn,
-                           self.ack, self.entropy, self.entropy2, self.sack, self.sent_ns)
+                           self.ack, self.entropy, *echo, self.ce_mask, self.sack, self.sent_ns)
 
     @classmethod
     def decode(cls, data: bytes) -> Packet:
         """Raises ValueError for a short or foreign datagram."""
         if len(data) < HEADER.size:
             raise ValueError(f"datagram of {len(data)} bytes is shorter than the header")
-        kind, flags, version, src, ch, psn, ack, entropy, entropy2, sack, sent = \
+        kind, flags, version, src, ch, psn, ack, entropy, e2, e3, e4, ce_mask, sack, sent = \
             HEADER.unpack_from(data)
         if version != VERSION or kind not in Kind.__members__.values():
             raise ValueError(f"not a transport packet (version {version}, kind {kind})")
         return cls(Kind(kind), (src, ch), psn, ack, len(data) - HEADER.size, entropy, sack, sent,
-                   flags, entropy2)
+                   flags, tuple(e for e in (e2, e3, e4) if e != NO_ENTROPY), ce_mask)
+
+
+FRAME_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4 and UDP headers around a transport packet
+
+
+def wire_bytes(payload: int) -> int:
+    """The frame a transport packet of ``payload`` bytes occupies on a link (as HTB counts
+    it): Ethernet, IPv4, UDP and the transport's header around the payload."""
+    return payload + HEADER.size + FRAME_OVERHEAD
 
 
 def packetize(lengths: list[int], last_of_message: set[int], nbytes: int, mss: int) -> int:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from traffic.transports.packet import Flag, Kind, Packet, Scale, packetize
+from traffic.transports.packet import Flag, Kind, Packet, Scale, packetize, wire_bytes
 
-WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP headers around a transport packet
 INF = float("inf")
 
 
@@ -193,13 +192,15 @@ class RoceSender:
         if due is None or due > now:
             return None
         psn = self.nxt
+        if self.una == psn:  # nothing in flight: the timeout runs from this packet, not from
+            self.progress_at = now  # the last acknowledgement (maybe a collective ago)
         length = self.lengths[psn]
         flags = (Flag.RETX if psn < self.high else 0) | (
             Flag.LAST if psn in self.last_of_message else 0)
         entropy = self.rng.randrange(self.cfg.entropies) if self.cfg.spray else self.entropy
         self.nxt += 1
         self.high = max(self.high, self.nxt)
-        wire = length + WIRE_OVERHEAD
+        wire = wire_bytes(length)
         rate = self.rate_bps
         self.next_send = max(now, self.next_send) + (wire * 8 / rate if rate < INF else 0.0)
         if self.cc:
@@ -244,6 +245,11 @@ class RoceSender:
             self.stats["timeouts"] += 1
             self.nxt = self.una  # resend everything unacknowledged
             self.progress_at = now
+
+    def describe(self) -> str:
+        """Where an unfinished queue pair stands (for a stuck job's report)."""
+        return (f"{self.una}/{len(self.lengths)} packets acknowledged, next {self.nxt}, rate "
+                f"{self.rate_bps / 1e6:.3f} Mbit/s, {self.stats['timeouts']} timeouts")
 
     def summary(self) -> dict:
         out = {k: v for k, v in self.stats.items() if k != "entropies"}

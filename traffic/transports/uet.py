@@ -7,20 +7,26 @@ Sender (one per queue pair):
   switches' ECMP hash covers): REPS keeps the entropies whose ACKs came back without CE and
   reuses them first; with none in hand it explores a random one. ``spray=False`` keeps one
   entropy for the flow (the single-path baseline);
-* every ACK carries the cumulative PSN and a 64-bit SACK map beyond it; a packet still unacked
-  when ``reorder_threshold`` later packets are acknowledged is lost and resent alone; a NACK
-  names a lost PSN; a retransmission timeout resends the oldest outstanding packet and halves
-  the window;
+* every ACK carries the cumulative PSN and a 64-bit SACK map beyond it. Loss is decided by
+  transmission order *and* time (RACK's idea): a packet is lost once ``reorder_threshold``
+  later transmissions are acknowledged and one sent more than the reordering window after it
+  has been. Sprayed paths differ by their queues, so the window adapts: it starts at a base
+  RTT and doubles (up to half the RTO) whenever an ACK reports a duplicate, i.e. a
+  retransmission that was not needed. A NACK names a missing PSN and counts under the same
+  time rule; a retransmission timeout (the configured one, or SRTT + 4 RTTVAR when queues make
+  that longer; it runs from the last progress or from the first packet after an idle spell)
+  counts everything in flight as lost, resends it oldest first and halves the window;
 * window (NSCC in spirit, constants below): an ACK with CE *and* a delay over the target cuts the
   window (once per RTT, by ``md``); CE with a low delay means a congested path, not a congested
-  receiver: the window holds and that entropy is not reused; no CE grows it (by one packet per
-  ACK near the base RTT, else by one packet per window). Sending is paced at the line rate
-  within the window.
+  receiver: the window holds and that entropy is not reused; no CE grows it (by the bytes
+  acknowledged under the delay target, else by one packet per window). Sending is paced at the
+  line rate within the window.
 
-Receiver: places packets in any order and acknowledges them (one ACK per two in-order packets,
-echoing both entropies, CE if either had it, and the latest send time; at once for anything out
-of order, a duplicate or a message's end), and NACKs the first missing PSN once
-``reorder_threshold`` later packets have arrived.
+Receiver: places packets in any order and acknowledges up to ``ack_every`` of them with one
+ACK, in or out of order (echoing the last two entropies, CE if any carried it, and the latest
+send time), at once for a duplicate (flagged, for the sender's reordering window), a filled gap
+or a message's end, else after ``ack_delay_s``; once ``reorder_threshold`` later packets have
+arrived it NACKs the first missing PSN on its next ACK (a flag: no packet of its own).
 ``ordered=True`` (ROD) accepts only the next PSN, as RoCE does, and NAKs the gap (go back N).
 """
 
@@ -30,8 +36,8 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from traffic.transports.packet import SACK_BITS, Flag, Kind, Packet, Scale, packetize
-from traffic.transports.rocev2 import WIRE_OVERHEAD
+from traffic.transports.packet import (MAX_ECHO, SACK_BITS, Flag, Kind, Packet, Scale, packetize,
+                                      wire_bytes)
 
 INF = float("inf")
 
@@ -48,18 +54,17 @@ class UetConfig:
     ordered: bool = False
     entropies: int = 128
     reorder_threshold: int = 8
-    target_factor: float = 1.5  # the delay target: base RTT x this
-    fast_factor: float = 1.1  # under base RTT x this the window grows a packet per ACK
+    target_factor: float = 2.5  # the delay target: base RTT x this
     md: float = 0.3
     max_bdps: float = 4.0  # the window's ceiling, in bandwidth-delay products
     init_bdps: float = 1.0
-    ack_every: int = 2  # an ACK covers up to this many in-order packets (both entropies echoed)
+    ack_every: int = 4  # an ACK covers up to this many packets (the last two entropies echoed)
     ack_delay_s: float = 0.001
 
     @classmethod
     def scaled(cls, scale: Scale, **kw) -> UetConfig:
         kw.setdefault("rto_s", scale.rto_s)
-        kw.setdefault("ack_delay_s", max(0.001, scale.base_rtt_s / 4))
+        kw.setdefault("ack_delay_s", max(0.001, scale.base_rtt_s / 2))
         return cls(scale.mss, scale.rate_bps, scale.base_rtt_s, **kw)
 
     @property
@@ -113,8 +118,8 @@ class Window:
                 self.cut_until = now + rtt_s
                 self.cuts += 1
         elif not ce:  # no congestion signal from the switches: grow
-            if rtt_s < cfg.base_rtt_s * cfg.fast_factor:
-                self.cwnd += cfg.mss * acked_bytes // max(1, cfg.mss)
+            if not high:  # under the delay target: a packet per packet acknowledged
+                self.cwnd += acked_bytes
             else:  # a delay without CE: queues that mark nothing (a slow host): gently
                 self.cwnd += max(1, cfg.mss * acked_bytes // self.cwnd)
         self.cwnd = min(self.cwnd, self.ceiling)
@@ -149,12 +154,16 @@ class UetSender:
         self.inflight = 0  # payload bytes outstanding
         self.sent_at: dict[int, float] = {}  # PSN -> when its latest transmission left
         self.highest_acked_tsn = -1
+        self.latest_acked_sent = -INF  # the latest send time among acknowledged packets
+        self.reo_wnd = self.cfg.base_rtt_s  # the reordering window (adapts, see above)
+        self.srtt: float | None = None
+        self.rttvar = 0.0
         self.next_send = self.now
         self.progress_at = self.now
         self.reps = Reps(self.cfg.entropies, self.rng)
         self.window = Window(self.cfg)
         self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "naks": 0, "timeouts": 0,
-                      "sack_losses": 0, "ce_acks": 0, "entropies": set()}
+                      "sack_losses": 0, "spurious": 0, "ce_acks": 0, "entropies": set()}
 
     # -- the application's side ------------------------------------------------------------
     def offer(self, nbytes: int) -> int:
@@ -185,6 +194,8 @@ class UetSender:
         if due is None or due > now:
             return None
         psn = self._candidate()
+        if not self.outstanding:  # the timeout runs from this packet, not from the last
+            self.progress_at = now  # acknowledgement (maybe a collective ago)
         retx = psn in self.queued
         if retx:
             self.retx.popleft()
@@ -202,7 +213,7 @@ class UetSender:
         self.tsn += 1
         self.sent_at[psn] = now
         length = self.lengths[psn]
-        self.next_send = max(now, self.next_send) + (length + WIRE_OVERHEAD) * 8 / \
+        self.next_send = max(now, self.next_send) + wire_bytes(length) * 8 / \
             self.cfg.line_rate_bps
         st = self.stats
         st["packets"] += 1
@@ -233,12 +244,19 @@ class UetSender:
                 for psn in range(max(pkt.ack, self.una), self.nxt):
                     self._forget(psn)
                     self._queue_retx(psn)
-            elif now - self.sent_at.get(pkt.psn, -INF) > self.cfg.base_rtt_s * \
-                    self.cfg.target_factor:  # not if it was resent since the NACK's evidence
-                self._forget(pkt.psn)
-                self._queue_retx(pkt.psn)
+
+    def _overdue(self, psn: int, now: float) -> bool:
+        """A NACKed packet is lost if it has been out for longer than an RTT and the
+        reordering window (not if it was resent since the NACK's evidence)."""
+        rtt = self.srtt if self.srtt is not None else self.cfg.base_rtt_s
+        return now - self.sent_at.get(psn, -INF) > rtt + self.reo_wnd
 
     def _on_ack(self, pkt: Packet, now: float) -> None:
+        if pkt.flags & Flag.NACK:
+            self.stats["naks"] += 1
+            if pkt.ack in self.outstanding and self._overdue(pkt.ack, now):
+                self._forget(pkt.ack)
+                self._queue_retx(pkt.ack)
         newly = []
         if pkt.psn in self.outstanding and pkt.psn not in self.acked:
             newly.append(pkt.psn)
@@ -258,46 +276,75 @@ class UetSender:
             self._forget(psn)
             acked_bytes += self.lengths[psn]
             self.highest_acked_tsn = max(self.highest_acked_tsn, self.tsn_of.get(psn, -1))
+            self.latest_acked_sent = max(self.latest_acked_sent, self.sent_at.get(psn, -INF))
+        if pkt.flags & Flag.DUP:  # a retransmission arrived after its original: too eager
+            self.stats["spurious"] += 1
+            self.reo_wnd = min(self.reo_wnd * 2, self.cfg.rto_s / 2)
         while self.una in self.acked:
             self.acked.discard(self.una)
             self.una += 1
         if acked_bytes:
             self.progress_at = now
         rtt = max(0.0, now - pkt.sent_ns / 1e9)
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:  # RFC 6298's estimators
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
         if pkt.ce:
             self.stats["ce_acks"] += 1
         if self.cfg.spray and not self.cfg.ordered:
-            self.reps.feedback(pkt.entropy, pkt.ce)
-            if pkt.flags & Flag.ENTROPY2:
-                self.reps.feedback(pkt.entropy2, pkt.ce)
+            for entropy, ce in pkt.echoed():
+                self.reps.feedback(entropy, ce)
         self.window.on_ack(acked_bytes, rtt, pkt.ce, now)
-        order = self.sent_order  # lost: overtaken by enough acknowledged transmissions
-        while order and self.highest_acked_tsn - order[0][0] > self.cfg.reorder_threshold:
-            tsn, psn = order.popleft()
-            if psn in self.outstanding and self.tsn_of[psn] == tsn and psn not in self.queued:
+        order = self.sent_order  # lost: overtaken by enough acknowledged transmissions,
+        while order:  # sent long enough before the latest acknowledged one
+            tsn, psn = order[0]
+            current = psn in self.outstanding and self.tsn_of[psn] == tsn
+            if current and not (self.highest_acked_tsn - tsn > self.cfg.reorder_threshold
+                                and self.latest_acked_sent - self.sent_at[psn] > self.reo_wnd):
+                break
+            order.popleft()
+            if current and psn not in self.queued:
                 self.stats["sack_losses"] += 1
                 self._forget(psn)
                 self._queue_retx(psn)
 
+    @property
+    def rto_s(self) -> float:
+        """The retransmission timeout: the configured one, or longer where the measured RTT
+        (queues of several hops at an emulated rate) needs it (RFC 6298: SRTT + 4 RTTVAR)."""
+        if self.srtt is None:
+            return self.cfg.rto_s
+        return max(self.cfg.rto_s, self.srtt + 4 * self.rttvar)
+
     def timer(self) -> float | None:
         if self.outstanding or self.retx:
-            return self.progress_at + self.cfg.rto_s
+            return self.progress_at + self.rto_s
         return None
 
     def on_timer(self, now: float) -> None:
-        if (self.outstanding or self.retx) and now >= self.progress_at + self.cfg.rto_s:
+        if (self.outstanding or self.retx) and now >= self.progress_at + self.rto_s:
             self.stats["timeouts"] += 1
             self.window.on_timeout()
-            oldest = min(set(self.outstanding) | set(self.retx), default=None)
-            if oldest is not None and oldest not in self.queued:
-                self._forget(oldest)
-                self._queue_retx(oldest)
-                self.retx.rotate(1)  # the oldest first
+            # everything in flight counts as lost (as TCP's timeout does): a window shrunk to one
+            # packet that a lost packet holds would otherwise keep an earlier resend waiting
+            for psn in sorted(self.outstanding):
+                self._forget(psn)
+                self._queue_retx(psn)
+            self.retx = deque(sorted(self.retx))  # the oldest first
             self.progress_at = now
+
+    def describe(self) -> str:
+        """Where an unfinished queue pair stands (for a stuck job's report)."""
+        return (f"{self.una}/{len(self.lengths)} packets acknowledged, {len(self.outstanding)} "
+                f"in flight, {len(self.retx)} to resend, window {self.window.cwnd} B, timeout "
+                f"{self.rto_s:.2f} s, {self.stats['timeouts']} timeouts")
 
     def summary(self) -> dict:
         out = {k: v for k, v in self.stats.items() if k != "entropies"}
         out.update(entropies=len(self.stats["entropies"]), rate_cuts=self.window.cuts,
+                   reorder_window_ms=round(self.reo_wnd * 1e3, 3),
                    entropies_reused=self.reps.reused, entropies_explored=self.reps.explored,
                    cwnd_bytes=self.window.cwnd)
         return out
@@ -315,6 +362,7 @@ class UetReceiver:
         self.placed: dict[int, int] = {}  # PSN above cum -> its length
         self.delivered = 0  # bytes of the contiguous prefix
         self.nacked = -1
+        self.nack_due = False  # the next ACK carries a NACK for ``cum``
         self.pending: list[Packet] = []  # received, not yet acknowledged
         self.ack_due: float | None = None
         self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "ce": 0,
@@ -332,43 +380,42 @@ class UetReceiver:
                 st["naks"] += 1
                 out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
             return out
-        in_order = False
         cum_before = self.cum
-        if pkt.psn < self.cum or pkt.psn in self.placed:
+        duplicate = pkt.psn < self.cum or pkt.psn in self.placed
+        if duplicate:
             st["duplicates"] += 1
         else:
             if pkt.psn != self.cum:
                 st["out_of_order"] += 1
-            else:
-                in_order = True
             self.placed[pkt.psn] = pkt.length
             while self.cum in self.placed:
                 self.delivered += self.placed.pop(self.cum)
                 self.cum += 1
         self.pending.append(pkt)
-        if (in_order and self.cum == cum_before + 1 and len(self.pending) < self.cfg.ack_every
-                and not pkt.flags & Flag.LAST and not self.placed):
+        if len(self.placed) >= self.cfg.reorder_threshold and self.nacked != self.cum:
+            self.nacked = self.cum  # rides on the next ACK: no packet of its own
+            self.nack_due = True
+            st["naks"] += 1
+        filled = self.cum > cum_before + 1  # a gap closed: tell the sender at once
+        if (not duplicate and not filled and len(self.pending) < self.cfg.ack_every
+                and not pkt.flags & Flag.LAST):
             if self.ack_due is None:
                 self.ack_due = now + self.cfg.ack_delay_s
-        else:  # out of order, a gap filled, a duplicate, a message's end, or enough: at once
-            out.append(self._ack())
-        beyond = len(self.placed)
-        if beyond >= self.cfg.reorder_threshold and self.nacked != self.cum:
-            self.nacked = self.cum
-            st["naks"] += 1
-            out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
+        else:  # a duplicate, a gap filled, a message's end, or enough: at once
+            out.append(self._ack(dup=duplicate))
         return out
 
-    def _ack(self) -> Packet:
+    def _ack(self, dup: bool = False) -> Packet:
         """One ACK for the pending packets: the cumulative PSN, the SACK map, the latest
-        packet's entropy and send time, the one before's entropy, CE if any carried it."""
+        packet's send time, every pending packet's entropy (latest first) and which carried
+        CE, CE if any did, DUP if the latest was a duplicate, NACK with a new gap."""
         last = self.pending[-1]
-        ce = any(p.ce for p in self.pending)
-        flags = Flag.CE if ce else 0
-        entropy2 = 0
-        if len(self.pending) > 1:
-            flags |= Flag.ENTROPY2
-            entropy2 = self.pending[-2].entropy
+        covered = self.pending[::-1][:MAX_ECHO]
+        ce_mask = sum(1 << i for i, p in enumerate(covered) if p.ce)
+        flags = (Flag.CE if ce_mask else 0) | (Flag.DUP if dup else 0)
+        if self.nack_due:
+            flags |= Flag.NACK
+            self.nack_due = False
         self.pending = []
         self.ack_due = None
         sack = 0
@@ -377,7 +424,8 @@ class UetReceiver:
                 sack |= 1 << (psn - self.cum - 1)
         self.stats["acks"] += 1
         return Packet(Kind.ACK, self.qp, psn=last.psn, ack=self.cum, entropy=last.entropy,
-                      sack=sack, sent_ns=last.sent_ns, flags=flags, entropy2=entropy2)
+                      sack=sack, sent_ns=last.sent_ns, flags=flags,
+                      echo=tuple(p.entropy for p in covered[1:]), ce_mask=ce_mask)
 
     def timer(self) -> float | None:
         return self.ack_due
