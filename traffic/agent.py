@@ -319,7 +319,7 @@ def _publish_state(agent: Agent, path: str) -> None:
         last = None
         while True:
             state = agent.state
-            if agent.engine is not None and "waiting" in state:
+            if agent.engine is not None:  # the UDP queue pairs with work left, if any
                 try:
                     state = "; ".join([state, *agent.engine.stalled()])
                 except RuntimeError:  # a dict changed size under us: next time

@@ -205,20 +205,13 @@ def _all_reduce_tree(sched: Schedule, _chunks: int) -> None:
         sched.add(deepest + depth[r] - 1, (r - 1) // 2, r, sched.size_bytes)
 
 
-def _all_to_all(sched: Schedule, _chunks: int) -> None:
+def _all_to_all(sched: Schedule, _chunks: int, stepped: bool = True) -> None:
+    """Shift ``s`` sends to rank ``r + s``: in step ``s - 1`` (pairwise), or all in step 0."""
     n = sched.ranks
     per_peer = chunk_sizes(sched.size_bytes, n)
     for s in range(1, n):
         for r in range(n):
-            sched.add(s - 1, r, (r + s) % n, per_peer[(r + s) % n])
-
-
-def _all_to_all_direct(sched: Schedule, _chunks: int) -> None:
-    n = sched.ranks
-    per_peer = chunk_sizes(sched.size_bytes, n)
-    for s in range(1, n):
-        for r in range(n):
-            sched.add(0, r, (r + s) % n, per_peer[(r + s) % n])
+            sched.add(s - 1 if stepped else 0, r, (r + s) % n, per_peer[(r + s) % n])
 
 
 def _broadcast_ring(sched: Schedule, chunks: int) -> None:
@@ -240,7 +233,7 @@ BUILDERS: dict[tuple[str, str], Callable[[Schedule, int], None]] = {
     ("reduce_scatter", "ring"): _ring_only,
     ("all_gather", "ring"): _ring_only,
     ("all_to_all", "pairwise"): _all_to_all,
-    ("all_to_all", "direct"): _all_to_all_direct,
+    ("all_to_all", "direct"): lambda sched, chunks: _all_to_all(sched, chunks, stepped=False),
     ("broadcast", "ring"): _broadcast_ring,
     ("send_recv", "direct"): _send_recv,
 }

@@ -224,7 +224,7 @@ class UdpEngine:
             t = r.timer()
             if t is not None and t <= now:
                 for reply in r.on_timer(now):
-                    self._reply(reply, self.reply_to.get(qp))
+                    self._reply(reply, self.reply_to.get(qp), now)
 
     def _nic_sent(self, now: float, payload: int) -> None:
         self.nic_free_at = max(now, self.nic_free_at) + \
@@ -258,7 +258,7 @@ class UdpEngine:
                 self._nic_sent(now, pkt.length)
                 sent = True
 
-    def _reply(self, pkt: Packet, addr) -> None:
+    def _reply(self, pkt: Packet, addr, now: float) -> None:
         if addr is None:
             return
         try:
@@ -268,7 +268,7 @@ class UdpEngine:
                 raise
             self.local_drops += 1
             return
-        self._nic_sent(time.monotonic(), 0)  # replies take the NIC's time too
+        self._nic_sent(now, 0)  # replies take the NIC's time too
 
     def _read(self, sock: socket.socket, data_socket: bool) -> None:
         now = time.monotonic()
@@ -293,7 +293,7 @@ class UdpEngine:
                 rx = self._receiver(pkt.qp)
                 self.reply_to[pkt.qp] = addr
                 for reply in rx.on_packet(pkt, now):
-                    self._reply(reply, addr)
+                    self._reply(reply, addr, now)
             elif not data_socket and pkt.kind != Kind.DATA:
                 sender = self.senders.get((self._peer_of(addr), pkt.qp[1]))
                 if sender is not None:

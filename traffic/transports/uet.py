@@ -23,8 +23,8 @@ Sender (one per queue pair):
   line rate within the window.
 
 Receiver: places packets in any order and acknowledges up to ``ack_every`` of them with one
-ACK, in or out of order (echoing the last two entropies, CE if any carried it, and the latest
-send time), at once for a duplicate (flagged, for the sender's reordering window), a filled gap
+ACK, in or out of order (echoing each one's entropy and CE bit, up to ``MAX_ECHO``, CE if any
+carried it, and the latest send time), at once for a duplicate (flagged, for the sender's reordering window), a filled gap
 or a message's end, else after ``ack_delay_s``; once ``reorder_threshold`` later packets have
 arrived it NACKs the first missing PSN on its next ACK (a flag: no packet of its own).
 ``ordered=True`` (ROD) accepts only the next PSN, as RoCE does, and NAKs the gap (go back N).
@@ -58,7 +58,7 @@ class UetConfig:
     md: float = 0.3
     max_bdps: float = 4.0  # the window's ceiling, in bandwidth-delay products
     init_bdps: float = 1.0
-    ack_every: int = 4  # an ACK covers up to this many packets (the last two entropies echoed)
+    ack_every: int = 4  # an ACK covers up to this many packets (echoing up to MAX_ECHO entropies)
     ack_delay_s: float = 0.001
 
     @classmethod
@@ -412,7 +412,8 @@ class UetReceiver:
         last = self.pending[-1]
         covered = self.pending[::-1][:MAX_ECHO]
         ce_mask = sum(1 << i for i, p in enumerate(covered) if p.ce)
-        flags = (Flag.CE if ce_mask else 0) | (Flag.DUP if dup else 0)
+        ce = any(p.ce for p in self.pending)  # also those beyond the echoed ones
+        flags = (Flag.CE if ce else 0) | (Flag.DUP if dup else 0)
         if self.nack_due:
             flags |= Flag.NACK
             self.nack_due = False
