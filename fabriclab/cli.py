@@ -377,6 +377,10 @@ def _results_table(doc: dict) -> Table:
                 "eff", "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
+    constants = sorted({c["transport"]["constants"] for c in doc["collectives"]
+                        if (c.get("transport") or {}).get("constants")})
+    if constants:  # the transports' constants at the emulated scale
+        table.caption += "".join(f"\n{text}" for text in constants)
     for s in job_summaries(doc["collectives"]):
         table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
                       str(s.repetitions), f"{s.mean_s * 1e3:.0f}", f"{s.algbw_mbps:.2f}",

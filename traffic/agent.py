@@ -83,7 +83,7 @@ class Agent:
         if spec.transport != "tcp":
             scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
             self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
-                                    scale, spec.dscp, spec.spray)
+                                    scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn)
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:

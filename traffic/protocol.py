@@ -52,6 +52,7 @@ class AgentSpec:
     transport: str = "tcp"  # tcp, rocev2 or uet (traffic.transports)
     spray: bool | None = None  # UDP transports: spread packets over entropies (None: default)
     scale: dict | None = None  # UDP transports: rate_bps, base_rtt_s, mss of the fabric
+    dcqcn: str = "paper"  # rocev2: DCQCN's profile
 
     def rank_of(self, host: str) -> int:
         for i, rank in enumerate(self.ranks):
@@ -71,7 +72,8 @@ class AgentSpec:
                                         tuple(Transfer(**t) for t in c["transfers"]))
                          for c in d["collectives"]),
                    d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0),
-                   d.get("transport", "tcp"), d.get("spray"), d.get("scale"))
+                   d.get("transport", "tcp"), d.get("spray"), d.get("scale"),
+                   d.get("dcqcn", "paper"))
 
 
 @dataclass(frozen=True)

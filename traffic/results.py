@@ -38,7 +38,8 @@ class CollectiveResult:
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
              start_at: float, port: int = AGENT_PORT,
              congestion_control: str | None = None, dscp: int = 0, transport: str = "tcp",
-             spray: bool | None = None, scale: dict | None = None) -> AgentSpec:
+             spray: bool | None = None, scale: dict | None = None,
+             dcqcn: str = "paper") -> AgentSpec:
     """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
@@ -46,7 +47,8 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
     return AgentSpec(port, connections, start_at, tuple(RankSpec(h, ips[h]) for h in hosts),
                      tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
                            for c in collectives), congestion_control=congestion_control,
-                     dscp=dscp, transport=transport, spray=spray, scale=scale)
+                     dscp=dscp, transport=transport, spray=spray, scale=scale,
+                     dcqcn=dcqcn)
 
 
 def transport_totals(per_rank: list[dict | None]) -> dict | None:
@@ -55,7 +57,8 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
     rows = [r for r in per_rank if r]
     if not rows:
         return None
-    out: dict = {k: rows[0][k] for k in ("transport", "spray") if k in rows[0]}
+    out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants")
+                 if k in rows[0]}
     for row in rows:
         for k, v in row.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):

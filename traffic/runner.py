@@ -56,7 +56,7 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
         try:
             results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
                               AGENT_PORT + i, start_at, job.congestion_control, job.dscp,
-                              job.transport, job.spray)
+                              job.transport, job.spray, job.dcqcn)
             outcomes[i] = JobOutcome(job, tuple(results))
         except TestbedError as err:
             outcomes[i] = JobOutcome(job, error=err)
@@ -89,7 +89,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
             timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
             start_at: float | None = None, congestion_control: str | None = None,
             dscp: int = 0, transport: str = "tcp",
-            spray: bool | None = None) -> list[CollectiveResult]:
+            spray: bool | None = None, dcqcn: str = "paper") -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 
     Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
@@ -108,7 +108,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
         scale = {"rate_bps": link.rate_mbps * 1e6, "base_rtt_s": fabric.spec.base_rtt_s,
                  "mss": mss_for(fabric.spec.fabric.mtu)}
     spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
-                    transport, spray, scale)
+                    transport, spray, scale, dcqcn)
     path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
     write_text_atomic(path, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}

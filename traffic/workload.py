@@ -85,6 +85,7 @@ class Job:
     dscp: int = 0  # DSCP of its packets (the fabric's traffic class)
     transport: str = "tcp"  # tcp, rocev2 or uet
     spray: bool | None = None  # UDP transports: spread packets over paths (None: default)
+    dcqcn: str = "paper"  # rocev2: DCQCN's profile (traffic.transports.rocev2)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     connections = raw.get("connections", DEFAULT_CONNECTIONS)
     timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
     defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0),
-                "transport": raw.get("transport", "tcp"), "spray": raw.get("spray")}
+                "transport": raw.get("transport", "tcp"), "spray": raw.get("spray"),
+                "dcqcn": raw.get("dcqcn", "paper")}
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     if raw.get("trace"):
@@ -224,7 +226,8 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
                                                 "run with")
     return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
                concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"),
-               entry.get("dscp", 0), entry.get("transport", "tcp"), entry.get("spray"))
+               entry.get("dscp", 0), entry.get("transport", "tcp"), entry.get("spray"),
+               entry.get("dcqcn", "paper"))
 
 
 def training_spec(raw: dict) -> training.TrainingSpec:

@@ -79,9 +79,9 @@ def test_the_udp_transports_move_every_byte_over_loopback(tmp_path):
     colls = [Collective("all_to_all", HOSTS, a2a)]
     # loopback has no switches to pace against: 200 Mbit/s, a 1 ms RTT
     scale = {"rate_bps": 200e6, "base_rtt_s": 0.001, "mss": 8936}
-    for transport, spray in (("rocev2", False), ("uet", True)):
+    for transport, spray, dcqcn in (("rocev2", False, "connectx"), ("uet", True, "paper")):
         reports = _run_agents(tmp_path, colls, 1, transport=transport, spray=spray,
-                              scale=scale)
+                              scale=scale, dcqcn=dcqcn)
         for rank, report in enumerate(reports):
             timing = report.collectives[0]
             assert sum(f.bytes for f in timing.flows) == a2a.received_by(rank)
@@ -89,6 +89,8 @@ def test_the_udp_transports_move_every_byte_over_loopback(tmp_path):
             assert t["transport"] == transport and t["tx_bytes"] >= a2a.sent_by(rank)
         results = summarize(colls, reports, rate_mbps=200, mtu=9000)
         assert results[0].transport["tx_packets"] > 0, transport
+        constants = results[0].transport["constants"]  # printed with the results
+        assert ("DCQCN (connectx)" in constants) if transport == "rocev2" else "UET" in constants
         if transport == "uet":
             assert results[0].transport["tx_entropies"] > 4  # sprayed over several ports
         assert results[0].transport["goodput_ratio"] == pytest.approx(1.0, abs=0.05)

@@ -82,6 +82,40 @@ def test_scale_brings_published_constants_to_the_emulated_fabric():
     assert "byte counter" in cfg.describe()
 
 
+def test_dcqcn_profiles_scale_their_own_published_constants():
+    scale = Scale(10e6, 0.02, 9000)
+    cx = DcqcnConfig.scaled(scale, "connectx")
+    # ConnectX's 300 us timer, 4 us monitor period and CNP interval, in 10 us RTTs
+    assert cx.rate_period_s == pytest.approx(0.6) and cx.cut_interval_s == pytest.approx(0.008)
+    assert cx.cnp_interval_s == pytest.approx(0.008) and cx.fast_recovery_stages == 1
+    # 32767 B against 100 Gbit/s x 10 us = 125 kB, of a 25 kB BDP; AI 5 Mbit/s of 100 Gbit/s
+    assert cx.byte_counter == 9000  # 6,553 B, at least one packet
+    assert cx.rate_ai_bps == pytest.approx(500) and not cx.clamp_target
+    assert "connectx" in cx.describe() and "paper" in DcqcnConfig.scaled(scale).describe()
+    assert RoceConfig.scaled(scale, "connectx").cnp_interval_s == pytest.approx(0.008)
+    assert "go-back-N" in RoceConfig.scaled(scale).describe()
+    with pytest.raises(ValueError, match="unknown profile"):
+        DcqcnConfig.scaled(scale, "cx9")
+
+
+def test_connectx_dcqcn_cuts_once_per_monitor_period_and_clamps_only_after_a_timer_stage():
+    cfg = DcqcnConfig(10e6, g=1 / 16, alpha_period_s=1.0, rate_period_s=0.1,
+                      byte_counter=10**9, fast_recovery_stages=1, rate_ai_bps=1e5,
+                      rate_hai_bps=1e6, clamp_target=False, cut_interval_s=0.05)
+    cc = Dcqcn(cfg, 0.0)
+    cc.on_cnp(0.0)
+    assert cc.rate == pytest.approx(5e6) and cc.target == 10e6
+    cc.on_cnp(0.02)  # within the monitor period: ignored
+    assert cc.rate == pytest.approx(5e6) and cc.cuts == 1
+    cc.on_cnp(0.06)  # a second cut with no timer stage between: the target stays
+    assert cc.cuts == 2 and cc.target == 10e6 and cc.rate < 2.6e6
+    cc.on_timer(0.16)  # a timer stage: halfway back to the old target (F = 1: plus AI)
+    assert cc.rate > 6e6
+    rate = cc.rate
+    cc.on_cnp(0.2)  # after a timer increase the cut clamps the target to the rate
+    assert cc.target == pytest.approx(rate)
+
+
 def test_rocev2_delivers_in_order_without_retransmitting():
     tx, rx = roce()
     end = tx.offer(20 * MSS + 10)

@@ -63,12 +63,21 @@ def test_a_workload_becomes_jobs_with_repetitions():
      "workload.collectives[0].repetitions", ">= 1"),
     ({"op": "all_reduce", "size": 8, "colour": "red"}, "workload.collectives[0].colour",
      "unknown key"),
+    ({"op": "all_reduce", "size": 8, "transport": "rocev2", "dcqcn": "cx9"},
+     "workload.collectives[0].dcqcn", "cx9"),
 ])
 def test_bad_workloads_name_the_field(entry, path, text):
     with pytest.raises(ConfigError) as err:
         _exp(entry)
     assert err.value.path == path, err.value
     assert text in err.value.message
+
+
+def test_the_dcqcn_profile_is_workload_wide_and_overridable_per_entry():
+    exp = _exp({"op": "all_reduce", "size": 64, "ranks": 2, "transport": "rocev2"},
+               {"op": "all_reduce", "size": 64, "ranks": 2, "transport": "rocev2",
+                "dcqcn": "connectx"})
+    assert [j.dcqcn for j in exp.workload.jobs] == ["paper", "connectx"]
 
 
 def test_concurrent_entries_form_batches():

@@ -55,10 +55,12 @@ class UdpEngine:
         spray: spread each queue pair's packets over entropies (None: the transport's default,
             on for uet, off for rocev2).
         entropies: the size of the entropy (source port) pool.
+        dcqcn: rocev2's DCQCN profile (``DcqcnConfig.PROFILES``).
     """
 
     def __init__(self, transport: str, rank: int, ips: list[str], port: int, scale: Scale,
-                 dscp: int = 0, spray: bool | None = None, entropies: int = 64) -> None:
+                 dscp: int = 0, spray: bool | None = None, entropies: int = 64,
+                 dcqcn: str = "paper") -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
@@ -69,7 +71,8 @@ class UdpEngine:
         self.spray = (transport == "uet") if spray is None else spray
         self.entropies = entropies
         if transport == "rocev2":
-            self.cfg = RoceConfig.scaled(scale, spray=self.spray, entropies=entropies)
+            self.cfg = RoceConfig.scaled(scale, dcqcn, spray=self.spray,
+                                         entropies=entropies)
         else:
             self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies)
         self.rng = random.Random(rank)
@@ -136,7 +139,9 @@ class UdpEngine:
     def summary(self) -> dict:
         """Totals over the queue pairs so far (the agent diffs them per collective)."""
         out: dict = {"transport": self.transport, "spray": self.spray,
-                     "local_drops": self.local_drops}
+                     "local_drops": self.local_drops, "constants": self.cfg.describe()}
+        if self.transport == "rocev2" and self.cfg.dcqcn:
+            out["dcqcn"] = self.cfg.dcqcn.profile
         for s in list(self.senders.values()):
             for k, v in s.summary().items():
                 if isinstance(v, (int, float)) and k != "cwnd_bytes":

@@ -139,9 +139,10 @@ class Scale:
     def bdp_bytes(self) -> int:
         return max(self.mss, int(self.rate_bps / 8 * self.base_rtt_s))
 
-    def bytes_(self, published: float) -> int:
-        """A published byte count, as the same number of reference bandwidth-delay products."""
-        ref_bdp = self.REF_RATE_BPS / 8 * self.REF_RTT_S
+    def bytes_(self, published: float, ref_rate_bps: float = REF_RATE_BPS) -> int:
+        """A published byte count (set for ``ref_rate_bps``), as the same number of reference
+        bandwidth-delay products."""
+        ref_bdp = ref_rate_bps / 8 * self.REF_RTT_S
         return max(self.mss, int(published / ref_bdp * self.bdp_bytes))
 
     def rate(self, published_bps: float) -> float:

@@ -15,7 +15,18 @@ rate, the current rate is cut by ``alpha / 2`` and ``alpha`` grows towards 1 by 
 CNPs ``alpha`` decays every ``alpha_period_s``; the rate recovers by stages counted by a timer
 (``rate_period_s``) and by a byte counter (``byte_counter``): ``F`` stages of fast recovery
 (halfway to the target), then additive increase of the target by ``rate_ai``, then hyper increase
-by ``rate_hai`` once both counters are past ``F``.
+by ``rate_hai`` once both counters are past ``F``. Every increase event moves the rate halfway
+to the target.
+
+Two profiles (``DcqcnConfig.scaled(scale, profile)``):
+
+- ``paper``: the SIGCOMM'15 constants (40 Gbit/s: g 1/256, timers 55 us, byte counter 10 MB,
+  F 5, AI 40 Mbit/s, HAI 400 Mbit/s); every CNP cuts the rate and clamps the target to it.
+- ``connectx``: what NVIDIA ConnectX NICs ship (``/sys/class/net/*/ecn/roce_rp``, at 100 Gbit/s):
+  rate increase timer 300 us, byte counter 32 KiB, F 1, AI 5 Mbit/s, HAI 50 Mbit/s, at most
+  one cut per ``rate_reduce_monitor_period`` (4 us), and ``clamp_tgt_rate`` off: a CNP lowers
+  the target only when a timer stage has passed since the previous cut
+  (``clamp_tgt_rate_after_time_inc``), so back-to-back cuts recover to the old target quickly.
 """
 
 from __future__ import annotations
@@ -41,23 +52,49 @@ class DcqcnConfig:
     rate_ai_bps: float = 40e6
     rate_hai_bps: float = 400e6
     min_rate_bps: float = 0.0
+    clamp_target: bool = True  # every cut clamps the target (False: only after a timer stage)
+    cut_interval_s: float = 0.0  # at most one cut per interval (ConnectX's monitor period)
+    cnp_interval_s: float = 50e-6  # the notification point's, per queue pair
+    profile: str = "paper"
+
+    PROFILES = ("paper", "connectx")
 
     @classmethod
-    def scaled(cls, scale: Scale) -> DcqcnConfig:
-        """The published constants (40 Gbit/s, a few microseconds of RTT) at the emulated rate
-        and RTT: times by the RTT ratio, the byte counter by the bandwidth-delay product ratio,
+    def published(cls, profile: str = "paper") -> tuple[DcqcnConfig, float]:
+        """A profile's constants as published, and the link rate they were set for."""
+        if profile == "paper":
+            return cls(40e9), 40e9
+        if profile == "connectx":
+            return cls(100e9, g=1 / 256, alpha_period_s=1e-6, rate_period_s=300e-6,
+                       byte_counter=32767, fast_recovery_stages=1, rate_ai_bps=5e6,
+                       rate_hai_bps=50e6, clamp_target=False, cut_interval_s=4e-6,
+                       cnp_interval_s=4e-6, profile="connectx"), 100e9
+        raise ValueError(f"dcqcn: unknown profile {profile!r} (one of {', '.join(cls.PROFILES)})")
+
+    @classmethod
+    def scaled(cls, scale: Scale, profile: str = "paper") -> DcqcnConfig:
+        """A profile's constants (tens of Gbit/s, microseconds of RTT) at the emulated rate and
+        RTT: times by the RTT ratio, the byte counter by the bandwidth-delay product ratio,
         rate steps as the same share of the link."""
-        base = cls(scale.rate_bps)
+        base, ref_bps = cls.published(profile)
+        share = scale.rate_bps / ref_bps
         return cls(scale.rate_bps, base.g, base.alpha_period_s * scale.time,
-                   base.rate_period_s * scale.time, scale.bytes_(base.byte_counter),
-                   base.fast_recovery_stages, scale.rate(base.rate_ai_bps),
-                   scale.rate(base.rate_hai_bps), scale.rate_bps / 1000)
+                   base.rate_period_s * scale.time,
+                   scale.bytes_(base.byte_counter, ref_bps), base.fast_recovery_stages,
+                   base.rate_ai_bps * share, base.rate_hai_bps * share, scale.rate_bps / 1000,
+                   base.clamp_target, base.cut_interval_s * scale.time,
+                   base.cnp_interval_s * scale.time, profile)
 
     def describe(self) -> str:
-        return (f"DCQCN g={self.g:g} alpha period {self.alpha_period_s * 1e3:.1f} ms, rate "
-                f"period {self.rate_period_s * 1e3:.1f} ms, byte counter "
-                f"{self.byte_counter / 1024:.0f} KiB, F={self.fast_recovery_stages}, AI "
-                f"{self.rate_ai_bps / 1e3:.0f} kbit/s, HAI {self.rate_hai_bps / 1e3:.0f} kbit/s")
+        return (f"DCQCN ({self.profile}) g={self.g:g} alpha period "
+                f"{self.alpha_period_s * 1e3:.1f} ms, rate period "
+                f"{self.rate_period_s * 1e3:.1f} ms, byte counter "
+                f"{self.byte_counter / 1024:.1f} KiB, F={self.fast_recovery_stages}, AI "
+                f"{self.rate_ai_bps / 1e3:.1f} kbit/s, HAI {self.rate_hai_bps / 1e3:.1f} kbit/s, "
+                f"CNP interval {self.cnp_interval_s * 1e3:.1f} ms, "
+                + ("target clamped at every cut" if self.clamp_target else
+                   f"target clamped after a timer stage, a cut at most every "
+                   f"{self.cut_interval_s * 1e3:.1f} ms"))
 
 
 class Dcqcn:
@@ -72,10 +109,15 @@ class Dcqcn:
         self.alpha_due = now + cfg.alpha_period_s
         self.rate_due = now + cfg.rate_period_s
         self.cuts = 0
+        self.last_cut = -INF
 
     def on_cnp(self, now: float) -> None:
         cfg = self.cfg
-        self.target = self.rate
+        if now < self.last_cut + cfg.cut_interval_s:
+            return  # within the monitor period of the previous cut
+        self.last_cut = now
+        if cfg.clamp_target or self.timer_stage > 0:
+            self.target = self.rate
         self.rate = max(cfg.min_rate_bps, self.rate * (1 - self.alpha / 2))
         self.alpha = (1 - cfg.g) * self.alpha + cfg.g
         self.timer_stage = self.byte_stage = 0
@@ -126,20 +168,28 @@ class RoceConfig:
     max_outstanding: int = 64  # packets
     ack_every: int = 4
     ack_delay_s: float = 0.002
-    cnp_interval_s: float = 50e-6
+    cnp_interval_s: float = 50e-6  # the notification point's, per queue pair
     dcqcn: DcqcnConfig | None = None  # None: line rate, no congestion control
     spray: bool = False  # a fresh entropy per packet (to show go-back-N's collapse)
     entropies: int = 256
     line_rate_bps: float = INF  # the pace without DCQCN
 
+    def describe(self) -> str:
+        """The constants at the emulated scale, for the run's output."""
+        paths = f" sprayed over {self.entropies} entropies" if self.spray else ""
+        return (f"RoCEv2 go-back-N{paths}, up to {self.max_outstanding} packets outstanding, ACK per {self.ack_every} "
+                f"packets or {self.ack_delay_s * 1e3:.0f} ms, RTO {self.rto_s:.2f} s; "
+                + (self.dcqcn.describe() if self.dcqcn else "no rate control"))
+
     @classmethod
-    def scaled(cls, scale: Scale, **kw) -> RoceConfig:
-        """Timers at the emulated RTT: the RTO of :attr:`Scale.rto_s`, the CNP interval scaled
-        as DCQCN's, outstanding packets up to 4 bandwidth-delay products."""
+    def scaled(cls, scale: Scale, profile: str = "paper", **kw) -> RoceConfig:
+        """Timers at the emulated RTT: the RTO of :attr:`Scale.rto_s`, DCQCN's ``profile``
+        (with its CNP interval), outstanding packets up to 4 bandwidth-delay products."""
         outstanding = max(8, 4 * scale.bdp_bytes // scale.mss)
-        kw.setdefault("dcqcn", DcqcnConfig.scaled(scale))
+        kw.setdefault("dcqcn", DcqcnConfig.scaled(scale, profile))
         return cls(scale.mss, scale.rto_s, outstanding,
-                   cnp_interval_s=50e-6 * scale.time, ack_delay_s=max(0.001, scale.base_rtt_s / 4),
+                   cnp_interval_s=(kw["dcqcn"].cnp_interval_s if kw["dcqcn"]
+                                   else 50e-6 * scale.time), ack_delay_s=max(0.001, scale.base_rtt_s / 4),
                    line_rate_bps=scale.rate_bps, **kw)
 
 

@@ -71,6 +71,16 @@ class UetConfig:
     def bdp_bytes(self) -> int:
         return max(self.mss, int(self.line_rate_bps / 8 * self.base_rtt_s))
 
+    def describe(self) -> str:
+        """The constants at the emulated scale, for the run's output."""
+        paths = f"sprayed over {self.entropies} entropies" if self.spray else "one path"
+        return (f"UET {paths}{', ordered (ROD)' if self.ordered else ''}; window from {self.init_bdps:g} "
+                f"BDP ({self.bdp_bytes / 1024:.0f} KiB) up to {self.max_bdps:g} BDP, cut by "
+                f"{self.md:g} when CE and delay > {self.target_factor:g} base RTTs "
+                f"({self.base_rtt_s * self.target_factor * 1e3:.0f} ms); ACK per {self.ack_every} "
+                f"packets or {self.ack_delay_s * 1e3:.0f} ms; loss after {self.reorder_threshold} "
+                f"later packets and a reordering window; RTO at least {self.rto_s:.2f} s")
+
 
 class Reps:
     """Recycled entropies: a flow first explores (its first ``entropies`` packets each take a
