@@ -65,7 +65,7 @@ class FabricController(app_manager.OSKenApp):
         conf = self.CONF.fabriclab
         with open(conf.topology, encoding="utf-8") as fh:
             self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed,
-                                       conf.ecmp_selection)
+                                       conf.ecmp_selection, conf.spray_weights)
         self.session = Session(self.policy)
         self.status_path = conf.status
         self.lock = threading.RLock()

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from testbed.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing
+from testbed.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults.ecmp_seed)
     parser.add_argument("--ecmp-selection", type=EcmpSelection, choices=list(EcmpSelection),
                         default=defaults.ecmp_selection)
+    parser.add_argument("--spray-weights", type=SprayWeights, choices=list(SprayWeights),
+                        default=defaults.spray_weights)
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
@@ -41,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from os_ken.controller import controller  # noqa: F401 - registers the ofp-* options
 
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in
-                            ("topology", "status", "routing", "ecmp_seed", "ecmp_selection")],
+                            ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
+                             "spray_weights")],
                            group="fabriclab")
     cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("routing", str(args.routing), group="fabriclab")
     cfg.CONF.set_override("ecmp_seed", str(args.ecmp_seed), group="fabriclab")
     cfg.CONF.set_override("ecmp_selection", str(args.ecmp_selection), group="fabriclab")
+    cfg.CONF.set_override("spray_weights", str(args.spray_weights), group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

@@ -64,10 +64,13 @@ def _group(command: str) -> Callable[[object, Op], list]:
     def build(dp, op: Op) -> list:
         ofp, parser = dp.ofproto, dp.ofproto_parser
         entry: GroupEntry = op.entry
+        weights = entry.weights or (None,) * len(entry.ports)
         buckets = [parser.OFPBucket(
             bucket_id=i, actions=[parser.OFPActionOutput(p)],
-            properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)])
-            for i, p in enumerate(entry.ports)]
+            properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)]
+            + ([parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=w)]
+               if w is not None else []))
+            for i, (p, w) in enumerate(zip(entry.ports, weights))]
         props = [] if op.kind == OpKind.GROUP_DEL else [
             HashSelection(entry.hash_basis, entry.selection)]
         return [parser.OFPGroupMod(dp, command=getattr(ofp, command), type_=ofp.OFPGT_SELECT,

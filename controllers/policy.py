@@ -18,6 +18,12 @@ ask the controller):
   route per remote host, whose up-port at tier ``t`` is ``(d // c^t) mod c`` for host number
   ``d`` and ``c`` uplink choices. Shift permutations (and any pattern whose destinations differ in
   those digits) then get link-disjoint paths, so it doubles as "paths pinned disjoint";
+* routing ``spray``: the switch side of packet spraying. Open vSwitch cannot pick a bucket per
+  packet, so the senders vary the entropy (the UDP source port) per packet and the switches hash
+  it: the ``ecmp`` groups, hashed in the datapath (``dp_hash``: no upcall per new source port),
+  with bucket weights (``spray_weights``): ``capacity`` gives each port its share of the capacity
+  towards the destination (below), ``equal`` sprays blindly, which overloads the thinner side of
+  paths made asymmetric by a failure (Dixit et al., INFOCOM'13);
 * ARP and LLDP go to the controller; anything else is dropped by the table-miss entry.
 
 Link failures are handled by recomputing the desired tables on the live graph and sending the
@@ -31,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from testbed.spec import EcmpSeed, EcmpSelection, Routing
+from testbed.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
 from testbed.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
 
 ETH_TYPE_IPV4 = 0x0800
@@ -71,6 +77,7 @@ class GroupEntry:
     ports: tuple[int, ...]
     hash_basis: int = SHARED_HASH_BASIS
     selection: str = "hash"
+    weights: tuple[int, ...] = ()  # one per port (SELECT bucket weights); empty: all alike
 
 
 @dataclass
@@ -142,15 +149,18 @@ def hash_basis(switch: Node, seed: str) -> int:
 
 def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = Routing.ECMP,
                    ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
-                   ecmp_selection: EcmpSelection = EcmpSelection.HASH) -> dict[str, SwitchTables]:
+                   ecmp_selection: EcmpSelection = EcmpSelection.HASH,
+                   spray_weights: SprayWeights = SprayWeights.CAPACITY
+                   ) -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
         topo: the intended topology.
         link_up: link name -> up; links not present count as up.
-        routing: ``ecmp`` or ``dmodk``.
-        ecmp_seed: ``per_switch`` or ``shared`` hash basis (ecmp only).
-        ecmp_selection: ``hash`` or ``dp_hash`` (ecmp only).
+        routing: ``ecmp``, ``dmodk`` or ``spray``.
+        ecmp_seed: ``per_switch`` or ``shared`` hash basis (ecmp, spray).
+        ecmp_selection: ``hash`` or ``dp_hash`` (ecmp; spray always hashes in the datapath).
+        spray_weights: ``capacity`` or ``equal`` bucket weights (spray only).
 
     Returns:
         switch name -> desired tables.
@@ -160,6 +170,9 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
     tables = _base_tables(topo)
     if routing == Routing.ECMP:
         _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
+    elif routing == Routing.SPRAY:
+        _add_ecmp(topo, link_up, ecmp_seed, EcmpSelection.DP_HASH, tables,
+                  SprayWeights(spray_weights) == SprayWeights.CAPACITY)
     else:
         _add_dmodk(topo, link_up, tables)
     return tables
@@ -186,16 +199,60 @@ def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
 
 
 def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: str,
-              tables: dict[str, SwitchTables]) -> None:
+              tables: dict[str, SwitchTables], weighted: bool = False) -> None:
     for gid, dst in enumerate(topo.access_switches, start=1):
         dist = _distances_to(topo, dst.name, link_up)
+        shares = capacity_shares(topo, dst.name, dist, link_up) if weighted else {}
         for sw in topo.switches:
             if sw.name == dst.name:
                 continue
             ports = tuple(sorted(_next_hops(topo, sw.name, dist, link_up)))
-            tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed), str(selection)))
+            weights = bucket_weights([shares.get((sw.name, p), 0.0) for p in ports])
+            tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed), str(selection),
+                                                 weights))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
+
+
+def capacity_shares(topo: Topology, target: str, dist: dict[str, int],
+                    link_up: dict[str, bool]) -> dict[tuple[str, int], float]:
+    """(switch, port) -> the capacity towards ``target`` behind that port, on the live
+    shortest-path DAG.
+
+    A switch's capacity towards the target is the sum over its next-hop ports of
+    ``min(link rate, next hop's capacity / its fan-in)``, the fan-in being how many switches
+    use that next hop towards the target: a next hop's onward capacity is shared by everything
+    that feeds it. In a k=4 fat-tree with one core link down, an edge switch's uplink to the
+    aggregation switch that lost it gets 1/3 of the pod's traffic instead of 1/2.
+    """
+    order = sorted((n for n in dist if topo.nodes[n].is_switch), key=lambda n: dist[n])
+    hops = {n: list(_next_hops(topo, n, dist, link_up)) for n in order}
+    fan_in: dict[str, int] = {}
+    for n in order:
+        for port in hops[n]:
+            peer = topo.ports(n)[port].other(n).node
+            fan_in[peer] = fan_in.get(peer, 0) + 1
+    capacity = {target: float("inf")}
+    shares: dict[tuple[str, int], float] = {}
+    for n in order[1:] if order and order[0] == target else order:
+        total = 0.0
+        for port in hops[n]:
+            link = topo.ports(n)[port]
+            peer = link.other(n).node
+            share = min(link.rate_mbps, capacity.get(peer, 0.0) / max(1, fan_in.get(peer, 1)))
+            shares[(n, port)] = share
+            total += share
+        capacity[n] = total
+    return shares
+
+
+def bucket_weights(shares: list[float], scale: int = 100) -> tuple[int, ...]:
+    """Integer SELECT bucket weights in proportion to ``shares`` (empty when all are equal or
+    unknown: OpenFlow's default of equal buckets)."""
+    top = max(shares, default=0.0)
+    if top <= 0 or all(abs(s - top) <= 1e-9 * top for s in shares):
+        return ()
+    return tuple(max(1, round(scale * s / top)) for s in shares)
 
 
 def _add_dmodk(topo: Topology, link_up: dict[str, bool],
@@ -300,15 +357,18 @@ class FabricPolicy:
         routing: the routing mode.
         ecmp_seed: the ECMP hash basis (ecmp only).
         ecmp_selection: where the ECMP hash is computed (ecmp only).
+        spray_weights: the spray mode's bucket weights.
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
                  ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
-                 ecmp_selection: EcmpSelection = EcmpSelection.HASH) -> None:
+                 ecmp_selection: EcmpSelection = EcmpSelection.HASH,
+                 spray_weights: SprayWeights = SprayWeights.CAPACITY) -> None:
         self.topo = topo
         self.routing = Routing(routing)
         self.ecmp_seed = EcmpSeed(ecmp_seed)
         self.ecmp_selection = EcmpSelection(ecmp_selection)
+        self.spray_weights = SprayWeights(spray_weights)
         self.port_up: dict[tuple[str, int], bool] = {}
         self.installed: dict[str, SwitchTables] = {}
         self.connected: set[str] = set()
@@ -328,7 +388,8 @@ class FabricPolicy:
     def desired(self) -> dict[str, SwitchTables]:
         if self._desired is None:
             self._desired = compute_tables(self.topo, self.link_state(), self.routing,
-                                           self.ecmp_seed, self.ecmp_selection)
+                                           self.ecmp_seed, self.ecmp_selection,
+                                           self.spray_weights)
         return self._desired
 
     # -- events -------------------------------------------------------------------------------

@@ -24,12 +24,14 @@ import yaml
 
 from testbed.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses
 from testbed.errors import ConfigError
+from testbed.failures import FailureEvent, plan_failures
 from testbed.spec import (
     DEFAULT_QUEUE_KB,
     SHAPE_KEYS,
     Backend,
     ControllerSpec,
     EcmpSeed,
+    SprayWeights,
     EcmpSelection,
     EcnMarker,
     EmulatorSpec,
@@ -62,6 +64,7 @@ class Experiment(TestbedSpec):
     workload: Workload | None = None
     variant: str | None = None  # the variant this is (None: the base experiment)
     variants: tuple[Experiment, ...] = ()  # the base's variants, each a whole experiment
+    failures: tuple[FailureEvent, ...] = ()  # link and switch failures during the workload
 
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
@@ -178,10 +181,15 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry)
     else:
         _ = spec.topology  # semantic checks of the shape happen in the model
+    failures = plan_failures(spec.topology, data.get("failures", []))
+    if failures and workload is None:
+        raise ConfigError("failures", "failures happen during a workload; this experiment "
+                                      "has none")
     return Experiment(
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
-        controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant)
+        controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
+        failures=failures)
 
 
 def _other_config(raw: dict) -> dict[str, str]:
@@ -191,7 +199,7 @@ def _other_config(raw: dict) -> dict[str, str]:
 
 # schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
 _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
-                     "ready_timeout_s": float}
+                     "spray_weights": SprayWeights, "ready_timeout_s": float}
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
                    "ovs_other_config": _other_config, "queue_sample_ms": float,
                    "ecn_marker": EcnMarker}

@@ -14,6 +14,7 @@ from fabriclab.experiment import Experiment
 from testbed.congestion import summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
+from testbed.failures import FailureInjector
 from testbed.files import write_json_atomic
 from testbed.queues import QueueSampler
 from traffic.runner import run_batch
@@ -70,6 +71,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     doc = results.new_document(exp.name, exp.source, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                exp.fabric_summary())
     write_json_atomic(path, doc)
+    injector = None
     try:
         view.building()
         with Fabric(exp, state_dir=state_dir) as fabric:
@@ -78,8 +80,13 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             if exp.emulator.queue_sample_ms > 0:
                 sampler = QueueSampler(fabric, exp.emulator.queue_sample_ms / 1e3)
                 fabric.start_thread(sampler, "queue-sampler")
+            if exp.failures:
+                injector = FailureInjector(fabric, exp.failures)
+                fabric.start_thread(injector, "failures")
             before = fabric.congestion()
             began = time.monotonic()
+            if injector is not None:
+                injector.begin()
             for batch in exp.workload.batches():
                 wait_s = batch[0].not_before_s - (time.monotonic() - began)
                 if wait_s > 0:  # a replayed trace's timestamp
@@ -102,6 +109,10 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     else None)
                 if fabric.pfc_agent is not None:
                     doc["congestion"]["pfc"] = fabric.pfc_agent.report()
+                if injector is not None:
+                    doc["failures"] = injector.report()
+                    errors += [f"failure {f['target']} {f['action']}: {e}"
+                               for f in doc["failures"] for e in f["errors"]]
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
                 write_json_atomic(path, doc)
                 if errors:
@@ -113,5 +124,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             err, TestbedError) else str(err))
         raise
     finally:
+        if injector is not None:  # what was applied, also when the run failed
+            doc["failures"] = injector.report()
         write_json_atomic(path, doc)
     return doc

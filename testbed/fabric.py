@@ -309,6 +309,7 @@ class Fabric:
                "--routing", self.spec.controller.routing,
                "--ecmp-seed", self.spec.controller.ecmp_seed,
                "--ecmp-selection", self.spec.controller.ecmp_selection,
+               "--spray-weights", self.spec.controller.spray_weights,
                "--log", str(self.run_dir / "controller.log")]
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,

@@ -35,6 +35,14 @@ class Routing(StrEnum):
 
     ECMP = "ecmp"  # per-flow hash over the equal-cost paths
     DMODK = "dmodk"  # destination-based static up-port choice (InfiniBand's D-mod-k)
+    SPRAY = "spray"  # the switch side of packet spraying: weighted groups hashing the entropy
+
+
+class SprayWeights(StrEnum):
+    """Bucket weights of the spray mode's groups."""
+
+    CAPACITY = "capacity"  # each port's share of the capacity towards the destination
+    EQUAL = "equal"  # every live port alike (blind spraying)
 
 
 class EcmpSeed(StrEnum):
@@ -167,6 +175,7 @@ class ControllerSpec:
     routing: Routing = Routing.ECMP
     ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH
     ecmp_selection: EcmpSelection = EcmpSelection.HASH
+    spray_weights: SprayWeights = SprayWeights.CAPACITY
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
 

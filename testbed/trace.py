@@ -22,10 +22,11 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
     Returns:
         The node path, hosts included.
     """
-    if fabric.spec.controller.ecmp_selection == "dp_hash":
+    ctl = fabric.spec.controller
+    if ctl.ecmp_selection == "dp_hash" or ctl.routing == "spray":
         raise TestbedError("ofproto/trace cannot follow a dp_hash group past its recirculation "
                            "(the datapath computes the hash): trace with "
-                           "controller.ecmp_selection: hash")
+                           "controller.routing: ecmp, ecmp_selection: hash")
     topo = fabric.topo
     end = topo.attachment(src)
     path = [src]

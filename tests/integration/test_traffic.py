@@ -92,6 +92,23 @@ def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
     assert "busbw" in proc.stderr and "all_reduce" in proc.stderr  # the table, for a person
 
 
+def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_dir, tmp_path):
+    exp = tmp_path / "fail.yaml"
+    exp.write_text(K4 + "workload:\n  collectives:\n"
+                   "    - {op: all_reduce, size: 2MiB, ranks: [h1_1_1, h2_1_1, h3_1_1, h4_1_1]}\n"
+                   "failures:\n"
+                   "  - {at_s: 0.2, link: [agg1_1, core1], action: down}\n"
+                   "  - {at_s: 0.4, switch: core3, action: down}\n"
+                   "  - {at_s: 0.8, link: [agg1_1, core1], action: up}\n")
+    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
+    assert doc["complete"] is True and doc["collectives"][0]["efficiency"] > 0.1
+    applied = doc["failures"]
+    assert [(f["target"], f["action"], f["links"]) for f in applied] == [
+        ("link agg1_1-core1", "down", 1), ("switch core3", "down", 4),
+        ("link agg1_1-core1", "up", 1)]
+    assert all(not f["errors"] and f["applied_s"] >= f["at_s"] for f in applied)
+
+
 def test_background_incast_shares_the_receivers_link(make_fabric):
     from fabriclab import experiment as config
 

@@ -56,7 +56,8 @@ def test_routing_seed_and_emulator_settings_are_checked():
     assert (exp.controller.routing, exp.controller.ecmp_seed) == ("dmodk", "shared")
     assert exp.controller.ecmp_selection == "dp_hash"
     assert (exp.emulator.vswitchd_instances, exp.emulator.fidelity) == (3, "warn")
-    for section, key, value in (("controller", "routing", "spray"),
+    for section, key, value in (("controller", "routing", "adaptive-ish"),
+                                ("controller", "spray_weights", "random"),
                                 ("controller", "ecmp_seed", "random"),
                                 ("controller", "ecmp_selection", "random"),
                                 ("emulator", "vswitchd_instances", 0),
@@ -169,3 +170,34 @@ def test_repeated_variant_names_are_refused():
         config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
                       "variants": [{"name": "a", "set": {}}, {"name": "a", "set": {}}]})
     assert err.value.path == "variants"
+
+
+def test_failures_resolve_to_links_in_time_order():
+    from fabriclab.experiment import parse
+    exp = parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                 "workload": {"collectives": [{"op": "all_reduce", "size": 64, "ranks": 2}]},
+                 "failures": [{"at_s": 5, "switch": "core1", "action": "down"},
+                              {"at_s": 1, "link": ["agg1_1", "core2"], "action": "down"}]})
+    first, second = exp.failures
+    assert (first.at_s, first.target, first.links) == (1.0, "link agg1_1-core2",
+                                                      (("agg1_1", "core2"),))
+    assert second.target == "switch core1" and len(second.links) == 4  # one per pod
+
+
+@pytest.mark.parametrize("item,path,text", [
+    ({"at_s": 1, "link": ["agg1_1", "core9"], "action": "down"}, "failures[0].link[1]",
+     "no node 'core9'"),
+    ({"at_s": 1, "link": ["edge1_1", "core1"], "action": "down"}, "failures[0].link",
+     "share no link"),
+    ({"at_s": 1, "switch": "h1_1_1", "action": "down"}, "failures[0].switch", "no switch"),
+    ({"at_s": -1, "switch": "core1", "action": "down"}, "failures[0].at_s", ""),
+    ({"at_s": 1, "switch": "core1", "action": "flap"}, "failures[0].action", ""),
+])
+def test_bad_failures_name_the_field(item, path, text):
+    from fabriclab.experiment import parse
+    with pytest.raises(ConfigError) as err:
+        parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+               "workload": {"collectives": [{"op": "all_reduce", "size": 64, "ranks": 2}]},
+               "failures": [item]})
+    assert err.value.path == path, err.value
+    assert text in err.value.message

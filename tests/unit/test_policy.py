@@ -196,3 +196,54 @@ def test_dmodk_fails_over_to_a_live_uplink():
         switches[name].apply(ops)
     (after,) = walk(topo, switches, "h1_1_1", "h2_1_1")
     assert after[2] == "agg1_2"
+
+
+def test_spray_groups_hash_in_the_datapath_with_equal_weights_on_a_healthy_fat_tree():
+    topo = fat_tree(4)
+    tables = compute_tables(topo, {}, "spray")
+    for sw in topo.switches:
+        for g in tables[sw.name].groups.values():
+            assert g.selection == "dp_hash" and g.weights == ()  # symmetric: plain buckets
+
+
+def test_spray_weights_follow_the_capacity_left_after_a_core_link_fails():
+    topo = fat_tree(4)
+    down = {topo.find_link("agg1_1", "core1").name: False}
+    dst_gid = 1 + [s.name for s in topo.access_switches].index("edge2_1")
+    cap = compute_tables(topo, down, "spray")
+    edge = cap["edge1_1"].groups[dst_gid]
+    up_to = {p: topo.ports("edge1_1")[p].other("edge1_1").node for p in edge.ports}
+    weight = dict(zip((up_to[p] for p in edge.ports), edge.weights))
+    # agg1_1 has one core left towards pod 2, agg1_2 two: the edge splits 1:2
+    assert weight["agg1_2"] == 2 * weight["agg1_1"]
+    # the other pods' routes to pod 1 through core1 are gone; core2 carries agg1_1's share
+    assert cap["agg1_1"].groups[dst_gid].ports == (topo.find_link("agg1_1", "core2")
+                                                  .end("agg1_1").port,)
+    # pod 3 to pod 4: core1 lost pod 1's share of its downlinks, so agg3_1 (core1, core2) has
+    # more room than agg3_2 and edge3_1 leans towards it; paths in pod 2 to pod 1 do not change
+    gid4 = 1 + [s.name for s in topo.access_switches].index("edge4_1")
+    g = cap["edge3_1"].groups[gid4]
+    ports = {topo.ports("edge3_1")[p].other("edge3_1").node: w for p, w in zip(g.ports, g.weights)}
+    assert ports["agg3_1"] > ports["agg3_2"]
+    blind = compute_tables(topo, down, "spray", spray_weights="equal")
+    assert blind["edge1_1"].groups[dst_gid].weights == ()
+
+
+def test_a_failure_changes_only_the_affected_spray_groups():
+    topo = fat_tree(4)
+    policy = FabricPolicy(topo, "spray")
+    _connect_all(topo, policy)
+    link = topo.find_link("agg1_1", "core1")
+    ops = policy.port_status(topo.nodes["agg1_1"].dpid, link.end("agg1_1").port, False, 1.0)
+    changed = {name: [op for op in o if op.kind != "barrier"] for name, o in ops.items()}
+    assert all(op.kind == "group_mod" for o in changed.values() for op in o)
+    # edge1_x re-weight towards the other pods; pods 2-4 drop core1 towards pod 1 at their aggs
+    assert {"edge1_1", "edge1_2", "agg1_1"} <= set(n for n, o in changed.items() if o)
+    assert not any(changed.get(n) for n in ("core3", "core4", "agg1_2"))
+
+
+def test_bucket_weights_are_proportional_integers():
+    from controllers.policy import bucket_weights
+    assert bucket_weights([1.0, 1.0]) == ()
+    assert bucket_weights([0.5, 1.0]) == (50, 100)
+    assert bucket_weights([0.001, 1.0]) == (1, 100)  # a live port never gets weight 0
