@@ -75,9 +75,13 @@ fabric:
   hosts_per_leaf: 2
   host_link: {rate_mbps: 10}
   fabric_link: {rate_mbps: 5}
-  queue: {size_kb: 128}
+  queue: {size_kb: 1024}
   traffic_classes: {dscp_to_priority: {26: 3}}
-  pfc: {priorities: [3], poll_ms: 5, xoff_kb: 16}
+  # the emulated guest's PFC agent reacts in 50-80 ms typically but stalls up to 0.6 s at times
+  # (reaction p99 314-569 ms seen in CI): the headroom is sized for 0.5 s at 10 Mbit/s, and the
+  # storm watchdog sits beyond such stalls (at 500 ms it broke legitimate pauses, and the
+  # lossless class then drops by design)
+  pfc: {priorities: [3], poll_ms: 5, xoff_kb: 16, headroom_kb: 640, watchdog_ms: 5000}
 emulator: {backend: vm}
 workload:
   dscp: 26
