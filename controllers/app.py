@@ -26,11 +26,20 @@ from os_ken.controller.handler import (
     set_ev_cls,
 )
 from os_ken.lib import hub
-from os_ken.lib.packet import arp, ethernet, lldp, packet
+from os_ken.lib.packet import arp, ethernet, ipv4, lldp, packet, tcp, udp
 from os_ken.ofproto import ofproto_v1_5
 
+from controllers.adaptive import FlowKey
 from controllers.ofmsgs import to_messages
-from controllers.policy import ETH_TYPE_ARP, ETH_TYPE_LLDP, FabricPolicy, Op, OpKind
+from controllers.policy import (
+    ETH_TYPE_ARP,
+    ETH_TYPE_IPV4,
+    ETH_TYPE_LLDP,
+    FLOW_COOKIE,
+    FabricPolicy,
+    Op,
+    OpKind,
+)
 from controllers.session import Session
 from testbed.files import write_json_atomic
 from testbed.topology import from_dict
@@ -65,17 +74,31 @@ class FabricController(app_manager.OSKenApp):
         conf = self.CONF.fabriclab
         with open(conf.topology, encoding="utf-8") as fh:
             self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed,
-                                       conf.ecmp_selection, conf.spray_weights)
+                                       conf.ecmp_selection, conf.spray_weights,
+                                       float(conf.poll_interval_s))
         self.session = Session(self.policy)
         self.status_path = conf.status
         self.lock = threading.RLock()
         self.datapaths: dict[str, object] = {}
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
+        self.poll_s = float(conf.poll_interval_s)
+        self.pending_flow_stats: set[str] = set()
+        self.flow_counters: dict[FlowKey, int] = {}
+        self.port_counters: dict[int, dict[int, int]] = {}
+        self.stats_rounds = 0
         self.write_status()
         hub.spawn(self._lldp_loop)
+        if self.policy.adaptive is not None:
+            hub.spawn(self._stats_loop)
 
     def write_status(self) -> None:
-        write_json_atomic(self.status_path, self.session.status(time.time(), os.getpid()))
+        doc = self.session.status(time.time(), os.getpid())
+        if self.policy.adaptive is not None:
+            cpu = os.times()
+            doc["adaptive"] = {**self.policy.adaptive.report(), "poll_s": self.poll_s,
+                               "stats_rounds": self.stats_rounds,
+                               "cpu_s": round(cpu.user + cpu.system, 3)}
+        write_json_atomic(self.status_path, doc)
 
     # -- sending -----------------------------------------------------------------------------
     def _send(self, name: str, ops: list[Op]) -> None:
@@ -175,6 +198,80 @@ class FabricController(app_manager.OSKenApp):
             self._on_lldp(dp, in_port, pkt.get_protocol(lldp.lldp))
         elif eth.ethertype == ETH_TYPE_ARP:
             self._on_arp(dp, in_port, pkt.get_protocol(arp.arp))
+        elif eth.ethertype == ETH_TYPE_IPV4 and self.policy.adaptive is not None:
+            self._on_new_flow(dp, in_port, pkt, msg.data)
+
+    def _on_new_flow(self, dp, in_port: int, pkt, data: bytes) -> None:
+        """A flow's first packet from a host port: learn it, then send the packet on through
+        the tables (where its new entry now is)."""
+        ip = pkt.get_protocol(ipv4.ipv4)
+        if ip is None:
+            return
+        l4 = pkt.get_protocol(tcp.tcp) or pkt.get_protocol(udp.udp)
+        key = FlowKey(ip.src, ip.dst, ip.proto, l4.src_port if l4 else 0,
+                      l4.dst_port if l4 else 0)
+        self._send_all(self.policy.new_flow(dp.id, in_port, key, time.time()))
+        parser, ofp = dp.ofproto_parser, dp.ofproto
+        dp.send_msg(parser.OFPPacketOut(dp, ofp.OFP_NO_BUFFER, parser.OFPMatch(in_port=in_port),
+                                        [parser.OFPActionOutput(ofp.OFPP_TABLE)], data))
+
+    # -- the adaptive mode's statistics ----------------------------------------------------------
+    def _stats_loop(self) -> None:
+        """Every poll interval: the per-flow entries' counters of every access switch and every
+        switch's port counters; a round ends when every flow-stats reply is in."""
+        while True:
+            hub.sleep(self.poll_s)
+            with self.lock:
+                if self.pending_flow_stats:  # the last round is not complete: adapt anyway
+                    self._end_round()
+                access = {sw.name for sw in self.policy.topo.access_switches}
+                for name, dp in sorted(self.datapaths.items()):
+                    parser, ofp = dp.ofproto_parser, dp.ofproto
+                    dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
+                    if name in access:
+                        self.pending_flow_stats.add(name)
+                        dp.send_msg(parser.OFPFlowDescStatsRequest(
+                            dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, FLOW_COOKIE,
+                            0xFFFFFFFFFFFFFFFF, parser.OFPMatch()))
+
+    def _end_round(self) -> None:
+        now = time.time()
+        self.pending_flow_stats.clear()
+        self.policy.flow_stats(0, dict(self.flow_counters), now)
+        self.flow_counters.clear()
+        self.stats_rounds += 1
+        self._send_all(self.policy.adapt(now))
+        self.write_status()
+
+    @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)
+    @_guarded
+    def on_flow_stats(self, ev) -> None:
+        msg = ev.msg
+        for stat in msg.body:
+            key = FlowKey.from_match(dict(stat.match.items()))
+            if key is not None:
+                self.flow_counters[key] = int(stat.stats.get("byte_count", 0))
+        if msg.flags & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
+            return
+        switch = self.policy.topo.switch_by_dpid(msg.datapath.id)
+        if switch is not None:
+            self.pending_flow_stats.discard(switch.name)
+        if not self.pending_flow_stats:
+            self._end_round()
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    @_guarded
+    def on_port_stats(self, ev) -> None:
+        msg = ev.msg
+        ofp = msg.datapath.ofproto
+        counters = self.port_counters.setdefault(msg.datapath.id, {})
+        for stat in msg.body:
+            if stat.port_no <= ofp.OFPP_MAX:
+                counters[stat.port_no] = stat.tx_bytes
+        if msg.flags & ofp.OFPMPF_REPLY_MORE:
+            return
+        self.policy.port_stats(msg.datapath.id, self.port_counters.pop(msg.datapath.id),
+                               time.time())
 
     def _on_lldp(self, dp, in_port: int, probe) -> None:
         if probe is None:

@@ -91,8 +91,9 @@ def _flow_add(dp, op: Op) -> list:
         else:
             raise ValueError(f"unknown action {name}")
     inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []
-    return [parser.OFPFlowMod(dp, command=ofp.OFPFC_ADD, priority=entry.priority,
-                              match=parser.OFPMatch(**dict(entry.match)), instructions=inst)]
+    return [parser.OFPFlowMod(dp, cookie=entry.cookie, command=ofp.OFPFC_ADD,
+                              priority=entry.priority, match=parser.OFPMatch(**dict(entry.match)),
+                              instructions=inst)]
 
 
 def _flow_del(dp, op: Op) -> list:

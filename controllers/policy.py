@@ -24,6 +24,12 @@ ask the controller):
   with bucket weights (``spray_weights``): ``capacity`` gives each port its share of the capacity
   towards the destination (below), ``equal`` sprays blindly, which overloads the thinner side of
   paths made asymmetric by a failure (Dixit et al., INFOCOM'13);
+* routing ``adaptive``: the ``ecmp`` tables, plus what :mod:`controllers.adaptive` decides: at
+  access switches IPv4 from a host port that no flow entry knows goes to the controller
+  (``PRIORITY_DETECT``), which adds an exact-match entry for the flow (``PRIORITY_FLOW``, the
+  same forwarding as the routes: its counter is the flow's); an elephant placed on a path gets
+  an exact-match entry at every switch of that path; the groups' bucket weights follow the
+  measured residual capacity of their ports (WCMP) for the mice;
 * ARP and LLDP go to the controller; anything else is dropped by the table-miss entry.
 
 Link failures are handled by recomputing the desired tables on the live graph and sending the
@@ -37,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from controllers.adaptive import AdaptiveRouting, FlowKey
 from testbed.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
 from testbed.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
 
@@ -49,6 +56,9 @@ PRIORITY_MISS = 0
 PRIORITY_PREFIX = 100
 PRIORITY_REMOTE_HOST = 150
 PRIORITY_HOST = 200
+PRIORITY_DETECT = 210
+PRIORITY_FLOW = 250
+FLOW_COOKIE = 0xADA0  # the adaptive mode's per-flow entries (their counters are polled)
 
 SHARED_HASH_BASIS = 0
 PRIORITY_PUNT = 300
@@ -61,6 +71,7 @@ class FlowEntry:
     priority: int
     match: tuple[tuple[str, object], ...]
     actions: tuple[tuple[str, object], ...]
+    cookie: int = 0
 
     @property
     def key(self) -> tuple:
@@ -150,8 +161,8 @@ def hash_basis(switch: Node, seed: str) -> int:
 def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = Routing.ECMP,
                    ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
                    ecmp_selection: EcmpSelection = EcmpSelection.HASH,
-                   spray_weights: SprayWeights = SprayWeights.CAPACITY
-                   ) -> dict[str, SwitchTables]:
+                   spray_weights: SprayWeights = SprayWeights.CAPACITY,
+                   adaptive: AdaptiveRouting | None = None) -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
@@ -161,6 +172,7 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
         ecmp_seed: ``per_switch`` or ``shared`` hash basis (ecmp, spray).
         ecmp_selection: ``hash`` or ``dp_hash`` (ecmp; spray always hashes in the datapath).
         spray_weights: ``capacity`` or ``equal`` bucket weights (spray only).
+        adaptive: the adaptive mode's flows and loads (adaptive only).
 
     Returns:
         switch name -> desired tables.
@@ -173,6 +185,9 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
     elif routing == Routing.SPRAY:
         _add_ecmp(topo, link_up, ecmp_seed, EcmpSelection.DP_HASH, tables,
                   SprayWeights(spray_weights) == SprayWeights.CAPACITY)
+    elif routing == Routing.ADAPTIVE:
+        _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
+        _add_adaptive(topo, link_up, adaptive or AdaptiveRouting(topo), tables)
     else:
         _add_dmodk(topo, link_up, tables)
     return tables
@@ -212,6 +227,36 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
                                                  weights))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
+
+
+def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRouting,
+                  tables: dict[str, SwitchTables]) -> None:
+    gid = {sw.name: i for i, sw in enumerate(topo.access_switches, start=1)}
+    for sw in topo.access_switches:
+        for port, link in topo.ports(sw.name).items():
+            if link.tier == "host":
+                tables[sw.name].add_flow(FlowEntry(
+                    PRIORITY_DETECT, (("in_port", port), ("eth_type", ETH_TYPE_IPV4)),
+                    (("output", CONTROLLER_PORT),)))
+    for sw in topo.switches:  # WCMP for the mice
+        t = tables[sw.name]
+        for g in list(t.groups.values()):
+            weights = adaptive.bucket_weights(sw.name, g.ports)
+            if weights:
+                t.groups[g.group_id] = GroupEntry(g.group_id, g.ports, g.hash_basis,
+                                                  g.selection, weights)
+    for flow in adaptive.flows.values():
+        match = flow.key.match()
+        if flow.path is not None:
+            for node, nxt in zip(flow.path[1:-1], flow.path[2:]):
+                port = topo.find_link(node, nxt).end(node).port
+                tables[node].add_flow(FlowEntry(PRIORITY_FLOW, match, (("output", port),),
+                                                FLOW_COOKIE))
+            continue
+        first = topo.attachment(flow.src_host).node
+        last = topo.attachment(flow.dst_host)
+        action = (("output", last.port),) if last.node == first else (("group", gid[last.node]),)
+        tables[first].add_flow(FlowEntry(PRIORITY_FLOW, match, action, FLOW_COOKIE))
 
 
 def capacity_shares(topo: Topology, target: str, dist: dict[str, int],
@@ -358,17 +403,21 @@ class FabricPolicy:
         ecmp_seed: the ECMP hash basis (ecmp only).
         ecmp_selection: where the ECMP hash is computed (ecmp only).
         spray_weights: the spray mode's bucket weights.
+        poll_s: the adaptive mode's statistics interval.
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
                  ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
                  ecmp_selection: EcmpSelection = EcmpSelection.HASH,
-                 spray_weights: SprayWeights = SprayWeights.CAPACITY) -> None:
+                 spray_weights: SprayWeights = SprayWeights.CAPACITY,
+                 poll_s: float = 1.0) -> None:
         self.topo = topo
         self.routing = Routing(routing)
         self.ecmp_seed = EcmpSeed(ecmp_seed)
         self.ecmp_selection = EcmpSelection(ecmp_selection)
         self.spray_weights = SprayWeights(spray_weights)
+        self.adaptive = (AdaptiveRouting(topo, poll_s) if self.routing == Routing.ADAPTIVE
+                         else None)
         self.port_up: dict[tuple[str, int], bool] = {}
         self.installed: dict[str, SwitchTables] = {}
         self.connected: set[str] = set()
@@ -389,7 +438,7 @@ class FabricPolicy:
         if self._desired is None:
             self._desired = compute_tables(self.topo, self.link_state(), self.routing,
                                            self.ecmp_seed, self.ecmp_selection,
-                                           self.spray_weights)
+                                           self.spray_weights, self.adaptive)
         return self._desired
 
     # -- events -------------------------------------------------------------------------------
@@ -441,6 +490,46 @@ class FabricPolicy:
         self._set_port(switch.name, port, live)
         return self.reconcile()
 
+    # -- the adaptive mode's inputs (each returns the ops for the switches it changes) -------
+    def new_flow(self, dpid: int, in_port: int, key: FlowKey, now: float
+                 ) -> dict[str, list[Op]]:
+        """A flow's first packet, punted by its source access switch from a host port."""
+        switch = self.topo.switch_by_dpid(dpid)
+        link = self.topo.link_at(switch.name, in_port) if switch else None
+        if self.adaptive is None or link is None or link.tier != "host":
+            return {}
+        known = key in self.adaptive.flows
+        if self.adaptive.new_flow(key, now) is None or known:
+            return {}
+        self._desired = None
+        return self.reconcile()
+
+    def flow_stats(self, dpid: int, counters: dict[FlowKey, int], now: float) -> None:
+        """Byte counters of the per-flow entries of one access switch."""
+        if self.adaptive is not None:
+            self.adaptive.flow_stats(counters, now)
+
+    def port_stats(self, dpid: int, tx_bytes: dict[int, int], now: float) -> None:
+        """Transmit byte counters of one switch's ports."""
+        switch = self.topo.switch_by_dpid(dpid)
+        if self.adaptive is not None and switch is not None:
+            self.adaptive.port_stats(switch.name, tx_bytes, now)
+
+    def adapt(self, now: float) -> dict[str, list[Op]]:
+        """After a statistics round: forget idle flows, place the elephants, re-weight the
+        groups; returns the ops of the switches whose tables change."""
+        if self.adaptive is None:
+            return {}
+        gone = self.adaptive.expire(now)
+        moved = self.adaptive.place(now, self.link_state())
+        before = self.desired()
+        self._desired = None
+        if not (gone or moved) and self.desired() == before:
+            return {}
+        for key in gone:
+            self.events.append((now, f"flow {key.src}->{key.dst} expired"))
+        return self.reconcile()
+
     def reconcile(self) -> dict[str, list[Op]]:
         """Bring every connected switch to the desired state; returns the non-empty op lists."""
         out = {}
@@ -454,6 +543,8 @@ class FabricPolicy:
         if self.port_up.get((switch, port), True) != live or (switch, port) not in self.port_up:
             self.port_up[(switch, port)] = live
             self._desired = None
+            if self.adaptive is not None:
+                self.adaptive.drop_dead_paths(self.link_state())
 
     def _sync(self, name: str) -> list[Op]:
         new = self.desired()[name]

@@ -109,6 +109,10 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     else None)
                 if fabric.pfc_agent is not None:
                     doc["congestion"]["pfc"] = fabric.pfc_agent.report()
+                status = fabric.controller_status()  # routing decisions so far
+                doc["controller"] = {"routing": str(exp.controller.routing),
+                                     "links_down": status.get("links_down", []),
+                                     "adaptive": status.get("adaptive")}
                 if injector is not None:
                     doc["failures"] = injector.report()
                     errors += [f"failure {f['target']} {f['action']}: {e}"

@@ -310,6 +310,7 @@ class Fabric:
                "--ecmp-seed", self.spec.controller.ecmp_seed,
                "--ecmp-selection", self.spec.controller.ecmp_selection,
                "--spray-weights", self.spec.controller.spray_weights,
+               "--poll-interval-s", str(self.spec.controller.poll_interval_s),
                "--log", str(self.run_dir / "controller.log")]
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,

@@ -36,6 +36,7 @@ class Routing(StrEnum):
     ECMP = "ecmp"  # per-flow hash over the equal-cost paths
     DMODK = "dmodk"  # destination-based static up-port choice (InfiniBand's D-mod-k)
     SPRAY = "spray"  # the switch side of packet spraying: weighted groups hashing the entropy
+    ADAPTIVE = "adaptive"  # load-aware: elephants placed by Global First Fit (Hedera), WCMP
 
 
 class SprayWeights(StrEnum):
@@ -176,6 +177,7 @@ class ControllerSpec:
     ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH
     ecmp_selection: EcmpSelection = EcmpSelection.HASH
     spray_weights: SprayWeights = SprayWeights.CAPACITY
+    poll_interval_s: float = 1.0  # adaptive: the statistics interval
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
 
 

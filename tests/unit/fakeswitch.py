@@ -63,10 +63,10 @@ class FakeSwitch:
 
 def _matches(flow: FlowEntry, packet: dict) -> bool:
     for field, value in flow.match:
-        if field == "ipv4_dst":
+        if field in ("ipv4_src", "ipv4_dst"):
             addr, mask = value
             net = ipaddress.ip_network(f"{addr}/{mask}")
-            if ipaddress.ip_address(packet.get("ipv4_dst", "0.0.0.0")) not in net:
+            if ipaddress.ip_address(packet.get(field, "0.0.0.0")) not in net:
                 return False
         elif packet.get(field) != value:
             return False
@@ -74,12 +74,14 @@ def _matches(flow: FlowEntry, packet: dict) -> bool:
 
 
 def walk(topo: Topology, switches: dict[str, FakeSwitch], src: str, dst: str,
-         max_hops: int = 16) -> list[list[str]]:
-    """All node paths an IPv4 packet from host ``src`` to host ``dst`` can take.
+         max_hops: int = 16, **fields) -> list[list[str]]:
+    """All node paths an IPv4 packet from host ``src`` to host ``dst`` (with more header
+    ``fields``, e.g. ip_proto and tcp ports) can take.
 
     Raises AssertionError on a loop, a drop, or delivery to the wrong host.
     """
-    packet = {"eth_type": 0x0800, "ipv4_dst": topo.nodes[dst].ip}
+    packet = {"eth_type": 0x0800, "ipv4_dst": topo.nodes[dst].ip,
+              "ipv4_src": topo.nodes[src].ip, **fields}
     first = topo.attachment(src).node
     paths = []
 
