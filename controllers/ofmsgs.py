@@ -71,9 +71,11 @@ def _group(command: str) -> Callable[[object, Op], list]:
             + ([parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=w)]
                if w is not None else []))
             for i, (p, w) in enumerate(zip(entry.ports, weights))]
-        props = [] if op.kind == OpKind.GROUP_DEL else [
+        ff = entry.kind == "ff"
+        props = [] if op.kind == OpKind.GROUP_DEL or ff else [
             HashSelection(entry.hash_basis, entry.selection)]
-        return [parser.OFPGroupMod(dp, command=getattr(ofp, command), type_=ofp.OFPGT_SELECT,
+        return [parser.OFPGroupMod(dp, command=getattr(ofp, command),
+                                   type_=ofp.OFPGT_FF if ff else ofp.OFPGT_SELECT,
                                    group_id=entry.group_id, buckets=buckets, properties=props)]
     return build
 

@@ -17,7 +17,9 @@ ask the controller):
 * routing ``dmodk``: destination-based static routing as InfiniBand fat-trees do (D-mod-k): one
   route per remote host, whose up-port at tier ``t`` is ``(d // c^t) mod c`` for host number
   ``d`` and ``c`` uplink choices. Shift permutations (and any pattern whose destinations differ in
-  those digits) then get link-disjoint paths, so it doubles as "paths pinned disjoint";
+  those digits) then get link-disjoint paths, so it doubles as "paths pinned disjoint". The
+  route outputs to a fast-failover group (that port first, then the other live ones), so a
+  local link failure moves the traffic at once, before the controller recomputes the choice;
 * routing ``spray``: the switch side of packet spraying. Open vSwitch cannot pick a bucket per
   packet, so the senders vary the entropy (the UDP source port) per packet and the switches hash
   it: the ``ecmp`` groups, hashed in the datapath (``dp_hash``: no upcall per new source port),
@@ -89,6 +91,7 @@ class GroupEntry:
     hash_basis: int = SHARED_HASH_BASIS
     selection: str = "hash"
     weights: tuple[int, ...] = ()  # one per port (SELECT bucket weights); empty: all alike
+    kind: str = "select"  # or "ff": fast failover, the first live port in order
 
 
 @dataclass
@@ -300,9 +303,22 @@ def bucket_weights(shares: list[float], scale: int = 100) -> tuple[int, ...]:
     return tuple(max(1, round(scale * s / top)) for s in shares)
 
 
+DMODK_GROUP_BASE = 1000  # fast-failover group ids (below: the ECMP groups, one per access switch)
+
+
 def _add_dmodk(topo: Topology, link_up: dict[str, bool],
                tables: dict[str, SwitchTables]) -> None:
     number = {h.name: d for d, h in enumerate(topo.hosts)}
+    failover: dict[tuple[str, tuple[int, ...]], int] = {}
+
+    def group_for(switch: str, first: int, live: list[int]) -> int:
+        order = (first, *(p for p in live if p != first))
+        key = (switch, order)
+        if key not in failover:
+            failover[key] = DMODK_GROUP_BASE + sum(1 for k in failover if k[0] == switch)
+            tables[switch].add_group(GroupEntry(failover[key], order, kind="ff"))
+        return failover[key]
+
     for dst in topo.access_switches:
         dist = _distances_to(topo, dst.name, link_up)
         intact = _distances_to(topo, dst.name, {})
@@ -317,10 +333,12 @@ def _add_dmodk(topo: Topology, link_up: dict[str, bool],
                     continue
                 d = number[host] // choices ** ROLE_TIER[sw.role]
                 port = live[(d % choices) % len(live)]
+                action = (("group", group_for(sw.name, port, live)),) if len(live) > 1 else (
+                    ("output", port),)
                 tables[sw.name].add_flow(FlowEntry(
                     PRIORITY_REMOTE_HOST, (("eth_type", ETH_TYPE_IPV4),
                                            ("ipv4_dst", (topo.nodes[host].ip, "255.255.255.255"))),
-                    (("output", port),)))
+                    action))
 
 
 def _is_up(link: Link, link_up: dict[str, bool]) -> bool:

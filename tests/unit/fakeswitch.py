@@ -57,7 +57,9 @@ class FakeSwitch:
             if name == "output":
                 ports.append(value)
             elif name == "group":
-                ports.extend(self.groups[value].ports)
+                group = self.groups[value]
+                # fast failover: the first bucket (the tables list live ports only)
+                ports.extend(group.ports[:1] if group.kind == "ff" else group.ports)
         return ports
 
 

@@ -1,14 +1,10 @@
 """Adaptive routing's pure logic: demand estimation, Global First Fit, WCMP, and the policy's
 tables, driven by scripted statistics and a mock clock."""
 
-import pytest
-
 from controllers.adaptive import AdaptiveRouting, Flow, FlowKey, estimate_demands
 from controllers.policy import FLOW_COOKIE, PRIORITY_DETECT, PRIORITY_FLOW, FabricPolicy
 from testbed.topology import fat_tree
 from tests.unit.fakeswitch import FakeSwitch, walk
-
-RATE = 3e6  # the hosts' link rate in these fabrics (bit/s)
 
 
 def _flows(*pairs):
