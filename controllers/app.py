@@ -211,9 +211,26 @@ class FabricController(app_manager.OSKenApp):
         key = FlowKey(ip.src, ip.dst, ip.proto, l4.src_port if l4 else 0,
                       l4.dst_port if l4 else 0)
         self._send_all(self.policy.new_flow(dp.id, in_port, key, time.time()))
+        # The packet goes on where its new entry sends it. Its L4 checksum is recomputed: with
+        # the userspace datapath's TSO the host left it to the "NIC" (partial), so the punted
+        # copy carries none, and sent as it came every flow lost its first packets (TCP's
+        # retransmitted SYN then gave up ECN).
+        if l4 is not None:
+            l4.csum = 0
+            ip.csum = 0
+            pkt.serialize()
+            data = bytes(pkt.data)
         parser, ofp = dp.ofproto_parser, dp.ofproto
-        dp.send_msg(parser.OFPPacketOut(dp, ofp.OFP_NO_BUFFER, parser.OFPMatch(in_port=in_port),
-                                        [parser.OFPActionOutput(ofp.OFPP_TABLE)], data))
+        actions = []
+        for name, value in self.policy.flow_actions(dp.id, key):
+            if name == "output":
+                actions.append(parser.OFPActionOutput(value))
+            elif name == "group":
+                actions.append(parser.OFPActionGroup(value))
+        if actions:
+            dp.send_msg(parser.OFPPacketOut(dp, ofp.OFP_NO_BUFFER,
+                                            parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
+                                            actions, data))
 
     # -- the adaptive mode's statistics ----------------------------------------------------------
     def _stats_loop(self) -> None:

@@ -522,6 +522,22 @@ class FabricPolicy:
         self._desired = None
         return self.reconcile()
 
+    def flow_actions(self, dpid: int, key: FlowKey) -> tuple[tuple[str, object], ...]:
+        """What a switch's entry for the flow does (empty: it has none)."""
+        switch = self.topo.switch_by_dpid(dpid)
+        tables = self.desired().get(switch.name) if switch else None
+        entry = tables.flows.get((PRIORITY_FLOW, key.match())) if tables else None
+        if entry is None:
+            return ()
+        out = []
+        for name, value in entry.actions:  # a group: one of its ports, picked by the 5-tuple
+            if name == "group" and tables.groups.get(value) and tables.groups[value].ports:
+                ports = tables.groups[value].ports
+                out.append(("output", ports[hash(key) % len(ports)]))
+            else:
+                out.append((name, value))
+        return tuple(out)
+
     def flow_stats(self, dpid: int, counters: dict[FlowKey, int], now: float) -> None:
         """Byte counters of the per-flow entries of one access switch."""
         if self.adaptive is not None:

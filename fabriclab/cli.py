@@ -340,14 +340,16 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
     table = Table(title=f"{name}: variants", box=None,
                   caption="pauses: PFC pause events (paused: their total time, s; over all "
                           "ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
-                          "of pauses seen; queue: sampled switch backlog, KiB; busbw: Mbit/s; "
-                          "fct: flow completion, s")
+                          "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
+                          "share of the link rate into the top tier over the run; busbw: "
+                          "Mbit/s; fct: flow completion, s")
     for col in ("variant", "drops", "ce marks", "pauses", "paused s", "watchdog", "deadlocks",
-                "queue max", "queue p99"):
+                "queue max", "queue p99", "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r["jobs"]) for r in rows), default=0)
     for j in range(jobs):
-        op = next((r["jobs"][j]["op"] for r in rows if len(r["jobs"]) > j), "?")
+        op = next((r["jobs"][j].get("label") or r["jobs"][j]["op"] for r in rows
+                   if len(r["jobs"]) > j), "?")
         table.add_column(f"j{j} {op} busbw", justify="right")
         table.add_column(f"j{j} fct p50/p99", justify="right")
     for r in rows:
@@ -359,13 +361,20 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
                  f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s") else "-",
                  str(r["pfc_watchdog_events"]) if r.get("pfc_watchdog_events") else "-",
                  str(r["pfc_deadlocks"]) if r.get("pfc_deadlocks") else "-",
-                 kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"])]
+                 kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"]), _top_util(r)]
         for j in range(jobs):
             job = r["jobs"][j] if len(r["jobs"]) > j else None
             cells += ([f"{job['busbw_mbps']:.2f}",
                        f"{job['fct_p50_s']:.2f}/{job['fct_p99_s']:.2f}"] if job else ["-", "-"])
         table.add_row(*cells)
     return table
+
+
+def _top_util(row: dict) -> str:
+    """Max/mean utilization of the links into the top tier (agg->core, leaf->spine)."""
+    util = row.get("utilization") or {}
+    tier = next((t for t in ("agg->core", "leaf->spine") if t in util), None)
+    return f"{util[tier]['max']:.2f}/{util[tier]['mean']:.2f}" if tier else "-"
 
 
 def _results_table(doc: dict) -> Table:

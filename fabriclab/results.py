@@ -66,6 +66,8 @@ class JobSummary:
     busbw_mbps: float
     efficiency: float
     agent_cpu_s: float
+    job: int = 0
+    label: str = ""
 
     @property
     def count(self) -> int:
@@ -88,7 +90,8 @@ def job_summaries(rows: list[dict]) -> list[JobSummary]:
         out.append(JobSummary(r0["op"], r0["algorithm"], r0["communicator_size"], r0["bytes"],
                               len(group), mean_s, algbw, algbw * factor,
                               sum(r["efficiency"] for r in group) / len(group),
-                              sum(r.get("agent_cpu_s", 0.0) for r in group)))
+                              sum(r.get("agent_cpu_s", 0.0) for r in group), r0["job"],
+                              r0.get("label", "")))
     return out
 
 
@@ -103,12 +106,14 @@ def variant_row(doc: dict) -> dict:
                                              "lossless_drops",
                                              "queue_max_bytes", "queue_p99_bytes")},
            "pfc_deadlocks": len((congestion.get("pfc") or {}).get("deadlocks", [])),
+           "utilization": congestion.get("utilization") or {},
            "jobs": []}
     for s in job_summaries(doc["collectives"]):
-        rows = [r for r in doc["collectives"] if (r["op"], r["bytes"]) == (s.op, s.bytes)]
+        rows = [r for r in doc["collectives"]
+                if (r["job"], r["op"], r["bytes"]) == (s.job, s.op, s.bytes)]
         fct = {q: max((r["flow_completion_s"].get(q, 0.0) for r in rows), default=0.0)
                for q in ("p50", "p99")}
-        row["jobs"].append({"op": s.op, "ranks": s.ranks, "busbw_mbps": s.busbw_mbps,
+        row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks, "busbw_mbps": s.busbw_mbps,
                             "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
                             "fct_p99_s": fct["p99"]})
     return row

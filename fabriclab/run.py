@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fabriclab import results
 from fabriclab.experiment import Experiment
-from testbed.congestion import summarize_congestion
+from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
 from testbed.failures import FailureInjector
@@ -104,6 +104,8 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 doc["congestion"] = summarize_congestion(
                     before, fabric.congestion(), sampler.snapshot() if sampler else {},
                     exp.fabric.pfc.priorities)
+                doc["congestion"]["utilization"] = link_utilization(
+                    fabric.topo, before, fabric.congestion(), time.monotonic() - began)
                 doc["congestion"]["marker"] = (
                     (RED_MARKER if fabric.red_marking else MARKER) if exp.fabric.marks_ecn
                     else None)

@@ -395,3 +395,26 @@ def pause_cycles(paused_by: dict[str, set[str]]) -> list[list[str]]:
                 elif index[nxt] > index[start] and nxt not in seen:
                     stack.append((nxt, path + [nxt], seen | {nxt}))
     return [list(c) for c in sorted(cycles)]
+
+
+def link_utilization(topo, before: dict[str, dict], after: dict[str, dict],
+                     seconds: float) -> dict[str, dict[str, float]]:
+    """Per tier of directed links (``edge->agg``, ``agg->core``, ``core->agg``, ...), the
+    max and mean share of the link rate the switch ports sent between two
+    :meth:`testbed.fabric.Fabric.congestion` readings ``seconds`` apart."""
+    ends = {}
+    for link in topo.links:
+        for end in (link.a, link.b):
+            if topo.nodes[end.node].is_switch:
+                ends[end.ifname] = (end.node, link)
+    tiers: dict[str, list[float]] = {}
+    for name, (node, link) in ends.items():
+        if name not in after or seconds <= 0:
+            continue
+        sent = (after[name].get("queue", {}).get("bytes", 0)
+                - before.get(name, {}).get("queue", {}).get("bytes", 0))
+        peer = topo.nodes[link.other(node).node]
+        tier = f"{topo.nodes[node].role}->{peer.role}"
+        tiers.setdefault(tier, []).append(sent * 8 / seconds / (link.rate_mbps * 1e6))
+    return {tier: {"max": round(max(v), 4), "mean": round(sum(v) / len(v), 4)}
+            for tier, v in sorted(tiers.items())}

@@ -152,3 +152,17 @@ def test_pause_cycles_find_each_deadlock_once():
     # two cycles sharing a port, and a port pausing itself
     both = {"a": {"b", "c"}, "b": {"a"}, "c": {"a"}, "d": {"d"}}
     assert pause_cycles(both) == [["a", "b"], ["a", "c"], ["d"]]
+
+
+def test_link_utilization_per_tier_from_port_byte_counters():
+    from testbed.congestion import link_utilization
+    from testbed.topology import fat_tree
+
+    topo = fat_tree(4, host_rate_mbps=8, fabric_rate_mbps=8)
+    up = topo.find_link("edge1_1", "agg1_1").end("edge1_1").ifname
+    core = topo.find_link("agg1_1", "core1").end("agg1_1").ifname
+    before = {up: {"queue": {"bytes": 0}}, core: {"queue": {"bytes": 0}}}
+    after = {up: {"queue": {"bytes": 1_000_000}}, core: {"queue": {"bytes": 500_000}}}
+    util = link_utilization(topo, before, after, 2.0)  # 8 Mbit/s for 2 s = 2 MB
+    assert util["edge->agg"]["max"] == 0.5 and util["agg->core"]["max"] == 0.25
+    assert util["edge->agg"]["mean"] == 0.5  # ports without counters are not averaged in
