@@ -412,6 +412,18 @@ def cmd_clean(args) -> int:
     return 1 if report.errors else EXIT_OK
 
 
+def cmd_fail(args) -> int:
+    """Take a link or a switch of the running fabric down (``fail``) or up (``restore``)."""
+    from testbed.failures import set_links_of_running_fabric
+
+    done = set_links_of_running_fabric(Registry(args.state_dir), args.target,
+                                       up=args.command == "restore", run_id=args.run)
+    args.console.print(done)
+    if args.json:
+        _emit({"done": done})
+    return EXIT_OK
+
+
 def cmd_schema(_args) -> int:
     _emit(xp.schema())
     return EXIT_OK
@@ -450,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--out", required=True, help="directory for results.json")
     backend(p)
+    for name, verb in (("fail", "down"), ("restore", "back up")):
+        p = command(name, cmd_fail, f"take a link (two nodes) or a switch (one) of the fabric "
+                                    f"'fabriclab up' keeps running {verb}")
+        p.add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 (a switch)")
+        p.add_argument("--run", help="the run id, when several fabrics are up")
     p = command("clean", cmd_clean, "remove what earlier (killed) runs left behind")
     p.add_argument("--all", action="store_true", help="also runs whose process is still alive")
     command("schema", cmd_schema, "print the experiment file's JSON Schema", json_flag=False)

@@ -98,3 +98,69 @@ class FailureInjector:
     def report(self) -> list[dict]:
         """What was applied so far (results.json's ``failures``)."""
         return list(self.applied)
+
+
+def live_links(topo: Topology, target: list[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``[node, node]`` (a link) or ``[switch]`` (all its links) as a target and node pairs.
+
+    Raises:
+        ConfigError: naming ``target`` for an unknown node, no link, or a host alone.
+    """
+    if len(target) == 2:
+        a, b = target
+        for node in (a, b):
+            if node not in topo.nodes:
+                raise ConfigError("target", f"no node {node!r} in the running fabric")
+        try:
+            topo.find_link(a, b)
+        except KeyError:
+            raise ConfigError("target", f"{a} and {b} share no link") from None
+        return f"link {a}-{b}", ((a, b),)
+    if len(target) == 1:
+        name = target[0]
+        node = topo.nodes.get(name)
+        if node is None or not node.is_switch:
+            raise ConfigError("target", f"no switch {name!r} in the running fabric")
+        return f"switch {name}", tuple((name, l.other(name).node)
+                                       for l in topo.ports(name).values())
+    raise ConfigError("target", "give two nodes (a link) or one switch")
+
+
+def set_links_of_running_fabric(registry, target: list[str], up: bool,
+                                run_id: str | None = None) -> str:
+    """Take a link (or every link of a switch) of a fabric that ``fabriclab up`` keeps running
+    down or up: both ends, by netlink (a host's end in its namespace). The controller sees the
+    port status as with any failure. Returns what was done.
+
+    Raises:
+        TestbedError: no running fabric (or several and no ``run_id``).
+        ConfigError: a bad target.
+    """
+    import json
+    from pathlib import Path
+
+    from testbed.netlink import Netlink
+    from testbed.topology import from_dict
+
+    runs = [r for r in registry.runs() if r.owner_alive() and (run_id in (None, r.run_id))]
+    if not runs:
+        raise TestbedError("no running fabric" + (f" with id {run_id}" if run_id else "")
+                           + ": start one with 'fabriclab up FILE'")
+    if len(runs) > 1:
+        raise TestbedError("several fabrics are running: name one with --run "
+                           + ", ".join(r.run_id for r in runs))
+    record = runs[0]
+    topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
+    what, links = live_links(topo, target)
+    hosts = {p.role.removeprefix("host:"): p.pid for p in record.processes
+             if p.role.startswith("host:")}
+    netlink = Netlink()
+    try:
+        for a, b in links:
+            link = topo.find_link(a, b)
+            for end in (link.a, link.b):
+                pid = None if topo.nodes[end.node].is_switch else hosts.get(end.node)
+                netlink.set_state(end.ifname, up, pid=pid)
+    finally:
+        netlink.close()
+    return f"{what} {'up' if up else 'down'} ({len(links)} link(s), run {record.run_id})"

@@ -153,3 +153,46 @@ def test_fabric_services_live_and_die_with_the_fabric(make_fabric):
     fabric.down()  # ends what is left: the root-namespace process and the thread
     assert root.returncode is not None
     assert not fabric._threads
+
+
+def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_path):
+    """``fabriclab up`` in one process, ``fabriclab fail`` / ``restore`` from another."""
+    import json
+    import signal
+    from pathlib import Path
+
+    from testbed.registry import Registry
+    from tests.integration.conftest import ROOT
+    from testbed.topology import fat_tree
+
+    exp = tmp_path / "up.yaml"
+    exp.write_text(K4)
+    cli = [sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir)]
+    up = subprocess.Popen(cli + ["up", str(exp)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        def status() -> dict:
+            runs = [r for r in Registry(state_dir).runs() if r.owner_pid == up.pid]
+            path = Path(runs[0].run_dir) / "controller-status.json" if runs else None
+            try:
+                return json.loads(path.read_text()) if path else {}
+            except (OSError, ValueError):
+                return {}
+
+        switches = len(fat_tree(4).switches)
+        poll(lambda: len(status().get("programmed", [])) == switches, 120, "the fabric up")
+        name = fat_tree(4).find_link("agg1_1", "core1").name
+        out = subprocess.run(cli + ["fail", "agg1_1", "core1"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60)
+        assert out.returncode == 0 and "link agg1_1-core1 down" in out.stdout, out
+        poll(lambda: name in status().get("links_down", []), 10, "the controller to see it")
+        out = subprocess.run(cli + ["restore", "agg1_1", "core1"], capture_output=True,
+                             text=True, cwd=ROOT, timeout=60)
+        assert out.returncode == 0, out
+        poll(lambda: not status().get("links_down"), 10, "the link back up")
+        bad = subprocess.run(cli + ["fail", "agg1_1", "core9"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60)
+        assert bad.returncode != 0 and "core9" in bad.stdout + bad.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=120)

@@ -201,3 +201,19 @@ def test_bad_failures_name_the_field(item, path, text):
                "failures": [item]})
     assert err.value.path == path, err.value
     assert text in err.value.message
+
+
+def test_fail_targets_are_checked_against_the_running_fabric():
+    from testbed.failures import live_links
+    from testbed.topology import fat_tree
+
+    topo = fat_tree(4)
+    assert live_links(topo, ["agg1_1", "core1"]) == ("link agg1_1-core1", (("agg1_1", "core1"),))
+    what, links = live_links(topo, ["core2"])
+    assert what == "switch core2" and len(links) == 4
+    for target, text in ((["agg1_1", "core9"], "no node 'core9'"),
+                         (["edge1_1", "core1"], "share no link"),
+                         (["h1_1_1"], "no switch"), (["a", "b", "c"], "two nodes")):
+        with pytest.raises(ConfigError) as err:
+            live_links(topo, target)
+        assert err.value.path == "target" and text in err.value.message
