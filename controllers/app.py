@@ -93,11 +93,11 @@ class FabricController(app_manager.OSKenApp):
 
     def write_status(self) -> None:
         doc = self.session.status(time.time(), os.getpid())
+        cpu = os.times()
+        doc["cpu_s"] = round(cpu.user + cpu.system, 3)  # the controller's, since it started
         if self.policy.adaptive is not None:
-            cpu = os.times()
             doc["adaptive"] = {**self.policy.adaptive.report(), "poll_s": self.poll_s,
-                               "stats_rounds": self.stats_rounds,
-                               "cpu_s": round(cpu.user + cpu.system, 3)}
+                               "stats_rounds": self.stats_rounds, "cpu_s": doc["cpu_s"]}
         write_json_atomic(self.status_path, doc)
 
     # -- sending -----------------------------------------------------------------------------

@@ -113,6 +113,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     doc["congestion"]["pfc"] = fabric.pfc_agent.report()
                 status = fabric.controller_status()  # routing decisions so far
                 doc["controller"] = {"routing": str(exp.controller.routing),
+                                     "cpu_s": status.get("cpu_s"),
                                      "links_down": status.get("links_down", []),
                                      "adaptive": status.get("adaptive")}
                 if injector is not None:
