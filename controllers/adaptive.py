@@ -129,17 +129,21 @@ class AdaptiveRouting:
         return flow
 
     # -- statistics ------------------------------------------------------------------------
-    def flow_stats(self, counters: dict[FlowKey, int], now: float) -> None:
-        """Byte counters of the flows' entries at their source access switches."""
+    def flow_stats(self, counters: dict[FlowKey, int], now: float,
+                   switch: str | None = None) -> None:
+        """Byte counters of the flows' entries at their source access switches (``switch``:
+        the counters are that switch's, and only the flows it is the source of count; a
+        pinned flow's entry at its destination switch is younger and would mix counters)."""
         for key, count in counters.items():
             flow = self.flows.get(key)
-            if flow is None:
+            if flow is None or (switch is not None
+                                and self.topo.attachment(flow.src_host).node != switch):
                 continue
             if flow.sampled_at is not None and now > flow.sampled_at and count >= flow.bytes:
                 flow.rate_bps = (count - flow.bytes) * 8 / (now - flow.sampled_at)
                 if count - flow.bytes < QUIET_BYTES:
                     flow.quiet_at = now
-            if count > flow.bytes or flow.sampled_at is None:
+            if count != flow.bytes or flow.sampled_at is None:  # (lower: the entry was new)
                 flow.moved_at = now
             flow.bytes, flow.sampled_at = count, now
 

@@ -83,7 +83,7 @@ class FabricController(app_manager.OSKenApp):
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
         self.poll_s = float(conf.poll_interval_s)
         self.pending_flow_stats: set[str] = set()
-        self.flow_counters: dict[FlowKey, int] = {}
+        self.flow_counters: dict[int, dict[FlowKey, int]] = {}  # dpid -> this round's
         self.port_counters: dict[int, dict[int, int]] = {}
         self.stats_rounds = 0
         self.write_status()
@@ -199,11 +199,11 @@ class FabricController(app_manager.OSKenApp):
         elif eth.ethertype == ETH_TYPE_ARP:
             self._on_arp(dp, in_port, pkt.get_protocol(arp.arp))
         elif eth.ethertype == ETH_TYPE_IPV4 and self.policy.adaptive is not None:
-            self._on_new_flow(dp, in_port, pkt, msg.data)
+            self._on_new_flow(dp, in_port, pkt)
 
-    def _on_new_flow(self, dp, in_port: int, pkt, data: bytes) -> None:
-        """A flow's first packet from a host port: learn it, then send the packet on through
-        the tables (where its new entry now is)."""
+    def _on_new_flow(self, dp, in_port: int, pkt) -> None:
+        """The headers of a packet that no flow entry knew (the switch forwarded the packet
+        itself): learn its flow."""
         ip = pkt.get_protocol(ipv4.ipv4)
         if ip is None:
             return
@@ -211,26 +211,6 @@ class FabricController(app_manager.OSKenApp):
         key = FlowKey(ip.src, ip.dst, ip.proto, l4.src_port if l4 else 0,
                       l4.dst_port if l4 else 0)
         self._send_all(self.policy.new_flow(dp.id, in_port, key, time.time()))
-        # The packet goes on where its new entry sends it. Its L4 checksum is recomputed: with
-        # the userspace datapath's TSO the host left it to the "NIC" (partial), so the punted
-        # copy carries none, and sent as it came every flow lost its first packets (TCP's
-        # retransmitted SYN then gave up ECN).
-        if l4 is not None:
-            l4.csum = 0
-            ip.csum = 0
-            pkt.serialize()
-            data = bytes(pkt.data)
-        parser, ofp = dp.ofproto_parser, dp.ofproto
-        actions = []
-        for name, value in self.policy.flow_actions(dp.id, key):
-            if name == "output":
-                actions.append(parser.OFPActionOutput(value))
-            elif name == "group":
-                actions.append(parser.OFPActionGroup(value))
-        if actions:
-            dp.send_msg(parser.OFPPacketOut(dp, ofp.OFP_NO_BUFFER,
-                                            parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
-                                            actions, data))
 
     # -- the adaptive mode's statistics ----------------------------------------------------------
     def _stats_loop(self) -> None:
@@ -254,7 +234,8 @@ class FabricController(app_manager.OSKenApp):
     def _end_round(self) -> None:
         now = time.time()
         self.pending_flow_stats.clear()
-        self.policy.flow_stats(0, dict(self.flow_counters), now)
+        for dpid, counters in self.flow_counters.items():
+            self.policy.flow_stats(dpid, counters, now)
         self.flow_counters.clear()
         self.stats_rounds += 1
         self._send_all(self.policy.adapt(now))
@@ -267,7 +248,8 @@ class FabricController(app_manager.OSKenApp):
         for stat in msg.body:
             key = FlowKey.from_match(dict(stat.match.items()))
             if key is not None:
-                self.flow_counters[key] = int(stat.stats.get("byte_count", 0))
+                self.flow_counters.setdefault(msg.datapath.id, {})[key] = int(
+                    stat.stats.get("byte_count", 0))
         if msg.flags & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
             return
         switch = self.policy.topo.switch_by_dpid(msg.datapath.id)

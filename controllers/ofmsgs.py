@@ -90,10 +90,13 @@ def _flow_add(dp, op: Op) -> list:
             actions.append(parser.OFPActionOutput(port, ofp.OFPCML_NO_BUFFER))
         elif name == "group":
             actions.append(parser.OFPActionGroup(value))
+        elif name == "punt":  # a copy of the first ``value`` bytes to the controller
+            actions.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, value))
         else:
             raise ValueError(f"unknown action {name}")
     inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)] if actions else []
-    return [parser.OFPFlowMod(dp, cookie=entry.cookie, command=ofp.OFPFC_ADD,
+    command = ofp.OFPFC_MODIFY_STRICT if op.kind == OpKind.FLOW_MOD else ofp.OFPFC_ADD
+    return [parser.OFPFlowMod(dp, cookie=entry.cookie, command=command,
                               priority=entry.priority, match=parser.OFPMatch(**dict(entry.match)),
                               instructions=inst)]
 
@@ -113,6 +116,7 @@ TRANSLATE: dict[OpKind, Callable[[object, Op], list]] = {
     OpKind.GROUP_MOD: _group("OFPGC_MODIFY"),
     OpKind.GROUP_DEL: _group("OFPGC_DELETE"),
     OpKind.FLOW_ADD: _flow_add,
+    OpKind.FLOW_MOD: _flow_add,
     OpKind.FLOW_DEL: _flow_del,
 }
 

@@ -27,9 +27,10 @@ ask the controller):
   towards the destination (below), ``equal`` sprays blindly, which overloads the thinner side of
   paths made asymmetric by a failure (Dixit et al., INFOCOM'13);
 * routing ``adaptive``: the ``ecmp`` tables, plus what :mod:`controllers.adaptive` decides: at
-  access switches IPv4 from a host port that no flow entry knows goes to the controller
-  (``PRIORITY_DETECT``), which adds an exact-match entry for the flow (``PRIORITY_FLOW``, the
-  same forwarding as the routes: its counter is the flow's); an elephant placed on a path gets
+  access switches IPv4 from a host port that no flow entry knows is forwarded as the routes
+  do and its first 128 bytes go to the controller (``PRIORITY_DETECT``: a copy of each route
+  per host port, plus a punt), which adds an exact-match entry for the flow (``PRIORITY_FLOW``,
+  the same forwarding: its counter is the flow's); nothing waits for the controller; an elephant placed on a path gets
   an exact-match entry at every switch of that path; the groups' bucket weights follow the
   measured residual capacity of their ports (WCMP) for the mice;
 * ARP and LLDP go to the controller; anything else is dropped by the table-miss entry.
@@ -61,6 +62,7 @@ PRIORITY_HOST = 200
 PRIORITY_DETECT = 210
 PRIORITY_FLOW = 250
 FLOW_COOKIE = 0xADA0  # the adaptive mode's per-flow entries (their counters are polled)
+PUNT_BYTES = 128  # what a new flow's punted packets carry to the controller: the headers
 
 SHARED_HASH_BASIS = 0
 PRIORITY_PUNT = 300
@@ -116,6 +118,7 @@ class OpKind(StrEnum):
     GROUP_MOD = "group_mod"
     GROUP_DEL = "group_del"
     FLOW_ADD = "flow_add"  # add or replace (same priority and match)
+    FLOW_MOD = "flow_mod"  # change an existing entry's actions, keeping its counters
     FLOW_DEL = "flow_del"
     BARRIER = "barrier"  # the switch answers once everything before it is applied
 
@@ -236,11 +239,15 @@ def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRo
                   tables: dict[str, SwitchTables]) -> None:
     gid = {sw.name: i for i, sw in enumerate(topo.access_switches, start=1)}
     for sw in topo.access_switches:
+        routes = [f for f in tables[sw.name].flows.values()
+                  if f.priority in (PRIORITY_PREFIX, PRIORITY_HOST)]
         for port, link in topo.ports(sw.name).items():
-            if link.tier == "host":
+            if link.tier != "host":
+                continue
+            for route in routes:  # forwarded as the route says, and its headers punted
                 tables[sw.name].add_flow(FlowEntry(
-                    PRIORITY_DETECT, (("in_port", port), ("eth_type", ETH_TYPE_IPV4)),
-                    (("output", CONTROLLER_PORT),)))
+                    PRIORITY_DETECT, (("in_port", port),) + route.match,
+                    route.actions + (("punt", PUNT_BYTES),)))
     for sw in topo.switches:  # WCMP for the mice
         t = tables[sw.name]
         for g in list(t.groups.values()):
@@ -385,8 +392,10 @@ def diff_tables(old: SwitchTables | None, new: SwitchTables) -> list[Op]:
         elif old.groups[gid] != group:
             ops.append(Op(OpKind.GROUP_MOD, group))
     for key, flow in sorted(new.flows.items(), key=lambda kv: _sort_key(kv[0])):
-        if old.flows.get(key) != flow:
-            ops.append(Op(OpKind.FLOW_ADD, flow))  # OFPFC_ADD replaces an identical match
+        if key not in old.flows:
+            ops.append(Op(OpKind.FLOW_ADD, flow))
+        elif old.flows[key] != flow:  # a modify keeps the entry's counters (an add resets them)
+            ops.append(Op(OpKind.FLOW_MOD, flow))
     for key, flow in sorted(old.flows.items(), key=lambda kv: _sort_key(kv[0])):
         if key not in new.flows:
             ops.append(Op(OpKind.FLOW_DEL, flow))
@@ -522,26 +531,11 @@ class FabricPolicy:
         self._desired = None
         return self.reconcile()
 
-    def flow_actions(self, dpid: int, key: FlowKey) -> tuple[tuple[str, object], ...]:
-        """What a switch's entry for the flow does (empty: it has none)."""
-        switch = self.topo.switch_by_dpid(dpid)
-        tables = self.desired().get(switch.name) if switch else None
-        entry = tables.flows.get((PRIORITY_FLOW, key.match())) if tables else None
-        if entry is None:
-            return ()
-        out = []
-        for name, value in entry.actions:  # a group: one of its ports, picked by the 5-tuple
-            if name == "group" and tables.groups.get(value) and tables.groups[value].ports:
-                ports = tables.groups[value].ports
-                out.append(("output", ports[hash(key) % len(ports)]))
-            else:
-                out.append((name, value))
-        return tuple(out)
-
     def flow_stats(self, dpid: int, counters: dict[FlowKey, int], now: float) -> None:
         """Byte counters of the per-flow entries of one access switch."""
-        if self.adaptive is not None:
-            self.adaptive.flow_stats(counters, now)
+        switch = self.topo.switch_by_dpid(dpid)
+        if self.adaptive is not None and switch is not None:
+            self.adaptive.flow_stats(counters, now, switch.name)
 
     def port_stats(self, dpid: int, tx_bytes: dict[int, int], now: float) -> None:
         """Transmit byte counters of one switch's ports."""

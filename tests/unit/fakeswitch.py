@@ -30,6 +30,9 @@ class FakeSwitch:
                     self.groups[op.entry.group_id] = op.entry
                 case OpKind.GROUP_DEL:
                     del self.groups[op.entry.group_id]
+                case OpKind.FLOW_MOD:
+                    assert op.entry.key in self.flows, "modify of a missing flow"
+                    self.flows[op.entry.key] = op.entry
                 case OpKind.FLOW_ADD:
                     for name, value in op.entry.actions:
                         if name == "group":
