@@ -60,12 +60,18 @@ def test_global_first_fit_never_overloads_a_link_it_could_avoid():
     assert len(used) == len(set(used))  # every directed link carries one elephant at most
 
 
-def test_a_failed_link_unpins_the_flows_crossing_it_and_placement_avoids_it():
+def _one_pinned_elephant():
+    """h1_1_1 -> h2_1_1 at line rate, sampled at 0 and 1 s and pinned at 1 s."""
     topo, ar = _routing()
     key = _learn(ar, topo, "h1_1_1", "h2_1_1", 40000)
     ar.flow_stats({key: 0}, 0.0)
     ar.flow_stats({key: 375_000}, 1.0)
     ar.place(1.0, {})
+    return topo, ar, key
+
+
+def test_a_failed_link_unpins_the_flows_crossing_it_and_placement_avoids_it():
+    topo, ar, key = _one_pinned_elephant()
     path = ar.flows[key].path
     dead = {topo.find_link(path[2], path[3]).name: False}
     assert ar.drop_dead_paths(dead) and ar.flows[key].path is None
@@ -75,11 +81,7 @@ def test_a_failed_link_unpins_the_flows_crossing_it_and_placement_avoids_it():
 
 
 def test_idle_flows_expire_and_mice_go_back_to_the_groups():
-    topo, ar = _routing()
-    key = _learn(ar, topo, "h1_1_1", "h2_1_1", 40000)
-    ar.flow_stats({key: 0}, 0.0)
-    ar.flow_stats({key: 375_000}, 1.0)
-    ar.place(1.0, {})
+    _, ar, key = _one_pinned_elephant()
     ar.flow_stats({key: 376_000}, 2.0)  # 8 kbit/s: a mouse now
     assert ar.place(2.0, {}) and ar.flows[key].path is None
     assert ar.expire(6.0) == [] and ar.expire(7.0) == [key]  # idle 5 s (3 polls, at least 5 s)
