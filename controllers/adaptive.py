@@ -112,6 +112,11 @@ class AdaptiveRouting:
 
     def __post_init__(self) -> None:
         self.by_ip = {h.ip: h.name for h in self.topo.hosts}
+        self._links = {}  # (node, node) -> link, both orders: the per-hop lookups of each round
+        for link in self.topo.links:
+            self._links.setdefault((link.a.node, link.b.node), link)
+            self._links.setdefault((link.b.node, link.a.node), link)
+        self._paths: dict[tuple[str, str], list[tuple[str, ...]]] = {}
         self._port_bytes: dict[tuple[str, int], tuple[int, float]] = {}
         if self.idle_s is None:
             self.idle_s = max(5.0, 3 * self.poll_s)
@@ -197,7 +202,7 @@ class AdaptiveRouting:
             if id(flow) not in chosen and flow.path is not None:
                 flow.path, changed = None, True
         for flow in sorted(elephants, key=lambda f: (-f.demand, f.key)):
-            paths = [tuple(p) for p in self.topo.equal_cost_paths(flow.src_host, flow.dst_host)
+            paths = [p for p in self.paths(flow.src_host, flow.dst_host)
                      if self._live(p, link_up)]
             if not paths:
                 continue
@@ -251,12 +256,20 @@ class AdaptiveRouting:
                 "reaction_s": sorted(round(r, 3) for r in self.reactions)[-50:]}
 
     # -- helpers ---------------------------------------------------------------------------
+    def paths(self, src: str, dst: str) -> list[tuple[str, ...]]:
+        """The equal-cost node paths between two hosts (of the intended topology, cached)."""
+        if (src, dst) not in self._paths:
+            self._paths[(src, dst)] = [tuple(p) for p in self.topo.equal_cost_paths(src, dst)]
+        return list(self._paths[(src, dst)])
+
+    def link(self, a: str, b: str):
+        return self._links[(a, b)]
+
     def _live(self, path, link_up: dict[str, bool]) -> bool:
-        return all(link_up.get(self.topo.find_link(a, b).name, True)
-                   for a, b in zip(path, path[1:]))
+        return all(link_up.get(self._links[hop].name, True) for hop in zip(path, path[1:]))
 
     def _capacity(self, a: str, b: str) -> float:
-        return self.topo.find_link(a, b).rate_mbps * 1e6
+        return self._links[(a, b)].rate_mbps * 1e6
 
     def _fits(self, path, demand_bps: float, reserved: dict) -> bool:
         return all(reserved.get(hop, 0.0) + demand_bps <= self._capacity(*hop) * 1.0001

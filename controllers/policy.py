@@ -259,7 +259,7 @@ def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRo
         match = flow.key.match()
         if flow.path is not None:
             for node, nxt in zip(flow.path[1:-1], flow.path[2:]):
-                port = topo.find_link(node, nxt).end(node).port
+                port = adaptive.link(node, nxt).end(node).port
                 tables[node].add_flow(FlowEntry(PRIORITY_FLOW, match, (("output", port),),
                                                 FLOW_COOKIE))
             continue
