@@ -85,7 +85,6 @@ class Flow:
     demand: float = 0.0  # Hedera's estimate, a fraction of the host link's rate
     path: tuple[str, ...] | None = None  # pinned path (None: the ECMP groups decide)
     placed_at: float | None = None
-    elephant_at: float | None = None  # when it was first seen above the threshold
 
 
 @dataclass
@@ -191,9 +190,6 @@ class AdaptiveRouting:
             True when a flow's path changed (the tables need an update).
         """
         elephants = self.elephants()
-        for flow in elephants:
-            if flow.elephant_at is None:
-                flow.elephant_at = now
         estimate_demands(elephants)
         reserved: dict[tuple[str, str], float] = {}
         changed = False

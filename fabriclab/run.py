@@ -101,11 +101,12 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
                     view.measured(len(outcome.results))
                 # the switch queues since the workload began (totals, per port and priority)
+                now = fabric.congestion()  # one reading for the summary and the utilization
                 doc["congestion"] = summarize_congestion(
-                    before, fabric.congestion(), sampler.snapshot() if sampler else {},
+                    before, now, sampler.snapshot() if sampler else {},
                     exp.fabric.pfc.priorities)
                 doc["congestion"]["utilization"] = link_utilization(
-                    fabric.topo, before, fabric.congestion(), time.monotonic() - began)
+                    fabric.topo, before, now, time.monotonic() - began)
                 doc["congestion"]["marker"] = (
                     (RED_MARKER if fabric.red_marking else MARKER) if exp.fabric.marks_ecn
                     else None)

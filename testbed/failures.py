@@ -10,9 +10,11 @@ log of what it applied and when, for ``results.json``.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from testbed.errors import ConfigError, TestbedError
 from testbed.topology import Topology
@@ -136,10 +138,7 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         TestbedError: no running fabric (or several and no ``run_id``).
         ConfigError: a bad target.
     """
-    import json
-    from pathlib import Path
-
-    from testbed.netlink import Netlink
+    from testbed.netlink import Netlink  # an adapter: only when a running fabric is acted on
     from testbed.topology import from_dict
 
     runs = [r for r in registry.runs() if r.owner_alive() and (run_id in (None, r.run_id))]
