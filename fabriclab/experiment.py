@@ -247,7 +247,8 @@ def _fabric(raw: dict) -> FabricSpec:
         queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
         queue_packets=queue.get("size_packets"),
         traffic_classes=TrafficClasses(
-            {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()}).check(),
+            {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
+            tuple(classes.get("strict", ()))).check(),
         host_ecn=raw.get("hosts", {}).get("ecn", False),
         pfc=_pfc(raw.get("pfc", {})),
         **optional,

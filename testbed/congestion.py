@@ -76,9 +76,11 @@ class EcnThresholds:
 @dataclass(frozen=True)
 class TrafficClasses:
     """Which DSCP values map to which priority. Unlisted DSCP values are priority 0; the default
-    is one class."""
+    is one class. ``strict`` priorities are served before the others at every link end (as
+    switches serve RoCE's CNPs, DSCP 48, from a strict-priority queue)."""
 
     dscp_to_priority: dict[int, int] = field(default_factory=dict)
+    strict: tuple[int, ...] = ()
 
     def table(self) -> list[int]:
         """The priority of every DSCP value, 0..63."""
@@ -92,6 +94,11 @@ class TrafficClasses:
             if not 0 <= prio < PRIORITIES:
                 raise ConfigError(f"{path}.dscp_to_priority.{dscp}",
                                   f"priority is 0..{PRIORITIES - 1}, got {prio}")
+        mapped = set(self.dscp_to_priority.values())
+        for i, prio in enumerate(self.strict):
+            if prio not in mapped:
+                raise ConfigError(f"{path}.strict[{i}]",
+                                  f"priority {prio} has no DSCP mapped to it in dscp_to_priority")
         return self
 
 

@@ -206,7 +206,7 @@ class Netlink:
                 ipr.tc("add-class", "htb", index=idx, handle=class_id(cls.priority),
                        parent=HTB_CLASS, rate=f"{cls.rate_kbit}kbit", ceil=rate,
                        burst=plan.burst_bytes, cburst=plan.burst_bytes,
-                       quantum=plan.quantum_bytes)
+                       quantum=plan.quantum_bytes, prio=cls.htb_prio)
             if cls.lossless:
                 self.set_tbf(ifname, cls.priority, plan.running(cls), pid, create=True)
             elif cls.red is not None:

@@ -9,8 +9,9 @@ unless the experiment asks for a packet count, and the HTB burst covers one supe
 see ``LOSSLESS_BURST_FRAMES``).
 
 With more than one traffic class, class ``1:1`` holds the port's rate and one child class per
-priority ``p``, ``1:(0x10 + p)`` (guaranteed an equal share, borrowing up to the port's rate), with
-its own leaf ``(0x10 + p):``; the ECN marker steers packets into them by DSCP. A lossless
+priority ``p``, ``1:(0x10 + p)`` (guaranteed an equal share, borrowing up to the port's rate; a
+strict priority's class has HTB prio 0, the others 1, so it is served first), with its own leaf
+``(0x10 + p):``; the ECN marker steers packets into them by DSCP. A lossless
 priority's leaf is a TBF that runs faster than the port (HTB sets the pace) and is the PFC
 agent's actuator: ``tc qdisc change`` to a crawl pauses it (TBF resets its bucket, so at most
 the frame its burst allows still leaves), back to full speed resumes it.
@@ -76,6 +77,12 @@ class ClassPlan:
     lossless: bool
     limit_bytes: int  # the leaf's limit (a lossless class's is XOFF + headroom)
     red: RedPlan | None = None  # a RED leaf instead of the fifo (lossy classes)
+    strict: bool = False  # served before the other classes (HTB prio 0, theirs 1)
+
+    @property
+    def htb_prio(self) -> int:
+        """HTB serves the lowest ``prio`` first among classes that may send."""
+        return 0 if self.strict else 1
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,8 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
                  queue_packets: int | None = None, delay_us: float = 0.0,
                  priorities: tuple[int, ...] = (),
                  lossless: dict[int, int] | None = None,
-                 red: dict[int, tuple] | None = None) -> Shaping:
+                 red: dict[int, tuple] | None = None,
+                 strict: tuple[int, ...] = ()) -> Shaping:
     """Plan the shaping of one link end.
 
     Args:
@@ -145,6 +153,7 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         lossless: lossless priority -> its leaf's limit in bytes.
         red: priority -> (mode, k, kmin, kmax, pmax) of the ECN marking a RED leaf does (a
             byte queue's lossy classes only; the others keep the eBPF marker).
+        strict: priorities served before the others (strict priority).
 
     Returns:
         The plan.
@@ -178,6 +187,6 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         return Shaping(rate_kbit, burst, quantum, kind, limit, mtu=mtu, red=red_for(0, limit))
     classes = tuple(
         ClassPlan(p, max(1, rate_kbit // len(prios)), p in lossless, lossless.get(p, limit),
-                  red_for(p, lossless.get(p, limit)))
+                  red_for(p, lossless.get(p, limit)), p in strict)
         for p in prios)
     return Shaping(rate_kbit, burst, quantum, kind, limit, classes=classes, mtu=mtu)

@@ -125,3 +125,29 @@ def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate():
     on_the_wire = 2 * packets * wire_bytes(mss) * 8 / rate  # both at line rate would take half
     assert elapsed >= 0.95 * on_the_wire, (elapsed, on_the_wire)
     assert engines[0].summary()["local_drops"] == 0
+
+
+def test_rocev2_sends_its_cnps_in_their_own_dscp():
+    import socket
+
+    from traffic.transports.engine import UdpEngine
+    from traffic.transports.packet import Kind, Packet, Scale, mss_for
+    from traffic.transports.rocev2 import CNP_DSCP
+
+    engine = UdpEngine("rocev2", 0, ["127.0.0.1"], 0, Scale(40e6, 0.001, mss_for(9000)), dscp=26)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    peer.settimeout(5)
+    engine.start()
+    try:
+        for kind in (Kind.CNP, Kind.ACK):
+            engine._reply(Packet(kind, (1, 0)), peer.getsockname(), time.monotonic())
+        tos = []
+        for _ in range(2):
+            data, anc, _flags, _addr = peer.recvmsg(100, socket.CMSG_SPACE(4))
+            tos.append((Packet.decode(data).kind, anc[0][2][0] >> 2))
+    finally:
+        peer.close()
+        engine.close()
+    assert tos == [(Kind.CNP, CNP_DSCP), (Kind.ACK, 26)]

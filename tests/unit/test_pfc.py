@@ -157,6 +157,19 @@ def test_the_plan_gives_each_priority_a_class_and_a_lossless_one_a_tbf():
         3, 0, None, None]
 
 
+def test_a_strict_priority_class_is_served_first():
+    plan = plan_shaping(10, 9000, 128, priorities=(0, 6), strict=(6,))
+    assert [(c.priority, c.strict, c.htb_prio) for c in plan.classes] == [
+        (0, False, 1), (6, True, 0)]
+    exp = xp.parse({"version": 1, "fabric": {**PFC_LS, "traffic_classes": {
+        "dscp_to_priority": {"48": 6}, "strict": [6]}}})
+    assert exp.fabric.traffic_classes.strict == (6,)
+    with pytest.raises(ConfigError) as err:  # a strict priority nothing is mapped to
+        xp.parse({"version": 1, "fabric": {**PFC_LS, "traffic_classes": {
+            "dscp_to_priority": {"48": 6}, "strict": [5]}}})
+    assert err.value.path == "fabric.traffic_classes.strict[0]" and "5" in err.value.message
+
+
 def test_the_actuator_request_is_a_tbf_change_of_the_priority_leaf():
     plan = plan_shaping(10, 9000, 128, priorities=(0, 3), lossless={3: 300 * KB})
     paused = plan.paused(plan.classes[1])

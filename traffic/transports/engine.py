@@ -75,6 +75,8 @@ class UdpEngine:
                                          entropies=entropies)
         else:
             self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies)
+        cnp_dscp = self.cfg.cnp_dscp if transport == "rocev2" else dscp
+        self.cnp_tos = (socket.IPPROTO_IP, socket.IP_TOS, bytes([cnp_dscp << 2]))
         self.rng = random.Random(rank)
         self.cmds: queue.Queue = queue.Queue()
         self.senders: dict[tuple[int, int], RoceSender | UetSender] = {}
@@ -267,7 +269,10 @@ class UdpEngine:
         if addr is None:
             return
         try:
-            self.listen.sendto(pkt.encode(), addr)
+            if pkt.kind == Kind.CNP:  # in its own class (the fabric may serve it first)
+                self.listen.sendmsg([pkt.encode()], [self.cnp_tos], 0, addr)
+            else:
+                self.listen.sendto(pkt.encode(), addr)
         except OSError as err:
             if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
                 raise

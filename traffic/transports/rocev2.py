@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from traffic.transports.packet import Flag, Kind, Packet, Scale, packetize, wire_bytes
 
 INF = float("inf")
+#: ConnectX NICs send CNPs in DSCP 48 (priority 6), which switches serve from a strict-priority
+#: queue; the fabric does so when ``traffic_classes`` maps it to a ``strict`` priority.
+CNP_DSCP = 48
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ class RoceConfig:
     ack_every: int = 4
     ack_delay_s: float = 0.002
     cnp_interval_s: float = 50e-6  # the notification point's, per queue pair
+    cnp_dscp: int = CNP_DSCP  # CNPs leave in their own class, as NICs send them
     dcqcn: DcqcnConfig | None = None  # None: line rate, no congestion control
     spray: bool = False  # a fresh entropy per packet (to show go-back-N's collapse)
     entropies: int = 256
@@ -178,7 +182,8 @@ class RoceConfig:
         """The constants at the emulated scale, for the run's output."""
         paths = f" sprayed over {self.entropies} entropies" if self.spray else ""
         return (f"RoCEv2 go-back-N{paths}, up to {self.max_outstanding} packets outstanding, ACK per {self.ack_every} "
-                f"packets or {self.ack_delay_s * 1e3:.0f} ms, RTO {self.rto_s:.2f} s; "
+                f"packets or {self.ack_delay_s * 1e3:.0f} ms, RTO {self.rto_s:.2f} s, CNPs in "
+                f"DSCP {self.cnp_dscp}; "
                 + (self.dcqcn.describe() if self.dcqcn else "no rate control"))
 
     @classmethod
