@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import traceback
+from collections import Counter
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
@@ -41,6 +42,8 @@ from controllers.policy import (
     OpKind,
 )
 from controllers.session import Session
+from telemetry import metrics
+from telemetry.exporter import CallbackCollector, Exporter
 from testbed.files import write_json_atomic
 from testbed.topology import from_dict
 
@@ -86,6 +89,14 @@ class FabricController(app_manager.OSKenApp):
         self.flow_counters: dict[int, dict[FlowKey, int]] = {}  # dpid -> this round's
         self.port_counters: dict[int, dict[int, int]] = {}
         self.stats_rounds = 0
+        self.round_started = 0.0
+        self.op_counts: Counter[str] = Counter()  # OpenFlow operations sent, by kind
+        self.port_events = self.reroutes = 0
+        self.poll_times = metrics.poll_histogram()
+        # the controller's exporter (127.0.0.1, a port from the OS; the status names it)
+        self.exporter = Exporter([CallbackCollector(
+            lambda: metrics.controller_families(self.metric_stats(), self.poll_times))])
+        self.exporter.__enter__()
         self.write_status()
         hub.spawn(self._lldp_loop)
         if self.policy.adaptive is not None:
@@ -95,16 +106,31 @@ class FabricController(app_manager.OSKenApp):
         doc = self.session.status(time.time(), os.getpid())
         cpu = os.times()
         doc["cpu_s"] = round(cpu.user + cpu.system, 3)  # the controller's, since it started
+        doc["metrics"] = self.exporter.target
         if self.policy.adaptive is not None:
             doc["adaptive"] = {**self.policy.adaptive.report(), "poll_s": self.poll_s,
                                "stats_rounds": self.stats_rounds, "cpu_s": doc["cpu_s"]}
         write_json_atomic(self.status_path, doc)
+
+    def metric_stats(self) -> dict:
+        """The counters :func:`telemetry.metrics.controller_families` exports."""
+        with self.lock:
+            cpu = os.times()
+            adaptive = self.policy.adaptive.report() if self.policy.adaptive else {}
+            return {"switches_expected": len(self.policy.topo.switches),
+                    "connected": len(self.policy.connected),
+                    "programmed": len(self.session.programmed), "ops": dict(self.op_counts),
+                    "port_events": self.port_events, "reroutes": self.reroutes,
+                    "links_down": sum(1 for up in self.policy.link_state().values() if not up),
+                    "placements": adaptive.get("placements", 0),
+                    "moves": adaptive.get("moves", 0), "cpu_s": cpu.user + cpu.system}
 
     # -- sending -----------------------------------------------------------------------------
     def _send(self, name: str, ops: list[Op]) -> None:
         dp = self.datapaths.get(name)
         if dp is None:
             return
+        self.op_counts.update(str(op.kind) for op in ops)
         for op in ops:
             for msg in to_messages(dp, op):
                 dp.send_msg(msg)
@@ -162,7 +188,10 @@ class FabricController(app_manager.OSKenApp):
         dp = ev.msg.datapath
         desc = ev.msg.desc
         live = _live(dp.ofproto, desc) and ev.msg.reason != dp.ofproto.OFPPR_DELETE
-        self._send_all(self.policy.port_status(dp.id, desc.port_no, live, time.time()))
+        changes = self.policy.port_status(dp.id, desc.port_no, live, time.time())
+        self.port_events += 1
+        self.reroutes += any(changes.values())
+        self._send_all(changes)
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
@@ -221,6 +250,7 @@ class FabricController(app_manager.OSKenApp):
             with self.lock:
                 if self.pending_flow_stats:  # the last round is not complete: adapt anyway
                     self._end_round()
+                self.round_started = time.monotonic()
                 access = {sw.name for sw in self.policy.topo.access_switches}
                 for name, dp in sorted(self.datapaths.items()):
                     parser, ofp = dp.ofproto_parser, dp.ofproto
@@ -233,6 +263,7 @@ class FabricController(app_manager.OSKenApp):
 
     def _end_round(self) -> None:
         now = time.time()
+        self.poll_times.observe((), time.monotonic() - self.round_started)
         self.pending_flow_stats.clear()
         for dpid, counters in self.flow_counters.items():
             self.policy.flow_stats(dpid, counters, now)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fabriclab import experiment as xp
+from fabriclab import telemetry_cli
 from fabriclab.results import job_summaries, variant_row
 from fabriclab.run import RunView, batch_text, run_experiment
 from testbed import cleanup
@@ -175,6 +176,16 @@ def cmd_up(args) -> int:
         for warning in fabric.warnings:
             ui.print(f"[yellow]warning:[/yellow] {warning}")
         doc = _fabric_doc(exp, fabric)
+        tele_opts = telemetry_cli.options(args, ui)
+        if tele_opts is not None:
+            from telemetry.exporter import RunTelemetry
+
+            where = args.out or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
+            tele = stack.enter_context(RunTelemetry(
+                fabric, where / "prometheus", tele_opts.interval_s,
+                {"experiment": exp.name}, str(exp.controller.routing)))
+            doc["telemetry"] = tele.report()
+            ui.print(f"telemetry: Prometheus at {tele.prometheus.url}, data in {where}")
         if not args.check:
             if args.json:
                 _emit({**doc, "state": "up"})
@@ -278,6 +289,11 @@ class _TerminalView(RunView):
                 "{task.completed}/{task.total}"), TimeElapsedColumn(), console=self.console))
         self.task = self.bar.add_task("collectives", total=total)
 
+    def telemetry(self, telemetry) -> None:
+        self.console.print(f"telemetry: Prometheus at {telemetry.prometheus.url}, scraping "
+                           f"{', '.join(t for ts in telemetry.targets.values() for t in ts)} "
+                           f"every {telemetry.interval_s:g} s into {telemetry.directory}")
+
     def batch(self, jobs) -> None:
         self.bar.update(self.task, description=batch_text(jobs))
 
@@ -307,7 +323,7 @@ def cmd_run(args) -> int:
     for variant in exp.variants:  # each on a fresh fabric; a failing one does not stop the rest
         args.console.rule(f"variant {variant.variant}")
         try:
-            _run_one(args, variant, out / variant.variant)
+            _run_one(args, variant, out / variant.variant, variant.variant)
         except (ConfigError, TestbedError) as err:
             failed += 1
             args.console.print(f"[red]variant {variant.variant} failed:[/red] {err}")
@@ -322,10 +338,11 @@ def cmd_run(args) -> int:
     return EXIT_SYSTEM if failed else EXIT_OK
 
 
-def _run_one(args, exp: xp.Experiment, out: Path) -> dict:
+def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) -> dict:
     view = _TerminalView(args.console)
     try:
-        doc = run_experiment(exp, out, args.state_dir, view)
+        doc = run_experiment(exp, out, args.state_dir, view,
+                             telemetry_cli.options(args, args.console, variant))
     finally:
         view.stack.close()
     for item in doc.get("iterations", []):
@@ -458,10 +475,15 @@ def build_parser() -> argparse.ArgumentParser:
     backend(p)
     p.add_argument("--vm-accel", choices=("tcg", "kvm"), default="tcg",
                    help="vm backend: CPU emulation (default; works everywhere) or KVM")
+    p.add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
+                                            "(default runs/up-<time>)")
+    telemetry_cli.add_arguments(p)
     p = command("run", cmd_run, "build the fabric, run the workload, write results, tear down")
     p.add_argument("file")
     p.add_argument("--out", required=True, help="directory for results.json")
     backend(p)
+    telemetry_cli.add_arguments(p)
+    telemetry_cli.add_command(command)
     for name, verb in (("fail", "down"), ("restore", "back up")):
         p = command(name, cmd_fail, f"take a link (two nodes) or a switch (one) of the fabric "
                                     f"'fabriclab up' keeps running {verb}")

@@ -7,10 +7,15 @@ The terminal (progress bar, tables) is the CLI's: it hands in a :class:`RunView`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from fabriclab import results
 from fabriclab.experiment import Experiment
+from telemetry.exporter import RunTelemetry
+from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
 from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
@@ -26,6 +31,17 @@ RED_MARKER = ("red: the kernel's RED qdisc as each lossy class's leaf at the swi
               "nodrop, instantaneous backlog); lossless classes by the eBPF marker")
 
 
+@dataclass(frozen=True)
+class TelemetryOptions:
+    """``--telemetry``: a Prometheus per run scraping the exporters every ``interval_s``;
+    ``keep`` (``--keep``) is called after the workload, before the teardown, and returns when
+    the user is done looking."""
+
+    interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    keep: Callable[[RunTelemetry], None] | None = None
+    variant: str | None = None
+
+
 class RunView:
     """What a run shows while it goes; the default shows nothing."""
 
@@ -34,6 +50,9 @@ class RunView:
 
     def started(self, fabric: Fabric, total: int) -> None:
         """The fabric is up; ``total`` collectives will run."""
+
+    def telemetry(self, telemetry: RunTelemetry) -> None:
+        """Prometheus is up and scraping."""
 
     def batch(self, jobs: list[Job]) -> None:
         """A batch of jobs starts."""
@@ -54,7 +73,8 @@ def batch_text(jobs: list[Job]) -> str:
 
 
 def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
-                   view: RunView | None = None) -> dict:
+                   view: RunView | None = None,
+                   telemetry: TelemetryOptions | None = None) -> dict:
     """Build ``exp``'s fabric, run its workload, tear down; ``out_dir/results.json`` holds the
     document at every moment (written before the build, after every batch, and at the end).
 
@@ -74,8 +94,17 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     injector = None
     try:
         view.building()
-        with Fabric(exp, state_dir=state_dir) as fabric:
+        with Fabric(exp, state_dir=state_dir) as fabric, ExitStack() as services:
             view.started(fabric, exp.workload.collective_count)
+            tele = None
+            if telemetry is not None:
+                labels = {"experiment": exp.name, **({"variant": telemetry.variant}
+                                                     if telemetry.variant else {})}
+                tele = services.enter_context(RunTelemetry(
+                    fabric, out_dir / "prometheus", telemetry.interval_s, labels,
+                    str(exp.controller.routing)))
+                doc["telemetry"] = tele.report()
+                view.telemetry(tele)
             sampler = None
             if exp.emulator.queue_sample_ms > 0:
                 sampler = QueueSampler(fabric, exp.emulator.queue_sample_ms / 1e3)
@@ -92,13 +121,23 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 if wait_s > 0:  # a replayed trace's timestamp
                     time.sleep(wait_s)
                 view.batch(batch)
+                if tele is not None:
+                    for job in batch:
+                        first = job.collectives[0]
+                        tele.workload.started(job.index, first.label or first.op, first.op,
+                                              job.transport)
                 errors = []
                 for outcome in run_batch(fabric, batch):
                     if outcome.error is not None:
                         errors.append(f"job {outcome.job.index} ({batch_text([outcome.job])}): "
                                       f"{outcome.error}")
+                        if tele is not None:
+                            tele.workload.finished(outcome.job.index)
                         continue
+                    known = len(doc["collectives"])
                     results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
+                    if tele is not None:
+                        tele.workload.measured(outcome.job.index, doc["collectives"][known:])
                     view.measured(len(outcome.results))
                 # the switch queues since the workload began (totals, per port and priority)
                 now = fabric.congestion()  # one reading for the summary and the utilization
@@ -122,10 +161,15 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     errors += [f"failure {f['target']} {f['action']}: {e}"
                                for f in doc["failures"] for e in f["errors"]]
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
+                if tele is not None:
+                    doc["telemetry"] = tele.report()
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))
             results.finish(doc)
+            write_json_atomic(path, doc)
+            if tele is not None and telemetry.keep is not None:
+                telemetry.keep(tele)
             view.tearing_down()
     except BaseException as err:
         results.fail(doc, f"{type(err).__name__}: {err}" if not isinstance(

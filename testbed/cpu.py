@@ -26,6 +26,16 @@ def _machine() -> tuple[int, int]:
     return total - idle, total
 
 
+CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_cpu_s() -> dict[str, float]:
+    """The machine's CPU seconds by mode, summed over the cores (``/proc/stat``'s first line)."""
+    with open("/proc/stat", encoding="ascii") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    return {mode: jiffies / CLK_TCK for mode, jiffies in zip(CPU_MODES, fields)}
+
+
 def process_cpu_s(pid: int) -> float | None:
     """User+system CPU seconds of ``pid`` and its threads, None once it is gone."""
     stat = read_stat(pid)

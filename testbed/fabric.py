@@ -253,6 +253,13 @@ class Fabric:
         thread.start()
         return thread
 
+    def track_process(self, pid: int, role: str) -> None:
+        """Record a process started for this fabric (Prometheus), so that ``fabriclab clean``
+        stops it if this process dies before its teardown does."""
+        if self.record is None:
+            raise TestbedError(f"{role}: the fabric is not up")
+        self.registry.track_process(self.record, pid, role)
+
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         t0 = time.monotonic()
         fn()
@@ -430,13 +437,15 @@ class Fabric:
         """The root-namespace interface of every switch port."""
         return {n for link in self.topo.links for n in self._root_ends(link)}
 
-    def congestion(self) -> dict[str, dict]:
+    def congestion(self, netlink: Netlink | None = None) -> dict[str, dict]:
         """Switch port -> its queue's counters and backlog now (summed over its priorities'
         leaves), per priority that leaf's, and with the marker its virtual queue and marking
         counters; with PFC, every paused port's (host NICs too) pause counters per priority.
-        All cumulative since the build."""
+        All cumulative since the build. Another thread passes its own ``netlink`` (pyroute2
+        sockets are not shared across threads)."""
         ports: dict[str, dict] = {}
-        for (name, prio), q in self.netlink.leaf_queues(self.switch_ports()).items():
+        nl = netlink or self.netlink
+        for (name, prio), q in nl.leaf_queues(self.switch_ports()).items():
             port = ports.setdefault(name, {"queue": dict.fromkeys(q, 0)})
             for k, v in q.items():
                 port["queue"][k] += v

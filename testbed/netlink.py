@@ -168,7 +168,8 @@ class Netlink:
         return {l.get_attr("IFLA_IFNAME") for l in self.root.get_links()} & names
 
     def counters(self, names: set[str], pid: int | None = None) -> dict[str, dict[str, int]]:
-        """Interface counters (``IFLA_STATS64``: rx/tx packets, bytes, dropped) by name."""
+        """Interface counters (``IFLA_STATS64``: rx/tx packets, bytes, dropped) by name, and
+        ``up``: whether the link has carrier (operational state up), in one dump."""
         out = {}
         for link in self.ns(pid).get_links():
             name = link.get_attr("IFLA_IFNAME")
@@ -177,6 +178,7 @@ class Netlink:
                 out[name] = {key: stats[key] for key in
                              ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes",
                               "rx_dropped", "tx_dropped")}
+                out[name]["up"] = link.get_attr("IFLA_OPERSTATE") == "UP"
         return out
 
     # -- traffic control --------------------------------------------------------------------

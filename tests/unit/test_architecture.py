@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("fabriclab", "testbed", "traffic", "controllers")
+PACKAGES = ("fabriclab", "testbed", "traffic", "controllers", "telemetry")
 # what each package may import from the others (the experiment layer sits on top)
-ALLOWED = {"testbed": set(), "traffic": {"testbed"}, "controllers": {"testbed"},
-           "fabriclab": {"testbed", "traffic"}}
+ALLOWED = {"testbed": set(), "traffic": {"testbed"}, "controllers": {"testbed", "telemetry"},
+           "telemetry": {"testbed"}, "fabriclab": {"testbed", "traffic", "telemetry"}}
 PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/reachability.py",
         "testbed/fidelity.py", "testbed/errors.py", "testbed/poll.py", "testbed/procfs.py",
         "traffic/schedules.py", "traffic/metrics.py", "traffic/patterns.py",
@@ -20,10 +20,12 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "testbed/congestion.py", "testbed/pause.py", "testbed/portplan.py",
         "traffic/transports/packet.py", "traffic/transports/rocev2.py",
         "traffic/transports/uet.py",
-        "fabriclab/results.py"]
+        "fabriclab/results.py", "telemetry/metrics.py", "telemetry/promconfig.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
-            "testbed.bpf", "testbed.ecn", "testbed.queues", "testbed.pfc"}
+            "testbed.bpf", "testbed.ecn", "testbed.queues", "testbed.pfc", "http", "urllib",
+            "docker", "prometheus_client.start_http_server", "telemetry.exporter",
+            "telemetry.prometheus"}
 
 
 def imports(path: Path) -> set[str]:

@@ -1,0 +1,1 @@
+"""Telemetry: Prometheus exporters, the per-run Prometheus server, Grafana dashboards."""

@@ -1,0 +1,233 @@
+"""The exporters' adapters: prometheus-client collectors that read the fabric (one netlink link
+dump and one qdisc dump per scrape, the marker's and the PFC agent's maps), the workload's
+progress and ``/proc``, and an HTTP server for them on 127.0.0.1.
+
+Each collector reads its source when Prometheus scrapes (``collect()``), in the scrape's own
+thread with its own netlink socket, so nothing goes stale between scrapes and nothing polls in
+the background. :mod:`telemetry.metrics` shapes the readings.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+
+from telemetry import metrics
+from telemetry.prometheus import Prometheus
+from testbed import ovs
+from testbed.cpu import machine_cpu_s, process_cpu_s
+from testbed.netlink import Netlink
+
+LOOPBACK = "127.0.0.1"
+
+
+class FabricCollector:
+    """Every switch port's counters, queues, marks, pauses and state.
+
+    Args:
+        fabric: the running :class:`testbed.fabric.Fabric`.
+    """
+
+    def __init__(self, fabric) -> None:
+        self.fabric = fabric
+        self.ports = metrics.port_labels(fabric.topo)
+        self.lock = threading.Lock()  # one scrape at a time on the netlink socket
+        self.netlink: Netlink | None = None
+        self.scrape_s = 0.0  # the last scrape's reading time
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            start = time.monotonic()
+            if self.netlink is None:
+                self.netlink = Netlink()
+            links = self.netlink.counters(set(self.ports))
+            congestion = self.fabric.congestion(self.netlink)
+            self.scrape_s = time.monotonic() - start
+        yield from metrics.fabric_families(self.ports, links, congestion)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.netlink is not None:
+                self.netlink.close()
+                self.netlink = None
+
+
+@dataclass
+class WorkloadState:
+    """The workload's progress as the runner reports it (thread-safe)."""
+
+    routing: str
+    rows: list[dict] = field(default_factory=list)
+    running: dict[int, dict] = field(default_factory=dict)  # job index -> what runs
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def started(self, job: int, label: str, op: str, transport: str) -> None:
+        with self.lock:
+            self.running[job] = {"job": job, "label": label, "op": op,
+                                 "transport": {"transport": transport},
+                                 "started_s": time.time()}
+
+    def measured(self, job: int, rows: list[dict]) -> None:
+        with self.lock:
+            self.rows.extend(rows)
+            self.running.pop(job, None)
+
+    def finished(self, job: int) -> None:
+        with self.lock:
+            self.running.pop(job, None)
+
+    def snapshot(self) -> tuple[list[dict], list[dict]]:
+        with self.lock:
+            return list(self.rows), list(self.running.values())
+
+
+class CallbackCollector:
+    """Metric families from a function called at every scrape (a process's own counters)."""
+
+    def __init__(self, families: Callable[[], list[Metric]]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families()
+
+
+class WorkloadCollector:
+    """Collective durations, bandwidths and transport counters so far."""
+
+    def __init__(self, state: WorkloadState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        rows, running = self.state.snapshot()
+        yield from metrics.collective_families(rows, self.state.routing, running)
+
+
+class FidelityCollector:
+    """The machine's CPU by mode and each vswitchd's CPU.
+
+    Args:
+        fabric: the running fabric (its private vswitchds on the userspace datapath, else the
+            system's).
+    """
+
+    def __init__(self, fabric) -> None:
+        self.fabric = fabric
+
+    def _vswitchds(self) -> dict[str, int]:
+        if self.fabric.instances:
+            return {inst.name: inst.pids["ovs-vswitchd"] for inst in self.fabric.instances}
+        return {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}
+
+    def collect(self) -> Iterator[Metric]:
+        cpu = {}
+        for instance, pid in self._vswitchds().items():
+            seconds = process_cpu_s(pid)
+            if seconds is not None:
+                cpu[instance] = seconds
+        yield from metrics.fidelity_families(machine_cpu_s(), cpu, os.cpu_count() or 1)
+
+
+class Exporter:
+    """A registry of collectors served over HTTP on 127.0.0.1 (port from the OS unless set);
+    a context manager that stops the server on exit.
+
+    Args:
+        collectors: what to serve.
+        port: the port (0: one the OS picks).
+        host: the address (loopback unless told otherwise).
+    """
+
+    def __init__(self, collectors: list, port: int = 0, host: str = LOOPBACK) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        for collector in collectors:
+            self.registry.register(collector)
+        self.collectors = collectors
+        self.host, self.port = host, port
+        self.server = None
+        self.thread = None
+
+    def __enter__(self) -> Exporter:
+        self.server, self.thread = start_http_server(self.port, addr=self.host,
+                                                     registry=self.registry)
+        self.port = self.server.server_port
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.thread.join(5)
+            self.server = None
+        for collector in self.collectors:
+            close = getattr(collector, "close", None)
+            if close is not None:
+                close()
+
+    @property
+    def target(self) -> str:
+        """``host:port`` as Prometheus scrapes it."""
+        return f"{self.host}:{self.port}"
+
+
+class RunTelemetry:
+    """A running fabric's telemetry: its exporter (fabric, workload, fidelity), the
+    controller's, and a Prometheus scraping both into ``directory`` (a context manager; on exit
+    it waits for a last scrape, then stops Prometheus and the exporter).
+
+    Args:
+        fabric: the running fabric.
+        directory: where Prometheus keeps its configuration and data.
+        interval_s: the scrape interval.
+        labels: labels on every series (``experiment``, ``variant``).
+        routing: the controller's routing mode (a label of the workload's series).
+    """
+
+    def __init__(self, fabric, directory: Path, interval_s: float, labels: dict[str, str],
+                 routing: str) -> None:
+        self.fabric = fabric
+        self.directory = Path(directory)
+        self.interval_s = interval_s
+        self.labels = labels
+        self.workload = WorkloadState(routing)
+        self.fabric_collector = FabricCollector(fabric)
+        self.stack = ExitStack()
+        self.exporter: Exporter | None = None
+        self.prometheus: Prometheus | None = None
+        self.targets: dict[str, list[str]] = {}
+
+    def __enter__(self) -> RunTelemetry:
+        with ExitStack() as stack:
+            self.exporter = stack.enter_context(Exporter(
+                [self.fabric_collector, WorkloadCollector(self.workload),
+                 FidelityCollector(self.fabric)]))
+            self.targets = {"fabric": [self.exporter.target]}
+            controller = self.fabric.controller_status().get("metrics")
+            if controller:
+                self.targets["controller"] = [controller]
+            self.prometheus = stack.enter_context(Prometheus(
+                self.directory, self.targets, self.interval_s, self.labels,
+                track=lambda pid: self.fabric.track_process(pid, "prometheus")))
+            self.stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.prometheus is not None and exc[0] is None:
+                self.prometheus.wait_scraped()  # the last counters are in the data
+        finally:
+            self.stack.close()
+
+    def report(self) -> dict:
+        """For ``results.json``: where the data is and what was scraped."""
+        return {"prometheus": self.prometheus.url if self.prometheus else None,
+                "data": str(self.directory / "data"), "scrape_interval_s": self.interval_s,
+                "targets": self.targets,
+                "fabric_scrape_s": round(self.fabric_collector.scrape_s, 4)}

@@ -1,0 +1,170 @@
+"""Telemetry without root: metric names, types, labels and help; the exposition parses; the
+Prometheus configuration; the dashboards are what the code generates and query only metrics
+the exporters define."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from telemetry import dashboards, metrics
+from telemetry.exporter import CallbackCollector, Exporter, WorkloadCollector, WorkloadState
+from telemetry.promconfig import scrape_config, server_args
+from testbed.topology import leaf_spine
+
+TOPO = leaf_spine(2, 1, 2, host_rate_mbps=10, fabric_rate_mbps=20)
+PORTS = metrics.port_labels(TOPO)
+
+
+def _links(tx: int = 1000) -> dict:
+    return {name: {"rx_bytes": 2 * tx, "tx_bytes": tx, "rx_packets": 2, "tx_packets": 1,
+                   "rx_dropped": 0, "tx_dropped": 0, "up": name != "spine1-eth1"}
+            for name in PORTS}
+
+
+def _congestion() -> dict:
+    return {name: {"queue": {"bytes": 10, "packets": 1, "drops": 3, "backlog_bytes": 9014},
+                   "priorities": {
+                       0: {"queue": {"bytes": 10, "packets": 1, "drops": 3,
+                                     "backlog_bytes": 9014, "marked": 2},
+                           "packets": 5, "ect": 4, "marked": 1, "loss_drops": 0},
+                       3: {"pfc": {"pause_events": 7, "paused_s": 0.5, "watchdog_events": 0,
+                                   "paused": False, "xoff_events": 1}}}}
+            for name in PORTS}
+
+
+ROWS = [{"job": 0, "op": "all_reduce", "label": "", "duration_s": d, "busbw_gbps": 0.004,
+         "algbw_gbps": 0.002, "efficiency": 0.4,
+         "transport": {"transport": "uet", "tx_bytes": 100, "tx_packets": 10,
+                       "tx_retransmitted": 1, "rx_out_of_order": 2, "tx_cnps": 0,
+                       "tx_rate_cuts": 1, "tx_timeouts": 0}} for d in (0.3, 3.0)]
+STATS = {"switches_expected": 3, "connected": 3, "programmed": 3,
+         "ops": {"flow_add": 40, "group_add": 6}, "port_events": 2, "reroutes": 1,
+         "links_down": 1, "placements": 4, "moves": 1, "cpu_s": 1.5}
+
+
+def _all_families() -> list:
+    poll = metrics.poll_histogram()
+    poll.observe((), 0.02)
+    return [*metrics.fabric_families(PORTS, _links(), _congestion()),
+            *metrics.collective_families(ROWS, "ecmp",
+                                         [{"job": 1, "op": "all_to_all", "label": "moe",
+                                           "started_s": 1e9}]),
+            *metrics.controller_families(STATS, poll),
+            *metrics.fidelity_families({"user": 10.0, "idle": 90.0}, {"ovs0": 3.5}, 2)]
+
+
+def _exposition() -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CallbackCollector(_all_families))
+    return generate_latest(registry).decode()
+
+
+def test_metric_names_types_labels_and_help_follow_node_exporter_style():
+    families = list(text_string_to_metric_families(_exposition()))
+    assert len(families) >= 35
+    for fam in families:
+        assert fam.name.startswith("fabriclab_"), fam.name
+        assert fam.documentation, f"{fam.name} has no help"
+        assert fam.type in ("counter", "gauge", "histogram"), (fam.name, fam.type)
+        for sample in fam.samples:
+            # Prometheus's own target labels are never ours; no per-flow labels
+            assert not {"job", "instance", "flow", "src", "dst"} & set(sample.labels), sample
+            if fam.type == "counter":
+                assert sample.name.endswith(("_total", "_created")), sample.name
+    units = {f.name for f in families}
+    assert {"fabriclab_port_transmit_bytes", "fabriclab_port_queue_bytes",
+            "fabriclab_port_pfc_paused_seconds", "fabriclab_collective_duration_seconds",
+            "fabriclab_port_speed_bits_per_second"} <= units
+
+
+def test_port_metrics_carry_the_kernel_and_marker_counters_with_their_labels():
+    fams = {f.name: f for f in text_string_to_metric_families(_exposition())}
+    tx = fams["fabriclab_port_transmit_bytes"].samples
+    assert len(tx) == len(PORTS) and all(s.value == 1000 for s in tx)
+    one = next(s for s in tx if s.labels["switch"] == "leaf1" and s.labels["peer"] == "spine1")
+    assert one.labels["tier"] == "leaf->spine"
+    down = [s.labels["switch"] + ":" + s.labels["port"]
+            for s in fams["fabriclab_port_up"].samples if s.value == 0]
+    assert down == ["spine1:1"]
+    marked = fams["fabriclab_port_ecn_marked_packets"].samples
+    assert {s.value for s in marked} == {3}  # the marker's 1 and the RED leaf's 2
+    pauses = fams["fabriclab_port_pfc_pause_events"].samples
+    assert {(s.labels["priority"], s.value) for s in pauses} == {("3", 7)}
+    speed = {s.labels["tier"]: s.value for s in fams["fabriclab_port_speed_bits_per_second"]
+             .samples}
+    assert speed == {"leaf->host": 10e6, "leaf->spine": 20e6, "spine->leaf": 20e6}
+
+
+def test_collective_metrics_are_cumulative_histograms_and_sums():
+    fams = {f.name: f for f in text_string_to_metric_families(_exposition())}
+    buckets = {s.labels["le"]: s.value for s in fams["fabriclab_collective_duration_seconds"]
+               .samples if s.name.endswith("_bucket")}
+    assert buckets["0.25"] == 0 and buckets["0.5"] == 1 and buckets["5"] == 2
+    assert buckets["+Inf"] == 2
+    sent = fams["fabriclab_transport_sent_bytes"].samples[0]
+    assert sent.value == 200 and sent.labels["transport"] == "uet"
+    assert sent.labels["routing"] == "ecmp" and sent.labels["label"] == "all_reduce"
+    running = fams["fabriclab_collective_running_since_seconds"].samples
+    assert [(s.labels["label"], s.labels["transport"]) for s in running] == [("moe", "tcp")]
+    ops = {s.labels["kind"]: s.value for s in
+           fams["fabriclab_controller_openflow_operations"].samples}
+    assert ops == {"flow_add": 40, "group_add": 6}
+
+
+def test_the_exporter_serves_on_loopback_from_a_port_the_os_picks():
+    state = WorkloadState("ecmp")
+    state.measured(0, ROWS[:1])
+    with Exporter([WorkloadCollector(state)]) as exporter:
+        assert exporter.host == "127.0.0.1" and exporter.port > 0
+        with urllib.request.urlopen(f"http://{exporter.target}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    assert "fabriclab_collective_busbw_bits_per_second" in text
+
+
+def test_the_scrape_configuration():
+    cfg = scrape_config({"fabric": ["127.0.0.1:9100"], "controller": ["127.0.0.1:9101"],
+                         "none": []}, 0.5, {"experiment": "x"})
+    assert cfg["global"]["scrape_interval"] == "500ms"
+    assert cfg["global"]["scrape_timeout"] == "450ms"
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["controller", "fabric"]
+    assert cfg["scrape_configs"][1]["static_configs"][0] == {
+        "targets": ["127.0.0.1:9100"], "labels": {"experiment": "x"}}
+    yaml.safe_dump(cfg)
+    with pytest.raises(ValueError, match="> 0"):
+        scrape_config({}, 0)
+    args = server_args("prometheus", "c.yml", "d", "127.0.0.1:9090")
+    assert "--web.listen-address=127.0.0.1:9090" in args
+
+
+def test_the_committed_dashboards_are_what_the_code_generates():
+    for spec in dashboards.DASHBOARDS:
+        path = dashboards.OUT_DIR / f"{spec.uid}.json"
+        assert path.read_text() == dashboards.render(spec), \
+            f"{path} is stale: run python -m telemetry.dashboards"
+
+
+def test_every_dashboard_query_uses_exported_metrics_and_resolvable_variables():
+    exported = set()
+    for fam in text_string_to_metric_families(_exposition()):
+        exported |= {s.name for s in fam.samples}
+    for spec in dashboards.DASHBOARDS:
+        board = json.loads(dashboards.render(spec))
+        names = {v["name"] for v in board.get("templating", {}).get("list", [])}
+        for var in spec.variables:
+            assert var.metric in exported
+            assert any(var.label in s.labels for f in text_string_to_metric_families(
+                _exposition()) for s in f.samples if s.name == var.metric), var
+        for panel in board["panels"]:
+            assert panel["datasource"]["uid"] == dashboards.DATASOURCE_UID
+            for target in panel["targets"]:
+                used = set(re.findall(r"fabriclab_[a-z_]+", target["expr"]))
+                assert used and used <= exported, (panel["title"], used - exported)
+                assert set(re.findall(r"\$(\w+)", target["expr"])) <= names | {
+                    "__rate_interval"}, panel["title"]
