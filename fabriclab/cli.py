@@ -177,13 +177,16 @@ def cmd_up(args) -> int:
             ui.print(f"[yellow]warning:[/yellow] {warning}")
         doc = _fabric_doc(exp, fabric)
         tele_opts = telemetry_cli.options(args, ui)
+        where = None
         if tele_opts is not None:
-            from telemetry.exporter import RunTelemetry
-
             where = args.out or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
-            tele = stack.enter_context(RunTelemetry(
-                fabric, where / "prometheus", tele_opts.interval_s,
-                {"experiment": exp.name}, str(exp.controller.routing)))
+        from telemetry.exporter import RunTelemetry
+
+        tele = stack.enter_context(RunTelemetry(  # the exporters always (fabriclab top)
+            fabric, where / "prometheus" if where else None,
+            tele_opts.interval_s if tele_opts else 1.0, {"experiment": exp.name},
+            str(exp.controller.routing)))
+        if tele_opts is not None:
             doc["telemetry"] = tele.report()
             ui.print(f"telemetry: Prometheus at {tele.prometheus.url}, data in {where}")
         if not args.check:
@@ -484,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     backend(p)
     telemetry_cli.add_arguments(p)
     telemetry_cli.add_command(command)
+    telemetry_cli.add_top_command(command)
     for name, verb in (("fail", "down"), ("restore", "back up")):
         p = command(name, cmd_fail, f"take a link (two nodes) or a switch (one) of the fabric "
                                     f"'fabriclab up' keeps running {verb}")

@@ -96,13 +96,14 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
         view.building()
         with Fabric(exp, state_dir=state_dir) as fabric, ExitStack() as services:
             view.started(fabric, exp.workload.collective_count)
-            tele = None
+            # the exporters always run (fabriclab top watches them); Prometheus on request
+            labels = {"experiment": exp.name, **({"variant": telemetry.variant}
+                                                 if telemetry and telemetry.variant else {})}
+            tele = services.enter_context(RunTelemetry(
+                fabric, out_dir / "prometheus" if telemetry else None,
+                telemetry.interval_s if telemetry else DEFAULT_SCRAPE_INTERVAL_S, labels,
+                str(exp.controller.routing)))
             if telemetry is not None:
-                labels = {"experiment": exp.name, **({"variant": telemetry.variant}
-                                                     if telemetry.variant else {})}
-                tele = services.enter_context(RunTelemetry(
-                    fabric, out_dir / "prometheus", telemetry.interval_s, labels,
-                    str(exp.controller.routing)))
                 doc["telemetry"] = tele.report()
                 view.telemetry(tele)
             sampler = None
@@ -121,23 +122,20 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 if wait_s > 0:  # a replayed trace's timestamp
                     time.sleep(wait_s)
                 view.batch(batch)
-                if tele is not None:
-                    for job in batch:
-                        first = job.collectives[0]
-                        tele.workload.started(job.index, first.label or first.op, first.op,
-                                              job.transport)
+                for job in batch:
+                    first = job.collectives[0]
+                    tele.workload.started(job.index, first.label or first.op, first.op,
+                                          job.transport)
                 errors = []
                 for outcome in run_batch(fabric, batch):
                     if outcome.error is not None:
                         errors.append(f"job {outcome.job.index} ({batch_text([outcome.job])}): "
                                       f"{outcome.error}")
-                        if tele is not None:
-                            tele.workload.finished(outcome.job.index)
+                        tele.workload.finished(outcome.job.index)
                         continue
                     known = len(doc["collectives"])
                     results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
-                    if tele is not None:
-                        tele.workload.measured(outcome.job.index, doc["collectives"][known:])
+                    tele.workload.measured(outcome.job.index, doc["collectives"][known:])
                     view.measured(len(outcome.results))
                 # the switch queues since the workload began (totals, per port and priority)
                 now = fabric.congestion()  # one reading for the summary and the utilization
@@ -161,14 +159,14 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     errors += [f"failure {f['target']} {f['action']}: {e}"
                                for f in doc["failures"] for e in f["errors"]]
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
-                if tele is not None:
+                if telemetry is not None:
                     doc["telemetry"] = tele.report()
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))
             results.finish(doc)
             write_json_atomic(path, doc)
-            if tele is not None and telemetry.keep is not None:
+            if telemetry is not None and telemetry.keep is not None:
                 telemetry.keep(tele)
             view.tearing_down()
     except BaseException as err:

@@ -103,3 +103,65 @@ def add_command(command) -> None:
     p.add_argument("--port", type=int, default=0, help="Prometheus's port (default: a free one)")
     p.add_argument("--grafana", action="store_true",
                    help="also start Grafana (Docker) with the repository's dashboards")
+
+
+def cmd_top(args) -> int:
+    """A refreshing view of a running fabric's busiest links and its collectives."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from rich.live import Live
+
+    from fabriclab.cli import Terminated
+    from telemetry import top
+    from telemetry.exporter import TELEMETRY_FILE
+    from testbed.registry import Registry
+
+    if args.interval <= 0:
+        raise ConfigError("--interval", f"must be > 0, got {args.interval}")
+    record = Registry(args.state_dir).running(args.run)
+    try:
+        target = json.loads((Path(record.run_dir) / TELEMETRY_FILE).read_text())[
+            "targets"]["fabric"][0]
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        raise TestbedError(f"run {record.run_id} has no exporter on record ({err})") from err
+
+    def scrape() -> tuple[float, top.Samples]:
+        try:
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as resp:
+                return time.monotonic(), top.parse(resp.read().decode())
+        except (urllib.error.URLError, OSError) as err:
+            raise TestbedError(f"the fabric's exporter {target} does not answer: {err}") \
+                from err
+
+    title = f"fabriclab top: run {record.run_id} ({target}), every {args.interval:g} s"
+    last_t, last = scrape()
+    if args.once:
+        time.sleep(args.interval)
+        now_t, now = scrape()
+        args.console.print(top.render(top.frame(last, now, now_t - last_t, time.time()),
+                                      args.links, title))
+        return 0
+    try:
+        with Live(console=args.console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                now_t, now = scrape()
+                live.update(top.render(top.frame(last, now, now_t - last_t, time.time()),
+                                       args.links, title), refresh=True)
+                last_t, last = now_t, now
+    except (KeyboardInterrupt, Terminated):
+        pass
+    return 0
+
+
+def add_top_command(command) -> None:
+    """Register ``fabriclab top``."""
+    p = command("top", cmd_top, "watch a running fabric: busiest links per tier, queues, "
+                                "marks, pauses, drops, and the collectives", json_flag=False)
+    p.add_argument("--run", help="the run id, when several fabrics are up")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="seconds between refreshes (default %(default)s)")
+    p.add_argument("--links", type=int, default=4, help="links shown per tier (default 4)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")

@@ -24,6 +24,7 @@ from telemetry import metrics
 from telemetry.prometheus import Prometheus
 from testbed import ovs
 from testbed.cpu import machine_cpu_s, process_cpu_s
+from testbed.files import write_json_atomic
 from testbed.netlink import Netlink
 
 LOOPBACK = "127.0.0.1"
@@ -177,23 +178,27 @@ class Exporter:
         return f"{self.host}:{self.port}"
 
 
+TELEMETRY_FILE = "telemetry.json"  # in the fabric's run directory: where its exporters are
+
+
 class RunTelemetry:
-    """A running fabric's telemetry: its exporter (fabric, workload, fidelity), the
-    controller's, and a Prometheus scraping both into ``directory`` (a context manager; on exit
-    it waits for a last scrape, then stops Prometheus and the exporter).
+    """A running fabric's telemetry: its exporter (fabric, workload, fidelity; always, so
+    ``fabriclab top`` can watch any fabric), the controller's, and with ``directory`` a
+    Prometheus scraping both into it. A context manager; on exit it waits for a last scrape,
+    then stops Prometheus and the exporter.
 
     Args:
         fabric: the running fabric.
-        directory: where Prometheus keeps its configuration and data.
+        directory: where Prometheus keeps its configuration and data (None: no Prometheus).
         interval_s: the scrape interval.
         labels: labels on every series (``experiment``, ``variant``).
         routing: the controller's routing mode (a label of the workload's series).
     """
 
-    def __init__(self, fabric, directory: Path, interval_s: float, labels: dict[str, str],
-                 routing: str) -> None:
+    def __init__(self, fabric, directory: Path | None, interval_s: float,
+                 labels: dict[str, str], routing: str) -> None:
         self.fabric = fabric
-        self.directory = Path(directory)
+        self.directory = Path(directory) if directory is not None else None
         self.interval_s = interval_s
         self.labels = labels
         self.workload = WorkloadState(routing)
@@ -212,9 +217,11 @@ class RunTelemetry:
             controller = self.fabric.controller_status().get("metrics")
             if controller:
                 self.targets["controller"] = [controller]
-            self.prometheus = stack.enter_context(Prometheus(
-                self.directory, self.targets, self.interval_s, self.labels,
-                track=lambda pid: self.fabric.track_process(pid, "prometheus")))
+            if self.directory is not None:
+                self.prometheus = stack.enter_context(Prometheus(
+                    self.directory, self.targets, self.interval_s, self.labels,
+                    track=lambda pid: self.fabric.track_process(pid, "prometheus")))
+            write_json_atomic(self.fabric.run_dir / TELEMETRY_FILE, self.report())
             self.stack = stack.pop_all()
         return self
 
@@ -226,8 +233,10 @@ class RunTelemetry:
             self.stack.close()
 
     def report(self) -> dict:
-        """For ``results.json``: where the data is and what was scraped."""
-        return {"prometheus": self.prometheus.url if self.prometheus else None,
-                "data": str(self.directory / "data"), "scrape_interval_s": self.interval_s,
-                "targets": self.targets,
-                "fabric_scrape_s": round(self.fabric_collector.scrape_s, 4)}
+        """For ``results.json``: where the exporters and the data are."""
+        doc = {"targets": self.targets,
+               "fabric_scrape_s": round(self.fabric_collector.scrape_s, 4)}
+        if self.prometheus is not None:
+            doc.update(prometheus=self.prometheus.url, data=str(self.directory / "data"),
+                       scrape_interval_s=self.interval_s)
+        return doc

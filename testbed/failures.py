@@ -141,14 +141,7 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     from testbed.netlink import Netlink  # an adapter: only when a running fabric is acted on
     from testbed.topology import from_dict
 
-    runs = [r for r in registry.runs() if r.owner_alive() and (run_id in (None, r.run_id))]
-    if not runs:
-        raise TestbedError("no running fabric" + (f" with id {run_id}" if run_id else "")
-                           + ": start one with 'fabriclab up FILE'")
-    if len(runs) > 1:
-        raise TestbedError("several fabrics are running: name one with --run "
-                           + ", ".join(r.run_id for r in runs))
-    record = runs[0]
+    record = registry.running(run_id)
     topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
     what, links = live_links(topo, target)
     hosts = {p.role.removeprefix("host:"): p.pid for p in record.processes

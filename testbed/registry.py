@@ -99,6 +99,21 @@ class Registry:
                                   "lists and remove it by hand")
         return records, unreadable
 
+    def running(self, run_id: str | None = None) -> RunRecord:
+        """The one fabric whose process is alive (or the one named ``run_id``).
+
+        Raises:
+            TestbedError: none running, or several and no ``run_id``.
+        """
+        runs = [r for r in self.runs() if r.owner_alive() and (run_id in (None, r.run_id))]
+        if not runs:
+            raise TestbedError("no running fabric" + (f" with id {run_id}" if run_id else "")
+                               + ": start one with 'fabriclab up FILE'")
+        if len(runs) > 1:
+            raise TestbedError("several fabrics are running: name one with --run "
+                               + ", ".join(r.run_id for r in runs))
+        return runs[0]
+
     def runs(self) -> list[RunRecord]:
         """Every run record.
 

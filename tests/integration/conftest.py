@@ -48,7 +48,7 @@ def machine_state() -> dict[str, set[str]]:
         "bridges": lines("ovs-vsctl --timeout=10 list-br"),
         "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
         "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
-                       "|traffic.agent|traffic.udpflow|ovs(db-server|-vswitchd) "
+                       "|traffic.agent|traffic.udpflow|prometheus --config|ovs(db-server|-vswitchd) "
                        ".*/work/[0-9]{8}-' | grep -v grep"),
         "sysctl": lines("sysctl net.core.wmem_default"),
         "bpf pins": lines("ls /sys/fs/bpf/fabriclab 2>/dev/null"),

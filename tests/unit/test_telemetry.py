@@ -168,3 +168,29 @@ def test_every_dashboard_query_uses_exported_metrics_and_resolvable_variables():
                 assert used and used <= exported, (panel["title"], used - exported)
                 assert set(re.findall(r"\$(\w+)", target["expr"])) <= names | {
                     "__rate_interval"}, panel["title"]
+
+
+def test_top_shows_the_busiest_links_per_tier_and_the_collectives():
+    from rich.console import Console
+
+    from telemetry import top
+
+    def text(tx: int) -> str:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(CallbackCollector(lambda: [
+            *metrics.fabric_families(PORTS, _links(tx), _congestion()),
+            *metrics.collective_families(ROWS, "ecmp", [{"job": 1, "op": "all_to_all",
+                                                        "label": "moe", "started_s": 100.0}])]))
+        return generate_latest(registry).decode()
+
+    fr = top.frame(top.parse(text(1000)), top.parse(text(1000 + 625_000)), 1.0, 130.0)
+    util = {(r.switch, r.port): r.utilization for r in fr.ports}
+    assert util[("leaf1", "1")] == pytest.approx(0.5)  # 5 Mbit/s on a 10 Mbit/s host link
+    assert util[("leaf1", "3")] == pytest.approx(0.25)  # on the 20 Mbit/s uplink
+    assert [r.up for r in fr.ports if r.switch == "spine1" and r.port == "1"] == [False]
+    assert fr.running == [("moe", "all_to_all", "tcp", 30.0)]
+    console = Console(width=120, record=True)
+    console.print(top.render(fr, per_tier=2))
+    shown = console.export_text()
+    assert "leaf->spine" in shown and "leaf1:3 -> spine1" in shown
+    assert "running 30 s" in shown and "(down)" in shown

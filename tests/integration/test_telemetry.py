@@ -1,0 +1,139 @@
+"""Telemetry on real fabrics: the exporters' counters agree with the kernel's own, everything
+listens on loopback only, and after a short `fabriclab run --telemetry` the run's Prometheus
+data answers every dashboard query."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import ROOT, experiment
+from telemetry import dashboards
+from telemetry.exporter import Exporter, FabricCollector, FidelityCollector
+from telemetry.prometheus import Prometheus
+from traffic.udpflow import run_incast
+
+# 10 Mbit/s hosts, 20 Mbit/s uplinks; priority 3 (DSCP 26) lossless, ECN marked at a step
+FABRIC = ("version: 1\nname: telemetry\nfabric:\n  topology: leaf_spine\n  leaves: 2\n"
+          "  spines: 1\n  hosts_per_leaf: 3\n  host_link: {rate_mbps: 10, ecn: {mode: step}}\n"
+          "  fabric_link: {rate_mbps: 20, ecn: {mode: step}}\n  queue: {size_kb: 128}\n"
+          "  mtu: 9000\n  traffic_classes: {dscp_to_priority: {26: 3}}\n"
+          "  pfc: {priorities: [3]}\n  hosts: {ecn: true}\n")
+# a TCP incast in the lossless class (pauses, marks, a standing queue at leaf1's port to
+# h1_1 for about 5 s), then a uet all-reduce (the transport's counters)
+WORKLOAD = ("workload:\n  dscp: 26\n  timeout_s: 120\n  collectives:\n"
+            "    - {op: flows, label: incast, size: 2MiB, pairs: [[h2_1, h1_1], [h2_2, h1_1], "
+            "[h2_3, h1_1]]}\n"
+            "    - {op: all_reduce, label: uet-ring, size: 1MiB, ranks: [h1_2, h1_3, h2_1, h2_2],"
+            " transport: uet}\n")
+RATE_INTERVAL = "4s"  # Grafana's $__rate_interval at a 1 s scrape (4 x the interval)
+
+
+def _scrape(target: str) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _kernel_links(names: set[str]) -> dict[str, dict]:
+    out = subprocess.run(["ip", "-s", "-j", "link", "show"], capture_output=True, text=True,
+                         check=True).stdout
+    return {l["ifname"]: l["stats64"] for l in json.loads(out) if l["ifname"] in names}
+
+
+def _kernel_qdisc_drops(ifname: str) -> int:
+    """Drops of the port's leaf queues (``tc -s qdisc``: every qdisc below the HTB root)."""
+    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", ifname],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(q.get("drops", 0) for q in json.loads(out)
+               if q["kind"] in ("bfifo", "pfifo", "tbf", "red", "netem"))
+
+
+def test_port_counters_agree_with_the_kernel_and_the_exporter_listens_on_loopback(make_fabric):
+    fabric = make_fabric(experiment(FABRIC.replace("  pfc: {priorities: [3]}\n", "")))
+    run_incast(fabric, ["h2_1", "h2_2", "h2_3"], "h1_1", 120, dscp=26)  # drops at leaf1-eth1
+    collector = FabricCollector(fabric)
+    with Exporter([collector, FidelityCollector(fabric)]) as exporter:
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{exporter.port}"],
+                                   capture_output=True, text=True, check=True).stdout
+        assert listening.split()[3] == f"127.0.0.1:{exporter.port}", listening
+        metrics = _scrape(exporter.target)
+        kernel = _kernel_links(set(collector.ports))
+    ours = {s.labels["switch"] + ":" + s.labels["port"]: s.value
+            for s in metrics["fabriclab_port_transmit_bytes"]}
+    assert len(ours) == len(collector.ports) == len(kernel)
+    for ifname, who in collector.ports.items():
+        mine = ours[f"{who.switch}:{who.port}"]
+        theirs = kernel[ifname]["tx"]["bytes"]
+        assert mine == pytest.approx(theirs, rel=0.02), (ifname, mine, theirs)
+    drops = {}
+    for s in metrics["fabriclab_port_drops"]:
+        key = s.labels["switch"] + ":" + s.labels["port"]
+        drops[key] = drops.get(key, 0) + s.value
+    assert drops["leaf1:1"] > 0  # the incast overflowed the receiver's port
+    for ifname, who in collector.ports.items():
+        assert drops.get(f"{who.switch}:{who.port}", 0) == pytest.approx(
+            _kernel_qdisc_drops(ifname), rel=0.02, abs=0), ifname
+    assert metrics["fabriclab_vswitchd_cpu_seconds"], "no vswitchd CPU"
+    assert collector.scrape_s < 1.0
+
+
+def test_a_run_with_telemetry_answers_every_dashboard_query(state_dir, tmp_path):
+    exp = tmp_path / "telemetry.yaml"
+    exp.write_text(FABRIC + WORKLOAD)
+    out = tmp_path / "out"
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
+                           "run", str(exp), "--out", str(out), "--telemetry", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=400, check=False)
+    ended = time.time()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    tele = doc["telemetry"]
+    assert set(tele["targets"]) == {"fabric", "controller"}
+    assert all(t.startswith("127.0.0.1:") for ts in tele["targets"].values() for t in ts)
+    config = yaml.safe_load((out / "prometheus" / "prometheus.yml").read_text())
+    assert config["global"]["scrape_interval"] == "1000ms"
+    # the data outlives the run: served again as `fabriclab telemetry DIR` does
+    with Prometheus(out / "prometheus", {}) as prom:
+        missing = []
+        for spec in dashboards.DASHBOARDS:
+            values = {v.name: ".*" for v in spec.variables}
+            for resolved in _variable_values(prom, spec, started, ended):
+                assert resolved, f"{spec.uid}: a variable resolves to nothing"
+            for panel in spec.panels:
+                expr = panel.expr.replace("$__rate_interval", RATE_INTERVAL)
+                for name, value in values.items():
+                    expr = expr.replace(f"${name}", value)
+                result = prom.api("query_range", query=expr, start=f"{started:.3f}",
+                                  end=f"{ended:.3f}", step="1")["result"]
+                if not any(series["values"] for series in result):
+                    missing.append(f"{spec.uid}: {panel.title}: {expr}")
+        assert not missing, "\n".join(missing)
+        busbw = prom.api("query_range", query="fabriclab_collective_busbw_bits_per_second",
+                         start=f"{started:.3f}", end=f"{ended:.3f}", step="1")["result"]
+        labels = {s["metric"]["label"]: s["metric"] for s in busbw}
+        assert labels["uet-ring"]["transport"] == "uet" and labels["uet-ring"][
+            "experiment"] == "telemetry"
+        measured = {r["label"]: r["busbw_gbps"] * 1e9 for r in doc["collectives"]}
+        assert float(next(s for s in busbw if s["metric"]["label"] == "incast")["values"][-1][
+            1]) == pytest.approx(measured["incast"])
+
+
+def _variable_values(prom: Prometheus, spec, start: float, end: float) -> list[list[str]]:
+    """Each variable's values, as Grafana's ``label_values(metric, label)`` asks for them."""
+    out = []
+    for var in spec.variables:
+        values = prom.api(f"label/{var.label}/values", **{"match[]": var.metric,
+                                                          "start": f"{start:.3f}",
+                                                          "end": f"{end:.3f}"})
+        out.append([v for v in values if re.fullmatch(r"[\w>.:-]+", v)])
+    return out
