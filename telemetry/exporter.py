@@ -43,16 +43,21 @@ class FabricCollector:
         self.lock = threading.Lock()  # one scrape at a time on the netlink socket
         self.netlink: Netlink | None = None
         self.scrape_s = 0.0  # the last scrape's reading time
+        self.scrapes = 0
+        self.cpu_s = 0.0  # CPU time of every scrape so far (reading and shaping)
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
-            start = time.monotonic()
+            start, cpu = time.monotonic(), time.thread_time()
             if self.netlink is None:
                 self.netlink = Netlink()
             links = self.netlink.counters(set(self.ports))
             congestion = self.fabric.congestion(self.netlink)
             self.scrape_s = time.monotonic() - start
-        yield from metrics.fabric_families(self.ports, links, congestion)
+            families = metrics.fabric_families(self.ports, links, congestion)
+            self.scrapes += 1
+            self.cpu_s += time.thread_time() - cpu
+        yield from families
 
     def close(self) -> None:
         with self.lock:

@@ -172,6 +172,11 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
                  for key, (metric, text) in TRANSPORT_COUNTERS.items()}
     totals: dict[tuple, dict[str, float]] = {}
     latest: dict[tuple, dict] = {}
+    running = list(running)
+    for item in running:  # a UDP transport's counters exist (at 0) from its start: rates
+        key = _collective_key(item, routing)  # then see the step when it ends
+        if key[3] != "tcp":
+            totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
     for row in rows:
         key = _collective_key(row, routing)
         duration.observe(key, row["duration_s"])

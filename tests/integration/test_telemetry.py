@@ -21,16 +21,17 @@ from telemetry.exporter import Exporter, FabricCollector, FidelityCollector
 from telemetry.prometheus import Prometheus
 from traffic.udpflow import run_incast
 
-# 10 Mbit/s hosts, 20 Mbit/s uplinks; priority 3 (DSCP 26) lossless, ECN marked at a step
+# 10 Mbit/s hosts, 20 Mbit/s uplinks; priority 3 (DSCP 26) lossless, ECN marked at a step on
+# the uplinks (the host ports' queues are PFC's alone, so the incast's stays standing)
 FABRIC = ("version: 1\nname: telemetry\nfabric:\n  topology: leaf_spine\n  leaves: 2\n"
-          "  spines: 1\n  hosts_per_leaf: 3\n  host_link: {rate_mbps: 10, ecn: {mode: step}}\n"
+          "  spines: 1\n  hosts_per_leaf: 3\n  host_link: {rate_mbps: 10}\n"
           "  fabric_link: {rate_mbps: 20, ecn: {mode: step}}\n  queue: {size_kb: 128}\n"
           "  mtu: 9000\n  traffic_classes: {dscp_to_priority: {26: 3}}\n"
           "  pfc: {priorities: [3]}\n  hosts: {ecn: true}\n")
-# a TCP incast in the lossless class (pauses, marks, a standing queue at leaf1's port to
-# h1_1 for about 5 s), then a uet all-reduce (the transport's counters)
+# a TCP incast in the lossless class (pauses, marks at leaf2's uplink, a standing queue at
+# leaf1's port to h1_1 for about 7 s), then a uet all-reduce (the transport's counters)
 WORKLOAD = ("workload:\n  dscp: 26\n  timeout_s: 120\n  collectives:\n"
-            "    - {op: flows, label: incast, size: 2MiB, pairs: [[h2_1, h1_1], [h2_2, h1_1], "
+            "    - {op: flows, label: incast, size: 3MiB, pairs: [[h2_1, h1_1], [h2_2, h1_1], "
             "[h2_3, h1_1]]}\n"
             "    - {op: all_reduce, label: uet-ring, size: 1MiB, ranks: [h1_2, h1_3, h2_1, h2_2],"
             " transport: uet}\n")
