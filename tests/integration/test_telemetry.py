@@ -138,3 +138,44 @@ def _variable_values(prom: Prometheus, spec, start: float, end: float) -> list[l
                                                           "end": f"{end:.3f}"})
         out.append([v for v in values if re.fullmatch(r"[\w>.:-]+", v)])
     return out
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_top_shows_a_running_fabric_under_tmux(state_dir, tmp_path):
+    exp = tmp_path / "telemetry.yaml"
+    exp.write_text(FABRIC + WORKLOAD)
+    session = f"fabriclab-top-{tmp_path.name}"[:40]
+    cli = f"{sys.executable} -m fabriclab.cli --state-dir {state_dir}"
+    _tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "60", "-c", str(ROOT),
+          f"{cli} run {exp} --out {tmp_path / 'out'} --telemetry --keep; sleep 600")
+    try:
+        def pane(window: str) -> str:
+            return _tmux("capture-pane", "-p", "-t", f"{session}:{window}")
+
+        _wait(lambda: "telemetry: Prometheus at" in pane("0"), 120, "the run to start")
+        _tmux("new-window", "-t", session, "-c", str(ROOT), f"{cli} top --interval 1; sleep 600")
+        seen = _wait(lambda: (lambda text: text if "latest" in text and "incast" in text
+                              else None)(pane("1")), 180, "top to show the finished incast")
+        assert "fabriclab top: run" in seen and "leaf->host" in seen, seen
+        assert "leaf1:1 -> h1_1" in seen or "leaf1:2 -> h1_2" in seen, seen
+        _wait(lambda: "fabric and telemetry stay up" in pane("0"), 120, "the --keep prompt")
+        _tmux("send-keys", "-t", f"{session}:1", "C-c")
+        _tmux("send-keys", "-t", f"{session}:0", "C-c")
+        _wait(lambda: "results:" in pane("0"), 120, "the run's teardown")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["complete"], doc.get("error")
