@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import ROOT, experiment
 from telemetry import dashboards
-from telemetry.exporter import Exporter, FabricCollector, FidelityCollector
+from telemetry.exporter import TELEMETRY_FILE, Exporter, FabricCollector, FidelityCollector
 from telemetry.prometheus import Prometheus
+from testbed.registry import Registry
 from traffic.udpflow import run_incast
 
 # 10 Mbit/s hosts, 20 Mbit/s uplinks; priority 3 (DSCP 26) lossless, ECN marked at a step on
@@ -166,6 +168,16 @@ def test_top_shows_a_running_fabric_under_tmux(state_dir, tmp_path):
             return _tmux("capture-pane", "-p", "-t", f"{session}:{window}")
 
         _wait(lambda: "telemetry: Prometheus at" in pane("0"), 120, "the run to start")
+        # every exporter and Prometheus listen on loopback only
+        record = _wait(lambda: next(iter(Registry(state_dir).runs()), None), 30, "the record")
+        tele = json.loads((Path(record.run_dir) / TELEMETRY_FILE).read_text())
+        ports = [t.rsplit(":", 1)[1] for ts in tele["targets"].values() for t in ts]
+        ports.append(re.search(r"Prometheus at http://127\.0\.0\.1:(\d+)", pane("0"))[1])
+        assert len(ports) == 3, tele
+        for port in ports:
+            bound = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                                   text=True, check=True).stdout.split()
+            assert bound[3] == f"127.0.0.1:{port}", bound
         _tmux("new-window", "-t", session, "-c", str(ROOT), f"{cli} top --interval 1; sleep 600")
         seen = _wait(lambda: (lambda text: text if "latest" in text and "incast" in text
                               else None)(pane("1")), 180, "top to show the finished incast")

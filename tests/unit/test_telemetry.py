@@ -143,11 +143,18 @@ def test_the_scrape_configuration():
     assert "--web.listen-address=127.0.0.1:9090" in args
 
 
-def test_the_committed_dashboards_are_what_the_code_generates():
+def test_the_committed_dashboards_are_what_the_code_generates_and_fit_the_sdk_model():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
     for spec in dashboards.DASHBOARDS:
         path = dashboards.OUT_DIR / f"{spec.uid}.json"
         assert path.read_text() == dashboards.render(spec), \
             f"{path} is stale: run python -m telemetry.dashboards"
+        doc = json.loads(path.read_text())
+        model = Dashboard.from_json(doc)  # the SDK's model reads it back unchanged
+        assert json.loads(JSONEncoder(sort_keys=True).encode(model)) == doc
+        assert model.uid == spec.uid and len(model.panels) == len(spec.panels)
 
 
 def test_every_dashboard_query_uses_exported_metrics_and_resolvable_variables():
