@@ -68,3 +68,18 @@ def test_a_ring_of_pauses_is_detected_as_a_deadlock_and_the_watchdog_breaks_it(m
     # the watchdog broke the cycle: every flow got through (losing what it dropped to do so)
     assert congestion["pfc_watchdog_events"] > 0, congestion
     assert all(result["flows"].get(str(i), {}).get("unique", 0) > 0 for i in range(5)), result
+
+
+def test_a_strict_class_gets_htb_priority_0_at_every_link_end(make_fabric):
+    import re
+    import subprocess
+
+    fabric = make_fabric(experiment(FABRIC.replace(
+        "{dscp_to_priority: {26: 3}}", "{dscp_to_priority: {26: 3, 48: 6}, strict: [6]}")
+        + EMULATOR))
+    for ifname in ("leaf1-eth1", "spine1-eth2"):
+        text = subprocess.run(["tc", "class", "show", "dev", ifname], capture_output=True,
+                              text=True, check=True).stdout  # (tc -j prints no htb classes)
+        prio = dict(re.findall(r"class htb (1:1\w) parent 1:1 leaf \w+: prio (\d)", text))
+        assert prio == {"1:10": "1", "1:13": "1", "1:16": "0"}, (ifname, text)
+    assert fabric.spec.fabric.traffic_classes.strict == (6,)
