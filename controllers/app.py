@@ -95,8 +95,7 @@ class FabricController(app_manager.OSKenApp):
         self.poll_times = metrics.poll_histogram()
         # the controller's exporter (127.0.0.1, a port from the OS; the status names it)
         self.exporter = Exporter([CallbackCollector(
-            lambda: metrics.controller_families(self.metric_stats(), self.poll_times))])
-        self.exporter.__enter__()
+            lambda: metrics.controller_families(self.metric_stats(), self.poll_times))]).start()
         self.write_status()
         hub.spawn(self._lldp_loop)
         if self.policy.adaptive is not None:

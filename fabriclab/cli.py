@@ -176,17 +176,17 @@ def cmd_up(args) -> int:
         for warning in fabric.warnings:
             ui.print(f"[yellow]warning:[/yellow] {warning}")
         doc = _fabric_doc(exp, fabric)
-        tele_opts = telemetry_cli.options(args, ui)
+        opts = telemetry_cli.options(args, ui)
         where = None
-        if tele_opts is not None:
+        if opts.prometheus:
             where = args.out or Path("runs") / time.strftime("up-%Y%m%d-%H%M%S")
         from telemetry.exporter import RunTelemetry
 
         tele = stack.enter_context(RunTelemetry(  # the exporters always (fabriclab top)
-            fabric, where / "prometheus" if where else None,
-            tele_opts.interval_s if tele_opts else 1.0, {"experiment": exp.name},
-            str(exp.controller.routing)))
-        if tele_opts is not None:
+            fabric, where / "prometheus" if where else None, opts.interval_s,
+            {"experiment": exp.name}, str(exp.controller.routing),
+            (opts.exporter_host, opts.exporter_port)))
+        if opts.prometheus:
             doc["telemetry"] = tele.report()
             ui.print(f"telemetry: Prometheus at {tele.prometheus.url}, data in {where}")
         if not args.check:

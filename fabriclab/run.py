@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fabriclab import results
 from fabriclab.experiment import Experiment
-from telemetry.exporter import RunTelemetry
+from telemetry.exporter import LOOPBACK, RunTelemetry
 from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
 from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
@@ -33,13 +33,17 @@ RED_MARKER = ("red: the kernel's RED qdisc as each lossy class's leaf at the swi
 
 @dataclass(frozen=True)
 class TelemetryOptions:
-    """``--telemetry``: a Prometheus per run scraping the exporters every ``interval_s``;
-    ``keep`` (``--keep``) is called after the workload, before the teardown, and returns when
-    the user is done looking."""
+    """The run's telemetry. The exporters always run, on ``exporter_host:exporter_port`` (port
+    0: one from the OS); ``prometheus`` (``--telemetry``) adds a Prometheus per run scraping
+    them every ``interval_s``; ``keep`` (``--keep``) is called after the workload, before the
+    teardown, and returns when the user is done looking."""
 
+    prometheus: bool = False
     interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     keep: Callable[[RunTelemetry], None] | None = None
     variant: str | None = None
+    exporter_host: str = LOOPBACK
+    exporter_port: int = 0
 
 
 class RunView:
@@ -86,6 +90,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
         ConfigError, KeyboardInterrupt, ...: likewise recorded in the document, then raised.
     """
     view = view or RunView()
+    telemetry = telemetry or TelemetryOptions()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
     doc = results.new_document(exp.name, exp.source, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -98,12 +103,12 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             view.started(fabric, exp.workload.collective_count)
             # the exporters always run (fabriclab top watches them); Prometheus on request
             labels = {"experiment": exp.name, **({"variant": telemetry.variant}
-                                                 if telemetry and telemetry.variant else {})}
+                                                 if telemetry.variant else {})}
             tele = services.enter_context(RunTelemetry(
-                fabric, out_dir / "prometheus" if telemetry else None,
-                telemetry.interval_s if telemetry else DEFAULT_SCRAPE_INTERVAL_S, labels,
-                str(exp.controller.routing)))
-            if telemetry is not None:
+                fabric, out_dir / "prometheus" if telemetry.prometheus else None,
+                telemetry.interval_s, labels, str(exp.controller.routing),
+                (telemetry.exporter_host, telemetry.exporter_port)))
+            if telemetry.prometheus:
                 doc["telemetry"] = tele.report()
                 view.telemetry(tele)
             sampler = None
@@ -159,14 +164,14 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     errors += [f"failure {f['target']} {f['action']}: {e}"
                                for f in doc["failures"] for e in f["errors"]]
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
-                if telemetry is not None:
+                if telemetry.prometheus:
                     doc["telemetry"] = tele.report()
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))
             results.finish(doc)
             write_json_atomic(path, doc)
-            if telemetry is not None and telemetry.keep is not None:
+            if telemetry.keep is not None:
                 telemetry.keep(tele)
             view.tearing_down()
     except BaseException as err:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fabriclab.run import TelemetryOptions
+from telemetry.exporter import LOOPBACK
 from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
 from testbed.errors import ConfigError, TestbedError
 
@@ -24,18 +25,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true",
                    help="with --telemetry: after the workload, keep fabric and telemetry up "
                         "until Ctrl-C")
+    p.add_argument("--exporter", default=f"{LOOPBACK}:0", metavar="HOST:PORT",
+                   help="where the fabric's exporter listens (default %(default)s: loopback, "
+                        "a port from the OS)")
 
 
-def options(args, console: Console, variant: str | None = None) -> TelemetryOptions | None:
-    """The run's telemetry from the command line (None without ``--telemetry``)."""
+def options(args, console: Console, variant: str | None = None) -> TelemetryOptions:
+    """The run's telemetry from the command line."""
     if args.scrape_interval <= 0:
         raise ConfigError("--scrape-interval", f"must be > 0, got {args.scrape_interval}")
-    if args.keep and not args.telemetry:
+    if getattr(args, "keep", False) and not args.telemetry:
         raise ConfigError("--keep", "needs --telemetry")
-    if not args.telemetry:
-        return None
-    return TelemetryOptions(args.scrape_interval, keep_until_interrupted(console)
-                            if args.keep else None, variant)
+    host, _, port = args.exporter.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError("--exporter", f"give HOST:PORT (port 0..65535), got {args.exporter!r}")
+    return TelemetryOptions(args.telemetry, args.scrape_interval,
+                            keep_until_interrupted(console) if getattr(args, "keep", False)
+                            else None, variant, host, int(port))
 
 
 def keep_until_interrupted(console: Console):

@@ -161,12 +161,20 @@ class Exporter:
         self.thread = None
 
     def __enter__(self) -> Exporter:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> Exporter:
+        """Serve (in a daemon thread)."""
         self.server, self.thread = start_http_server(self.port, addr=self.host,
                                                      registry=self.registry)
         self.port = self.server.server_port
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
+        """Stop serving and close the collectors."""
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -198,10 +206,12 @@ class RunTelemetry:
         interval_s: the scrape interval.
         labels: labels on every series (``experiment``, ``variant``).
         routing: the controller's routing mode (a label of the workload's series).
+        address: the fabric exporter's host and port (0: one from the OS).
     """
 
     def __init__(self, fabric, directory: Path | None, interval_s: float,
-                 labels: dict[str, str], routing: str) -> None:
+                 labels: dict[str, str], routing: str,
+                 address: tuple[str, int] = (LOOPBACK, 0)) -> None:
         self.fabric = fabric
         self.directory = Path(directory) if directory is not None else None
         self.interval_s = interval_s
@@ -212,12 +222,13 @@ class RunTelemetry:
         self.exporter: Exporter | None = None
         self.prometheus: Prometheus | None = None
         self.targets: dict[str, list[str]] = {}
+        self.address = address
 
     def __enter__(self) -> RunTelemetry:
         with ExitStack() as stack:
             self.exporter = stack.enter_context(Exporter(
                 [self.fabric_collector, WorkloadCollector(self.workload),
-                 FidelityCollector(self.fabric)]))
+                 FidelityCollector(self.fabric)], port=self.address[1], host=self.address[0]))
             self.targets = {"fabric": [self.exporter.target]}
             controller = self.fabric.controller_status().get("metrics")
             if controller:

@@ -28,11 +28,13 @@ COLLECTIVE_LABELS = ("workload_job", "label", "op", "transport", "routing")
 DURATION_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500)
 #: Transport counters of a collective's row (``results.json``) -> metric name and help.
 TRANSPORT_COUNTERS = {
-    "tx_bytes": ("transport_sent_bytes_total", "Bytes the UDP transport sent (payload and "
-                                                "headers it builds, retransmissions included)."),
+    "tx_bytes": ("transport_sent_bytes_total", "Payload bytes the UDP transport sent "
+                                                "(retransmissions included)."),
     "tx_packets": ("transport_sent_packets_total", "Packets the UDP transport sent."),
     "tx_retransmitted": ("transport_retransmitted_packets_total",
                          "Packets the UDP transport sent again (go-back-N or selective)."),
+    "tx_retransmitted_bytes": ("transport_retransmitted_bytes_total",
+                               "Payload bytes the UDP transport sent again."),
     "rx_out_of_order": ("transport_out_of_order_packets_total",
                         "DATA packets that arrived out of order."),
     "tx_cnps": ("transport_cnps_total", "Congestion notification packets the senders "

@@ -132,6 +132,7 @@ def test_rocev2_goes_back_n_after_a_loss():
     s = tx.summary()
     # everything sent after PSN 5 before the NAK came back was thrown away and sent again
     assert s["naks"] >= 1 and s["retransmitted"] >= 2 and rx.stats["out_of_order"] >= 1
+    assert s["retransmitted_bytes"] == s["retransmitted"] * MSS
 
 
 def test_rocev2_collapses_under_reordering_that_uet_absorbs():
@@ -206,6 +207,7 @@ def test_uet_retransmits_only_what_was_lost():
     run(tx, rx, mangle=lambda pkt, n: [] if n in (5, 17) else [0.0])
     assert tx.una == 40 and rx.delivered == 40 * MSS
     assert tx.summary()["retransmitted"] == 2  # selective: the two lost, nothing else
+    assert tx.summary()["retransmitted_bytes"] == 2 * MSS
 
 
 def test_uet_rod_mode_orders_like_roce():

@@ -217,8 +217,8 @@ class RoceSender:
         self.next_send = self.now
         self.progress_at = self.now
         self.cc = Dcqcn(self.cfg.dcqcn, self.now) if self.cfg.dcqcn else None
-        self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "naks": 0, "cnps": 0,
-                      "timeouts": 0, "entropies": set()}
+        self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "retransmitted_bytes": 0,
+                      "naks": 0, "cnps": 0, "timeouts": 0, "entropies": set()}
 
     # -- the application's side ------------------------------------------------------------
     def offer(self, nbytes: int) -> int:
@@ -264,6 +264,7 @@ class RoceSender:
         st["packets"] += 1
         st["bytes"] += length
         st["retransmitted"] += 1 if flags & Flag.RETX else 0
+        st["retransmitted_bytes"] += length if flags & Flag.RETX else 0
         st["entropies"].add(entropy)
         return Packet(Kind.DATA, self.qp, psn, 0, length, entropy, flags=flags,
                       sent_ns=int(now * 1e9))

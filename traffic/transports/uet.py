@@ -172,8 +172,9 @@ class UetSender:
         self.progress_at = self.now
         self.reps = Reps(self.cfg.entropies, self.rng)
         self.window = Window(self.cfg)
-        self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "naks": 0, "timeouts": 0,
-                      "sack_losses": 0, "spurious": 0, "ce_acks": 0, "entropies": set()}
+        self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "retransmitted_bytes": 0,
+                      "naks": 0, "timeouts": 0, "sack_losses": 0, "spurious": 0, "ce_acks": 0,
+                      "entropies": set()}
 
     # -- the application's side ------------------------------------------------------------
     def offer(self, nbytes: int) -> int:
@@ -229,6 +230,7 @@ class UetSender:
         st["packets"] += 1
         st["bytes"] += length
         st["retransmitted"] += 1 if retx else 0
+        st["retransmitted_bytes"] += length if retx else 0
         st["entropies"].add(entropy)
         flags = (Flag.RETX if retx else 0) | (Flag.LAST if psn in self.last_of_message else 0)
         return Packet(Kind.DATA, self.qp, psn, 0, length, entropy, flags=flags,
