@@ -352,6 +352,9 @@ def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) ->
         args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
     args.console.print(_results_table(doc))
     args.console.print(f"results: {out / 'results.json'}")
+    if doc.get("telemetry", {}).get("data"):
+        args.console.print(f"telemetry: {doc['telemetry']['data']} (served during the run at "
+                           f"{doc['telemetry']['prometheus']}; again: fabriclab telemetry {out})")
     return doc
 
 
