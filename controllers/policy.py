@@ -237,7 +237,6 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
 
 def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRouting,
                   tables: dict[str, SwitchTables]) -> None:
-    gid = {sw.name: i for i, sw in enumerate(topo.access_switches, start=1)}
     for sw in topo.access_switches:
         routes = [f for f in tables[sw.name].flows.values()
                   if f.priority in (PRIORITY_PREFIX, PRIORITY_HOST)]
@@ -263,10 +262,18 @@ def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRo
                 tables[node].add_flow(FlowEntry(PRIORITY_FLOW, match, (("output", port),),
                                                 FLOW_COOKIE))
             continue
-        first = topo.attachment(flow.src_host).node
-        last = topo.attachment(flow.dst_host)
-        action = (("output", last.port),) if last.node == first else (("group", gid[last.node]),)
-        tables[first].add_flow(FlowEntry(PRIORITY_FLOW, match, action, FLOW_COOKIE))
+        first, entry = unplaced_flow_entry(topo, flow)
+        tables[first].add_flow(entry)
+
+
+def unplaced_flow_entry(topo: Topology, flow) -> tuple[str, FlowEntry]:
+    """A flow not (yet) placed: its exact entry at its source access switch, forwarding as the
+    routes do (the destination's ECMP group, or the host port), there to count its bytes."""
+    gid = {sw.name: i for i, sw in enumerate(topo.access_switches, start=1)}
+    first = topo.attachment(flow.src_host).node
+    last = topo.attachment(flow.dst_host)
+    action = (("output", last.port),) if last.node == first else (("group", gid[last.node]),)
+    return first, FlowEntry(PRIORITY_FLOW, flow.key.match(), action, FLOW_COOKIE)
 
 
 def capacity_shares(topo: Topology, target: str, dist: dict[str, int],
@@ -391,14 +398,15 @@ def diff_tables(old: SwitchTables | None, new: SwitchTables) -> list[Op]:
             ops.append(Op(OpKind.GROUP_ADD, group))
         elif old.groups[gid] != group:
             ops.append(Op(OpKind.GROUP_MOD, group))
-    for key, flow in sorted(new.flows.items(), key=lambda kv: _sort_key(kv[0])):
+    changed = [(key, flow) for key, flow in new.flows.items() if old.flows.get(key) != flow]
+    for key, flow in sorted(changed, key=lambda kv: _sort_key(kv[0])):  # only what differs
         if key not in old.flows:
             ops.append(Op(OpKind.FLOW_ADD, flow))
-        elif old.flows[key] != flow:  # a modify keeps the entry's counters (an add resets them)
+        else:  # a modify keeps the entry's counters (an add resets them)
             ops.append(Op(OpKind.FLOW_MOD, flow))
-    for key, flow in sorted(old.flows.items(), key=lambda kv: _sort_key(kv[0])):
-        if key not in new.flows:
-            ops.append(Op(OpKind.FLOW_DEL, flow))
+    gone = [(key, flow) for key, flow in old.flows.items() if key not in new.flows]
+    for key, flow in sorted(gone, key=lambda kv: _sort_key(kv[0])):
+        ops.append(Op(OpKind.FLOW_DEL, flow))
     for gid, group in sorted(old.groups.items()):
         if gid not in new.groups:
             ops.append(Op(OpKind.GROUP_DEL, group))
@@ -526,10 +534,19 @@ class FabricPolicy:
         if self.adaptive is None or link is None or link.tier != "host":
             return {}
         known = key in self.adaptive.flows
-        if self.adaptive.new_flow(key, now) is None or known:
+        flow = None if known else self.adaptive.new_flow(key, now)
+        if flow is None:
             return {}
-        self._desired = None
-        return self.reconcile()
+        if self._desired is None:
+            return self.reconcile()
+        # only its source switch changes: one entry more there (recomputing every switch's
+        # tables for each new flow took most of the controller's CPU)
+        first, entry = unplaced_flow_entry(self.topo, flow)
+        tables = self._desired[first]
+        self._desired[first] = SwitchTables(dict(tables.flows), dict(tables.groups))
+        self._desired[first].add_flow(entry)
+        ops = self._sync(first) if first in self.connected else []
+        return {first: ops} if ops else {}
 
     def flow_stats(self, dpid: int, counters: dict[FlowKey, int], now: float) -> None:
         """Byte counters of the per-flow entries of one access switch."""

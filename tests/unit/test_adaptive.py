@@ -116,6 +116,11 @@ def test_the_policy_learns_flows_at_the_source_and_pins_elephants_hop_by_hop():
     edge.apply(ops["edge1_1"])
     entry = edge.flows[(PRIORITY_FLOW, key.match())]
     assert entry.cookie == FLOW_COOKIE and entry.actions[0][0] == "group"
+    assert [op.kind for op in ops["edge1_1"]] == ["flow_add", "barrier"]  # one entry, no rebuild
+    # the incremental update is what a full recomputation gives
+    cached = policy.desired()
+    policy._desired = None
+    assert policy.desired() == cached and policy.reconcile() == {}
     assert policy.new_flow(topo.nodes["edge1_1"].dpid, 1, key, 0.1) == {}  # known already
     src, dst = topo.nodes["edge1_1"].dpid, topo.nodes["edge2_1"].dpid
     policy.flow_stats(src, {key: 0}, 0.0)
