@@ -249,7 +249,8 @@ class AdaptiveRouting:
         return {"flows": len(self.flows), "elephants": sum(1 for f in self.flows.values()
                                                            if f.path is not None),
                 "placements": self.placements, "moves": self.moves,
-                "reaction_s": sorted(round(r, 3) for r in self.reactions)[-50:]}
+                "reaction_s": sorted(round(r, 3) for r in self.reactions)[-50:],  # the slowest
+                "reaction": _quantiles(self.reactions)}
 
     # -- helpers ---------------------------------------------------------------------------
     def paths(self, src: str, dst: str) -> list[tuple[str, ...]]:
@@ -310,3 +311,13 @@ def estimate_demands(flows: list[Flow]) -> None:
                 converged[id(f)] = True
         if all(abs(a - f.demand) < 1e-9 for a, f in zip(before, flows)):
             break
+
+
+def _quantiles(values: list[float]) -> dict:
+    """Count, median, 90th percentile and max of every reaction (seconds)."""
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"count": len(ordered), "median_s": round(pick(0.5), 3),
+            "p90_s": round(pick(0.9), 3), "max_s": round(ordered[-1], 3)}
