@@ -49,6 +49,7 @@ from testbed.topology import from_dict
 
 LOG = logging.getLogger("fabriclab.controller")
 LLDP_INTERVAL_S = 2.0
+STATUS_INTERVAL_S = 0.1  # the status document is written at most this often
 LLDP_MAC = "01:80:c2:00:00:0e"
 
 
@@ -62,7 +63,7 @@ def _guarded(handler):
                 handler(self, ev)
         except Exception:
             self.session.error(f"exception in {handler.__name__}: {traceback.format_exc()}")
-            self.write_status()
+            self.write_status(force=True)
             raise
     return wrapper
 
@@ -89,6 +90,7 @@ class FabricController(app_manager.OSKenApp):
         self.flow_counters: dict[int, dict[FlowKey, int]] = {}  # dpid -> this round's
         self.port_counters: dict[int, dict[int, int]] = {}
         self.stats_rounds = 0
+        self.status_written_at, self.status_pending = 0.0, False
         self.round_started = 0.0
         self.op_counts: Counter[str] = Counter()  # OpenFlow operations sent, by kind
         self.port_events = self.reroutes = 0
@@ -96,12 +98,31 @@ class FabricController(app_manager.OSKenApp):
         # the controller's exporter (127.0.0.1, a port from the OS; the status names it)
         self.exporter = Exporter([CallbackCollector(
             lambda: metrics.controller_families(self.metric_stats(), self.poll_times))]).start()
-        self.write_status()
+        self.write_status(force=True)
+        hub.spawn(self._status_loop)
         hub.spawn(self._lldp_loop)
         if self.policy.adaptive is not None:
             hub.spawn(self._stats_loop)
 
-    def write_status(self) -> None:
+    def write_status(self, force: bool = False) -> None:
+        """Write the status document, at most every ``STATUS_INTERVAL_S`` (a later change is
+        written by the status loop): every barrier reply asked for one, and writing each took
+        a third of the controller's CPU under the adaptive mode's churn."""
+        now = time.monotonic()
+        if not force and now - self.status_written_at < STATUS_INTERVAL_S:
+            self.status_pending = True
+            return
+        self.status_written_at, self.status_pending = now, False
+        self._write_status()
+
+    def _status_loop(self) -> None:
+        while True:
+            hub.sleep(STATUS_INTERVAL_S)
+            if self.status_pending:
+                with self.lock:
+                    self.write_status()
+
+    def _write_status(self) -> None:
         doc = self.session.status(time.time(), os.getpid())
         cpu = os.times()
         doc["cpu_s"] = round(cpu.user + cpu.system, 3)  # the controller's, since it started
