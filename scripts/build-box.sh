@@ -12,9 +12,8 @@
 set -euo pipefail
 OUT=${1:?usage: build-box.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MIRROR=${FABRICLAB_DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' \
-  /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+# shellcheck source=scripts/debian-tree.sh
+. "$ROOT/scripts/debian-tree.sh"
 PACKAGES=linux-image-amd64,systemd-sysv,udev,kmod,dbus,openssh-server,sudo,qemu-guest-agent,iproute2,python3,ca-certificates,rsync,procps,curl,gnupg
 DISK_GB=${FABRICLAB_BOX_DISK_GB:-12}
 
@@ -28,14 +27,7 @@ KEY=$(ls /usr/share/rubygems-integration/all/gems/vagrant-*/keys/vagrant.pub \
         /opt/vagrant/embedded/gems/gems/vagrant-*/keys/vagrant.pub 2>/dev/null | head -1 || true)
 [ -n "$KEY" ] || { echo "Vagrant's insecure public key not found: apt-get install vagrant" >&2; exit 1; }
 
-mkdir -p "$OUT"
-WORK=$(mktemp -d "$OUT/.build.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-TREE=$WORK/tree
-
-log "debootstrap bookworm from $MIRROR"
-debootstrap --variant=minbase --include="$PACKAGES" bookworm "$TREE" "$MIRROR" \
-  > "$WORK/debootstrap.log" 2>&1 || { tail -30 "$WORK/debootstrap.log" >&2; exit 1; }
+debian_tree "$OUT" "$PACKAGES"
 
 log "vagrant user, sshd, network"
 chroot "$TREE" useradd -m -s /bin/bash vagrant

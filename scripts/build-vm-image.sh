@@ -12,9 +12,8 @@
 set -euo pipefail
 OUT=${1:?usage: build-vm-image.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MIRROR=${FABRICLAB_DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' \
-  /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+# shellcheck source=scripts/debian-tree.sh
+. "$ROOT/scripts/debian-tree.sh"
 PACKAGES=linux-image-amd64,udev,kmod,openvswitch-switch,iproute2,iperf3,ethtool,fping,mininet,python3,procps,e2fsprogs,tar,bpftool
 # bpftool loads the ECN marker; its object is built on the host (clang stays out of the guest)
 # and carried in with the job
@@ -26,14 +25,7 @@ for tool in debootstrap mkfs.ext4; do
   command -v "$tool" >/dev/null || { echo "$tool missing: apt-get install debootstrap e2fsprogs" >&2; exit 1; }
 done
 
-mkdir -p "$OUT"
-WORK=$(mktemp -d "$OUT/.build.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-TREE=$WORK/tree
-
-log "debootstrap bookworm from $MIRROR"
-debootstrap --variant=minbase --include="$PACKAGES" bookworm "$TREE" "$MIRROR" \
-  > "$WORK/debootstrap.log" 2>&1 || { tail -30 "$WORK/debootstrap.log" >&2; exit 1; }
+debian_tree "$OUT" "$PACKAGES"
 
 log "python dependencies"
 python3 - "$ROOT/pyproject.toml" > "$WORK/requirements.txt" <<'EOF'

@@ -36,8 +36,8 @@ SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "ru
 def image_key(root: Path = ROOT) -> str:
     """Hash of the inputs of the image: the build script, the init program, the dependencies."""
     digest = hashlib.sha256()
-    for path in (root / "scripts" / "build-vm-image.sh", root / "scripts" / "vm-init.sh",
-                 root / "pyproject.toml"):
+    for path in (root / "scripts" / "build-vm-image.sh", root / "scripts" / "debian-tree.sh",
+                 root / "scripts" / "vm-init.sh", root / "pyproject.toml"):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
