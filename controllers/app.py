@@ -136,14 +136,14 @@ class FabricController(app_manager.OSKenApp):
         """The counters :func:`telemetry.metrics.controller_families` exports."""
         with self.lock:
             cpu = os.times()
-            adaptive = self.policy.adaptive.report() if self.policy.adaptive else {}
+            adaptive = self.policy.adaptive
             return {"switches_expected": len(self.policy.topo.switches),
                     "connected": len(self.policy.connected),
                     "programmed": len(self.session.programmed), "ops": dict(self.op_counts),
                     "port_events": self.port_events, "reroutes": self.reroutes,
                     "links_down": sum(1 for up in self.policy.link_state().values() if not up),
-                    "placements": adaptive.get("placements", 0),
-                    "moves": adaptive.get("moves", 0), "cpu_s": cpu.user + cpu.system}
+                    "placements": adaptive.placements if adaptive else 0,
+                    "moves": adaptive.moves if adaptive else 0, "cpu_s": cpu.user + cpu.system}
 
     # -- sending -----------------------------------------------------------------------------
     def _send(self, name: str, ops: list[Op]) -> None:
