@@ -1,11 +1,12 @@
 # fabriclab: `make run` checks the default fabric's reachability, then runs its workload
 # (results in runs/<experiment>/results.json);
-# `make test` runs the unit and integration tests. Both do the set-up themselves (as root).
-# `make unit` runs the unit tests only, as any user (it needs python3-venv, nothing else).
+# `make test` runs every test: unit, integration and the lab VM's. Both do the set-up themselves
+# (as root). `make unit` runs the unit tests only, as any user (it needs python3-venv, nothing
+# else); `make integration` and `make lab` one kind each.
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
 
-.PHONY: setup venv run test unit integration bench clean
+.PHONY: setup venv run test unit integration lab bench clean
 
 setup:
 	./scripts/setup.sh
@@ -25,6 +26,10 @@ unit: venv
 
 integration: setup
 	$(VENV)/bin/python -m pytest -v -m integration tests/integration
+
+# the lab VM: installs vagrant and libvirt, builds the local box once, vagrant up, destroy
+lab: setup
+	$(VENV)/bin/python -m pytest -v -s -m lab tests/lab
 
 bench: setup
 	$(VENV)/bin/python bench/bringup.py

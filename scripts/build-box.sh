@@ -7,14 +7,17 @@
 # The box boots Debian's own kernel directly (libvirt's kernel/initrd/cmdline: the root file
 # system is one ext4 disk without a partition table or boot loader), runs systemd, sshd and the
 # QEMU guest agent, and has a `vagrant` user with Vagrant's insecure key and password-less sudo;
-# systemd-networkd takes DHCP on every Ethernet NIC. The project is not in it: the Vagrantfile's
-# provisioning runs scripts/setup.sh in the VM, as CI runs it here.
+# systemd-networkd takes DHCP on every Ethernet NIC. The Debian packages scripts/setup.sh installs
+# are in the box already (`setup.sh --packages`), so provisioning under an emulated CPU need not
+# unpack them; the project is not in it: the Vagrantfile's provisioning runs scripts/setup.sh in
+# the VM, as CI runs it here, and it finds the packages there and makes the venv.
 set -euo pipefail
 OUT=${1:?usage: build-box.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/debian-tree.sh
 . "$ROOT/scripts/debian-tree.sh"
 PACKAGES=linux-image-amd64,systemd-sysv,udev,kmod,dbus,openssh-server,sudo,qemu-guest-agent,iproute2,python3,ca-certificates,rsync,procps,curl,gnupg
+PACKAGES+=,$(bash "$ROOT/scripts/setup.sh" --packages | paste -sd,)
 DISK_GB=${FABRICLAB_BOX_DISK_GB:-12}
 
 log() { printf '[box] %s\n' "$*"; }

@@ -12,6 +12,10 @@ PACKAGES=(mininet openvswitch-switch iperf3 fping prometheus python3-venv python
           clang libbpf-dev bpftool)                # the eBPF ECN marker (built from source)
 
 log() { printf '[setup] %s\n' "$*"; }
+if [ "${1:-}" = "--packages" ]; then  # the list, for scripts/build-box.sh (one set-up path)
+  printf '%s\n' "${PACKAGES[@]}"
+  exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "scripts/setup.sh must run as root (network namespaces, Open vSwitch)" >&2
@@ -32,16 +36,24 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 ovs_ctl=/usr/share/openvswitch/scripts/ovs-ctl
+# Under systemd (the lab VM) its service owns the daemons; without it (CI, containers) ovs-ctl.
+ovs() {  # ovs start|restart
+  if [ -d /run/systemd/system ] && systemctl cat openvswitch-switch >/dev/null 2>&1; then
+    systemctl "$1" openvswitch-switch
+  else
+    "$ovs_ctl" "$1" --system-id=random >/dev/null 2>&1 || "$ovs_ctl" "$1" --system-id=random
+  fi
+}
 if ! ovs-vsctl --timeout=5 show >/dev/null 2>&1; then
   log "starting Open vSwitch"
-  "$ovs_ctl" start --system-id=random >/dev/null 2>&1 || "$ovs_ctl" start --system-id=random
+  ovs start
 fi
 # The userspace datapath needs TSO support or TCP through it breaks or crawls. It only takes
 # effect at vswitchd start, so restart once when it was just switched on.
 if [ "$(ovs-vsctl --timeout=5 --if-exists get Open_vSwitch . other_config:userspace-tso-enable | tr -d '"')" != "true" ]; then
   log "enabling userspace TSO in Open vSwitch (restart)"
   ovs-vsctl --timeout=5 set Open_vSwitch . other_config:userspace-tso-enable=true
-  "$ovs_ctl" restart --system-id=random >/dev/null 2>&1 || "$ovs_ctl" restart --system-id=random
+  ovs restart
 fi
 ovs-vsctl --timeout=10 show >/dev/null
 

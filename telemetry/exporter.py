@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from telemetry import metrics
+from telemetry.promconfig import DISCOVERY_DIR, discovery_groups
 from telemetry.prometheus import Prometheus
 from testbed import ovs
 from testbed.cpu import machine_cpu_s, process_cpu_s
@@ -207,11 +208,14 @@ class RunTelemetry:
         labels: labels on every series (``experiment``, ``variant``).
         routing: the controller's routing mode (a label of the workload's series).
         address: the fabric exporter's host and port (0: one from the OS).
+        discovery_dir: where a standing Prometheus (the lab VM's) discovers exporters; when
+            that folder exists, the run's exporters are announced there while it runs.
     """
 
     def __init__(self, fabric, directory: Path | None, interval_s: float,
                  labels: dict[str, str], routing: str,
-                 address: tuple[str, int] = (LOOPBACK, 0)) -> None:
+                 address: tuple[str, int] = (LOOPBACK, 0),
+                 discovery_dir: Path = DISCOVERY_DIR) -> None:
         self.fabric = fabric
         self.directory = Path(directory) if directory is not None else None
         self.interval_s = interval_s
@@ -223,6 +227,8 @@ class RunTelemetry:
         self.prometheus: Prometheus | None = None
         self.targets: dict[str, list[str]] = {}
         self.address = address
+        self.discovery_dir = Path(discovery_dir)
+        self.announced: list[Path] = []
 
     def __enter__(self) -> RunTelemetry:
         with ExitStack() as stack:
@@ -238,6 +244,8 @@ class RunTelemetry:
                     self.directory, self.targets, self.interval_s, self.labels,
                     track=lambda pid: self.fabric.track_process(pid, "prometheus")))
             write_json_atomic(self.fabric.run_dir / TELEMETRY_FILE, self.report())
+            stack.callback(self._withdraw)
+            self._announce()
             self.stack = stack.pop_all()
         return self
 
@@ -247,6 +255,23 @@ class RunTelemetry:
                 self.prometheus.wait_scraped()  # the last counters are in the data
         finally:
             self.stack.close()
+
+    def _announce(self) -> None:
+        """Tell a standing Prometheus about the exporters (one discovery file per job)."""
+        if not self.discovery_dir.is_dir():
+            return
+        run_id = self.fabric.record.run_id
+        labels = {**self.labels, "run": run_id}
+        for job, hosts in sorted(self.targets.items()):
+            path = self.discovery_dir / f"{run_id}.{job}.json"
+            self.fabric.track_file(path)  # fabriclab clean removes it after a crash
+            write_json_atomic(path, discovery_groups(hosts, labels))
+            self.announced.append(path)
+
+    def _withdraw(self) -> None:
+        for path in self.announced:
+            path.unlink(missing_ok=True)
+        self.announced.clear()
 
     def report(self) -> dict:
         """For ``results.json``: where the exporters and the data are."""

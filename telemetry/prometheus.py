@@ -57,12 +57,16 @@ class Prometheus:
         port: the port (0: a free one).
         track: called with the server's PID once it runs (the fabric's registry records it,
             so ``fabriclab clean`` can stop it after a crash).
+        config: a whole ``prometheus.yml`` instead of one made from ``targets`` (the standing
+            configuration of :func:`telemetry.promconfig.standing_config`).
     """
 
     def __init__(self, directory: Path, targets: dict[str, list[str]],
                  interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
-                 labels: dict[str, str] | None = None, port: int = 0, track=None) -> None:
+                 labels: dict[str, str] | None = None, port: int = 0, track=None,
+                 config: dict | None = None) -> None:
         self.directory = Path(directory)
+        self.config = config
         self.targets, self.interval_s, self.labels = targets, interval_s, labels or {}
         self.port = port
         self.track = track
@@ -76,8 +80,8 @@ class Prometheus:
         binary = prometheus_binary()
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "prometheus.yml"
-        config.write_text(yaml.safe_dump(scrape_config(self.targets, self.interval_s,
-                                                       self.labels), sort_keys=False))
+        doc = self.config or scrape_config(self.targets, self.interval_s, self.labels)
+        config.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.port = self.port or free_port()
         log = open(self.directory / "prometheus.log", "ab")  # noqa: SIM115 - the child's
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from testbed import bpf, ovs, procfs
 from testbed.errors import TestbedError
@@ -72,6 +73,11 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
             procfs.write_sysctl(name, value)
         except OSError as err:
             report.errors.append(f"{record.run_id}: restoring {name}={value}: {err}")
+    for path in record.files:
+        try:
+            Path(path).unlink(missing_ok=True)
+        except OSError as err:
+            report.errors.append(f"{record.run_id}: removing {path}: {err}")
     if len(report.errors) == errors_before:
         registry.remove(record)
         report.runs.append(record.run_id)

@@ -260,6 +260,13 @@ class Fabric:
             raise TestbedError(f"{role}: the fabric is not up")
         self.registry.track_process(self.record, pid, role)
 
+    def track_file(self, path: Path) -> None:
+        """Record a file written for this fabric outside its run directory, so that
+        ``fabriclab clean`` removes it if this process dies before removing it itself."""
+        if self.record is None:
+            raise TestbedError(f"{path}: the fabric is not up")
+        self.registry.track_file(self.record, str(path))
+
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         t0 = time.monotonic()
         fn()

@@ -54,6 +54,7 @@ class RunRecord:
     bpf_pins: list[str] = field(default_factory=list)  # bpffs folders of pinned programs/maps
     processes: list[TrackedProcess] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
+    files: list[str] = field(default_factory=list)  # outside the run directory (discovery)
 
     def owner_alive(self) -> bool:
         return proc_start_time(self.owner_pid) == self.owner_start
@@ -131,6 +132,13 @@ class Registry:
             with self._lock:
                 record.processes.append(TrackedProcess(pid, start, role))
             self.save(record)
+
+    def track_file(self, record: RunRecord, path: str) -> None:
+        """Record a file the run wrote outside its directory (a Prometheus discovery file)."""
+        with self._lock:
+            if path not in record.files:
+                record.files.append(path)
+        self.save(record)
 
     def untrack_process(self, record: RunRecord, pid: int) -> None:
         """Forget a process that has ended (reaped by its owner)."""

@@ -191,3 +191,39 @@ def test_top_shows_a_running_fabric_under_tmux(state_dir, tmp_path):
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["complete"], doc.get("error")
+
+
+def test_a_standing_prometheus_discovers_the_fabric_that_is_up(make_fabric, tmp_path):
+    """The lab VM's Prometheus (on 9090 there) scrapes whichever fabric is up: each run
+    announces its exporters in the discovery folder while it runs, and withdraws them."""
+    from telemetry.exporter import RunTelemetry
+    from telemetry.promconfig import standing_config
+
+    discovery = tmp_path / "sd"
+    discovery.mkdir()
+    fabric = make_fabric(experiment(FABRIC))
+    run_id = fabric.record.run_id
+    with Prometheus(tmp_path / "standing", {}, config=standing_config(discovery)) as prom:
+        with RunTelemetry(fabric, None, 1.0, {"experiment": "telemetry"}, "ecmp",
+                          discovery_dir=discovery) as tele:
+            files = sorted(p.name for p in discovery.iterdir())
+            assert files == [f"{run_id}.controller.json", f"{run_id}.fabric.json"]
+            groups = json.loads((discovery / f"{run_id}.fabric.json").read_text())
+            assert groups == [{"targets": tele.targets["fabric"],
+                               "labels": {"experiment": "telemetry", "run": run_id}}]
+            assert str(discovery / f"{run_id}.fabric.json") in fabric.record.files
+
+            def both_up() -> bool:
+                up = {s["metric"]["job"]: s["value"][1]
+                      for s in prom.query(f'up{{run="{run_id}"}}')}
+                return up == {"fabric": "1", "controller": "1"}
+            _wait(both_up, 30, "the standing Prometheus to scrape both exporters")
+            ports = prom.query(f'count(fabriclab_port_transmit_bytes_total{{run="{run_id}"}})')
+            assert int(ports[0]["value"][1]) == len(FabricCollector(fabric).ports)
+        assert list(discovery.iterdir()) == []  # withdrawn when the run's telemetry stops
+    # a file left by a run that died is removed with the run's other leftovers
+    stale = discovery / f"{run_id}.fabric.json"
+    stale.write_text("[]")
+    fabric.track_file(stale)
+    fabric.down()
+    assert not stale.exists()

@@ -51,6 +51,39 @@ def test_cleaning_a_record_ends_its_processes_and_their_children(tmp_path):
         proc.stdout.close()
 
 
+def test_files_a_run_wrote_outside_its_directory_are_removed_with_it(tmp_path):
+    registry = Registry(tmp_path)
+    record = registry.new_run(tmp_path / "work")
+    record.owner_pid, record.owner_start = 1, 0  # a dead run
+    announced = tmp_path / "sd" / "run.fabric.json"
+    announced.parent.mkdir()
+    announced.write_text("[]")
+    registry.track_file(record, str(announced))
+    registry.track_file(record, str(announced))  # once only
+    registry.track_file(record, str(tmp_path / "sd" / "gone.json"))  # already removed: fine
+    (saved,) = registry.runs()
+    assert saved.files == [str(announced), str(tmp_path / "sd" / "gone.json")]
+    report = cleanup.clean_record(saved, registry)
+    assert not report.errors and report.runs == [record.run_id]
+    assert not announced.exists() and registry.runs() == []
+
+
+def test_box_key_follows_every_input_of_the_box(tmp_path):
+    from testbed.labvm import ROOT, box_key
+
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    for name in ("build-box.sh", "debian-tree.sh", "setup.sh"):
+        (scripts / name).write_bytes((ROOT / "scripts" / name).read_bytes())
+    key = box_key(tmp_path)
+    assert key == box_key(ROOT) and len(key) == 12
+    for name in ("build-box.sh", "debian-tree.sh", "setup.sh"):
+        original = (scripts / name).read_bytes()
+        (scripts / name).write_bytes(original + b"\n# changed\n")
+        assert box_key(tmp_path) != key, name
+        (scripts / name).write_bytes(original)
+
+
 def test_a_live_owner_keeps_its_run_and_a_recycled_pid_is_never_signalled(tmp_path):
     registry = Registry(tmp_path)
     record = registry.new_run(tmp_path / "work")  # owned by this (live) process

@@ -15,7 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry import dashboards, metrics
 from telemetry.exporter import CallbackCollector, Exporter, WorkloadCollector, WorkloadState
-from telemetry.promconfig import scrape_config, server_args
+from telemetry.promconfig import (DISCOVERY_JOBS, discovery_groups, scrape_config, server_args,
+                                  standing_config)
+from telemetry import promconfig
 from testbed.topology import leaf_spine
 
 TOPO = leaf_spine(2, 1, 2, host_rate_mbps=10, fabric_rate_mbps=20)
@@ -141,6 +143,24 @@ def test_the_scrape_configuration():
         scrape_config({}, 0)
     args = server_args("prometheus", "c.yml", "d", "127.0.0.1:9090")
     assert "--web.listen-address=127.0.0.1:9090" in args
+
+
+def test_the_standing_configuration_discovers_the_runs_exporters(tmp_path, capsys):
+    """The lab VM's Prometheus: one job per exporter kind, as in a run's own configuration (so
+    the dashboards work on both), targets from the files runs write while they are up."""
+    cfg = standing_config(tmp_path, 2.0)
+    assert cfg["global"]["scrape_interval"] == "2000ms"
+    jobs = {j["job_name"]: j["file_sd_configs"][0]["files"] for j in cfg["scrape_configs"]}
+    assert jobs == {job: [str(tmp_path / f"*.{job}.json")] for job in DISCOVERY_JOBS}
+    assert set(DISCOVERY_JOBS) == {j["job_name"] for j in scrape_config(
+        {"fabric": ["a:1"], "controller": ["b:2"]})["scrape_configs"]}
+    assert discovery_groups(["127.0.0.1:1"], {"run": "r"}) == [
+        {"targets": ["127.0.0.1:1"], "labels": {"run": "r"}}]
+    with pytest.raises(ValueError, match="> 0"):
+        standing_config(tmp_path, 0)
+    assert promconfig.main(["standing", str(tmp_path)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == standing_config(tmp_path)
+    assert promconfig.main(["other"]) == 2
 
 
 def test_the_committed_dashboards_are_what_the_code_generates_and_fit_the_sdk_model():
