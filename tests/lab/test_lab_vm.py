@@ -83,6 +83,8 @@ def test_bad_settings_and_faults_each_give_one_clear_message(lab, tmp_path):
     assert "FABRICLAB_VM_CPUS=\"two\" is not a whole number" in refused(
         "up", FABRICLAB_VM_CPUS="two")
     assert "VirtualBox is not installed" in refused("up", "--provider", "virtualbox")
+    assert "FABRICLAB_VM_CA_CERTS: /nonexistent.crt is not a readable file" in refused(
+        "up", FABRICLAB_VM_CA_CERTS="/nonexistent.crt")
     message = refused("up", VAGRANT_HOME=str(tmp_path / "empty-home"))
     assert "box fabriclab/bookworm-local is not added" in message
     assert "scripts/build-box.sh" in message
