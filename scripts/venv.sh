@@ -14,7 +14,6 @@ fi
 stamp="$VENV/.fabriclab-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   log "installing fabriclab into the venv"
-  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
   "$VENV/bin/pip" install -q -e ".[test]" 2> >(grep -vE "WARNING: Location|^ *$" >&2)
   touch "$stamp"
 fi

@@ -157,6 +157,7 @@ def test_vagrant_up_gives_a_ready_lab(lab):
     assert doc["reachability"]["reachable_s"] is not None
 
     # the VM's standing Prometheus scrapes a fabric that is up, seen from the host
+    start = time.monotonic()
     vagrant.ssh(f"cd /vagrant && sudo sh -c 'nohup .venv/bin/fabriclab up {QUICKSTART} "
                 "> /tmp/lab-up.log 2>&1 & echo $! > /tmp/lab-up.pid'")
     try:
@@ -168,6 +169,7 @@ def test_vagrant_up_gives_a_ready_lab(lab):
             up = {s["metric"]["job"]: s["value"][1] for s in _prometheus(port, "up")}
             return up.get("fabric") == "1" and up.get("controller") == "1"
         _poll(scraped, 120, "the VM's Prometheus to scrape the fabric and the controller")
+        _report("a fabric up in the VM, scraped through the forward", time.monotonic() - start)
         ports = _prometheus(port, "count(fabriclab_port_transmit_bytes_total)")
         assert int(ports[0]["value"][1]) >= 48  # k=4: 16 host ports, 32 x 2 fabric ports
     finally:
