@@ -199,7 +199,9 @@ class FabricController(app_manager.OSKenApp):
         if switch is not None and self.datapaths.get(switch.name) is dp:
             del self.datapaths[switch.name]
             self.session.disconnected(switch.name)
-            self.policy.switch_disconnected(dp.id, time.time())
+            changes = self.policy.switch_disconnected(dp.id, time.time())  # a switch failure
+            self.reroutes += any(changes.values())
+            self._send_all(changes)
             self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)

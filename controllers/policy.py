@@ -507,13 +507,21 @@ class FabricPolicy:
         self.installed.pop(switch.name, None)
         return self._sync(switch.name)
 
-    def switch_disconnected(self, dpid: int, now: float) -> None:
+    def switch_disconnected(self, dpid: int, now: float) -> dict[str, list[Op]]:
+        """A switch's OpenFlow connection ended: its vswitchd died or the switch went away. A
+        switch failure: its links count as down until it reconnects and reports its ports
+        (:meth:`switch_connected`), since its neighbours' ports keep their carrier and their
+        groups' watch ports would keep sending into it. Returns the ops that route the other
+        connected switches around it."""
         switch = self.topo.switch_by_dpid(dpid)
         if switch is None:
-            return
+            return {}
         self.connected.discard(switch.name)
         self.installed.pop(switch.name, None)
         self.events.append((now, f"{switch.name} disconnected"))
+        for port in self.topo.ports(switch.name):
+            self._set_port(switch.name, port, False)
+        return self.reconcile()
 
     def port_status(self, dpid: int, port: int, live: bool, now: float) -> dict[str, list[Op]]:
         """A port went up or down; returns the ops for every connected switch affected."""

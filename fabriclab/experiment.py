@@ -24,7 +24,7 @@ import yaml
 
 from testbed.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses
 from testbed.errors import ConfigError
-from testbed.failures import FailureEvent, plan_failures
+from testbed.failplan import FailureEvent, plan_failures
 from testbed.spec import (
     DEFAULT_QUEUE_KB,
     SHAPE_KEYS,

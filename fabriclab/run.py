@@ -169,6 +169,9 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 write_json_atomic(path, doc)
                 if errors:
                     raise TestbedError("\n".join(errors))
+            if injector is not None:  # the throughput windows end with the workload
+                injector.finish()
+                doc["failures"] = injector.report()
             results.finish(doc)
             write_json_atomic(path, doc)
             if telemetry.keep is not None:

@@ -30,9 +30,10 @@ from typing import Self
 from testbed import bpf, capabilities, cleanup, ovs, procfs
 from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
+from testbed.failplan import unreachable_pairs
 from testbed.fidelity import FidelityVerdict, assess
 from testbed.mininet_hosts import Hosts
-from testbed.netlink import Netlink
+from testbed.netlink import LinkDump, Netlink
 from testbed.pfc import PfcAgent
 from testbed.poll import wait_for
 from testbed.portplan import (
@@ -565,6 +566,38 @@ class Fabric:
                     for src, targets in expected.items()}
         results = self.hosts.run_parallel(commands, timeout_s)
         return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
+
+    def dead_switches(self) -> set[str]:
+        """Switches whose private vswitchd is gone (killed, crashed)."""
+        dead = set()
+        for name, inst in self.switch_instance.items():
+            stat = procfs.read_stat(inst.pids.get("ovs-vswitchd", 0))
+            if stat is None or stat.state in ("Z", "X"):
+                dead.add(name)
+        return dead
+
+    def cut_off(self, hosts: list[str]) -> str | None:
+        """Why some of ``hosts`` can no longer reach each other (switch ports without carrier,
+        switches without their vswitchd), or None while every one reaches every other. Safe
+        from any thread (its own netlink socket)."""
+        names = {e.ifname for link in self.topo.links for e in (link.a, link.b)
+                 if self.topo.nodes[e.node].is_switch}
+        dump = LinkDump()
+        try:
+            ports = {name: stats["up"] for name, stats in dump.read(names).items()}
+        finally:
+            dump.close()
+        dead = self.dead_switches()
+        pairs = unreachable_pairs(self.topo, ports, dead, hosts)
+        if not pairs:
+            return None
+        down = sorted(link.name for link in self.topo.links
+                      if any(not ports.get(e.ifname, True) for e in (link.a, link.b)
+                             if self.topo.nodes[e.node].is_switch))
+        return (", ".join(f"{a} cannot reach {b}" for a, b in pairs[:5])
+                + (f" (and {len(pairs) - 5} more)" if len(pairs) > 5 else "")
+                + (f"; links down: {', '.join(down[:10])}" if down else "")
+                + (f"; switches without vswitchd: {', '.join(sorted(dead))}" if dead else ""))
 
     def set_link(self, node1: str, node2: str, up: bool) -> Link:
         """Take the link between two nodes down (both ends) or bring it back up."""

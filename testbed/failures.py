@@ -1,11 +1,10 @@
-"""Link and switch failures during a workload: the experiment file's ``failures`` section.
-
-:func:`plan_failures` (pure) turns the section into :class:`FailureEvent` s checked against the
-model: which links each event takes down or brings up. :class:`FailureInjector` (the adapter) is
-a fabric service thread that applies them at their times, relative to the workload's start, by
-setting both ends of each link down or up (the switches' ports go down, the controller sees
-the port status and reroutes, the groups' watch ports drop dead buckets at once), and keeps a
-log of what it applied and when, for ``results.json``.
+"""Link and switch failures, the adapter: :class:`FailureInjector` is a fabric service thread
+that applies the planned events (:mod:`testbed.failplan`) at their times, relative to the
+workload's start, by setting both ends of each link down or up (the switches' ports go down, the
+controller sees the port status and reroutes, the groups' watch ports drop dead buckets at
+once). It samples the throughput the fabric delivers to the hosts meanwhile and keeps a log of
+what it applied and when, with the throughput before, during and after, for ``results.json``.
+:func:`set_links_of_running_fabric` is ``fabriclab fail`` / ``restore``.
 """
 
 from __future__ import annotations
@@ -13,119 +12,85 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.errors import ConfigError, TestbedError
-from testbed.topology import Topology
-
-
-@dataclass(frozen=True)
-class FailureEvent:
-    """One failure or repair: ``links`` (node pairs) go ``down`` or ``up`` at ``at_s``."""
-
-    at_s: float
-    action: str  # "down" or "up"
-    target: str  # "link agg1_1-core1" or "switch core1"
-    links: tuple[tuple[str, str], ...]
-
-
-def plan_failures(topo: Topology, raw: list[dict]) -> tuple[FailureEvent, ...]:
-    """The events of a (schema-checked) ``failures`` section, in time order.
-
-    Raises:
-        ConfigError: an unknown node, a pair that is no link, or a host given as a switch,
-            naming the field.
-    """
-    events = []
-    for i, item in enumerate(raw):
-        where = f"failures[{i}]"
-        if "link" in item:
-            a, b = item["link"]
-            for j, node in enumerate((a, b)):
-                if node not in topo.nodes:
-                    raise ConfigError(f"{where}.link[{j}]", f"no node {node!r} in the fabric")
-            try:
-                topo.find_link(a, b)
-            except (KeyError, ValueError):
-                raise ConfigError(f"{where}.link", f"{a} and {b} share no link") from None
-            events.append(FailureEvent(float(item["at_s"]), item["action"], f"link {a}-{b}",
-                                       ((a, b),)))
-        else:
-            name = item["switch"]
-            node = topo.nodes.get(name)
-            if node is None or not node.is_switch:
-                raise ConfigError(f"{where}.switch", f"no switch {name!r} in the fabric")
-            links = tuple((name, link.other(name).node) for link in topo.ports(name).values())
-            events.append(FailureEvent(float(item["at_s"]), item["action"], f"switch {name}",
-                                       links))
-    return tuple(sorted(events, key=lambda e: e.at_s))
+from testbed.errors import TestbedError
+from testbed.failplan import SAMPLE_S, FailureEvent, live_links, throughput_around
+from testbed.netlink import Netlink
 
 
 class FailureInjector:
-    """Applies failure events at their times after :meth:`begin`; a fabric service thread."""
+    """Applies failure events at their times after :meth:`begin`, sampling the throughput the
+    fabric delivers to the hosts (its ports toward them) every ``SAMPLE_S`` until
+    :meth:`finish`; a fabric service thread."""
 
     def __init__(self, fabric, events: tuple[FailureEvent, ...]) -> None:
         self.fabric = fabric
         self.events = events
         self.began: float | None = None
+        self.ended_s: float | None = None
         self._begin = threading.Event()
         self.applied: list[dict] = []
+        self.samples: list[tuple[float, int]] = []  # (s since begin, bytes to the hosts)
+        self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
+                           for l in fabric.topo.ports(sw.name).values()
+                           if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
 
     def begin(self) -> None:
         """The workload starts now: event times count from here."""
         self.began = time.monotonic()
         self._begin.set()
 
+    def finish(self) -> None:
+        """The workload is over: later samples do not count."""
+        if self.began is not None:
+            self.ended_s = time.monotonic() - self.began
+
     def __call__(self, stop: threading.Event) -> None:
         while not self._begin.wait(0.2):
             if stop.is_set():
                 return
-        for event in self.events:
-            if stop.wait(max(0.0, self.began + event.at_s - time.monotonic())):
-                return
-            at = time.monotonic() - self.began
-            errors = []
-            for a, b in event.links:
-                try:
-                    self.fabric.set_link(a, b, event.action == "up")
-                except (TestbedError, OSError) as err:
-                    errors.append(f"{a}-{b}: {err}")
-            took = time.monotonic() - self.began - at
-            self.applied.append({"at_s": event.at_s, "applied_s": round(at, 4),
-                                 "took_s": round(took, 4), "action": event.action,
-                                 "target": event.target, "links": len(event.links),
-                                 "errors": errors})
+        pending = list(self.events)
+        next_sample = self.began
+        netlink = Netlink()  # this thread's own sockets
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_sample and self.ended_s is None:
+                    self._sample(netlink, now - self.began)
+                    next_sample = max(next_sample + SAMPLE_S, now)
+                while pending and now >= self.began + pending[0].at_s:
+                    self._apply(pending.pop(0))
+                due = min([next_sample] + [self.began + e.at_s for e in pending[:1]])
+                if stop.wait(max(0.0, due - time.monotonic())):
+                    return
+        finally:
+            netlink.close()
+
+    def _sample(self, netlink: Netlink, at: float) -> None:
+        counters = netlink.counters(self.host_ports)
+        self.samples.append((round(at, 4), sum(c["tx_bytes"] for c in counters.values())))
+
+    def _apply(self, event: FailureEvent) -> None:
+        at = time.monotonic() - self.began
+        errors = []
+        for a, b in event.links:
+            try:
+                self.fabric.set_link(a, b, event.action == "up")
+            except (TestbedError, OSError) as err:
+                errors.append(f"{a}-{b}: {err}")
+        took = time.monotonic() - self.began - at
+        self.applied.append({"at_s": event.at_s, "applied_s": round(at, 4),
+                             "took_s": round(took, 4), "action": event.action,
+                             "target": event.target, "links": len(event.links),
+                             "errors": errors})
 
     def report(self) -> list[dict]:
-        """What was applied so far (results.json's ``failures``)."""
-        return list(self.applied)
-
-
-def live_links(topo: Topology, target: list[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """``[node, node]`` (a link) or ``[switch]`` (all its links) as a target and node pairs.
-
-    Raises:
-        ConfigError: naming ``target`` for an unknown node, no link, or a host alone.
-    """
-    if len(target) == 2:
-        a, b = target
-        for node in (a, b):
-            if node not in topo.nodes:
-                raise ConfigError("target", f"no node {node!r} in the running fabric")
-        try:
-            topo.find_link(a, b)
-        except KeyError:
-            raise ConfigError("target", f"{a} and {b} share no link") from None
-        return f"link {a}-{b}", ((a, b),)
-    if len(target) == 1:
-        name = target[0]
-        node = topo.nodes.get(name)
-        if node is None or not node.is_switch:
-            raise ConfigError("target", f"no switch {name!r} in the running fabric")
-        return f"switch {name}", tuple((name, l.other(name).node)
-                                       for l in topo.ports(name).values())
-    raise ConfigError("target", "give two nodes (a link) or one switch")
+        """What was applied so far (results.json's ``failures``), each with the delivered
+        throughput before, during and after it (:func:`~testbed.failplan.throughput_around`)."""
+        samples = [s for s in self.samples if self.ended_s is None or s[0] <= self.ended_s]
+        return [{**item, "throughput": throughput_around(samples, item["applied_s"])}
+                for item in self.applied]
 
 
 def set_links_of_running_fabric(registry, target: list[str], up: bool,
@@ -138,7 +103,6 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         TestbedError: no running fabric (or several and no ``run_id``).
         ConfigError: a bad target.
     """
-    from testbed.netlink import Netlink  # an adapter: only when a running fabric is acted on
     from testbed.topology import from_dict
 
     record = registry.running(run_id)

@@ -7,7 +7,6 @@ forward on 127.0.0.1. What the VM is and how it is provisioned is the Vagrantfil
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.files import build_once
 from testbed.poll import wait_for
 from testbed.registry import proc_start_time
 
@@ -73,15 +73,12 @@ def ensure_box(cache_dir: Path = DEFAULT_BOX_CACHE,
                log: Callable[[str], None] = lambda _m: None) -> Path:
     """The cached box for this checkout's inputs, built first when missing (a few minutes)."""
     box = cache_dir / box_key() / BOX_FILE
-    if box.is_file():
-        return box
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".lock", "w", encoding="utf-8") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a waiter finds it done
-        if box.is_file():
-            return box
+
+    def build() -> None:
         log(f"building the box into {box.parent} (Debian packages, once)")
         _run(["bash", str(ROOT / "scripts" / "build-box.sh"), str(box.parent)], 3600)
+
+    build_once(box.is_file, build, cache_dir)
     return box
 
 

@@ -11,7 +11,6 @@ a run record: ``fabriclab clean`` ends it like any other.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import os
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.files import build_once
 from testbed.registry import Registry, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,19 +72,16 @@ def ensure_image(cache_dir: Path = DEFAULT_CACHE_DIR,
         TestbedError: when the build fails (with the end of its log).
     """
     image = VmImage(cache_dir / image_key())
-    if image.exists():
-        return image
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".lock", "w", encoding="utf-8") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; a waiter finds it done
-        if image.exists():
-            return image
+
+    def build() -> None:
         log(f"building the guest image into {image.directory} (Debian packages, once)")
         proc = subprocess.run(["bash", str(BUILD_SCRIPT), str(image.directory)],
                               capture_output=True, text=True, check=False, timeout=1800)
         if proc.returncode != 0 or not image.exists():
             raise TestbedError("building the guest image failed", str(BUILD_SCRIPT),
                                (proc.stdout + proc.stderr)[-3000:])
+
+    build_once(image.exists, build, cache_dir)
     return image
 
 

@@ -35,6 +35,31 @@ class JobOutcome:
     error: TestbedError | None = None
 
 
+#: While a job runs, whether its ranks still reach each other is checked this often; cut off
+#: for longer than the grace (a link that flaps back is no reason to give up), it fails.
+CUT_OFF_CHECK_S = 1.0
+CUT_OFF_GRACE_S = 3.0
+
+
+class CutOffWatch:
+    """Whether a job's hosts have been cut off from each other for longer than the grace."""
+
+    def __init__(self, fabric, hosts: list[str], grace_s: float = CUT_OFF_GRACE_S) -> None:
+        self.fabric, self.hosts, self.grace_s = fabric, hosts, grace_s
+        self.since: float | None = None
+
+    def check(self) -> str | None:
+        """The reason, once the hosts have stayed cut off for the grace; else None."""
+        reason = self.fabric.cut_off(self.hosts)
+        now = time.monotonic()
+        if reason is None:
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = now
+        return reason if now - self.since >= self.grace_s else None
+
+
 def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
     """Run several jobs at once, each on its own agent port, all starting together.
 
@@ -117,15 +142,24 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
             procs[host] = fabric.spawn(host, [sys.executable, "-m", "traffic.agent", str(path),
                                               host], f"agent:{port}:{host}")
         deadline = time.monotonic() + timeout_s
+        watch = CutOffWatch(fabric, hosts)
         reports, failures = [], []
         for rank, (host, proc) in enumerate(procs.items()):
-            try:
-                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
-                         for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
-                raise TestbedError(f"job timed out after {timeout_s:.0f} s; still running:\n  "
-                                   + "\n  ".join(stuck)) from None
+            while True:
+                try:
+                    out, err = proc.communicate(
+                        timeout=max(0.1, min(CUT_OFF_CHECK_S, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
+                                 for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
+                        raise TestbedError(f"job timed out after {timeout_s:.0f} s; still "
+                                           "running:\n  " + "\n  ".join(stuck)) from None
+                    reason = watch.check()
+                    if reason:
+                        raise TestbedError(f"ranks cut off for {CUT_OFF_GRACE_S:.0f} s, the "
+                                           f"job cannot finish: {reason}") from None
             if proc.returncode != 0:
                 failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
             else:

@@ -111,3 +111,28 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     # no lasting loss: the probes lost are those of the outage, everything after arrived
     assert measured["lost"] * 0.005 <= limit + 0.01, result
     assert result["answered"] >= result["sent"] - result["lost"] - 2, result
+
+
+def test_a_dead_vswitchd_is_a_switch_failure_routed_around(make_fabric):
+    """The core on a probe stream's path loses its vswitchd (SIGKILL): its neighbours' ports
+    keep their carrier, so no port status comes; the controller sees the switch's connection
+    end and routes the other switches around it."""
+    import os
+    import signal
+
+    from traffic.probe import measure_outage
+
+    fabric = make_fabric(experiment(K4))
+    sport, dport = 30000, 7777
+    path = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
+    core = path[3]
+    assert core.startswith("core"), path
+    pid = fabric.switch_instance[core].pids["ovs-vswitchd"]
+    result = measure_outage(fabric, "h1_1_1", "h2_1_1", lambda: os.kill(pid, signal.SIGKILL),
+                            seconds=3.0, port=dport, sport=sport)
+    print(core, {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()})
+    assert 0 < result["outage_s"] <= 0.5, result  # it did cut the path, and not for long
+    assert result["answered"] >= result["sent"] - result["lost"] - 2, result
+    status = fabric.controller_status()
+    assert any(f"{core} disconnected" in e for e in status.get("events", [])), status
+    assert core not in flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -107,9 +108,53 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
         ("link agg1_1-core1", "down", 1), ("switch core3", "down", 4),
         ("link agg1_1-core1", "up", 1)]
     assert all(not f["errors"] and f["applied_s"] >= f["at_s"] for f in applied)
+    assert all(set(f["throughput"]) >= {"before_mbps", "during_mbps", "after_mbps"}
+               for f in applied)
+
+
+def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(state_dir,
+                                                                            tmp_path):
+    """Two cross-pod flows from edge1_1, which D-mod-k sends up different aggregation switches;
+    at 3 s one of edge1_1's uplinks fails, and from then on both share the other one."""
+    exp = tmp_path / "fail.yaml"
+    exp.write_text(PINNED + "workload:\n  collectives:\n"
+                   "    - {op: flows, size: 8MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
+                   "failures:\n  - {at_s: 3, link: [edge1_1, agg1_1], action: down}\n")
+    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
+    assert doc["complete"] is True
+    (failure,) = doc["failures"]
+    tp = failure["throughput"]
+    assert tp["windows_s"]["before"] == pytest.approx([failure["applied_s"] - 3,
+                                                       failure["applied_s"]], abs=0.01)
+    assert 14 <= tp["before_mbps"] <= 21, tp  # two 10 Mbit/s flows on disjoint paths
+    assert tp["during_mbps"] < tp["before_mbps"], tp
+    assert 0.35 <= tp["after_vs_before"] <= 0.75, tp  # both on one 10 Mbit/s uplink now
+
+
+def test_a_job_whose_ranks_are_cut_off_fails_at_once(state_dir, tmp_path):
+    """edge2_1 goes down 1 s into a ring all-reduce that would take about 10 s: h2_1_1, one of
+    its ranks, is cut off, and the run fails within the grace, not after its 600 s timeout."""
+    exp = tmp_path / "cut.yaml"
+    exp.write_text(K4 + "workload:\n  timeout_s: 600\n  collectives:\n"
+                   "    - {op: all_reduce, size: 8MiB, ranks: [h1_1_1, h2_1_1, h3_1_1, h4_1_1]}\n"
+                   "failures:\n  - {at_s: 1, switch: edge2_1, action: down}\n")
+    out = tmp_path / "out"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
+                           "run", str(exp), "--out", str(out), "--json"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300, check=False)
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is False
+    assert "ranks cut off" in doc["error"] and "h1_1_1 cannot reach h2_1_1" in doc["error"], doc
+    assert "edge2_1" in doc["error"]
+    assert [f["target"] for f in doc["failures"]] == ["switch edge2_1"]
+    assert took < 90, took  # build, 1 s, the 3 s grace, teardown; not the job's timeout
 
 
 def test_background_incast_shares_the_receivers_link(make_fabric):
+
     from fabriclab import experiment as config
 
     exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},

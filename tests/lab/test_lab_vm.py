@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -128,6 +129,13 @@ def test_vagrant_up_gives_a_ready_lab(lab):
     assert "Open vSwitch kernel datapath" in out
     assert "fabriclab lab VM is ready" in out
     assert daemons.domains(), "no libvirt domain runs the VM"
+    # every forward listens on the host's loopback only, and no libvirt network is active
+    # (Debian defines one, "default", which is never started here)
+    for name, port in vagrant.ports.items():
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                                   text=True, check=True).stdout.split()
+        assert listening[3] == f"127.0.0.1:{port}", (name, listening)
+    assert daemons.virsh("net-list", "--name").split() == []
 
     # Grafana's provisioning is in place whether or not Grafana could be installed
     ours = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()

@@ -20,7 +20,8 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "testbed/congestion.py", "testbed/pause.py", "testbed/portplan.py",
         "traffic/transports/packet.py", "traffic/transports/rocev2.py",
         "traffic/transports/uet.py",
-        "fabriclab/results.py", "telemetry/metrics.py", "telemetry/promconfig.py"]
+        "fabriclab/results.py", "telemetry/metrics.py", "telemetry/promconfig.py",
+        "testbed/failplan.py", "traffic/outage.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
             "testbed.bpf", "testbed.ecn", "testbed.queues", "testbed.pfc", "http", "urllib",

@@ -204,7 +204,7 @@ def test_bad_failures_name_the_field(item, path, text):
 
 
 def test_fail_targets_are_checked_against_the_running_fabric():
-    from testbed.failures import live_links
+    from testbed.failplan import live_links
     from testbed.topology import fat_tree
 
     topo = fat_tree(4)
@@ -217,3 +217,83 @@ def test_fail_targets_are_checked_against_the_running_fabric():
         with pytest.raises(ConfigError) as err:
             live_links(topo, target)
         assert err.value.path == "target" and text in err.value.message
+
+
+def test_throughput_before_during_and_after_a_failure():
+    from testbed.failplan import SAMPLE_S, rate_mbps, throughput_around
+
+    # 10 Mbit/s (1.25 MB/s) for 4 s, nothing for 0.5 s after the failure at 4 s, then 5 Mbit/s
+    def delivered(t: float) -> float:
+        if t <= 4:
+            return 1.25e6 * t
+        if t <= 4.5:
+            return 5e6
+        return 5e6 + 0.625e6 * (t - 4.5)
+    samples = [(round(i * SAMPLE_S, 2), int(delivered(i * SAMPLE_S))) for i in range(41)]
+    doc = throughput_around(samples, 4.0)
+    assert doc["before_mbps"] == pytest.approx(10, rel=0.01)
+    assert doc["during_mbps"] == pytest.approx(2.5, rel=0.01)  # half the second at 5
+    assert doc["after_mbps"] == pytest.approx(5, rel=0.01)
+    assert doc["during_vs_before"] == pytest.approx(0.25, abs=0.01)
+    assert doc["after_vs_before"] == pytest.approx(0.5, abs=0.01)
+    assert doc["windows_s"] == {"before": [1.0, 4.0], "during": [4.0, 5.0],
+                                "after": [5.0, 8.0]}
+    # windows clipped to what was sampled; too little sampled gives None, not a number
+    early = throughput_around(samples, 0.1)
+    assert early["before_mbps"] is None and early["during_vs_before"] is None
+    assert early["during_mbps"] == pytest.approx(10, rel=0.01)
+    late = throughput_around(samples, 9.9)
+    assert late["after_mbps"] is None and late["during_mbps"] is None
+    assert rate_mbps(samples[:1], 0, 1) is None
+
+
+def test_hosts_cut_off_by_down_ports_or_dead_switches():
+    from testbed.failplan import unreachable_pairs
+    from testbed.topology import fat_tree
+
+    topo = fat_tree(4)
+    hosts = ["h1_1_1", "h1_1_2", "h2_1_1", "h3_1_1"]
+    assert unreachable_pairs(topo, {}, set(), hosts) == []
+    # one core gone, or one uplink: other paths remain
+    assert unreachable_pairs(topo, {}, {"core1"}, hosts) == []
+    up1 = topo.find_link("edge1_1", "agg1_1")
+    assert unreachable_pairs(topo, {up1.end("edge1_1").ifname: False}, set(), hosts) == []
+    # both of edge1_1's uplinks: its hosts still reach each other, not the rest
+    up2 = topo.find_link("edge1_1", "agg1_2")
+    down = {up1.end("agg1_1").ifname: False, up2.end("edge1_1").ifname: False}
+    assert unreachable_pairs(topo, down, set(), hosts) == [("h1_1_1", "h2_1_1"),
+                                                          ("h1_1_1", "h3_1_1")]
+    # a dead edge switch cuts its hosts off from everyone, each other included
+    assert unreachable_pairs(topo, {}, {"edge2_1"}, hosts) == [("h1_1_1", "h2_1_1")]
+    # a host link whose switch end lost its carrier
+    h = topo.host_link("h3_1_1")
+    assert unreachable_pairs(topo, {h.end("edge3_1").ifname: False}, set(), hosts) == [
+        ("h1_1_1", "h3_1_1")]
+
+
+def test_a_job_fails_only_once_its_ranks_stay_cut_off_for_the_grace(monkeypatch):
+    from traffic import runner
+
+    clock = [100.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+
+    class Fabric:
+        reason: str | None = None
+
+        def cut_off(self, hosts):
+            return self.reason
+
+    fabric = Fabric()
+    watch = runner.CutOffWatch(fabric, ["a", "b"], grace_s=3.0)
+    assert watch.check() is None
+    fabric.reason = "a cannot reach b"
+    assert watch.check() is None  # just now
+    clock[0] += 2.0
+    assert watch.check() is None
+    fabric.reason = None  # the link came back: the grace starts again next time
+    clock[0] += 0.5
+    assert watch.check() is None
+    fabric.reason = "a cannot reach b"
+    assert watch.check() is None
+    clock[0] += 3.0
+    assert watch.check() == "a cannot reach b"

@@ -105,15 +105,29 @@ def test_port_check_reports_missing_renamed_and_extra_ports():
                      "leaf1: unexpected port 9 (leaf1-eth9)"]
 
 
-def test_reconnect_clears_and_reinstalls_only_that_switch():
-    topo = leaf_spine(2, 2, 1)
+def test_a_disconnected_switch_is_a_failed_switch_until_it_reconnects():
+    """A dead vswitchd keeps its neighbours' ports up (the veths stay): the controller routes
+    around the switch whose connection ended, and back through it once it reconnects."""
+    topo = fat_tree(4)
     policy = FabricPolicy(topo)
-    _connect_all(topo, policy)
-    spine = topo.nodes["spine1"]
-    policy.switch_disconnected(spine.dpid, 5)
-    ports = {p: (l.end("spine1").ifname, True) for p, l in topo.ports("spine1").items()}
-    ops = policy.switch_connected(spine.dpid, ports, 6)
+    switches = _connect_all(topo, policy)
+    core = topo.nodes["core1"]
+    changes = policy.switch_disconnected(core.dpid, 5)
+    assert "core1" not in changes and set(changes) == {"agg1_1", "agg2_1", "agg3_1", "agg4_1"}
+    for name, ops in changes.items():
+        switches[name].apply(ops)
+    for src, dst in [("h1_1_1", "h2_1_1"), ("h3_2_2", "h4_1_1")]:
+        paths = walk(topo, switches, src, dst)
+        assert paths and not any("core1" in p for p in paths), paths
+    assert all(not up for name, up in policy.link_state().items() if "core1" in name)
+    ports = {p: (l.end("core1").ifname, True) for p, l in topo.ports("core1").items()}
+    switches["core1"] = FakeSwitch()
+    ops = policy.switch_connected(core.dpid, ports, 6)
     assert ops[0].kind == "clear"
+    switches["core1"].apply(ops)
+    for name, ops in policy.reconcile().items():
+        switches[name].apply(ops)
+    assert walk(topo, switches, "h1_1_1", "h2_1_1") == topo.equal_cost_paths("h1_1_1", "h2_1_1")
     assert policy.reconcile() == {}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from traffic.probe import outage
+from traffic.outage import outage
 
 ROOT = Path(__file__).resolve().parents[2]
 
