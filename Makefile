@@ -19,7 +19,7 @@ run: setup
 	$(VENV)/bin/fabriclab run $(EXPERIMENT) --out runs/$(notdir $(basename $(EXPERIMENT)))
 
 test: setup
-	$(VENV)/bin/python -m pytest -v tests
+	$(VENV)/bin/python -m pytest -v --durations=15 tests
 
 unit: venv
 	$(VENV)/bin/python -m pytest -v -m "not integration" tests/unit

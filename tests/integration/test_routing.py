@@ -4,6 +4,7 @@ no traffic, no timing)."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -128,10 +129,15 @@ def test_a_dead_vswitchd_is_a_switch_failure_routed_around(make_fabric):
     core = path[3]
     assert core.startswith("core"), path
     pid = fabric.switch_instance[core].pids["ovs-vswitchd"]
-    result = measure_outage(fabric, "h1_1_1", "h2_1_1", lambda: os.kill(pid, signal.SIGKILL),
+    killed = []
+    result = measure_outage(fabric, "h1_1_1", "h2_1_1",
+                            lambda: (killed.append(time.time()), os.kill(pid, signal.SIGKILL)),
                             seconds=3.0, port=dport, sport=sport)
     print(core, {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()})
-    assert 0 < result["outage_s"] <= 0.5, result  # it did cut the path, and not for long
+    print("killed at", killed, [e for e in fabric.controller_status().get("events", [])][-8:])
+    # the connection's end is seen at once (os-ken patched to announce it: 0.5 s before);
+    # 34 ms measured, bounded as the link failures are
+    assert 0 < result["outage_s"] <= 0.25, result  # it did cut the path, and not for long
     assert result["answered"] >= result["sent"] - result["lost"] - 2, result
     status = fabric.controller_status()
     assert any(f"{core} disconnected" in e for e in status.get("events", [])), status

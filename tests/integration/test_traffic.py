@@ -115,11 +115,12 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
 def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(state_dir,
                                                                             tmp_path):
     """Two cross-pod flows from edge1_1, which D-mod-k sends up different aggregation switches;
-    at 3 s one of edge1_1's uplinks fails, and from then on both share the other one."""
+    at 6 s (the agents start 1-2 s after the workload does) one of edge1_1's uplinks fails,
+    and from then on both share the other one."""
     exp = tmp_path / "fail.yaml"
     exp.write_text(PINNED + "workload:\n  collectives:\n"
-                   "    - {op: flows, size: 8MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
-                   "failures:\n  - {at_s: 3, link: [edge1_1, agg1_1], action: down}\n")
+                   "    - {op: flows, size: 10MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
+                   "failures:\n  - {at_s: 6, link: [edge1_1, agg1_1], action: down}\n")
     _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
     assert doc["complete"] is True
     (failure,) = doc["failures"]
