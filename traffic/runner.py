@@ -151,15 +151,16 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
                         timeout=max(0.1, min(CUT_OFF_CHECK_S, deadline - time.monotonic())))
                     break
                 except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
-                                 for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
-                        raise TestbedError(f"job timed out after {timeout_s:.0f} s; still "
-                                           "running:\n  " + "\n  ".join(stuck)) from None
-                    reason = watch.check()
-                    if reason:
-                        raise TestbedError(f"ranks cut off for {CUT_OFF_GRACE_S:.0f} s, the "
-                                           f"job cannot finish: {reason}") from None
+                    reason = None if time.monotonic() >= deadline else watch.check()
+                    if time.monotonic() < deadline and reason is None:
+                        continue
+                    stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
+                             for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
+                    head = (f"ranks cut off for {CUT_OFF_GRACE_S:.0f} s, the job cannot "
+                            f"finish: {reason}" if reason else
+                            f"job timed out after {timeout_s:.0f} s")
+                    raise TestbedError(f"{head}; still running:\n  "
+                                       + "\n  ".join(stuck)) from None
             if proc.returncode != 0:
                 failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
             else:
