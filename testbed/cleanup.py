@@ -13,7 +13,8 @@ from pathlib import Path
 from testbed import bpf, ovs, procfs
 from testbed.errors import TestbedError
 from testbed.netlink import Netlink
-from testbed.registry import Registry, RunRecord, stop_processes
+from testbed.registry import (Registry, RunRecord, TrackedProcess, proc_start_time,
+                               stop_processes)
 
 
 @dataclass
@@ -46,9 +47,12 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
             report.bridges += len(mine)
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: bridges: {err}")
-    hosts = [p for p in record.processes if p.role.startswith("host:")]
+    tracked = {p.pid for p in record.processes}
+    processes = record.processes + [p for p in _daemons_by_pidfile(record)
+                                    if p.pid not in tracked]
+    hosts = [p for p in processes if p.role.startswith("host:")]
     # switch daemons before their databases; agents before the shells they live in
-    others = sorted((p for p in record.processes if not p.role.startswith("host:")),
+    others = sorted((p for p in processes if not p.role.startswith("host:")),
                     key=lambda p: (p.role.endswith("ovsdb-server"), p.role))
     # in stages, each stage signalled at once: switch daemons and agents, databases, shells
     stages = [[p for p in others if not p.role.endswith("ovsdb-server")],
@@ -109,3 +113,19 @@ def clean(registry: Registry, include_live: bool = False) -> CleanReport:
         report.errors.append(f"orphan bridges: {err}")
     return report
 
+
+def _daemons_by_pidfile(record: RunRecord) -> list[TrackedProcess]:
+    """The run's private Open vSwitch daemons found by their own PID files (``run_dir/ovs*/``),
+    each still running with that folder on its command line: a run killed between a daemon's
+    start and its registration left it untracked."""
+    found = []
+    for pidfile in sorted(Path(record.run_dir).glob("ovs*/*.pid")):
+        try:
+            pid = int(pidfile.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        start = proc_start_time(pid)
+        if start is not None and str(pidfile.parent) in cmdline:
+            found.append(TrackedProcess(pid, start, f"ovs:{pidfile.parent.name}:{pidfile.stem}"))
+    return found

@@ -1,9 +1,11 @@
 """Run records and cleanup without root: processes (with children) ended by PID and start time,
 records that cannot be read reported instead of skipped, /proc parsing, and polling."""
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +68,33 @@ def test_files_a_run_wrote_outside_its_directory_are_removed_with_it(tmp_path):
     report = cleanup.clean_record(saved, registry)
     assert not report.errors and report.runs == [record.run_id]
     assert not announced.exists() and registry.runs() == []
+
+
+def test_daemons_a_killed_run_never_registered_are_found_by_their_pid_files(tmp_path):
+    """A run killed between a private ovsdb-server's start and its registration: the daemon's
+    own PID file in the run's folder (and its command line naming that folder) finds it."""
+    registry = Registry(tmp_path)
+    record = registry.new_run(tmp_path / "work")
+    record.owner_pid, record.owner_start = 1, 0  # a dead run
+    instance = tmp_path / "work" / "ovs3"
+    instance.mkdir(parents=True)
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                               f"{instance}/conf.db"], start_new_session=True)
+    try:
+        cmdline = Path(f"/proc/{daemon.pid}/cmdline")
+        wait_for(lambda: str(instance).encode() in cmdline.read_bytes(), 5,
+                 "the daemon's command line")  # empty until it has exec'd
+        (instance / "ovsdb-server.pid").write_text(f"{daemon.pid}\n")
+        other = tmp_path / "work" / "ovs4"
+        other.mkdir()
+        (other / "ovs-vswitchd.pid").write_text(f"{os.getpid()}\n")  # not that folder's
+        report = cleanup.clean_record(record, registry)
+        assert not report.errors and report.processes == 1, report
+        assert daemon.wait(timeout=10) != 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
 
 
 def test_box_key_follows_every_input_of_the_box(tmp_path):
