@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -204,9 +203,3 @@ class Vagrant:
     def destroy(self) -> None:
         self.run("destroy", "-f", timeout_s=300)
 
-
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    """``fn()`` and how long it took, in seconds."""
-    start = time.monotonic()
-    value = fn()
-    return value, time.monotonic() - start
