@@ -30,7 +30,7 @@ from typing import Self
 from testbed import bpf, capabilities, cleanup, ovs, procfs
 from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
-from testbed.failplan import unreachable_pairs
+from testbed.failplan import cut_off_reason
 from testbed.fidelity import FidelityVerdict, assess
 from testbed.mininet_hosts import Hosts
 from testbed.netlink import LinkDump, Netlink
@@ -587,17 +587,7 @@ class Fabric:
             ports = {name: stats["up"] for name, stats in dump.read(names).items()}
         finally:
             dump.close()
-        dead = self.dead_switches()
-        pairs = unreachable_pairs(self.topo, ports, dead, hosts)
-        if not pairs:
-            return None
-        down = sorted(link.name for link in self.topo.links
-                      if any(not ports.get(e.ifname, True) for e in (link.a, link.b)
-                             if self.topo.nodes[e.node].is_switch))
-        return (", ".join(f"{a} cannot reach {b}" for a, b in pairs[:5])
-                + (f" (and {len(pairs) - 5} more)" if len(pairs) > 5 else "")
-                + (f"; links down: {', '.join(down[:10])}" if down else "")
-                + (f"; switches without vswitchd: {', '.join(sorted(dead))}" if dead else ""))
+        return cut_off_reason(self.topo, ports, self.dead_switches(), hosts)
 
     def set_link(self, node1: str, node2: str, up: bool) -> Link:
         """Take the link between two nodes down (both ends) or bring it back up."""

@@ -129,6 +129,12 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
     return doc
 
 
+def _live(topo: Topology, link, port_up: dict[str, bool]) -> bool:
+    """Whether every switch end of ``link`` is up (an interface name not in ``port_up`` is)."""
+    return all(port_up.get(e.ifname, True) for e in (link.a, link.b)
+               if topo.nodes[e.node].is_switch)
+
+
 def unreachable_pairs(topo: Topology, port_up: dict[str, bool], dead_switches: set[str],
                       hosts: list[str]) -> list[tuple[str, str]]:
     """Pairs of ``hosts`` that no live path joins: a link is gone when one of its switch ends
@@ -146,10 +152,25 @@ def unreachable_pairs(topo: Topology, port_up: dict[str, bool], dead_switches: s
         ends = (link.a, link.b)
         if any(e.node in dead_switches for e in ends):
             continue
-        if not all(port_up.get(e.ifname, True) for e in ends if topo.nodes[e.node].is_switch):
+        if not _live(topo, link, port_up):
             continue
         parent[root(link.a.node)] = root(link.b.node)
     if not hosts:
         return []
     first = hosts[0]
     return [(first, h) for h in hosts[1:] if root(h) != root(first)]
+
+
+def cut_off_reason(topo: Topology, port_up: dict[str, bool], dead_switches: set[str],
+                   hosts: list[str]) -> str | None:
+    """Why some of ``hosts`` cannot reach each other (who cannot reach whom, the links down,
+    the dead switches), or None while every one reaches every other."""
+    pairs = unreachable_pairs(topo, port_up, dead_switches, hosts)
+    if not pairs:
+        return None
+    down = sorted(link.name for link in topo.links if not _live(topo, link, port_up))
+    return (", ".join(f"{a} cannot reach {b}" for a, b in pairs[:5])
+            + (f" (and {len(pairs) - 5} more)" if len(pairs) > 5 else "")
+            + (f"; links down: {', '.join(down[:10])}" if down else "")
+            + (f"; switches without vswitchd: {', '.join(sorted(dead_switches))}"
+               if dead_switches else ""))

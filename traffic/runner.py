@@ -151,8 +151,9 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
                         timeout=max(0.1, min(CUT_OFF_CHECK_S, deadline - time.monotonic())))
                     break
                 except subprocess.TimeoutExpired:
-                    reason = None if time.monotonic() >= deadline else watch.check()
-                    if time.monotonic() < deadline and reason is None:
+                    expired = time.monotonic() >= deadline
+                    reason = None if expired else watch.check()
+                    if not expired and reason is None:
                         continue
                     stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
                              for i, (h, p) in enumerate(procs.items()) if p.poll() is None]

@@ -269,6 +269,10 @@ def test_hosts_cut_off_by_down_ports_or_dead_switches():
     h = topo.host_link("h3_1_1")
     assert unreachable_pairs(topo, {h.end("edge3_1").ifname: False}, set(), hosts) == [
         ("h1_1_1", "h3_1_1")]
+    from testbed.failplan import cut_off_reason
+    assert cut_off_reason(topo, {}, {"core1"}, hosts) is None
+    assert cut_off_reason(topo, {h.end("edge3_1").ifname: False}, {"core1"}, hosts) == (
+        f"h1_1_1 cannot reach h3_1_1; links down: {h.name}; switches without vswitchd: core1")
 
 
 def test_a_job_fails_only_once_its_ranks_stay_cut_off_for_the_grace(monkeypatch):
