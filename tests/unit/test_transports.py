@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from traffic.transports.packet import Flag, Kind, Packet, Scale
+from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rocev2 import Dcqcn, DcqcnConfig, RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import Reps, UetConfig, UetReceiver, UetSender, Window
 
@@ -94,8 +94,22 @@ def test_dcqcn_profiles_scale_their_own_published_constants():
     assert "connectx" in cx.describe() and "paper" in DcqcnConfig.scaled(scale).describe()
     assert RoceConfig.scaled(scale, "connectx").cnp_interval_s == pytest.approx(0.008)
     assert "go-back-N" in RoceConfig.scaled(scale).describe()
-    with pytest.raises(ValueError, match="unknown profile"):
+    with pytest.raises(ValueError, match="no published constants"):
         DcqcnConfig.scaled(scale, "cx9")
+    with pytest.raises(ValueError, match="unknown profile 'cx9'"):
+        RoceConfig.scaled(scale, "cx9")
+
+
+def test_dcqcn_off_keeps_the_line_rate_whatever_the_cnps():
+    scale = Scale(10e6, 0.02, 9000)
+    cfg = RoceConfig.scaled(scale, "off")
+    assert cfg.dcqcn is None and "no rate control" in cfg.describe()
+    tx = RoceSender(QP, cfg, 0.0)
+    tx.offer(3 * 9000)
+    tx.on_packet(Packet(Kind.CNP, QP), 0.0)
+    assert tx.stats["cnps"] == 1 and tx.rate_bps == 10e6 and tx.summary()["rate_cuts"] == 0
+    assert tx.poll(0.0) is not None and tx.next_send_time() == pytest.approx(
+        wire_bytes(9000) * 8 / 10e6)
 
 
 def test_connectx_dcqcn_cuts_once_per_monitor_period_and_clamps_only_after_a_timer_stage():
@@ -238,6 +252,41 @@ def test_uet_sprays_over_entropies_and_reuses_those_without_ce():
     single.offer(10 * MSS)
     run(single, UetReceiver(QP, single.cfg))
     assert single.summary()["entropies"] == 1
+
+
+def test_uet_leaves_a_path_whose_rtt_shows_a_queue():
+    # a quarter of the entropies hash onto a path with 6 ms of queue (3 base RTTs): RED marks
+    # at low probability may never report it, the RTT does
+    def queue_on_path_0(pkt, n):
+        return [0.006] if pkt.entropy % 4 == 0 else [0.0]
+
+    shares = {}
+    for slack in (0.0, 1.0):
+        cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.5, entropies=16, path_slack=slack)
+        tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+        sent = []
+        tx.offer(400 * MSS)
+        run(tx, rx, mangle=lambda pkt, n: sent.append(pkt.entropy) or queue_on_path_0(pkt, n))
+        assert tx.una == 400 and rx.delivered == 400 * MSS
+        later = sent[100:]  # past the first exploration
+        shares[slack] = sum(1 for e in later if e % 4 == 0) / len(later)
+    assert shares[0.0] > 0.15, shares  # blind recycling keeps using it
+    assert shares[1.0] < shares[0.0] / 2, shares
+    assert "over the flow's least" in UetConfig(MSS, 8e6, 0.002, rto_s=0.5).describe()
+
+
+@pytest.mark.parametrize("lost", [47, 49])  # one of the last packets; the very last one
+def test_uet_recovers_a_lost_tail_packet_without_a_timeout(lost):
+    # too few packets follow for the count rule: the reordering timer (RACK) finds a loss
+    # behind an acknowledged packet, a tail probe one that nothing follows
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=1.0, init_bdps=8, max_bdps=8)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(50 * MSS)
+    end = run(tx, rx, mangle=lambda pkt, n: [] if n == lost else [0.0])
+    s = tx.summary()
+    assert tx.una == 50 and rx.delivered == 50 * MSS
+    assert s["timeouts"] == 0 and s["retransmitted"] == 1 and end < 0.2, (s, end)
+    assert s["probes"] == (1 if lost == 49 else 0) and s["spurious"] == 0
 
 
 def test_the_window_cuts_only_when_ce_and_delay_agree():

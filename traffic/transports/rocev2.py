@@ -27,6 +27,11 @@ Two profiles (``DcqcnConfig.scaled(scale, profile)``):
   one cut per ``rate_reduce_monitor_period`` (4 us), and ``clamp_tgt_rate`` off: a CNP lowers
   the target only when a timer stage has passed since the previous cut
   (``clamp_tgt_rate_after_time_inc``), so back-to-back cuts recover to the old target quickly.
+
+``off`` sends at the line rate and ignores CNPs: RoCE as large AI fabrics run it when the
+collective library's own scheduling keeps the queues short and DCQCN is switched off (Meta,
+"RDMA over Ethernet for Distributed AI Training at Meta Scale", SIGCOMM 2024). It separates what
+the paths cost (ECMP collisions, go-back-N) from what the rate control costs.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class DcqcnConfig:
     cnp_interval_s: float = 50e-6  # the notification point's, per queue pair
     profile: str = "paper"
 
-    PROFILES = ("paper", "connectx")
+    PROFILES = ("paper", "connectx", "off")
 
     @classmethod
     def published(cls, profile: str = "paper") -> tuple[DcqcnConfig, float]:
@@ -72,7 +77,8 @@ class DcqcnConfig:
                        byte_counter=32767, fast_recovery_stages=1, rate_ai_bps=5e6,
                        rate_hai_bps=50e6, clamp_target=False, cut_interval_s=4e-6,
                        cnp_interval_s=4e-6, profile="connectx"), 100e9
-        raise ValueError(f"dcqcn: unknown profile {profile!r} (one of {', '.join(cls.PROFILES)})")
+        raise ValueError(f"dcqcn: no published constants for profile {profile!r} (one of "
+                         f"{', '.join(cls.PROFILES[:-1])})")
 
     @classmethod
     def scaled(cls, scale: Scale, profile: str = "paper") -> DcqcnConfig:
@@ -189,9 +195,13 @@ class RoceConfig:
     @classmethod
     def scaled(cls, scale: Scale, profile: str = "paper", **kw) -> RoceConfig:
         """Timers at the emulated RTT: the RTO of :attr:`Scale.rto_s`, DCQCN's ``profile``
-        (with its CNP interval), outstanding packets up to 4 bandwidth-delay products."""
+        (with its CNP interval; ``off``: none, paced at the line rate), outstanding packets up to
+        4 bandwidth-delay products."""
         outstanding = max(8, 4 * scale.bdp_bytes // scale.mss)
-        kw.setdefault("dcqcn", DcqcnConfig.scaled(scale, profile))
+        if profile not in DcqcnConfig.PROFILES:
+            raise ValueError(f"dcqcn: unknown profile {profile!r} (one of "
+                             f"{', '.join(DcqcnConfig.PROFILES)})")
+        kw.setdefault("dcqcn", None if profile == "off" else DcqcnConfig.scaled(scale, profile))
         return cls(scale.mss, scale.rto_s, outstanding,
                    cnp_interval_s=(kw["dcqcn"].cnp_interval_s if kw["dcqcn"]
                                    else 50e-6 * scale.time), ack_delay_s=max(0.001, scale.base_rtt_s / 4),
