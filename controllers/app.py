@@ -9,6 +9,7 @@ mismatches, error replies, handler exceptions) is written to a JSON file the tes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -89,7 +90,9 @@ class FabricController(app_manager.OSKenApp):
         self.pending_flow_stats: set[str] = set()
         self.flow_counters: dict[int, dict[FlowKey, int]] = {}  # dpid -> this round's
         self.port_counters: dict[int, dict[int, int]] = {}
-        self.stats_rounds = 0
+        self.stats_rounds = self.early_rounds = 0
+        self.cpu: Counter[str] = Counter()  # thread CPU seconds by activity (see _cpu)
+        self.wake = threading.Event()  # a new flow: the statistics loop looks at its due time
         self.status_written_at, self.status_pending = 0.0, False
         self.round_started = 0.0
         self.op_counts: Counter[str] = Counter()  # OpenFlow operations sent, by kind
@@ -129,7 +132,13 @@ class FabricController(app_manager.OSKenApp):
         doc["metrics"] = self.exporter.target
         if self.policy.adaptive is not None:
             doc["adaptive"] = {**self.policy.adaptive.report(), "poll_s": self.poll_s,
-                               "stats_rounds": self.stats_rounds, "cpu_s": doc["cpu_s"]}
+                               "stats_rounds": self.stats_rounds,
+                               "early_rounds": self.early_rounds, "cpu_s": doc["cpu_s"],
+                               # this thread's CPU in the statistics' requests and replies
+                               # (os-ken's parsing in the switches' receive threads aside)
+                               # and in the placements they trigger
+                               "stats_cpu_s": round(self.cpu["stats"], 3),
+                               "placement_cpu_s": round(self.cpu["placement"], 3)}
         write_json_atomic(self.status_path, doc)
 
     def metric_stats(self) -> dict:
@@ -262,28 +271,59 @@ class FabricController(app_manager.OSKenApp):
         key = FlowKey(ip.src, ip.dst, ip.proto, l4.src_port if l4 else 0,
                       l4.dst_port if l4 else 0)
         self._send_all(self.policy.new_flow(dp.id, in_port, key, time.time()))
+        self.wake.set()  # its first sample may be due before the next poll
 
     # -- the adaptive mode's statistics ----------------------------------------------------------
     def _stats_loop(self) -> None:
         """Every poll interval: the per-flow entries' counters of every access switch and every
-        switch's port counters; a round ends when every flow-stats reply is in."""
+        switch's port counters; a round ends when every flow-stats reply is in. A new flow
+        brings the next round forward (:meth:`AdaptiveRouting.next_round`)."""
+        last_poll = last_round = time.time()
         while True:
-            hub.sleep(self.poll_s)
+            with self.lock:
+                due, only = self.policy.adaptive.next_round(last_poll, last_round)
+            if time.time() < due:
+                self.wake.wait(due - time.time())
+                self.wake.clear()
+                continue  # a new flow may have moved the round forward: look again
+            last_round = time.time()
+            if not only:
+                last_poll = last_round
             with self.lock:
                 if self.pending_flow_stats:  # the last round is not complete: adapt anyway
                     self._end_round()
-                self.round_started = time.monotonic()
-                access = {sw.name for sw in self.policy.topo.access_switches}
-                for name, dp in sorted(self.datapaths.items()):
-                    parser, ofp = dp.ofproto_parser, dp.ofproto
+                self._send_stats_requests(only)
+
+    def _send_stats_requests(self, only: set[str]) -> None:
+        """A full poll (``only`` empty), or an early round: the flows of those switches."""
+        with self._cpu("stats"):
+            self.round_started = time.monotonic()
+            access = only or {sw.name for sw in self.policy.topo.access_switches}
+            self.early_rounds += 1 if only else 0
+            for name, dp in sorted(self.datapaths.items()):
+                parser, ofp = dp.ofproto_parser, dp.ofproto
+                if not only:
                     dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
-                    if name in access:
-                        self.pending_flow_stats.add(name)
-                        dp.send_msg(parser.OFPFlowDescStatsRequest(
-                            dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, FLOW_COOKIE,
-                            0xFFFFFFFFFFFFFFFF, parser.OFPMatch()))
+                if name in access:
+                    self.pending_flow_stats.add(name)
+                    dp.send_msg(parser.OFPFlowDescStatsRequest(
+                        dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, FLOW_COOKIE,
+                        0xFFFFFFFFFFFFFFFF, parser.OFPMatch()))
+
+    @contextlib.contextmanager
+    def _cpu(self, what: str):
+        """Count this thread's CPU time under ``what`` (the status reports it)."""
+        start = time.thread_time()
+        try:
+            yield
+        finally:
+            self.cpu[what] += time.thread_time() - start
 
     def _end_round(self) -> None:
+        with self._cpu("placement"):
+            self._adapt_round()
+
+    def _adapt_round(self) -> None:
         now = time.time()
         self.poll_times.observe((), time.monotonic() - self.round_started)
         self.pending_flow_stats.clear()
@@ -298,23 +338,31 @@ class FabricController(app_manager.OSKenApp):
     @_guarded
     def on_flow_stats(self, ev) -> None:
         msg = ev.msg
-        for stat in msg.body:
-            key = FlowKey.from_match(dict(stat.match.items()))
-            if key is not None:
-                self.flow_counters.setdefault(msg.datapath.id, {})[key] = int(
-                    stat.stats.get("byte_count", 0))
+        with self._cpu("stats"):
+            for stat in msg.body:
+                key = FlowKey.from_match(dict(stat.match.items()))
+                if key is not None:
+                    self.flow_counters.setdefault(msg.datapath.id, {})[key] = int(
+                        stat.stats.get("byte_count", 0))
         if msg.flags & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
             return
         switch = self.policy.topo.switch_by_dpid(msg.datapath.id)
-        if switch is not None:
-            self.pending_flow_stats.discard(switch.name)
+        if switch is None or switch.name not in self.pending_flow_stats:
+            # a reply to a round that already ended (the next one began first): its counters
+            # wait for the next round's end; ending a round on it would take rates over a
+            # sliver of time
+            return
+        self.pending_flow_stats.discard(switch.name)
         if not self.pending_flow_stats:
             self._end_round()
 
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
     @_guarded
     def on_port_stats(self, ev) -> None:
-        msg = ev.msg
+        with self._cpu("stats"):
+            self._port_stats(ev.msg)
+
+    def _port_stats(self, msg) -> None:
         ofp = msg.datapath.ofproto
         counters = self.port_counters.setdefault(msg.datapath.id, {})
         for stat in msg.body:

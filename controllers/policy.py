@@ -192,8 +192,19 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
         _add_ecmp(topo, link_up, ecmp_seed, EcmpSelection.DP_HASH, tables,
                   SprayWeights(spray_weights) == SprayWeights.CAPACITY)
     elif routing == Routing.ADAPTIVE:
-        _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
-        _add_adaptive(topo, link_up, adaptive or AdaptiveRouting(topo), tables)
+        adaptive = adaptive or AdaptiveRouting(topo)
+        # the routes and detection entries change only with the links: computed once per
+        # link state (recomputing them took most of each statistics round's CPU)
+        key = (frozenset(k for k, v in link_up.items() if not v), ecmp_seed, selection)
+        static = adaptive.table_cache.get(key)
+        if static is None:
+            _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
+            _add_detection(topo, tables)
+            adaptive.table_cache.clear()
+            static = adaptive.table_cache[key] = tables
+        tables = {name: SwitchTables(dict(t.flows), dict(t.groups))
+                  for name, t in static.items()}
+        _add_adaptive(topo, adaptive, tables)
     else:
         _add_dmodk(topo, link_up, tables)
     return tables
@@ -235,8 +246,9 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
                                                (("group", gid),)))
 
 
-def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRouting,
-                  tables: dict[str, SwitchTables]) -> None:
+def _add_detection(topo: Topology, tables: dict[str, SwitchTables]) -> None:
+    """At access switches, from host ports: forward as the routes do and punt the headers
+    (a new flow's first packets)."""
     for sw in topo.access_switches:
         routes = [f for f in tables[sw.name].flows.values()
                   if f.priority in (PRIORITY_PREFIX, PRIORITY_HOST)]
@@ -247,6 +259,12 @@ def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRo
                 tables[sw.name].add_flow(FlowEntry(
                     PRIORITY_DETECT, (("in_port", port),) + route.match,
                     route.actions + (("punt", PUNT_BYTES),)))
+
+
+def _add_adaptive(topo: Topology, adaptive: AdaptiveRouting,
+                  tables: dict[str, SwitchTables]) -> None:
+    """WCMP weights on the groups, the elephants' entries along their paths, the other
+    flows' counting entries at their source switches."""
     for sw in topo.switches:  # WCMP for the mice
         t = tables[sw.name]
         for g in list(t.groups.values()):
@@ -262,7 +280,10 @@ def _add_adaptive(topo: Topology, link_up: dict[str, bool], adaptive: AdaptiveRo
                 tables[node].add_flow(FlowEntry(PRIORITY_FLOW, match, (("output", port),),
                                                 FLOW_COOKIE))
             continue
-        first, entry = unplaced_flow_entry(topo, flow)
+        unplaced = adaptive.entry_cache.get(flow.key)
+        if unplaced is None:
+            unplaced = adaptive.entry_cache[flow.key] = unplaced_flow_entry(topo, flow)
+        first, entry = unplaced
         tables[first].add_flow(entry)
 
 

@@ -1,6 +1,8 @@
 """Adaptive routing's pure logic: demand estimation, Global First Fit, WCMP, and the policy's
 tables, driven by scripted statistics and a mock clock."""
 
+import pytest
+
 from controllers.adaptive import AdaptiveRouting, Flow, FlowKey, estimate_demands
 from controllers.policy import FLOW_COOKIE, PRIORITY_DETECT, PRIORITY_FLOW, FabricPolicy
 from testbed.topology import fat_tree
@@ -58,6 +60,48 @@ def test_global_first_fit_never_overloads_a_link_it_could_avoid():
     ar.place(1.0, {})
     used = [hop for k in keys for hop in zip(ar.flows[k].path, ar.flows[k].path[1:])]
     assert len(used) == len(set(used))  # every directed link carries one elephant at most
+
+
+# a random permutation (seed 0) for which Global First Fit leaves elephants sharing links
+PERMUTATION = [("h1_1_1", "h3_2_1"), ("h1_1_2", "h4_2_1"), ("h1_2_1", "h2_1_2"),
+               ("h1_2_2", "h1_1_2"), ("h2_1_1", "h3_1_2"), ("h2_1_2", "h1_2_1"),
+               ("h2_2_1", "h1_2_2"), ("h2_2_2", "h3_2_2"), ("h3_1_1", "h4_1_2"),
+               ("h3_1_2", "h2_2_2"), ("h3_2_1", "h3_1_1"), ("h3_2_2", "h2_1_1"),
+               ("h4_1_1", "h1_1_1"), ("h4_1_2", "h2_2_1"), ("h4_2_1", "h4_2_2"),
+               ("h4_2_2", "h4_1_1")]
+
+
+def test_placement_finds_the_arrangement_first_fit_misses():
+    topo, ar = _routing()
+    keys = [_learn(ar, topo, s, d, 40000 + i) for i, (s, d) in enumerate(PERMUTATION)]
+    flows = sorted((ar.flows[k] for k in keys), key=lambda f: f.key)
+    for f in flows:
+        f.demand = 1.0
+    options = {id(f): ar.paths(f.src_host, f.dst_host) for f in flows}
+    _, complete = ar._first_fit(flows, options, {id(f): 3e6 for f in flows})
+    assert not complete  # greedy alone overloads a link
+    ar.flow_stats({k: 375_000 for k in keys}, 1.0)  # line rate since they were learned at 0
+    assert ar.place(1.0, {}) and ar.searches_solved == 1
+    used = [hop for k in keys for hop in zip(ar.flows[k].path, ar.flows[k].path[1:])]
+    assert len(used) == len(set(used))  # every directed link carries one elephant
+    ar.flow_stats({k: 750_000 for k in keys}, 2.0)
+    assert not ar.place(2.0, {}) and ar.moves == 0  # the arrangement holds
+
+
+def test_a_new_flow_is_sampled_early_and_placed_within_a_fraction_of_a_poll():
+    topo, ar = _routing()
+    assert ar.next_round(0.0, 0.0) == (1.0, set())  # no flow: a full poll after the interval
+    a = _learn(ar, topo, "h1_1_1", "h2_1_1", 40000, now=0.3)
+    due, only = ar.next_round(0.0, 0.0)
+    assert due == pytest.approx(0.3 + ar.early_s) and only == {"edge1_1"}  # its source only
+    ar.flow_stats({a: 60_000}, 0.55)  # 1.9 Mbit/s since its first packet: an elephant
+    assert ar.place(0.55, {}) and ar.flows[a].path is not None
+    assert ar.reactions == [pytest.approx(0.25)]  # pinned 0.25 s after its first packet
+    assert ar.next_round(0.0, 0.55) == (1.0, set())  # sampled: the next full poll
+    _learn(ar, topo, "h1_1_2", "h2_1_2", 40001, now=0.6)
+    assert ar.next_round(0.0, 0.9) == (1.0, set())  # a round after its early time missed it
+    _learn(ar, topo, "h1_1_2", "h2_1_2", 40002, now=0.9)
+    assert ar.next_round(0.0, 0.9) == (1.0, set())  # early time past the full poll: the poll
 
 
 def _one_pinned_elephant():
