@@ -114,12 +114,19 @@ def cmd_validate(args) -> int:
             args.console.print(f"  PFC (lossless) {pfc}")
         if exp.variants:
             args.console.print(f"  variants: {', '.join(v.variant for v in exp.variants)}")
+        if exp.cells:
+            groups = list(dict.fromkeys(c.plan.group for c in exp.cells))
+            reps = len(exp.cells) // len(groups)
+            args.console.print(f"  sweep: {len(exp.cells)} runs: {len(groups)} cells x {reps} "
+                               f"repetition(s): {', '.join(groups[:6])}"
+                               + (f", ... {groups[-1]}" if len(groups) > 6 else ""))
         docs.append({"file": path, "ok": True, "experiment": exp.name, "counts": counts,
                      "collectives": exp.workload.collective_count if exp.workload else 0,
                      "fidelity": {"load": verdict.load, "fits": verdict.fits,
                                   "max_rate_mbps": verdict.max_rate_mbps},
                      "ecn": ecn, "pfc": pfc, "base_rtt_s": exp.base_rtt_s,
-                     "variants": [v.variant for v in exp.variants]})
+                     "variants": [v.variant for v in exp.variants],
+                     "sweep": [c.name for c in exp.cells]})
     if args.json:
         _emit(docs)
     return EXIT_CONFIG if failed else EXIT_OK
@@ -314,17 +321,32 @@ def cmd_run(args) -> int:
     if exp.workload is None:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
     out = Path(args.out)
+    _check_out_dir(out, args.resume, args.force)
+    if exp.cells:
+        if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
+            raise ConfigError("sweep", "sweeps run on this host (--backend host); the vm "
+                                       "backend runs single experiments")
+        return _run_sweep(args, exp, out)
     if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
         return _in_vm(args, exp, "run --backend host /job/experiment.yaml "
                             "--out \"$FABRICLAB_OUT/results\"", out)
     if not exp.variants:
-        doc = _run_one(args, exp, out)
+        if args.resume and _complete(out / "results.json"):
+            args.console.print(f"{out / 'results.json'} is complete: nothing to resume")
+            doc = json.loads((out / "results.json").read_text())
+        else:
+            doc = _run_one(args, exp, out)
         if args.json:
             _emit(doc)
         return EXIT_OK
     rows, failed = [], 0
     for variant in exp.variants:  # each on a fresh fabric; a failing one does not stop the rest
         args.console.rule(f"variant {variant.variant}")
+        if args.resume and _complete(out / variant.variant / "results.json"):
+            args.console.print("complete: kept")
+            rows.append(variant_row(json.loads(
+                (out / variant.variant / "results.json").read_text())))
+            continue
         try:
             _run_one(args, variant, out / variant.variant, variant.variant)
         except (ConfigError, TestbedError) as err:
@@ -339,6 +361,118 @@ def cmd_run(args) -> int:
     if args.json:
         _emit(rows)
     return EXIT_SYSTEM if failed else EXIT_OK
+
+
+PREVIOUS_RUN = ("results.json", "variants.json", "sweep.json")
+
+
+def _check_out_dir(out: Path, resume: bool, force: bool) -> None:
+    """An output directory holding an earlier run is refused unless the run resumes it or
+    is forced to overwrite it."""
+    if resume and force:
+        raise ConfigError("--resume", "give --resume or --force, not both")
+    earlier = [name for name in PREVIOUS_RUN if (out / name).exists()]
+    if earlier and not (resume or force):
+        raise ConfigError("--out", f"{out} already holds a run ({', '.join(earlier)}); "
+                                   "--resume finishes it, --force overwrites it")
+
+
+def _complete(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
+    """Every cell of the sweep on a fresh fabric, in order; a failed cell is recorded with
+    its error and the sweep goes on; ``--resume`` keeps the cells already complete.
+    ``DIR/sweep.json`` (rewritten after every cell) holds every cell's values, status and
+    row, and the summary over repetitions."""
+    from fabriclab import sweep as sw
+    from testbed.files import write_json_atomic
+
+    cells = list(exp.cells)
+    finished = {c.name for c in cells if args.resume and _complete(out / c.name / "results.json")}
+    todo = sw.pending(cells, finished)
+    ui = args.console
+    ui.print(f"sweep: {len(cells)} cells ({len(finished)} complete already), "
+             f"{len(todo)} to run into {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    records: dict[str, dict] = {}
+    began, durations, failed = time.monotonic(), [], 0
+
+    def record(cell, doc: dict | None, error: str | None) -> None:
+        row = variant_row(doc) if doc else None
+        records[cell.name] = {"cell": cell.plan.group, "name": cell.name,
+                              "variant": cell.plan.variant, "values": cell.plan.values,
+                              "repetition": cell.plan.repetition,
+                              "complete": bool(doc and doc.get("complete")),
+                              "error": error or (doc or {}).get("error"),
+                              "jobs": row["jobs"] if row else [], "row": row}
+
+    def save() -> None:
+        rows = [records[c.name] for c in cells if c.name in records]
+        write_json_atomic(out / "sweep.json", {
+            "experiment": exp.name, "source": exp.source, "cells": rows,
+            "summary": sw.summarize(rows),
+            "wall_s": round(time.monotonic() - began, 1)})
+
+    for cell in cells:
+        if cell.name in finished:
+            record(cell, json.loads((out / cell.name / "results.json").read_text()), None)
+    for n, cell in enumerate(todo, start=1):
+        eta = ""
+        if durations:
+            left = sum(durations) / len(durations) * (len(todo) - n + 1)
+            eta = f", about {time.strftime('%H:%M:%S', time.gmtime(left))} left"
+        ui.rule(f"cell {len(finished) + n}/{len(cells)}: {cell.name}{eta}")
+        start = time.monotonic()
+        doc, error = None, None
+        try:
+            doc = _run_one(args, cell.experiment, out / cell.name, cell.plan.variant)
+        except (ConfigError, TestbedError) as err:
+            failed += 1
+            error = str(err)
+            ui.print(f"[red]cell {cell.name} failed:[/red] {err}")
+            try:
+                doc = json.loads((out / cell.name / "results.json").read_text())
+            except (OSError, ValueError):
+                doc = None
+        durations.append(time.monotonic() - start)
+        record(cell, doc, error)
+        save()
+    save()
+    ui.print(_sweep_table(exp.name, sw.summarize([records[c.name] for c in cells])))
+    ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
+    if args.json:
+        _emit(json.loads((out / "sweep.json").read_text()))
+    return EXIT_SYSTEM if failed else EXIT_OK
+
+
+def _sweep_table(name: str, summary: list[dict]) -> Table:
+    """Per cell: its values, runs and failures, and each job's efficiency as mean +- sd."""
+    table = Table(title=f"{name}: sweep", box=None, header_style="bold")
+    table.add_column("cell")
+    table.add_column("runs", justify="right")
+    table.add_column("failed", justify="right")
+    labels = []
+    for line in summary:
+        for job in line["jobs"]:
+            if job["label"] not in labels:
+                labels.append(job["label"])
+    for label in labels:
+        table.add_column(f"{label} eff", justify="right")
+    for line in summary:
+        by_label = {j["label"]: j["efficiency"] for j in line["jobs"]}
+        cells = []
+        for label in labels:
+            e = by_label.get(label) or {}
+            cells.append("-" if e.get("mean") is None else
+                         f"{e['mean']:.3f}" + (f" ±{e['sd']:.3f}" if e["n"] > 1 else ""))
+        table.add_row(line["cell"], str(line["runs"]), str(line["failed"]), *cells)
+    table.caption = "eff: busbw / link rate, mean ± standard deviation over the complete runs"
+    return table
 
 
 def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) -> dict:
@@ -447,6 +581,66 @@ def cmd_fail(args) -> int:
     return EXIT_OK
 
 
+def compare_rows(dirs: list[Path]) -> list[dict]:
+    """The runs under each directory, one line each: a sweep's cells (mean over repetitions),
+    a run's variants, or a single run. Lines: ``{"run", "complete", "error", "jobs": [{"label",
+    "efficiency", "busbw_mbps", "n"}]}``."""
+    from fabriclab import sweep as sw
+
+    lines = []
+    for d in dirs:
+        if (d / "sweep.json").is_file():
+            doc = json.loads((d / "sweep.json").read_text())
+            for line in sw.summarize(doc["cells"]):
+                lines.append({"run": f"{d}/{line['cell']}", "complete": line["failed"] == 0,
+                              "error": "; ".join(line["errors"]) or None,
+                              "jobs": [{"label": j["label"], "n": j["efficiency"]["n"],
+                                        "efficiency": j["efficiency"]["mean"],
+                                        "busbw_mbps": j["busbw_mbps"]["mean"]}
+                                       for j in line["jobs"]]})
+            continue
+        docs = []
+        if (d / "results.json").is_file():
+            docs.append((str(d), json.loads((d / "results.json").read_text())))
+        elif (d / "variants.json").is_file():
+            for row in json.loads((d / "variants.json").read_text()):
+                path = d / str(row["variant"]) / "results.json"
+                docs.append((f"{d}/{row['variant']}", json.loads(path.read_text())))
+        else:
+            raise ConfigError(str(d), "holds no run (results.json, variants.json or sweep.json)")
+        for name, doc in docs:
+            row = variant_row(doc)
+            lines.append({"run": name, "complete": row["complete"], "error": row["error"],
+                          "jobs": [{"label": j.get("label") or j["op"], "n": 1,
+                                    "efficiency": j["efficiency"],
+                                    "busbw_mbps": j["busbw_mbps"]} for j in row["jobs"]]})
+    return lines
+
+
+def cmd_compare(args) -> int:
+    """Runs side by side: each job's efficiency (busbw / link rate) per run."""
+    lines = compare_rows([Path(d) for d in args.dirs])
+    if args.json:
+        _emit(lines)
+        return EXIT_OK
+    labels = list(dict.fromkeys(j["label"] for line in lines for j in line["jobs"]))
+    table = Table(title="runs compared", box=None, header_style="bold")
+    table.add_column("run")
+    table.add_column("status")
+    for label in labels:
+        table.add_column(f"{label} eff", justify="right")
+    for line in lines:
+        by_label = {j["label"]: j for j in line["jobs"]}
+        cells = [("-" if by_label.get(label, {}).get("efficiency") is None else
+                  f"{by_label[label]['efficiency']:.3f}"
+                  + (f" (n={by_label[label]['n']})" if by_label[label]["n"] > 1 else ""))
+                 for label in labels]
+        table.add_row(line["run"], "ok" if line["complete"] else "failed", *cells)
+    table.caption = "eff: busbw / link rate (a sweep's cell: the mean over its complete runs)"
+    args.console.print(table)
+    return EXIT_OK
+
+
 def cmd_schema(_args) -> int:
     _emit(xp.schema())
     return EXIT_OK
@@ -487,6 +681,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("run", cmd_run, "build the fabric, run the workload, write results, tear down")
     p.add_argument("file")
     p.add_argument("--out", required=True, help="directory for results.json")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted run in --out: complete cells and variants are "
+                        "kept, the rest run")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite the run --out already holds")
     backend(p)
     telemetry_cli.add_arguments(p)
     telemetry_cli.add_command(command)
@@ -496,6 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"'fabriclab up' keeps running {verb}")
         p.add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 (a switch)")
         p.add_argument("--run", help="the run id, when several fabrics are up")
+    p = command("compare", cmd_compare, "put runs side by side (run, variants or sweep "
+                                        "directories)")
+    p.add_argument("dirs", nargs="+", metavar="DIR")
     p = command("clean", cmd_clean, "remove what earlier (killed) runs left behind")
     p.add_argument("--all", action="store_true", help="also runs whose process is still alive")
     command("schema", cmd_schema, "print the experiment file's JSON Schema", json_flag=False)

@@ -42,6 +42,7 @@ from testbed.spec import (
     Routing,
     TestbedSpec,
 )
+from fabriclab import sweep
 from traffic.workload import Workload, parse_workload
 
 MEMORY = "<memory>"
@@ -65,6 +66,7 @@ class Experiment(TestbedSpec):
     variant: str | None = None  # the variant this is (None: the base experiment)
     variants: tuple[Experiment, ...] = ()  # the base's variants, each a whole experiment
     failures: tuple[FailureEvent, ...] = ()  # link and switch failures during the workload
+    cells: tuple[Cell, ...] = ()  # the sweep's cells (fabriclab.sweep), each a whole experiment
 
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
@@ -81,6 +83,18 @@ class Experiment(TestbedSpec):
                 "host_rate_mbps": self.fabric.host_link.rate_mbps,
                 "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
                 "mtu": self.fabric.mtu, "routing": str(self.controller.routing)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a sweep: its plan (name, variant, values, repetition) and its experiment."""
+
+    plan: sweep.CellPlan
+    experiment: Experiment
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
 
 
 def load(path: str | Path) -> Experiment:
@@ -113,9 +127,9 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
     if not isinstance(data, dict):
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
     _check(data, schema())
-    base = {k: v for k, v in data.items() if k != "variants"}
+    base = {k: v for k, v in data.items() if k not in ("variants", "sweep")}
     experiment = _parse_one(base, source, None)  # the base's own errors come first
-    variants = []
+    variants, raws = [], {None: base}
     for i, variant in enumerate(data.get("variants", [])):
         raw = copy.deepcopy(base)
         for path, value in variant["set"].items():
@@ -126,10 +140,26 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
         except ConfigError as err:
             raise ConfigError(err.path, f"{err.message} (in variant {variant['name']!r}, "
                                         f"variants[{i}])") from None
+        raws[variant["name"]] = raw
     names = [v.variant for v in variants]
     if len(set(names)) != len(names):
         raise ConfigError("variants", f"variant names repeat: {', '.join(names)}")
-    return dataclasses.replace(experiment, variants=tuple(variants))
+    cells = []
+    if "sweep" in data:
+        for plan in sweep.plan_cells(data["sweep"], names or [None]):
+            if plan.repetition > 1:  # the same experiment as its first repetition
+                cells.append(Cell(plan, cells[-1].experiment))
+                continue
+            raw = copy.deepcopy(raws[plan.variant])
+            where = f"sweep cell {plan.name!r}"
+            for path, value in plan.values.items():
+                _set_path(raw, path, value, f"sweep.axes.{path}")
+            try:
+                _check(raw, schema())
+                cells.append(Cell(plan, _parse_one(raw, source, plan.variant)))
+            except ConfigError as err:
+                raise ConfigError(err.path, f"{err.message} (in {where})") from None
+    return dataclasses.replace(experiment, variants=tuple(variants), cells=tuple(cells))
 
 
 _SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")

@@ -1,0 +1,161 @@
+"""Sweeps: the cells an experiment's ``sweep`` section expands to, the errors it refuses before
+anything runs, and the CLI's sweep loop (a failed cell recorded and passed, --resume keeping
+the finished ones, an earlier run's directory refused) with the fabric run replaced."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from fabriclab import cli, sweep
+from fabriclab import experiment as xp
+from testbed.errors import ConfigError
+
+BASE = {
+    "version": 1, "name": "sw",
+    "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 2, "hosts_per_leaf": 2,
+               "host_link": {"rate_mbps": 10}, "fabric_link": {"rate_mbps": 10}},
+    "workload": {"collectives": [{"op": "all_reduce", "size": "256KiB", "ranks": 4}]},
+}
+
+
+def _with(sweep_section: dict, **extra) -> dict:
+    data = copy.deepcopy(BASE)
+    data["sweep"] = sweep_section
+    data.update(extra)
+    return data
+
+
+def test_the_axes_product_is_every_cell_in_order_with_its_repetitions():
+    exp = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"],
+                                   "workload.collectives[0].size": ["256KiB", "1MiB"]},
+                          "repetitions": 2}))
+    assert [c.name for c in exp.cells] == [
+        "routing=ecmp,size=256KiB,r1", "routing=ecmp,size=256KiB,r2",
+        "routing=ecmp,size=1MiB,r1", "routing=ecmp,size=1MiB,r2",
+        "routing=dmodk,size=256KiB,r1", "routing=dmodk,size=256KiB,r2",
+        "routing=dmodk,size=1MiB,r1", "routing=dmodk,size=1MiB,r2"]
+    last = exp.cells[-1]
+    assert str(last.experiment.controller.routing) == "dmodk"
+    assert last.experiment.workload.jobs[0].collectives[0].schedule.size_bytes == 1 << 20
+    assert last.plan.group == "routing=dmodk,size=1MiB" and last.plan.repetition == 2
+    assert exp.cells[0].experiment is exp.cells[1].experiment  # repetitions share the parse
+
+
+def test_axes_with_the_same_last_field_keep_their_whole_paths_and_variants_nest():
+    data = _with({"axes": {"fabric.host_link.rate_mbps": [5],
+                           "fabric.fabric_link.rate_mbps": [5, 20]}},
+                 variants=[{"name": "a", "set": {"controller.routing": "ecmp"}},
+                           {"name": "b", "set": {"controller.routing": "dmodk"}}])
+    exp = xp.parse(data)
+    assert [c.name for c in exp.cells] == [
+        "a/fabric.host_link.rate_mbps=5,fabric.fabric_link.rate_mbps=5",
+        "a/fabric.host_link.rate_mbps=5,fabric.fabric_link.rate_mbps=20",
+        "b/fabric.host_link.rate_mbps=5,fabric.fabric_link.rate_mbps=5",
+        "b/fabric.host_link.rate_mbps=5,fabric.fabric_link.rate_mbps=20"]
+    assert str(exp.cells[-1].experiment.controller.routing) == "dmodk"
+    assert exp.cells[-1].experiment.fabric.fabric_link.rate_mbps == 20
+    # values that are not scalars are named by their place in the axis
+    assert sweep.value_label({"mode": "step"}, 2) == "#2" and sweep.value_label(True, 0) == "true"
+
+
+@pytest.mark.parametrize("section,field,words", [
+    ({"axes": {"controller.routing": []}}, "sweep.axes.controller.routing", "at least one value"),
+    ({"axes": {}}, "sweep.axes", "non-empty"),
+    ({"axes": {"fabric.k": [4, 4]}}, "sweep.axes.fabric.k", "listed twice"),
+    ({"axes": {"controller.nope": [1]}}, "controller.nope", "unknown key"),
+    ({"axes": {"controller.routing": ["ecmp", "bogus"]}}, "controller.routing", "bogus"),
+    ({"axes": {"workload.collectives[3].size": ["1MiB"]}}, "sweep.axes.workload.collectives[3].size",
+     "does not lead anywhere"),
+    ({"axes": {"controller.routing": ["ecmp"]}, "repetitions": 0}, "sweep.repetitions", ""),
+])
+def test_a_bad_sweep_is_refused_before_anything_runs_naming_the_field(section, field, words):
+    with pytest.raises(ConfigError) as err:
+        xp.parse(_with(section))
+    assert err.value.path == field and words in err.value.message, str(err.value)
+
+
+def test_pending_and_the_summary_over_repetitions():
+    plans = sweep.plan_cells({"axes": {"x": [1, 2]}, "repetitions": 2}, [None])
+    assert [p.name for p in sweep.pending(plans, {"x=1,r1", "x=2,r2"})] == ["x=1,r2", "x=2,r1"]
+    rows = [{"cell": "x=1", "values": {"x": 1}, "complete": True, "error": None,
+             "jobs": [{"label": "ar", "op": "all_reduce", "busbw_mbps": 8.0, "efficiency": 0.8}]},
+            {"cell": "x=1", "values": {"x": 1}, "complete": True, "error": None,
+             "jobs": [{"label": "ar", "op": "all_reduce", "busbw_mbps": 9.0, "efficiency": 0.9}]},
+            {"cell": "x=2", "values": {"x": 2}, "complete": False, "error": "boom", "jobs": []}]
+    one, two = sweep.summarize(rows)
+    eff = one["jobs"][0]["efficiency"]
+    assert eff["mean"] == pytest.approx(0.85) and eff["sd"] == pytest.approx(0.0707, abs=1e-3)
+    assert (one["runs"], one["failed"], two["failed"], two["errors"]) == (2, 0, 1, ["boom"])
+
+
+def _doc(name: str, eff: float, complete: bool = True) -> dict:
+    if not complete:  # failed before measuring anything
+        return {"experiment": name, "complete": False, "error": "failed",
+                "fabric": {"variant": None}, "congestion": {}, "collectives": []}
+    return {"experiment": name, "complete": complete, "error": None if complete else "failed",
+            "fabric": {"variant": None}, "congestion": {},
+            "collectives": [{"job": 0, "repetition": 0, "op": "all_reduce", "algorithm": "ring",
+                             "bytes": 262144, "communicator_size": 4,
+                             "ranks": ["a", "b", "c", "d"], "duration_s": 1.0,
+                             "algbw_gbps": eff * 0.01, "busbw_gbps": eff * 0.015,
+                             "efficiency": eff, "label": "ar",
+                             "flow_completion_s": {"p50": 0.5, "p99": 0.9}}]}
+
+
+class _Args:
+    def __init__(self, out: Path, resume=False, force=False):
+        from rich.console import Console
+        self.out, self.resume, self.force, self.json = str(out), resume, force, False
+        self.console = Console(file=open("/dev/null", "w"))
+
+
+def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_missing(
+        tmp_path, monkeypatch):
+    exp = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"]}, "repetitions": 2}))
+    ran, failures = [], ["routing=dmodk,r1"]  # the cells that fail (once each)
+
+    def fake_run_one(args, cell_exp, out, variant=None):
+        ran.append(out.name)
+        out.mkdir(parents=True, exist_ok=True)
+        if out.name in failures:
+            failures.remove(out.name)
+            (out / "results.json").write_text(json.dumps(_doc("sw", 0.0, complete=False)))
+            raise cli.TestbedError("job 0 (all_reduce): agent died")
+        doc = _doc("sw", 0.9 if str(cell_exp.controller.routing) == "dmodk" else 0.5)
+        (out / "results.json").write_text(json.dumps(doc))
+        return doc
+
+    monkeypatch.setattr(cli, "_run_one", fake_run_one)
+    out = tmp_path / "sweep"
+    assert cli._run_sweep(_Args(out), exp, out) == cli.EXIT_SYSTEM  # a cell failed
+    assert ran == ["routing=ecmp,r1", "routing=ecmp,r2", "routing=dmodk,r1", "routing=dmodk,r2"]
+    doc = json.loads((out / "sweep.json").read_text())
+    failed = [c for c in doc["cells"] if not c["complete"]]
+    assert [c["name"] for c in failed] == ["routing=dmodk,r1"]
+    assert "agent died" in failed[0]["error"]
+    summary = {line["cell"]: line for line in doc["summary"]}
+    assert summary["routing=ecmp"]["jobs"][0]["efficiency"]["mean"] == pytest.approx(0.5)
+    assert summary["routing=dmodk"]["failed"] == 1
+    with pytest.raises(ConfigError, match="--resume finishes it, --force overwrites it"):
+        cli._check_out_dir(out, resume=False, force=False)
+    cli._check_out_dir(out, resume=True, force=False)
+    ran.clear()
+    assert cli._run_sweep(_Args(out, resume=True), exp, out) == cli.EXIT_OK
+    assert ran == ["routing=dmodk,r1"]  # only the failed cell again
+    doc = json.loads((out / "sweep.json").read_text())
+    assert all(c["complete"] for c in doc["cells"]) and len(doc["cells"]) == 4
+    # compare puts the sweep's cells (means) and a plain run side by side
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "results.json").write_text(json.dumps(_doc("sw", 0.7)))
+    lines = cli.compare_rows([out, single])
+    assert [(line["run"].rsplit("/", 1)[-1], line["jobs"][0]["efficiency"], line["jobs"][0]["n"])
+            for line in lines] == [("routing=ecmp", pytest.approx(0.5), 2),
+                                   ("routing=dmodk", pytest.approx(0.9), 2),
+                                   ("single", pytest.approx(0.7), 1)]
+    with pytest.raises(ConfigError, match="holds no run"):
+        cli.compare_rows([tmp_path])
