@@ -67,6 +67,9 @@ class Experiment(TestbedSpec):
     variants: tuple[Experiment, ...] = ()  # the base's variants, each a whole experiment
     failures: tuple[FailureEvent, ...] = ()  # link and switch failures during the workload
     cells: tuple[Cell, ...] = ()  # the sweep's cells (fabriclab.sweep), each a whole experiment
+    # the file's data this experiment was parsed from, variants' and axes' fields set (the
+    # run directory's experiment.json: the experiment as run)
+    raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
@@ -219,7 +222,7 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
         controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
-        failures=failures)
+        failures=failures, raw=copy.deepcopy(data))
 
 
 def _other_config(raw: dict) -> dict[str, str]:

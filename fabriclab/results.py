@@ -22,7 +22,8 @@ def add_rows(doc: dict, job_index: int, measured: list[CollectiveResult] | tuple
              concurrent_jobs: int) -> None:
     """Append one job's results (one row per collective run, repetitions numbered)."""
     doc["collectives"] += [{"job": job_index, "repetition": i, "concurrent_jobs": concurrent_jobs,
-                            **asdict(r)} for i, r in enumerate(measured)]
+                            **{k: v for k, v in asdict(r).items() if k != "flows"}}
+                           for i, r in enumerate(measured)]
 
 
 def fail(doc: dict, error: str) -> None:

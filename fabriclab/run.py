@@ -6,13 +6,14 @@ The terminal (progress bar, tables) is the CLI's: it hands in a :class:`RunView`
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabriclab import results
+from fabriclab import results, rundir
 from fabriclab.experiment import Experiment
 from telemetry.exporter import LOOPBACK, RunTelemetry
 from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
@@ -20,7 +21,8 @@ from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
 from testbed.failures import FailureInjector
-from testbed.files import write_json_atomic
+from testbed import environment
+from testbed.files import write_json_atomic, write_text_atomic
 from testbed.queues import QueueSampler
 from traffic.runner import run_batch
 from traffic.workload import Job
@@ -76,6 +78,20 @@ def batch_text(jobs: list[Job]) -> str:
                                           else ""))
 
 
+def _keep_logs(fabric: Fabric, out_dir: Path) -> None:
+    """Copy the controller's log and the agents' logs into ``out_dir/logs`` before the
+    fabric's run directory goes."""
+    logs = out_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    sources = [Path(fabric.run_dir) / "controller.log",
+               *sorted((Path(fabric.run_dir) / "logs").glob("*.log"))]
+    for src in sources:
+        try:
+            shutil.copyfile(src, logs / src.name)
+        except OSError:
+            pass  # not written (no controller, or an agent that logged nothing)
+
+
 def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                    view: RunView | None = None,
                    telemetry: TelemetryOptions | None = None) -> dict:
@@ -96,10 +112,17 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     doc = results.new_document(exp.name, exp.source, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                exp.fabric_summary())
     write_json_atomic(path, doc)
+    expanded = rundir.experiment_document(exp.raw)
+    doc["experiment_sha256"] = expanded["sha256"]
+    write_json_atomic(out_dir / "experiment.json", expanded)
+    write_json_atomic(out_dir / "environment.json", {
+        "software": environment.software_versions(), "machine": environment.machine_facts()})
+    flows: list[list] = []
     injector = None
     try:
         view.building()
         with Fabric(exp, state_dir=state_dir) as fabric, ExitStack() as services:
+            services.callback(_keep_logs, fabric, out_dir)  # also when the run fails
             view.started(fabric, exp.workload.collective_count)
             # the exporters always run (fabriclab top watches them); Prometheus on request
             labels = {"experiment": exp.name, **({"variant": telemetry.variant}
@@ -140,6 +163,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                         continue
                     known = len(doc["collectives"])
                     results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
+                    flows += rundir.flow_rows(outcome.job.index, outcome.results)
                     tele.workload.measured(outcome.job.index, doc["collectives"][known:])
                     view.measured(len(outcome.results))
                 # the switch queues since the workload began (totals, per port and priority)
@@ -167,6 +191,9 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 if telemetry.prometheus:
                     doc["telemetry"] = tele.report()
                 write_json_atomic(path, doc)
+                write_text_atomic(out_dir / "collectives.csv",
+                                  rundir.collectives_csv(doc["collectives"]))
+                write_text_atomic(out_dir / "flows.csv", rundir.flows_csv(flows))
                 if errors:
                     raise TestbedError("\n".join(errors))
             if injector is not None:  # the throughput windows end with the workload

@@ -33,6 +33,9 @@ class CollectiveResult:
     communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
     iteration: int | None = None  # training workloads: the iteration it belongs to
     transport: dict | None = None  # UDP transports: packet counters summed over the ranks
+    # every transfer: (source host, destination host, step, bytes, seconds from the start to
+    # its last byte); flows.csv, not results.json
+    flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
@@ -90,7 +93,9 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
              "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
             communicator_size=n, iteration=coll.iteration,
-            transport=transport_totals([c.transport for c in per_rank])))
+            transport=transport_totals([c.transport for c in per_rank]),
+            flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
+                          round(f.done - start, 6)) for c in per_rank for f in c.flows)))
     if out:
         out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
     return out

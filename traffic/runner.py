@@ -162,6 +162,11 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
                             f"job timed out after {timeout_s:.0f} s")
                     raise TestbedError(f"{head}; still running:\n  "
                                        + "\n  ".join(stuck)) from None
+            if err:  # the agent's own log: the run directory keeps it
+                logs = Path(fabric.run_dir) / "logs"
+                logs.mkdir(exist_ok=True)
+                with open(logs / f"agent-{port}-{host}.log", "a", encoding="utf-8") as fh:
+                    fh.write(err)
             if proc.returncode != 0:
                 failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
             else:

@@ -1,0 +1,51 @@
+"""The run directory's files (pure parts): the experiment as run with its hash, and the CSV
+tables of collectives and transfers."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from fabriclab import experiment as xp
+from fabriclab import rundir
+from traffic.results import CollectiveResult
+
+RAW = {"version": 1, "name": "t", "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
+                                              "hosts_per_leaf": 1}}
+
+
+def test_the_experiment_hash_ignores_key_order_and_sees_every_value():
+    a = rundir.experiment_document(RAW)
+    b = rundir.experiment_document(dict(reversed(list(RAW.items()))))
+    assert a["sha256"] == b["sha256"] and len(a["sha256"]) == 64 and a["experiment"] == RAW
+    changed = {**RAW, "fabric": {**RAW["fabric"], "spines": 2}}
+    assert rundir.experiment_document(changed)["sha256"] != a["sha256"]
+
+
+def test_a_variant_keeps_the_data_it_ran_with():
+    exp = xp.parse({**RAW, "workload": {"collectives": [{"op": "all_reduce", "size": "1KiB"}]},
+                    "variants": [{"name": "v", "set": {"fabric.spines": 2}}]})
+    assert exp.raw["fabric"]["spines"] == 1 and exp.variants[0].raw["fabric"]["spines"] == 2
+    assert "variants" not in exp.variants[0].raw
+
+
+def _result(label: str) -> CollectiveResult:
+    return CollectiveResult("all_reduce", "ring", ["h1", "h2"], 1024, 0.5, 1e-5, 2e-5, 0.4, 0.8,
+                            {"p50": 0.3, "p99": 0.45, "max": 0.5}, label, communicator_size=2,
+                            flows=[("h1", "h2", 0, 512, 0.25), ("h2", "h1", 0, 512, 0.3)])
+
+
+def test_collectives_and_flows_become_csv_rows():
+    row = {"job": 0, "repetition": 0, "label": "ar", "op": "all_reduce", "algorithm": "ring",
+           "communicator_size": 2, "bytes": 1024, "duration_s": 0.5, "algbw_gbps": 1e-5,
+           "busbw_gbps": 2e-5, "ideal_s": 0.4, "efficiency": 0.8,
+           "flow_completion_s": {"p50": 0.3, "p99": 0.45, "max": 0.5}, "iteration": None,
+           "gap_s": 0.0, "transport": {"transport": "uet", "goodput_ratio": 0.99}}
+    table = list(csv.DictReader(io.StringIO(rundir.collectives_csv([row]))))
+    assert tuple(table[0]) == rundir.COLLECTIVE_COLUMNS
+    assert (table[0]["efficiency"], table[0]["fct_p99_s"], table[0]["transport"],
+            table[0]["iteration"]) == ("0.8", "0.45", "uet", "")
+    flows = rundir.flow_rows(3, [_result("ar"), _result("ar")])
+    assert len(flows) == 4 and flows[2] == [3, 1, "ar", "all_reduce", "h1", "h2", 0, 512, 0.25]
+    parsed = list(csv.DictReader(io.StringIO(rundir.flows_csv(flows))))
+    assert tuple(parsed[0]) == rundir.FLOW_COLUMNS and parsed[-1]["done_s"] == "0.3"
