@@ -485,6 +485,12 @@ def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) ->
     for item in doc.get("iterations", []):
         args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
     args.console.print(_results_table(doc))
+    fidelity = doc.get("fidelity") or {}
+    if fidelity:
+        idle = fidelity.get("idle_pct", {}).get("median")
+        args.console.print(f"fidelity: {fidelity['verdict']}"
+                           + (f" (machine {idle:.0f} % idle)" if idle is not None else "")
+                           + "".join(f"\n  {reason}" for reason in fidelity["reasons"]))
     args.console.print(f"results: {out / 'results.json'}")
     if doc.get("telemetry", {}).get("data"):
         args.console.print(f"telemetry: {doc['telemetry']['data']} (served during the run at "
@@ -500,8 +506,8 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
                           "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
                           "Mbit/s; fct: flow completion, s")
-    for col in ("variant", "drops", "ce marks", "pauses", "paused s", "watchdog", "deadlocks",
-                "queue max", "queue p99", "top util"):
+    for col in ("variant", "fidelity", "drops", "ce marks", "pauses", "paused s", "watchdog",
+                "deadlocks", "queue max", "queue p99", "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r["jobs"]) for r in rows), default=0)
     for j in range(jobs):
@@ -512,6 +518,7 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
     for r in rows:
         kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
         cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
+                 r.get("fidelity") or "-",
                  str(r["drops"]) if r["drops"] is not None else "-",
                  str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
                  str(r["pfc_pause_events"]) if r.get("pfc_pause_events") else "-",

@@ -21,6 +21,7 @@ from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
 from testbed.failures import FailureInjector
+from testbed.fidelity_monitor import FidelityMonitor
 from testbed import environment
 from testbed.files import write_json_atomic, write_text_atomic
 from testbed.queues import QueueSampler
@@ -138,6 +139,8 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             if exp.emulator.queue_sample_ms > 0:
                 sampler = QueueSampler(fabric, exp.emulator.queue_sample_ms / 1e3)
                 fabric.start_thread(sampler, "queue-sampler")
+            monitor = FidelityMonitor(fabric)
+            fabric.start_thread(monitor, "fidelity")
             if exp.failures:
                 injector = FailureInjector(fabric, exp.failures)
                 fabric.start_thread(injector, "failures")
@@ -190,6 +193,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
                 if telemetry.prometheus:
                     doc["telemetry"] = tele.report()
+                doc["fidelity"] = monitor.report()
                 write_json_atomic(path, doc)
                 write_text_atomic(out_dir / "collectives.csv",
                                   rundir.collectives_csv(doc["collectives"]))
@@ -199,6 +203,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             if injector is not None:  # the throughput windows end with the workload
                 injector.finish()
                 doc["failures"] = injector.report()
+            doc["fidelity"] = monitor.report()
             results.finish(doc)
             write_json_atomic(path, doc)
             if telemetry.keep is not None:

@@ -187,3 +187,79 @@ def assess(topo: Topology, mtu: int, table: dict[int, float] | None = None) -> F
     offered = len(hosts) * rate * hops
     return FidelityVerdict(len(hosts), rate, hops, offered, saturation,
                            HEADROOM * saturation / (len(hosts) * hops))
+
+
+# -- the run's own fidelity (Mininet-HiFi's rule of thumb: keep idle CPU, check achieved rates)
+
+MIN_IDLE_PCT = 10.0  # median machine idle below this: the emulator competes for the CPU
+VSWITCHD_BUSY_PCT = 95.0  # a vswitchd at this share of one core (median) is its own bottleneck
+MIN_BACKLOGGED_RATE = 0.85  # a port with a queue at both ends of a sample sends this share
+
+
+@dataclass(frozen=True)
+class FidelitySample:
+    """One reading of the run: the machine's idle share over the interval before it, each
+    vswitchd's share of one core, and every switch port's bytes sent and backlog now."""
+
+    time_s: float
+    idle_pct: float | None
+    vswitchd_pct: dict[str, float]
+    ports: dict[str, tuple[int, int]]  # port -> (bytes sent, backlog bytes)
+
+
+def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float],
+                   frame_bytes: int) -> dict:
+    """``ok`` or ``degraded`` (with the reasons) from a run's samples.
+
+    Degraded when the machine's median idle share fell under :data:`MIN_IDLE_PCT`, when a
+    vswitchd's median load reached :data:`VSWITCHD_BUSY_PCT` of a core, or when ports that
+    had at least two frames queued at both ends of a sample interval (so had data to send
+    throughout, short of a drain between the readings) sent a median share of their
+    configured rate under :data:`MIN_BACKLOGGED_RATE`.
+    """
+    idle = sorted(s.idle_pct for s in samples if s.idle_pct is not None)
+    vsw: dict[str, list[float]] = {}
+    for s in samples:
+        for name, pct in s.vswitchd_pct.items():
+            vsw.setdefault(name, []).append(pct)
+    shares = []
+    for a, b in itertools.pairwise(samples):
+        dt = b.time_s - a.time_s
+        if dt <= 0:
+            continue
+        for port, (sent_b, backlog_b) in b.ports.items():
+            if port not in a.ports or port not in port_rate_bps:
+                continue
+            sent_a, backlog_a = a.ports[port]
+            if min(backlog_a, backlog_b) >= 2 * frame_bytes and sent_b >= sent_a:
+                shares.append((sent_b - sent_a) * 8 / dt / port_rate_bps[port])
+    shares.sort()
+    reasons = []
+    out = {"samples": len(samples)}
+    if idle:
+        out["idle_pct"] = {"median": round(_median(idle), 1), "min": round(idle[0], 1)}
+        if _median(idle) < MIN_IDLE_PCT:
+            reasons.append(f"the machine was {_median(idle):.0f} % idle (median), under "
+                           f"{MIN_IDLE_PCT:.0f} %: the emulation competed for the CPU")
+    if vsw:
+        out["vswitchd_pct"] = {n: round(_median(sorted(v)), 1) for n, v in sorted(vsw.items())}
+        for name, values in sorted(vsw.items()):
+            if _median(sorted(values)) >= VSWITCHD_BUSY_PCT:
+                reasons.append(f"{name} used {_median(sorted(values)):.0f} % of a core "
+                               "(median): the switch, not the links, set the pace")
+    if shares:
+        out["backlogged_rate"] = {"median": round(_median(shares), 3),
+                                  "p10": round(shares[len(shares) // 10], 3),
+                                  "intervals": len(shares)}
+        if _median(shares) < MIN_BACKLOGGED_RATE:
+            reasons.append(f"ports with a standing queue sent {_median(shares):.2f} of their "
+                           f"rate (median of {len(shares)} port-intervals), under "
+                           f"{MIN_BACKLOGGED_RATE:g}")
+    out["verdict"] = "degraded" if reasons else "ok"
+    out["reasons"] = reasons
+    return out
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

@@ -104,3 +104,29 @@ def test_mean_hops_and_the_fidelity_verdict():
     assert v.max_rate_mbps == pytest.approx(HEADROOM * 1600 / (16 * 67 / 15))
     fast = assess(fat_tree(4, 100, 100), 9000, table)
     assert fast.overloaded and "16 hosts x 100 Mbit/s x 4.47 switch hops" in fast.explain()
+
+
+def _samples(idle, vsw, sent_per_s, backlog):
+    from testbed.fidelity import FidelitySample
+    return [FidelitySample(float(t), idle, {"ovs0": vsw}, {"p1": (int(sent_per_s * t), backlog)})
+            for t in range(6)]
+
+
+def test_a_run_is_ok_when_idle_cpu_remains_and_queued_ports_send_at_their_rate():
+    from testbed.fidelity import judge_fidelity
+    # 10 Mbit/s port with 30 KB queued at every reading, sending 1.2 MB/s: 0.96 of its rate
+    ok = judge_fidelity(_samples(45.0, 60.0, 1_200_000, 30_000), {"p1": 10e6}, 9018)
+    assert ok["verdict"] == "ok" and ok["reasons"] == []
+    assert ok["backlogged_rate"]["median"] == pytest.approx(0.96)
+    assert ok["idle_pct"]["median"] == 45.0 and ok["vswitchd_pct"] == {"ovs0": 60.0}
+
+
+def test_a_starved_machine_a_saturated_vswitchd_and_slow_queued_ports_each_degrade_a_run():
+    from testbed.fidelity import judge_fidelity
+    bad = judge_fidelity(_samples(4.0, 99.0, 700_000, 30_000), {"p1": 10e6}, 9018)
+    assert bad["verdict"] == "degraded" and len(bad["reasons"]) == 3
+    assert "4 % idle" in bad["reasons"][0] and "ovs0 used 99 %" in bad["reasons"][1]
+    assert "sent 0.56 of their rate" in bad["reasons"][2]
+    # an idle port (nothing queued) says nothing about the emulator's pace
+    quiet = judge_fidelity(_samples(50.0, 10.0, 10_000, 0), {"p1": 10e6}, 9018)
+    assert quiet["verdict"] == "ok" and "backlogged_rate" not in quiet
