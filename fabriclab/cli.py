@@ -485,6 +485,8 @@ def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) ->
     for item in doc.get("iterations", []):
         args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
     args.console.print(_results_table(doc))
+    if doc.get("real_scale"):
+        args.console.print(_real_table(doc))
     fidelity = doc.get("fidelity") or {}
     if fidelity:
         idle = fidelity.get("idle_pct", {}).get("median")
@@ -539,6 +541,25 @@ def _top_util(row: dict) -> str:
     util = row.get("utilization") or {}
     tier = next((t for t in ("agg->core", "leaf->spine") if t in util), None)
     return f"{util[tier]['max']:.2f}/{util[tier]['mean']:.2f}" if tier else "-"
+
+
+def _real_table(doc: dict) -> Table:
+    """The collectives in the real fabric's units (``scale``), one row per collective run."""
+    f = doc["real_scale"]
+    table = Table(title=f"real-equivalent at {f['real_rate_gbps']:g} Gbit/s, "
+                        f"{f['real_rtt_us']:g} us RTT", box=None,
+                  caption=f"scales: {f['scales']}\ndoes not scale: {f['does_not_scale']}")
+    for col in ("job", "op", "bytes", "time_us", "busbw Gbit/s", "fct p99 us"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for row in doc["collectives"]:
+        real = row.get("real")
+        if not real:
+            continue
+        p99 = real["flow_completion_s"].get("p99")
+        table.add_row(str(row["job"]), row.get("label") or row["op"], f"{real['bytes']:,}",
+                      f"{real['duration_s'] * 1e6:,.1f}", f"{real['busbw_gbps']:,.1f}",
+                      "-" if p99 is None else f"{p99 * 1e6:,.1f}")
+    return table
 
 
 def _results_table(doc: dict) -> Table:

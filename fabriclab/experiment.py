@@ -43,6 +43,7 @@ from testbed.spec import (
     TestbedSpec,
 )
 from fabriclab import sweep
+from fabriclab.scale import DEFAULT_REAL_RTT_US, RealScale
 from traffic.workload import Workload, parse_workload
 
 MEMORY = "<memory>"
@@ -70,6 +71,7 @@ class Experiment(TestbedSpec):
     # the file's data this experiment was parsed from, variants' and axes' fields set (the
     # run directory's experiment.json: the experiment as run)
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    real_scale: RealScale | None = None  # scale: the real fabric this one stands for
 
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
@@ -222,7 +224,15 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
         controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
-        failures=failures, raw=copy.deepcopy(data))
+        failures=failures, raw=copy.deepcopy(data), real_scale=_real_scale(spec, data))
+
+
+def _real_scale(spec: TestbedSpec, data: dict) -> RealScale | None:
+    scale = data.get("scale")
+    if not scale:
+        return None
+    return RealScale(float(scale["real_rate_gbps"]), spec.fabric.host_link.rate_mbps,
+                     spec.base_rtt_s, float(scale.get("real_rtt_us", DEFAULT_REAL_RTT_US)))
 
 
 def _other_config(raw: dict) -> dict[str, str]:

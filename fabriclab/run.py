@@ -113,6 +113,8 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     doc = results.new_document(exp.name, exp.source, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                exp.fabric_summary())
     write_json_atomic(path, doc)
+    if exp.real_scale is not None:
+        doc["real_scale"] = exp.real_scale.factors()
     expanded = rundir.experiment_document(exp.raw)
     doc["experiment_sha256"] = expanded["sha256"]
     write_json_atomic(out_dir / "experiment.json", expanded)
@@ -166,6 +168,9 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                         continue
                     known = len(doc["collectives"])
                     results.add_rows(doc, outcome.job.index, outcome.results, len(batch))
+                    if exp.real_scale is not None:
+                        for row in doc["collectives"][known:]:
+                            row["real"] = exp.real_scale.collective(row)
                     flows += rundir.flow_rows(outcome.job.index, outcome.results)
                     tele.workload.measured(outcome.job.index, doc["collectives"][known:])
                     view.measured(len(outcome.results))

@@ -49,3 +49,29 @@ def test_collectives_and_flows_become_csv_rows():
     assert len(flows) == 4 and flows[2] == [3, 1, "ar", "all_reduce", "h1", "h2", 0, 512, 0.25]
     parsed = list(csv.DictReader(io.StringIO(rundir.flows_csv(flows))))
     assert tuple(parsed[0]) == rundir.FLOW_COLUMNS and parsed[-1]["done_s"] == "0.3"
+
+
+def test_real_equivalent_units_keep_the_bandwidth_delay_regime():
+    import pytest
+
+    from fabriclab.scale import RealScale
+    exp = xp.parse({**RAW, "fabric": {**RAW["fabric"], "host_link": {"rate_mbps": 4},
+                                      "fabric_link": {"rate_mbps": 4}},
+                    "scale": {"real_rate_gbps": 400}})
+    s = exp.real_scale
+    assert s.rate_ratio == pytest.approx(1e5) and s.real_rtt_us == 10.0
+    assert s.emulated_rtt_s == pytest.approx(exp.base_rtt_s)
+    row = {"bytes": 4 << 20, "duration_s": 10.0, "algbw_gbps": 0.003, "busbw_gbps": 0.0035,
+           "flow_completion_s": {"p99": 9.0}}
+    real = s.collective(row)
+    assert real["busbw_gbps"] == pytest.approx(350) and real["duration_s"] == pytest.approx(
+        10.0 * 10e-6 / exp.base_rtt_s)
+    # the same number of RTTs: size / BDP is the same on both sides
+    assert real["bytes"] / (400e9 / 8 * 10e-6) == pytest.approx(
+        (4 << 20) / (4e6 / 8 * exp.base_rtt_s), rel=1e-6)
+    f = s.factors()
+    assert "does_not_scale" in f and "RTT ratio" in f["scales"] and "x100,000" in s.describe()
+    assert xp.parse(RAW).real_scale is None
+    with pytest.raises(xp.ConfigError) as err:
+        xp.parse({**RAW, "scale": {"real_rate_gbps": 0}})
+    assert err.value.path == "scale.real_rate_gbps"
