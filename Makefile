@@ -6,25 +6,28 @@
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
 
-.PHONY: setup venv run test unit integration lab bench clean
+.PHONY: setup test-deps venv run test unit integration lab bench clean
 
 setup:
 	./scripts/setup.sh
+
+test-deps:
+	./scripts/test-deps.sh
 
 venv:
 	./scripts/venv.sh
 
 run: setup
 	$(VENV)/bin/fabriclab up --check $(EXPERIMENT)
-	$(VENV)/bin/fabriclab run $(EXPERIMENT) --out runs/$(notdir $(basename $(EXPERIMENT)))
+	$(VENV)/bin/fabriclab run $(EXPERIMENT) --out runs/$(notdir $(basename $(EXPERIMENT))) --force
 
-test: setup
+test: setup test-deps
 	$(VENV)/bin/python -m pytest -v --durations=15 tests
 
 unit: venv
 	$(VENV)/bin/python -m pytest -v -m "not integration" tests/unit
 
-integration: setup
+integration: setup test-deps
 	$(VENV)/bin/python -m pytest -v -m integration tests/integration
 
 # the lab VM: installs vagrant and libvirt, builds the local box once, vagrant up, destroy

@@ -336,6 +336,7 @@ def cmd_run(args) -> int:
             doc = json.loads((out / "results.json").read_text())
         else:
             doc = _run_one(args, exp, out)
+        _report(args, out)
         if args.json:
             _emit(doc)
         return EXIT_OK
@@ -356,6 +357,7 @@ def cmd_run(args) -> int:
         rows.append(variant_row(doc))
     (out / "variants.json").write_text(json.dumps(rows, indent=1))
     args.console.print(_variants_table(exp.name, rows))
+    _report(args, out)
     args.console.print(f"results: {out}/<variant>/results.json; side by side: "
                        f"{out / 'variants.json'}")
     if args.json:
@@ -364,6 +366,32 @@ def cmd_run(args) -> int:
 
 
 PREVIOUS_RUN = ("results.json", "variants.json", "sweep.json")
+
+
+def _report(args, out: Path) -> None:
+    """Write ``out/report.html``; a failure to draw says so and leaves the results as they
+    are."""
+    from fabriclab.report import write_report
+
+    try:
+        args.console.print(f"report: {write_report(out)}")
+    except Exception as err:  # noqa: BLE001 - the results stand without their report
+        args.console.print(f"[yellow]report not written:[/yellow] {type(err).__name__}: {err} "
+                           f"(the results are in {out}; fabriclab report {out} tries again)")
+
+
+def cmd_report(args) -> int:
+    """(Re)build DIR/report.html from a run, variants or sweep directory."""
+    from fabriclab.report import write_report
+
+    out = Path(args.dir)
+    if not any((out / name).is_file() for name in PREVIOUS_RUN):
+        raise ConfigError(str(out), "holds no run (results.json, variants.json or sweep.json)")
+    path = write_report(out)
+    args.console.print(f"report: {path}")
+    if args.json:
+        _emit({"report": str(path)})
+    return EXIT_OK
 
 
 def _check_out_dir(out: Path, resume: bool, force: bool) -> None:
@@ -445,6 +473,7 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
     save()
     ui.print(_sweep_table(exp.name, sw.summarize([records[c.name] for c in cells])))
     ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
+    _report(args, out)
     if args.json:
         _emit(json.loads((out / "sweep.json").read_text()))
     return EXIT_SYSTEM if failed else EXIT_OK
@@ -723,6 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"'fabriclab up' keeps running {verb}")
         p.add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 (a switch)")
         p.add_argument("--run", help="the run id, when several fabrics are up")
+    p = command("report", cmd_report, "(re)build DIR/report.html from a run directory")
+    p.add_argument("dir", metavar="DIR")
     p = command("compare", cmd_compare, "put runs side by side (run, variants or sweep "
                                         "directories)")
     p.add_argument("dirs", nargs="+", metavar="DIR")

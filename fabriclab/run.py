@@ -200,6 +200,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     doc["telemetry"] = tele.report()
                 doc["fidelity"] = monitor.report()
                 write_json_atomic(path, doc)
+                write_json_atomic(out_dir / "timeline.json", monitor.timeline(), indent=None)
                 write_text_atomic(out_dir / "collectives.csv",
                                   rundir.collectives_csv(doc["collectives"]))
                 write_text_atomic(out_dir / "flows.csv", rundir.flows_csv(flows))
@@ -209,6 +210,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 injector.finish()
                 doc["failures"] = injector.report()
             doc["fidelity"] = monitor.report()
+            write_json_atomic(out_dir / "timeline.json", monitor.timeline(), indent=None)
             results.finish(doc)
             write_json_atomic(path, doc)
             if telemetry.keep is not None:

@@ -54,7 +54,6 @@ def test_collectives_and_flows_become_csv_rows():
 def test_real_equivalent_units_keep_the_bandwidth_delay_regime():
     import pytest
 
-    from fabriclab.scale import RealScale
     exp = xp.parse({**RAW, "fabric": {**RAW["fabric"], "host_link": {"rate_mbps": 4},
                                       "fabric_link": {"rate_mbps": 4}},
                     "scale": {"real_rate_gbps": 400}})

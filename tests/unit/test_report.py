@@ -1,0 +1,82 @@
+"""The report page built from run directories' files (no fabric): every plot present as an
+inlined PNG, the fidelity table, failed links marked, and runs found in variants and sweeps."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+from fabriclab import report, rundir
+
+PORTS = {  # a 2-leaf, 1-spine fabric's switch ports
+    "leaf1-eth1": {"node": "leaf1", "peer": "h1_1", "link": "h1_1-leaf1", "tier": "leaf->host"},
+    "leaf1-eth2": {"node": "leaf1", "peer": "spine1", "link": "leaf1-spine1",
+                   "tier": "leaf->spine"},
+    "leaf2-eth1": {"node": "leaf2", "peer": "h2_1", "link": "h2_1-leaf2", "tier": "leaf->host"},
+    "leaf2-eth2": {"node": "leaf2", "peer": "spine1", "link": "leaf2-spine1",
+                   "tier": "leaf->spine"},
+    "spine1-eth1": {"node": "spine1", "peer": "leaf1", "link": "leaf1-spine1",
+                    "tier": "spine->leaf"},
+    "spine1-eth2": {"node": "spine1", "peer": "leaf2", "link": "leaf2-spine1",
+                    "tier": "spine->leaf"},
+}
+
+
+def _run_dir(path: Path, eff: float, failed_link: str | None = None) -> None:
+    path.mkdir(parents=True)
+    ports = {k: {**v, "rate_bps": 10e6} for k, v in PORTS.items()}
+    samples = [{"t_s": float(t), "idle_pct": 50.0, "vswitchd_pct": {"ovs0": 30.0},
+                "ports": {p: [int(1_000_000 * t * eff), 20_000 * (t % 3), t, 2 * t, 0]
+                          for p in ports}} for t in range(8)]
+    (path / "timeline.json").write_text(json.dumps(
+        {"interval_s": 1.0, "fields": [], "ports": ports, "samples": samples}))
+    doc = {"experiment": "rep", "complete": True, "fabric": {"variant": path.name},
+           "collectives": [{"job": 0, "repetition": 0, "op": "all_reduce", "algorithm": "ring",
+                            "bytes": 1 << 20, "communicator_size": 2, "duration_s": 1.0,
+                            "algbw_gbps": eff * 0.01, "busbw_gbps": eff * 0.01,
+                            "efficiency": eff, "label": "ar",
+                            "flow_completion_s": {"p50": 0.4, "p99": 0.9}}],
+           "fidelity": {"verdict": "ok", "reasons": [], "idle_pct": {"median": 50.0}},
+           "controller": {"links_down": [failed_link] if failed_link else []},
+           "real_scale": {"real_rate_gbps": 400, "real_rtt_us": 10, "emulated_rate_mbps": 10,
+                          "emulated_rtt_ms": 20, "scales": "bandwidth", "does_not_scale": "cpu"}}
+    (path / "results.json").write_text(json.dumps(doc))
+    (path / "flows.csv").write_text(rundir.flows_csv(
+        [[0, 0, "ar", "all_reduce", "h1_1", "h2_1", s, 1024, 0.1 * (s + 1)] for s in range(5)]))
+    (path / "environment.json").write_text(json.dumps({"software": {"kernel": "6.x"},
+                                                       "machine": {"cores": 2}}))
+
+
+def _images(page: str) -> list[bytes]:
+    return [base64.b64decode(b) for b in re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)",
+                                                    page)]
+
+
+def test_a_variants_report_inlines_every_plot_and_the_verdicts(tmp_path):
+    out = tmp_path / "run"
+    _run_dir(out / "a", 0.9)
+    _run_dir(out / "b", 0.6, failed_link="leaf1-spine1")
+    (out / "variants.json").write_text(json.dumps([{"variant": "a"}, {"variant": "b"}]))
+    page = report.write_report(out).read_text()
+    images = _images(page)
+    # efficiency, FCT CDFs, and per run: topology, heatmap, queues
+    assert len(images) == 2 + 2 * 3 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    assert "<h2>Run a</h2>" in page and "<h2>Run b</h2>" in page and "no data" not in page
+    assert "400 Gbit/s" in page and "Fidelity" in page and "6.x" in page
+    assert "http" not in page.replace("http-equiv", "")  # opens from disk, no network
+    assert report.failed_links({"controller": {"links_down": ["x-y"]},
+                                "failures": [{"target": ["a", "b"], "action": "down"}]}) == {
+        "x-y", "a-b"}
+
+
+def test_a_sweep_report_finds_its_cells(tmp_path):
+    out = tmp_path / "sweep"
+    _run_dir(out / "k=1,r1", 0.8)
+    _run_dir(out / "k=1,r2", 0.9)
+    (out / "sweep.json").write_text(json.dumps({"cells": [
+        {"name": "k=1,r1", "cell": "k=1"}, {"name": "k=1,r2", "cell": "k=1"}]}))
+    runs = report.load_runs(out)
+    assert [r.group for r in runs] == ["k=1", "k=1"]
+    assert len(_images(report.render(out, runs))) == 2 + 2 * 3
