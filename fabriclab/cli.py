@@ -437,14 +437,19 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
                               "repetition": cell.plan.repetition,
                               "complete": bool(doc and doc.get("complete")),
                               "error": error or (doc or {}).get("error"),
-                              "jobs": row["jobs"] if row else [], "row": row}
+                              "jobs": row["jobs"] if row else [], "row": row,
+                              "timings_s": (doc or {}).get("timings_s", {})}
 
     def save() -> None:
         rows = [records[c.name] for c in cells if c.name in records]
+        phases: dict[str, float] = {}
+        for row in rows:
+            for phase, seconds in row["timings_s"].items():
+                phases[phase] = round(phases.get(phase, 0.0) + seconds, 1)
         write_json_atomic(out / "sweep.json", {
             "experiment": exp.name, "source": exp.source, "cells": rows,
-            "summary": sw.summarize(rows),
-            "wall_s": round(time.monotonic() - began, 1)})
+            "summary": sw.summarize(rows), "wall_s": round(time.monotonic() - began, 1),
+            "timings_s": phases})
 
     for cell in cells:
         if cell.name in finished:
@@ -472,6 +477,9 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
         save()
     save()
     ui.print(_sweep_table(exp.name, sw.summarize([records[c.name] for c in cells])))
+    phases = json.loads((out / "sweep.json").read_text())["timings_s"]
+    ui.print(f"wall time {time.monotonic() - began:.0f} s; over the cells: "
+             + ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in phases.items()))
     ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
     _report(args, out)
     if args.json:
@@ -522,6 +530,10 @@ def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) ->
         args.console.print(f"fidelity: {fidelity['verdict']}"
                            + (f" (machine {idle:.0f} % idle)" if idle is not None else "")
                            + "".join(f"\n  {reason}" for reason in fidelity["reasons"]))
+    timings = doc.get("timings_s") or {}
+    if timings:
+        args.console.print("time: " + ", ".join(f"{k.replace('_', '-')} {v:.1f} s"
+                                                for k, v in timings.items()))
     args.console.print(f"results: {out / 'results.json'}")
     if doc.get("telemetry", {}).get("data"):
         args.console.print(f"telemetry: {doc['telemetry']['data']} (served during the run at "

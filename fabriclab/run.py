@@ -122,9 +122,11 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
         "software": environment.software_versions(), "machine": environment.machine_facts()})
     flows: list[list] = []
     injector = None
+    marks = {"start": time.monotonic()}  # bring-up, measurement, teardown (timings_s)
     try:
         view.building()
         with Fabric(exp, state_dir=state_dir) as fabric, ExitStack() as services:
+            marks["up"] = time.monotonic()
             services.callback(_keep_logs, fabric, out_dir)  # also when the run fails
             view.started(fabric, exp.workload.collective_count)
             # the exporters always run (fabriclab top watches them); Prometheus on request
@@ -213,8 +215,10 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             write_json_atomic(out_dir / "timeline.json", monitor.timeline(), indent=None)
             results.finish(doc)
             write_json_atomic(path, doc)
+            marks["measured"] = time.monotonic()
             if telemetry.keep is not None:
                 telemetry.keep(tele)
+                marks["kept"] = time.monotonic()
             view.tearing_down()
     except BaseException as err:
         results.fail(doc, f"{type(err).__name__}: {err}" if not isinstance(
@@ -223,5 +227,19 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     finally:
         if injector is not None:  # what was applied, also when the run failed
             doc["failures"] = injector.report()
+        doc["timings_s"] = run_timings(marks, time.monotonic())
         write_json_atomic(path, doc)
     return doc
+
+
+def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
+    """Bring-up, measurement (the workload, from the fabric up to the last result) and
+    teardown (after ``--keep``'s wait, if any), in seconds; the phases a failed run reached."""
+    out = {}
+    if "up" in marks:
+        out["bring_up"] = round(marks["up"] - marks["start"], 2)
+    if "measured" in marks:
+        out["measurement"] = round(marks["measured"] - marks["up"], 2)
+        out["teardown"] = round(end - marks.get("kept", marks["measured"]), 2)
+    out["total"] = round(end - marks["start"], 2)
+    return out

@@ -72,6 +72,9 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     real = run["collectives"][0]["real"]
     assert real["busbw_gbps"] == pytest.approx(run["collectives"][0]["busbw_gbps"] * 4e4)
     assert run["real_scale"]["real_rate_gbps"] == 400
+    timings = run["timings_s"]
+    assert timings["bring_up"] > 0 and timings["measurement"] > 0 and timings["teardown"] > 0
+    assert doc["timings_s"]["bring_up"] >= 2 * timings["bring_up"] * 0.5  # summed over cells
 
     # the same directory again: refused; --resume runs only the failed cells
     again = _cli(state_dir, "run", str(exp), "--out", str(out))
