@@ -21,12 +21,13 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "traffic/transports/packet.py", "traffic/transports/rocev2.py",
         "traffic/transports/uet.py",
         "fabriclab/results.py", "telemetry/metrics.py", "telemetry/promconfig.py",
-        "testbed/failplan.py", "traffic/outage.py"]
+        "testbed/failplan.py", "traffic/outage.py", "fabriclab/sweep.py",
+        "fabriclab/rundir.py", "fabriclab/scale.py", "fabriclab/report.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
             "testbed.bpf", "testbed.ecn", "testbed.queues", "testbed.pfc", "http", "urllib",
             "docker", "prometheus_client.start_http_server", "telemetry.exporter",
-            "telemetry.prometheus"}
+            "telemetry.prometheus", "testbed.environment", "testbed.fidelity_monitor"}
 
 
 def imports(path: Path) -> set[str]:
