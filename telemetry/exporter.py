@@ -23,7 +23,6 @@ from prometheus_client.core import Metric
 from telemetry import metrics
 from telemetry.promconfig import DISCOVERY_DIR, discovery_groups
 from telemetry.prometheus import Prometheus
-from testbed import ovs
 from testbed.cpu import machine_cpu_s, process_cpu_s
 from testbed.files import write_json_atomic
 from testbed.netlink import Netlink
@@ -128,14 +127,9 @@ class FidelityCollector:
     def __init__(self, fabric) -> None:
         self.fabric = fabric
 
-    def _vswitchds(self) -> dict[str, int]:
-        if self.fabric.instances:
-            return {inst.name: inst.pids["ovs-vswitchd"] for inst in self.fabric.instances}
-        return {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}
-
     def collect(self) -> Iterator[Metric]:
         cpu = {}
-        for instance, pid in self._vswitchds().items():
+        for instance, pid in self.fabric.vswitchd_pids().items():
             seconds = process_cpu_s(pid)
             if seconds is not None:
                 cpu[instance] = seconds

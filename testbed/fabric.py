@@ -441,6 +441,13 @@ class Fabric:
         self.pfc_agent = PfcAgent(self, self.spec.pfc)
         self.start_thread(self.pfc_agent, "pfc agent")
 
+    def vswitchd_pids(self) -> dict[str, int]:
+        """Each vswitchd serving this fabric: its private ones (userspace datapath), else the
+        system's."""
+        if self.instances:
+            return {inst.name: inst.pids["ovs-vswitchd"] for inst in self.instances}
+        return {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}
+
     def switch_ports(self) -> set[str]:
         """The root-namespace interface of every switch port."""
         return {n for link in self.topo.links for n in self._root_ends(link)}

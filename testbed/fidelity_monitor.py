@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from testbed import cpu, ovs
+from testbed import cpu
 from testbed.congestion import frame_bytes
 from testbed.fidelity import FidelitySample, judge_fidelity
 from testbed.netlink import Netlink
@@ -32,10 +32,7 @@ class FidelityMonitor:
         self.rows: list[dict] = []  # the timeline's samples
         self.lock = threading.Lock()
         self.started = time.monotonic()
-        if fabric.instances:
-            self.vswitchds = {inst.name: inst.pids["ovs-vswitchd"] for inst in fabric.instances}
-        else:
-            self.vswitchds = {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}
+        self.vswitchds = fabric.vswitchd_pids()
         ports = fabric.switch_ports()
         self.ports: dict[str, dict] = {}
         for link in fabric.topo.links:
