@@ -52,7 +52,7 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     assert all("dctcp" in c["error"] for c in doc["cells"] if not c["complete"])
     summary = {line["cell"]: line for line in doc["summary"]}
     eff = summary["congestion_control=cubic"]["jobs"][0]["efficiency"]
-    assert eff["n"] == 2 and 0.3 < eff["mean"] <= 1.0
+    assert eff["n"] == 2 and 0.3 < eff["mean"] < 1.2  # small transfers ride the shaper's burst
 
     cell = out / "congestion_control=cubic,r1"
     run = json.loads((cell / "results.json").read_text())
