@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -205,6 +205,7 @@ class FidelitySample:
     idle_pct: float | None
     vswitchd_pct: dict[str, float]
     ports: dict[str, tuple[int, int]]  # port -> (bytes sent, backlog bytes)
+    paused_s: dict[str, float] = field(default_factory=dict)  # port -> PFC-paused seconds
 
 
 def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float],
@@ -215,7 +216,8 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
     vswitchd's median load reached :data:`VSWITCHD_BUSY_PCT` of a core, or when ports that
     had at least two frames queued at both ends of a sample interval (so had data to send
     throughout, short of a drain between the readings) sent a median share of their
-    configured rate under :data:`MIN_BACKLOGGED_RATE`.
+    configured rate under :data:`MIN_BACKLOGGED_RATE`. A port PFC paused during the interval
+    was told to stop: its interval says nothing about the emulator.
     """
     idle = sorted(s.idle_pct for s in samples if s.idle_pct is not None)
     vsw: dict[str, list[float]] = {}
@@ -231,7 +233,8 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
             if port not in a.ports or port not in port_rate_bps:
                 continue
             sent_a, backlog_a = a.ports[port]
-            if min(backlog_a, backlog_b) >= 2 * frame_bytes and sent_b >= sent_a:
+            paused = b.paused_s.get(port, 0.0) > a.paused_s.get(port, 0.0)
+            if min(backlog_a, backlog_b) >= 2 * frame_bytes and sent_b >= sent_a and not paused:
                 shares.append((sent_b - sent_a) * 8 / dt / port_rate_bps[port])
     shares.sort()
     reasons = []

@@ -50,7 +50,7 @@ class FidelityMonitor:
         with Netlink() as nl:  # its own socket: pyroute2 sockets are not shared across threads
             last = cpu.sample(list(names))
             while True:
-                counters = {}
+                counters, paused = {}, {}
                 for name, port in self.fabric.congestion(nl).items():
                     if name not in self.ports:
                         continue
@@ -61,6 +61,7 @@ class FidelityMonitor:
                                       sum(p.get("marked", 0) for p in prios),
                                       sum((p.get("pfc") or {}).get("pause_events", 0)
                                           for p in prios))
+                    paused[name] = sum((p.get("pfc") or {}).get("paused_s", 0.0) for p in prios)
                 now = cpu.sample(list(names))
                 use = cpu.usage(last, now) if self.samples else None
                 last = now
@@ -69,7 +70,7 @@ class FidelityMonitor:
                 with self.lock:
                     self.samples.append(FidelitySample(
                         t, use.idle_pct if use else None, vsw,
-                        {n: (c[0], c[1]) for n, c in counters.items()}))
+                        {n: (c[0], c[1]) for n, c in counters.items()}, paused))
                     self.rows.append({"t_s": round(t - self.started, 3),
                                       "idle_pct": None if use is None else round(use.idle_pct, 1),
                                       "vswitchd_pct": {k: round(v, 1) for k, v in vsw.items()},

@@ -130,3 +130,11 @@ def test_a_starved_machine_a_saturated_vswitchd_and_slow_queued_ports_each_degra
     # an idle port (nothing queued) says nothing about the emulator's pace
     quiet = judge_fidelity(_samples(50.0, 10.0, 10_000, 0), {"p1": 10e6}, 9018)
     assert quiet["verdict"] == "ok" and "backlogged_rate" not in quiet
+
+
+def test_a_port_pfc_paused_in_an_interval_does_not_count_against_the_emulator():
+    from testbed.fidelity import FidelitySample, judge_fidelity
+    samples = [FidelitySample(float(t), 50.0, {}, {"p1": (300_000 * t, 30_000)},
+                              {"p1": 0.7 * t}) for t in range(6)]  # paused 70 % of the time
+    verdict = judge_fidelity(samples, {"p1": 10e6}, 9018)
+    assert verdict["verdict"] == "ok" and "backlogged_rate" not in verdict
