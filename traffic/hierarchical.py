@@ -48,24 +48,39 @@ def _rails(servers: int, gpus: int) -> list[list[int]]:
     return [[s * gpus + i for s in range(servers)] for i in range(gpus)]
 
 
+def _intra(sched: Schedule, servers: int, gpus: int, local: list[int], step: int,
+           offset: int) -> int:
+    """One ring phase inside every server at once (offset 0: reduce-scatter, GPU ``i`` ends
+    owning chunk ``i + 1 mod g``; 1: all-gather); returns the next free step."""
+    if gpus == 1:
+        return step
+    return max(_ring(sched, members, local, step, offset)
+               for members in _servers(servers, gpus))
+
+
+def _across(sched: Schedule, servers: int, gpus: int, local: list[int], step: int,
+            offsets: tuple[int, ...]) -> int:
+    """Ring phases across the servers on every rail at once, each rail on the chunk its GPUs
+    own (offsets: 0 reduce-scatter, 1 all-gather); returns the next free step."""
+    if servers == 1:
+        return step
+    nxt = step
+    for i, rail in enumerate(_rails(servers, gpus)):
+        owned, at = chunk_sizes(local[(i + 1) % gpus], servers), step
+        for offset in offsets:
+            at = _ring(sched, rail, owned, at, offset)
+        nxt = max(nxt, at)
+    return nxt
+
+
 def all_reduce(servers: int, gpus: int, size_bytes: int) -> Schedule:
     """Hierarchical all-reduce (see the module docstring)."""
     _check(servers, gpus)
     sched = Schedule("all_reduce", "hierarchical", servers * gpus, size_bytes)
     local = chunk_sizes(size_bytes, gpus)
-    step = 0
-    if gpus > 1:  # reduce-scatter inside each server: GPU i ends owning chunk i + 1 mod g
-        step = max(_ring(sched, members, local, 0, 0) for members in _servers(servers, gpus))
-    if servers > 1:  # per rail, a ring all-reduce of the chunk its GPUs own
-        nxt = step
-        for i, rail in enumerate(_rails(servers, gpus)):
-            owned = chunk_sizes(local[(i + 1) % gpus], servers)
-            after = _ring(sched, rail, owned, step, 0)
-            nxt = max(nxt, _ring(sched, rail, owned, after, 1))
-        step = nxt
-    if gpus > 1:  # all-gather inside each server
-        for members in _servers(servers, gpus):
-            _ring(sched, members, local, step, 1)
+    step = _intra(sched, servers, gpus, local, 0, 0)
+    step = _across(sched, servers, gpus, local, step, (0, 1))
+    _intra(sched, servers, gpus, local, step, 1)
     return sched
 
 
@@ -74,12 +89,7 @@ def reduce_scatter(servers: int, gpus: int, size_bytes: int) -> Schedule:
     _check(servers, gpus)
     sched = Schedule("reduce_scatter", "hierarchical", servers * gpus, size_bytes)
     local = chunk_sizes(size_bytes, gpus)
-    step = 0
-    if gpus > 1:
-        step = max(_ring(sched, members, local, 0, 0) for members in _servers(servers, gpus))
-    if servers > 1:
-        for i, rail in enumerate(_rails(servers, gpus)):
-            _ring(sched, rail, chunk_sizes(local[(i + 1) % gpus], servers), step, 0)
+    _across(sched, servers, gpus, local, _intra(sched, servers, gpus, local, 0, 0), (0,))
     return sched
 
 
@@ -88,13 +98,7 @@ def all_gather(servers: int, gpus: int, size_bytes: int) -> Schedule:
     _check(servers, gpus)
     sched = Schedule("all_gather", "hierarchical", servers * gpus, size_bytes)
     local = chunk_sizes(size_bytes, gpus)
-    step = 0
-    if servers > 1:
-        step = max(_ring(sched, rail, chunk_sizes(local[(i + 1) % gpus], servers), 0, 1)
-                   for i, rail in enumerate(_rails(servers, gpus)))
-    if gpus > 1:
-        for members in _servers(servers, gpus):
-            _ring(sched, members, local, step, 1)
+    _intra(sched, servers, gpus, local, _across(sched, servers, gpus, local, 0, (1,)), 1)
     return sched
 
 
