@@ -385,13 +385,17 @@ def cmd_report(args) -> int:
     from fabriclab.report import write_report
 
     out = Path(args.dir)
-    if not any((out / name).is_file() for name in PREVIOUS_RUN):
-        raise ConfigError(str(out), "holds no run (results.json, variants.json or sweep.json)")
+    _require_run(out)
     path = write_report(out)
     args.console.print(f"report: {path}")
     if args.json:
         _emit({"report": str(path)})
     return EXIT_OK
+
+
+def _require_run(out: Path) -> None:
+    if not any((out / name).is_file() for name in PREVIOUS_RUN):
+        raise ConfigError(str(out), "holds no run (results.json, variants.json or sweep.json)")
 
 
 def _check_out_dir(out: Path, resume: bool, force: bool) -> None:
@@ -442,14 +446,10 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
 
     def save() -> None:
         rows = [records[c.name] for c in cells if c.name in records]
-        phases: dict[str, float] = {}
-        for row in rows:
-            for phase, seconds in row["timings_s"].items():
-                phases[phase] = round(phases.get(phase, 0.0) + seconds, 1)
         write_json_atomic(out / "sweep.json", {
             "experiment": exp.name, "source": exp.source, "cells": rows,
             "summary": sw.summarize(rows), "wall_s": round(time.monotonic() - began, 1),
-            "timings_s": phases})
+            "timings_s": sw.total_timings(rows)})
 
     for cell in cells:
         if cell.name in finished:
@@ -476,8 +476,9 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
         record(cell, doc, error)
         save()
     save()
-    ui.print(_sweep_table(exp.name, sw.summarize([records[c.name] for c in cells])))
-    phases = json.loads((out / "sweep.json").read_text())["timings_s"]
+    rows = [records[c.name] for c in cells]
+    ui.print(_sweep_table(exp.name, sw.summarize(rows)))
+    phases = sw.total_timings(rows)
     ui.print(f"wall time {time.monotonic() - began:.0f} s; over the cells: "
              + ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in phases.items()))
     ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
@@ -676,7 +677,7 @@ def compare_rows(dirs: list[Path]) -> list[dict]:
                 path = d / str(row["variant"]) / "results.json"
                 docs.append((f"{d}/{row['variant']}", json.loads(path.read_text())))
         else:
-            raise ConfigError(str(d), "holds no run (results.json, variants.json or sweep.json)")
+            _require_run(d)  # raises: neither file is there
         for name, doc in docs:
             row = variant_row(doc)
             lines.append({"run": name, "complete": row["complete"], "error": row["error"],

@@ -140,8 +140,8 @@ def fct_cdf_chart(runs: list[Run]) -> str | None:
     return _png(fig)
 
 
-def _rates(timeline: dict) -> tuple[list[float], dict[str, list[float]], dict[str, list[list]]]:
-    """Sample times, each port's utilization per interval, and each port's rows."""
+def _rates(timeline: dict) -> tuple[list[float], dict[str, list[float]]]:
+    """Sample times, and each port's utilization per interval."""
     samples = timeline["samples"]
     times = [s["t_s"] for s in samples[1:]]
     util: dict[str, list[float]] = {}
@@ -153,14 +153,14 @@ def _rates(timeline: dict) -> tuple[list[float], dict[str, list[float]], dict[st
             series.append((pb[0] - pa[0]) * 8 / dt / meta["rate_bps"] if pa and pb and dt > 0
                           else 0.0)
         util[port] = series
-    return times, util, {}
+    return times, util
 
 
 def heatmap_chart(timeline: dict) -> str | None:
     """Utilization of every switch port, grouped by tier, over time."""
     if not timeline or len(timeline.get("samples", [])) < 3:
         return None
-    times, util, _ = _rates(timeline)
+    times, util = _rates(timeline)
     tiers: dict[str, list[str]] = {}
     for port, meta in sorted(timeline["ports"].items()):
         tiers.setdefault(meta["tier"], []).append(port)
@@ -228,7 +228,7 @@ def topology_chart(timeline: dict, doc: dict) -> str | None:
     utilization over the run, failed links dashed red."""
     if not timeline or len(timeline.get("samples", [])) < 2:
         return None
-    _, util, _ = _rates(timeline)
+    _, util = _rates(timeline)
     graph = nx.Graph()
     roles: dict[str, str] = {}
     load: dict[str, float] = {}

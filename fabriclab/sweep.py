@@ -113,6 +113,16 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def total_timings(rows: list[dict]) -> dict[str, float]:
+    """Each phase's seconds (bring-up, measurement, teardown, total) summed over the runs'
+    ``timings_s``."""
+    phases: dict[str, float] = {}
+    for row in rows:
+        for phase, seconds in (row.get("timings_s") or {}).items():
+            phases[phase] = round(phases.get(phase, 0.0) + seconds, 1)
+    return phases
+
+
 def _mean_sd(values: list[float]) -> dict:
     if not values:
         return {"mean": None, "sd": None, "n": 0}
