@@ -270,8 +270,10 @@ class FabricController(app_manager.OSKenApp):
         l4 = pkt.get_protocol(tcp.tcp) or pkt.get_protocol(udp.udp)
         key = FlowKey(ip.src, ip.dst, ip.proto, l4.src_port if l4 else 0,
                       l4.dst_port if l4 else 0)
-        self._send_all(self.policy.new_flow(dp.id, in_port, key, time.time()))
-        self.wake.set()  # its first sample may be due before the next poll
+        ops = self.policy.new_flow(dp.id, in_port, key, time.time())
+        self._send_all(ops)
+        if ops:  # a flow learned now (not another punted packet of a known one): its first
+            self.wake.set()  # sample may be due before the next poll
 
     # -- the adaptive mode's statistics ----------------------------------------------------------
     def _stats_loop(self) -> None:

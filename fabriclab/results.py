@@ -118,3 +118,16 @@ def variant_row(doc: dict) -> dict:
                             "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
                             "fct_p99_s": fct["p99"]})
     return row
+
+
+def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
+    """Bring-up, measurement (the workload, from the fabric up to the last result) and
+    teardown (after ``--keep``'s wait, if any), in seconds; the phases a failed run reached."""
+    out = {}
+    if "up" in marks:
+        out["bring_up"] = round(marks["up"] - marks["start"], 2)
+    if "measured" in marks:
+        out["measurement"] = round(marks["measured"] - marks["up"], 2)
+        out["teardown"] = round(end - marks.get("kept", marks["measured"]), 2)
+    out["total"] = round(end - marks["start"], 2)
+    return out

@@ -227,19 +227,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     finally:
         if injector is not None:  # what was applied, also when the run failed
             doc["failures"] = injector.report()
-        doc["timings_s"] = run_timings(marks, time.monotonic())
+        doc["timings_s"] = results.run_timings(marks, time.monotonic())
         write_json_atomic(path, doc)
     return doc
 
-
-def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
-    """Bring-up, measurement (the workload, from the fabric up to the last result) and
-    teardown (after ``--keep``'s wait, if any), in seconds; the phases a failed run reached."""
-    out = {}
-    if "up" in marks:
-        out["bring_up"] = round(marks["up"] - marks["start"], 2)
-    if "measured" in marks:
-        out["measurement"] = round(marks["measured"] - marks["up"], 2)
-        out["teardown"] = round(end - marks.get("kept", marks["measured"]), 2)
-    out["total"] = round(end - marks["start"], 2)
-    return out
