@@ -82,6 +82,9 @@ class FabricController(app_manager.OSKenApp):
                                        conf.ecmp_selection, conf.spray_weights,
                                        float(conf.poll_interval_s))
         self.session = Session(self.policy)
+        LOG.info("routing %s, ECMP seed %s, selection %s, spray weights %s, poll %s s",
+                 conf.routing, conf.ecmp_seed, conf.ecmp_selection, conf.spray_weights,
+                 conf.poll_interval_s)
         self.status_path = conf.status
         self.lock = threading.RLock()
         self.datapaths: dict[str, object] = {}
@@ -129,6 +132,7 @@ class FabricController(app_manager.OSKenApp):
         doc = self.session.status(time.time(), os.getpid())
         cpu = os.times()
         doc["cpu_s"] = round(cpu.user + cpu.system, 3)  # the controller's, since it started
+        doc["routing"] = str(self.policy.routing)  # what this controller runs
         doc["metrics"] = self.exporter.target
         if self.policy.adaptive is not None:
             doc["adaptive"] = {**self.policy.adaptive.report(), "poll_s": self.poll_s,

@@ -22,7 +22,7 @@ from rich.table import Table
 from fabriclab import experiment as xp
 from fabriclab import telemetry_cli
 from fabriclab.results import job_summaries, variant_row
-from fabriclab.run import RunView, batch_text, run_experiment
+from fabriclab.run import RunView, SharedFabric, batch_text, run_experiment
 from testbed import cleanup
 from testbed.errors import ConfigError, TestbedError
 from testbed.fidelity import assess
@@ -285,8 +285,10 @@ class _TerminalView(RunView):
         self.bar = None
         self.task = None
 
-    def building(self) -> None:
-        self.status = self.stack.enter_context(self.console.status("building the fabric ..."))
+    def building(self, reused: bool = False) -> None:
+        self.status = self.stack.enter_context(self.console.status(
+            "the previous run's fabric: restarting the controller ..." if reused
+            else "building the fabric ..."))
 
     def started(self, fabric, total: int) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -341,20 +343,28 @@ def cmd_run(args) -> int:
             _emit(doc)
         return EXIT_OK
     rows, failed = [], 0
-    for variant in exp.variants:  # each on a fresh fabric; a failing one does not stop the rest
-        args.console.rule(f"variant {variant.variant}")
-        if args.resume and _complete(out / variant.variant / "results.json"):
-            args.console.print("complete: kept")
+    todo = [v for v in exp.variants
+            if not (args.resume and _complete(out / v.variant / "results.json"))]
+    shared = SharedFabric(args.state_dir)  # variants that build the same fabric share it
+    try:
+        for variant in exp.variants:  # a failing one does not stop the rest
+            args.console.rule(f"variant {variant.variant}")
+            names = [v.variant for v in todo]
+            if variant.variant not in names:
+                args.console.print("complete: kept")
+            else:
+                i = names.index(variant.variant)
+                then = todo[i + 1] if i + 1 < len(todo) else None
+                try:
+                    _run_one(args, variant, out / variant.variant, variant.variant, shared,
+                             then)
+                except (ConfigError, TestbedError) as err:
+                    failed += 1
+                    args.console.print(f"[red]variant {variant.variant} failed:[/red] {err}")
             rows.append(variant_row(json.loads(
                 (out / variant.variant / "results.json").read_text())))
-            continue
-        try:
-            _run_one(args, variant, out / variant.variant, variant.variant)
-        except (ConfigError, TestbedError) as err:
-            failed += 1
-            args.console.print(f"[red]variant {variant.variant} failed:[/red] {err}")
-        doc = json.loads((out / variant.variant / "results.json").read_text())
-        rows.append(variant_row(doc))
+    finally:
+        shared.close()
     (out / "variants.json").write_text(json.dumps(rows, indent=1))
     args.console.print(_variants_table(exp.name, rows))
     _report(args, out)
@@ -417,10 +427,11 @@ def _complete(path: Path) -> bool:
 
 
 def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
-    """Every cell of the sweep on a fresh fabric, in order; a failed cell is recorded with
-    its error and the sweep goes on; ``--resume`` keeps the cells already complete.
-    ``DIR/sweep.json`` (rewritten after every cell) holds every cell's values, status and
-    row, and the summary over repetitions."""
+    """Every cell of the sweep in order; a failed cell is recorded with its error and the
+    sweep goes on; ``--resume`` keeps the cells already complete. Consecutive cells that build
+    the same fabric share it (:class:`fabriclab.run.SharedFabric`: a new controller each).
+    ``DIR/sweep.json`` (rewritten after every cell) holds every cell's values, status and row,
+    and the summary over repetitions."""
     from fabriclab import sweep as sw
     from testbed.files import write_json_atomic
 
@@ -432,7 +443,7 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
              f"{len(todo)} to run into {out}")
     out.mkdir(parents=True, exist_ok=True)
     records: dict[str, dict] = {}
-    began, durations, failed = time.monotonic(), [], 0
+    began, durations = time.monotonic(), []
 
     def record(cell, doc: dict | None, error: str | None) -> None:
         row = variant_row(doc) if doc else None
@@ -442,7 +453,8 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
                               "complete": bool(doc and doc.get("complete")),
                               "error": error or (doc or {}).get("error"),
                               "jobs": row["jobs"] if row else [], "row": row,
-                              "timings_s": (doc or {}).get("timings_s", {})}
+                              "timings_s": (doc or {}).get("timings_s", {}),
+                              "fabric_reused": bool((doc or {}).get("fabric_reused"))}
 
     def save() -> None:
         rows = [records[c.name] for c in cells if c.name in records]
@@ -454,38 +466,44 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
     for cell in cells:
         if cell.name in finished:
             record(cell, json.loads((out / cell.name / "results.json").read_text()), None)
-    for n, cell in enumerate(todo, start=1):
-        eta = ""
-        if durations:
-            left = sum(durations) / len(durations) * (len(todo) - n + 1)
-            eta = f", about {time.strftime('%H:%M:%S', time.gmtime(left))} left"
-        ui.rule(f"cell {len(finished) + n}/{len(cells)}: {cell.name}{eta}")
-        start = time.monotonic()
-        doc, error = None, None
-        try:
-            doc = _run_one(args, cell.experiment, out / cell.name, cell.plan.variant)
-        except (ConfigError, TestbedError) as err:
-            failed += 1
-            error = str(err)
-            ui.print(f"[red]cell {cell.name} failed:[/red] {err}")
+    shared = SharedFabric(args.state_dir)
+    try:
+        for n, cell in enumerate(todo, start=1):
+            eta = ""
+            if durations:
+                left = sum(durations) / len(durations) * (len(todo) - n + 1)
+                eta = f", about {time.strftime('%H:%M:%S', time.gmtime(left))} left"
+            ui.rule(f"cell {len(finished) + n}/{len(cells)}: {cell.name}{eta}")
+            start = time.monotonic()
+            doc, error = None, None
+            then = todo[n].experiment if n < len(todo) else None
             try:
-                doc = json.loads((out / cell.name / "results.json").read_text())
-            except (OSError, ValueError):
-                doc = None
-        durations.append(time.monotonic() - start)
-        record(cell, doc, error)
-        save()
+                doc = _run_one(args, cell.experiment, out / cell.name, cell.plan.variant,
+                               shared, then)
+            except (ConfigError, TestbedError) as err:
+                error = str(err)
+                ui.print(f"[red]cell {cell.name} failed:[/red] {err}")
+                try:
+                    doc = json.loads((out / cell.name / "results.json").read_text())
+                except (OSError, ValueError):
+                    doc = None
+            durations.append(time.monotonic() - start)
+            record(cell, doc, error)
+            save()
+    finally:
+        shared.close()
     save()
     rows = [records[c.name] for c in cells]
     ui.print(_sweep_table(exp.name, sw.summarize(rows)))
     phases = sw.total_timings(rows)
     ui.print(f"wall time {time.monotonic() - began:.0f} s; over the cells: "
-             + ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in phases.items()))
+             + ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in phases.items())
+             + f"; {shared.builds} fabric build(s) for {len(todo)} cell(s)")
     ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
     _report(args, out)
     if args.json:
         _emit(json.loads((out / "sweep.json").read_text()))
-    return EXIT_SYSTEM if failed else EXIT_OK
+    return EXIT_SYSTEM if any(records[c.name]["error"] for c in todo) else EXIT_OK
 
 
 def _sweep_table(name: str, summary: list[dict]) -> Table:
@@ -513,11 +531,12 @@ def _sweep_table(name: str, summary: list[dict]) -> Table:
     return table
 
 
-def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None) -> dict:
+def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None,
+             shared: SharedFabric | None = None, then: xp.Experiment | None = None) -> dict:
     view = _TerminalView(args.console)
     try:
         doc = run_experiment(exp, out, args.state_dir, view,
-                             telemetry_cli.options(args, args.console, variant))
+                             telemetry_cli.options(args, args.console, variant), shared, then)
     finally:
         view.stack.close()
     for item in doc.get("iterations", []):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabriclab import results, rundir
+from fabriclab import results, rundir, sweep
 from fabriclab.experiment import Experiment
 from telemetry.exporter import LOOPBACK, RunTelemetry
 from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
@@ -52,8 +52,8 @@ class TelemetryOptions:
 class RunView:
     """What a run shows while it goes; the default shows nothing."""
 
-    def building(self) -> None:
-        """The fabric is being built."""
+    def building(self, reused: bool = False) -> None:
+        """The fabric is being built (``reused``: the previous run's gets a new controller)."""
 
     def started(self, fabric: Fabric, total: int) -> None:
         """The fabric is up; ``total`` collectives will run."""
@@ -79,6 +79,86 @@ def batch_text(jobs: list[Job]) -> str:
                                           else ""))
 
 
+class SharedFabric:
+    """The fabric consecutive runs share (a sweep's cells): a run whose fabric section equals
+    the previous run's (:func:`fabriclab.sweep.fabric_key`) runs on the same namespaces, links,
+    switches and markers with a fresh controller; anything else builds anew. A fabric whose
+    state outlives a run is never shared: one with failures (links or switches left down) or
+    with PFC (pauses and deadlocks), nor one whose run failed.
+
+    A single run uses one of its own and closes it at its end, as :func:`run_experiment` does
+    without one.
+    """
+
+    def __init__(self, state_dir: Path, build: Callable[..., Fabric] = Fabric) -> None:
+        self.state_dir = state_dir
+        self.build = build
+        self.fabric: Fabric | None = None
+        self.key: str | None = None
+        self.builds = 0
+        self.reuses = 0
+
+    @staticmethod
+    def shareable(exp: Experiment) -> bool:
+        """Whether a run of ``exp`` leaves its fabric as it found it (queues drain)."""
+        return not exp.failures and exp.pfc is None
+
+    def can_share(self, first: Experiment, then: Experiment) -> bool:
+        """Whether ``then`` can run on the fabric ``first`` ran on."""
+        return (self.shareable(first) and self.shareable(then)
+                and sweep.fabric_key(first.raw) == sweep.fabric_key(then.raw))
+
+    def reusable(self, exp: Experiment) -> bool:
+        """Whether :meth:`acquire` would hand ``exp`` the fabric that is up."""
+        return (self.fabric is not None and self.shareable(exp)
+                and sweep.fabric_key(exp.raw) == self.key)
+
+    @contextmanager
+    def use(self, exp: Experiment, keep: bool) -> Iterator[Fabric]:
+        """:meth:`acquire` for a run, :meth:`release` after it: kept up when ``keep`` and the
+        run ended without an error."""
+        fabric, _ = self.acquire(exp)
+        ok = False
+        try:
+            yield fabric
+            ok = True
+        finally:
+            self.release(keep and ok)
+
+    def acquire(self, exp: Experiment) -> tuple[Fabric, bool]:
+        """The fabric for ``exp``, and whether it was already up.
+
+        Raises:
+            TestbedError, ConfigError: the build or the controller's restart failed (nothing
+                is left up).
+        """
+        if self.reusable(exp):
+            try:
+                self.fabric.restart_controller(exp)
+            except BaseException:
+                self.close()
+                raise
+            self.reuses += 1
+            return self.fabric, True
+        self.close()
+        fabric = self.build(exp, state_dir=self.state_dir)
+        fabric.__enter__()  # tears itself down when the build fails
+        self.fabric, self.key = fabric, sweep.fabric_key(exp.raw)
+        self.builds += 1
+        return fabric, False
+
+    def release(self, keep: bool) -> None:
+        """The run is over: keep the fabric up for the next one, or tear it down."""
+        if not keep:
+            self.close()
+
+    def close(self) -> None:
+        """Tear the fabric down (nothing if none is up)."""
+        fabric, self.fabric, self.key = self.fabric, None, None
+        if fabric is not None:
+            fabric.down()
+
+
 def _keep_logs(fabric: Fabric, out_dir: Path) -> None:
     """Copy the controller's log and the agents' logs into ``out_dir/logs`` before the
     fabric's run directory goes."""
@@ -95,9 +175,14 @@ def _keep_logs(fabric: Fabric, out_dir: Path) -> None:
 
 def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                    view: RunView | None = None,
-                   telemetry: TelemetryOptions | None = None) -> dict:
+                   telemetry: TelemetryOptions | None = None,
+                   shared: SharedFabric | None = None,
+                   then: Experiment | None = None) -> dict:
     """Build ``exp``'s fabric, run its workload, tear down; ``out_dir/results.json`` holds the
     document at every moment (written before the build, after every batch, and at the end).
+
+    With ``shared``, the fabric comes from it (the previous run's, when it builds the same one)
+    and stays up after a complete run when ``then``, the next run, can use it too.
 
     Returns:
         The complete results document.
@@ -118,16 +203,19 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     expanded = rundir.experiment_document(exp.raw)
     doc["experiment_sha256"] = expanded["sha256"]
     write_json_atomic(out_dir / "experiment.json", expanded)
-    write_json_atomic(out_dir / "environment.json", {
-        "software": environment.software_versions(), "machine": environment.machine_facts()})
+    write_json_atomic(out_dir / "environment.json", environment.document())
     flows: list[list] = []
     injector = None
     marks = {"start": time.monotonic()}  # bring-up, measurement, teardown (timings_s)
     try:
-        view.building()
-        with Fabric(exp, state_dir=state_dir) as fabric, ExitStack() as services:
+        pool = shared or SharedFabric(state_dir)
+        doc["fabric_reused"] = pool.reusable(exp)  # the previous run's, with a new controller
+        keep = then is not None and pool.can_share(exp, then)
+        view.building(doc["fabric_reused"])
+        with pool.use(exp, keep) as fabric, ExitStack() as services:
             marks["up"] = time.monotonic()
             services.callback(_keep_logs, fabric, out_dir)  # also when the run fails
+            errors_before = len(fabric.service_errors)
             view.started(fabric, exp.workload.collective_count)
             # the exporters always run (fabriclab top watches them); Prometheus on request
             labels = {"experiment": exp.name, **({"variant": telemetry.variant}
@@ -142,12 +230,14 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             sampler = None
             if exp.emulator.queue_sample_ms > 0:
                 sampler = QueueSampler(fabric, exp.emulator.queue_sample_ms / 1e3)
-                fabric.start_thread(sampler, "queue-sampler")
+                services.callback(fabric.stop_thread,
+                                  fabric.start_thread(sampler, "queue-sampler"))
             monitor = FidelityMonitor(fabric)
-            fabric.start_thread(monitor, "fidelity")
+            services.callback(fabric.stop_thread, fabric.start_thread(monitor, "fidelity"))
             if exp.failures:
                 injector = FailureInjector(fabric, exp.failures)
-                fabric.start_thread(injector, "failures")
+                services.callback(fabric.stop_thread,
+                                  fabric.start_thread(injector, "failures"))
             before = fabric.congestion()
             began = time.monotonic()
             if injector is not None:
@@ -189,7 +279,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 if fabric.pfc_agent is not None:
                     doc["congestion"]["pfc"] = fabric.pfc_agent.report()
                 status = fabric.controller_status()  # routing decisions so far
-                doc["controller"] = {"routing": str(exp.controller.routing),
+                doc["controller"] = {"routing": status.get("routing"),
                                      "cpu_s": status.get("cpu_s"),
                                      "links_down": status.get("links_down", []),
                                      "adaptive": status.get("adaptive")}
@@ -197,7 +287,8 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                     doc["failures"] = injector.report()
                     errors += [f"failure {f['target']} {f['action']}: {e}"
                                for f in doc["failures"] for e in f["errors"]]
-                errors += [f"fabric service failed: {e}" for e in fabric.service_errors]
+                errors += [f"fabric service failed: {e}"
+                           for e in fabric.service_errors[errors_before:]]
                 if telemetry.prometheus:
                     doc["telemetry"] = tele.report()
                 doc["fidelity"] = monitor.report()
@@ -219,7 +310,8 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             if telemetry.keep is not None:
                 telemetry.keep(tele)
                 marks["kept"] = time.monotonic()
-            view.tearing_down()
+            if not keep:
+                view.tearing_down()
     except BaseException as err:
         results.fail(doc, f"{type(err).__name__}: {err}" if not isinstance(
             err, TestbedError) else str(err))

@@ -4,12 +4,14 @@ interrupted sweep still has to run, and the summary over repetitions.
 ``sweep: {axes: {FIELD.PATH: [values...], ...}, repetitions: N}``: every combination of the
 axes' values is a cell (for each variant, when the experiment has variants), run ``N`` times.
 A cell is a whole experiment: the base (or the variant) with the axes' fields set, validated
-like a variant before anything runs. Running them is the CLI's (:mod:`fabriclab.cli`).
+like a variant before anything runs. Running them is the CLI's (:mod:`fabriclab.cli`); which
+cells can share a fabric is :func:`fabric_key`'s.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -80,6 +82,19 @@ def plan_cells(sweep: dict, variants: list[str | None]) -> list[CellPlan]:
                 cells.append(CellPlan(f"{variant}/{cell}" if variant else cell, variant,
                                       {p: v for p, (_, v) in zip(axes, combo)}, rep, group))
     return cells
+
+
+# what a run reads but the fabric's build does not: a cell that differs from the previous one
+# only here runs on the previous cell's fabric (with a fresh controller: ``controller`` too)
+RUN_ONLY = ("version", "name", "description", "controller", "scale", "workload", "variants",
+            "sweep")
+
+
+def fabric_key(raw: dict) -> str:
+    """What of an experiment (as expanded, :attr:`Experiment.raw`) its fabric's build reads:
+    two experiments with the same key build the same fabric."""
+    return json.dumps({k: v for k, v in raw.items() if k not in RUN_ONLY}, sort_keys=True,
+                      default=str)
 
 
 def pending(cells: list, finished: set[str]) -> list:

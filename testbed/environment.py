@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -59,3 +60,10 @@ def machine_facts() -> dict:
     return {"cores": os.cpu_count(), "cpu_model": model, "machine": platform.machine(),
             "memory_mib": mem_kib // 1024 if mem_kib else None,
             "hostname": platform.node()}
+
+
+@functools.cache
+def document() -> dict:
+    """``environment.json``: :func:`software_versions` and :func:`machine_facts`, probed once
+    per process (a sweep's cells share them)."""
+    return {"software": software_versions(), "machine": machine_facts()}

@@ -254,6 +254,38 @@ class Fabric:
         thread.start()
         return thread
 
+    def stop_thread(self, thread: threading.Thread) -> None:
+        """End one thread of :meth:`start_thread` now (a run's samplers on a fabric that
+        outlives the run); one that does not stop within ``THREAD_JOIN_S`` is an error."""
+        for item in [t for t in self._threads if t[0] is thread]:
+            item[1].set()
+            thread.join(THREAD_JOIN_S)
+            self._threads.remove(item)
+            if thread.is_alive():
+                raise TestbedError(f"service thread {thread.name} did not stop")
+
+    def restart_controller(self, spec: TestbedSpec) -> None:
+        """Run the next experiment on this fabric: ``spec`` builds the same fabric (the caller
+        checked) with its own controller settings. The controller is replaced by a fresh one on
+        the same OpenFlow port (no routing state, counters or log carried over), the switches
+        reconnect (within their 1 s backoff) and are cleared and programmed again; the agents'
+        logs of the previous run are removed."""
+        if self.record is None:
+            raise TestbedError("restart the controller: the fabric is not up")
+        start = time.monotonic()
+        self.spec = spec
+        self._check_requirements(self.caps)  # the workload's (a TCP congestion control)
+        if self.controller is not None:
+            self.stop(self.controller)
+            self.controller = None
+        for path in (self.status_path, self.run_dir / "controller.log",
+                     *(self.run_dir / "logs").glob("*.log")):
+            path.unlink(missing_ok=True)
+        self._start_controller(self.of_port)
+        self._wait_listening()
+        self._wait_programmed()
+        self.timings["controller_restart"] = time.monotonic() - start
+
     def track_process(self, pid: int, role: str) -> None:
         """Record a process started for this fabric (Prometheus), so that ``fabriclab clean``
         stops it if this process dies before its teardown does."""
@@ -278,10 +310,13 @@ class Fabric:
     def _check_machine(self) -> capabilities.Capabilities:
         ovs.check_running()
         caps = capabilities.probe(self.registry.state_dir)
+        self._check_requirements(caps)
+        return caps
+
+    def _check_requirements(self, caps: capabilities.Capabilities) -> None:
         for need in self.spec.requirements():
             if not caps.has(need):
                 raise ConfigError(need.field, caps.explain_missing(need))
-        return caps
 
     def _check_fidelity(self) -> None:
         """Refuse (or warn about) a fabric whose full load exceeds this machine's budget."""
@@ -315,10 +350,10 @@ class Fabric:
         self.registry.save(self.record)
         self.netlink = Netlink()
 
-    def _start_controller(self) -> None:
+    def _start_controller(self, port: int = 0) -> None:
         topo_path = self.run_dir / "topology.json"
         topo_path.write_text(json.dumps(self.topo.to_dict()))
-        self.of_port = _free_port()
+        self.of_port = port or _free_port()
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
                "--status", str(self.status_path), "--port", str(self.of_port),
                "--routing", self.spec.controller.routing,

@@ -15,7 +15,8 @@ import pytest
 from tests.integration.conftest import ROOT
 
 # two leaves, one spine: a small all-reduce per cell; dctcp is not in this kernel, so its cells
-# fail before building (the sweep records them and goes on)
+# fail before running (the sweep records them and goes on). The cubic cells build the same
+# fabric: the second (dmodk) runs on the first's with a new controller
 SWEEP = """version: 1
 name: sweep-test
 fabric: {topology: leaf_spine, leaves: 2, spines: 1, hosts_per_leaf: 2,
@@ -27,7 +28,7 @@ workload:
 sweep:
   axes:
     workload.congestion_control: [cubic, dctcp]
-  repetitions: 2
+    controller.routing: [ecmp, dmodk]
 """
 
 
@@ -46,15 +47,18 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     assert "cell 4/4" in proc.stdout and "left" in proc.stdout  # progress with an ETA
     doc = json.loads((out / "sweep.json").read_text())
     status = {c["name"]: c["complete"] for c in doc["cells"]}
-    assert status == {"congestion_control=cubic,r1": True, "congestion_control=cubic,r2": True,
-                      "congestion_control=dctcp,r1": False,
-                      "congestion_control=dctcp,r2": False}
+    assert status == {"congestion_control=cubic,routing=ecmp": True,
+                      "congestion_control=cubic,routing=dmodk": True,
+                      "congestion_control=dctcp,routing=ecmp": False,
+                      "congestion_control=dctcp,routing=dmodk": False}
     assert all("dctcp" in c["error"] for c in doc["cells"] if not c["complete"])
     summary = {line["cell"]: line for line in doc["summary"]}
-    eff = summary["congestion_control=cubic"]["jobs"][0]["efficiency"]
-    assert eff["n"] == 2 and 0.3 < eff["mean"] < 1.2  # small transfers ride the shaper's burst
+    eff = summary["congestion_control=cubic,routing=ecmp"]["jobs"][0]["efficiency"]
+    assert eff["n"] == 1 and 0.3 < eff["mean"] < 1.2  # small transfers ride the shaper's burst
+    # the cubic cells share one fabric; dctcp is refused before a build (or a reuse)
+    assert "1 fabric build(s) for 4 cell(s)" in proc.stdout
 
-    cell = out / "congestion_control=cubic,r1"
+    cell = out / "congestion_control=cubic,routing=ecmp"
     run = json.loads((cell / "results.json").read_text())
     expanded = json.loads((cell / "experiment.json").read_text())
     assert expanded["experiment"]["workload"]["congestion_control"] == "cubic"
@@ -65,16 +69,27 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     assert (cell / "collectives.csv").read_text().count("\n") == 2  # header + one collective
     flows = (cell / "flows.csv").read_text().splitlines()
     assert len(flows) == 1 + 4 * 6  # ring all-reduce on 4 ranks: 6 steps, 4 transfers each
-    assert (cell / "logs" / "controller.log").is_file()
     timeline = json.loads((cell / "timeline.json").read_text())
     assert len(timeline["samples"]) >= 2 and len(timeline["ports"]) == 8
     assert run["fidelity"]["verdict"] in ("ok", "degraded") and "idle_pct" in run["fidelity"]
     real = run["collectives"][0]["real"]
     assert real["busbw_gbps"] == pytest.approx(run["collectives"][0]["busbw_gbps"] * 4e4)
     assert run["real_scale"]["real_rate_gbps"] == 400
-    timings = run["timings_s"]
-    assert timings["bring_up"] > 0 and timings["measurement"] > 0 and timings["teardown"] > 0
-    assert doc["timings_s"]["bring_up"] >= 2 * timings["bring_up"] * 0.5  # summed over cells
+
+    # the dmodk cell ran on the ecmp cell's fabric, under a controller of its own
+    second = out / "congestion_control=cubic,routing=dmodk"
+    reused = json.loads((second / "results.json").read_text())
+    assert (run["fabric_reused"], reused["fabric_reused"]) == (False, True)
+    assert (run["controller"]["routing"], reused["controller"]["routing"]) == ("ecmp", "dmodk")
+    assert reused["controller"]["cpu_s"] < run["controller"]["cpu_s"] + 5  # not cumulative
+    logs = [(d / "logs" / "controller.log").read_text() for d in (cell, second)]
+    assert "routing ecmp" in logs[0] and "routing dmodk" not in logs[0]
+    assert "routing dmodk" in logs[1] and "routing ecmp" not in logs[1]
+    first_t, second_t = run["timings_s"], reused["timings_s"]
+    assert first_t["bring_up"] > 0 and first_t["measurement"] > 0
+    assert first_t["teardown"] < 0.5  # kept up for the next cell
+    assert 0 < second_t["bring_up"] < first_t["bring_up"]  # a controller, not a fabric
+    assert doc["timings_s"]["bring_up"] >= first_t["bring_up"]  # summed over cells
 
     # the same directory again: refused; --resume runs only the failed cells
     again = _cli(state_dir, "run", str(exp), "--out", str(out))
@@ -86,7 +101,7 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     compared = _cli(state_dir, "compare", str(out), str(cell), "--json")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     lines = json.loads(compared.stdout)
-    assert [line["complete"] for line in lines] == [True, False, True]
+    assert [line["complete"] for line in lines] == [True, True, False, False, True]
 
     # the report, as a person would open it: rendered from disk by headless Chromium
     page = out / "report.html"

@@ -110,6 +110,7 @@ class _Args:
     def __init__(self, out: Path, resume=False, force=False):
         from rich.console import Console
         self.out, self.resume, self.force, self.json = str(out), resume, force, False
+        self.state_dir = out / "state"
         self.console = Console(file=open("/dev/null", "w"))
 
 
@@ -117,8 +118,11 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
         tmp_path, monkeypatch):
     exp = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"]}, "repetitions": 2}))
     ran, failures = [], ["routing=dmodk,r1"]  # the cells that fail (once each)
+    nexts = []  # each run is told the next one (whether its fabric stays up for it)
 
-    def fake_run_one(args, cell_exp, out, variant=None):
+    def fake_run_one(args, cell_exp, out, variant=None, shared=None, then=None):
+        assert shared is not None  # the cells share one pool of fabrics
+        nexts.append(then.controller.routing if then is not None else None)
         ran.append(out.name)
         out.mkdir(parents=True, exist_ok=True)
         if out.name in failures:
@@ -133,6 +137,7 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
     out = tmp_path / "sweep"
     assert cli._run_sweep(_Args(out), exp, out) == cli.EXIT_SYSTEM  # a cell failed
     assert ran == ["routing=ecmp,r1", "routing=ecmp,r2", "routing=dmodk,r1", "routing=dmodk,r2"]
+    assert nexts == ["ecmp", "dmodk", "dmodk", None]
     doc = json.loads((out / "sweep.json").read_text())
     failed = [c for c in doc["cells"] if not c["complete"]]
     assert [c["name"] for c in failed] == ["routing=dmodk,r1"]
@@ -159,3 +164,75 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
                                    ("single", pytest.approx(0.7), 1)]
     with pytest.raises(ConfigError, match="holds no run"):
         cli.compare_rows([tmp_path])
+
+
+class _FakeFabric:
+    """Records what the pool does with it."""
+
+    log: list = []
+
+    def __init__(self, exp, state_dir):
+        self.exp, self.up = exp, False
+
+    def __enter__(self):
+        self.up = True
+        self.log.append(("build", self.exp.controller.routing))
+        return self
+
+    def down(self):
+        self.up = False
+        self.log.append(("down", self.exp.controller.routing))
+
+    def restart_controller(self, exp):
+        self.exp = exp
+        self.log.append(("restart", exp.controller.routing))
+
+
+def test_runs_that_build_the_same_fabric_share_it_with_a_new_controller_each(tmp_path):
+    from fabriclab.run import SharedFabric
+
+    exp = xp.parse(_with({"axes": {"fabric.fabric_link.rate_mbps": [10, 5],
+                                   "controller.routing": ["ecmp", "dmodk"]}}))
+    cells = [c.experiment for c in exp.cells]
+    # the routing and the workload are the run's; a link rate is the fabric's
+    assert sweep.fabric_key(cells[0].raw) == sweep.fabric_key(cells[1].raw)
+    assert sweep.fabric_key(cells[1].raw) != sweep.fabric_key(cells[2].raw)
+    _FakeFabric.log = []
+    pool = SharedFabric(tmp_path, build=_FakeFabric)
+    for i, cell in enumerate(cells):
+        then = cells[i + 1] if i + 1 < len(cells) else None
+        with pool.use(cell, keep=then is not None and pool.can_share(cell, then)) as fabric:
+            assert fabric.exp is cell and fabric.up
+    assert _FakeFabric.log == [("build", "ecmp"), ("restart", "dmodk"), ("down", "dmodk"),
+                               ("build", "ecmp"), ("restart", "dmodk"), ("down", "dmodk")]
+    assert (pool.builds, pool.reuses, pool.fabric) == (2, 2, None)
+    # a run that failed leaves nothing up for the next one
+    _FakeFabric.log = []
+    with pytest.raises(RuntimeError):
+        with pool.use(cells[0], keep=True):
+            raise RuntimeError("agent died")
+    assert _FakeFabric.log == [("build", "ecmp"), ("down", "ecmp")] and pool.fabric is None
+
+
+def test_a_fabric_with_pfc_or_failures_is_never_shared(tmp_path):
+    from fabriclab.run import SharedFabric
+
+    pfc = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"]}},
+                         fabric={**BASE["fabric"], "queue": {"size_kb": 128},
+                                 "traffic_classes": {"dscp_to_priority": {26: 3}},
+                                 "pfc": {"priorities": [3]}}))
+    failing = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"]}},
+                             failures=[{"at_s": 1, "link": ["leaf1", "spine1"],
+                                        "action": "down"}]))
+    for exp in (pfc, failing):
+        a, b = (c.experiment for c in exp.cells)
+        pool = SharedFabric(tmp_path, build=_FakeFabric)
+        assert not pool.can_share(a, b)
+        _FakeFabric.log = []
+        with pool.use(a, keep=True):
+            pass
+        assert not pool.reusable(b)
+        with pool.use(b, keep=False):
+            pass
+        assert [step for step, _ in _FakeFabric.log] == ["build", "down", "build", "down"]
+        pool.close()
