@@ -21,10 +21,9 @@ from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
 from testbed.failures import FailureInjector
-from testbed.fidelity_monitor import FidelityMonitor
+from testbed.monitor import RunMonitor
 from testbed import environment
 from testbed.files import write_json_atomic, write_text_atomic
-from testbed.queues import QueueSampler
 from traffic.runner import run_batch
 from traffic.workload import Job
 
@@ -227,13 +226,8 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             if telemetry.prometheus:
                 doc["telemetry"] = tele.report()
                 view.telemetry(tele)
-            sampler = None
-            if exp.emulator.queue_sample_ms > 0:
-                sampler = QueueSampler(fabric, exp.emulator.queue_sample_ms / 1e3)
-                services.callback(fabric.stop_thread,
-                                  fabric.start_thread(sampler, "queue-sampler"))
-            monitor = FidelityMonitor(fabric)
-            services.callback(fabric.stop_thread, fabric.start_thread(monitor, "fidelity"))
+            monitor = RunMonitor(fabric, queue_interval_s=exp.emulator.queue_sample_ms / 1e3)
+            services.callback(fabric.stop_thread, fabric.start_thread(monitor, "monitor"))
             if exp.failures:
                 injector = FailureInjector(fabric, exp.failures)
                 services.callback(fabric.stop_thread,
@@ -269,7 +263,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                 # the switch queues since the workload began (totals, per port and priority)
                 now = fabric.congestion()  # one reading for the summary and the utilization
                 doc["congestion"] = summarize_congestion(
-                    before, now, sampler.snapshot() if sampler else {},
+                    before, now, monitor.snapshot(),
                     exp.fabric.pfc.priorities)
                 doc["congestion"]["utilization"] = link_utilization(
                     fabric.topo, before, now, time.monotonic() - began)

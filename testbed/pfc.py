@@ -35,6 +35,8 @@ ETH_P_ALL = 0x0003
 KICK_FRAME = (bytes.fromhex("0180c2000001") + bytes(6)
               + struct.pack("!HHH", 0x8808, 0x0101, 0) + bytes(16)).ljust(60, b"\0")
 REACTIONS_KEPT = 10_000
+KICK_TRIES = 3
+MAX_ERRORS = 20
 
 
 class PfcAgent:
@@ -83,6 +85,7 @@ class PfcAgent:
         self.cpu_s = 0.0
         self.errors: list[str] = []
         self._kick: dict[str, socket.socket] = {}
+        self.kicks_lost = 0
         self.started = time.monotonic()
 
     # -- the loop -------------------------------------------------------------------------------
@@ -151,7 +154,17 @@ class PfcAgent:
                 with in_netns(f"/proc/{pid}/ns/net"):
                     sock = _kick_socket(port)
             self._kick[port] = sock
-        sock.send(KICK_FRAME)
+        for _ in range(KICK_TRIES):
+            try:
+                sock.send(KICK_FRAME)
+                return
+            except OSError as err:  # ENOBUFS: the port's egress dropped it (a full queue)
+                failure = err
+        with self.lock:
+            self.kicks_lost += 1
+            if len(self.errors) < MAX_ERRORS:
+                self.errors.append(f"kick of {port} after a resume: {failure} ({KICK_TRIES} "
+                                   "tries); the queue dequeues at its TBF's next timer")
 
     # -- what it saw ------------------------------------------------------------------------
     def counters(self) -> dict[tuple[str, int], dict]:
@@ -184,6 +197,7 @@ class PfcAgent:
                 "warnings": warnings,
                 "change_ms": _quantiles(apply_s),
                 "cpu_s": round(self.cpu_s, 3),
+                "kicks_lost": self.kicks_lost,
                 "deadlocks": deadlocks,
                 "errors": list(self.errors)}
 

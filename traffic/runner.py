@@ -42,14 +42,21 @@ CUT_OFF_GRACE_S = 3.0
 
 
 class CutOffWatch:
-    """Whether a job's hosts have been cut off from each other for longer than the grace."""
+    """Why a running job cannot finish, if it cannot: its hosts cut off from each other for
+    longer than the grace, or a fabric service (the PFC agent: queues it paused stay paused)
+    that died since the job began."""
 
     def __init__(self, fabric, hosts: list[str], grace_s: float = CUT_OFF_GRACE_S) -> None:
         self.fabric, self.hosts, self.grace_s = fabric, hosts, grace_s
         self.since: float | None = None
+        self.services_failed = len(getattr(fabric, "service_errors", []))
 
     def check(self) -> str | None:
-        """The reason, once the hosts have stayed cut off for the grace; else None."""
+        """The reason, once the hosts have stayed cut off for the grace or at once for a
+        failed service; else None."""
+        failed = getattr(self.fabric, "service_errors", [])[self.services_failed:]
+        if failed:
+            return f"a fabric service failed: {failed[0]}"
         reason = self.fabric.cut_off(self.hosts)
         now = time.monotonic()
         if reason is None:
@@ -57,7 +64,8 @@ class CutOffWatch:
             return None
         if self.since is None:
             self.since = now
-        return reason if now - self.since >= self.grace_s else None
+        return f"ranks cut off for {self.grace_s:.0f} s: {reason}" \
+            if now - self.since >= self.grace_s else None
 
 
 def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
@@ -157,8 +165,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
                         continue
                     stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
                              for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
-                    head = (f"ranks cut off for {CUT_OFF_GRACE_S:.0f} s, the job cannot "
-                            f"finish: {reason}" if reason else
+                    head = (f"the job cannot finish, {reason}" if reason else
                             f"job timed out after {timeout_s:.0f} s")
                     raise TestbedError(f"{head}; still running:\n  "
                                        + "\n  ".join(stuck)) from None

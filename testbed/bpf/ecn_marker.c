@@ -18,7 +18,8 @@
  * fl_queue and fl_count, never a trace pipe.
  *
  * A link with random loss drops here too (drop_ppm, at every end of it: each direction meets it
- * once), so loss needs no netem.
+ * once), so loss needs no netem. It drops IPv4 packets (the workload's) only: the emulator's
+ * own frames (the controller's LLDP probes, the PFC agent's kicks) are not the link's traffic.
  *
  * rx_count runs at a switch port's ingress and counts packets per priority (fl_rx): the PFC
  * agent pauses the upstream ends whose packets of a lossless priority still arrive.
@@ -177,7 +178,8 @@ int ecn_marker(struct __sk_buff *skb)
 		if (cfg->flags & PORT_CLASSES)
 			skb->priority = HTB_MAJOR | (CLASS_BASE + key.prio);
 	}
-	if (cfg->drop_ppm && bpf_get_prandom_u32() % PROB_SCALE < cfg->drop_ppm) {
+	if (ip_prio >= 0 && cfg->drop_ppm &&
+	    bpf_get_prandom_u32() % PROB_SCALE < cfg->drop_ppm) {
 		c = counter(&fl_count, &key, &zero);
 		if (c)
 			__sync_fetch_and_add(&c->loss_drops, 1);

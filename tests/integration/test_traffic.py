@@ -63,7 +63,8 @@ def test_a_stuck_rank_is_named(make_fabric):
                 timeout_s=15)
     text = str(err.value)
     # the job fails once rank 2 has been cut off for the grace, not at its 15 s timeout
-    assert text.startswith("ranks cut off for 3 s") and "h1_1_1 cannot reach h3_1_1" in text
+    assert text.startswith("the job cannot finish, ranks cut off for 3 s") and \
+        "h1_1_1 cannot reach h3_1_1" in text
     # every rank says what it waits for; the others wait on rank 2, which cannot reach anyone
     assert "rank 2 (h3_1_1): connecting to rank" in text, text
     waits = re.findall(r"rank (\d) \(\w+\): waiting for connections from ranks \[([\d, ]*)\]",

@@ -26,9 +26,9 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "traffic/hierarchical.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
-            "testbed.bpf", "testbed.ecn", "testbed.queues", "testbed.pfc", "http", "urllib",
+            "testbed.bpf", "testbed.ecn", "testbed.pfc", "http", "urllib",
             "docker", "prometheus_client.start_http_server", "telemetry.exporter",
-            "telemetry.prometheus", "testbed.environment", "testbed.fidelity_monitor"}
+            "telemetry.prometheus", "testbed.environment", "testbed.monitor"}
 
 
 def imports(path: Path) -> set[str]:

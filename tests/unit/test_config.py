@@ -300,4 +300,21 @@ def test_a_job_fails_only_once_its_ranks_stay_cut_off_for_the_grace(monkeypatch)
     fabric.reason = "a cannot reach b"
     assert watch.check() is None
     clock[0] += 3.0
-    assert watch.check() == "a cannot reach b"
+    assert watch.check() == "ranks cut off for 3 s: a cannot reach b"
+
+
+def test_a_job_fails_at_once_when_a_fabric_service_dies_during_it():
+    from traffic import runner
+
+    class Fabric:
+        service_errors = ["pfc agent: OSError: an earlier run's"]
+
+        def cut_off(self, hosts):
+            return None
+
+    fabric = Fabric()
+    watch = runner.CutOffWatch(fabric, ["a", "b"])
+    assert watch.check() is None  # what failed before the job is not the job's
+    fabric.service_errors.append("pfc agent: OSError: [Errno 105] No buffer space available")
+    assert watch.check() == ("a fabric service failed: pfc agent: OSError: [Errno 105] No "
+                             "buffer space available")
