@@ -25,8 +25,10 @@ import yaml
 from testbed.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses
 from testbed.errors import ConfigError
 from testbed.failplan import FailureEvent, plan_failures
+from testbed.servers import ScaleUp, ServerSpec
 from testbed.spec import (
     DEFAULT_QUEUE_KB,
+    OPTIONAL_SHAPE_KEYS,
     SHAPE_KEYS,
     Backend,
     ControllerSpec,
@@ -274,9 +276,19 @@ def _fabric(raw: dict) -> FabricSpec:
         for key in keys:
             if key not in SHAPE_KEYS[kind] and key in raw:
                 raise ConfigError(f"fabric.{key}", f"only applies to topology {other}, not {kind}")
+    for other, keys in OPTIONAL_SHAPE_KEYS.items():
+        for key in keys:
+            if key in raw and other != kind:
+                raise ConfigError(f"fabric.{key}", f"only applies to topology {other}, not {kind}")
     for key in SHAPE_KEYS[kind]:
         if key not in raw:
             raise ConfigError(f"fabric.{key}", f"required for topology {kind}")
+    if kind == "rail_optimized" and "servers" not in raw:
+        raise ConfigError("fabric.servers", "required for topology rail_optimized (its hosts "
+                                            "are the servers' GPUs)")
+    if kind == "ring" and "servers" in raw:
+        raise ConfigError("fabric.servers", "servers go on a leaf_spine, fat_tree or "
+                                            "rail_optimized fabric, not a ring")
     queue = raw.get("queue", {})
     if "size_kb" in queue and "size_packets" in queue:
         raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")
@@ -284,7 +296,8 @@ def _fabric(raw: dict) -> FabricSpec:
     classes = raw.get("traffic_classes", {})
     return FabricSpec(
         topology=kind,
-        shape={key: raw[key] for key in SHAPE_KEYS[kind]},
+        shape={key: raw[key] for key in (*SHAPE_KEYS[kind], *OPTIONAL_SHAPE_KEYS.get(kind, ()))
+               if key in raw},
         host_link=_link(raw.get("host_link", {})),
         fabric_link=_link(raw.get("fabric_link", {})),
         queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
@@ -294,8 +307,15 @@ def _fabric(raw: dict) -> FabricSpec:
             tuple(classes.get("strict", ()))).check(),
         host_ecn=raw.get("hosts", {}).get("ecn", False),
         pfc=_pfc(raw.get("pfc", {})),
+        servers=_servers(raw["servers"]) if "servers" in raw else None,
         **optional,
     )
+
+
+def _servers(raw: dict) -> ServerSpec:
+    up = raw["scale_up"]
+    return ServerSpec(raw["count"], raw["gpus_per_server"], ScaleUp(up.get("kind", "switch")),
+                      float(up["rate_mbps"]))
 
 
 def _pfc(raw: dict) -> PfcSpec:

@@ -39,6 +39,8 @@ from testbed.poll import wait_for
 from testbed.portplan import (
     link_plan,
     marker_thresholds,
+    scale_up_mac,
+    scale_up_plan,
     send_buffer_bytes,
     switch_queue_bytes,
 )
@@ -50,6 +52,7 @@ from testbed.reachability import (
 )
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
 from testbed.spec import EcnMarker, Fidelity, TestbedSpec
+from testbed.servers import scale_up_routes
 from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
 
 
@@ -144,6 +147,8 @@ class Fabric:
         self._step("controller", self._start_controller)
         self._step("hosts", self._start_hosts)
         self._step("links", self._create_links)
+        if self.topo.scale_up:
+            self._step("scale-up", self._create_scale_up)
         if self.spec.fabric.needs_marker:
             self._step("ecn", self._attach_markers)
         self._raise_send_buffer()
@@ -371,6 +376,11 @@ class Fabric:
             self.registry.track_process(self.record, pid, f"host:{name}")
 
         sysctls = {"net.ipv4.tcp_ecn": "1"} if self.spec.fabric.host_ecn else {}
+        if self.topo.servers:  # a GPU's scale-up peers answer on other interfaces than its NIC
+            sysctls |= {"net.ipv4.conf.all.rp_filter": "0",
+                        "net.ipv4.conf.default.rp_filter": "0"}
+            if any(s.scale_up == "cube_mesh" for s in self.topo.servers):
+                sysctls["net.ipv4.ip_forward"] = "1"  # a GPU relays for its cube-mesh pairs
         self.hosts = Hosts([h.name for h in self.topo.hosts], on_spawn=track, sysctls=sysctls)
 
     def _root_ends(self, link: Link) -> list[str]:
@@ -413,6 +423,56 @@ class Fabric:
             nl.configure_host(self.hosts.pid(host.name), self.topo.host_link(host.name).a.ifname,
                               host.ip, HOST_PREFIX_LEN,
                               [n for n in neighbours if n[0] != host.ip])
+
+    def _create_scale_up(self) -> None:
+        """Every server's scale-up domain: veths between its GPUs' namespaces (meshes) or from
+        each GPU to the server's Linux bridge (switch), shaped at both ends, and in every GPU
+        /32 routes to its server's other GPUs through them, so that traffic inside a server
+        never meets the scale-out fabric."""
+        topo, nl, mtu = self.topo, self.netlink, self.spec.fabric.mtu
+        bridges = [s.switch for s in topo.servers if s.switch]
+        self.record.links += bridges + [e.ifname for l in topo.scale_up for e in (l.a, l.b)
+                                        if e.node in bridges]
+        self.registry.save(self.record)
+        for bridge in bridges:
+            nl.create_bridge(bridge, mtu)
+        mac = {}  # a GPU's scale-up interface -> its MAC
+        for link in topo.scale_up:
+            plan = scale_up_plan(self.spec, link)
+            a = topo.nodes[link.a.node]
+            mac[link.a.ifname] = scale_up_mac(a.ip, link.a.port)
+            nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=self.hosts.pid(a.name),
+                           peer_mac=mac[link.a.ifname], mtu=mtu)
+            nl.shape(link.a.ifname, plan, pid=self.hosts.pid(a.name))
+            if link.b.node in bridges:
+                nl.shape(link.b.ifname, plan)
+                nl.set_master(link.b.ifname, link.b.node)
+                nl.set_state(link.b.ifname, True)
+                continue
+            b = topo.nodes[link.b.node]
+            mac[link.b.ifname] = scale_up_mac(b.ip, link.b.port)
+            nl.move(link.b.ifname, self.hosts.pid(b.name), mac[link.b.ifname])
+            nl.shape(link.b.ifname, plan, pid=self.hosts.pid(b.name))
+        # where each GPU's scale-up interfaces lead: the peer GPU (mesh) or the bridge
+        ends: dict[str, str] = {}  # a GPU's interface -> the peer GPU's interface on that link
+        for link in topo.scale_up:
+            if link.b.node not in bridges:
+                ends[link.a.ifname], ends[link.b.ifname] = link.b.ifname, link.a.ifname
+        owner = {e.ifname: e.node for l in topo.scale_up for e in (l.a, l.b)}
+        for gpu, table in scale_up_routes(topo).items():
+            by_if: dict[str, list[tuple[str, str | None]]] = {}
+            for peer, hop in table.items():
+                via = topo.nodes[hop.via].ip if hop.via else None
+                by_if.setdefault(hop.ifname, []).append((topo.nodes[peer].ip, via))
+            for ifname, routes in by_if.items():
+                if ifname in ends:  # a mesh link: its one neighbour
+                    peer_if = ends[ifname]
+                    neighbours = [(topo.nodes[owner[peer_if]].ip, mac[peer_if])]
+                else:  # the bridge: every GPU of the server
+                    server = topo.server_of(gpu)
+                    neighbours = [(topo.nodes[g].ip, mac[topo.scale_up_ports(g)[1].end(g).ifname])
+                                  for g in server.gpus if g != gpu]
+                nl.host_routes(self.hosts.pid(gpu), ifname, routes, neighbours)
 
     def _attach_markers(self) -> None:
         """The eBPF marker at the egress of every switch port, with its link tier's marking,

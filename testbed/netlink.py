@@ -153,6 +153,40 @@ class Netlink:
         with _request(f"set {ifname} {'up' if up else 'down'}"):
             self.ns(pid).link("set", index=self.index(ifname, pid), state="up" if up else "down")
 
+    def create_bridge(self, name: str, mtu: int) -> None:
+        """A Linux bridge in the root namespace (a server's scale-up switch), up, no address."""
+        with _request(f"create bridge {name}"):
+            self.root.link("add", ifname=name, kind="bridge", mtu=mtu)
+        self._disable_ipv6(name)
+        self.set_state(name, True)
+
+    def set_master(self, ifname: str, bridge: str) -> None:
+        """Make a root-namespace interface a port of ``bridge``."""
+        with _request(f"add {ifname} to bridge {bridge}"):
+            self.root.link("set", index=self.index(ifname), master=self.index(bridge))
+
+    def move(self, ifname: str, pid: int, mac: str | None = None) -> None:
+        """Move a root-namespace interface into ``pid``'s namespace (setting its MAC first)."""
+        index = self.index(ifname)
+        with _request(f"move {ifname} into the namespace of pid {pid}"):
+            if mac:
+                self.root.link("set", index=index, address=mac)
+            self.root.link("set", index=index, net_ns_pid=pid)
+
+    def host_routes(self, pid: int, ifname: str, routes: list[tuple[str, str | None]],
+                    neighbours: list[tuple[str, str]]) -> None:
+        """Bring a host's extra interface up with /32 routes through it (``(dst, via)``: via
+        None is on-link) and permanent ARP entries for its neighbours on it."""
+        ipr = self.ns(pid)
+        idx = self.index(ifname, pid)
+        with _request(f"routes through {ifname}"):
+            ipr.link("set", index=idx, state="up")
+            for addr, mac in neighbours:
+                ipr.neigh("replace", dst=addr, lladdr=mac, ifindex=idx, state="permanent")
+            for dst, via in routes:
+                extra = {"gateway": via, "flags": 4} if via else {"scope": 253}  # onlink; link
+                ipr.route("replace", dst=f"{dst}/32", oif=idx, **extra)
+
     def delete(self, ifname: str) -> bool:
         """Delete a root-namespace link; returns False when it did not exist."""
         try:

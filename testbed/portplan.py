@@ -79,3 +79,16 @@ def switch_queue_bytes(spec: TestbedSpec, red_marking: bool = False) -> int:
 def send_buffer_bytes(queue_bytes: int) -> int:
     """The socket send buffer a userspace-datapath vswitchd needs to hold its queues full."""
     return min(SEND_BUFFER_MAX, TRUESIZE_FACTOR * queue_bytes)
+
+
+def scale_up_plan(spec: TestbedSpec, link: Link) -> Shaping:
+    """The tc plan of either end of a scale-up link: its rate, one class, and a queue as large
+    as a host NIC's lossless one (NVLink is credit-based: it back-pressures and never drops)."""
+    return plan_shaping(link.rate_mbps, spec.fabric.mtu, HOST_LOSSLESS_BYTES // 1024)
+
+
+def scale_up_mac(ip: str, port: int) -> str:
+    """A GPU's scale-up interface MAC: ``02:{port}:`` and its IPv4 address (its NIC's is
+    ``02:00:`` and the address)."""
+    return f"02:{port:02x}:" + ":".join(f"{int(b):02x}" for b in ip.split("."))
+

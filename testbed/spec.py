@@ -23,6 +23,7 @@ from testbed.congestion import (
 )
 from testbed.errors import ConfigError
 from testbed.topology import Topology, fat_tree, feeds, leaf_spine, ring
+from testbed.servers import ServerSpec, place_servers, rail_optimized
 
 DEFAULT_RATE_MBPS = 10.0
 DEFAULT_QUEUE_KB = 256
@@ -78,7 +79,9 @@ class Backend(StrEnum):
 
 #: The shape parameters of each topology kind (the experiment file's ``fabric`` keys).
 SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf"),
-              "ring": ("leaves", "hosts_per_leaf")}
+              "ring": ("leaves", "hosts_per_leaf"), "rail_optimized": ("spines",)}
+#: optional shape keys, by topology
+OPTIONAL_SHAPE_KEYS = {"rail_optimized": ("servers_per_leaf",)}
 
 
 class EcnMarker(StrEnum):
@@ -142,6 +145,7 @@ class FabricSpec:
     traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
     host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
     pfc: PfcSpec = field(default_factory=PfcSpec)
+    servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
 
     def priorities(self) -> tuple[int, ...]:
         """The traffic classes in use: 0 (unlisted DSCP), the mapped ones and the lossless
@@ -277,12 +281,19 @@ class TestbedSpec:
 def build_topology(spec: FabricSpec) -> Topology:
     """Build the topology model of a fabric spec; model errors come back under ``fabric.``."""
     try:
+        rates = (spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
+        if spec.topology == "rail_optimized":
+            if spec.servers is None:
+                raise ConfigError("servers", "required for topology rail_optimized")
+            return rail_optimized(spec.servers, spec.shape["spines"],
+                                  spec.shape.get("servers_per_leaf"), *rates)
         if spec.topology == "fat_tree":
-            return fat_tree(spec.shape["k"], spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
-        if spec.topology == "ring":
-            return ring(spec.shape["leaves"], spec.shape["hosts_per_leaf"],
-                        spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
-        return leaf_spine(spec.shape["leaves"], spec.shape["spines"], spec.shape["hosts_per_leaf"],
-                          spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
+            topo = fat_tree(spec.shape["k"], *rates)
+        elif spec.topology == "ring":
+            topo = ring(spec.shape["leaves"], spec.shape["hosts_per_leaf"], *rates)
+        else:
+            topo = leaf_spine(spec.shape["leaves"], spec.shape["spines"],
+                              spec.shape["hosts_per_leaf"], *rates)
+        return topo if spec.servers is None else place_servers(topo, spec.servers)
     except ConfigError as err:
         raise err.under("fabric") from None

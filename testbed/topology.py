@@ -1,4 +1,5 @@
-"""Pure topology model: k-ary fat-trees and 2-tier leaf-spine fabrics.
+"""Pure topology model: k-ary fat-trees and 2-tier leaf-spine fabrics (servers of GPUs and
+rail-optimized fabrics: :mod:`testbed.servers`).
 
 Nothing here touches the system. The model fixes every name, DPID, port number, MAC and IP address
 so that the adapters, the controller and the reports all agree on them.
@@ -96,18 +97,37 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Topology:
-    """An immutable fabric: nodes, links, and the questions asked of them."""
+class Server:
+    """A server of GPUs (:mod:`testbed.servers`): its GPUs are hosts of the fabric, in local
+    rank order (GPU ``g`` of every server is on rail ``g``), joined by a scale-up domain."""
 
-    kind: str  # fat_tree | leaf_spine | ring
+    name: str  # s{index}
+    index: int  # 1-based
+    gpus: tuple[str, ...]
+    scale_up: str  # switch | full_mesh | cube_mesh
+    switch: str | None = None  # the scale-up switch's name (kind switch)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """An immutable fabric: nodes, links, and the questions asked of them.
+
+    ``links`` are the scale-out network's (what the controller routes); a fabric of servers
+    also has ``servers`` and their ``scale_up`` links (tier ``scale_up``), which no OpenFlow
+    switch sees.
+    """
+
+    kind: str  # fat_tree | leaf_spine | ring | rail_optimized
     params: dict
     nodes: dict[str, Node]
     links: tuple[Link, ...]
+    servers: tuple[Server, ...] = ()
+    scale_up: tuple[Link, ...] = ()
     _by_port: dict = field(default_factory=dict, compare=False, repr=False)
     _by_node: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for link in self.links:
+        for link in (*self.links, *self.scale_up):
             for end in (link.a, link.b):
                 if len(end.ifname) > IFNAMSIZ:
                     raise ConfigError(
@@ -117,7 +137,8 @@ class Topology:
                 if key in self._by_port:
                     raise AssertionError(f"port {key} used twice")
                 self._by_port[key] = link
-                self._by_node.setdefault(end.node, {})[end.port] = link
+                if link.tier != "scale_up":  # ports() is the scale-out network's
+                    self._by_node.setdefault(end.node, {})[end.port] = link
 
     # -- selections ---------------------------------------------------------------------------
     @property
@@ -132,6 +153,26 @@ class Topology:
     def access_switches(self) -> list[Node]:
         """Edge (fat-tree) or leaf (leaf-spine) switches: the ones hosts attach to."""
         return [n for n in self.nodes.values() if n.role in ACCESS_ROLES]
+
+    def rank_hosts(self) -> list[str]:
+        """The hosts in rank order: a fabric of servers numbers its GPUs as NCCL does (rank
+        ``r`` is GPU ``r % gpus_per_server`` of server ``r // gpus_per_server``), any other
+        its hosts in attachment order."""
+        if self.servers:
+            return [gpu for server in self.servers for gpu in server.gpus]
+        return [h.name for h in self.hosts]
+
+    def server_of(self, host: str) -> Server | None:
+        """The server whose GPU ``host`` is (None: a plain host)."""
+        for server in self.servers:
+            if host in server.gpus:
+                return server
+        return None
+
+    def scale_up_ports(self, node: str) -> dict[int, Link]:
+        """Map port number -> scale-up link for one GPU or scale-up switch."""
+        return {end.port: link for link in self.scale_up for end in (link.a, link.b)
+                if end.node == node}
 
     def switch_by_dpid(self, dpid: int) -> Node | None:
         for node in self.switches:
@@ -199,17 +240,28 @@ class Topology:
             "kind": self.kind,
             "params": self.params,
             "nodes": [vars(n) for n in self.nodes.values()],
-            "links": [{"a": vars(l.a), "b": vars(l.b), "tier": l.tier, "rate_mbps": l.rate_mbps}
-                      for l in self.links],
+            "links": [_link_dict(l) for l in self.links],
+            "servers": [{**vars(s), "gpus": list(s.gpus)} for s in self.servers],
+            "scale_up": [_link_dict(l) for l in self.scale_up],
         }
+
+
+def _link_dict(link: Link) -> dict:
+    return {"a": vars(link.a), "b": vars(link.b), "tier": link.tier, "rate_mbps": link.rate_mbps}
+
+
+def _link(data: dict) -> Link:
+    return Link(Endpoint(**data["a"]), Endpoint(**data["b"]), data["tier"], data["rate_mbps"])
 
 
 def from_dict(data: dict) -> Topology:
     """Rebuild a :class:`Topology` from :meth:`Topology.to_dict` output."""
     nodes = {n["name"]: Node(**n) for n in data["nodes"]}
-    links = tuple(Link(Endpoint(**l["a"]), Endpoint(**l["b"]), l["tier"], l["rate_mbps"])
-                  for l in data["links"])
-    return Topology(data["kind"], dict(data["params"]), nodes, links)
+    return Topology(data["kind"], dict(data["params"]), nodes,
+                    tuple(_link(l) for l in data["links"]),
+                    tuple(Server(**{**s, "gpus": tuple(s["gpus"])})
+                          for s in data.get("servers", [])),
+                    tuple(_link(l) for l in data.get("scale_up", [])))
 
 
 # -- builders ---------------------------------------------------------------------------------

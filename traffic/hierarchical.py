@@ -131,3 +131,11 @@ def all_to_all_pxn(servers: int, gpus: int, size_bytes: int) -> Schedule:
 def scale_out_bytes(sched: Schedule, gpus: int) -> int:
     """Bytes a schedule moves between servers (over the scale-out network)."""
     return sum(t.nbytes for t in sched.transfers if t.src // gpus != t.dst // gpus)
+
+
+#: (op, algorithm) -> its builder ``(servers, gpus, size_bytes)``
+BUILDERS = {("all_reduce", "hierarchical"): all_reduce,
+            ("reduce_scatter", "hierarchical"): reduce_scatter,
+            ("all_gather", "hierarchical"): all_gather,
+            ("all_to_all", "pxn"): all_to_all_pxn}
+

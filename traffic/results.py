@@ -33,6 +33,7 @@ class CollectiveResult:
     communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
     iteration: int | None = None  # training workloads: the iteration it belongs to
     transport: dict | None = None  # UDP transports: packet counters summed over the ranks
+    scale_out_bytes: int | None = None  # servers of GPUs: bytes moved between servers
     # every transfer: (source host, destination host, step, bytes, seconds from the start to
     # its last byte); flows.csv, not results.json
     flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
@@ -72,8 +73,10 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
 
 
 def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
-              mtu: int) -> list[CollectiveResult]:
-    """Per-collective results from the agents' reports (pure)."""
+              mtu: int, scale_up: tuple[float, bool] | None = None) -> list[CollectiveResult]:
+    """Per-collective results from the agents' reports (pure). On servers of GPUs
+    (``scale_up``: the scale-up rate, and whether each GPU pair has a link of its own) the
+    ideal time is the schedule's, link by link (:func:`metrics.schedule_ideal_s`)."""
     out = []
     for index, coll in enumerate(collectives):
         per_rank = [r.collectives[index] for r in reports]
@@ -83,8 +86,12 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
         fcts = [f.done - c.start for c in per_rank for f in c.flows]
         sched = coll.schedule
         n = sched.communicator_size
-        ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
-                                     goodput_fraction(mtu))
+        if scale_up is not None and coll.servers is not None:
+            ideal = metrics.schedule_ideal_s(sched, coll.servers, rate_mbps, scale_up[0],
+                                             scale_up[1], goodput_fraction(mtu))
+        else:
+            ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
+                                         goodput_fraction(mtu))
         out.append(CollectiveResult(
             coll.op, sched.algorithm, list(coll.hosts), sched.size_bytes, duration,
             metrics.algbw_gbps(sched.size_bytes, duration),
@@ -94,6 +101,7 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
              "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
             communicator_size=n, iteration=coll.iteration,
             transport=transport_totals([c.transport for c in per_rank]),
+            scale_out_bytes=coll.scale_out_bytes(),
             flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
                           round(f.done - start, 6)) for c in per_rank for f in c.flows)))
     if out:

@@ -188,5 +188,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
         for proc in procs.values():
             fabric.stop(proc)
     link = topo.host_link(hosts[0])
+    servers = fabric.spec.fabric.servers
     return summarize(collectives, sorted(reports, key=lambda r: r.rank), link.rate_mbps,
-                     fabric.spec.fabric.mtu)
+                     fabric.spec.fabric.mtu, None if servers is None else (
+                         servers.scale_up_rate_mbps, servers.scale_up != "switch"))

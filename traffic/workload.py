@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError
 from testbed.topology import Topology
-from traffic import training
+from traffic import hierarchical, training
 from traffic.nccl_log import ImportedCollective, import_log
 from traffic.patterns import PATTERNS, pattern_pairs
 from traffic.schedules import Schedule, build, flows
@@ -68,6 +68,14 @@ class Collective:
     label: str = ""
     gap_s: float = 0.0  # compute time before it starts (after the barrier)
     iteration: int | None = None  # training workloads: the iteration it belongs to
+    servers: tuple[int, ...] | None = None  # servers of GPUs: each rank's server
+
+    def scale_out_bytes(self) -> int | None:
+        """Bytes the collective moves between servers (None: the hosts are not GPUs)."""
+        if self.servers is None:
+            return None
+        return sum(t.nbytes for t in self.schedule.transfers
+                   if self.servers[t.src] != self.servers[t.dst])
 
 
 @dataclass(frozen=True)
@@ -124,9 +132,39 @@ def parse_size(value: object, path: str) -> int:
     return size
 
 
+def rank_servers(topo: Topology, ranks: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Each rank's server (None when the hosts are not servers' GPUs)."""
+    if not topo.servers:
+        return None
+    return tuple(topo.server_of(h).index for h in ranks)
+
+
+def whole_servers(topo: Topology, ranks: tuple[str, ...], path: str,
+                  algorithm: str) -> tuple[int, int]:
+    """(servers, GPUs each) of ranks that are whole servers in NCCL's order (every server's
+    GPUs in local order, one server after the other), as a hierarchical schedule needs.
+
+    Raises:
+        ConfigError: at ``path`` otherwise.
+    """
+    if not topo.servers:
+        raise ConfigError(path, f"the {algorithm} algorithm runs on servers of GPUs "
+                                "(fabric.servers)")
+    gpus = len(topo.servers[0].gpus)
+    blocks = [ranks[i:i + gpus] for i in range(0, len(ranks), gpus)]
+    for block in blocks:
+        server = topo.server_of(block[0])
+        if len(block) != gpus or server is None or tuple(block) != server.gpus:
+            raise ConfigError(path, f"the {algorithm} algorithm needs whole servers in rank "
+                                    f"order ({gpus} GPUs each, e.g. ranks: {2 * gpus}), got "
+                                    f"{', '.join(block)}")
+    return len(blocks), gpus
+
+
 def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
-    """Rank hosts from a count, a host list, or ``{count, placement, seed}``."""
-    hosts = [h.name for h in topo.hosts]
+    """Rank hosts from a count, a host list, or ``{count, placement, seed}`` (a count takes the
+    hosts in :meth:`Topology.rank_hosts` order: GPUs as NCCL numbers them)."""
+    hosts = topo.rank_hosts()
     if isinstance(spec, list):
         for i, name in enumerate(spec):
             if name not in topo.nodes or topo.nodes[name].is_switch:
@@ -217,9 +255,15 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
         ranks, sched = _pattern_flows(topo, entry, size, path)
     else:
         ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
-        sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
-                      field_path=path)
-    coll = Collective(sched.op, ranks, sched, entry.get("label", ""))
+        key = (entry.get("op"), entry.get("algorithm"))
+        if key in hierarchical.BUILDERS:
+            servers, gpus = whole_servers(topo, ranks, f"{path}.ranks", key[1])
+            sched = hierarchical.BUILDERS[key](servers, gpus, size)
+        else:
+            sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
+                          field_path=path)
+    coll = Collective(sched.op, ranks, sched, entry.get("label", ""),
+                      servers=rank_servers(topo, ranks))
     concurrent = bool(entry.get("concurrent", False))
     if concurrent and index == 0:
         raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "

@@ -46,6 +46,7 @@ def machine_state() -> dict[str, set[str]]:
         "netns": lines("ip netns list"),
         "veth": lines("ip -o link show type veth | awk -F': ' '{print $2}'"),
         "bridges": lines("ovs-vsctl --timeout=10 list-br"),
+        "linux bridges": lines("ip -o link show type bridge | awk -F': ' '{print $2}'"),
         "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
         "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
                        "|traffic.agent|traffic.udpflow|prometheus --config|ovs(db-server|-vswitchd) "

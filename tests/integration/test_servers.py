@@ -1,0 +1,55 @@
+"""Servers of GPUs on a rail-optimized fabric: every GPU pair reaches the other, a server's own
+GPUs over its scale-up domain (never its NIC), the others over the rails."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.conftest import experiment
+
+RAILS = """version: 1
+fabric:
+  topology: rail_optimized
+  spines: 1
+  servers: {{count: {count}, gpus_per_server: {gpus}, scale_up: {{kind: {kind}, rate_mbps: 40}}}}
+  host_link: {{rate_mbps: 10}}
+  fabric_link: {{rate_mbps: 10}}
+"""
+
+
+def _ping(fabric, src: str, dst: str, count: int = 20) -> None:
+    (code, out, err), = fabric.hosts.run_parallel({src: [
+        "ping", "-q", "-c", str(count), "-i", "0.01", "-s", "1400",
+        fabric.topo.nodes[dst].ip]}, timeout_s=30).values()
+    assert code == 0, out + err
+
+
+def _tx_packets(fabric, gpu: str) -> dict[str, int]:
+    names = {f"{gpu}-eth{p}" for p in range(0, 8)}
+    return {n: c["tx_packets"] for n, c in
+            fabric.netlink.counters(names, fabric.hosts.pid(gpu)).items()}
+
+
+@pytest.mark.parametrize("kind, count, gpus", [("switch", 2, 2), ("full_mesh", 2, 3),
+                                                ("cube_mesh", 1, 8)])
+def test_every_gpu_pair_reaches_the_other_over_the_right_domain(make_fabric, kind, count, gpus):
+    fabric = make_fabric(experiment(RAILS.format(kind=kind, count=count, gpus=gpus)))
+    result = fabric.reachability(count=2)
+    assert result.complete, result.summary()
+    topo = fabric.topo
+    pairs = [("s1g1", "s1g2"), ("s1g1", f"s1g{gpus}")]
+    if kind == "cube_mesh":
+        pairs.append(("s1g1", "s1g6"))  # no link: relayed by s1g2
+    for src, dst in pairs:
+        before = _tx_packets(fabric, src)
+        _ping(fabric, src, dst)
+        after = _tx_packets(fabric, src)
+        grew = {n for n in after if after[n] - before.get(n, 0) >= 20}
+        assert f"{src}-eth0" not in grew, (src, dst, after, before)  # not the NIC
+        assert grew and all(topo.link_at(src, int(n.rsplit("eth", 1)[1])).tier == "scale_up"
+                            for n in grew), (src, dst, grew)
+    if count > 1:  # another server's GPU: over the NIC and the rails
+        before = _tx_packets(fabric, "s1g1")
+        _ping(fabric, "s1g1", "s2g2")
+        after = _tx_packets(fabric, "s1g1")
+        assert after["s1g1-eth0"] - before["s1g1-eth0"] >= 20

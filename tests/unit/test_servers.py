@@ -1,0 +1,184 @@
+"""The server and rail model: names, addresses, rails, scale-up links and routes."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.errors import ConfigError
+from testbed.servers import (
+    ScaleUp,
+    ScaleUpHop,
+    ServerSpec,
+    cube_mesh_pairs,
+    place_servers,
+    rail_optimized,
+    scale_up_routes,
+)
+from testbed.topology import from_dict, leaf_spine
+
+
+def test_a_rail_optimized_fabric_puts_gpu_g_of_every_server_on_rail_g():
+    topo = rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), spines=2)
+    assert [s.name for s in topo.access_switches] == ["rail1", "rail2", "rail3", "rail4"]
+    assert len(topo.hosts) == 16 and len(topo.switches) == 6
+    end = topo.attachment("s2g3")
+    assert (end.node, end.port) == ("rail3", 2)
+    assert topo.nodes["s2g3"].ip == "10.0.3.2" and topo.nodes["rail3"].subnet == "10.0.3.0/24"
+    # every leaf to every spine; spine port l faces leaf l
+    assert topo.link_at("spine2", 4).other("spine2").node == "rail4"
+    assert topo.oversubscription() == pytest.approx(4 * 100 / (2 * 100))
+    # same rail: one leaf; across rails: up a spine
+    assert topo.equal_cost_paths("s1g1", "s4g1") == [["s1g1", "rail1", "s4g1"]]
+    assert topo.equal_cost_paths("s1g1", "s2g2") == [["s1g1", "rail1", "spine1", "rail2", "s2g2"],
+                                                     ["s1g1", "rail1", "spine2", "rail2", "s2g2"]]
+    assert topo.server_of("s3g2").name == "s3" and topo.server_of("spine1") is None
+    assert topo.server_of("s3g2").gpus == ("s3g1", "s3g2", "s3g3", "s3g4")
+
+
+def test_a_rail_splits_over_leaves_of_servers_per_leaf_servers():
+    topo = rail_optimized(ServerSpec(4, 2), spines=1, servers_per_leaf=2)
+    assert [s.name for s in topo.access_switches] == ["rail1_1", "rail1_2", "rail2_1", "rail2_2"]
+    assert topo.attachment("s3g2").node == "rail2_2" and topo.attachment("s3g2").port == 1
+    assert topo.nodes["s3g2"].ip == "10.0.4.1"
+
+
+def test_servers_on_a_leaf_spine_take_the_hosts_places_in_order():
+    topo = place_servers(leaf_spine(4, 2, 4), ServerSpec(4, 4, ScaleUp.FULL_MESH, 50.0))
+    assert [h.name for h in topo.hosts if topo.attachment(h.name).node == "leaf1"] == \
+        ["s1g1", "s1g2", "s1g3", "s1g4"]
+    assert topo.host_link("s2g1").a.ifname == "s2g1-eth0"
+    assert topo.nodes["s2g1"].ip == "10.0.2.1"
+    assert topo.params["gpus_per_server"] == 4
+    with pytest.raises(ConfigError, match="servers: 3 servers x 4 GPUs are 12 NICs, but the "
+                                          "leaf_spine has 16"):
+        place_servers(leaf_spine(4, 2, 4), ServerSpec(3, 4))
+
+
+@pytest.mark.parametrize("kind, links, degree", [(ScaleUp.SWITCH, 8, 1),
+                                                  (ScaleUp.FULL_MESH, 28, 7),
+                                                  (ScaleUp.CUBE_MESH, 16, 4)])
+def test_scale_up_links_per_kind(kind, links, degree):
+    topo = rail_optimized(ServerSpec(2, 8, kind, 100.0), spines=1)
+    assert len(topo.scale_up) == 2 * links
+    assert all(link.tier == "scale_up" and link.rate_mbps == 100.0 for link in topo.scale_up)
+    assert len(topo.scale_up_ports("s1g1")) == degree
+    assert list(topo.ports("s1g1")) == [0]  # the controller's view: the NIC only
+    assert set(topo.scale_up_ports("s1g1")) == set(range(1, degree + 1))
+
+
+def test_scale_up_routes_go_direct_or_through_one_relaying_gpu():
+    cube = rail_optimized(ServerSpec(1, 8, ScaleUp.CUBE_MESH, 100.0), spines=1)
+    routes = scale_up_routes(cube)
+    assert len(cube_mesh_pairs()) == 16
+    assert routes["s1g1"]["s1g5"].via is None  # a cross link
+    assert routes["s1g1"]["s1g6"].via == "s1g2"  # 1-2 in the quad, 2-6 across
+    assert routes["s1g1"]["s1g6"].ifname == routes["s1g1"]["s1g2"].ifname
+    assert all(len(table) == 7 for table in routes.values())
+    switched = rail_optimized(ServerSpec(2, 4, ScaleUp.SWITCH, 100.0), spines=1)
+    table = scale_up_routes(switched)["s2g3"]
+    assert set(table) == {"s2g1", "s2g2", "s2g4"}  # its own server's GPUs only
+    assert set(table.values()) == {ScaleUpHop("s2g3-eth1")}
+    assert switched.link_at("nvs2", 3).other("nvs2").node == "s2g3"
+
+
+def test_the_model_round_trips_through_the_controllers_json():
+    topo = rail_optimized(ServerSpec(2, 4, ScaleUp.FULL_MESH, 100.0), spines=2)
+    again = from_dict(topo.to_dict())
+    assert again == topo and again.servers == topo.servers and again.scale_up == topo.scale_up
+
+
+def test_bad_servers_name_the_field():
+    with pytest.raises(ConfigError, match="servers.scale_up.kind: cube_mesh is DGX-1"):
+        rail_optimized(ServerSpec(2, 4, ScaleUp.CUBE_MESH), spines=1)
+    with pytest.raises(ConfigError, match="servers.gpus_per_server"):
+        rail_optimized(ServerSpec(2, 17), spines=1)
+    with pytest.raises(ConfigError, match="servers.scale_up.rate_mbps"):
+        rail_optimized(ServerSpec(2, 4, ScaleUp.SWITCH, 0), spines=1)
+
+
+RAILS = {"version": 1, "fabric": {
+    "topology": "rail_optimized", "spines": 2,
+    "servers": {"count": 4, "gpus_per_server": 4, "scale_up": {"kind": "switch", "rate_mbps": 40}},
+    "host_link": {"rate_mbps": 10}, "fabric_link": {"rate_mbps": 10}}}
+
+
+def _rails(*collectives, **fabric):
+    from fabriclab import experiment as xp
+    data = {**RAILS, "fabric": {**RAILS["fabric"], **fabric},
+            "workload": {"collectives": list(collectives)}}
+    return xp.parse(data)
+
+
+def test_ranks_count_gpus_as_nccl_does_and_hierarchical_schedules_run_on_whole_servers():
+    exp = _rails({"op": "all_reduce", "size": "4MiB", "ranks": 16, "algorithm": "hierarchical"},
+                 {"op": "all_reduce", "size": "4MiB", "ranks": 16},
+                 {"op": "all_to_all", "size": "4MiB", "ranks": 8, "algorithm": "pxn"})
+    hier, flat, pxn = (job.collectives[0] for job in exp.workload.jobs)
+    assert hier.hosts[:5] == ("s1g1", "s1g2", "s1g3", "s1g4", "s2g1")  # server-major
+    assert hier.servers == (1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4)
+    size = 4 << 20
+    # flat ring: 2 (N-1)/N x size per rank, the 4 server-crossing ring links x 16 ... the formula
+    n, g, s = 16, 4, 4
+    assert flat.scale_out_bytes() == pytest.approx(s * 2 * (n - 1) / n * size, rel=1e-3)
+    # hierarchical: each GPU sends 2 (S-1)/(S g) x size across servers
+    assert hier.scale_out_bytes() == pytest.approx(n * 2 * (s - 1) / (s * g) * size, rel=1e-3)
+    assert flat.scale_out_bytes() / hier.scale_out_bytes() == pytest.approx(
+        (2 * (n - 1) / n * s) / (n * 2 * (s - 1) / (s * g)), rel=1e-3)
+    assert pxn.schedule.algorithm == "pxn" and pxn.hosts == tuple(f"s{i}g{j}" for i in (1, 2)
+                                                                  for j in range(1, 5))
+
+
+def test_a_hierarchical_schedule_refuses_ranks_that_are_not_whole_servers():
+    with pytest.raises(ConfigError, match=r"workload.collectives\[0\].ranks: the hierarchical "
+                                          "algorithm needs whole servers"):
+        _rails({"op": "all_reduce", "size": "1MiB", "ranks": 6, "algorithm": "hierarchical"})
+    with pytest.raises(ConfigError, match="needs whole servers"):
+        _rails({"op": "all_reduce", "size": "1MiB", "algorithm": "hierarchical",
+                "ranks": ["s1g2", "s1g1", "s1g3", "s1g4"]})
+    from fabriclab import experiment as xp
+    with pytest.raises(ConfigError, match="runs on servers of GPUs"):
+        xp.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4}, "workload": {
+            "collectives": [{"op": "all_to_all", "size": "1MiB", "ranks": 4,
+                             "algorithm": "pxn"}]}})
+
+
+def test_servers_fields_are_checked_by_name():
+    from fabriclab import experiment as xp
+    with pytest.raises(ConfigError, match="fabric.servers: required for topology rail_optimized"):
+        xp.parse({"version": 1, "fabric": {"topology": "rail_optimized", "spines": 1}})
+    with pytest.raises(ConfigError, match="fabric.servers_per_leaf: only applies to topology "
+                                          "rail_optimized"):
+        xp.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4,
+                                           "servers_per_leaf": 2}})
+    with pytest.raises(ConfigError, match="fabric.servers: 3 servers x 4 GPUs are 12 NICs"):
+        xp.parse({"version": 1, "fabric": {
+            "topology": "fat_tree", "k": 4, "servers": {
+                "count": 3, "gpus_per_server": 4, "scale_up": {"rate_mbps": 40}}}})
+    on_fat_tree = xp.parse({"version": 1, "fabric": {
+        "topology": "fat_tree", "k": 4, "servers": {
+            "count": 4, "gpus_per_server": 4, "scale_up": {"kind": "full_mesh",
+                                                           "rate_mbps": 40}}}})
+    assert on_fat_tree.topology.rank_hosts()[:2] == ["s1g1", "s1g2"]
+    assert len(on_fat_tree.topology.scale_up) == 4 * 6
+
+
+def test_the_schedules_ideal_time_counts_each_link_at_its_rate():
+    from traffic.metrics import schedule_ideal_s
+
+    exp = _rails({"op": "all_reduce", "size": "4MiB", "ranks": 16, "algorithm": "hierarchical"},
+                 {"op": "all_reduce", "size": "4MiB", "ranks": 16},
+                 {"op": "all_to_all", "size": "4MiB", "ranks": 16, "algorithm": "pxn"})
+    hier, flat, pxn = (job.collectives[0] for job in exp.workload.jobs)
+    size_s = (4 << 20) * 8 / 10e6  # the whole size through one NIC
+    # flat ring: 30 steps of size/16, each waiting on a server-crossing link at the NIC rate
+    assert schedule_ideal_s(flat.schedule, flat.servers, 10, 40, False) == \
+        pytest.approx(30 / 16 * size_s)
+    # hierarchical: 2 x 3 steps of size/4 at 4x the NIC rate, 6 steps of size/16 at the NIC's
+    ideal = schedule_ideal_s(hier.schedule, hier.servers, 10, 40, False)
+    assert ideal == pytest.approx((6 / 4 / 4 + 6 / 16) * size_s)
+    assert schedule_ideal_s(flat.schedule, flat.servers, 10, 40, False) / ideal == \
+        pytest.approx(2.5)
+    # PXN step 0: a GPU sends to its 3 peers at once: one switch link, or three mesh links
+    switched = schedule_ideal_s(pxn.schedule, pxn.servers, 10, 40, False)
+    meshed = schedule_ideal_s(pxn.schedule, pxn.servers, 10, 40, True)
+    assert switched - meshed == pytest.approx(2 / 3 * (3 * 4 / 16 * size_s / 4))
