@@ -23,7 +23,7 @@ from fabriclab import experiment as xp
 from fabriclab import telemetry_cli
 from fabriclab.results import job_summaries, variant_row
 from fabriclab.run import RunView, SharedFabric, batch_text, run_experiment
-from testbed import cleanup
+from testbed import cleanup, servers
 from testbed.errors import ConfigError, TestbedError
 from testbed.fidelity import assess
 from testbed.registry import DEFAULT_STATE_DIR, Registry
@@ -65,6 +65,8 @@ def _summary_table(exp: xp.Experiment, fabric) -> Table:
     table.add_row("links", f"{counts['links']} (host {exp.fabric.host_link.describe()}, "
                            f"fabric {exp.fabric.fabric_link.describe()})")
     table.add_row("oversubscription", f"{topo.oversubscription():g}:1")
+    if topo.servers:
+        table.add_row("servers", servers.describe(topo))
     table.add_row("queue / MTU", f"{exp.fabric.queue_text()} / {exp.fabric.mtu}")
     table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}"
                               + (f", {len(fabric.instances)} private vswitchd"
@@ -106,6 +108,8 @@ def cmd_validate(args) -> int:
                            f"{counts['hosts']} hosts, {counts['links']} links)")
         args.console.print(f"  on the userspace datapath: {verdict.explain()}"
                            + ("" if verdict.fits else " -- over the headroom"))
+        if exp.topology.servers:
+            args.console.print(f"  servers: {servers.describe(exp.topology)}")
         ecn = _ecn_text(exp)
         for tier, text in ecn.items():
             args.console.print(f"  ECN at the switch ports of {tier} links: {text}")

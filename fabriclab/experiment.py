@@ -86,7 +86,12 @@ class Experiment(TestbedSpec):
 
     def fabric_summary(self) -> dict:
         """What fabric ran (the results document's ``fabric``)."""
-        return {"topology": self.topology.kind, **self.fabric.shape, "variant": self.variant,
+        servers = self.fabric.servers
+        extra = {} if servers is None else {
+            "servers": servers.count, "gpus_per_server": servers.gpus_per_server,
+            "scale_up": str(servers.scale_up), "scale_up_rate_mbps": servers.scale_up_rate_mbps}
+        return {"topology": self.topology.kind, **self.fabric.shape, **extra,
+                "variant": self.variant,
                 "host_rate_mbps": self.fabric.host_link.rate_mbps,
                 "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
                 "mtu": self.fabric.mtu, "routing": str(self.controller.routing)}

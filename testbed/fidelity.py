@@ -120,7 +120,8 @@ def saturation_mbit_hops(mtu: int, table: dict[int, float] | None = None) -> flo
 
 
 def mean_switch_hops(topo: Topology) -> float:
-    """Mean switch hops over all ordered host pairs (uniform all-to-all traffic)."""
+    """Mean switch hops over all ordered host pairs (uniform all-to-all traffic); pairs of
+    GPUs in one server count none (their traffic stays in the scale-up domain)."""
     graph = topo.graph
     switches = [n for n in graph if topo.nodes[n].is_switch]
     sub = graph.subgraph(switches)
@@ -129,12 +130,16 @@ def mean_switch_hops(topo: Topology) -> float:
         access = topo.attachment(host.name).node
         hosts_at[access] = hosts_at.get(access, 0) + 1
     total = pairs = 0
+    dists = {a: nx.single_source_shortest_path_length(sub, a) for a in hosts_at}
     for a, na in hosts_at.items():
-        dist = nx.single_source_shortest_path_length(sub, a)
         for b, nb in hosts_at.items():
             n = na * nb - (na if a == b else 0)
-            total += n * (dist[b] + 1)
+            total += n * (dists[a][b] + 1)
             pairs += n
+    for server in topo.servers:  # a server's own GPUs talk over its scale-up: no switch
+        ends = [topo.attachment(g).node for g in server.gpus]
+        total -= sum(dists[x][y] + 1 for i, x in enumerate(ends) for j, y in enumerate(ends)
+                     if i != j)
     return total / pairs if pairs else 0.0
 
 

@@ -244,3 +244,17 @@ def scale_up_routes(topo: Topology) -> dict[str, dict[str, ScaleUpHop]]:
                               key=server.gpus.index)
                     table[peer] = ScaleUpHop(out[(gpu, via)], via)
     return routes
+
+
+def describe(topo: Topology) -> str | None:
+    """Both domains in a line (None: no servers): ``4 servers x 4 GPUs; scale-up: switch,
+    16 links at 40 Mbit/s; scale-out: one NIC per GPU on 4 rails``."""
+    if not topo.servers:
+        return None
+    gpus = len(topo.servers[0].gpus)
+    rate = topo.scale_up[0].rate_mbps if topo.scale_up else 0.0
+    rails = (f"on {gpus} rails" if topo.kind == "rail_optimized"
+             else f"in order on the {topo.kind}")
+    return (f"{len(topo.servers)} servers x {gpus} GPUs; scale-up: {topo.servers[0].scale_up}, "
+            f"{len(topo.scale_up)} links at {rate:g} Mbit/s; scale-out: one NIC per GPU {rails}")
+

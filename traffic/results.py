@@ -34,6 +34,7 @@ class CollectiveResult:
     iteration: int | None = None  # training workloads: the iteration it belongs to
     transport: dict | None = None  # UDP transports: packet counters summed over the ranks
     scale_out_bytes: int | None = None  # servers of GPUs: bytes moved between servers
+    moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
     # every transfer: (source host, destination host, step, bytes, seconds from the start to
     # its last byte); flows.csv, not results.json
     flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
@@ -102,6 +103,7 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             communicator_size=n, iteration=coll.iteration,
             transport=transport_totals([c.transport for c in per_rank]),
             scale_out_bytes=coll.scale_out_bytes(),
+            moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
             flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
                           round(f.done - start, 6)) for c in per_rank for f in c.flows)))
     if out:

@@ -70,6 +70,10 @@ class Collective:
     iteration: int | None = None  # training workloads: the iteration it belongs to
     servers: tuple[int, ...] | None = None  # servers of GPUs: each rank's server
 
+    def moved_bytes(self) -> int:
+        """Bytes the collective moves in all (every transfer)."""
+        return sum(t.nbytes for t in self.schedule.transfers)
+
     def scale_out_bytes(self) -> int | None:
         """Bytes the collective moves between servers (None: the hosts are not GPUs)."""
         if self.servers is None:
@@ -288,8 +292,18 @@ def _training_job(topo: Topology, raw: dict, index: int, connections: int,
     if len(ranks) != world:
         raise ConfigError("workload.training.ranks", f"tp * pp * dp = {world} ranks, but "
                                                      f"{len(ranks)} hosts were given")
+    if topo.servers:  # rank order is NCCL's: tensor-parallel groups fill servers first
+        gpus = len(topo.servers[0].gpus)
+        for name, width in (("tp", spec.tp), ("ep", spec.tp * spec.ep if spec.ep > 1 else 1)):
+            if gpus % width:
+                raise ConfigError(f"workload.training.{name}",
+                                  f"{'tp' if name == 'tp' else 'tp * ep'} = {width} does not "
+                                  f"divide the {gpus} GPUs of a server: its groups would "
+                                  "straddle servers (tensor and expert parallelism stay inside "
+                                  "the scale-up domain)")
+    servers = rank_servers(topo, ranks)
     colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
-                             ph.iteration) for ph in training.phases(spec))
+                             ph.iteration, servers) for ph in training.phases(spec))
     return Job(index, colls, connections, timeout_s, **defaults)
 
 

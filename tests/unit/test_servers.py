@@ -182,3 +182,46 @@ def test_the_schedules_ideal_time_counts_each_link_at_its_rate():
     switched = schedule_ideal_s(pxn.schedule, pxn.servers, 10, 40, False)
     meshed = schedule_ideal_s(pxn.schedule, pxn.servers, 10, 40, True)
     assert switched - meshed == pytest.approx(2 / 3 * (3 * 4 / 16 * size_s / 4))
+
+
+def test_training_keeps_tensor_and_expert_parallelism_inside_a_server():
+    from fabriclab import experiment as xp
+    base = {**RAILS, "workload": {"training": {"tp": 4, "dp": 4, "pp": 1, "layers": 1,
+                                               "micro_batches": 1}}}
+    job = xp.parse(base).workload.jobs[0]
+    by_phase = {c.label.split(" ", 1)[1]: c for c in job.collectives}
+    tp = next(c for label, c in by_phase.items() if "tp all_reduce" in label)
+    dp = next(c for label, c in by_phase.items() if "dp" in label)
+    assert tp.scale_out_bytes() == 0 and tp.moved_bytes() > 0  # all on the scale-up
+    assert dp.scale_out_bytes() == dp.moved_bytes()  # one GPU per server in each DP group
+    bad = {**RAILS, "workload": {"training": {"tp": 8, "dp": 2}}}
+    with pytest.raises(ConfigError, match="workload.training.tp: tp = 8 does not divide the 4 "
+                                          "GPUs"):
+        xp.parse(bad)
+
+
+def test_a_128_rank_nccl_log_maps_rank_r_to_server_r_div_8_gpu_r_mod_8(tmp_path):
+    from fabriclab import experiment as xp
+    # 16 servers x 8 GPUs, each printing its line of one AllReduce (NCCL's format, as in
+    # ../shared/data/nccl): host gpuS, local rank [g]
+    lines = [f"gpu{r // 8}:{1000 + r}:{2000 + r} [{r % 8}] NCCL INFO AllReduce: opCount 1 "
+             f"sendbuff 0x{r:x}00 recvbuff 0x{r:x}80 count 262144 datatype 7 op 0 root 0 "
+             f"comm 0x7f{r:04x} [nranks=128] stream 0x7e{r:04x}" for r in range(128)]
+    (tmp_path / "nccl.log").write_text("\n".join(lines) + "\n")
+    exp = xp.parse({"version": 1, "fabric": {
+        "topology": "rail_optimized", "spines": 2,
+        "servers": {"count": 16, "gpus_per_server": 8, "scale_up": {"rate_mbps": 100}},
+        "host_link": {"rate_mbps": 1}, "fabric_link": {"rate_mbps": 1}},
+        "emulator": {"fidelity": "off"},
+        "workload": {"nccl_log": "nccl.log"}}, source=str(tmp_path / "x.yaml"))
+    coll = exp.workload.jobs[0].collectives[0]
+    assert coll.schedule.communicator_size == 128 and coll.op == "all_reduce"
+    assert all(coll.hosts[r] == f"s{r // 8 + 1}g{r % 8 + 1}" for r in range(128))
+    assert coll.servers[127] == 16
+
+
+def test_the_fidelity_budget_counts_no_switch_hops_inside_a_server():
+    from testbed.fidelity import mean_switch_hops
+    topo = rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), spines=2)
+    # from a GPU: 3 peers in its server (0), 3 on its rail (1 leaf), 9 across rails (3)
+    assert mean_switch_hops(topo) == pytest.approx((3 * 1 + 9 * 3) / 15)
