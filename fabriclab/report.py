@@ -29,7 +29,7 @@ from fabriclab import sweep as sw  # noqa: E402
 from fabriclab.results import job_summaries  # noqa: E402
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
-LAYERS = {"core": 3, "spine": 3, "agg": 2, "edge": 1, "leaf": 1, "host": 0}
+LAYERS = {"core": 3, "spine": 3, "agg": 2, "edge": 1, "leaf": 1, "host": 0, "nvswitch": -1}
 
 
 @dataclass

@@ -544,8 +544,11 @@ class Fabric:
         return {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}
 
     def switch_ports(self) -> set[str]:
-        """The root-namespace interface of every switch port."""
-        return {n for link in self.topo.links for n in self._root_ends(link)}
+        """The root-namespace interface of every switch port (a server's scale-up switch's
+        too)."""
+        bridges = {s.switch for s in self.topo.servers if s.switch}
+        return ({n for link in self.topo.links for n in self._root_ends(link)}
+                | {e.ifname for l in self.topo.scale_up for e in (l.a, l.b) if e.node in bridges})
 
     def congestion(self, netlink: Netlink | None = None) -> dict[str, dict]:
         """Switch port -> its queue's counters and backlog now (summed over its priorities'

@@ -46,14 +46,15 @@ class RunMonitor:
         self.vswitchds = fabric.vswitchd_pids()
         ports = fabric.switch_ports()
         self.ports: dict[str, dict] = {}
-        for link in fabric.topo.links:
+        topo = fabric.topo
+        role = lambda name: topo.nodes[name].role if name in topo.nodes else "nvswitch"  # noqa
+        for link in (*topo.links, *topo.scale_up):
             for end in (link.a, link.b):
                 if end.ifname in ports:
-                    node, peer = fabric.topo.nodes[end.node], fabric.topo.nodes[link.other(
-                        end.node).node]
-                    self.ports[end.ifname] = {"node": node.name, "peer": peer.name,
+                    peer = link.other(end.node).node
+                    self.ports[end.ifname] = {"node": end.node, "peer": peer,
                                               "link": link.name,
-                                              "tier": f"{node.role}->{peer.role}",
+                                              "tier": f"{role(end.node)}->{role(peer)}",
                                               "rate_bps": link.rate_mbps * 1e6}
         self.queues: dict[str, list[tuple[int, int | None]]] = {p: [] for p in self.ports}
         self._names = {pid: name for name, pid in self.vswitchds.items()}
