@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import sys
@@ -546,6 +547,9 @@ def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None,
     for item in doc.get("iterations", []):
         args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
     args.console.print(_results_table(doc))
+    servers = _servers_table(doc)
+    if servers is not None:
+        args.console.print(servers)
     if doc.get("real_scale"):
         args.console.print(_real_table(doc))
     fidelity = doc.get("fidelity") or {}
@@ -644,6 +648,41 @@ def _results_table(doc: dict) -> Table:
         table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
                       str(s.repetitions), f"{s.mean_s * 1e3:.0f}", f"{s.algbw_mbps:.2f}",
                       f"{s.busbw_mbps:.2f}", f"{s.efficiency:.3f}", f"{s.agent_cpu_s:.1f}")
+    return table
+
+
+def _servers_table(doc: dict) -> Table | None:
+    """Servers of GPUs: per collective (a training phase summed over its runs) its time, the
+    time its byte counts predict on the fabric, and the bytes that crossed the scale-out
+    network against all it moved."""
+    phases: dict[str, dict] = {}
+    for row in doc["collectives"]:
+        if row.get("scale_out_bytes") is None:
+            continue
+        label = row.get("label") or row["op"]
+        if row.get("iteration") is not None:  # "iter 0 mb 1 fwd stage 0 tp all_reduce"
+            label = re.sub(r"\b(iter|mb|stage) \d+ ?", "", label).strip()  # "fwd tp ..."
+        p = phases.setdefault(label, {"runs": 0, "time_s": 0.0, "ideal_s": 0.0,
+                                      "scale_out": 0, "moved": 0, "algo": row["algorithm"]})
+        p["runs"] += 1
+        p["time_s"] += row["duration_s"]
+        p["ideal_s"] += row["ideal_s"]
+        p["scale_out"] += row["scale_out_bytes"]
+        p["moved"] += row.get("moved_bytes") or 0
+    if not phases:
+        return None
+    table = Table(title=f"{doc['experiment']}: servers of GPUs", box=None,
+                  caption="ideal: what the schedule's byte counts predict at line rate, link by "
+                          "link on this fabric (scale-up and scale-out); scale-out: bytes "
+                          "between servers, of all bytes moved")
+    for col in ("collective", "algo", "runs", "time_ms", "ideal_ms", "of ideal",
+                "scale-out MiB", "moved MiB", "share"):
+        table.add_column(col, justify="left" if col in ("collective", "algo") else "right")
+    for label, p in phases.items():
+        table.add_row(label, p["algo"], str(p["runs"]), f"{p['time_s'] * 1e3:.0f}",
+                      f"{p['ideal_s'] * 1e3:.0f}", f"{p['ideal_s'] / p['time_s']:.2f}",
+                      f"{p['scale_out'] / 2**20:.1f}", f"{p['moved'] / 2**20:.1f}",
+                      f"{p['scale_out'] / p['moved']:.2f}" if p["moved"] else "-")
     return table
 
 

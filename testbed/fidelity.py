@@ -6,6 +6,8 @@ Links are full duplex: every direction of every link is its own resource, named 
 
 from __future__ import annotations
 
+import math
+
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -170,8 +172,9 @@ class FidelityVerdict:
         return (f"{self.hosts} hosts x {self.rate_mbps:g} Mbit/s x {self.mean_hops:.2f} switch "
                 f"hops = {self.offered_mbit_hops:,.0f} Mbit-hop/s at full load, "
                 f"{self.load:.0%} of this machine's measured saturation point "
-                f"({self.saturation_mbit_hops:,.0f} Mbit-hop/s); host rates up to "
-                f"{self.max_rate_mbps:.1f} Mbit/s fit with headroom")
+                f"({self.saturation_mbit_hops:,.0f} Mbit-hop/s); "
+                + (f"host rates up to {self.max_rate_mbps:.1f} Mbit/s fit with headroom"
+                   if math.isfinite(self.max_rate_mbps) else "no traffic crosses a switch"))
 
 
 def assess(topo: Topology, mtu: int, table: dict[int, float] | None = None) -> FidelityVerdict:
@@ -191,7 +194,7 @@ def assess(topo: Topology, mtu: int, table: dict[int, float] | None = None) -> F
     saturation = saturation_mbit_hops(mtu, table)
     offered = len(hosts) * rate * hops
     return FidelityVerdict(len(hosts), rate, hops, offered, saturation,
-                           HEADROOM * saturation / (len(hosts) * hops))
+                           HEADROOM * saturation / (len(hosts) * hops) if hops else math.inf)
 
 
 # -- the run's own fidelity (Mininet-HiFi's rule of thumb: keep idle CPU, check achieved rates)

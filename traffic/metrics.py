@@ -43,29 +43,6 @@ def ideal_time_s(op: str, ranks: int, size_bytes: int, rate_mbps: float,
     return size_bytes * 8 * bus_factor(op, ranks) / (rate_mbps * 1e6 * goodput_fraction)
 
 
-def schedule_ideal_s(sched, servers: tuple[int, ...], nic_mbps: float, scale_up_mbps: float,
-                     scale_up_per_pair: bool, goodput_fraction: float = 1.0) -> float:
-    """The time a schedule on servers of GPUs needs at line rate, step by step: in each step
-    the busiest link's bytes over its rate, where a GPU's NIC carries everything it sends to
-    other servers and its scale-up link(s) what it sends inside its own (one link per peer
-    with ``scale_up_per_pair``, a mesh; one to the scale-up switch otherwise). Contention in
-    the scale-out network above the NICs is not counted: this is the byte counts' prediction,
-    the bound a hierarchical schedule is measured against."""
-    load: dict[tuple, int] = {}
-    for t in sched.transfers:
-        if servers[t.src] != servers[t.dst]:
-            key = (t.step, "nic", t.src)
-        else:
-            key = (t.step, "up", t.src, t.dst if scale_up_per_pair else None)
-        load[key] = load.get(key, 0) + t.nbytes
-    per_step: dict[int, float] = {}
-    for key, nbytes in load.items():
-        rate = nic_mbps if key[1] == "nic" else scale_up_mbps
-        seconds = nbytes * 8 / (rate * 1e6 * goodput_fraction)
-        per_step[key[0]] = max(per_step.get(key[0], 0.0), seconds)
-    return sum(per_step.values())
-
-
 def efficiency(op: str, ranks: int, size_bytes: int, duration_s: float,
                rate_mbps: float) -> float:
     """busbw over the line rate."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from traffic import metrics
+from traffic.ideal import FluidModel
 from traffic.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
 from traffic.transport import goodput_fraction
 from traffic.workload import Collective
@@ -74,10 +75,10 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
 
 
 def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
-              mtu: int, scale_up: tuple[float, bool] | None = None) -> list[CollectiveResult]:
-    """Per-collective results from the agents' reports (pure). On servers of GPUs
-    (``scale_up``: the scale-up rate, and whether each GPU pair has a link of its own) the
-    ideal time is the schedule's, link by link (:func:`metrics.schedule_ideal_s`)."""
+              mtu: int, fluid: FluidModel | None = None) -> list[CollectiveResult]:
+    """Per-collective results from the agents' reports (pure). With ``fluid`` (servers of
+    GPUs: their collectives cross two domains at two rates) the ideal time is what the
+    schedule's byte counts predict on the fabric, link by link (:mod:`traffic.ideal`)."""
     out = []
     for index, coll in enumerate(collectives):
         per_rank = [r.collectives[index] for r in reports]
@@ -87,9 +88,8 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
         fcts = [f.done - c.start for c in per_rank for f in c.flows]
         sched = coll.schedule
         n = sched.communicator_size
-        if scale_up is not None and coll.servers is not None:
-            ideal = metrics.schedule_ideal_s(sched, coll.servers, rate_mbps, scale_up[0],
-                                             scale_up[1], goodput_fraction(mtu))
+        if fluid is not None and coll.servers is not None:
+            ideal = fluid.ideal_s(sched, coll.hosts, goodput_fraction(mtu))
         else:
             ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
                                          goodput_fraction(mtu))

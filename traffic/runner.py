@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.files import write_text_atomic
+from traffic.ideal import FluidModel
 from traffic.protocol import AgentReport
 from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
 from traffic.transports.packet import mss_for
@@ -188,7 +189,5 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
         for proc in procs.values():
             fabric.stop(proc)
     link = topo.host_link(hosts[0])
-    servers = fabric.spec.fabric.servers
     return summarize(collectives, sorted(reports, key=lambda r: r.rank), link.rate_mbps,
-                     fabric.spec.fabric.mtu, None if servers is None else (
-                         servers.scale_up_rate_mbps, servers.scale_up != "switch"))
+                     fabric.spec.fabric.mtu, FluidModel(topo) if topo.servers else None)

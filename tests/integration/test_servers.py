@@ -19,7 +19,7 @@ fabric:
 
 def _ping(fabric, src: str, dst: str, count: int = 20) -> None:
     (code, out, err), = fabric.hosts.run_parallel({src: [
-        "ping", "-q", "-c", str(count), "-i", "0.01", "-s", "1400",
+        "fping", "-q", "-c", str(count), "-p", "10", "-b", "1400",
         fabric.topo.nodes[dst].ip]}, timeout_s=30).values()
     assert code == 0, out + err
 

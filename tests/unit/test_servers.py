@@ -162,26 +162,33 @@ def test_servers_fields_are_checked_by_name():
     assert len(on_fat_tree.topology.scale_up) == 4 * 6
 
 
-def test_the_schedules_ideal_time_counts_each_link_at_its_rate():
-    from traffic.metrics import schedule_ideal_s
+def test_the_byte_counts_predict_each_schedule_link_by_link():
+    from traffic.ideal import FluidModel
 
-    exp = _rails({"op": "all_reduce", "size": "4MiB", "ranks": 16, "algorithm": "hierarchical"},
-                 {"op": "all_reduce", "size": "4MiB", "ranks": 16},
-                 {"op": "all_to_all", "size": "4MiB", "ranks": 16, "algorithm": "pxn"})
-    hier, flat, pxn = (job.collectives[0] for job in exp.workload.jobs)
+    colls = ({"op": "all_reduce", "size": "4MiB", "ranks": 16, "algorithm": "hierarchical"},
+             {"op": "all_reduce", "size": "4MiB", "ranks": 16},
+             {"op": "all_to_all", "size": "4MiB", "ranks": 16, "algorithm": "pxn"})
     size_s = (4 << 20) * 8 / 10e6  # the whole size through one NIC
-    # flat ring: 30 steps of size/16, each waiting on a server-crossing link at the NIC rate
-    assert schedule_ideal_s(flat.schedule, flat.servers, 10, 40, False) == \
-        pytest.approx(30 / 16 * size_s)
-    # hierarchical: 2 x 3 steps of size/4 at 4x the NIC rate, 6 steps of size/16 at the NIC's
-    ideal = schedule_ideal_s(hier.schedule, hier.servers, 10, 40, False)
-    assert ideal == pytest.approx((6 / 4 / 4 + 6 / 16) * size_s)
-    assert schedule_ideal_s(flat.schedule, flat.servers, 10, 40, False) / ideal == \
-        pytest.approx(2.5)
-    # PXN step 0: a GPU sends to its 3 peers at once: one switch link, or three mesh links
-    switched = schedule_ideal_s(pxn.schedule, pxn.servers, 10, 40, False)
-    meshed = schedule_ideal_s(pxn.schedule, pxn.servers, 10, 40, True)
-    assert switched - meshed == pytest.approx(2 / 3 * (3 * 4 / 16 * size_s / 4))
+    # 1:1 (4 spines): the flat ring's 30 steps of size/16, each waiting on a NIC; the
+    # hierarchical one's 2 x 3 steps of size/4 at 4x the NIC rate and 6 of size/16 on the rails
+    hier, flat, pxn = (j.collectives[0] for j in _rails(*colls, spines=4).workload.jobs)
+    model = FluidModel(_rails(*colls, spines=4).topology)
+    assert model.ideal_s(flat.schedule, flat.hosts) == pytest.approx(30 / 16 * size_s)
+    assert model.ideal_s(hier.schedule, hier.hosts) == pytest.approx((6 / 16 + 6 / 16) * size_s)
+    # 2:1 (2 spines): the flat ring's four server-crossing links all leave rail 4's leaf, two
+    # flows per uplink; the hierarchical one never leaves a rail leaf
+    exp = _rails(*colls)
+    hier, flat, pxn = (j.collectives[0] for j in exp.workload.jobs)
+    model = FluidModel(exp.topology)
+    assert model.ideal_s(flat.schedule, flat.hosts) == pytest.approx(2 * 30 / 16 * size_s)
+    assert model.ideal_s(hier.schedule, hier.hosts) == pytest.approx(12 / 16 * size_s)
+    # PXN: step 0 three quarters of the size out of each GPU's one link to the NVSwitch at
+    # 40 Mbit/s (a quarter to each local peer), step 1 three quarters out of its NIC, on its rail
+    assert model.ideal_s(pxn.schedule, pxn.hosts) == pytest.approx((3 / 4 / 4 + 3 / 4) * size_s)
+    assert model.shares("s1g1", "s1g2") == [(("s1g1", "nvs1"), 1.0), (("nvs1", "s1g2"), 1.0)]
+    assert sorted(model.shares("s1g1", "s2g2")) == sorted([
+        (("s1g1", "rail1"), 1.0), (("rail1", "spine1"), 0.5), (("rail1", "spine2"), 0.5),
+        (("spine1", "rail2"), 0.5), (("spine2", "rail2"), 0.5), (("rail2", "s2g2"), 1.0)])
 
 
 def test_training_keeps_tensor_and_expert_parallelism_inside_a_server():

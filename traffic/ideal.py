@@ -1,0 +1,71 @@
+"""What a schedule's byte counts predict on a fabric (pure): the time it needs at line rate
+when every link carries its share of the bytes, step by step.
+
+A fluid model: in each step every transfer puts its bytes on the links it crosses, split
+evenly over the equal-cost paths between its endpoints' access switches (the fabric's ECMP
+or D-mod-k spread, on average); the step lasts as long as its busiest directed link needs
+(bytes over rate, at the wire's payload share). A transfer between two GPUs of one server
+crosses the server's scale-up links instead (:func:`testbed.servers.scale_up_routes`). Hash
+collisions, queues and protocol overheads are not in it: the measured time over this one is
+what they cost.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import networkx as nx
+
+from testbed.servers import scale_up_routes
+from testbed.topology import Topology
+from traffic.schedules import Schedule
+
+
+class FluidModel:
+    """Per-link shares of a fabric's transfers, cached per host pair."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.routes = scale_up_routes(topo) if topo.servers else {}
+        self.rate: dict[tuple[str, str], float] = {}
+        for link in (*topo.links, *topo.scale_up):
+            self.rate[(link.a.node, link.b.node)] = self.rate[(link.b.node, link.a.node)] = \
+                link.rate_mbps
+        self._between = lru_cache(maxsize=None)(self._switch_shares)
+
+    def _switch_shares(self, src_switch: str, dst_switch: str) -> tuple:
+        if src_switch == dst_switch:
+            return ()
+        switches = {n.name for n in self.topo.switches}
+        graph = self.topo.graph.subgraph(switches)
+        paths = list(nx.all_shortest_paths(nx.Graph(graph), src_switch, dst_switch))
+        shares: dict[tuple[str, str], float] = {}
+        for path in paths:
+            for hop in zip(path, path[1:]):
+                shares[hop] = shares.get(hop, 0.0) + 1 / len(paths)
+        return tuple(shares.items())
+
+    def shares(self, src: str, dst: str) -> list[tuple[tuple[str, str], float]]:
+        """The directed links a transfer from host ``src`` to ``dst`` crosses, with the share
+        of its bytes on each."""
+        hop = self.routes.get(src, {}).get(dst)
+        if hop is not None:  # inside a server
+            server = self.topo.server_of(src)
+            if server.switch is not None:
+                return [((src, server.switch), 1.0), ((server.switch, dst), 1.0)]
+            if hop.via is not None:
+                return [((src, hop.via), 1.0), ((hop.via, dst), 1.0)]
+            return [((src, dst), 1.0)]
+        a, b = self.topo.attachment(src).node, self.topo.attachment(dst).node
+        return [((src, a), 1.0), *self._between(a, b), ((b, dst), 1.0)]
+
+    def ideal_s(self, sched: Schedule, hosts: tuple[str, ...], goodput: float = 1.0) -> float:
+        """The schedule's time at line rate (see the module docstring); ``hosts[r]`` is rank
+        ``r``'s host."""
+        load: dict[int, dict[tuple[str, str], float]] = {}
+        for t in sched.transfers:
+            step = load.setdefault(t.step, {})
+            for link, share in self.shares(hosts[t.src], hosts[t.dst]):
+                step[link] = step.get(link, 0.0) + share * t.nbytes
+        return sum(max(nbytes * 8 / (self.rate[link] * 1e6 * goodput)
+                       for link, nbytes in step.items()) for step in load.values())
