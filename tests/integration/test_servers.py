@@ -53,3 +53,29 @@ def test_every_gpu_pair_reaches_the_other_over_the_right_domain(make_fabric, kin
         _ping(fabric, "s1g1", "s2g2")
         after = _tx_packets(fabric, "s1g1")
         assert after["s1g1-eth0"] - before["s1g1-eth0"] >= 20
+
+
+def test_a_hierarchical_all_reduce_runs_with_the_byte_counts_of_its_formula(make_fabric):
+    from traffic.hierarchical import all_reduce
+    from traffic.runner import run_job
+    from traffic.workload import Collective
+
+    fabric = make_fabric(experiment(RAILS.format(kind="switch", count=2, gpus=2)))
+    ranks = tuple(fabric.topo.rank_hosts())
+    assert ranks == ("s1g1", "s1g2", "s2g1", "s2g2")
+    size = 1 << 20
+    sched = all_reduce(2, 2, size)
+    coll = Collective("all_reduce", ranks, sched, "hier", servers=(1, 1, 2, 2))
+    (res,) = run_job(fabric, [coll], timeout_s=120)
+    sent: dict[tuple[str, str], int] = {}
+    for src, dst, _step, nbytes, _done in res.flows:
+        sent[(src, dst)] = sent.get((src, dst), 0) + nbytes
+    # per GPU: 2 (g-1)/g x size inside its server, 2 (S-1)/(S g) x size to its rail peer
+    for gpu in ranks:
+        inside = sum(n for (s, d), n in sent.items() if s == gpu and d[:2] == gpu[:2])
+        across = sum(n for (s, d), n in sent.items() if s == gpu and d[:2] != gpu[:2])
+        assert inside == size and across == size // 2, (gpu, sent)
+    assert res.scale_out_bytes == 4 * size // 2 and res.moved_bytes == 4 * (size + size // 2)
+    # the byte counts' prediction on this fabric, and the run near it (a few hundred KiB per
+    # step ride the shapers' burst, so a little faster than line rate is possible)
+    assert 0.5 < res.ideal_s / res.duration_s < 1.3, (res.ideal_s, res.duration_s)
