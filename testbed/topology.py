@@ -216,6 +216,19 @@ class Topology:
         simple = nx.Graph(self.graph)
         return sorted(nx.all_shortest_paths(simple, src, dst))
 
+    def path_shares(self, src_switch: str, dst_switch: str) -> dict[tuple[str, str], float]:
+        """The directed switch-to-switch hops of the shortest paths between two switches, each
+        with the share of a flow that an even split over those paths puts on it."""
+        if src_switch == dst_switch:
+            return {}
+        graph = nx.Graph(self.graph.subgraph(n.name for n in self.switches))
+        paths = list(nx.all_shortest_paths(graph, src_switch, dst_switch))
+        shares: dict[tuple[str, str], float] = {}
+        for path in paths:
+            for hop in zip(path, path[1:]):
+                shares[hop] = shares.get(hop, 0.0) + 1 / len(paths)
+        return shares
+
     # -- summary ------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
         """Node and link counts per role and tier."""

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import networkx as nx
-
 from testbed.servers import scale_up_routes
 from testbed.topology import Topology
 from traffic.schedules import Schedule
@@ -34,16 +32,7 @@ class FluidModel:
         self._between = lru_cache(maxsize=None)(self._switch_shares)
 
     def _switch_shares(self, src_switch: str, dst_switch: str) -> tuple:
-        if src_switch == dst_switch:
-            return ()
-        switches = {n.name for n in self.topo.switches}
-        graph = self.topo.graph.subgraph(switches)
-        paths = list(nx.all_shortest_paths(nx.Graph(graph), src_switch, dst_switch))
-        shares: dict[tuple[str, str], float] = {}
-        for path in paths:
-            for hop in zip(path, path[1:]):
-                shares[hop] = shares.get(hop, 0.0) + 1 / len(paths)
-        return tuple(shares.items())
+        return tuple(self.topo.path_shares(src_switch, dst_switch).items())
 
     def shares(self, src: str, dst: str) -> list[tuple[tuple[str, str], float]]:
         """The directed links a transfer from host ``src`` to ``dst`` crosses, with the share

@@ -23,7 +23,8 @@ PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/
         "fabriclab/results.py", "telemetry/metrics.py", "telemetry/promconfig.py",
         "testbed/failplan.py", "traffic/outage.py", "fabriclab/sweep.py",
         "fabriclab/rundir.py", "fabriclab/scale.py", "fabriclab/report.py",
-        "traffic/hierarchical.py", "testbed/servers.py"]
+        "traffic/hierarchical.py", "testbed/servers.py", "testbed/partition.py",
+        "traffic/ideal.py"]
 ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
             "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
             "testbed.bpf", "testbed.ecn", "testbed.pfc", "http", "urllib",

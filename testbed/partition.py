@@ -1,0 +1,145 @@
+"""Partitioning a fabric over several machines (pure): which machine builds which nodes, which
+links are cut (VXLAN tunnels on the underlay), and each machine's share of the load.
+
+Groups stay whole: a fat-tree's pod (its edges, aggregations and hosts), a leaf-spine's leaf
+with its hosts, a server with its GPUs and scale-up switch (with the rail leaves spread like a
+leaf-spine's); the top tier (cores, spines) is spread over the machines after them. Groups go
+to machines in proportion to their budgets: each next group to the machine whose load is the
+smallest share of its budget, the load being the switch traffic of every host sending at its
+line rate to uniformly spread destinations (:func:`switch_loads`: the fidelity model's
+Mbit-hop/s, per switch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+from testbed.topology import Link, Topology
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One machine of a cluster: its name and its measured budget (Mbit-hop/s its switches
+    carry with fidelity)."""
+
+    name: str
+    budget_mbit_hops: float
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Where every node is built, the links between machines, and each machine's load."""
+
+    machines: tuple[Machine, ...]
+    place: dict[str, str]  # node -> machine name
+    cut: tuple[Link, ...]  # links whose ends are on two machines
+    load: dict[str, float]  # machine name -> Mbit-hop/s at full load
+
+    def nodes(self, machine: str) -> list[str]:
+        return [n for n, m in self.place.items() if m == machine]
+
+    def describe(self) -> list[str]:
+        """One line per machine, then the cut links."""
+        lines = []
+        for m in self.machines:
+            nodes = self.nodes(m.name)
+            share = self.load[m.name] / m.budget_mbit_hops if m.budget_mbit_hops else 0.0
+            lines.append(f"{m.name}: {sum(1 for n in nodes if not n.startswith('nvs'))} nodes, "
+                         f"{self.load[m.name]:,.0f} Mbit-hop/s at full load, {share:.0%} of its "
+                         f"{m.budget_mbit_hops:,.0f}")
+        lines.append(f"{len(self.cut)} cut links (VXLAN): "
+                     + ", ".join(l.name for l in self.cut[:8])
+                     + (", ..." if len(self.cut) > 8 else ""))
+        return lines
+
+
+def switch_loads(topo: Topology) -> dict[str, float]:
+    """Each switch's traffic (Mbit/s entering it) when every host sends at its line rate to
+    uniformly spread destinations, split evenly over the equal-cost paths; a server's own GPU
+    pairs stay on its scale-up and load no switch. The sum is the fidelity model's Mbit-hop/s."""
+    hosts = topo.hosts
+    load = {s.name: 0.0 for s in topo.switches}
+    if len(hosts) < 2:
+        return load
+    at = {h.name: topo.attachment(h.name).node for h in hosts}
+    server = {g: s.index for s in topo.servers for g in s.gpus}
+    shares: dict[tuple[str, str], dict] = {}
+    for src in hosts:
+        rate = topo.host_link(src.name).rate_mbps / (len(hosts) - 1)
+        for dst in hosts:
+            if dst is src or (src.name in server and server[src.name] == server.get(dst.name)):
+                continue
+            a, b = at[src.name], at[dst.name]
+            load[a] += rate  # in from the source's NIC
+            key = (a, b)
+            if key not in shares:
+                shares[key] = topo.path_shares(a, b)
+            for (_, nxt), share in shares[key].items():
+                load[nxt] += rate * share
+    return load
+
+
+def _groups(topo: Topology) -> tuple[list[list[str]], list[str]]:
+    """The groups kept whole, and the top-tier switches spread after them."""
+    if topo.kind == "fat_tree":
+        pods: dict[int, list[str]] = {}
+        for node in topo.nodes.values():
+            if node.role != "core":
+                pods.setdefault(node.group, []).append(node.name)
+        return [pods[p] for p in sorted(pods)], [n.name for n in topo.switches
+                                                if n.role == "core"]
+    if topo.kind == "leaf_spine" and not topo.servers or topo.kind == "ring":
+        leaves: dict[int, list[str]] = {}
+        for node in topo.nodes.values():
+            if node.role != "spine":
+                leaves.setdefault(node.group, []).append(node.name)
+        return [leaves[g] for g in sorted(leaves)], [n.name for n in topo.switches
+                                                    if n.role == "spine"]
+    if topo.servers:
+        groups = [[*s.gpus, *([s.switch] if s.switch else [])] for s in topo.servers]
+        spread = [n.name for n in topo.switches]  # leaves and spines: every server uses them
+        return groups, spread
+    raise ConfigError("cluster", f"no partitioning for topology {topo.kind}")
+
+
+def partition(topo: Topology, machines: list[Machine]) -> Partition:
+    """Place ``topo`` on ``machines`` (see the module docstring).
+
+    Raises:
+        ConfigError: ``cluster.machines`` when there are none, more machines than groups, or a
+            budget that is not positive.
+    """
+    if not machines:
+        raise ConfigError("cluster.machines", "a cluster needs at least one machine")
+    for i, m in enumerate(machines):
+        if m.budget_mbit_hops <= 0:
+            raise ConfigError(f"cluster.machines[{i}].budget_mbit_hops",
+                              f"must be > 0, got {m.budget_mbit_hops}")
+    groups, spread = _groups(topo)
+    if len(machines) > len(groups):
+        raise ConfigError("cluster.machines", f"{len(machines)} machines for {len(groups)} "
+                                              f"groups of {topo.kind} (pods, leaves or "
+                                              "servers): some would build nothing")
+    switch_load = switch_loads(topo)
+    load = {m.name: 0.0 for m in machines}
+    place: dict[str, str] = {}
+
+    def lightest() -> Machine:
+        return min(machines, key=lambda m: (load[m.name] / m.budget_mbit_hops,
+                                            machines.index(m)))
+
+    for group in groups:
+        machine = lightest()
+        for node in group:
+            place[node] = machine.name
+            load[machine.name] += switch_load.get(node, 0.0)
+    for node in sorted(spread, key=lambda n: -switch_load[n]):
+        if node in place:
+            continue
+        machine = lightest()
+        place[node] = machine.name
+        load[machine.name] += switch_load[node]
+    cut = tuple(l for l in (*topo.links, *topo.scale_up)
+                if place[l.a.node] != place[l.b.node])
+    return Partition(tuple(machines), place, cut, load)

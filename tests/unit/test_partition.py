@@ -1,0 +1,52 @@
+"""Partitioning a fabric over machines: groups kept whole, load split by budget, cut links."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.errors import ConfigError
+from testbed.fidelity import assess
+from testbed.partition import Machine, partition, switch_loads
+from testbed.servers import ScaleUp, ServerSpec, rail_optimized
+from testbed.topology import fat_tree, leaf_spine
+
+
+def test_switch_loads_sum_to_the_fidelity_models_offered_load():
+    for topo in (fat_tree(4, 10, 10), leaf_spine(4, 2, 4, 10, 10),
+                 rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), 2, None, 10, 10)):
+        assert sum(switch_loads(topo).values()) == pytest.approx(
+            assess(topo, 9000).offered_mbit_hops)
+
+
+def test_a_fat_tree_splits_by_pod_with_the_cores_spread():
+    topo = fat_tree(4, 10, 10)
+    plan = partition(topo, [Machine("a", 1600), Machine("b", 1600)])
+    for pod in range(1, 5):  # a pod stays whole
+        assert len({plan.place[n.name] for n in topo.nodes.values() if n.group == pod}) == 1
+    assert sorted(plan.place[f"core{i}"] for i in range(1, 5)) == ["a", "a", "b", "b"]
+    assert len(plan.cut) == 8  # each core reaches the two pods of the other machine
+    assert all(l.tier == "fabric" for l in plan.cut)
+    assert plan.load["a"] == pytest.approx(plan.load["b"])
+    k8 = partition(fat_tree(8, 10, 10), [Machine(m, 1600) for m in "abcd"])
+    assert len(k8.cut) == 16 * 6  # 16 cores, each to 6 pods elsewhere
+    assert max(k8.load.values()) == pytest.approx(min(k8.load.values()))
+
+
+def test_budgets_weight_the_split_and_bad_plans_name_the_field():
+    topo = leaf_spine(6, 2, 4, 10, 10)
+    plan = partition(topo, [Machine("big", 3200), Machine("small", 1600)])
+    leaves = {m: sum(1 for n in plan.nodes(m) if n.startswith("leaf")) for m in ("big", "small")}
+    assert leaves == {"big": 4, "small": 2}
+    with pytest.raises(ConfigError, match="cluster.machines: 7 machines for 6 groups"):
+        partition(topo, [Machine(str(i), 1) for i in range(7)])
+    with pytest.raises(ConfigError, match=r"cluster.machines\[1\].budget_mbit_hops"):
+        partition(topo, [Machine("a", 1), Machine("b", 0)])
+
+
+def test_a_server_stays_on_one_machine_with_its_scale_up():
+    topo = rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), 2, None, 10, 10)
+    plan = partition(topo, [Machine("a", 1600), Machine("b", 1600)])
+    for server in topo.servers:
+        assert len({plan.place[n] for n in (*server.gpus, server.switch)}) == 1
+    assert all(l.tier != "scale_up" for l in plan.cut)
+    assert any(line.startswith("a: ") for line in plan.describe())
