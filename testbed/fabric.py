@@ -278,8 +278,8 @@ class Fabric:
         if self.record is None:
             raise TestbedError("restart the controller: the fabric is not up")
         start = time.monotonic()
+        self._check_requirements(self.caps, spec)  # the workload's (a TCP congestion control)
         self.spec = spec
-        self._check_requirements(self.caps)  # the workload's (a TCP congestion control)
         if self.controller is not None:
             self.stop(self.controller)
             self.controller = None
@@ -318,8 +318,9 @@ class Fabric:
         self._check_requirements(caps)
         return caps
 
-    def _check_requirements(self, caps: capabilities.Capabilities) -> None:
-        for need in self.spec.requirements():
+    def _check_requirements(self, caps: capabilities.Capabilities,
+                            spec: TestbedSpec | None = None) -> None:
+        for need in (spec or self.spec).requirements():
             if not caps.has(need):
                 raise ConfigError(need.field, caps.explain_missing(need))
 
