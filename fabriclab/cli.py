@@ -372,6 +372,7 @@ def cmd_run(args) -> int:
         shared.close()
     (out / "variants.json").write_text(json.dumps(rows, indent=1))
     args.console.print(_variants_table(exp.name, rows))
+    args.console.print(_efficiency_table(exp.name, rows))
     _report(args, out)
     args.console.print(f"results: {out}/<variant>/results.json; side by side: "
                        f"{out / 'variants.json'}")
@@ -601,6 +602,34 @@ def _variants_table(name: str, rows: list[dict]) -> Table:
             job = r["jobs"][j] if len(r["jobs"]) > j else None
             cells += ([f"{job['busbw_mbps']:.2f}",
                        f"{job['fct_p50_s']:.2f}/{job['fct_p99_s']:.2f}"] if job else ["-", "-"])
+        table.add_row(*cells)
+    return table
+
+
+def _efficiency_table(name: str, rows: list[dict]) -> Table:
+    """Variants by job, compact: efficiency (busbw over the link rate: the last flow decides),
+    and for patterns of flows their throughput as a fraction of ideal (Hedera's aggregate
+    measure: each flow counts for its own share)."""
+    table = Table(title=f"{name}: efficiency per job", box=None,
+                  caption="eff: busbw / link rate; tput: the flows' aggregate throughput as a "
+                          "fraction of ideal (mean of each flow's ideal time over its "
+                          "completion time)")
+    table.add_column("variant")
+    jobs = max((len(r["jobs"]) for r in rows), default=0)
+    for j in range(jobs):
+        label = next((r["jobs"][j].get("label") or r["jobs"][j]["op"] for r in rows
+                      if len(r["jobs"]) > j), "?")
+        table.add_column(label, justify="right")
+    for r in rows:
+        cells = [r["variant"] or "-"]
+        for j in range(jobs):
+            job = r["jobs"][j] if len(r["jobs"]) > j else None
+            if job is None:
+                cells.append("-")
+                continue
+            tput = job.get("throughput_of_ideal")
+            cells.append(f"eff {job['efficiency']:.2f}"
+                         + (f" tput {tput:.2f}" if tput is not None else ""))
         table.add_row(*cells)
     return table
 

@@ -114,9 +114,11 @@ def variant_row(doc: dict) -> dict:
                 if (r["job"], r["op"], r["bytes"]) == (s.job, s.op, s.bytes)]
         fct = {q: max((r["flow_completion_s"].get(q, 0.0) for r in rows), default=0.0)
                for q in ("p50", "p99")}
+        tput = [r["throughput_of_ideal"] for r in rows if r.get("throughput_of_ideal")]
         row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks, "busbw_mbps": s.busbw_mbps,
                             "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
-                            "fct_p99_s": fct["p99"]})
+                            "fct_p99_s": fct["p99"],
+                            "throughput_of_ideal": sum(tput) / len(tput) if tput else None})
     return row
 
 

@@ -43,6 +43,18 @@ def ideal_time_s(op: str, ranks: int, size_bytes: int, rate_mbps: float,
     return size_bytes * 8 * bus_factor(op, ranks) / (rate_mbps * 1e6 * goodput_fraction)
 
 
+def throughput_of_ideal(flows: list[tuple[int, float]], rate_mbps: float,
+                        goodput_fraction: float = 1.0) -> float:
+    """Hedera's measure for a pattern of flows: their aggregate throughput as a fraction of
+    ideal, the mean over flows of the time each would take alone at line rate over its
+    completion time (``flows``: (bytes, completion seconds from the start)). Unlike busbw,
+    which the last flow decides, a straggler counts for its own share only."""
+    if not flows:
+        raise ValueError("throughput of no flows")
+    return sum(nbytes * 8 / (rate_mbps * 1e6 * goodput_fraction) / max(fct, 1e-9)
+               for nbytes, fct in flows) / len(flows)
+
+
 def efficiency(op: str, ranks: int, size_bytes: int, duration_s: float,
                rate_mbps: float) -> float:
     """busbw over the line rate."""

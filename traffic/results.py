@@ -36,6 +36,7 @@ class CollectiveResult:
     transport: dict | None = None  # UDP transports: packet counters summed over the ranks
     scale_out_bytes: int | None = None  # servers of GPUs: bytes moved between servers
     moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
+    throughput_of_ideal: float | None = None  # op flows: Hedera's aggregate throughput measure
     # every transfer: (source host, destination host, step, bytes, seconds from the start to
     # its last byte); flows.csv, not results.json
     flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
@@ -102,6 +103,9 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
              "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
             communicator_size=n, iteration=coll.iteration,
             transport=transport_totals([c.transport for c in per_rank]),
+            throughput_of_ideal=metrics.throughput_of_ideal(
+                [(f.bytes, f.done - c.start) for c in per_rank for f in c.flows], rate_mbps,
+                goodput_fraction(mtu)) if coll.op == "flows" and fcts else None,
             scale_out_bytes=coll.scale_out_bytes(),
             moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
             flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,

@@ -64,3 +64,16 @@ def test_a_variant_row_compares_queues_and_jobs():
     (job,) = row["jobs"]
     assert (job["fct_p50_s"], job["fct_p99_s"]) == (0.5, 1.8)
     assert job["busbw_mbps"] == pytest.approx(1e6 * 8 / 1.5 / 1e6)
+
+
+def test_throughput_of_ideal_counts_each_flow_for_its_own_share():
+    from traffic.metrics import throughput_of_ideal
+    alone = 8e6 / 8e6  # 1 MB at 8 Mbit/s: 1 s alone
+    # three flows at line rate and one that took twice as long: busbw would be halved by the
+    # straggler, the aggregate throughput loses an eighth
+    flows = [(1_000_000, 1.0)] * 3 + [(1_000_000, 2.0)]
+    assert throughput_of_ideal(flows, 8.0) == pytest.approx((3 * alone + 0.5) / 4)
+    assert throughput_of_ideal([(1_000_000, 2.0)], 8.0, goodput_fraction=0.5) == \
+        pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        throughput_of_ideal([], 8.0)
