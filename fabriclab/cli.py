@@ -26,7 +26,8 @@ from fabriclab.results import job_summaries, variant_row
 from fabriclab.run import RunView, SharedFabric, batch_text, run_experiment
 from testbed import cleanup, servers
 from testbed.errors import ConfigError, TestbedError
-from testbed.fidelity import assess
+from testbed.fidelity import HEADROOM, assess, saturation_mbit_hops
+from testbed.partition import Machine, partition
 from testbed.registry import DEFAULT_STATE_DIR, Registry
 from testbed.spec import Backend
 from testbed.topology import SWITCH_ROLES
@@ -111,6 +112,19 @@ def cmd_validate(args) -> int:
                            + ("" if verdict.fits else " -- over the headroom"))
         if exp.topology.servers:
             args.console.print(f"  servers: {servers.describe(exp.topology)}")
+        plan = None
+        if getattr(args, "machines", 0):
+            budget = HEADROOM * saturation_mbit_hops(exp.fabric.mtu)
+            try:
+                plan = partition(exp.topology, [Machine(f"machine{i + 1}", budget)
+                                                for i in range(args.machines)])
+            except ConfigError as err:
+                failed += 1
+                args.console.print(f"[red]{path}: --machines {args.machines}:[/red] {err}")
+            else:
+                args.console.print(f"  over {args.machines} machines like this one:")
+                for line in plan.describe():
+                    args.console.print(f"    {line}")
         ecn = _ecn_text(exp)
         for tier, text in ecn.items():
             args.console.print(f"  ECN at the switch ports of {tier} links: {text}")
@@ -131,7 +145,14 @@ def cmd_validate(args) -> int:
                                   "max_rate_mbps": verdict.max_rate_mbps},
                      "ecn": ecn, "pfc": pfc, "base_rtt_s": exp.base_rtt_s,
                      "variants": [v.variant for v in exp.variants],
-                     "sweep": [c.name for c in exp.cells]})
+                     "sweep": [c.name for c in exp.cells],
+                     **({"partition": {"machines": {m.name: {"nodes": plan.nodes(m.name),
+                                                             "load_mbit_hops": plan.load[m.name],
+                                                             "budget_mbit_hops":
+                                                                 m.budget_mbit_hops}
+                                                    for m in plan.machines},
+                                       "cut_links": [l.name for l in plan.cut]}}
+                        if plan is not None else {})})
     if args.json:
         _emit(docs)
     return EXIT_CONFIG if failed else EXIT_OK
@@ -827,6 +848,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("validate", cmd_validate, "check experiment files without building anything")
     p.add_argument("files", nargs="+")
+    p.add_argument("--machines", type=int, default=0,
+                   help="also show how the fabric would be partitioned over N machines like "
+                        "this one (each at the fidelity model's headroom)")
     p = command("up", cmd_up, "build a fabric and keep it up until Ctrl-C")
     p.add_argument("file")
     p.add_argument("--check", action="store_true",

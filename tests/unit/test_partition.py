@@ -50,3 +50,23 @@ def test_a_server_stays_on_one_machine_with_its_scale_up():
         assert len({plan.place[n] for n in (*server.gpus, server.switch)}) == 1
     assert all(l.tier != "scale_up" for l in plan.cut)
     assert any(line.startswith("a: ") for line in plan.describe())
+
+
+def test_validate_shows_the_plan_over_machines_like_this_one(capsys):
+    import json
+    from pathlib import Path
+
+    from fabriclab import cli
+
+    quickstart = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
+    assert cli.main(["validate", str(quickstart), "--machines", "2", "--json"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("[\n"):])[0]
+    plan = doc["partition"]
+    assert sorted(plan["machines"]) == ["machine1", "machine2"]
+    assert len(plan["cut_links"]) == 8
+    loads = [m["load_mbit_hops"] for m in plan["machines"].values()]
+    assert loads[0] == pytest.approx(loads[1]) and sum(loads) == pytest.approx(
+        doc["fidelity"]["load"] * 1600)
+    assert cli.main(["validate", str(quickstart), "--machines", "5"]) == 2  # 4 pods
+    assert "5 machines for 4 groups" in capsys.readouterr().out
