@@ -82,20 +82,14 @@ def switch_loads(topo: Topology) -> dict[str, float]:
 
 def _groups(topo: Topology) -> tuple[list[list[str]], list[str]]:
     """The groups kept whole, and the top-tier switches spread after them."""
-    if topo.kind == "fat_tree":
-        pods: dict[int, list[str]] = {}
+    top = {"fat_tree": "core", "leaf_spine": "spine", "ring": "spine"}.get(topo.kind)
+    if top is not None and not (topo.kind == "leaf_spine" and topo.servers):
+        groups: dict[int, list[str]] = {}  # pods, or leaves with their hosts
         for node in topo.nodes.values():
-            if node.role != "core":
-                pods.setdefault(node.group, []).append(node.name)
-        return [pods[p] for p in sorted(pods)], [n.name for n in topo.switches
-                                                if n.role == "core"]
-    if topo.kind == "leaf_spine" and not topo.servers or topo.kind == "ring":
-        leaves: dict[int, list[str]] = {}
-        for node in topo.nodes.values():
-            if node.role != "spine":
-                leaves.setdefault(node.group, []).append(node.name)
-        return [leaves[g] for g in sorted(leaves)], [n.name for n in topo.switches
-                                                    if n.role == "spine"]
+            if node.role != top:
+                groups.setdefault(node.group, []).append(node.name)
+        return [groups[g] for g in sorted(groups)], [n.name for n in topo.switches
+                                                    if n.role == top]
     if topo.servers:
         groups = [[*s.gpus, *([s.switch] if s.switch else [])] for s in topo.servers]
         spread = [n.name for n in topo.switches]  # leaves and spines: every server uses them
