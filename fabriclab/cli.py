@@ -569,9 +569,9 @@ def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None,
     for item in doc.get("iterations", []):
         args.console.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
     args.console.print(_results_table(doc))
-    servers = _servers_table(doc)
-    if servers is not None:
-        args.console.print(servers)
+    gpus_table = _servers_table(doc)
+    if gpus_table is not None:
+        args.console.print(gpus_table)
     if doc.get("real_scale"):
         args.console.print(_real_table(doc))
     fidelity = doc.get("fidelity") or {}

@@ -116,7 +116,7 @@ class SharedFabric:
     def use(self, exp: Experiment, keep: bool) -> Iterator[Fabric]:
         """:meth:`acquire` for a run, :meth:`release` after it: kept up when ``keep`` and the
         run ended without an error."""
-        fabric, _ = self.acquire(exp)
+        fabric = self.acquire(exp)
         ok = False
         try:
             yield fabric
@@ -124,8 +124,8 @@ class SharedFabric:
         finally:
             self.release(keep and ok)
 
-    def acquire(self, exp: Experiment) -> tuple[Fabric, bool]:
-        """The fabric for ``exp``, and whether it was already up.
+    def acquire(self, exp: Experiment) -> Fabric:
+        """The fabric for ``exp``: the one up when :meth:`reusable`, else a new one.
 
         Raises:
             TestbedError, ConfigError: the build or the controller's restart failed (nothing
@@ -138,13 +138,13 @@ class SharedFabric:
                 self.close()
                 raise
             self.reuses += 1
-            return self.fabric, True
+            return self.fabric
         self.close()
         fabric = self.build(exp, state_dir=self.state_dir)
         fabric.__enter__()  # tears itself down when the build fails
         self.fabric, self.key = fabric, sweep.fabric_key(exp.raw)
         self.builds += 1
-        return fabric, False
+        return fabric
 
     def release(self, keep: bool) -> None:
         """The run is over: keep the fabric up for the next one, or tear it down."""

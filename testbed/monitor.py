@@ -57,6 +57,7 @@ class RunMonitor:
                                               "tier": f"{role(end.node)}->{role(peer)}",
                                               "rate_bps": link.rate_mbps * 1e6}
         self.queues: dict[str, list[tuple[int, int | None]]] = {p: [] for p in self.ports}
+        self._port_names = set(self.ports)
         self._names = {pid: name for name, pid in self.vswitchds.items()}
         self._last_cpu = None
 
@@ -74,7 +75,7 @@ class RunMonitor:
 
     def _sample_queues(self, nl: Netlink) -> None:
         real: dict[str, int] = {}
-        for (name, _prio), q in nl.leaf_queues(set(self.ports)).items():
+        for (name, _prio), q in nl.leaf_queues(self._port_names).items():
             real[name] = real.get(name, 0) + q["backlog_bytes"]
         marker = self.fabric.marker
         self._add_queues(real, marker.queues() if marker is not None else {})

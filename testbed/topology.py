@@ -164,10 +164,11 @@ class Topology:
 
     def server_of(self, host: str) -> Server | None:
         """The server whose GPU ``host`` is (None: a plain host)."""
-        for server in self.servers:
-            if host in server.gpus:
-                return server
-        return None
+        return self._server_by_gpu.get(host)
+
+    @cached_property
+    def _server_by_gpu(self) -> dict[str, Server]:
+        return {gpu: server for server in self.servers for gpu in server.gpus}
 
     def scale_up_ports(self, node: str) -> dict[int, Link]:
         """Map port number -> scale-up link for one GPU or scale-up switch."""

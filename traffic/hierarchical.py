@@ -130,7 +130,12 @@ def all_to_all_pxn(servers: int, gpus: int, size_bytes: int) -> Schedule:
 
 def scale_out_bytes(sched: Schedule, gpus: int) -> int:
     """Bytes a schedule moves between servers (over the scale-out network)."""
-    return sum(t.nbytes for t in sched.transfers if t.src // gpus != t.dst // gpus)
+    return bytes_between(sched, [r // gpus for r in range(sched.communicator_size)])
+
+
+def bytes_between(sched: Schedule, group: list[int] | tuple[int, ...]) -> int:
+    """Bytes a schedule moves between ranks of different groups (``group[r]``: rank ``r``'s)."""
+    return sum(t.nbytes for t in sched.transfers if group[t.src] != group[t.dst])
 
 
 #: (op, algorithm) -> its builder ``(servers, gpus, size_bytes)``

@@ -78,8 +78,7 @@ class Collective:
         """Bytes the collective moves between servers (None: the hosts are not GPUs)."""
         if self.servers is None:
             return None
-        return sum(t.nbytes for t in self.schedule.transfers
-                   if self.servers[t.src] != self.servers[t.dst])
+        return hierarchical.bytes_between(self.schedule, self.servers)
 
 
 @dataclass(frozen=True)
