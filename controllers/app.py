@@ -439,4 +439,7 @@ class FabricController(app_manager.OSKenApp):
 
 
 def _live(ofp, port) -> bool:
-    return not (port.state & ofp.OFPPS_LINK_DOWN) and not (port.config & ofp.OFPPC_PORT_DOWN)
+    """Up, and live for fast failover: a link failure clears ``LIVE`` first (its switch sees
+    the loss of signal at once, testbed/linkfail.py), ``LINK_DOWN`` follows with the carrier."""
+    return (not (port.state & ofp.OFPPS_LINK_DOWN) and not (port.config & ofp.OFPPC_PORT_DOWN)
+            and bool(port.state & ofp.OFPPS_LIVE))

@@ -71,13 +71,29 @@ def prometheus_dir(directory: Path) -> Path:
     raise ConfigError("DIR", f"no Prometheus data under {directory}{hint}")
 
 
+def _scrape_interval(source: Path) -> float:
+    """How often the run's Prometheus scraped (its ``prometheus.yml``; 1 s without one)."""
+    import yaml
+
+    from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_interval_of
+
+    config = source / "prometheus.yml"
+    if not config.is_file():
+        return DEFAULT_SCRAPE_INTERVAL_S
+    try:
+        return scrape_interval_of(yaml.safe_load(config.read_text()))
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError("DIR", f"{config}: {err}") from None
+
+
 def cmd_telemetry(args) -> int:
     """Serve a finished run's Prometheus data again until Ctrl-C."""
     from fabriclab.cli import Terminated
     from telemetry.prometheus import Prometheus
 
     source = prometheus_dir(Path(args.dir))
-    with Prometheus(source, {}, port=args.port) as prom:
+    interval = _scrape_interval(source)
+    with Prometheus(source, {}, interval, port=args.port) as prom:
         args.console.print(f"Prometheus serving {source / 'data'} at {prom.url} "
                            f"(Ctrl-C stops it)")
         grafana = None
@@ -85,7 +101,7 @@ def cmd_telemetry(args) -> int:
             from telemetry.grafana import start_grafana
 
             try:
-                grafana = start_grafana(prom.port)
+                grafana = start_grafana(prom.port, scrape_interval_s=interval)
             except TestbedError as err:  # Prometheus keeps serving without it
                 args.console.print(f"[yellow]Grafana not started:[/yellow] {err}")
             else:

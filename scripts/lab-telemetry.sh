@@ -37,8 +37,14 @@ wait_http() {  # URL SECONDS
   return 1
 }
 
-log "Prometheus: the standing configuration (discovers fabrics in $DISCOVERY)"
-"$VENV/bin/python" -m telemetry.promconfig standing "$DISCOVERY" > /etc/prometheus/prometheus.yml.new
+# how often: 1 s, or 5 s where the CPU is emulated (QEMU without KVM), where an exporter's
+# answer takes 0.5-1.4 s (telemetry/promconfig.py, standing_interval)
+VIRT=$(systemd-detect-virt 2>/dev/null || true)
+INTERVAL=$("$VENV/bin/python" -m telemetry.promconfig grafana-interval --virt "${VIRT:-none}")
+export FABRICLAB_SCRAPE_INTERVAL=$INTERVAL
+log "Prometheus: the standing configuration (discovers fabrics in $DISCOVERY, scrapes every $INTERVAL: ${VIRT:-none})"
+"$VENV/bin/python" -m telemetry.promconfig standing "$DISCOVERY" --virt "${VIRT:-none}" \
+  > /etc/prometheus/prometheus.yml.new
 promtool check config /etc/prometheus/prometheus.yml.new >/dev/null
 mv /etc/prometheus/prometheus.yml.new /etc/prometheus/prometheus.yml
 echo 'ARGS="--web.listen-address=:9090 --storage.tsdb.retention.time=15d --web.enable-lifecycle"' \
@@ -57,12 +63,13 @@ install -m 0644 telemetry/grafana/dashboards/*.json "$DASHBOARDS/"
 grafana_settings() {  # the environment of Debian's grafana-server unit
   local file=/etc/default/grafana-server key
   touch "$file"
-  for key in PROMETHEUS_URL GF_SERVER_HTTP_PORT GF_AUTH_ANONYMOUS_ENABLED \
+  for key in PROMETHEUS_URL FABRICLAB_SCRAPE_INTERVAL GF_SERVER_HTTP_PORT GF_AUTH_ANONYMOUS_ENABLED \
              GF_AUTH_ANONYMOUS_ORG_ROLE GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH; do
     sed -i "/^$key=/d" "$file"
   done
   cat >> "$file" <<EOF
 PROMETHEUS_URL=http://127.0.0.1:9090
+FABRICLAB_SCRAPE_INTERVAL=$INTERVAL
 GF_SERVER_HTTP_PORT=3000
 GF_AUTH_ANONYMOUS_ENABLED=true
 GF_AUTH_ANONYMOUS_ORG_ROLE=Viewer
@@ -114,6 +121,6 @@ fabriclab lab VM is ready (kernel $(uname -r), $datapath).
 Next:
   vagrant ssh
   cd /vagrant && sudo .venv/bin/fabriclab run experiments/quickstart.yaml --out runs/quickstart --telemetry --keep
-Prometheus: $HOST_PROMETHEUS  (scrapes every fabric that is up in the VM)
+Prometheus: $HOST_PROMETHEUS  (scrapes every fabric that is up in the VM, every $INTERVAL)
 $grafana_line
 EOF

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S, grafana_interval
 from testbed.errors import TestbedError
 
 IMAGE = "grafana/grafana:11.6.0"
@@ -33,8 +34,11 @@ class Grafana:
         self.container.stop(timeout=10)
 
 
-def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT) -> Grafana:
-    """Start Grafana on 127.0.0.1:``port`` with Prometheus at 127.0.0.1:``prometheus_port``.
+def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT,
+                  scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S) -> Grafana:
+    """Start Grafana on 127.0.0.1:``port`` with Prometheus at 127.0.0.1:``prometheus_port``,
+    whose data was scraped every ``scrape_interval_s`` (the datasource's ``timeInterval``, so
+    that ``$__rate_interval`` spans enough samples).
 
     Raises:
         TestbedError: no Docker SDK, no daemon, or no image (and none can be pulled).
@@ -63,6 +67,7 @@ def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT) -> Grafana:
     container = client.containers.run(
         IMAGE, detach=True, auto_remove=True, network_mode="host", name=f"fabriclab-grafana-{port}",
         environment={"PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}",
+                     "FABRICLAB_SCRAPE_INTERVAL": grafana_interval(scrape_interval_s),
                      "GF_SERVER_HTTP_ADDR": "127.0.0.1", "GF_SERVER_HTTP_PORT": str(port),
                      "GF_AUTH_ANONYMOUS_ENABLED": "true",
                      "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},

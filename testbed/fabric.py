@@ -32,6 +32,7 @@ from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
 from testbed.failplan import cut_off_reason
 from testbed.fidelity import FidelityVerdict, assess
+from testbed.linkfail import End, LinkCut, set_links
 from testbed.mininet_hosts import Hosts
 from testbed.netlink import LinkDump, Netlink
 from testbed.pfc import PfcAgent
@@ -111,6 +112,7 @@ class Fabric:
         self._processes: list[subprocess.Popen] = []
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
         self.marker: Marker | None = None
+        self.cut: LinkCut | None = None  # link failures' cut (linkfail.py)
         self.pfc_agent: PfcAgent | None = None
         self.service_errors: list[str] = []  # what fabric service threads died of
 
@@ -151,6 +153,7 @@ class Fabric:
             self._step("scale-up", self._create_scale_up)
         if self.spec.fabric.needs_marker:
             self._step("ecn", self._attach_markers)
+        self._step("cut", self._load_cut)
         self._raise_send_buffer()
         self._step("switches", self._create_switches)
         self._step("programmed", self._wait_programmed)
@@ -177,9 +180,10 @@ class Fabric:
             if self.netlink is not None:
                 self.netlink.close()
                 self.netlink = None
-            if self.marker is not None:
-                self.marker.close()
-                self.marker = None
+            for service in ("marker", "cut"):
+                if getattr(self, service) is not None:
+                    getattr(self, service).close()
+                    setattr(self, service, None)
             report = cleanup.clean_record(self.record, self.registry, keep_run_dir=False)
             for proc in self._processes:  # ended by PID above: reap them
                 _reap(proc)
@@ -475,14 +479,28 @@ class Fabric:
                                   for g in server.gpus if g != gpu]
                 nl.host_routes(self.hosts.pid(gpu), ifname, routes, neighbours)
 
+    def _pin_dir(self) -> Path:
+        """The run's BPF pins, recorded for teardown and ``fabriclab clean``."""
+        pins = bpf.PIN_ROOT / self.record.run_id
+        if str(pins) not in self.record.bpf_pins:
+            self.record.bpf_pins.append(str(pins))
+            self.registry.save(self.record)
+        return pins
+
+    def _load_cut(self) -> None:
+        """Load the program a link failure cuts the link with (:mod:`testbed.linkfail`);
+        without the eBPF toolchain a failure takes the veths down alone, later to show."""
+        try:
+            self.cut = LinkCut(self._pin_dir() / "cut", self.registry.state_dir)
+        except TestbedError as err:
+            self.warnings.append(f"link failures take the veths down only, which the switches "
+                                 f"see 10-80 ms late: {err}")
+
     def _attach_markers(self) -> None:
         """The eBPF marker at the egress of every switch port, with its link tier's marking,
         steering packets into per-priority classes where there are some (and at host NICs);
         with PFC, its arrival counter at every switch port's ingress."""
-        pins = bpf.PIN_ROOT / self.record.run_id
-        self.record.bpf_pins.append(str(pins))
-        self.registry.save(self.record)
-        self.marker = Marker(self.registry.state_dir, pins)
+        self.marker = Marker(self.registry.state_dir, self._pin_dir())
         fab = self.spec.fabric
         table = tuple(fab.traffic_classes.table())
         pfc = self.spec.pfc is not None
@@ -696,13 +714,28 @@ class Fabric:
         return cut_off_reason(self.topo, ports, self.dead_switches(), hosts)
 
     def set_link(self, node1: str, node2: str, up: bool) -> Link:
-        """Take the link between two nodes down (both ends) or bring it back up."""
+        """Fail the link between two nodes or repair it (:meth:`set_links`)."""
         link = self.topo.find_link(node1, node2)
-        for end in (link.a, link.b):
-            node = self.topo.nodes[end.node]
-            pid = None if node.is_switch else self.hosts.pid(node.name)
-            self.netlink.set_state(end.ifname, up, pid=pid)
+        self.set_links([(node1, node2)], up)
         return link
+
+    def set_links(self, pairs: list[tuple[str, str]], up: bool,
+                  netlink: Netlink | None = None) -> dict[str, float]:
+        """Fail links (cut, the switches told, the veths down: :mod:`testbed.linkfail`) or
+        repair them, all at once; another thread passes its own ``netlink``. Returns each
+        step's time after the call."""
+        links = [self.topo.find_link(a, b) for a, b in pairs]
+        return set_links(netlink or self.netlink, [self.link_ends(l) for l in links], up,
+                         self.cut)
+
+    def link_ends(self, link: Link) -> tuple[End, End]:
+        """Both ends of a link as :mod:`testbed.linkfail` acts on them."""
+        def end(e) -> End:
+            if self.topo.nodes[e.node].is_switch:
+                inst = self.switch_instance.get(e.node)
+                return End(e.ifname, None, True, inst.db if inst else None)
+            return End(e.ifname, self.hosts.pid(e.node), False)
+        return end(link.a), end(link.b)
 
 
 def _reap(proc: subprocess.Popen) -> None:

@@ -1,8 +1,8 @@
 """Link and switch failures, the adapter: :class:`FailureInjector` is a fabric service thread
 that applies the planned events (:mod:`testbed.failplan`) at their times, relative to the
-workload's start, by setting both ends of each link down or up (the switches' ports go down, the
-controller sees the port status and reroutes, the groups' watch ports drop dead buckets at
-once). It samples the throughput the fabric delivers to the hosts meanwhile and keeps a log of
+workload's start, failing or repairing each link as :mod:`testbed.linkfail` does (the link is
+cut, its switches see the loss of signal at once: the groups' watch ports drop dead buckets, the
+controller gets the port status and reroutes; then the veths go down). It samples the throughput the fabric delivers to the hosts meanwhile and keeps a log of
 what it applied and when, with the throughput before, during and after, for ``results.json``.
 :func:`set_links_of_running_fabric` is ``fabriclab fail`` / ``restore``.
 """
@@ -14,8 +14,10 @@ import threading
 import time
 from pathlib import Path
 
+from testbed import ovs
 from testbed.errors import TestbedError
 from testbed.failplan import SAMPLE_S, FailureEvent, live_links, throughput_around
+from testbed.linkfail import End, LinkCut, set_links
 from testbed.netlink import Netlink
 
 
@@ -32,6 +34,7 @@ class FailureInjector:
         self._begin = threading.Event()
         self.applied: list[dict] = []
         self.samples: list[tuple[float, int]] = []  # (s since begin, bytes to the hosts)
+        self._cut_base: dict[str, int | None] = {}  # a failed target -> cut drops before
         self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
@@ -60,7 +63,7 @@ class FailureInjector:
                     self._sample(netlink, now - self.began)
                     next_sample = max(next_sample + SAMPLE_S, now)
                 while pending and now >= self.began + pending[0].at_s:
-                    self._apply(pending.pop(0))
+                    self._apply(pending.pop(0), netlink)
                 due = min([next_sample] + [self.began + e.at_s for e in pending[:1]])
                 if stop.wait(max(0.0, due - time.monotonic())):
                     return
@@ -71,19 +74,36 @@ class FailureInjector:
         counters = netlink.counters(self.host_ports)
         self.samples.append((round(at, 4), sum(c["tx_bytes"] for c in counters.values())))
 
-    def _apply(self, event: FailureEvent) -> None:
+    def _apply(self, event: FailureEvent, netlink: Netlink) -> None:
         at = time.monotonic() - self.began
-        errors = []
-        for a, b in event.links:
-            try:
-                self.fabric.set_link(a, b, event.action == "up")
-            except (TestbedError, OSError) as err:
-                errors.append(f"{a}-{b}: {err}")
+        errors, steps = [], {}
+        try:  # all of the event's links at once (a switch's: its every link)
+            steps = self.fabric.set_links(list(event.links), event.action == "up", netlink)
+        except (TestbedError, OSError) as err:
+            errors.append(f"{event.target}: {err}")
         took = time.monotonic() - self.began - at
         self.applied.append({"at_s": event.at_s, "applied_s": round(at, 4),
-                             "took_s": round(took, 4), "action": event.action,
-                             "target": event.target, "links": len(event.links),
-                             "errors": errors})
+                             "took_s": round(took, 4), "steps_s": steps,
+                             "action": event.action, "target": event.target,
+                             "links": len(event.links), "errors": errors})
+        dropped = self._cut_drops(event, netlink)
+        if event.action == "down":
+            self._cut_base[event.target] = dropped
+        elif dropped is not None and self._cut_base.get(event.target) is not None:
+            self.applied[-1]["cut_drops"] = dropped - self._cut_base.pop(event.target)
+
+    def _cut_drops(self, event: FailureEvent, netlink: Netlink) -> int | None:
+        """Frames the cuts of the event's links dropped so far, None without the cut
+        program: a repair reports those of the outage it ends."""
+        cut = self.fabric.cut
+        if cut is None:
+            return None
+        ends = [e for a, b in event.links
+                for e in self.fabric.link_ends(self.fabric.topo.find_link(a, b))]
+        try:
+            return cut.dropped(netlink, ends)
+        except (TestbedError, OSError):
+            return None
 
     def report(self) -> list[dict]:
         """What was applied so far (results.json's ``failures``), each with the delivered
@@ -110,13 +130,19 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     what, links = live_links(topo, target)
     hosts = {p.role.removeprefix("host:"): p.pid for p in record.processes
              if p.role.startswith("host:")}
+    def end(e) -> End:
+        if topo.nodes[e.node].is_switch:
+            return End(e.ifname, None, True, ovs.instance_db(record.run_dir, e.node))
+        return End(e.ifname, hosts.get(e.node), False)
+
+    pins = [Path(p) / "cut" for p in record.bpf_pins if (Path(p) / "cut").is_dir()]
+    cut = LinkCut(pins[0]) if pins else None
     netlink = Netlink()
     try:
-        for a, b in links:
-            link = topo.find_link(a, b)
-            for end in (link.a, link.b):
-                pid = None if topo.nodes[end.node].is_switch else hosts.get(end.node)
-                netlink.set_state(end.ifname, up, pid=pid)
+        set_links(netlink, [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b))
+                            for a, b in links], up, cut)
     finally:
         netlink.close()
+        if cut is not None:
+            cut.close()
     return f"{what} {'up' if up else 'down'} ({len(links)} link(s), run {record.run_id})"

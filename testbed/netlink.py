@@ -290,9 +290,10 @@ class Netlink:
                    cburst=burst_bytes, quantum=quantum_bytes)
 
     def attach_bpf(self, ifname: str, prog_fd: int, name: str, pid: int | None = None,
-                   ingress: bool = False) -> None:
+                   ingress: bool = False, prio: int = 2) -> None:
         """Run a BPF program (direct action) at the egress (or ingress) of ``ifname``, before
-        its qdisc: ``clsact`` plus a ``bpf`` filter holding the program by file descriptor."""
+        its qdisc: ``clsact`` plus a ``bpf`` filter holding the program by file descriptor.
+        Filters run by ``prio``, lowest first: a link's cut (1) before the marker (2)."""
         ipr = self.ns(pid)
         idx = self.index(ifname, pid)
         with _request(f"tc clsact on {ifname}"):
@@ -305,7 +306,26 @@ class Netlink:
         with _request(f"tc bpf filter {name} on {ifname} {where}"):
             ipr.tc("add-filter", "bpf", index=idx, handle=1,
                    parent=CLSACT_INGRESS if ingress else CLSACT_EGRESS, fd=prog_fd,
-                   name=name, direct_action=True, prio=1, protocol=0x0003)  # ETH_P_ALL
+                   name=name, direct_action=True, prio=prio, protocol=0x0003)  # ETH_P_ALL
+
+    def detach_bpf(self, ifname: str, prio: int, pid: int | None = None,
+                   ingress: bool = False) -> bool:
+        """Remove the BPF filter of priority ``prio`` from ``ifname``'s egress (or ingress).
+        False when there was none (or no such interface)."""
+        try:
+            idx = self.index(ifname, pid)
+        except TestbedError:
+            return False
+        try:
+            self.ns(pid).tc("del-filter", "bpf", index=idx, handle=1,
+                            parent=CLSACT_INGRESS if ingress else CLSACT_EGRESS, prio=prio,
+                            protocol=0x0003)
+        except NetlinkError as err:
+            if err.code in (errno.ENOENT, errno.EINVAL, errno.ENODEV):
+                return False
+            raise TestbedError(f"tc bpf filter on {ifname}: removing it failed: "
+                               f"{err.args[1] if len(err.args) > 1 else err}") from None
+        return True
 
     def leaf_queues(self, names: set[str], priorities: tuple[int, ...] | None = None
                     ) -> dict[tuple[str, int], dict[str, int]]:

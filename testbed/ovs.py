@@ -61,6 +61,28 @@ def vsctl(*args: str, timeout_s: int = VSCTL_TIMEOUT_S, db: str | None = None) -
     return _run(["ovs-vsctl", f"--timeout={timeout_s}", *dbarg, *args], timeout_s)
 
 
+def signal_loss(ifname: str, lost: bool, db: str | None = None) -> None:
+    """Tell the switch owning interface ``ifname`` that the link behind it lost (or regained)
+    its signal, at once: a BFD session enabled on the interface starts down, and a port whose
+    BFD does not forward is not live (``may_enable_port``): its fast-failover and select
+    buckets are skipped and the controller gets a port status without ``LIVE``, milliseconds
+    after this returns. The kernel's own signal (a veth's carrier) comes tens of milliseconds
+    later. ``lost=False`` removes the session: the port is live again when its carrier is up.
+    ``--no-wait``: the vswitchd applies it on its next loop, nothing to wait for."""
+    if lost:
+        vsctl("--no-wait", "set", "Interface", ifname, "bfd:enable=true", timeout_s=10, db=db)
+    else:
+        vsctl("--no-wait", "remove", "Interface", ifname, "bfd", "enable", timeout_s=10, db=db)
+
+
+def instance_db(run_dir: str | Path, bridge: str) -> str | None:
+    """The database socket of the private instance holding ``bridge`` in a run directory (its
+    management socket sits beside it), or None: the machine's Open vSwitch holds it."""
+    for mgmt in Path(run_dir).glob(f"ovs*/{bridge}.mgmt"):
+        return str(mgmt.parent / "db.sock")
+    return None
+
+
 @dataclass
 class Instance:
     """A private ``ovsdb-server`` + ``ovs-vswitchd`` pair, all of its files under ``directory``.

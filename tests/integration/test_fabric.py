@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -75,9 +76,31 @@ def test_link_down_is_routed_around_and_restored(make_fabric, routing, ends):
          "the rerouting to be acknowledged")
     result = fabric.reachability(count=3)
     assert result.complete, result.summary() + f" failed: {result.failed[:10]}"
+    # the failure is a cut (the eBPF program at both ends' egress) its switches were told of
+    # (a BFD session that is down); the repair removes both
+    switch_ends = [e for e in fabric.link_ends(link) if e.switch]
+    assert all(_egress_filters(e.ifname) == ["link_cut"] for e in switch_ends)
+    assert all(_bfd(e) == {"enable": "true"} for e in switch_ends)
     fabric.set_link(*ends, up=True)
+    assert all(_egress_filters(e.ifname) == [] and _bfd(e) == {} for e in switch_ends)
     poll(lambda: not fabric.controller_status().get("links_down"), 10, "link back up")
     assert fabric.reachability(count=2).complete
+
+
+def _egress_filters(ifname: str) -> list[str]:
+    """The names of the BPF programs at a root-namespace interface's egress."""
+    out = subprocess.run(["tc", "filter", "show", "dev", ifname, "egress"], capture_output=True,
+                         text=True, check=True).stdout
+    return [words[words.index("name") + 1] for words in map(str.split, out.splitlines())
+            if "name" in words]
+
+
+def _bfd(end) -> dict:
+    from testbed import ovs
+
+    doc = json.loads(ovs.vsctl("--format=json", "--columns=bfd", "list", "Interface", end.ifname,
+                               db=end.db))
+    return dict(doc["data"][0][0][1])
 
 
 def test_missing_netem_fails_before_building_anything(state_dir, tmp_path):

@@ -103,14 +103,15 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     print(routing, where, (a, b), {k: round(v, 4) if isinstance(v, float) else v
                                    for k, v in result.items()})
     measured = result["forward"] if where == "local" else result
-    # the userspace datapath notices a veth's carrier loss 60-80 ms after it (measured by
-    # polling the port's state), and the outages measured here spread 13-150 ms in both
-    # cases: this guards against a regression (seconds: a missed port status, a lost group
-    # update), the 30 / 150 ms targets are reported, not asserted
-    limit = 0.250
+    print(f"[outage] {routing} {where}: {measured['outage_s'] * 1e3:.1f} ms")
+    # the link is cut and its switches told at once (testbed/linkfail.py): 10-25 ms measured
+    # here in both cases against the 30 (local) and 150 ms (remote); the local bound
+    # leaves room for a loaded machine (the probe's own 5 ms steps, a busy vswitchd)
+    limit = 0.050 if where == "local" else 0.150
     assert measured["outage_s"] <= limit, result
     # no lasting loss: the probes lost are those of the outage, everything after arrived
     assert measured["lost"] * 0.005 <= limit + 0.01, result
+    assert measured["outage_s"] > 0, result  # the link did carry the probes: it was cut
     assert result["answered"] >= result["sent"] - result["lost"] - 2, result
 
 

@@ -113,6 +113,13 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
     assert all(not f["errors"] and f["applied_s"] >= f["at_s"] for f in applied)
     assert all(set(f["throughput"]) >= {"before_mbps", "during_mbps", "after_mbps"}
                for f in applied)
+    # each failure cut its links before the switches heard of it and before the veths went
+    # down; the repair reports what the cut dropped while it lasted (a number, maybe none)
+    for f in applied[:2]:
+        steps = f["steps_s"]
+        assert steps["cut_s"] <= steps["signalled_s"] <= steps["down_s"], f
+    assert applied[2]["steps_s"]["up_s"] <= applied[2]["steps_s"]["signalled_s"]
+    assert applied[2]["cut_drops"] >= 0
 
 
 def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(state_dir,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -20,7 +21,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
+from telemetry import promconfig
 from testbed import labvm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,12 +101,23 @@ def test_bad_settings_and_faults_each_give_one_clear_message(lab, tmp_path):
     assert "FABRICLAB_VM_GRAFANA_PORT" in message
 
 
-def _prometheus(port: int, expr: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as resp:
+def _prometheus_api(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}", timeout=10) as resp:
         doc = json.load(resp)
     assert doc["status"] == "success", doc
-    return doc["data"]["result"]
+    return doc["data"]
+
+
+def _prometheus(port: int, expr: str) -> list[dict]:
+    return _prometheus_api(port, "query?" + urllib.parse.urlencode({"query": expr}))["result"]
+
+
+def _targets(port: int) -> list[dict]:
+    """Each active target of the Prometheus on ``port``: job, health, last error, last scrape's
+    duration."""
+    return [{"job": t["labels"].get("job"), "health": t["health"], "error": t["lastError"],
+             "duration_s": t["lastScrapeDuration"]}
+            for t in _prometheus_api(port, "targets?state=active")["activeTargets"]]
 
 
 def _poll(predicate, timeout_s: float, what: str, every_s: float = 3.0):
@@ -128,6 +142,11 @@ def test_vagrant_up_gives_a_ready_lab(lab):
     assert f"http://127.0.0.1:{vagrant.ports['grafana']}" in out
     assert "Open vSwitch kernel datapath" in out
     assert "fabriclab lab VM is ready" in out
+    # the standing Prometheus scrapes as often as this VM's CPU allows (an emulated one: 5 s)
+    said = re.search(r"scrapes every fabric that is up in the VM, every (\d+)s\)", out)
+    assert said, out[-1500:]
+    config = yaml.safe_load(_prometheus_api(vagrant.ports["prometheus"], "status/config")["yaml"])
+    assert promconfig.scrape_interval_of(config) == int(said.group(1)), config["global"]
     assert daemons.domains(), "no libvirt domain runs the VM"
     # every forward listens on the host's loopback only, and no libvirt network is active
     # (Debian defines one, "default", which is never started here)
@@ -176,8 +195,14 @@ def test_vagrant_up_gives_a_ready_lab(lab):
         def scraped() -> bool:
             up = {s["metric"]["job"]: s["value"][1] for s in _prometheus(port, "up")}
             return up.get("fabric") == "1" and up.get("controller") == "1"
-        _poll(scraped, 120, "the VM's Prometheus to scrape the fabric and the controller")
+        try:
+            _poll(scraped, 120, "the VM's Prometheus to scrape the fabric and the controller")
+        except AssertionError as exc:  # what Prometheus says of each target, and the VM's load
+            raise AssertionError(f"{exc}; targets: {_targets(port)}; VM: " + vagrant.ssh(
+                "uptime; ls -l /var/lib/fabriclab/prometheus-sd", check=False).stdout) from None
         _report("a fabric up in the VM, scraped through the forward", time.monotonic() - start)
+        for target in _targets(port):
+            _report(f"scrape of the {target['job']} exporter in the VM", target["duration_s"])
         ports = _prometheus(port, "count(fabriclab_port_transmit_bytes_total)")
         assert int(ports[0]["value"][1]) >= 48  # k=4: 16 host ports, 32 x 2 fabric ports
     finally:

@@ -158,9 +158,34 @@ def test_the_standing_configuration_discovers_the_runs_exporters(tmp_path, capsy
         {"targets": ["127.0.0.1:1"], "labels": {"run": "r"}}]
     with pytest.raises(ValueError, match="> 0"):
         standing_config(tmp_path, 0)
+    assert cfg["global"]["scrape_timeout"] == "2000ms"  # a slow scrape is late, not down
     assert promconfig.main(["standing", str(tmp_path)]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == standing_config(tmp_path)
     assert promconfig.main(["other"]) == 2
+    assert promconfig.main(["standing", "--virt"]) == 2
+
+
+@pytest.mark.parametrize("virt,interval,grafana", [("kvm", 1.0, "1s"), ("none", 1.0, "1s"),
+                                                   ("qemu", 5.0, "5s"), ("qemu\n", 5.0, "5s")])
+def test_the_standing_interval_follows_whether_the_cpu_is_emulated(tmp_path, capsys, virt,
+                                                                    interval, grafana):
+    """Under QEMU without KVM the exporter answers in 0.5-1.4 s: 1 s scrapes would time out."""
+    assert promconfig.standing_interval(virt) == interval
+    assert promconfig.main(["standing", str(tmp_path), "--virt", virt]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg == standing_config(tmp_path, interval)
+    assert promconfig.main(["grafana-interval", "--virt", virt]) == 0
+    assert capsys.readouterr().out.strip() == grafana
+    assert promconfig.grafana_interval(1.5) == "1500ms"
+    assert promconfig.scrape_interval_of(cfg) == interval  # read back when a run is served
+
+
+def test_a_scrape_interval_is_read_back_from_a_configuration():
+    of = promconfig.scrape_interval_of
+    assert of(scrape_config({"fabric": ["a:1"]}, 2.5)) == 2.5
+    assert of({"global": {"scrape_interval": "15s"}}) == 15.0 and of({}) == 60.0
+    with pytest.raises(ValueError, match="scrape_interval"):
+        of({"global": {"scrape_interval": "1m30s"}})
 
 
 def test_the_committed_dashboards_are_what_the_code_generates_and_fit_the_sdk_model():
