@@ -234,9 +234,10 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
               tables: dict[str, SwitchTables], weighted: bool = False) -> None:
     for gid, dst in enumerate(topo.access_switches, start=1):
         dist = _distances_to(topo, dst.name, link_up)
+        plane = _distances_to(topo, dst.name, {})  # a multi-plane fabric's: its own switches
         shares = capacity_shares(topo, dst.name, dist, link_up) if weighted else {}
         for sw in topo.switches:
-            if sw.name == dst.name:
+            if sw.name == dst.name or sw.name not in plane:
                 continue
             ports = tuple(sorted(_next_hops(topo, sw.name, dist, link_up)))
             weights = bucket_weights([shares.get((sw.name, p), 0.0) for p in ports])

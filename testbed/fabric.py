@@ -54,7 +54,7 @@ from testbed.reachability import (
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
 from testbed.spec import EcnMarker, Fidelity, TestbedSpec
 from testbed.servers import scale_up_routes
-from testbed.topology import HOST_PREFIX_LEN, Link, shard_switches
+from testbed.topology import HOST_PREFIX_LEN, PLANE_PREFIX_LEN, Link, shard_switches
 
 
 STARTUP_WORKERS = 16
@@ -386,7 +386,11 @@ class Fabric:
                         "net.ipv4.conf.default.rp_filter": "0"}
             if any(s.scale_up == "cube_mesh" for s in self.topo.servers):
                 sysctls["net.ipv4.ip_forward"] = "1"  # a GPU relays for its cube-mesh pairs
-        self.hosts = Hosts([h.name for h in self.topo.hosts], on_spawn=track, sysctls=sysctls)
+        topo = self.topo
+        nics = {h.name: topo.nic_owner(h.name) for h in topo.hosts
+                if topo.nic_owner(h.name) != h.name}  # a multi-plane GPU's other NICs
+        self.hosts = Hosts([h.name for h in topo.hosts if h.name not in nics], on_spawn=track,
+                           sysctls=sysctls, aliases=nics)
 
     def _root_ends(self, link: Link) -> list[str]:
         return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
@@ -423,11 +427,12 @@ class Fabric:
                 nl.set_state(link.a.ifname, True)
             nl.shape(link.b.ifname, plan)
             nl.set_state(link.b.ifname, True)
-        neighbours = [(h.ip, h.mac) for h in self.topo.hosts]
-        for host in self.topo.hosts:
+        for host in self.topo.hosts:  # each NIC on-link with its plane's, as ARP resolved
+            plane = self.topo.plane_of(host.name)
             nl.configure_host(self.hosts.pid(host.name), self.topo.host_link(host.name).a.ifname,
-                              host.ip, HOST_PREFIX_LEN,
-                              [n for n in neighbours if n[0] != host.ip])
+                              host.ip, HOST_PREFIX_LEN if plane == 1 else PLANE_PREFIX_LEN,
+                              [(h.ip, h.mac) for h in self.topo.hosts if h is not host
+                               and self.topo.plane_of(h.name) == plane])
 
     def _create_scale_up(self) -> None:
         """Every server's scale-up domain: veths between its GPUs' namespaces (meshes) or from
@@ -682,9 +687,11 @@ class Fabric:
 
     # -- operations on a running fabric ---------------------------------------------------------
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
-        """Probe every ordered host pair ``count`` times, all sources at once."""
-        hosts = self.topo.hosts
-        expected = {h.name: {o.ip: o.name for o in hosts if o is not h} for h in hosts}
+        """Probe every ordered host pair ``count`` times, all sources at once (on a
+        multi-plane fabric every pair of NICs of a plane)."""
+        hosts, plane = self.topo.hosts, self.topo.plane_of
+        expected = {h.name: {o.ip: o.name for o in hosts
+                             if o is not h and plane(o.name) == plane(h.name)} for h in hosts}
         interval = probe_interval_ms(len(hosts), len(self.topo.switches))
         commands = {src: fping_command(sorted(targets), count, interval)
                     for src, targets in expected.items()}

@@ -133,7 +133,7 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     def end(e) -> End:
         if topo.nodes[e.node].is_switch:
             return End(e.ifname, None, True, ovs.instance_db(record.run_dir, e.node))
-        return End(e.ifname, hosts.get(e.node), False)
+        return End(e.ifname, hosts.get(topo.nic_owner(e.node)), False)
 
     pins = [Path(p) / "cut" for p in record.bpf_pins if (Path(p) / "cut").is_dir()]
     cut = LinkCut(pins[0]) if pins else None

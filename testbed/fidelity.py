@@ -123,7 +123,8 @@ def saturation_mbit_hops(mtu: int, table: dict[int, float] | None = None) -> flo
 
 def mean_switch_hops(topo: Topology) -> float:
     """Mean switch hops over all ordered host pairs (uniform all-to-all traffic); pairs of
-    GPUs in one server count none (their traffic stays in the scale-up domain)."""
+    GPUs in one server count none (their traffic stays in the scale-up domain), NICs of two
+    planes are no pair."""
     graph = topo.graph
     switches = [n for n in graph if topo.nodes[n].is_switch]
     sub = graph.subgraph(switches)
@@ -135,6 +136,8 @@ def mean_switch_hops(topo: Topology) -> float:
     dists = {a: nx.single_source_shortest_path_length(sub, a) for a in hosts_at}
     for a, na in hosts_at.items():
         for b, nb in hosts_at.items():
+            if b not in dists[a]:  # another plane of a multi-plane fabric: no traffic
+                continue
             n = na * nb - (na if a == b else 0)
             total += n * (dists[a][b] + 1)
             pairs += n

@@ -32,7 +32,9 @@ class Hosts:
     """
 
     def __init__(self, names: list[str], on_spawn: Callable[[str, int], None],
-                 sysctls: dict[str, str] | None = None) -> None:
+                 sysctls: dict[str, str] | None = None,
+                 aliases: dict[str, str] | None = None) -> None:
+        self.aliases = dict(aliases or {})  # a multi-plane GPU's other NICs -> the GPU
         self.nodes: dict[str, Host] = {}
         for name in names:
             node = Host(name)
@@ -47,13 +49,17 @@ class Hosts:
                 raise TestbedError(f"{node.name}: host set-up failed", init, out)
 
     def pid(self, name: str) -> int:
-        return self.nodes[name].pid
+        return self.node(name).pid
+
+    def node(self, name: str) -> Host:
+        """The namespace of host ``name`` (a multi-plane NIC's: its GPU's)."""
+        return self.nodes[self.aliases.get(name, name)]
 
     def popen(self, name: str, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` inside host ``name``'s namespace (stdout/stderr piped, text)."""
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
-        return self.nodes[name].popen(argv, text=True, **kwargs)
+        return self.node(name).popen(argv, text=True, **kwargs)
 
     def run_parallel(self, commands: dict[str, list[str]],
                      timeout_s: float) -> dict[str, tuple[int, str, str]]:

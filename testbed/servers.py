@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import networkx as nx
@@ -162,14 +162,28 @@ def place_servers(topo: Topology, spec: ServerSpec) -> Topology:
     return Topology(topo.kind, {**topo.params, **_params(spec)}, nodes, links, servers, up)
 
 
+MAX_PLANES = 8
+
+
+def nic_name(server: int, gpu: int, plane: int) -> str:
+    """A GPU's NIC on ``plane``: the GPU itself on plane 1, ``s{server}g{gpu}n{plane}`` on the
+    others."""
+    return gpu_name(server, gpu) if plane == 1 else f"{gpu_name(server, gpu)}n{plane}"
+
+
 def rail_optimized(spec: ServerSpec, spines: int, servers_per_leaf: int | None = None,
-                   host_rate_mbps: float = 100.0, fabric_rate_mbps: float = 100.0) -> Topology:
+                   host_rate_mbps: float = 100.0, fabric_rate_mbps: float = 100.0,
+                   planes: int = 1) -> Topology:
     """A rail-optimized fabric: one leaf per rail (GPU ``g`` of every server; with
     ``servers_per_leaf``, a rail's servers split over several leaves), every leaf to every
-    spine.
+    spine; with ``planes``, that many such networks side by side, disjoint, each GPU with one
+    NIC port on each (a multi-plane fabric: a NIC's ports split over planes, as 800G NICs are
+    run as 2 x 400G, or 4 x 200G, planes).
 
     Leaf ports ``1..servers_per_leaf`` face GPUs, then one per spine; spine port ``l`` faces
-    leaf ``l``. Leaf ``l`` owns ``10.0.{l}.0/24``.
+    leaf ``l`` of its plane. Leaf ``l`` of plane ``p`` owns ``10.{p - 1}.{l}.0/24``. With one
+    plane the switches are ``rail{g}[_{j}]`` and ``spine{i}``; with more, ``p{p}`` goes before
+    each name, and a GPU's plane-``p`` NIC is the host ``s{s}g{g}n{p}`` (plane 1's is the GPU).
 
     Raises:
         ConfigError: naming the field that is out of range.
@@ -178,6 +192,7 @@ def rail_optimized(spec: ServerSpec, spines: int, servers_per_leaf: int | None =
     per_leaf = spec.count if servers_per_leaf is None else servers_per_leaf
     _check_int("servers_per_leaf", per_leaf, 1, 253)
     _check_int("spines", spines, 1, 254)
+    _check_int("planes", planes, 1, MAX_PLANES)
     _check_rate("host_rate_mbps", host_rate_mbps)
     _check_rate("fabric_rate_mbps", fabric_rate_mbps)
     groups = math.ceil(spec.count / per_leaf)
@@ -185,29 +200,39 @@ def rail_optimized(spec: ServerSpec, spines: int, servers_per_leaf: int | None =
         raise ConfigError("servers", f"{spec.gpus_per_server * groups} rail leaves: at most "
                                      "254")
     b = _Builder()
-    spine_nodes = [b.add(Node(f"spine{i}", "spine", 0, i, dpid=_dpid("spine", 0, i)))
-                   for i in range(1, spines + 1)]
-    number = 0
-    for rail in range(1, spec.gpus_per_server + 1):
-        for j in range(1, groups + 1):
-            number += 1
-            name = f"rail{rail}" if groups == 1 else f"rail{rail}_{j}"
-            leaf = b.add(Node(name, "leaf", number, number, dpid=_dpid("leaf", number, number),
-                              subnet=f"10.0.{number}.0/24"))
-            net = ipaddress.ip_network(leaf.subnet)
-            first = (j - 1) * per_leaf
-            for i, server in enumerate(range(first + 1, min(first + per_leaf, spec.count) + 1),
-                                       start=1):
-                ip = str(net.network_address + i)
-                gpu = b.add(Node(gpu_name(server, rail), "host", number, i, ip=ip,
-                                 mac=_mac_for(ip)))
-                b.connect(gpu.name, 0, leaf.name, i, "host", host_rate_mbps)
-            for s, spine in enumerate(spine_nodes, start=1):
-                b.connect(leaf.name, per_leaf + s, spine.name, number, "fabric",
-                          fabric_rate_mbps)
+    number = 0  # leaves across planes (their DPIDs)
+    for plane in range(1, planes + 1):
+        prefix = f"p{plane}" if planes > 1 else ""
+        spine_nodes = [b.add(Node(f"{prefix}spine{i}", "spine", plane - 1, i,
+                                  dpid=_dpid("spine", plane - 1, i)))
+                       for i in range(1, spines + 1)]
+        in_plane = 0
+        for rail in range(1, spec.gpus_per_server + 1):
+            for j in range(1, groups + 1):
+                number += 1
+                in_plane += 1
+                name = f"{prefix}rail{rail}" if groups == 1 else f"{prefix}rail{rail}_{j}"
+                leaf = b.add(Node(name, "leaf", number, number,
+                                  dpid=_dpid("leaf", number, number),
+                                  subnet=f"10.{plane - 1}.{in_plane}.0/24"))
+                net = ipaddress.ip_network(leaf.subnet)
+                first = (j - 1) * per_leaf
+                for i, server in enumerate(range(first + 1,
+                                                 min(first + per_leaf, spec.count) + 1), start=1):
+                    ip = str(net.network_address + i)
+                    nic = b.add(Node(nic_name(server, rail, plane), "host", number, i, ip=ip,
+                                     mac=_mac_for(ip)))
+                    b.connect(nic.name, 0, leaf.name, i, "host", host_rate_mbps)
+                for s, spine in enumerate(spine_nodes, start=1):
+                    b.connect(leaf.name, per_leaf + s, spine.name, in_plane, "fabric",
+                              fabric_rate_mbps)
     servers, up = scale_up_links(spec)
+    if planes > 1:
+        servers = tuple(replace(server, planes=tuple(
+            tuple(nic_name(server.index, g, plane) for g in range(1, spec.gpus_per_server + 1))
+            for plane in range(2, planes + 1))) for server in servers)
     return Topology("rail_optimized", {"spines": spines, "servers_per_leaf": per_leaf,
-                                       "host_rate_mbps": host_rate_mbps,
+                                       "planes": planes, "host_rate_mbps": host_rate_mbps,
                                        "fabric_rate_mbps": fabric_rate_mbps, **_params(spec)},
                     b.nodes, tuple(b.links), servers, up)
 
@@ -253,8 +278,11 @@ def describe(topo: Topology) -> str | None:
         return None
     gpus = len(topo.servers[0].gpus)
     rate = topo.scale_up[0].rate_mbps if topo.scale_up else 0.0
+    planes = 1 + len(topo.servers[0].planes)
     rails = (f"on {gpus} rails" if topo.kind == "rail_optimized"
              else f"in order on the {topo.kind}")
+    nic = "one NIC per GPU" if planes == 1 else f"one NIC per GPU with a port on each of " \
+                                                 f"{planes} planes,"
     return (f"{len(topo.servers)} servers x {gpus} GPUs; scale-up: {topo.servers[0].scale_up}, "
-            f"{len(topo.scale_up)} links at {rate:g} Mbit/s; scale-out: one NIC per GPU {rails}")
+            f"{len(topo.scale_up)} links at {rate:g} Mbit/s; scale-out: {nic} {rails}")
 

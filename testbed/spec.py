@@ -81,7 +81,7 @@ class Backend(StrEnum):
 SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf"),
               "ring": ("leaves", "hosts_per_leaf"), "rail_optimized": ("spines",)}
 #: optional shape keys, by topology
-OPTIONAL_SHAPE_KEYS = {"rail_optimized": ("servers_per_leaf",)}
+OPTIONAL_SHAPE_KEYS = {"rail_optimized": ("servers_per_leaf", "planes")}
 
 
 class EcnMarker(StrEnum):
@@ -286,7 +286,8 @@ def build_topology(spec: FabricSpec) -> Topology:
             if spec.servers is None:
                 raise ConfigError("servers", "required for topology rail_optimized")
             return rail_optimized(spec.servers, spec.shape["spines"],
-                                  spec.shape.get("servers_per_leaf"), *rates)
+                                  spec.shape.get("servers_per_leaf"), *rates,
+                                  planes=spec.shape.get("planes", 1))
         if spec.topology == "fat_tree":
             topo = fat_tree(spec.shape["k"], *rates)
         elif spec.topology == "ring":

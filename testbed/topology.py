@@ -29,6 +29,9 @@ from testbed.errors import ConfigError
 IFNAMSIZ = 15  # Linux interface names hold at most 15 characters
 HOST_NETWORK = ipaddress.ip_network("10.0.0.0/8")
 HOST_PREFIX_LEN = HOST_NETWORK.prefixlen
+#: a multi-plane NIC's prefix: plane ``p`` is ``10.{p - 1}.0.0/16``, more specific than the
+#: plane-1 NIC's ``/8``, so each plane's traffic leaves by its own NIC
+PLANE_PREFIX_LEN = 16
 
 # DPID layout: role code in the top byte, then group (pod/leaf) and index.
 _ROLE_CODE = {"core": 0x01, "agg": 0x02, "edge": 0x03, "spine": 0x11, "leaf": 0x12}
@@ -106,6 +109,9 @@ class Server:
     gpus: tuple[str, ...]
     scale_up: str  # switch | full_mesh | cube_mesh
     switch: str | None = None  # the scale-up switch's name (kind switch)
+    #: a multi-plane fabric's other NICs: for plane 2, 3, ... the NIC of each GPU (in GPU
+    #: order), hosts of that plane in the GPU's namespace (the GPU itself is its plane-1 NIC)
+    planes: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,29 @@ class Topology:
     @cached_property
     def _server_by_gpu(self) -> dict[str, Server]:
         return {gpu: server for server in self.servers for gpu in server.gpus}
+
+    def nics(self, host: str) -> tuple[str, ...]:
+        """A rank host's NICs by plane (the host itself first; one NIC without planes)."""
+        return self._nics.get(host, (host,))
+
+    def nic_owner(self, host: str) -> str:
+        """The rank host (GPU) whose namespace a NIC is in: a plane's NIC's GPU, else itself."""
+        return self._owner.get(host, host)
+
+    def plane_of(self, host: str) -> int:
+        """The plane (1-based) a host's NIC is on: 1 without planes."""
+        owner = self.nic_owner(host)
+        return self.nics(owner).index(host) + 1
+
+    @cached_property
+    def _nics(self) -> dict[str, tuple[str, ...]]:
+        return {gpu: (gpu, *(plane[i] for plane in server.planes))
+                for server in self.servers if server.planes
+                for i, gpu in enumerate(server.gpus)}
+
+    @cached_property
+    def _owner(self) -> dict[str, str]:
+        return {nic: gpu for gpu, nics in self._nics.items() for nic in nics[1:]}
 
     def scale_up_ports(self, node: str) -> dict[int, Link]:
         """Map port number -> scale-up link for one GPU or scale-up switch."""
@@ -255,7 +284,8 @@ class Topology:
             "params": self.params,
             "nodes": [vars(n) for n in self.nodes.values()],
             "links": [_link_dict(l) for l in self.links],
-            "servers": [{**vars(s), "gpus": list(s.gpus)} for s in self.servers],
+            "servers": [{**vars(s), "gpus": list(s.gpus),
+                         "planes": [list(plane) for plane in s.planes]} for s in self.servers],
             "scale_up": [_link_dict(l) for l in self.scale_up],
         }
 
@@ -273,7 +303,8 @@ def from_dict(data: dict) -> Topology:
     nodes = {n["name"]: Node(**n) for n in data["nodes"]}
     return Topology(data["kind"], dict(data["params"]), nodes,
                     tuple(_link(l) for l in data["links"]),
-                    tuple(Server(**{**s, "gpus": tuple(s["gpus"])})
+                    tuple(Server(**{**s, "gpus": tuple(s["gpus"]),
+                                    "planes": tuple(map(tuple, s.get("planes", ())))})
                           for s in data.get("servers", [])),
                     tuple(_link(l) for l in data.get("scale_up", [])))
 

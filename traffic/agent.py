@@ -83,7 +83,8 @@ class Agent:
         if spec.transport != "tcp":
             scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
             self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
-                                    scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn)
+                                    scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn,
+                                    ranks=spec.ranks)
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
@@ -119,7 +120,7 @@ class Agent:
         for peer in sorted(send_to):
             self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
-                sock = _connect(ranks[peer].ip, self.spec.port)
+                sock = _connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port)
                 if self.spec.congestion_control:  # the sender's choice is what counts
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
                                     self.spec.congestion_control.encode())
@@ -339,7 +340,9 @@ def main(argv: list[str]) -> int:
     rank = spec.rank_of(host)
     agent = Agent(spec, rank)
     _publish_state(agent, f"{spec_path}.rank{rank}")
-    listener = socket.create_server((spec.ranks[rank].ip, spec.port), backlog=256)
+    me = spec.ranks[rank]  # a multi-plane GPU listens on every NIC's address
+    listener = socket.create_server(("0.0.0.0" if me.planes else me.ip, spec.port),
+                                    backlog=256)
     try:
         agent.connect(listener)
         agent.start_threads()

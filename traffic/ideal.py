@@ -5,7 +5,9 @@ A fluid model: in each step every transfer puts its bytes on the links it crosse
 evenly over the equal-cost paths between its endpoints' access switches (the fabric's ECMP
 or D-mod-k spread, on average); the step lasts as long as its busiest directed link needs
 (bytes over rate, at the wire's payload share). A transfer between two GPUs of one server
-crosses the server's scale-up links instead (:func:`testbed.servers.scale_up_routes`). Hash
+crosses the server's scale-up links instead (:func:`testbed.servers.scale_up_routes`); on a
+multi-plane fabric the other transfers split evenly over the planes (a job whose connections
+per peer are a multiple of the planes spreads them so). Hash
 collisions, queues and protocol overheads are not in it: the measured time over this one is
 what they cost.
 """
@@ -45,8 +47,14 @@ class FluidModel:
             if hop.via is not None:
                 return [((src, hop.via), 1.0), ((hop.via, dst), 1.0)]
             return [((src, dst), 1.0)]
-        a, b = self.topo.attachment(src).node, self.topo.attachment(dst).node
-        return [((src, a), 1.0), *self._between(a, b), ((b, dst), 1.0)]
+        pairs = list(zip(self.topo.nics(src), self.topo.nics(dst)))  # one per plane
+        out = []
+        for s, d in pairs:  # a multi-plane fabric: the planes share the bytes evenly
+            a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+            out += [((s, a), 1 / len(pairs)),
+                    *((hop, share / len(pairs)) for hop, share in self._between(a, b)),
+                    ((b, d), 1 / len(pairs))]
+        return out
 
     def ideal_s(self, sched: Schedule, hosts: tuple[str, ...], goodput: float = 1.0) -> float:
         """The schedule's time at line rate (see the module docstring); ``hosts[r]`` is rank

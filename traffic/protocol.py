@@ -15,10 +15,23 @@ from traffic.schedules import Transfer
 
 @dataclass(frozen=True)
 class RankSpec:
-    """Rank ``i`` of a job is ``ranks[i]``: its host and that host's address."""
+    """Rank ``i`` of a job is ``ranks[i]``: its host and that host's address; on a multi-plane
+    fabric also its NICs' addresses on planes 2, 3, ... and its server (1-based; 0: none)."""
 
     host: str
     ip: str
+    planes: tuple[str, ...] = ()
+    server: int = 0
+
+    def address_for(self, sender: RankSpec, channel: int) -> str:
+        """Where ``sender``'s connection (or queue pair) ``channel`` to this rank goes: the
+        planes in turn (channel ``c`` on plane ``c % planes + 1``: NCCL spreads its channels
+        over a NIC's ports), except from a GPU of the same server (its scale-up domain
+        carries that, to the plane-1 address)."""
+        if not self.planes or (self.server and self.server == sender.server):
+            return self.ip
+        addresses = (self.ip, *self.planes)
+        return addresses[channel % len(addresses)]
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,8 @@ class AgentSpec:
     def from_json(cls, text: str) -> AgentSpec:
         d = json.loads(text)
         return cls(d["port"], d["connections"], d["start_at"],
-                   tuple(RankSpec(**r) for r in d["ranks"]),
+                   tuple(RankSpec(**{**r, "planes": tuple(r.get("planes", ()))})
+                         for r in d["ranks"]),
                    tuple(CollectiveSpec(c["op"], c["gap_s"],
                                         tuple(Transfer(**t) for t in c["transfers"]))
                          for c in d["collectives"]),

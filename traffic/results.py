@@ -46,12 +46,18 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
              start_at: float, port: int = AGENT_PORT,
              congestion_control: str | None = None, dscp: int = 0, transport: str = "tcp",
              spray: bool | None = None, scale: dict | None = None,
-             dcqcn: str = "paper") -> AgentSpec:
-    """The spec every agent reads. All collectives must use the same rank hosts (one job)."""
+             dcqcn: str = "paper", planes: dict[str, tuple[str, ...]] | None = None,
+             servers: dict[str, int] | None = None) -> AgentSpec:
+    """The spec every agent reads. All collectives must use the same rank hosts (one job).
+    ``planes``: a multi-plane fabric's other NIC addresses per host; ``servers``: each GPU's
+    server."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
         raise ValueError("one job, one rank list")
-    return AgentSpec(port, connections, start_at, tuple(RankSpec(h, ips[h]) for h in hosts),
+    planes, servers = planes or {}, servers or {}
+    ranks = tuple(RankSpec(h, ips[h], tuple(planes.get(h, ())), servers.get(h, 0))
+                  for h in hosts)
+    return AgentSpec(port, connections, start_at, ranks,
                      tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
                            for c in collectives), congestion_control=congestion_control,
                      dscp=dscp, transport=transport, spray=spray, scale=scale,

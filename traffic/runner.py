@@ -141,8 +141,10 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
         link = topo.host_link(hosts[0])
         scale = {"rate_bps": link.rate_mbps * 1e6, "base_rtt_s": fabric.spec.base_rtt_s,
                  "mss": mss_for(fabric.spec.fabric.mtu)}
+    planes = {h: tuple(topo.nodes[n].ip for n in topo.nics(h)[1:]) for h in hosts}
+    servers = {h: topo.server_of(h).index for h in hosts if topo.server_of(h)}
     spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
-                    transport, spray, scale, dcqcn)
+                    transport, spray, scale, dcqcn, planes, servers)
     path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
     write_text_atomic(path, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}
@@ -188,6 +190,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
     finally:
         for proc in procs.values():
             fabric.stop(proc)
-    link = topo.host_link(hosts[0])
-    return summarize(collectives, sorted(reports, key=lambda r: r.rank), link.rate_mbps,
+    # a rank's scale-out rate: its NIC's, times the planes its ports are on
+    rate = sum(topo.host_link(nic).rate_mbps for nic in topo.nics(hosts[0]))
+    return summarize(collectives, sorted(reports, key=lambda r: r.rank), rate,
                      fabric.spec.fabric.mtu, FluidModel(topo) if topo.servers else None)

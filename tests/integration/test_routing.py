@@ -77,7 +77,7 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric):
     assert result.efficiency > 0.6, result  # 0.78-0.96 seen: the split is what is tested
 
 
-@pytest.mark.parametrize("routing", ["ecmp", "dmodk", "adaptive"])
+@pytest.mark.parametrize("routing", ["ecmp", "dmodk", "adaptive", "spray"])
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, where):
     """A probe every 5 ms from h1_1_1 to h2_1_1 (fixed source port: one path, traced); a link
@@ -95,7 +95,12 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
         warm = measure_outage(fabric, "h1_1_1", "h2_1_1", lambda: None, seconds=0.5,
                               at_s=0.1, port=dport, sport=sport)
         assert warm["answered"] > 0, warm
-    path = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
+    if routing == "spray":  # dp_hash groups: the path is seen in the ports' counters
+        path = _observed_path(fabric, "h1_1_1", "h2_1_1", lambda: measure_outage(
+            fabric, "h1_1_1", "h2_1_1", lambda: None, seconds=0.5, at_s=0.1, port=dport,
+            sport=sport))
+    else:
+        path = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
     a, b = (path[1], path[2]) if where == "local" else (path[3], path[4])
     result = measure_outage(fabric, "h1_1_1", "h2_1_1",
                             lambda: fabric.set_link(a, b, up=False), seconds=3.0,
@@ -113,6 +118,34 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     assert measured["lost"] * 0.005 <= limit + 0.01, result
     assert measured["outage_s"] > 0, result  # the link did carry the probes: it was cut
     assert result["answered"] >= result["sent"] - result["lost"] - 2, result
+
+
+def _observed_path(fabric, src: str, dst: str, send) -> list[str]:
+    """The nodes a probe stream from ``src`` to ``dst`` crossed (``send()`` runs it, 100
+    probes), up to the destination's pod: from ``src``'s switch, each hop is the port toward a
+    switch not yet on the path that sent at least 90 probes (the replies leave by other ports:
+    down toward the source, or up from the destination's pod)."""
+    topo = fabric.topo
+    ports = {l.end(sw.name).ifname: (sw.name, l.other(sw.name).node)
+             for sw in topo.switches for l in topo.ports(sw.name).values()}
+    before = fabric.netlink.counters(set(ports))
+    doc = send()
+    after = fabric.netlink.counters(set(ports))
+    sent = {p: after[p]["tx_packets"] - before[p]["tx_packets"] for p in ports}
+    assert doc["sent"] >= 90, doc
+    def switch_of(host: str) -> str:
+        return next(iter(topo.ports(host).values())).other(host).node
+
+    last = switch_of(dst).replace("edge", "agg").split("_")[0] + "_"  # "agg2_"
+    path = [src, switch_of(src)]
+    while not path[-1].startswith(last):
+        here = path[-1]
+        hops = [(n, p) for p, (sw, n) in ports.items()
+                if sw == here and n not in path and topo.nodes[n].is_switch
+                and sent[p] >= 0.9 * doc["sent"]]
+        assert len(hops) == 1, (here, hops, {p: v for p, v in sent.items() if v})
+        path.append(hops[0][0])
+    return path
 
 
 def test_a_dead_vswitchd_is_a_switch_failure_routed_around(make_fabric):

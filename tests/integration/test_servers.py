@@ -79,3 +79,43 @@ def test_a_hierarchical_all_reduce_runs_with_the_byte_counts_of_its_formula(make
     # the byte counts' prediction on this fabric, and the run near it (a few hundred KiB per
     # step ride the shapers' burst, so a little faster than line rate is possible)
     assert 0.5 < res.ideal_s / res.duration_s < 1.3, (res.ideal_s, res.duration_s)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "uet"])
+def test_a_multi_plane_fabric_carries_a_job_over_every_plane(make_fabric, transport):
+    """2 servers x 2 GPUs, each GPU's NIC with a port on each of 2 planes: every NIC reaches
+    every NIC of its plane, and a ring all-reduce across the servers with 2 connections per
+    peer puts one on each plane (both planes' host ports carry about half the bytes)."""
+    from traffic.runner import run_job
+    from traffic.schedules import build
+    from traffic.workload import Collective
+
+    fabric = make_fabric(experiment(RAILS.format(kind="switch", count=2, gpus=2)
+                                    .replace("spines: 1\n", "spines: 1\n  planes: 2\n")))
+    topo = fabric.topo
+    assert topo.nics("s1g1") == ("s1g1", "s1g1n2")
+    result = fabric.reachability(count=2)
+    assert result.complete, result.summary()
+    assert result.pairs == 2 * (4 * 3)  # each plane: 4 NICs, 12 ordered pairs
+    ranks = ("s1g1", "s2g1")  # rail 1 of both servers: all scale-out
+    size = 4 << 20
+    nics = [n for r in ranks for n in topo.nics(r)]
+    before = fabric.netlink.counters({f"{n}-eth0" for n in nics}, fabric.hosts.pid("s1g1"))
+    before |= fabric.netlink.counters({f"{n}-eth0" for n in nics}, fabric.hosts.pid("s2g1"))
+    coll = Collective("all_reduce", ranks, build("all_reduce", 2, size, "ring"), "ring",
+                      servers=(1, 2))
+    (res,) = run_job(fabric, [coll], connections=2, timeout_s=120,
+                     transport=transport)
+    after = fabric.netlink.counters({f"{n}-eth0" for n in nics}, fabric.hosts.pid("s1g1"))
+    after |= fabric.netlink.counters({f"{n}-eth0" for n in nics}, fabric.hosts.pid("s2g1"))
+    sent = {n: after[f"{n}-eth0"]["tx_bytes"] - before[f"{n}-eth0"]["tx_bytes"] for n in nics}
+    total = sum(sent.values())
+    assert total >= 2 * size, sent  # each rank sends size (ring of 2: 2 x (1/2) x size)
+    for nic, nbytes in sent.items():  # each NIC a quarter: half of its rank's, give or take
+        assert 0.15 * total <= nbytes <= 0.35 * total, sent
+    # two planes double a GPU's scale-out bandwidth: the prediction halves (2 x 4 MiB at
+    # 10 Mbit/s would take 3.4 s on one plane), the run is near it, and its efficiency counts
+    # both planes' rate
+    assert res.ideal_s < 0.55 * size * 8 / 10e6, res.ideal_s
+    assert 0.5 < res.ideal_s / res.duration_s < 1.3, (res.ideal_s, res.duration_s)
+    assert 0.5 < res.efficiency < 1.3, res.efficiency

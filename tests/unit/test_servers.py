@@ -10,6 +10,7 @@ from testbed.servers import (
     ScaleUpHop,
     ServerSpec,
     cube_mesh_pairs,
+    describe,
     place_servers,
     rail_optimized,
     scale_up_routes,
@@ -232,3 +233,43 @@ def test_the_fidelity_budget_counts_no_switch_hops_inside_a_server():
     topo = rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), spines=2)
     # from a GPU: 3 peers in its server (0), 3 on its rail (1 leaf), 9 across rails (3)
     assert mean_switch_hops(topo) == pytest.approx((3 * 1 + 9 * 3) / 15)
+
+
+def test_a_multi_plane_rail_fabric_is_disjoint_copies_with_a_nic_port_on_each():
+    topo = rail_optimized(ServerSpec(2, 2), spines=1, planes=2)
+    assert [s.name for s in topo.access_switches] == ["p1rail1", "p1rail2", "p2rail1", "p2rail2"]
+    assert sorted(s.name for s in topo.switches if s.role == "spine") == ["p1spine1", "p2spine1"]
+    assert len({s.dpid for s in topo.switches}) == len(topo.switches) == 6
+    # the GPU is its plane-1 NIC; its plane-2 NIC is a host of plane 2 in the GPU's namespace
+    assert topo.nics("s2g1") == ("s2g1", "s2g1n2") and topo.nic_owner("s2g1n2") == "s2g1"
+    assert topo.nic_owner("s2g1") == "s2g1" and topo.nics("p1rail1") == ("p1rail1",)
+    assert [topo.plane_of(n) for n in ("s2g1", "s2g1n2")] == [1, 2]
+    assert topo.nodes["s2g1"].ip == "10.0.1.2" and topo.nodes["s2g1n2"].ip == "10.1.1.2"
+    assert topo.nodes["p2rail2"].subnet == "10.1.2.0/24"
+    assert topo.attachment("s1g2n2").node == "p2rail2"
+    assert topo.rank_hosts() == ["s1g1", "s1g2", "s2g1", "s2g2"]  # ranks are GPUs, not NICs
+    # the planes share no switch: a plane-2 NIC reaches plane 2 only
+    assert topo.equal_cost_paths("s1g1n2", "s2g2n2") == [
+        ["s1g1n2", "p2rail1", "p2spine1", "p2rail2", "s2g2n2"]]
+    assert from_dict(topo.to_dict()).nics("s1g2") == ("s1g2", "s1g2n2")
+    assert "a port on each of 2 planes" in describe(topo)
+    with pytest.raises(ConfigError, match="planes"):
+        rail_optimized(ServerSpec(2, 2), spines=1, planes=9)
+
+
+def test_one_plane_keeps_the_plain_names():
+    topo = rail_optimized(ServerSpec(2, 2), spines=1, planes=1)
+    assert [s.name for s in topo.access_switches] == ["rail1", "rail2"]
+    assert topo.nics("s1g1") == ("s1g1",) and topo.plane_of("s1g1") == 1
+
+
+@pytest.mark.parametrize("routing", ["ecmp", "dmodk", "adaptive", "spray"])
+def test_the_controller_routes_each_plane_on_its_own_switches(routing):
+    from controllers.policy import FabricPolicy, Routing
+
+    topo = rail_optimized(ServerSpec(2, 2), spines=2, planes=2)
+    tables = FabricPolicy(topo, Routing(routing)).desired()
+    assert set(tables) == {s.name for s in topo.switches}
+    for name, table in tables.items():  # no switch of one plane routes the other's addresses
+        other = "10.0." if name.startswith("p2") else "10.1."
+        assert other not in repr(table), name

@@ -60,7 +60,7 @@ class UdpEngine:
 
     def __init__(self, transport: str, rank: int, ips: list[str], port: int, scale: Scale,
                  dscp: int = 0, spray: bool | None = None, entropies: int = 64,
-                 dcqcn: str = "paper") -> None:
+                 dcqcn: str = "paper", ranks: tuple | None = None) -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
@@ -86,17 +86,26 @@ class UdpEngine:
         self.recv_expected: dict[tuple[int, int], int] = {}
         self.errors: list[str] = []
         self.reply_to: dict[tuple[int, int], tuple] = {}  # queue pair -> its sender's address
+        # a multi-plane fabric (``ranks``: the job's RankSpecs): queue pair (peer, channel) goes
+        # to the peer's address on its plane, and a rank is known by any of its addresses
+        self.ranks = ranks
+        self.dest = {}  # (peer, channel) -> the peer's address for it
         self.ip_rank = {ip: i for i, ip in enumerate(ips)}
+        for i, r in enumerate(ranks or ()):
+            self.ip_rank.update({ip: i for ip in r.planes})
+        bind = "0.0.0.0" if ranks and ranks[rank].planes else ips[rank]
         self.local_drops = 0
         self.backoff_until = 0.0
         self.nic_free_at = 0.0  # when the NIC has sent everything handed to it so far
-        self.nic_slack_s = NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / scale.rate_bps
+        # a multi-plane NIC's ports together (each is shaped at the link rate by the kernel)
+        self.nic_rate_bps = scale.rate_bps * (1 + len(ranks[rank].planes) if ranks else 1)
+        self.nic_slack_s = NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / self.nic_rate_bps
         self.turn = 0  # round robin over the queue pairs
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
-        self.listen = self._socket(ips[rank], port, tos=dscp << 2)
+        self.listen = self._socket(bind, port, tos=dscp << 2)
         self.listen.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        self.pool = [self._socket(ips[rank], 0, tos=dscp << 2 | ECT0) for _ in range(entropies)]
+        self.pool = [self._socket(bind, 0, tos=dscp << 2 | ECT0) for _ in range(entropies)]
         self.sel.register(self.listen, selectors.EVENT_READ, "listen")
         for sock in self.pool:
             self.sel.register(sock, selectors.EVENT_READ, "pool")
@@ -113,6 +122,15 @@ class UdpEngine:
         sock.bind((ip, port))
         sock.setblocking(False)
         return sock
+
+    def address(self, peer: int, channel: int) -> str:
+        """The address queue pair (peer, channel) sends to."""
+        if self.ranks is None:
+            return self.ips[peer]
+        key = (peer, channel)
+        if key not in self.dest:
+            self.dest[key] = self.ranks[peer].address_for(self.ranks[self.rank], channel)
+        return self.dest[key]
 
     # -- the agent's side ------------------------------------------------------------------
     def start(self) -> None:
@@ -235,7 +253,7 @@ class UdpEngine:
 
     def _nic_sent(self, now: float, payload: int) -> None:
         self.nic_free_at = max(now, self.nic_free_at) + \
-            wire_bytes(payload) * 8 / self.scale.rate_bps
+            wire_bytes(payload) * 8 / self.nic_rate_bps
 
     def _transmit(self, now: float) -> None:
         if now < self.backoff_until or not self.senders:
@@ -248,14 +266,14 @@ class UdpEngine:
             for i in range(len(senders)):
                 if self.nic_free_at - now > self.nic_slack_s:
                     return
-                (peer, _ch), s = senders[(self.turn + i) % len(senders)]
+                (peer, ch), s = senders[(self.turn + i) % len(senders)]
                 pkt = s.poll(now)
                 if pkt is None:
                     continue
                 sock = self.pool[pkt.entropy % self.entropies]
                 try:
                     sock.sendmsg([pkt.encode(), ZERO[:pkt.length]], [], 0,
-                                 (self.ips[peer], self.port))
+                                 (self.address(peer, ch), self.port))
                 except OSError as err:
                     if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
                         raise
