@@ -142,9 +142,10 @@ def mean_switch_hops(topo: Topology) -> float:
             total += n * (dists[a][b] + 1)
             pairs += n
     for server in topo.servers:  # a server's own GPUs talk over its scale-up: no switch
-        ends = [topo.attachment(g).node for g in server.gpus]
-        total -= sum(dists[x][y] + 1 for i, x in enumerate(ends) for j, y in enumerate(ends)
-                     if i != j)
+        for nics in (server.gpus, *server.planes):  # (on no plane)
+            ends = [topo.attachment(g).node for g in nics]
+            total -= sum(dists[x][y] + 1 for i, x in enumerate(ends)
+                         for j, y in enumerate(ends) if i != j)
     return total / pairs if pairs else 0.0
 
 

@@ -63,12 +63,15 @@ def switch_loads(topo: Topology) -> dict[str, float]:
     if len(hosts) < 2:
         return load
     at = {h.name: topo.attachment(h.name).node for h in hosts}
-    server = {g: s.index for s in topo.servers for g in s.gpus}
+    server = {nic: s.index for s in topo.servers for g in s.gpus for nic in topo.nics(g)}
     shares: dict[tuple[str, str], dict] = {}
+    plane = {h.name: topo.plane_of(h.name) for h in hosts}  # a multi-plane NIC sends on its own
+    peers = {p: sum(1 for h in hosts if plane[h.name] == p) - 1 for p in set(plane.values())}
     for src in hosts:
-        rate = topo.host_link(src.name).rate_mbps / (len(hosts) - 1)
+        rate = topo.host_link(src.name).rate_mbps / max(1, peers[plane[src.name]])
         for dst in hosts:
-            if dst is src or (src.name in server and server[src.name] == server.get(dst.name)):
+            if dst is src or (src.name in server and server[src.name] == server.get(dst.name)) \
+                    or plane[dst.name] != plane[src.name]:
                 continue
             a, b = at[src.name], at[dst.name]
             load[a] += rate  # in from the source's NIC
@@ -91,7 +94,8 @@ def _groups(topo: Topology) -> tuple[list[list[str]], list[str]]:
         return [groups[g] for g in sorted(groups)], [n.name for n in topo.switches
                                                     if n.role == top]
     if topo.servers:
-        groups = [[*s.gpus, *([s.switch] if s.switch else [])] for s in topo.servers]
+        groups = [[*s.gpus, *(nic for plane in s.planes for nic in plane),
+                   *([s.switch] if s.switch else [])] for s in topo.servers]
         spread = [n.name for n in topo.switches]  # leaves and spines: every server uses them
         return groups, spread
     raise ConfigError("cluster", f"no partitioning for topology {topo.kind}")

@@ -30,6 +30,8 @@ def _coordinates(topo: Topology) -> dict[str, tuple[int, int, int]]:
     """host -> (group, access switch index within the group, host index), all from 0."""
     coords = {}
     for host in topo.hosts:
+        if topo.nic_owner(host.name) != host.name:  # a multi-plane GPU's other NIC
+            continue
         access: Node = topo.nodes[topo.attachment(host.name).node]
         group = access.group - 1 if topo.kind == "fat_tree" else 0
         coords[host.name] = (group, access.index - 1, host.index - 1)
@@ -71,7 +73,7 @@ def pattern_pairs(topo: Topology, pattern: str, seed: int = 1, stride: int = 1,
     Raises:
         ConfigError: for an unknown pattern or one the fabric cannot carry.
     """
-    hosts = [h.name for h in topo.hosts]
+    hosts = [h.name for h in topo.hosts if topo.nic_owner(h.name) == h.name]  # by attachment
     if len(hosts) < 2:
         raise ConfigError(field, "needs at least 2 hosts")
     if pattern == "same_edge":

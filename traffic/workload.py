@@ -2,7 +2,8 @@
 
 ```yaml
 workload:
-  connections: 2          # TCP connections per peer (NCCL channels); default 1
+  connections: 2          # connections per peer (NCCL channels); default 1 (a
+                          # multi-plane fabric: one per plane, a multiple of the planes)
   timeout_s: 600          # hard limit per job
   collectives:
     - op: all_reduce      # all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv
@@ -173,6 +174,9 @@ def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
             if name not in topo.nodes or topo.nodes[name].is_switch:
                 raise ConfigError(f"{path}[{i}]", f"no host {name!r} in this fabric "
                                                   f"(hosts: {hosts[0]} .. {hosts[-1]})")
+            if topo.nic_owner(name) != name:
+                raise ConfigError(f"{path}[{i}]", f"{name} is the plane-{topo.plane_of(name)} "
+                                                  f"NIC of {topo.nic_owner(name)}: name the GPU")
         if len(set(spec)) != len(spec):
             raise ConfigError(path, "a host appears twice; one rank per host")
         chosen = list(spec)
@@ -228,7 +232,14 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     Raises:
         ConfigError: naming the field (or the trace line) of the first problem.
     """
-    connections = raw.get("connections", DEFAULT_CONNECTIONS)
+    planes = len(topo.nics(topo.rank_hosts()[0])) if topo.hosts else 1
+    # a multi-plane fabric: one connection per plane at least, and as many on each plane
+    connections = raw.get("connections", max(DEFAULT_CONNECTIONS, planes))
+    if connections % planes:
+        raise ConfigError("workload.connections",
+                          f"{connections} connections per peer do not spread evenly over the "
+                          f"fabric's {planes} planes (connection c takes plane c % {planes} + "
+                          f"1): give a multiple of {planes}")
     timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
     defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0),
                 "transport": raw.get("transport", "tcp"), "spray": raw.get("spray"),
@@ -257,7 +268,7 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
     if entry.get("op") == "flows":
         ranks, sched = _pattern_flows(topo, entry, size, path)
     else:
-        ranks = place_ranks(topo, entry.get("ranks", len(topo.hosts)), f"{path}.ranks")
+        ranks = place_ranks(topo, entry.get("ranks", len(topo.rank_hosts())), f"{path}.ranks")
         key = (entry.get("op"), entry.get("algorithm"))
         if key in hierarchical.BUILDERS:
             servers, gpus = whole_servers(topo, ranks, f"{path}.ranks", key[1])

@@ -273,3 +273,42 @@ def test_the_controller_routes_each_plane_on_its_own_switches(routing):
     for name, table in tables.items():  # no switch of one plane routes the other's addresses
         other = "10.0." if name.startswith("p2") else "10.1."
         assert other not in repr(table), name
+
+
+def test_a_multi_plane_workload_spreads_its_connections_over_the_planes():
+    from traffic.workload import parse_workload
+
+    topo = rail_optimized(ServerSpec(2, 2), spines=1, planes=2)
+    coll = {"collectives": [{"op": "all_reduce", "size": "1MiB"}]}
+    work = parse_workload(topo, coll)
+    assert work.connections == 2  # one per plane by default
+    assert work.jobs[0].collectives[0].hosts == ("s1g1", "s1g2", "s2g1", "s2g2")
+    assert parse_workload(topo, {**coll, "connections": 4}).connections == 4
+    with pytest.raises(ConfigError, match="workload.connections: 3 connections per peer do "
+                                          "not spread evenly over the fabric's 2 planes"):
+        parse_workload(topo, {**coll, "connections": 3})
+    with pytest.raises(ConfigError, match=r"ranks\[1\]: s1g2n2 is the plane-2 NIC of s1g2"):
+        parse_workload(topo, {"collectives": [{"op": "all_reduce", "size": "1MiB",
+                                               "ranks": ["s1g1", "s1g2n2"]}]})
+
+
+def test_a_rank_addresses_a_peer_on_the_plane_of_each_connection():
+    from traffic.protocol import RankSpec
+
+    a = RankSpec("s1g1", "10.0.1.1", ("10.1.1.1",), 1)
+    b = RankSpec("s2g1", "10.0.1.2", ("10.1.1.2",), 2)
+    same_server = RankSpec("s1g2", "10.0.2.1", ("10.1.2.1",), 1)
+    assert [b.address_for(a, c) for c in range(4)] == ["10.0.1.2", "10.1.1.2"] * 2
+    assert same_server.address_for(a, 1) == "10.0.2.1"  # over the scale-up domain
+    assert RankSpec("h1", "10.0.0.1").address_for(a, 1) == "10.0.0.1"
+
+
+def test_a_multi_plane_fabric_partitions_with_each_gpus_nics_together():
+    from testbed.partition import Machine, partition, switch_loads
+
+    topo = rail_optimized(ServerSpec(2, 2), spines=1, planes=2)
+    loads = switch_loads(topo)
+    assert loads["p1spine1"] > 0 and loads["p1spine1"] == pytest.approx(loads["p2spine1"])
+    plan = partition(topo, [Machine("a", 1e4), Machine("b", 1e4)])
+    for gpu in topo.rank_hosts():
+        assert plan.place[gpu] == plan.place[topo.nics(gpu)[1]]
