@@ -495,6 +495,7 @@ class Fabric:
     def _load_cut(self) -> None:
         """Load the program a link failure cuts the link with (:mod:`testbed.linkfail`);
         without the eBPF toolchain a failure takes the veths down alone, later to show."""
+        ovs.ovsdb_client()  # a failure tells the switches through it: imported now
         try:
             self.cut = LinkCut(self._pin_dir() / "cut", self.registry.state_dir)
         except TestbedError as err:

@@ -95,7 +95,9 @@ def set_links(netlink: Netlink, links: list[tuple[End, End]], up: bool,
         When each step was done, in seconds after the call: ``cut_s``, ``signalled_s``,
         ``down_s`` (or ``up_s``, ``mended_s``, ``signalled_s`` for a repair).
     """
-    signal = signal or (lambda end, lost: ovs.signal_loss(end.ifname, lost, end.db))
+    if signal is None:
+        ovs.ovsdb_client()  # imported here, not in the pool's threads (a fabric did already)
+        signal = lambda end, lost: ovs.signal_loss(end.ifname, lost, end.db)  # noqa: E731
     ends = [e for pair in links for e in pair]
     switch_ends = [e for e in ends if e.switch]
     start = time.monotonic()

@@ -131,6 +131,29 @@ class Netlink:
             with _request(f"move {peer} into the namespace of pid {peer_pid}"):
                 self.root.link("set", index=self.index(peer), net_ns_pid=peer_pid)
 
+    def create_vxlan(self, name: str, vni: int, local: str, remote: str, mtu: int,
+                     port: int = 4789) -> None:
+        """A cut link's end (:class:`testbed.partition.CutLink`): a VXLAN device ``name`` in
+        the root namespace, VNI ``vni``, point to point from underlay address ``local`` to
+        ``remote`` (every frame goes there: no learning, no flooding), carrying frames of
+        ``mtu``, the outer header's DF bit set: an underlay without room for a frame drops it
+        rather than fragmenting it (the partition checks the underlay MTU before building).
+        Shaped, attached and counted as a veth end would be.
+
+        Raises:
+            TestbedError: when the kernel refuses it (no ``vxlan`` link type, a VNI or port
+                taken), naming the device.
+        """
+        with _request(f"create vxlan {name} (VNI {vni}, {local} -> {remote})"):
+            self.root.link("add", ifname=name, kind="vxlan", vxlan_id=vni, vxlan_local=local,
+                           vxlan_group=remote, vxlan_port=port, vxlan_learning=0, mtu=mtu,
+                           vxlan_df=1)  # DF on the outer header: never fragmented on the way
+        self._disable_ipv6(name)
+
+    def mtu(self, ifname: str, pid: int | None = None) -> int:
+        """An interface's MTU."""
+        return self.ns(pid).get_links(self.index(ifname, pid))[0].get_attr("IFLA_MTU")
+
     @staticmethod
     def _disable_ipv6(ifname: str) -> None:
         """Keep a root-namespace fabric port from sending IPv6 link-local chatter (router

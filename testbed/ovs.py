@@ -20,6 +20,8 @@ import os
 import re
 import shlex
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,10 +71,74 @@ def signal_loss(ifname: str, lost: bool, db: str | None = None) -> None:
     after this returns. The kernel's own signal (a veth's carrier) comes tens of milliseconds
     later. ``lost=False`` removes the session: the port is live again when its carrier is up.
     ``--no-wait``: the vswitchd applies it on its next loop, nothing to wait for."""
-    if lost:
-        vsctl("--no-wait", "set", "Interface", ifname, "bfd:enable=true", timeout_s=10, db=db)
-    else:
-        vsctl("--no-wait", "remove", "Interface", ifname, "bfd", "enable", timeout_s=10, db=db)
+    change = ["insert", ["map", [["enable", "true"]]]] if lost else \
+        ["delete", ["set", ["enable"]]]
+    where = [["name", "==", ifname]]
+    transact(db or SYSTEM_DB, [{"op": "mutate", "table": "Interface", "where": where,
+                                "mutations": [["bfd", *change]]}],
+             f"{'signal' if lost else 'clear'} the loss of signal on {ifname}")
+    if not lost:
+        return
+    # until the vswitchd has it (its BFD status says "not forwarding", 1-2 ms here): what the
+    # caller does next (a veth's close) holds the kernel's RTNL lock for tens of ms, which
+    # would stall a vswitchd still applying it
+    deadline = time.monotonic() + SIGNAL_SEEN_S
+    select = [{"op": "select", "table": "Interface", "where": where, "columns": ["bfd_status"]}]
+    while time.monotonic() < deadline:
+        rows = transact(db or SYSTEM_DB, select, f"read the BFD status of {ifname}")[0]["rows"]
+        if ["forwarding", "false"] in rows[0]["bfd_status"][1]:
+            return
+        time.sleep(0.001)
+
+
+SIGNAL_SEEN_S = 0.2
+
+
+SYSTEM_DB = "/var/run/openvswitch/db.sock"
+_CLIENT_LOCK = threading.Lock()
+
+
+def ovsdb_client():
+    """The Open vSwitch Python library (Debian's python3-openvswitch), imported once: its
+    import takes a tenth of a second (its poller imports eventlet) and deadlocks when two
+    threads run it at once, so a fabric imports it at bring-up, not at a failure."""
+    with _CLIENT_LOCK:
+        import warnings
+
+        with warnings.catch_warnings():  # eventlet warns of itself
+            warnings.simplefilter("ignore")
+            import ovs.jsonrpc
+            import ovs.stream
+        return ovs
+
+
+def transact(db: str, ops: list[dict], what: str) -> list[dict]:
+    """One OVSDB transaction on the ``Open_vSwitch`` database at socket ``db``, through the
+    Open vSwitch Python library's JSON-RPC (a millisecond, where spawning ``ovs-vsctl``
+    takes ten: a failure's signal is on the clock).
+
+    Raises:
+        TestbedError: naming ``what``, when the server is unreachable or refuses an operation.
+    """
+    ovs = ovsdb_client()
+    error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{db}"))
+    if error:
+        raise TestbedError(f"{what}: cannot reach OVSDB at {db}: {os.strerror(error)}")
+    conn = ovs.jsonrpc.Connection(stream)
+    try:
+        error, reply = conn.transact_block(ovs.jsonrpc.Message.create_request(
+            "transact", ["Open_vSwitch", *ops]))
+    finally:
+        conn.close()
+    if error:
+        raise TestbedError(f"{what}: OVSDB at {db}: {os.strerror(error)}")
+    results = reply.result or []
+    failed = [r for r in results if isinstance(r, dict) and "error" in r]
+    if reply.error or failed or any(r.get("count") == 0 for r in results
+                                    if isinstance(r, dict)):
+        raise TestbedError(f"{what}: OVSDB refused it", json.dumps(reply.error or failed
+                                                                   or results))
+    return results
 
 
 def instance_db(run_dir: str | Path, bridge: str) -> str | None:

@@ -141,3 +141,61 @@ def partition(topo: Topology, machines: list[Machine]) -> Partition:
     cut = tuple(l for l in (*topo.links, *topo.scale_up)
                 if place[l.a.node] != place[l.b.node])
     return Partition(tuple(machines), place, cut, load)
+
+
+#: VXLAN's encapsulation (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14): an underlay
+#: carries a fabric MTU's frames only if its own MTU is this much larger
+VXLAN_OVERHEAD = 50
+VXLAN_PORT = 4789
+FIRST_VNI = 1000  # VNIs of a run's cut links: FIRST_VNI + the link's index in the cut
+
+
+@dataclass(frozen=True)
+class CutLink:
+    """A link between two machines as a VXLAN tunnel on the underlay: each end a VXLAN device
+    named as the veth end would be (so shaping, switch ports and counters are unchanged), with
+    its own VNI, from its machine's underlay address to the other's."""
+
+    link: Link
+    vni: int
+    a_machine: str
+    b_machine: str
+    a_underlay: str
+    b_underlay: str
+
+    def end(self, machine: str) -> tuple[str, str, str]:
+        """On ``machine``: the device's name, and the local and remote underlay addresses."""
+        if machine == self.a_machine:
+            return self.link.a.ifname, self.a_underlay, self.b_underlay
+        if machine == self.b_machine:
+            return self.link.b.ifname, self.b_underlay, self.a_underlay
+        raise ValueError(f"{self.link.name} has no end on {machine}")
+
+
+def cut_links(plan: Partition, underlay: dict[str, str], fabric_mtu: int,
+              underlay_mtu: dict[str, int]) -> list[CutLink]:
+    """The VXLAN tunnels of a partition's cut links.
+
+    Args:
+        underlay: machine -> its underlay address.
+        fabric_mtu: the fabric's MTU (``fabric.mtu``).
+        underlay_mtu: machine -> the MTU of its underlay interface.
+
+    Raises:
+        ConfigError: ``cluster.machines[i]`` for a machine without an underlay address, or
+            whose underlay MTU cannot carry the fabric's frames in VXLAN.
+    """
+    for i, m in enumerate(plan.machines):
+        if m.name not in underlay:
+            raise ConfigError(f"cluster.machines[{i}]", f"{m.name} has no underlay address")
+        mtu = underlay_mtu.get(m.name)
+        if mtu is not None and mtu < fabric_mtu + VXLAN_OVERHEAD:
+            jumbo = " (a jumbo fabric needs a jumbo underlay)" if fabric_mtu > 1500 else ""
+            raise ConfigError(f"cluster.machines[{i}]",
+                              f"{m.name}'s underlay MTU is {mtu}: fabric.mtu {fabric_mtu} in "
+                              f"VXLAN needs {fabric_mtu + VXLAN_OVERHEAD} or more{jumbo}")
+    out = []
+    for index, link in enumerate(plan.cut):
+        a, b = plan.place[link.a.node], plan.place[link.b.node]
+        out.append(CutLink(link, FIRST_VNI + index, a, b, underlay[a], underlay[b]))
+    return out

@@ -109,14 +109,18 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
                                    for k, v in result.items()})
     measured = result["forward"] if where == "local" else result
     print(f"[outage] {routing} {where}: {measured['outage_s'] * 1e3:.1f} ms")
-    # the link is cut and its switches told at once (testbed/linkfail.py): 10-25 ms measured
-    # here in both cases against the issue's 30 (local) and 150 ms (remote); the local bound
+    # the link is cut and its switches told at once (testbed/linkfail.py): 0-15 ms measured
+    # here locally, 5-45 ms remotely, against the issue's 30 and 150 ms; the local bound
     # leaves room for a loaded machine (the probe's own 5 ms steps, a busy vswitchd)
     limit = 0.050 if where == "local" else 0.150
     assert measured["outage_s"] <= limit, result
     # no lasting loss: the probes lost are those of the outage, everything after arrived
     assert measured["lost"] * 0.005 <= limit + 0.01, result
-    assert measured["outage_s"] > 0, result  # the link did carry the probes: it was cut
+    # the probes' path did cross the link (traced, or seen in the counters), and no longer
+    # does: an outage of 0 is a failover between two probes (5 ms apart)
+    if routing != "spray":
+        after = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
+        assert (a, b) not in set(zip(after, after[1:])), (a, b, after)
     assert result["answered"] >= result["sent"] - result["lost"] - 2, result
 
 

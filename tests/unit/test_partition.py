@@ -70,3 +70,25 @@ def test_validate_shows_the_plan_over_machines_like_this_one(capsys):
         doc["fidelity"]["load"] * 1600)
     assert cli.main(["validate", str(quickstart), "--machines", "5"]) == 2  # 4 pods
     assert "5 machines for 4 groups" in capsys.readouterr().out
+
+
+def test_cut_links_are_vxlan_tunnels_named_as_their_veth_ends():
+    from testbed.partition import FIRST_VNI, cut_links
+
+    topo = fat_tree(4)
+    plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
+    under = {"m1": "10.250.0.1", "m2": "10.250.0.2"}
+    tunnels = cut_links(plan, under, 1500, {"m1": 1550, "m2": 9000})
+    assert len(tunnels) == len(plan.cut) and [t.vni for t in tunnels] == list(
+        range(FIRST_VNI, FIRST_VNI + len(plan.cut)))
+    t = tunnels[0]
+    name, local, remote = t.end(t.a_machine)
+    assert name == t.link.a.ifname and local == under[t.a_machine] and remote == under[t.b_machine]
+    assert t.end(t.b_machine) == (t.link.b.ifname, under[t.b_machine], under[t.a_machine])
+    with pytest.raises(ConfigError, match=r"cluster.machines\[0\]: m1's underlay MTU is 1500: "
+                                          r"fabric.mtu 1500 in VXLAN needs 1550 or more"):
+        cut_links(plan, under, 1500, {"m1": 1500})
+    with pytest.raises(ConfigError, match="needs 9050 or more \\(a jumbo fabric needs a jumbo"):
+        cut_links(plan, under, 9000, {"m2": 1550})
+    with pytest.raises(ConfigError, match=r"cluster.machines\[1\]: m2 has no underlay"):
+        cut_links(plan, {"m1": "10.250.0.1"}, 1500, {})

@@ -1,0 +1,84 @@
+"""Beyond one machine, its first piece for real: a cut link between two "machines" (network
+namespaces joined by a veth underlay, each with its own underlay address) is a pair of VXLAN
+devices made by the project's netlink adapter inside each machine, carrying full-MTU frames
+from one to the other, shaped like a veth end; an underlay too small for them drops them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.partition import VXLAN_OVERHEAD
+
+ROOT = Path(__file__).resolve().parents[2]
+UNDERLAY = ("10.250.0.1", "10.250.0.2")
+OVERLAY = ("192.168.77.1", "192.168.77.2")
+
+
+def _sh(*cmd: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    argv = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {proc.stdout}{proc.stderr}")
+    return proc
+
+
+def _in_machine(ns: str, code: str) -> None:
+    """Run Python (the project's adapters) inside a machine's namespace."""
+    _sh(sys.executable, "-c", code, ns=ns)
+
+
+@pytest.fixture
+def machines():
+    """Two machines as namespaces, an underlay veth between them (MTU 1550: a 1500-byte fabric
+    in VXLAN, no more), removed afterwards with everything in them."""
+    names = (f"flm1-{os.getpid()}", f"flm2-{os.getpid()}")
+    for ns in names:
+        _sh("ip", "netns", "add", ns)
+    try:
+        _sh("ip", "link", "add", "flu1", "mtu", "1550", "type", "veth", "peer", "name", "flu2",
+            "mtu", "1550")
+        for ns, dev, addr in zip(names, ("flu1", "flu2"), UNDERLAY):
+            _sh("ip", "link", "set", dev, "netns", ns)
+            _sh("ip", "addr", "add", f"{addr}/24", "dev", dev, ns=ns)
+            _sh("ip", "link", "set", dev, "up", ns=ns)
+            _sh("ip", "link", "set", "lo", "up", ns=ns)
+        yield names
+    finally:
+        for ns in names:
+            _sh("ip", "netns", "del", ns, check=False)
+
+
+def test_a_cut_link_is_a_vxlan_pair_carrying_full_frames_between_machines(machines):
+    for i, ns in enumerate(machines):
+        local, remote = UNDERLAY[i], UNDERLAY[1 - i]
+        _in_machine(ns, f"""
+import sys; sys.path.insert(0, {str(ROOT)!r})
+from testbed.netlink import Netlink
+from testbed.tcplan import plan_shaping
+nl = Netlink()
+nl.create_vxlan("agg1_1-eth3", 1000, {local!r}, {remote!r}, mtu=1500)
+assert nl.mtu("flu{i + 1}") == 1550
+nl.shape("agg1_1-eth3", plan_shaping(10, 1500))
+nl.set_state("agg1_1-eth3", True)
+""")
+        kinds = _sh("tc", "qdisc", "show", "dev", "agg1_1-eth3", ns=ns).stdout
+        assert "qdisc htb 1:" in kinds and "qdisc bfifo 10:" in kinds, kinds
+        _sh("ip", "addr", "add", f"{OVERLAY[i]}/24", "dev", "agg1_1-eth3", ns=ns)
+    detail = _sh("ip", "-d", "link", "show", "agg1_1-eth3", ns=machines[0]).stdout
+    assert "vxlan id 1000" in detail and f"remote {UNDERLAY[1]}" in detail, detail
+    assert "nolearning" in detail and "mtu 1500" in detail and "df set" in detail, detail
+    # a full frame with DF set crosses (1472 bytes of ICMP payload: a 1500-byte IP packet)
+    ping = _sh("fping", "-c", "3", "-p", "200", "-t", "2000", "-M", "-b", "1472", OVERLAY[1],
+               ns=machines[0], check=False)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    # the same frames over an underlay that has no room for the encapsulation are lost
+    for ns, dev in zip(machines, ("flu1", "flu2")):
+        _sh("ip", "link", "set", dev, "mtu", str(1500 + VXLAN_OVERHEAD - 1), ns=ns)
+    small = _sh("fping", "-c", "2", "-p", "200", "-t", "1000", "-M", "-b", "1472", OVERLAY[1],
+                ns=machines[0], check=False)
+    assert small.returncode != 0, small.stdout + small.stderr  # dropped, never fragmented
