@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${FABRICLAB_VENV:-$ROOT/.venv}
-PACKAGES=(mininet openvswitch-switch iperf3 fping prometheus python3-venv python3-pip
+PACKAGES=(mininet openvswitch-switch python3-openvswitch iperf3 fping prometheus python3-venv python3-pip
           iproute2 ethtool procps tmux               # tmux: fabriclab top is tested in it
           debootstrap qemu-system-x86 e2fsprogs   # the vm backend's guest image and its runs
           clang libbpf-dev bpftool)                # the eBPF ECN marker (built from source)
