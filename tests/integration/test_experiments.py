@@ -14,7 +14,8 @@ import pytest
 
 from tests.integration.conftest import ROOT
 
-# two leaves, one spine: a small all-reduce per cell; dctcp is not in this kernel, so its cells
+# two leaves, one spine: an all-reduce of about 2.5 s per cell (the monitor samples every
+# second: the report's heatmap and queue plots need 3 samples); dctcp is not in this kernel, so its cells
 # fail before running (the sweep records them and goes on). The cubic cells build the same
 # fabric: the second (dmodk) runs on the first's with a new controller
 SWEEP = """version: 1
@@ -24,7 +25,7 @@ fabric: {topology: leaf_spine, leaves: 2, spines: 1, hosts_per_leaf: 2,
 scale: {real_rate_gbps: 400}
 workload:
   collectives:
-    - {op: all_reduce, label: ar, size: 512KiB, ranks: 4}
+    - {op: all_reduce, label: ar, size: 2MiB, ranks: 4}
 sweep:
   axes:
     workload.congestion_control: [cubic, dctcp]
@@ -87,7 +88,9 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     assert "routing dmodk" in logs[1] and "routing ecmp" not in logs[1]
     first_t, second_t = run["timings_s"], reused["timings_s"]
     assert first_t["bring_up"] > 0 and first_t["measurement"] > 0
-    assert first_t["teardown"] < 0.5  # kept up for the next cell
+    # kept up for the next cell: only the run's services stop (the exporter's HTTP server
+    # within its 0.5 s poll); the fabric itself is not torn down
+    assert first_t["teardown"] < 1.0
     assert 0 < second_t["bring_up"] < first_t["bring_up"]  # a controller, not a fabric
     assert doc["timings_s"]["bring_up"] >= first_t["bring_up"]  # summed over cells
 
