@@ -96,7 +96,7 @@ def set_links(netlink: Netlink, links: list[tuple[End, End]], up: bool,
         ``down_s`` (or ``up_s``, ``mended_s``, ``signalled_s`` for a repair).
     """
     if signal is None:
-        ovs.ovsdb_client()  # imported here, not in the pool's threads (a fabric did already)
+        ovs.has_ovsdb_client()  # imported here, not in the pool's threads (a fabric did already)
         signal = lambda end, lost: ovs.signal_loss(end.ifname, lost, end.db)  # noqa: E731
     ends = [e for pair in links for e in pair]
     switch_ends = [e for e in ends if e.switch]

@@ -71,6 +71,11 @@ def signal_loss(ifname: str, lost: bool, db: str | None = None) -> None:
     after this returns. The kernel's own signal (a veth's carrier) comes tens of milliseconds
     later. ``lost=False`` removes the session: the port is live again when its carrier is up.
     ``--no-wait``: the vswitchd applies it on its next loop, nothing to wait for."""
+    if not has_ovsdb_client():  # without the library: ovs-vsctl, ten milliseconds
+        vsctl("--no-wait", *(("set", "Interface", ifname, "bfd:enable=true") if lost else
+                             ("remove", "Interface", ifname, "bfd", "enable")),
+              timeout_s=10, db=db)
+        return
     change = ["insert", ["map", [["enable", "true"]]]] if lost else \
         ["delete", ["set", ["enable"]]]
     where = [["name", "==", ifname]]
@@ -96,6 +101,16 @@ SIGNAL_SEEN_S = 0.2
 
 SYSTEM_DB = "/var/run/openvswitch/db.sock"
 _CLIENT_LOCK = threading.Lock()
+
+
+def has_ovsdb_client() -> bool:
+    """Whether the Open vSwitch Python library is here (Debian's python3-openvswitch, which
+    openvswitch-switch depends on)."""
+    try:
+        ovsdb_client()
+    except ImportError:
+        return False
+    return True
 
 
 def ovsdb_client():

@@ -64,3 +64,25 @@ def read_sysctl(name: str) -> str:
 def write_sysctl(name: str, value: str) -> None:
     with open(sysctl_path(name), "w", encoding="ascii") as fh:
         fh.write(value)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (children, theirs, ...), read from ``/proc`` now:
+    what a process that starts daemons of its own (a Ray node) leaves to be ended by PID."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            parent[int(entry)] = int(fields[1])
+    out, frontier = [], [pid]
+    while frontier:
+        below = [p for p, pp in parent.items() if pp in frontier]
+        out += below
+        frontier = below
+    return out

@@ -5,6 +5,7 @@ from one to the other, shaped like a veth end; an underlay too small for them dr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +83,60 @@ nl.set_state("agg1_1-eth3", True)
     small = _sh("fping", "-c", "2", "-p", "200", "-t", "1000", "-M", "-b", "1472", OVERLAY[1],
                 ns=machines[0], check=False)
     assert small.returncode != 0, small.stdout + small.stderr  # dropped, never fragmented
+
+
+DRIVER = """
+import json, sys
+import ray
+sys.path.insert(0, {root!r})
+ray.init(address={address!r}, logging_level="ERROR", log_to_driver=False)
+
+
+@ray.remote(num_cpus=0, resources={{"machine2": 0.01}})
+class Builder:
+    def where(self):
+        return ray.util.get_node_ip_address()
+
+    def cut_link_end(self, name, vni, local, remote):
+        from testbed.netlink import Netlink
+        nl = Netlink()
+        try:
+            nl.create_vxlan(name, vni, local, remote, mtu=1500)
+            return nl.mtu(name)
+        finally:
+            nl.close()
+
+
+builder = Builder.remote()
+print(json.dumps({{"ip": ray.get(builder.where.remote()),
+                   "mtu": ray.get(builder.cut_link_end.remote("agg1_1-eth3", 1000,
+                                                              "10.250.0.2", "10.250.0.1")),
+                   "nodes": len([n for n in ray.nodes() if n["Alive"]])}}))
+"""
+
+
+def test_a_ray_cluster_of_namespace_machines_builds_on_the_machine_it_is_told(tmp_path):
+    """Two machines as namespaces, a Ray head in one and a worker in the other, every Ray
+    process started and ended by PID: a driver on the head pins an actor to machine2 by its
+    resource, and the actor makes a cut link's VXLAN end there, in machine2's namespace."""
+    from testbed.nscluster import NamespaceCluster
+    from testbed.procfs import descendants
+
+    ray = str(Path(sys.executable).parent / "ray")
+    with NamespaceCluster(2, ray) as cluster:
+        heads = [cluster.machines[0].ray.pid, *descendants(cluster.machines[0].ray.pid)]
+        assert cluster.nodes_alive() == 2
+        driver = cluster.run("machine1", [sys.executable, "-c", DRIVER.format(
+            root=str(ROOT), address=cluster.address)], timeout_s=180)
+        assert driver.returncode == 0, driver.stdout[-2000:] + driver.stderr[-3000:]
+        out = json.loads(driver.stdout.strip().splitlines()[-1])
+        assert out == {"ip": "10.250.0.2", "mtu": 1500, "nodes": 2}, out
+        made = _sh("ip", "-d", "link", "show", "agg1_1-eth3", ns=cluster.machines[1].netns)
+        assert "vxlan id 1000" in made.stdout
+        assert _sh("ip", "link", "show", "agg1_1-eth3", ns=cluster.machines[0].netns,
+                   check=False).returncode != 0  # only on machine2
+    # nothing left: the head's processes ended by PID, the namespaces and bridge gone
+    assert not [p for p in heads if Path(f"/proc/{p}").exists()
+                and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
+    assert not [ns for ns in _sh("ip", "netns", "list").stdout.split()
+                if ns.startswith(("flm1-", "flm2-")) and ns.endswith(cluster.tag)]
