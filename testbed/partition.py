@@ -199,3 +199,39 @@ def cut_links(plan: Partition, underlay: dict[str, str], fabric_mtu: int,
         a, b = plan.place[link.a.node], plan.place[link.b.node]
         out.append(CutLink(link, FIRST_VNI + index, a, b, underlay[a], underlay[b]))
     return out
+
+
+@dataclass(frozen=True)
+class MachinePart:
+    """What one machine builds of a partitioned fabric: its hosts' namespaces, its switches,
+    the links with both ends on it (veths, as on one machine), its servers' scale-up links,
+    and its ends of the cut links (VXLAN devices: ``(tunnel, the node whose end it is)``)."""
+
+    machine: str
+    hosts: tuple[str, ...]  # namespaces to make here (a plane's NIC goes into its GPU's)
+    switches: tuple[str, ...]  # OpenFlow switches (their vswitchds) here
+    links: tuple[Link, ...]
+    scale_up: tuple[Link, ...]
+    tunnels: tuple[tuple[CutLink, str], ...]
+
+
+def machine_part(topo: Topology, plan: Partition, tunnels: list[CutLink],
+                 machine: str) -> MachinePart:
+    """``machine``'s share of the build.
+
+    Raises:
+        ValueError: an unknown machine, or a scale-up link cut (a server is never split).
+    """
+    if machine not in {m.name for m in plan.machines}:
+        raise ValueError(f"no machine {machine} in the partition")
+    nodes = frozenset(n for n, m in plan.place.items() if m == machine)
+    here = [l for l in topo.links if l.a.node in nodes and l.b.node in nodes]
+    up = [l for l in topo.scale_up if l.a.node in nodes or l.b.node in nodes]
+    split = [l.name for l in up if not (l.a.node in nodes and l.b.node in nodes)]
+    if split:
+        raise ValueError(f"scale-up links cut between machines: {', '.join(split)}")
+    ends = tuple((t, t.link.a.node if t.a_machine == machine else t.link.b.node)
+                 for t in tunnels if machine in (t.a_machine, t.b_machine))
+    hosts = tuple(n for n in topo.rank_hosts() if n in nodes)
+    switches = tuple(sw.name for sw in topo.switches if sw.name in nodes)
+    return MachinePart(machine, hosts, switches, tuple(here), tuple(up), ends)

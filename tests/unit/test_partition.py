@@ -92,3 +92,37 @@ def test_cut_links_are_vxlan_tunnels_named_as_their_veth_ends():
         cut_links(plan, under, 9000, {"m2": 1550})
     with pytest.raises(ConfigError, match=r"cluster.machines\[1\]: m2 has no underlay"):
         cut_links(plan, {"m1": "10.250.0.1"}, 1500, {})
+
+
+def test_each_machine_builds_its_nodes_local_links_and_its_tunnel_ends():
+    from testbed.partition import cut_links, machine_part
+
+    topo = fat_tree(4)
+    plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
+    tunnels = cut_links(plan, {"m1": "10.250.0.1", "m2": "10.250.0.2"}, 1500, {})
+    parts = [machine_part(topo, plan, tunnels, m) for m in ("m1", "m2")]
+    # every host, switch and link is built exactly once: locally or as two tunnel ends
+    assert sorted(h for p in parts for h in p.hosts) == sorted(h.name for h in topo.hosts)
+    assert sorted(s for p in parts for s in p.switches) == sorted(s.name for s in topo.switches)
+    local = [l.name for p in parts for l in p.links]
+    assert len(local) == len(set(local)) and len(local) + len(tunnels) == len(topo.links)
+    for p in parts:
+        for tunnel, node in p.tunnels:
+            assert plan.place[node] == p.machine and node in (tunnel.link.a.node,
+                                                             tunnel.link.b.node)
+    assert sum(len(p.tunnels) for p in parts) == 2 * len(tunnels)
+    with pytest.raises(ValueError, match="no machine m3"):
+        machine_part(topo, plan, tunnels, "m3")
+
+
+def test_a_server_and_its_plane_nics_stay_on_one_machine_part():
+    from testbed.partition import cut_links, machine_part
+
+    topo = rail_optimized(ServerSpec(2, 2, ScaleUp.SWITCH, 40.0), spines=1, planes=2)
+    plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
+    tunnels = cut_links(plan, {"m1": "10.250.0.1", "m2": "10.250.0.2"}, 1500, {})
+    parts = {m: machine_part(topo, plan, tunnels, m) for m in ("m1", "m2")}
+    for part in parts.values():
+        for gpu in part.hosts:  # its NIC on plane 2 is built with it, its scale-up too
+            assert plan.place[topo.nics(gpu)[1]] == part.machine
+        assert all(plan.place[l.a.node] == part.machine for l in part.scale_up)
