@@ -121,10 +121,12 @@ def partition(topo: Topology, machines: list[Machine]) -> Partition:
                                               "servers): some would build nothing")
     switch_load = switch_loads(topo)
     load = {m.name: 0.0 for m in machines}
+    hosts = {m.name: 0 for m in machines}  # namespaces (TCP stacks, agents) built there
     place: dict[str, str] = {}
 
-    def lightest() -> Machine:
+    def lightest() -> Machine:  # by switch load; where that ties (servers: none), by hosts
         return min(machines, key=lambda m: (load[m.name] / m.budget_mbit_hops,
+                                            hosts[m.name] / m.budget_mbit_hops,
                                             machines.index(m)))
 
     for group in groups:
@@ -132,6 +134,7 @@ def partition(topo: Topology, machines: list[Machine]) -> Partition:
         for node in group:
             place[node] = machine.name
             load[machine.name] += switch_load.get(node, 0.0)
+            hosts[machine.name] += node in topo.nodes and topo.nodes[node].role == "host"
     for node in sorted(spread, key=lambda n: -switch_load[n]):
         if node in place:
             continue

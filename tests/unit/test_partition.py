@@ -126,3 +126,13 @@ def test_a_server_and_its_plane_nics_stay_on_one_machine_part():
         for gpu in part.hosts:  # its NIC on plane 2 is built with it, its scale-up too
             assert plan.place[topo.nics(gpu)[1]] == part.machine
         assert all(plan.place[l.a.node] == part.machine for l in part.scale_up)
+
+
+def test_servers_which_load_no_switch_are_still_spread_over_the_machines():
+    """A server's GPUs load no switch of the model, yet their namespaces (stacks, agents) cost
+    the machine that builds them: equal switch loads go by host count."""
+    topo = rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), spines=2)
+    plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
+    on = {m: sorted(s.name for s in topo.servers if plan.place[s.gpus[0]] == m)
+          for m in ("m1", "m2")}
+    assert on == {"m1": ["s1", "s3"], "m2": ["s2", "s4"]}, on
