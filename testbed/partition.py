@@ -7,7 +7,8 @@ leaf-spine's); the top tier (cores, spines) is spread over the machines after th
 to machines in proportion to their budgets: each next group to the machine whose load is the
 smallest share of its budget, the load being the switch traffic of every host sending at its
 line rate to uniformly spread destinations (:func:`switch_loads`: the fidelity model's
-Mbit-hop/s, per switch).
+Mbit-hop/s, per switch); where that ties (servers load no switch of their own), the machine
+with the fewest hosts for its budget.
 """
 
 from __future__ import annotations
