@@ -150,6 +150,17 @@ class Netlink:
                            vxlan_df=1)  # DF on the outer header: never fragmented on the way
         self._disable_ipv6(name)
 
+    def mtu_of_address(self, address: str) -> int:
+        """The MTU of the root-namespace interface that holds ``address``.
+
+        Raises:
+            TestbedError: no interface holds it.
+        """
+        for addr in self.root.get_addr(family=socket.AF_INET):
+            if addr.get_attr("IFA_ADDRESS") == address:
+                return self.root.get_links(addr["index"])[0].get_attr("IFLA_MTU")
+        raise TestbedError(f"netlink: no interface has the address {address}")
+
     def mtu(self, ifname: str, pid: int | None = None) -> int:
         """An interface's MTU."""
         return self.ns(pid).get_links(self.index(ifname, pid))[0].get_attr("IFLA_MTU")

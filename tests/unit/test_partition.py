@@ -136,3 +136,14 @@ def test_servers_which_load_no_switch_are_still_spread_over_the_machines():
     on = {m: sorted(s.name for s in topo.servers if plan.place[s.gpus[0]] == m)
           for m in ("m1", "m2")}
     assert on == {"m1": ["s1", "s3"], "m2": ["s2", "s4"]}, on
+
+
+def test_a_ray_node_is_named_by_its_first_custom_resource_else_its_address():
+    from testbed.cluster import _machine_name
+
+    node = {"NodeManagerAddress": "10.250.0.2",
+            "Resources": {"CPU": 1.0, "memory": 1e9, "object_store_memory": 8e7,
+                          "node:10.250.0.2": 1.0, "machine2": 1.0}}
+    assert _machine_name(node) == "machine2"
+    del node["Resources"]["machine2"]
+    assert _machine_name(node) == "10.250.0.2"
