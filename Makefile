@@ -6,7 +6,7 @@
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
 
-.PHONY: setup test-deps venv run test unit integration lab bench clean
+.PHONY: setup test-deps venv run test unit integration cluster-test lab bench clean
 
 setup:
 	./scripts/setup.sh
@@ -29,6 +29,11 @@ unit: venv
 
 integration: setup test-deps
 	$(VENV)/bin/python -m pytest -v -m integration tests/integration
+
+# machines as network namespaces with Ray nodes: cut links as VXLAN, actors pinned per machine
+# (also part of `make test` and `make integration`)
+cluster-test: setup
+	$(VENV)/bin/python -m pytest -v tests/integration/test_cluster.py
 
 # the lab VM: installs vagrant and libvirt, builds the local box once, vagrant up, destroy
 lab: setup
