@@ -140,3 +140,80 @@ def test_a_ray_cluster_of_namespace_machines_builds_on_the_machine_it_is_told(tm
                 and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
     assert not [ns for ns in _sh("ip", "netns", "list").stdout.split()
                 if ns.startswith(("flm1-", "flm2-")) and ns.endswith(cluster.tag)]
+
+
+PLAN = """
+import json, sys
+sys.path.insert(0, {root!r})
+from testbed.cluster import Cluster
+from testbed.errors import ConfigError
+from testbed.partition import Machine, cut_links, partition
+from testbed.topology import fat_tree
+
+cluster = Cluster({address!r})
+try:
+    topo = fat_tree(4)
+    machines = cluster.machines
+    plan = partition(topo, [Machine(n, 800) for n in sorted(machines)])
+    under = {{n: m.underlay for n, m in machines.items()}}
+    mtus = {{n: m.underlay_mtu for n, m in machines.items()}}
+    try:
+        cut_links(plan, under, 9000, mtus)
+        jumbo = None
+    except ConfigError as err:
+        jumbo = str(err)
+    tunnels = cut_links(plan, under, 1500, mtus)
+    made = cluster.make_tunnels(tunnels, 1500)
+    print(json.dumps({{"machines": {{n: [m.underlay, m.underlay_mtu, m.fabriclab != "not installed"]
+                                     for n, m in machines.items()}},
+                       "made": {{n: sorted(v) for n, v in made.items()}},
+                       "vnis": sorted(t.vni for t in tunnels), "jumbo": jumbo}}), flush=True)
+    sys.stdin.readline()  # the test looks at the machines meanwhile
+    print(json.dumps({{"removed": cluster.remove_tunnels()}}), flush=True)
+finally:
+    cluster.close()
+"""
+
+
+def test_the_cluster_probes_its_machines_and_makes_each_ones_cut_link_ends(tmp_path):
+    """k=4 over two namespace machines: each machine's actor reports its underlay (address,
+    MTU 1550) and the project; a jumbo fabric is refused for that underlay, naming the
+    machine; each machine gets exactly its ends of the 8 cut links (VXLAN, one VNI each), and
+    they are gone after removal."""
+    import subprocess as sp
+
+    from testbed.nscluster import NamespaceCluster
+
+    ray = str(Path(sys.executable).parent / "ray")
+    with NamespaceCluster(2, ray) as cluster:
+        m1 = cluster.machines[0]
+        driver = sp.Popen(["ip", "netns", "exec", m1.netns, sys.executable, "-c",
+                           PLAN.format(root=str(ROOT), address=cluster.address)],
+                          stdin=sp.PIPE, stdout=sp.PIPE, stderr=sp.PIPE, text=True)
+        try:
+            line = driver.stdout.readline()
+            assert line, driver.stderr.read()[-3000:]
+            out = json.loads(line)
+            assert out["machines"] == {"machine1": ["10.250.0.1", 1550, True],
+                                       "machine2": ["10.250.0.2", 1550, True]}, out
+            assert "machine1's underlay MTU is 1550: fabric.mtu 9000 in VXLAN needs 9050" in \
+                out["jumbo"], out["jumbo"]
+            assert out["vnis"] == list(range(1000, 1008))
+            for m in cluster.machines:
+                made = out["made"][m.name]
+                assert len(made) == 8  # every cut link has one end on each machine here
+                shown = _sh("ip", "-d", "link", "show", "type", "vxlan", ns=m.netns).stdout
+                assert sorted(l.split(": ")[1].split("@")[0] for l in shown.splitlines()
+                              if l[:1].isdigit()) == made, shown
+            driver.stdin.write("\n")
+            driver.stdin.flush()
+            assert json.loads(driver.stdout.readline()) == {"removed": 16}
+            assert driver.wait(timeout=60) == 0, driver.stderr.read()[-3000:]
+            for m in cluster.machines:
+                assert _sh("ip", "link", "show", "type", "vxlan", ns=m.netns).stdout == ""
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+            for pipe in (driver.stdin, driver.stdout, driver.stderr):
+                pipe.close()
