@@ -20,7 +20,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.poll import wait_for
-from testbed.procfs import descendants
+from testbed.procfs import descendants, read_stat
 
 UNDERLAY_PREFIX = "10.250.0"
 GATEWAY = f"{UNDERLAY_PREFIX}.254"  # the root namespace's address on the underlay bridge
@@ -194,8 +194,5 @@ def _listening(ip: str, port: int) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    stat = read_stat(pid)
+    return stat is not None and not stat.gone
