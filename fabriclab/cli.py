@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
@@ -26,7 +27,7 @@ from fabriclab.results import job_summaries, variant_row
 from fabriclab.run import RunView, SharedFabric, batch_text, run_experiment
 from testbed import cleanup, servers
 from testbed.errors import ConfigError, TestbedError
-from testbed.fidelity import HEADROOM, assess, saturation_mbit_hops
+from testbed.fidelity import assess, machine_budget_mbit_hops
 from testbed.partition import Machine, partition
 from testbed.registry import DEFAULT_STATE_DIR, Registry
 from testbed.spec import Backend
@@ -70,11 +71,13 @@ def _summary_table(exp: xp.Experiment, fabric) -> Table:
     if topo.servers:
         table.add_row("servers", servers.describe(topo))
     table.add_row("queue / MTU", f"{exp.fabric.queue_text()} / {exp.fabric.mtu}")
-    table.add_row("datapath", f"Open vSwitch {fabric.caps.datapath_type}"
-                              + (f", {len(fabric.instances)} private vswitchd"
-                                 if fabric.instances else ""))
-    table.add_row("controller", f"os-ken on 127.0.0.1:{fabric.of_port}, "
+    table.add_row("datapath", f"Open vSwitch {fabric.datapath_type}"
+                              + (f", {fabric.vswitchd_count} private vswitchd"
+                                 if fabric.vswitchd_count else ""))
+    table.add_row("controller", f"os-ken on {fabric.controller_address}, "
                                 f"{exp.controller.routing}")
+    if exp.cluster is not None:
+        table.add_row("cluster", "\n".join(fabric.plan.describe()))
     if fabric.fidelity is not None:
         v = fabric.fidelity
         table.add_row("fidelity", f"full load {v.load:.0%} of this machine's budget "
@@ -88,8 +91,8 @@ def _summary_table(exp: xp.Experiment, fabric) -> Table:
 def _fabric_doc(exp: xp.Experiment, fabric) -> dict:
     """A running fabric, for ``--json``."""
     return {"experiment": exp.name, "source": exp.source, "backend": "host",
-            "datapath": fabric.caps.datapath_type, "vswitchd_instances": len(fabric.instances),
-            "controller_port": fabric.of_port, "run_dir": str(fabric.run_dir),
+            "datapath": fabric.datapath_type, "vswitchd_instances": fabric.vswitchd_count,
+            "controller": fabric.controller_address, "run_dir": str(fabric.run_dir),
             "fabric": exp.fabric_summary(), "counts": exp.topology.counts(),
             "warnings": list(fabric.warnings), "timings_s": dict(fabric.timings)}
 
@@ -113,16 +116,21 @@ def cmd_validate(args) -> int:
         if exp.topology.servers:
             args.console.print(f"  servers: {servers.describe(exp.topology)}")
         plan = None
-        if getattr(args, "machines", 0):
-            budget = HEADROOM * saturation_mbit_hops(exp.fabric.mtu)
+        count = getattr(args, "machines", 0) or (exp.cluster.machines if exp.cluster else 0)
+        if exp.cluster is not None:
+            args.console.print(f"  on the Ray cluster at {exp.cluster.address}"
+                               + ("" if count else " (--machines N shows a plan over N "
+                                                   "machines like this one)"))
+        if count:
+            budget = machine_budget_mbit_hops(exp.fabric.mtu, os.cpu_count() or 1)
             try:
                 plan = partition(exp.topology, [Machine(f"machine{i + 1}", budget)
-                                                for i in range(args.machines)])
+                                                for i in range(count)])
             except ConfigError as err:
                 failed += 1
-                args.console.print(f"[red]{path}: --machines {args.machines}:[/red] {err}")
+                args.console.print(f"[red]{path}: over {count} machines:[/red] {err}")
             else:
-                args.console.print(f"  over {args.machines} machines like this one:")
+                args.console.print(f"  over {count} machines like this one:")
                 for line in plan.describe():
                     args.console.print(f"    {line}")
         ecn = _ecn_text(exp)
@@ -187,16 +195,16 @@ def resolve_backend(exp: xp.Experiment, requested: str | None, state_dir: Path) 
 
 
 def cmd_up(args) -> int:
-    from testbed.fabric import Fabric  # system adapters only when a fabric is built
+    from fabriclab.run import make_fabric  # system adapters only when a fabric is built
 
     ui = args.console
-    exp = xp.load(args.file)
+    exp = xp.load(args.file, cluster=args.cluster)
     if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
         return _up_in_vm(args, exp)
     start = time.monotonic()
-    fabric = Fabric(exp, state_dir=args.state_dir,
-                    log=(lambda m: ui.print(f"[dim]{m}[/dim]")) if args.verbose else
-                    (lambda _m: None))
+    fabric = make_fabric(exp, args.state_dir,
+                         log=(lambda m: ui.print(f"[dim]{m}[/dim]")) if args.verbose else
+                         (lambda _m: None))
     doc: dict = {}
     code = EXIT_OK
     with ExitStack() as stack:
@@ -345,7 +353,7 @@ class _TerminalView(RunView):
 
 def cmd_run(args) -> int:
     """Build the fabric, run the workload, write DIR/results.json, tear down."""
-    exp = xp.load(args.file)
+    exp = xp.load(args.file, cluster=args.cluster)
     if exp.workload is None:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
     out = Path(args.out)
@@ -737,11 +745,22 @@ def _servers_table(doc: dict) -> Table | None:
 
 
 def cmd_clean(args) -> int:
+    from testbed.cluster import machine_state_dirs
+
     report = cleanup.clean(Registry(args.state_dir), include_live=args.all)
+    # the parts this machine built for a cluster (their actors gone)
+    for state in machine_state_dirs(args.state_dir):
+        part = cleanup.clean(Registry(state), include_live=args.all, orphans=False)
+        for name in ("runs", "skipped", "errors"):
+            getattr(report, name).extend(getattr(part, name))
+        report.links += part.links
+        report.processes += part.processes
+        report.bridges += part.bridges
     args.console.print(f"removed {len(report.runs)} run(s): {report.bridges} bridge(s), "
                        f"{report.links} link(s), {report.processes} process(es)")
     for item in report.skipped:
-        args.console.print(f"skipped live run {item} (use --all to remove it too)")
+        args.console.print(f"skipped run {item}"
+                           + (" (use --all to remove it too)" if "still running" in item else ""))
     for err in report.errors:
         args.console.print(f"[red]error:[/red] {err}")
     if args.json:
@@ -846,6 +865,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", choices=list(Backend),
                        help="where to run (default: the experiment's emulator.backend)")
 
+    def cluster(p) -> None:
+        p.add_argument("--cluster", metavar="ADDRESS",
+                       help="partition the fabric over the Ray cluster whose head is ADDRESS "
+                            "(host:port), as the experiment's cluster.address would")
+
     p = command("validate", cmd_validate, "check experiment files without building anything")
     p.add_argument("files", nargs="+")
     p.add_argument("--machines", type=int, default=0,
@@ -858,6 +882,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=2, help="probes per pair with --check")
     p.add_argument("-v", "--verbose", action="store_true", help="print step timings")
     backend(p)
+    cluster(p)
     p.add_argument("--vm-accel", choices=("tcg", "kvm"), default="tcg",
                    help="vm backend: CPU emulation (default; works everywhere) or KVM")
     p.add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
@@ -872,6 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="overwrite the run --out already holds")
     backend(p)
+    cluster(p)
     telemetry_cli.add_arguments(p)
     telemetry_cli.add_command(command)
     telemetry_cli.add_top_command(command)

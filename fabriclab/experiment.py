@@ -31,6 +31,7 @@ from testbed.spec import (
     OPTIONAL_SHAPE_KEYS,
     SHAPE_KEYS,
     Backend,
+    ClusterSpec,
     ControllerSpec,
     EcmpSeed,
     SprayWeights,
@@ -74,6 +75,7 @@ class Experiment(TestbedSpec):
     # run directory's experiment.json: the experiment as run)
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     real_scale: RealScale | None = None  # scale: the real fabric this one stands for
+    cluster: ClusterSpec | None = None  # cluster: partitioned over a Ray cluster's machines
 
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
@@ -109,8 +111,9 @@ class Cell:
         return self.plan.name
 
 
-def load(path: str | Path) -> Experiment:
-    """Read, validate and return an experiment file.
+def load(path: str | Path, cluster: str | None = None) -> Experiment:
+    """Read, validate and return an experiment file (``cluster``: the Ray cluster's address
+    to run it on, as the file's ``cluster.address`` would say).
 
     Raises:
         ConfigError: naming the field path of the first problem (all problems are listed).
@@ -129,6 +132,8 @@ def load(path: str | Path) -> Experiment:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(str(path), f"not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if cluster is not None and isinstance(data, dict):
+        data["cluster"] = {**(data.get("cluster") or {}), "address": cluster}
     return parse(data, source=str(path))
 
 
@@ -231,7 +236,8 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
         controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
-        failures=failures, raw=copy.deepcopy(data), real_scale=_real_scale(spec, data))
+        failures=failures, raw=copy.deepcopy(data), real_scale=_real_scale(spec, data),
+        cluster=ClusterSpec(**data["cluster"]) if data.get("cluster") else None)
 
 
 def _real_scale(spec: TestbedSpec, data: dict) -> RealScale | None:

@@ -21,7 +21,6 @@ from testbed.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
 from testbed.fabric import Fabric
 from testbed.failures import FailureInjector
-from testbed.monitor import RunMonitor
 from testbed import environment
 from testbed.files import write_json_atomic, write_text_atomic
 from traffic.runner import run_batch
@@ -78,6 +77,18 @@ def batch_text(jobs: list[Job]) -> str:
                                           else ""))
 
 
+def make_fabric(exp: Experiment, state_dir: Path,
+                log: Callable[[str], None] = lambda _msg: None):
+    """The fabric ``exp`` asks for: on one machine (:class:`Fabric`), or partitioned over the
+    Ray cluster its ``cluster`` section names (:class:`testbed.clusterfabric.ClusterFabric`,
+    which offers a run the same)."""
+    if exp.cluster is None:
+        return Fabric(exp, state_dir=state_dir, log=log)
+    from testbed.clusterfabric import ClusterFabric  # Ray only for a cluster
+
+    return ClusterFabric(exp, exp.cluster.address, state_dir, log, exp.cluster.machines)
+
+
 class SharedFabric:
     """The fabric consecutive runs share (a sweep's cells): a run whose fabric section equals
     the previous run's (:func:`fabriclab.sweep.fabric_key`) runs on the same namespaces, links,
@@ -89,7 +100,7 @@ class SharedFabric:
     without one.
     """
 
-    def __init__(self, state_dir: Path, build: Callable[..., Fabric] = Fabric) -> None:
+    def __init__(self, state_dir: Path, build: Callable[..., Fabric] = make_fabric) -> None:
         self.state_dir = state_dir
         self.build = build
         self.fabric: Fabric | None = None
@@ -226,8 +237,10 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
             if telemetry.prometheus:
                 doc["telemetry"] = tele.report()
                 view.telemetry(tele)
-            monitor = RunMonitor(fabric, queue_interval_s=exp.emulator.queue_sample_ms / 1e3)
-            services.callback(fabric.stop_thread, fabric.start_thread(monitor, "monitor"))
+            monitor, stop_monitor = fabric.start_monitor(exp.emulator.queue_sample_ms / 1e3)
+            services.callback(stop_monitor)
+            if exp.cluster is not None:  # the partition, the machines and their builds
+                doc["cluster"] = fabric.placement()
             if exp.failures:
                 injector = FailureInjector(fabric, exp.failures)
                 services.callback(fabric.stop_thread,

@@ -51,7 +51,7 @@ class FabricCollector:
             start, cpu = time.monotonic(), time.thread_time()
             if self.netlink is None:
                 self.netlink = Netlink()
-            links = self.netlink.counters(set(self.ports))
+            links = self.fabric.link_counters(set(self.ports), self.netlink)
             congestion = self.fabric.congestion(self.netlink)
             self.scrape_s = time.monotonic() - start
             families = metrics.fabric_families(self.ports, links, congestion)

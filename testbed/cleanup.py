@@ -90,20 +90,28 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     return report
 
 
-def clean(registry: Registry, include_live: bool = False) -> CleanReport:
-    """Clean every recorded run whose owner is gone (or all, with ``include_live``), then any
-    fabriclab-tagged OVS bridge that no live run owns. A record that cannot be read is an error
-    of the report (its resources stay until someone looks), never skipped in silence."""
+def clean(registry: Registry, include_live: bool = False, orphans: bool = True) -> CleanReport:
+    """Clean every recorded run whose owner is gone (or all, with ``include_live``), then
+    (``orphans``) any fabriclab-tagged OVS bridge that no live run owns: a cluster machine's
+    registry (which knows only its own runs) leaves those to the main one. A record that cannot
+    be read is an error of the report (its resources stay until someone looks), never skipped
+    in silence."""
     report = CleanReport()
     live_ids = set()
     records, unreadable = registry.scan()
     report.errors += unreadable
     for record in records:
+        if not record.here():  # a namespace machine's part: its interfaces are in there
+            report.skipped.append(f"{record.run_id} (made in network namespace "
+                                  f"{record.netns}: clean it there)")
+            continue
         if record.owner_alive() and not include_live:
             live_ids.add(record.run_id)
             report.skipped.append(f"{record.run_id} (pid {record.owner_pid} still running)")
             continue
         clean_record(record, registry, report)
+    if not orphans:
+        return report
     try:
         orphans = [b for b, run in ovs.bridges_by_run().items() if run not in live_ids]
         ovs.delete_bridges(orphans)

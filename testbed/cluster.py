@@ -14,8 +14,11 @@ import os
 import platform
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from testbed.errors import TestbedError
 from testbed.partition import CutLink
+from testbed.registry import DEFAULT_STATE_DIR
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,19 @@ class MachineInfo:
 
 
 class MachineAgent:
-    """The actor on one machine (``ray.remote`` applied by :class:`Cluster`)."""
+    """The actor on one machine (``ray.remote`` applied by :class:`Cluster`, threaded: a
+    call that waits for a process does not hold up the others). It builds the machine's part
+    of a fabric with :class:`testbed.fabric.Fabric` itself (its run record in
+    :func:`machine_state_dir`, so ``fabriclab clean`` there, or the next run, removes what a
+    dead actor left), runs processes in its hosts for the coordinator, and tears down."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.tunnels: list[str] = []  # VXLAN devices made here
+        self.tunnels: list[str] = []  # VXLAN devices made here without a fabric (tests)
+        self.fabric = None  # this machine's part (testbed.fabric.Fabric)
+        self.procs: dict[int, object] = {}  # pid -> subprocess.Popen started for the run
+        self.monitor = None
+        self._stop_monitor = None
 
     def probe(self) -> dict:
         import ray
@@ -53,6 +64,113 @@ class MachineAgent:
                 "fabriclab": software_versions()["fabriclab"], "kernel": platform.release(),
                 "cores": os.cpu_count()}
 
+    # -- the fabric's part -----------------------------------------------------------------
+    def build(self, spec, part, controller_at: tuple[str, int]) -> dict:
+        """Build ``part`` of ``spec`` here, its switches connecting to ``controller_at``;
+        returns the run's id, directory, step timings and warnings. On failure nothing of it
+        stays."""
+        from testbed.fabric import Fabric
+
+        if self.fabric is not None:
+            raise TestbedError(f"{self.name}: a fabric part is already up here")
+        fabric = Fabric(spec, machine_state_dir(self.name), part=part,
+                        controller_at=controller_at)
+        fabric.__enter__()  # tears itself down when the build fails
+        self.fabric = fabric
+        return {"run_id": fabric.record.run_id, "run_dir": str(fabric.run_dir),
+                "timings": dict(fabric.timings), "warnings": list(fabric.warnings),
+                "red_marking": fabric.red_marking, "datapath": fabric.datapath_type,
+                "vswitchds": fabric.vswitchd_count}
+
+    def settle(self) -> None:
+        self._part().settle()
+
+    def teardown(self) -> dict:
+        """Take this machine's part down; returns its teardown time."""
+        fabric, self.fabric = self.fabric, None
+        if fabric is None:
+            return {}
+        self.stop_monitor()
+        self.procs.clear()
+        fabric.down()
+        return {"down_total": fabric.timings.get("down_total", 0.0)}
+
+    def _part(self):
+        if self.fabric is None:
+            raise TestbedError(f"{self.name}: no fabric part is up here")
+        return self.fabric
+
+    # -- processes in its hosts ---------------------------------------------------------------
+    def spawn(self, host: str, argv: list[str], role: str) -> int:
+        """Start ``argv`` in ``host`` (text pipes), in the run directory; returns its PID."""
+        fabric = self._part()
+        proc = fabric.spawn(host, argv, role, cwd=str(fabric.run_dir))
+        self.procs[proc.pid] = proc
+        return proc.pid
+
+    def communicate(self, pid: int, timeout_s: float):
+        """``(returncode, stdout, stderr)`` once the process ends, or None after ``timeout_s``
+        (call again: output read so far is kept)."""
+        import subprocess
+
+        proc = self.procs[pid]
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return proc.returncode, out, err
+
+    def poll(self, pid: int) -> int | None:
+        return self.procs[pid].poll()
+
+    def stop(self, pid: int) -> int | None:
+        proc = self.procs.pop(pid, None)
+        if proc is None or self.fabric is None:
+            return None
+        return self.fabric.stop(proc)
+
+    def run_parallel(self, commands: dict[str, list[str]], timeout_s: float) -> dict:
+        return self._part().run_parallel(commands, timeout_s)
+
+    def write_file(self, name: str, text: str) -> None:
+        self._part().write_file(name, text)
+
+    def read_file(self, name: str) -> str:
+        return self._part().read_file(name)
+
+    # -- what the coordinator reads ----------------------------------------------------------
+    def state(self) -> dict:
+        """Port states, dead switches and service errors here (the coordinator's checks)."""
+        fabric = self._part()
+        return {"ports": fabric.port_states(), "dead": sorted(fabric.dead_switches()),
+                "errors": list(fabric.service_errors)}
+
+    def congestion(self) -> dict:
+        return self._part().congestion()
+
+    def link_counters(self, names: set[str]) -> dict:
+        from testbed.netlink import Netlink
+
+        with Netlink() as nl:  # the exporter's scrape thread, not the build's socket
+            return self._part().link_counters(names & self._part().switch_ports(), nl)
+
+    def start_monitor(self, queue_interval_s: float) -> None:
+        self.stop_monitor()
+        self.monitor, self._stop_monitor = self._part().start_monitor(queue_interval_s)
+
+    def monitor_data(self) -> dict:
+        """The monitor's queue samples, fidelity verdict and timeline so far."""
+        m = self.monitor
+        if m is None:
+            return {"snapshot": {}, "report": {}, "timeline": {}}
+        return {"snapshot": m.snapshot(), "report": m.report(), "timeline": m.timeline()}
+
+    def stop_monitor(self) -> None:
+        if self._stop_monitor is not None:
+            self._stop_monitor()
+        self._stop_monitor = None
+
+    # -- tunnels alone (the tests of the underlay) -------------------------------------------
     def make_tunnels(self, ends: list[tuple[str, int, str, str]], mtu: int) -> list[str]:
         """Create VXLAN devices ``(name, vni, local, remote)``, up; all or none."""
         from testbed.netlink import Netlink
@@ -85,6 +203,22 @@ class MachineAgent:
         return removed
 
 
+def machine_state_dir(name: str, root: Path = DEFAULT_STATE_DIR) -> Path:
+    """Where a cluster machine keeps its part's run records: apart from a single-machine
+    fabric's (and from other namespace machines' of this host)."""
+    return root / "machines" / name
+
+
+def machine_state_dirs(root: Path = DEFAULT_STATE_DIR) -> list[Path]:
+    """Every cluster machine's state directory under ``root`` (``fabriclab clean``)."""
+    folder = machine_state_dir("-", root).parent
+    return sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []
+
+
+#: calls an actor serves at once (every agent of a job waits in one)
+AGENT_CONCURRENCY = 256
+
+
 class Cluster:
     """The machines of a Ray cluster at ``address`` (``host:port`` of its head), an actor on
     each; :meth:`close` ends the actors and disconnects.
@@ -112,7 +246,7 @@ class Cluster:
             raise TestbedError(f"cannot join the Ray cluster at {address}", "",
                                text[-1500:]) from None
         self.agents: dict[str, object] = {}
-        remote = ray.remote(num_cpus=0)(MachineAgent)
+        remote = ray.remote(num_cpus=0, max_concurrency=AGENT_CONCURRENCY)(MachineAgent)
         for node in ray.nodes():
             if not node.get("Alive"):
                 continue

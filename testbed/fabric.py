@@ -15,6 +15,7 @@ resource and ended by :meth:`Fabric.down`, processes by their recorded PID.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -31,9 +32,11 @@ from testbed import bpf, capabilities, cleanup, ovs, procfs
 from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
 from testbed.failplan import cut_off_reason
+from testbed.files import write_text_atomic
 from testbed.fidelity import FidelityVerdict, assess
 from testbed.linkfail import End, LinkCut, set_links
 from testbed.mininet_hosts import Hosts
+from testbed.monitor import RunMonitor
 from testbed.netlink import LinkDump, Netlink
 from testbed.pfc import PfcAgent
 from testbed.poll import wait_for
@@ -51,6 +54,7 @@ from testbed.reachability import (
     fping_command,
     probe_interval_ms,
 )
+from testbed.partition import MachinePart
 from testbed.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
 from testbed.spec import EcnMarker, Fidelity, TestbedSpec
 from testbed.servers import scale_up_routes
@@ -59,11 +63,12 @@ from testbed.topology import HOST_PREFIX_LEN, PLANE_PREFIX_LEN, Link, shard_swit
 
 STARTUP_WORKERS = 16
 THREAD_JOIN_S = 10.0
+LOOPBACK = "127.0.0.1"
 
 
-def _free_port() -> int:
+def _free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -90,12 +95,27 @@ class Fabric:
         spec: what to build (an experiment is one).
         state_dir: where run records and the capability cache live.
         log: called with progress lines.
+        part: on a cluster (:mod:`testbed.clusterfabric`), this machine's share of the build
+            (:func:`testbed.partition.machine_part`: its hosts, switches, links and its ends of
+            the cut links as VXLAN devices); None: the whole fabric.
+        controller_at: the controller's ``(address, port)`` when it runs elsewhere (a cluster's
+            coordinator): the switches here connect to it, and :meth:`up` returns once they
+            are made (the coordinator waits until they are programmed). None: start the
+            controller here, listening on ``listen``.
+        listen: the address the controller started here listens on (a cluster's coordinator:
+            its underlay address).
     """
 
     def __init__(self, spec: TestbedSpec, state_dir: Path = DEFAULT_STATE_DIR,
-                 log: Callable[[str], None] = lambda _msg: None) -> None:
+                 log: Callable[[str], None] = lambda _msg: None,
+                 part: MachinePart | None = None,
+                 controller_at: tuple[str, int] | None = None,
+                 listen: str = LOOPBACK) -> None:
         self.spec = spec
         self.topo = spec.topology
+        self.part = part
+        self.controller_at = controller_at
+        self.listen = listen
         self.registry = Registry(state_dir)
         self.log = log
         self.timings: dict[str, float] = {}
@@ -115,6 +135,22 @@ class Fabric:
         self.cut: LinkCut | None = None  # link failures' cut (linkfail.py)
         self.pfc_agent: PfcAgent | None = None
         self.service_errors: list[str] = []  # what fabric service threads died of
+
+    @property
+    def datapath_type(self) -> str | None:
+        """The Open vSwitch datapath the switches here use (None before the build)."""
+        return self.caps.datapath_type if self.caps is not None else None
+
+    @property
+    def vswitchd_count(self) -> int:
+        """The private vswitchds serving the switches here (0: the system's)."""
+        return len(self.instances)
+
+    @property
+    def controller_address(self) -> str:
+        """Where the switches here reach the controller (``host:port``)."""
+        host, port = self.controller_at or (self.listen, self.of_port)
+        return f"{host}:{port}"
 
     @property
     def run_dir(self) -> Path:
@@ -140,27 +176,65 @@ class Fabric:
     def __exit__(self, *exc) -> None:
         self.down()
 
-    def up(self) -> None:
-        """Build the fabric and wait until the controller has programmed every switch."""
+    def up(self, wait: bool = True) -> None:
+        """Build the fabric (or this machine's part of it) and, with the controller here and
+        ``wait``, wait until it has programmed every switch (:meth:`wait_ready`)."""
         start = time.monotonic()
-        self.caps = self._check_machine()
-        self._check_fidelity()
+        builds = self.part is None or bool(self.part.nodes)
+        if builds:
+            self.caps = self._check_machine()
+        if self.part is None:  # a cluster's coordinator checks each machine's share
+            self._check_fidelity()
         self._prepare_run()
-        self._step("controller", self._start_controller)
+        if self.controller_at is None:
+            self._step("controller", self._start_controller)
+        if builds:
+            self._build()
+        if self.controller_at is None and wait:
+            self.wait_ready()
+        self.timings["up_total"] = time.monotonic() - start
+
+    def _build(self) -> None:
+        """This machine's hosts, links, tunnels, markers and switches."""
         self._step("hosts", self._start_hosts)
         self._step("links", self._create_links)
+        if self.part is not None and self.part.tunnels:
+            self._step("tunnels", self._create_tunnels)
         if self.topo.scale_up:
             self._step("scale-up", self._create_scale_up)
         if self.spec.fabric.needs_marker:
             self._step("ecn", self._attach_markers)
-        self._step("cut", self._load_cut)
+        if self.part is None:  # link failures are not offered on a cluster
+            self._step("cut", self._load_cut)
         self._raise_send_buffer()
-        self._step("switches", self._create_switches)
+        if any(True for _ in self._switches()):
+            self._step("switches", self._create_switches)
+
+    def wait_ready(self) -> None:
+        """Wait until the controller here has programmed every switch and probed every link,
+        then put back the sysctls raised for the build; start the PFC agent."""
         self._step("programmed", self._wait_programmed)
         self._restore_sysctls()
         if self.spec.pfc is not None:
             self._step("pfc", self._start_pfc)
-        self.timings["up_total"] = time.monotonic() - start
+
+    def settle(self) -> None:
+        """A cluster machine's part, once the coordinator saw every link probed: the sysctls
+        raised for the build go back."""
+        self._restore_sysctls(wait=False)
+
+    def here(self, node: str) -> bool:
+        """Whether ``node`` is built on this machine."""
+        return self.part is None or node in self.part.nodes
+
+    def _switches(self):
+        return (sw for sw in self.topo.switches if self.here(sw.name))
+
+    def local_links(self) -> list[Link]:
+        """The fabric links with an end here: on a cluster, its part's and the cut ones."""
+        if self.part is None:
+            return list(self.topo.links)
+        return [*self.part.links, *(cut.link for cut, _ in self.part.tunnels)]
 
     def down(self) -> None:
         """Remove everything this fabric created (safe to call more than once)."""
@@ -263,6 +337,13 @@ class Fabric:
         thread.start()
         return thread
 
+    def start_monitor(self, queue_interval_s: float) -> tuple[RunMonitor, Callable[[], None]]:
+        """The run's samples (:class:`testbed.monitor.RunMonitor`) as a fabric service; returns
+        it and what stops it."""
+        monitor = RunMonitor(self, queue_interval_s=queue_interval_s)
+        thread = self.start_thread(monitor, "monitor")
+        return monitor, lambda: self.stop_thread(thread)
+
     def stop_thread(self, thread: threading.Thread) -> None:
         """End one thread of :meth:`start_thread` now (a run's samplers on a fabric that
         outlives the run); one that does not stop within ``THREAD_JOIN_S`` is an error."""
@@ -282,7 +363,8 @@ class Fabric:
         if self.record is None:
             raise TestbedError("restart the controller: the fabric is not up")
         start = time.monotonic()
-        self._check_requirements(self.caps, spec)  # the workload's (a TCP congestion control)
+        if self.caps is not None:  # the workload's (a TCP congestion control)
+            self._check_requirements(self.caps, spec)
         self.spec = spec
         if self.controller is not None:
             self.stop(self.controller)
@@ -343,7 +425,8 @@ class Fabric:
                                  "the emulator rather than the fabric")
 
     def _prepare_run(self) -> None:
-        report = cleanup.clean(self.registry)  # runs killed with SIGKILL
+        # runs killed with SIGKILL (a cluster machine's registry knows only its own runs)
+        report = cleanup.clean(self.registry, orphans=self.part is None)
         if report.runs:
             self.log(f"cleaned {len(report.runs)} stale run(s)")
         if report.errors:
@@ -363,9 +446,10 @@ class Fabric:
     def _start_controller(self, port: int = 0) -> None:
         topo_path = self.run_dir / "topology.json"
         topo_path.write_text(json.dumps(self.topo.to_dict()))
-        self.of_port = port or _free_port()
+        self.of_port = port or _free_port(self.listen)
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
                "--status", str(self.status_path), "--port", str(self.of_port),
+               "--host", self.listen,
                "--routing", self.spec.controller.routing,
                "--ecmp-seed", self.spec.controller.ecmp_seed,
                "--ecmp-selection", self.spec.controller.ecmp_selection,
@@ -388,12 +472,14 @@ class Fabric:
                 sysctls["net.ipv4.ip_forward"] = "1"  # a GPU relays for its cube-mesh pairs
         topo = self.topo
         nics = {h.name: topo.nic_owner(h.name) for h in topo.hosts
-                if topo.nic_owner(h.name) != h.name}  # a multi-plane GPU's other NICs
-        self.hosts = Hosts([h.name for h in topo.hosts if h.name not in nics], on_spawn=track,
-                           sysctls=sysctls, aliases=nics)
+                if topo.nic_owner(h.name) != h.name and self.here(h.name)}  # planes' NICs
+        self.hosts = Hosts([h.name for h in topo.hosts if h.name not in nics
+                            and self.here(h.name)], on_spawn=track, sysctls=sysctls,
+                           aliases=nics)
 
     def _root_ends(self, link: Link) -> list[str]:
-        return [e.ifname for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
+        return [e.ifname for e in (link.a, link.b)
+                if self.topo.nodes[e.node].is_switch and self.here(e.node)]
 
     def shaping(self, link: Link, host_end: bool = False):
         """The tc plan of a link's switch ends, or of its host NIC (:func:`link_plan`)."""
@@ -410,10 +496,11 @@ class Fabric:
 
     def _create_links(self) -> None:
         fab = self.spec.fabric
-        self.record.links = [n for l in self.topo.links for n in self._root_ends(l)]
+        links = self.topo.links if self.part is None else self.part.links
+        self.record.links = [n for l in self.local_links() for n in self._root_ends(l)]
         self.registry.save(self.record)
         nl, mtu = self.netlink, fab.mtu
-        for link in self.topo.links:
+        for link in links:
             plan = self.shaping(link)
             if link.tier == "host":
                 host = self.topo.nodes[link.a.node]
@@ -428,11 +515,24 @@ class Fabric:
             nl.shape(link.b.ifname, plan)
             nl.set_state(link.b.ifname, True)
         for host in self.topo.hosts:  # each NIC on-link with its plane's, as ARP resolved
+            if not self.here(host.name):
+                continue
             plane = self.topo.plane_of(host.name)
             nl.configure_host(self.hosts.pid(host.name), self.topo.host_link(host.name).a.ifname,
                               host.ip, HOST_PREFIX_LEN if plane == 1 else PLANE_PREFIX_LEN,
                               [(h.ip, h.mac) for h in self.topo.hosts if h is not host
                                and self.topo.plane_of(h.name) == plane])
+
+    def _create_tunnels(self) -> None:
+        """This machine's ends of the cut links: VXLAN devices on the underlay, named and
+        shaped as the link's veth end would be (recorded with the links, so teardown and
+        ``fabriclab clean`` remove them)."""
+        nl, mtu = self.netlink, self.spec.fabric.mtu
+        for cut, _node in self.part.tunnels:
+            ifname, local, remote = cut.end(self.part.machine)
+            nl.create_vxlan(ifname, cut.vni, local, remote, mtu)
+            nl.shape(ifname, self.shaping(cut.link))
+            nl.set_state(ifname, True)
 
     def _create_scale_up(self) -> None:
         """Every server's scale-up domain: veths between its GPUs' namespaces (meshes) or from
@@ -440,14 +540,15 @@ class Fabric:
         /32 routes to its server's other GPUs through them, so that traffic inside a server
         never meets the scale-out fabric."""
         topo, nl, mtu = self.topo, self.netlink, self.spec.fabric.mtu
-        bridges = [s.switch for s in topo.servers if s.switch]
-        self.record.links += bridges + [e.ifname for l in topo.scale_up for e in (l.a, l.b)
+        bridges = [s.switch for s in topo.servers if s.switch and self.here(s.switch)]
+        scale_up = [l for l in topo.scale_up if self.here(l.a.node)]
+        self.record.links += bridges + [e.ifname for l in scale_up for e in (l.a, l.b)
                                         if e.node in bridges]
         self.registry.save(self.record)
         for bridge in bridges:
             nl.create_bridge(bridge, mtu)
         mac = {}  # a GPU's scale-up interface -> its MAC
-        for link in topo.scale_up:
+        for link in scale_up:
             plan = scale_up_plan(self.spec, link)
             a = topo.nodes[link.a.node]
             mac[link.a.ifname] = scale_up_mac(a.ip, link.a.port)
@@ -465,11 +566,13 @@ class Fabric:
             nl.shape(link.b.ifname, plan, pid=self.hosts.pid(b.name))
         # where each GPU's scale-up interfaces lead: the peer GPU (mesh) or the bridge
         ends: dict[str, str] = {}  # a GPU's interface -> the peer GPU's interface on that link
-        for link in topo.scale_up:
+        for link in scale_up:
             if link.b.node not in bridges:
                 ends[link.a.ifname], ends[link.b.ifname] = link.b.ifname, link.a.ifname
         owner = {e.ifname: e.node for l in topo.scale_up for e in (l.a, l.b)}
         for gpu, table in scale_up_routes(topo).items():
+            if not self.here(gpu):
+                continue
             by_if: dict[str, list[tuple[str, str | None]]] = {}
             for peer, hop in table.items():
                 via = topo.nodes[hop.via].ip if hop.via else None
@@ -513,7 +616,7 @@ class Fabric:
         fab = self.spec.fabric
         table = tuple(fab.traffic_classes.table())
         pfc = self.spec.pfc is not None
-        for link in self.topo.links:
+        for link in self.local_links():
             plan = self.shaping(link)
             limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
             marking = marker_thresholds(self.spec, link, plan)
@@ -541,13 +644,24 @@ class Fabric:
         want = send_buffer_bytes(switch_queue_bytes(self.spec, self.red_marking))
         name = "net.core.wmem_default"
         old = procfs.read_sysctl(name)
-        if want > int(old):
-            self.record.sysctls[name] = old
-            self.registry.save(self.record)
-            procfs.write_sysctl(name, str(want))
+        if want <= int(old):
+            return
+        if self.part is not None and not os.access(procfs.sysctl_path(name), os.W_OK):
+            # the machine's own setting, read-only in a namespace machine (its host sets it:
+            # testbed.nscluster does)
+            self.warnings.append(f"{name} is {old} here and cannot be raised from this network "
+                                 f"namespace: the switches' queues may drop in silence beyond "
+                                 f"about half of it; raise it to {want} on the host")
+            return
+        self.record.sysctls[name] = old
+        self.registry.save(self.record)
+        procfs.write_sysctl(name, str(want))
 
-    def _restore_sysctls(self) -> None:
-        if self.record.sysctls:  # every switch has sent (its LLDP probes): its socket exists
+    def _restore_sysctls(self, wait: bool = True) -> None:
+        """Put back the sysctls raised for the build, once every switch has sent (its LLDP
+        probes: its socket exists). A cluster's coordinator always waits for the probes (its
+        machines put theirs back after, :meth:`settle`); a machine's part waits for nothing."""
+        if wait and (self.record.sysctls or self.part is not None):
             def probed() -> bool:
                 status = self.controller_status()
                 return status.get("wiring_verified", 0) >= status.get("wiring_expected", 0)
@@ -574,8 +688,8 @@ class Fabric:
     def switch_ports(self) -> set[str]:
         """The root-namespace interface of every switch port (a server's scale-up switch's
         too)."""
-        bridges = {s.switch for s in self.topo.servers if s.switch}
-        return ({n for link in self.topo.links for n in self._root_ends(link)}
+        bridges = {s.switch for s in self.topo.servers if s.switch and self.here(s.switch)}
+        return ({n for link in self.local_links() for n in self._root_ends(link)}
                 | {e.ifname for l in self.topo.scale_up for e in (l.a, l.b) if e.node in bridges})
 
     def congestion(self, netlink: Netlink | None = None) -> dict[str, dict]:
@@ -605,21 +719,24 @@ class Fabric:
         return ports
 
     def _create_switches(self) -> None:
-        self._wait_listening()
+        if self.controller_at is None:
+            self._wait_listening()
         specs = {sw.name: ovs.BridgeSpec(sw.name, sw.dpid_hex,
                                          tuple((l.end(sw.name).ifname, p)
                                                for p, l in self.topo.ports(sw.name).items()))
-                 for sw in self.topo.switches}
+                 for sw in self._switches()}
         self.record.bridges = sorted(specs)
         self.registry.save(self.record)
-        target = f"tcp:127.0.0.1:{self.of_port}"
+        address, port = self.controller_at or (self.listen, self.of_port)
+        target = f"tcp:{address}:{port}"
         mtu = self.spec.fabric.mtu
         if self.caps.datapath_type != "netdev":
             ovs.create_bridges(list(specs.values()), self.record.run_id, self.caps.datapath_type,
                                target, mtu)
             return
         wanted = self.spec.emulator.vswitchd_instances
-        shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted))
+        shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted),
+                                frozenset(specs))
         instances = [ovs.Instance(self.run_dir / f"ovs{i}", f"ovs{i}")
                      for i in range(len(shards))]
         self.instances = instances
@@ -646,12 +763,12 @@ class Fabric:
         def listening() -> bool:
             self._check_controller_alive()
             try:
-                with socket.create_connection(("127.0.0.1", self.of_port), timeout=0.2):
+                with socket.create_connection((self.listen, self.of_port), timeout=0.2):
                     return True
             except OSError:
                 return False
 
-        wait_for(listening, timeout_s, f"the controller to listen on 127.0.0.1:{self.of_port} "
+        wait_for(listening, timeout_s, f"the controller to listen on {self.listen}:{self.of_port} "
                                        f"(see {self.run_dir / 'controller.log'})")
 
     def _check_controller_alive(self) -> None:
@@ -693,14 +810,12 @@ class Fabric:
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
         """Probe every ordered host pair ``count`` times, all sources at once (on a
         multi-plane fabric every pair of NICs of a plane)."""
-        hosts, plane = self.topo.hosts, self.topo.plane_of
-        expected = {h.name: {o.ip: o.name for o in hosts
-                             if o is not h and plane(o.name) == plane(h.name)} for h in hosts}
-        interval = probe_interval_ms(len(hosts), len(self.topo.switches))
-        commands = {src: fping_command(sorted(targets), count, interval)
-                    for src, targets in expected.items()}
-        results = self.hosts.run_parallel(commands, timeout_s)
-        return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
+        return probe_pairs(self.topo, self.run_parallel, count, timeout_s)
+
+    def run_parallel(self, commands: dict[str, list[str]],
+                     timeout_s: float) -> dict[str, tuple[int, str, str]]:
+        """One command per host here, all at once: host -> (exit code, stdout, stderr)."""
+        return self.hosts.run_parallel(commands, timeout_s)
 
     def dead_switches(self) -> set[str]:
         """Switches whose private vswitchd is gone (killed, crashed)."""
@@ -715,14 +830,32 @@ class Fabric:
         """Why some of ``hosts`` can no longer reach each other (switch ports without carrier,
         switches without their vswitchd), or None while every one reaches every other. Safe
         from any thread (its own netlink socket)."""
-        names = {e.ifname for link in self.topo.links for e in (link.a, link.b)
-                 if self.topo.nodes[e.node].is_switch}
+        return cut_off_reason(self.topo, self.port_states(), self.dead_switches(), hosts)
+
+    def port_states(self) -> dict[str, bool]:
+        """Every switch port here: whether it is up (one netlink dump, its own socket)."""
+        names = {n for link in self.local_links() for n in self._root_ends(link)}
         dump = LinkDump()
         try:
-            ports = {name: stats["up"] for name, stats in dump.read(names).items()}
+            return {name: stats["up"] for name, stats in dump.read(names).items()}
         finally:
             dump.close()
-        return cut_off_reason(self.topo, ports, self.dead_switches(), hosts)
+
+    def link_counters(self, names: set[str], netlink: Netlink | None = None) -> dict:
+        """Interface counters of ``names`` here (:meth:`testbed.netlink.Netlink.counters`);
+        another thread passes its own ``netlink``."""
+        return (netlink or self.netlink).counters(names)
+
+    def write_file(self, name: str, text: str) -> Path:
+        """Write ``name`` into the run directory (atomically); returns its path."""
+        path = self.run_dir / name
+        write_text_atomic(path, text)
+        return path
+
+    def read_file(self, name: str, host: str | None = None) -> str:
+        """A file of the run directory (``host``: where a process of that host wrote it; one
+        machine here). Raises OSError when there is none."""
+        return (self.run_dir / name).read_text()
 
     def set_link(self, node1: str, node2: str, up: bool) -> Link:
         """Fail the link between two nodes or repair it (:meth:`set_links`)."""
@@ -747,6 +880,20 @@ class Fabric:
                 return End(e.ifname, None, True, inst.db if inst else None)
             return End(e.ifname, self.hosts.pid(e.node), False)
         return end(link.a), end(link.b)
+
+
+def probe_pairs(topo, run_parallel: Callable[[dict, float], dict], count: int,
+                timeout_s: float) -> Reachability:
+    """Every ordered host pair of a plane probed ``count`` times, all sources at once, the
+    commands run by ``run_parallel`` (:meth:`Fabric.run_parallel`, or a cluster's)."""
+    hosts, plane = topo.hosts, topo.plane_of
+    expected = {h.name: {o.ip: o.name for o in hosts
+                         if o is not h and plane(o.name) == plane(h.name)} for h in hosts}
+    interval = probe_interval_ms(len(hosts), len(topo.switches))
+    commands = {src: fping_command(sorted(targets), count, interval)
+                for src, targets in expected.items()}
+    results = run_parallel(commands, timeout_s)
+    return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
 
 
 def _reap(proc: subprocess.Popen) -> None:

@@ -121,6 +121,17 @@ def saturation_mbit_hops(mtu: int, table: dict[int, float] | None = None) -> flo
     return points[-1][1]
 
 
+MEASURED_CORES = 2  # the cores of the machine the table was measured on
+
+
+def machine_budget_mbit_hops(mtu: int, cores: int,
+                             table: dict[int, float] | None = None) -> float:
+    """What a machine carries with headroom (Mbit-hop/s): the measured saturation point at
+    ``mtu``, scaled by its cores against the measuring machine's (a cluster's partition weighs
+    its machines by it)."""
+    return HEADROOM * saturation_mbit_hops(mtu, table) * max(1, cores) / MEASURED_CORES
+
+
 def mean_switch_hops(topo: Topology) -> float:
     """Mean switch hops over all ordered host pairs (uniform all-to-all traffic); pairs of
     GPUs in one server count none (their traffic stays in the scale-up domain), NICs of two

@@ -562,7 +562,7 @@ class LinkDump(_RawDump):
     _IFINFO = struct.Struct("=BxHiII")
     _RTM_GETLINK, _RTM_NEWLINK = 18, 16
     _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64 = 3, 16, 23
-    _IF_OPER_UP = 6
+    _IF_OPER_UNKNOWN, _IF_OPER_UP = 0, 6
     _STATS = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 
     def read(self, names: set[str]) -> dict[str, dict[str, int]]:
@@ -578,7 +578,9 @@ class LinkDump(_RawDump):
             if kind == self._IFLA_IFNAME:
                 name = data[at:at + length].rstrip(b"\0").decode()
             elif kind == self._IFLA_OPERSTATE and length >= 1:
-                stats["up"] = data[at] == self._IF_OPER_UP
+                # a device without carrier of its own (a cut link's VXLAN end) reports UNKNOWN
+                # while it is up; taken down, DOWN
+                stats["up"] = data[at] in (self._IF_OPER_UP, self._IF_OPER_UNKNOWN)
             elif kind == self._IFLA_STATS64 and length >= self._STATS.size:
                 (stats["rx_packets"], stats["tx_packets"], stats["rx_bytes"], stats["tx_bytes"],
                  _rx_err, _tx_err, stats["rx_dropped"], stats["tx_dropped"]

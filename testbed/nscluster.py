@@ -14,18 +14,25 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.poll import wait_for
+from testbed import procfs
+from testbed.portplan import SEND_BUFFER_MAX
 from testbed.procfs import descendants, read_stat
 
 UNDERLAY_PREFIX = "10.250.0"
 GATEWAY = f"{UNDERLAY_PREFIX}.254"  # the root namespace's address on the underlay bridge
 RAY_PORT = 6379
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the default is 30 % of RAM
+#: The socket send buffer default is the host kernel's, read-only inside the machines'
+#: namespaces, where a fabric part's switches need it raised (testbed.fabric): the cluster
+#: raises it to the most a build would while it is up.
+SEND_BUFFER_SYSCTL = "net.core.wmem_default"
 
 
 @dataclass
@@ -57,6 +64,8 @@ class NamespaceCluster:
         self.ray = ray
         self.mtu = underlay_mtu
         self.temp = Path(tempfile.mkdtemp(prefix="fabriclab-ray-"))
+        self.errors: list[str] = []  # what stop() could not clean
+        self.sysctl_old: str | None = None  # the send buffer default before start()
         self.machines = [NsMachine(f"machine{i}", f"flm{i}-{self.tag}",
                                    f"{UNDERLAY_PREFIX}.{i}") for i in range(1, count + 1)]
 
@@ -79,6 +88,10 @@ class NamespaceCluster:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
         """The underlay, then the head, then the workers; returns once every node has joined."""
+        old = procfs.read_sysctl(SEND_BUFFER_SYSCTL)  # the machines' kernel setting: see
+        if int(old) < SEND_BUFFER_MAX:                # Fabric._raise_send_buffer
+            self.sysctl_old = old
+            procfs.write_sysctl(SEND_BUFFER_SYSCTL, str(SEND_BUFFER_MAX))
         _ip("link", "add", self.bridge, "mtu", str(self.mtu), "type", "bridge")
         _ip("addr", "add", f"{GATEWAY}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -133,9 +146,28 @@ class NamespaceCluster:
                     if pipe is not None:
                         pipe.close()
                 m.ray = None
+            self.clean_parts(m)
             _ip("netns", "del", m.netns, check=False)
         _ip("link", "del", self.bridge, check=False)
         shutil.rmtree(self.temp, ignore_errors=True)
+        if self.sysctl_old is not None:
+            procfs.write_sysctl(SEND_BUFFER_SYSCTL, self.sysctl_old)
+            self.sysctl_old = None
+
+    def clean_parts(self, m: NsMachine) -> None:
+        """Remove what a fabric part left in machine ``m`` when its actor was killed (its
+        hosts' shells, vswitchds, interfaces: by its run records, inside its namespace)."""
+        if not (Path("/run/netns") / m.netns).exists():
+            return
+        code = ("from testbed import cleanup; from testbed.cluster import machine_state_dir; "
+                "from testbed.registry import Registry; "
+                f"r = cleanup.clean(Registry(machine_state_dir({m.name!r})), orphans=False); "
+                "print('; '.join(r.errors))")
+        proc = subprocess.run(["ip", "netns", "exec", m.netns, sys.executable, "-c", code],
+                              capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0 or proc.stdout.strip():
+            self.errors.append(f"{m.name}: cleaning its fabric part: "
+                               f"{(proc.stdout + proc.stderr).strip()[-500:]}")
 
     # -- inside the machines -----------------------------------------------------------------
     def run(self, machine: str, argv: list[str], timeout_s: float = 120.0,

@@ -212,6 +212,7 @@ class MachinePart:
     and its ends of the cut links (VXLAN devices: ``(tunnel, the node whose end it is)``)."""
 
     machine: str
+    nodes: frozenset[str]  # every node of the model built here (hosts, NICs, switches, bridges)
     hosts: tuple[str, ...]  # namespaces to make here (a plane's NIC goes into its GPU's)
     switches: tuple[str, ...]  # OpenFlow switches (their vswitchds) here
     links: tuple[Link, ...]
@@ -238,4 +239,4 @@ def machine_part(topo: Topology, plan: Partition, tunnels: list[CutLink],
                  for t in tunnels if machine in (t.a_machine, t.b_machine))
     hosts = tuple(n for n in topo.rank_hosts() if n in nodes)
     switches = tuple(sw.name for sw in topo.switches if sw.name in nodes)
-    return MachinePart(machine, hosts, switches, tuple(here), tuple(up), ends)
+    return MachinePart(machine, nodes, hosts, switches, tuple(here), tuple(up), ends)

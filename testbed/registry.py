@@ -24,6 +24,15 @@ from testbed.procfs import read_stat
 DEFAULT_STATE_DIR = Path("/run/fabriclab")
 
 
+def current_netns() -> str:
+    """This process's network namespace (``net:[4026531840]``): interfaces a run records are
+    found by name in the namespace it made them in."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
 def proc_start_time(pid: int) -> int | None:
     """The kernel start time (clock ticks since boot) of ``pid``; None if gone or a zombie."""
     stat = read_stat(pid)
@@ -55,6 +64,12 @@ class RunRecord:
     processes: list[TrackedProcess] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
     files: list[str] = field(default_factory=list)  # outside the run directory (discovery)
+    netns: str = field(default_factory=current_netns)  # where its interfaces are
+
+    def here(self) -> bool:
+        """Whether this process is in the network namespace the run made its interfaces in
+        (a namespace machine's part is cleaned inside it)."""
+        return not self.netns or self.netns == current_netns()
 
     def owner_alive(self) -> bool:
         return proc_start_time(self.owner_pid) == self.owner_start

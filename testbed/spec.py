@@ -197,6 +197,16 @@ class EmulatorSpec:
     ecn_marker: EcnMarker = EcnMarker.AUTO
 
 
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The Ray cluster a fabric is partitioned over (the experiment's ``cluster`` section, or
+    ``--cluster``): its head's ``host:port``, and how many machines it must have (None: as
+    many as it has)."""
+
+    address: str
+    machines: int | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TestbedSpec:
     """Everything needed to build a fabric on a machine."""

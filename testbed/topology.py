@@ -500,20 +500,23 @@ def all_interfaces(topo: Topology) -> Iterable[Endpoint]:
         yield link.b
 
 
-def shard_switches(topo: Topology, shards: int) -> list[list[str]]:
+def shard_switches(topo: Topology, shards: int,
+                   only: frozenset[str] | None = None) -> list[list[str]]:
     """Split the switches into ``shards`` near-equal groups that keep neighbours together
     (pods, then the core), e.g. to spread them over several switch processes.
 
     Args:
         topo: the topology.
         shards: how many groups (capped at the number of switches).
+        only: the switches to split (a cluster machine's); None: all.
 
     Returns:
         Non-empty lists of switch names.
     """
     if shards < 1:
         raise ConfigError("shards", f"must be >= 1, got {shards}")
-    order = sorted(topo.switches, key=lambda s: (s.group == 0, s.group, s.role, s.index))
+    order = sorted((s for s in topo.switches if only is None or s.name in only),
+                   key=lambda s: (s.group == 0, s.group, s.role, s.index))
     n = min(shards, len(order))
     size, extra = divmod(len(order), n)
     out, start = [], 0

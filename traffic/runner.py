@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import TestbedError
-from testbed.files import write_text_atomic
 from traffic.ideal import FluidModel
 from traffic.protocol import AgentReport
 from traffic.results import AGENT_PORT, CollectiveResult, job_spec, summarize
@@ -112,9 +111,9 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
     return [o for o in outcomes if o is not None]
 
 
-def _agent_state(spec_path: Path, rank: int) -> str:
+def _agent_state(fabric, spec_name: str, rank: int, host: str) -> str:
     try:
-        return Path(f"{spec_path}.rank{rank}").read_text()
+        return fabric.read_file(f"{spec_name}.rank{rank}", host)
     except OSError:
         return "no state published"
 
@@ -145,13 +144,13 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
     servers = {h: topo.server_of(h).index for h in hosts if topo.server_of(h)}
     spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
                     transport, spray, scale, dcqcn, planes, servers)
-    path = Path(fabric.run_dir) / f"job-{port}-{time.time_ns()}.json"
-    write_text_atomic(path, spec.to_json())
+    name = f"job-{port}-{time.time_ns()}.json"  # in the run directory (each machine's)
+    fabric.write_file(name, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}
     try:
         for host in hosts:
-            procs[host] = fabric.spawn(host, [sys.executable, "-m", "traffic.agent", str(path),
-                                              host], f"agent:{port}:{host}")
+            procs[host] = fabric.spawn(host, [sys.executable, "-m", "traffic.agent", name, host],
+                                       f"agent:{port}:{host}", cwd=str(fabric.run_dir))
         deadline = time.monotonic() + timeout_s
         watch = CutOffWatch(fabric, hosts)
         reports, failures = [], []
@@ -166,7 +165,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
                     reason = None if expired else watch.check()
                     if not expired and reason is None:
                         continue
-                    stuck = [f"rank {i} ({h}): {_agent_state(path, i)}"
+                    stuck = [f"rank {i} ({h}): {_agent_state(fabric, name, i, h)}"
                              for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
                     head = (f"the job cannot finish, {reason}" if reason else
                             f"job timed out after {timeout_s:.0f} s")
