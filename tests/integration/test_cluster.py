@@ -301,3 +301,60 @@ def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path):
     # the ring crossed the machines: through the cores, half of whose links are cut links
     tiers = res["congestion"]["utilization"]
     assert tiers["agg->core"]["max"] > 0.3 and tiers["core->agg"]["max"] > 0.3, tiers
+
+
+def test_a_machine_dying_mid_run_is_named_and_the_others_are_cleaned(tmp_path):
+    """machine2's Ray node killed (SIGKILL, every process) while a ring all-reduce runs: the
+    run fails with one error naming machine2, results.json keeps it, machine1's part is torn
+    down by the run, and machine2's leftovers (its hosts' shells, vswitchds, agents) are
+    removed by its run record inside its namespace (what ``fabriclab clean`` there does)."""
+    import signal
+    import time
+
+    from testbed.nscluster import NamespaceCluster
+    from testbed.procfs import descendants
+
+    exp = tmp_path / "cluster.yaml"
+    exp.write_text(CLUSTER_RUN % ("16MiB", 3))
+    ray = str(Path(sys.executable).parent / "ray")
+    out = tmp_path / "run"
+    with NamespaceCluster(2, ray, underlay_mtu=9000 + VXLAN_OVERHEAD) as cluster:
+        m1, m2 = cluster.machines
+        cmd = ["ip", "netns", "exec", m1.netns, sys.executable, "-m", "fabriclab.cli",
+               "--state-dir", str(tmp_path / "coord"), "run", str(exp), "--out", str(out),
+               "--cluster", cluster.address]
+        run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=ROOT)
+        try:
+            def measuring() -> bool:  # the workload started: agents run on both machines
+                text = subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                      text=True).stdout
+                return text.count("traffic.agent") >= RANKS or run.poll() is not None
+
+            deadline = time.monotonic() + 120
+            while not measuring() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert run.poll() is None, run.communicate()[0][-3000:]
+            time.sleep(2)
+            node = [m2.ray.pid, *descendants(m2.ray.pid)]
+            for pid in node:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            stdout, stderr = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.communicate()
+        assert run.returncode != 0
+        text = stdout + stderr
+        assert "machine machine2 is gone" in text, text[-3000:]
+        doc = json.loads((out / "results.json").read_text())
+        assert doc["complete"] is False and "machine2" in doc["error"], doc.get("error")
+        # machine1's part went with the run: no shell of its hosts is left (machine2's are)
+        left = subprocess.run(["ip", "netns", "pids", m1.netns], capture_output=True,
+                              text=True).stdout.split()
+        shells = [p for p in left if "mininet:" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert not shells, shells
+    assert not cluster.errors, cluster.errors  # machine2 cleaned by its record
