@@ -7,6 +7,7 @@ document (what benchmarks and tests read) and the human output goes to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -357,6 +358,9 @@ def cmd_run(args) -> int:
     if exp.workload is None:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
     out = Path(args.out)
+    if args.parallel and not exp.cells:
+        raise ConfigError("--parallel", "runs a sweep's cells at once, one per machine of a "
+                                        "cluster; this experiment has no sweep section")
     _check_out_dir(out, args.resume, args.force)
     if exp.cells:
         if resolve_backend(exp, args.backend, args.state_dir) == Backend.VM:
@@ -503,6 +507,10 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
             record(cell, json.loads((out / cell.name / "results.json").read_text()), None)
     shared = SharedFabric(args.state_dir)
     try:
+        if args.parallel:
+            machines = _run_cells_on_machines(args, exp, todo, out, record, save)
+            builds = f"{len(todo)} cell(s) on {machines} machine(s) at once"
+            todo = []
         for n, cell in enumerate(todo, start=1):
             eta = ""
             if durations:
@@ -533,7 +541,8 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
     phases = sw.total_timings(rows)
     ui.print(f"wall time {time.monotonic() - began:.0f} s; over the cells: "
              + ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in phases.items())
-             + f"; {shared.builds} fabric build(s) for {len(todo)} cell(s)")
+             + "; " + (builds if args.parallel
+                       else f"{shared.builds} fabric build(s) for {len(todo)} cell(s)"))
     ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
     _report(args, out)
     if args.json:
@@ -564,6 +573,77 @@ def _sweep_table(name: str, summary: list[dict]) -> Table:
         table.add_row(line["cell"], str(line["runs"]), str(line["failed"]), *cells)
     table.caption = "eff: busbw / link rate, mean ± standard deviation over the complete runs"
     return table
+
+
+def _run_cells_on_machines(args, exp: xp.Experiment, todo: list, out: Path, record,
+                           save) -> int:
+    """``--parallel``: the cells at once, one per machine of the cluster, each built whole on
+    its machine by that machine's actor (:meth:`testbed.cluster.MachineAgent.run_cell`); its
+    run directory comes back into ``out/<cell>``. A failed cell is recorded and the rest go
+    on; a machine that dies fails its cell, and the others take the cells left."""
+    import queue
+
+    from testbed.cluster import Cluster
+    from testbed.files import write_json_atomic
+
+    if exp.cluster is None:
+        raise ConfigError("--parallel", "runs a sweep's cells on the machines of a cluster: "
+                                        "give --cluster ADDRESS or the cluster section")
+    cluster = Cluster(exp.cluster.address)
+    ui, lock = args.console, threading.Lock()
+    cells: queue.Queue = queue.Queue()
+    for cell in todo:
+        cells.put(cell)
+    done = []
+
+    def machine_loop(name: str) -> None:
+        while True:
+            try:
+                cell = cells.get_nowait()
+            except queue.Empty:
+                return
+            ui.print(f"cell {cell.name}: on {name}")
+            alone = dataclasses.replace(cell.experiment, cluster=None)
+            error, lost = None, False
+            try:
+                got = cluster.ray.get(cluster.agents[name].run_cell.remote(alone, cell.name))
+                error = got["error"]
+                for rel, data in got["files"].items():
+                    path = out / cell.name / rel
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+            except Exception as err:  # noqa: BLE001 - the machine died: its cell failed
+                error, lost = f"machine {name}: {type(err).__name__}: {err}"[:2000], True
+            try:  # the document says where it ran
+                doc = json.loads((out / cell.name / "results.json").read_text())
+                doc["machine"] = name
+                write_json_atomic(out / cell.name / "results.json", doc)
+            except (OSError, ValueError):
+                doc = None
+            with lock:
+                if error:
+                    ui.print(f"[red]cell {cell.name} failed on {name}:[/red] {error}")
+                record(cell, doc, error)
+                done.append(cell.name)
+                save()
+                ui.print(f"{len(done)}/{len(todo)} cells done")
+            if lost:
+                return
+
+    try:
+        threads = [threading.Thread(target=machine_loop, args=(n,), name=f"cells-{n}")
+                   for n in sorted(cluster.machines)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        cluster.close()
+    left = [c for c in todo if c.name not in done]
+    for cell in left:  # every machine died
+        record(cell, None, "no machine of the cluster was left to run it")
+    save()
+    return len(threads)
 
 
 def _run_one(args, exp: xp.Experiment, out: Path, variant: str | None = None,
@@ -898,6 +978,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="overwrite the run --out already holds")
     backend(p)
     cluster(p)
+    p.add_argument("--parallel", action="store_true",
+                   help="a sweep's cells at once, one per machine of the cluster, each built "
+                        "whole on its machine")
     telemetry_cli.add_arguments(p)
     telemetry_cli.add_command(command)
     telemetry_cli.add_top_command(command)

@@ -82,6 +82,29 @@ class MachineAgent:
                 "red_marking": fabric.red_marking, "datapath": fabric.datapath_type,
                 "vswitchds": fabric.vswitchd_count}
 
+    def run_cell(self, exp, name: str) -> dict:
+        """Run a whole experiment (a sweep cell) on this machine alone; returns its run
+        directory's files (``relative path -> bytes``) and its error, if it failed."""
+        import shutil
+        import time
+
+        from fabriclab.run import run_experiment
+        from testbed.errors import ConfigError
+
+        state = machine_state_dir(self.name)
+        out = state / "cells" / f"{name}-{time.time_ns()}"
+        error = None
+        try:
+            try:
+                run_experiment(exp, out, state)
+            except (ConfigError, TestbedError) as err:
+                error = str(err)
+            files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*")
+                     if p.is_file()}
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        return {"files": files, "error": error}
+
     def settle(self) -> None:
         self._part().settle()
 

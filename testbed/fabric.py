@@ -646,7 +646,7 @@ class Fabric:
         old = procfs.read_sysctl(name)
         if want <= int(old):
             return
-        if self.part is not None and not os.access(procfs.sysctl_path(name), os.W_OK):
+        if not os.access(procfs.sysctl_path(name), os.W_OK):
             # the machine's own setting, read-only in a namespace machine (its host sets it:
             # testbed.nscluster does)
             self.warnings.append(f"{name} is {old} here and cannot be raised from this network "

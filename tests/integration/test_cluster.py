@@ -358,3 +358,39 @@ def test_a_machine_dying_mid_run_is_named_and_the_others_are_cleaned(tmp_path):
         shells = [p for p in left if "mininet:" in Path(f"/proc/{p}/cmdline").read_text()]
         assert not shells, shells
     assert not cluster.errors, cluster.errors  # machine2 cleaned by its record
+
+
+PARALLEL = """version: 1
+name: parallel-sweep
+fabric: {topology: fat_tree, k: 4, mtu: 9000, queue: {size_kb: 256}}
+controller: {routing: dmodk, ready_timeout_s: 60}
+workload:
+  collectives: [{op: all_reduce, algorithm: ring, size: 1MiB, ranks: 16}]
+sweep:
+  axes: {controller.routing: [ecmp, dmodk]}
+"""
+
+
+def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
+    """``--parallel``: two cells, each built whole on its own machine at the same time, their
+    run directories back in the sweep's, the sweep's wall time under the cells' sum."""
+    from testbed.nscluster import NamespaceCluster
+
+    exp = tmp_path / "sweep.yaml"
+    exp.write_text(PARALLEL)
+    ray = str(Path(sys.executable).parent / "ray")
+    out = tmp_path / "sweep"
+    with NamespaceCluster(2, ray) as cluster:
+        run = _cli(["run", str(exp), "--out", str(out), "--parallel", "--cluster",
+                    cluster.address], tmp_path / "coord", cluster)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert not cluster.errors
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [c["complete"] for c in sweep["cells"]] == [True, True], sweep["cells"]
+    docs = [json.loads((out / c["name"] / "results.json").read_text()) for c in sweep["cells"]]
+    assert {d["machine"] for d in docs} == {"machine1", "machine2"}
+    assert all(d["collectives"][0]["bytes"] == 1 << 20 for d in docs)
+    assert (out / "report.html").exists() and (out / sweep["cells"][0]["name"] / "flows.csv"
+                                               ).exists()
+    total = sum(d["timings_s"]["total"] for d in docs)
+    assert sweep["wall_s"] < 0.85 * total, (sweep["wall_s"], total)
