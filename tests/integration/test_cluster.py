@@ -380,10 +380,18 @@ def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
     exp.write_text(PARALLEL)
     ray = str(Path(sys.executable).parent / "ray")
     out = tmp_path / "sweep"
-    with NamespaceCluster(2, ray) as cluster:
+    jumbo = tmp_path / "jumbo.yaml"
+    jumbo.write_text(CLUSTER_RUN % ("1MiB", 1))
+    with NamespaceCluster(2, ray) as cluster:  # an underlay MTU of 1550
         run = _cli(["run", str(exp), "--out", str(out), "--parallel", "--cluster",
                     cluster.address], tmp_path / "coord", cluster)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        # a jumbo fabric partitioned over it: refused before anything is built, by machine
+        up = _cli(["up", str(jumbo), "--check", "--cluster", cluster.address],
+                  tmp_path / "coord", cluster)
+        assert up.returncode == 2, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "cluster.machines[0]: machine1's underlay MTU is 1550: fabric.mtu 9000 in " \
+               "VXLAN needs 9050 or more" in up.stdout + up.stderr, up.stdout + up.stderr
         assert not cluster.errors
     sweep = json.loads((out / "sweep.json").read_text())
     assert [c["complete"] for c in sweep["cells"]] == [True, True], sweep["cells"]
