@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from testbed.errors import ConfigError, TestbedError
-from testbed.fabric import Fabric, probe_pairs, signals_deferred
+from testbed.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
 from testbed.failplan import cut_off_reason
 from testbed.fidelity import machine_budget_mbit_hops
 from testbed.partition import (FIRST_VNI, Machine, MachinePart, Partition, cut_links,
@@ -172,27 +172,17 @@ class ClusterFabric:
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
         self.red_marking = False
-        self._lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> ClusterFabric:
-        try:
-            self.up()
-        except BaseException as err:
-            try:
-                self.down()
-            except Exception as down_err:  # the build error stays the one raised
-                err.add_note(f"and tearing down after it failed too: {down_err}")
-            raise
+        up_or_down(self)
         return self
 
     def __exit__(self, *exc) -> None:
         self.down()
 
     def up(self) -> None:
-        import time
-
-        from testbed.cluster import Cluster
+        from testbed.cluster import Cluster  # Ray only for a cluster
 
         start = time.monotonic()
         self.cluster = Cluster(self.address)

@@ -72,6 +72,19 @@ def _free_port(host: str = LOOPBACK) -> int:
         return sock.getsockname()[1]
 
 
+def up_or_down(fabric) -> None:
+    """``fabric.up()``; when it fails, ``fabric.down()`` removes what it built, and the build
+    error stays the one raised (a teardown error is added to it as a note)."""
+    try:
+        fabric.up()
+    except BaseException as err:
+        try:
+            fabric.down()
+        except Exception as down_err:  # noqa: BLE001 - noted on the build error
+            err.add_note(f"and tearing down after it failed too: {down_err}")
+        raise
+
+
 @contextmanager
 def signals_deferred() -> Iterator[None]:
     """Ignore SIGINT/SIGTERM while tearing down, so a second Ctrl-C cannot leak resources."""
@@ -163,14 +176,7 @@ class Fabric:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> Self:
-        try:
-            self.up()
-        except BaseException as err:
-            try:
-                self.down()
-            except Exception as down_err:  # the build error stays the one raised
-                err.add_note(f"and tearing down after it failed too: {down_err}")
-            raise
+        up_or_down(self)
         return self
 
     def __exit__(self, *exc) -> None:
