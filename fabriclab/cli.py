@@ -507,7 +507,7 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
             record(cell, json.loads((out / cell.name / "results.json").read_text()), None)
     shared = SharedFabric(args.state_dir)
     try:
-        if args.parallel:
+        if getattr(args, "parallel", False):
             machines = _run_cells_on_machines(args, exp, todo, out, record, save)
             builds = f"{len(todo)} cell(s) on {machines} machine(s) at once"
             todo = []
@@ -541,7 +541,7 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
     phases = sw.total_timings(rows)
     ui.print(f"wall time {time.monotonic() - began:.0f} s; over the cells: "
              + ", ".join(f"{k.replace('_', '-')} {v:.0f} s" for k, v in phases.items())
-             + "; " + (builds if args.parallel
+             + "; " + (builds if getattr(args, "parallel", False)
                        else f"{shared.builds} fabric build(s) for {len(todo)} cell(s)"))
     ui.print(f"results: {out}/<cell>/results.json; all cells: {out / 'sweep.json'}")
     _report(args, out)
@@ -606,7 +606,8 @@ def _run_cells_on_machines(args, exp: xp.Experiment, todo: list, out: Path, reco
             alone = dataclasses.replace(cell.experiment, cluster=None)
             error, lost = None, False
             try:
-                got = cluster.ray.get(cluster.agents[name].run_cell.remote(alone, cell.name))
+                agent = cluster.agents[name]
+                got = cluster.ray.get(agent.run_cell.remote(run_experiment, alone, cell.name))
                 error = got["error"]
                 for rel, data in got["files"].items():
                     path = out / cell.name / rel

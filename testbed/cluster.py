@@ -82,13 +82,13 @@ class MachineAgent:
                 "red_marking": fabric.red_marking, "datapath": fabric.datapath_type,
                 "vswitchds": fabric.vswitchd_count}
 
-    def run_cell(self, exp, name: str) -> dict:
-        """Run a whole experiment (a sweep cell) on this machine alone; returns its run
-        directory's files (``relative path -> bytes``) and its error, if it failed."""
+    def run_cell(self, run, exp, name: str) -> dict:
+        """Run a whole experiment (a sweep cell) on this machine alone with ``run(exp, out,
+        state_dir)`` (the experiment layer's ``run_experiment``); returns its run directory's
+        files (``relative path -> bytes``) and its error, if it failed."""
         import shutil
         import time
 
-        from fabriclab.run import run_experiment
         from testbed.errors import ConfigError
 
         state = machine_state_dir(self.name)
@@ -96,7 +96,7 @@ class MachineAgent:
         error = None
         try:
             try:
-                run_experiment(exp, out, state)
+                run(exp, out, state)
             except (ConfigError, TestbedError) as err:
                 error = str(err)
             files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*")
