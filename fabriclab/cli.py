@@ -329,8 +329,7 @@ class _TerminalView(RunView):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.stack.close()  # the spinner
-        plan = getattr(fabric, "plan", None)  # a cluster's partition
-        for line in plan.describe() if plan is not None else []:
+        for line in fabric.plan.describe() if fabric.plan is not None else []:
             self.console.print(f"cluster: {line}")
         for warning in fabric.warnings:
             self.console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -127,6 +127,7 @@ class Fabric:
         self.spec = spec
         self.topo = spec.topology
         self.part = part
+        self.plan = None  # the whole fabric's partition over machines (a ClusterFabric's)
         self.controller_at = controller_at
         self.listen = listen
         self.registry = Registry(state_dir)
