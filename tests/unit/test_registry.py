@@ -167,3 +167,21 @@ def test_wait_for_returns_the_value_or_names_what_it_waited_for():
     with pytest.raises(TestbedError, match=r"timed out after 0.1 s waiting for the moon"):
         wait_for(lambda: None, 0.1, "the moon", interval_s=0.02)
     assert time.monotonic() - start < 2
+
+
+def test_a_record_made_in_another_network_namespace_is_left_to_it(tmp_path):
+    """A namespace machine's part (its interfaces live in its namespace) is not cleaned from
+    here: it is reported, and cleaned where it was made; a record of this namespace whose
+    owner is gone is cleaned."""
+    registry = Registry(tmp_path)
+    theirs = registry.new_run(tmp_path / "work")
+    theirs.owner_pid, theirs.netns = 2 ** 22 + 7, "net:[1]"  # a gone owner, elsewhere
+    registry.save(theirs)
+    ours = registry.new_run(tmp_path / "work")
+    ours.owner_pid = 2 ** 22 + 9
+    registry.save(ours)
+    report = cleanup.clean(registry, orphans=False)
+    assert report.runs == [ours.run_id]
+    assert report.skipped == [f"{theirs.run_id} (made in network namespace net:[1]: clean it "
+                              "there)"]
+    assert [r.run_id for r in registry.runs()] == [theirs.run_id]
