@@ -373,7 +373,9 @@ sweep:
 
 def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
     """``--parallel``: two cells, each built whole on its own machine at the same time, their
-    run directories back in the sweep's, the sweep's wall time under the cells' sum."""
+    run directories back in the sweep's, the sweep's wall time under the cells' sum; without
+    it, the cells in turn share one partitioned fabric. A jumbo fabric over this 1550-byte
+    underlay is refused by machine before anything is built."""
     from testbed.nscluster import NamespaceCluster
 
     exp = tmp_path / "sweep.yaml"
@@ -392,6 +394,16 @@ def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
         assert up.returncode == 2, up.stdout[-3000:] + up.stderr[-3000:]
         assert "cluster.machines[0]: machine1's underlay MTU is 1550: fabric.mtu 9000 in " \
                "VXLAN needs 9050 or more" in up.stdout + up.stderr, up.stdout + up.stderr
+        # without --parallel: the cells one after another on one partitioned fabric, shared
+        # (a new controller for the second cell)
+        small = tmp_path / "mtu1500.yaml"  # what this underlay carries in VXLAN
+        small.write_text(PARALLEL.replace("mtu: 9000", "mtu: 1500"))
+        in_turn = _cli(["run", str(small), "--out", str(tmp_path / "in-turn"), "--cluster",
+                        cluster.address], tmp_path / "coord", cluster)
+        assert in_turn.returncode == 0, in_turn.stdout[-3000:] + in_turn.stderr[-3000:]
+        shared = json.loads((tmp_path / "in-turn" / "sweep.json").read_text())["cells"]
+        assert [(c["complete"], c["fabric_reused"]) for c in shared] == [(True, False),
+                                                                        (True, True)]
         assert not cluster.errors
     sweep = json.loads((out / "sweep.json").read_text())
     assert [c["complete"] for c in sweep["cells"]] == [True, True], sweep["cells"]
