@@ -181,12 +181,12 @@ class MachineAgent:
         self.stop_monitor()
         self.monitor, self._stop_monitor = self._part().start_monitor(queue_interval_s)
 
-    def monitor_data(self) -> dict:
-        """The monitor's queue samples, fidelity verdict and timeline so far."""
-        m = self.monitor
-        if m is None:
-            return {"snapshot": {}, "report": {}, "timeline": {}}
-        return {"snapshot": m.snapshot(), "report": m.report(), "timeline": m.timeline()}
+    def monitor_read(self, what: str) -> dict:
+        """The monitor's ``snapshot`` (queue samples), ``report`` (fidelity verdict) or
+        ``timeline`` so far (empty without a monitor)."""
+        if what not in ("snapshot", "report", "timeline"):
+            raise ValueError(f"the monitor has no {what}")
+        return getattr(self.monitor, what)() if self.monitor is not None else {}
 
     def stop_monitor(self) -> None:
         if self._stop_monitor is not None:

@@ -32,9 +32,9 @@ from pathlib import Path
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
 from testbed.failplan import cut_off_reason
-from testbed.fidelity import machine_budget_mbit_hops
-from testbed.partition import (FIRST_VNI, Machine, MachinePart, Partition, cut_links,
-                               machine_part, partition)
+from testbed.fidelity import machine_budget_mbit_hops, merge_fidelity, merge_timelines
+from testbed.partition import (FIRST_VNI, Machine, MachinePart, Partition,
+                               check_cluster_spec, cut_links, machine_part, partition)
 from testbed.reachability import Reachability
 from testbed.registry import DEFAULT_STATE_DIR
 from testbed.spec import Fidelity, TestbedSpec
@@ -74,59 +74,18 @@ class ClusterMonitor:
     def __init__(self, fabric: ClusterFabric) -> None:
         self.fabric = fabric
 
-    def _data(self) -> dict[str, dict]:
-        return self.fabric.call_all("monitor_data")
+    def _read(self, what: str) -> dict[str, dict]:
+        return self.fabric.call_all("monitor_read", what)
 
     def snapshot(self) -> dict:
-        return {port: values for data in self._data().values()
-                for port, values in data["snapshot"].items()}
+        return {port: values for data in self._read("snapshot").values()
+                for port, values in data.items()}
 
     def report(self) -> dict:
-        return merge_fidelity({m: d["report"] for m, d in self._data().items()})
+        return merge_fidelity(self._read("report"))
 
     def timeline(self) -> dict:
-        return merge_timelines({m: d["timeline"] for m, d in self._data().items()})
-
-
-def merge_fidelity(reports: dict[str, dict]) -> dict:
-    """One verdict for a cluster run: ``degraded`` when a machine's is (its reasons prefixed
-    with the machine), every machine's under ``machines``."""
-    reports = {m: r for m, r in reports.items() if r}
-    if not reports:
-        return {}
-    degraded = [m for m, r in reports.items() if r.get("verdict") != "ok"]
-    idle = [r["idle_pct"] for r in reports.values() if r.get("idle_pct")]
-    return {"samples": min(r.get("samples", 0) for r in reports.values()),
-            **({"idle_pct": {"median": min(i["median"] for i in idle),
-                             "min": min(i["min"] for i in idle)}} if idle else {}),
-            "verdict": "degraded" if degraded else "ok",
-            "reasons": [f"{m}: {reason}" for m in degraded
-                        for reason in reports[m].get("reasons", [])],
-            "machines": reports}
-
-
-def merge_timelines(timelines: dict[str, dict]) -> dict:
-    """The machines' timelines as one: ports from all, the i-th samples of every machine
-    together (each machine samples every interval from the same start, within a tick), the
-    idle share the least of the machines', vswitchds named ``machine/instance``."""
-    timelines = {m: t for m, t in timelines.items() if t}
-    if not timelines:
-        return {}
-    first = next(iter(timelines.values()))
-    count = min(len(t["samples"]) for t in timelines.values())
-    samples = []
-    for i in range(count):
-        rows = {m: t["samples"][i] for m, t in timelines.items()}
-        idle = [r["idle_pct"] for r in rows.values() if r["idle_pct"] is not None]
-        samples.append({
-            "t_s": rows[next(iter(rows))]["t_s"],
-            "idle_pct": min(idle) if idle else None,
-            "vswitchd_pct": {f"{m}/{k}": v for m, r in rows.items()
-                             for k, v in r["vswitchd_pct"].items()},
-            "ports": {p: c for r in rows.values() for p, c in r["ports"].items()}})
-    return {"interval_s": first["interval_s"], "fields": first["fields"],
-            "ports": {p: info for t in timelines.values() for p, info in t["ports"].items()},
-            "samples": samples}
+        return merge_timelines(self._read("timeline"))
 
 
 def local_address_towards(address: str) -> str:
@@ -462,13 +421,3 @@ class ClusterFabric:
                 "cut_links": [{"link": l.name, "vni": FIRST_VNI + i}
                               for i, l in enumerate(plan.cut)],
                 "plan": plan.describe()}
-
-
-def check_cluster_spec(spec: TestbedSpec) -> None:
-    """What a cluster does not offer yet, refused by field before anything is built."""
-    if spec.pfc is not None:
-        raise ConfigError("fabric.pfc", "PFC is not offered on a cluster yet (a pause would "
-                                        "cross machines): run it on one machine")
-    if getattr(spec, "failures", ()):
-        raise ConfigError("failures", "link and switch failures are not offered on a cluster "
-                                      "yet: run them on one machine")

@@ -289,3 +289,46 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
 def _median(ordered: list[float]) -> float:
     n = len(ordered)
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+# -- a run over several machines (testbed.clusterfabric): one verdict, one timeline
+
+def merge_fidelity(reports: dict[str, dict]) -> dict:
+    """One verdict for a cluster run: ``degraded`` when a machine's is (its reasons prefixed
+    with the machine), every machine's under ``machines``."""
+    reports = {m: r for m, r in reports.items() if r}
+    if not reports:
+        return {}
+    degraded = [m for m, r in reports.items() if r.get("verdict") != "ok"]
+    idle = [r["idle_pct"] for r in reports.values() if r.get("idle_pct")]
+    return {"samples": min(r.get("samples", 0) for r in reports.values()),
+            **({"idle_pct": {"median": min(i["median"] for i in idle),
+                             "min": min(i["min"] for i in idle)}} if idle else {}),
+            "verdict": "degraded" if degraded else "ok",
+            "reasons": [f"{m}: {reason}" for m in degraded
+                        for reason in reports[m].get("reasons", [])],
+            "machines": reports}
+
+
+def merge_timelines(timelines: dict[str, dict]) -> dict:
+    """The machines' timelines as one: ports from all, the i-th samples of every machine
+    together (each machine samples every interval from the same start, within a tick), the
+    idle share the least of the machines', vswitchds named ``machine/instance``."""
+    timelines = {m: t for m, t in timelines.items() if t}
+    if not timelines:
+        return {}
+    first = next(iter(timelines.values()))
+    count = min(len(t["samples"]) for t in timelines.values())
+    samples = []
+    for i in range(count):
+        rows = {m: t["samples"][i] for m, t in timelines.items()}
+        idle = [r["idle_pct"] for r in rows.values() if r["idle_pct"] is not None]
+        samples.append({
+            "t_s": rows[next(iter(rows))]["t_s"],
+            "idle_pct": min(idle) if idle else None,
+            "vswitchd_pct": {f"{m}/{k}": v for m, r in rows.items()
+                             for k, v in r["vswitchd_pct"].items()},
+            "ports": {p: c for r in rows.values() for p, c in r["ports"].items()}})
+    return {"interval_s": first["interval_s"], "fields": first["fields"],
+            "ports": {p: info for t in timelines.values() for p, info in t["ports"].items()},
+            "samples": samples}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.errors import ConfigError
+from testbed.spec import TestbedSpec
 from testbed.topology import Link, Topology
 
 
@@ -240,3 +241,13 @@ def machine_part(topo: Topology, plan: Partition, tunnels: list[CutLink],
     hosts = tuple(n for n in topo.rank_hosts() if n in nodes)
     switches = tuple(sw.name for sw in topo.switches if sw.name in nodes)
     return MachinePart(machine, nodes, hosts, switches, tuple(here), tuple(up), ends)
+
+
+def check_cluster_spec(spec: TestbedSpec) -> None:
+    """What a cluster does not offer yet, refused by field before anything is built."""
+    if spec.pfc is not None:
+        raise ConfigError("fabric.pfc", "PFC is not offered on a cluster yet (a pause would "
+                                        "cross machines): run it on one machine")
+    if getattr(spec, "failures", ()):
+        raise ConfigError("failures", "link and switch failures are not offered on a cluster "
+                                      "yet: run them on one machine")

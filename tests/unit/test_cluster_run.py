@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from fabriclab import experiment as xp
-from testbed.clusterfabric import check_cluster_spec, merge_fidelity, merge_timelines
 from testbed.errors import ConfigError
-from testbed.fidelity import HEADROOM, machine_budget_mbit_hops, saturation_mbit_hops
-from testbed.partition import Machine, cut_links, machine_part, partition
+from testbed.fidelity import (HEADROOM, machine_budget_mbit_hops, merge_fidelity,
+                              merge_timelines, saturation_mbit_hops)
+from testbed.partition import Machine, check_cluster_spec, cut_links, machine_part, partition
 from testbed.topology import fat_tree
 
 BASE = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
