@@ -1,8 +1,9 @@
 """A Ray cluster as fabriclab's machines, the adapter: one long-lived actor per machine, pinned
-to it, does that machine's part (issue 16). So far: connecting (a Ray version mismatch is one
-clear error), finding the machines (Ray nodes alive, their underlay addresses and resources),
-probing each (the project installed there, its kernel, the MTU of its underlay interface),
-and making or removing a machine's ends of the cut links (:func:`testbed.partition.cut_links`).
+to it, does that machine's part (issue 16): connecting (a Ray version mismatch is one clear
+error), finding the machines (Ray nodes alive, their underlay addresses and resources), probing
+each (the project loads there, its revision, kernel, cores, the MTU of its underlay interface;
+a machine where it does not is named), then on each machine its part of a fabric and the
+processes of a run in it.
 
 A machine is a Ray node; its name is the first custom resource the node was started with
 (``ray start --resources '{"machine2": 1}'``), else its underlay address.
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+import time
 from dataclasses import dataclass
 
 from pathlib import Path
 
 from testbed.errors import TestbedError
-from testbed.partition import CutLink
 from testbed.registry import DEFAULT_STATE_DIR
 
 
@@ -31,6 +33,7 @@ class MachineInfo:
     fabriclab: str  # the project's version there
     kernel: str
     cores: int
+    revision: str = "unknown"  # the project's git revision there
 
 
 class MachineAgent:
@@ -42,7 +45,6 @@ class MachineAgent:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.tunnels: list[str] = []  # VXLAN devices made here without a fabric (tests)
         self.fabric = None  # this machine's part (testbed.fabric.Fabric)
         self.procs: dict[int, object] = {}  # pid -> subprocess.Popen started for the run
         self.monitor = None
@@ -60,22 +62,23 @@ class MachineAgent:
             mtu = nl.mtu_of_address(ip)
         finally:
             nl.close()
+        versions = software_versions()
         return {"name": self.name, "underlay": ip, "underlay_mtu": mtu,
-                "fabriclab": software_versions()["fabriclab"], "kernel": platform.release(),
-                "cores": os.cpu_count()}
+                "fabriclab": versions["fabriclab"], "kernel": platform.release(),
+                "cores": os.cpu_count(), "revision": versions["git_revision"]}
 
     # -- the fabric's part -----------------------------------------------------------------
     def build(self, spec, part, controller_at: tuple[str, int]) -> dict:
         """Build ``part`` of ``spec`` here, its switches connecting to ``controller_at``;
         returns the run's id, directory, step timings and warnings. On failure nothing of it
         stays."""
-        from testbed.fabric import Fabric
+        from testbed.fabric import Fabric, up_or_down
 
         if self.fabric is not None:
             raise TestbedError(f"{self.name}: a fabric part is already up here")
         fabric = Fabric(spec, machine_state_dir(self.name), part=part,
                         controller_at=controller_at)
-        fabric.__enter__()  # tears itself down when the build fails
+        up_or_down(fabric)  # a failed build tears itself down
         self.fabric = fabric
         return {"run_id": fabric.record.run_id, "run_dir": str(fabric.run_dir),
                 "timings": dict(fabric.timings), "warnings": list(fabric.warnings),
@@ -193,38 +196,6 @@ class MachineAgent:
             self._stop_monitor()
         self._stop_monitor = None
 
-    # -- tunnels alone (the tests of the underlay) -------------------------------------------
-    def make_tunnels(self, ends: list[tuple[str, int, str, str]], mtu: int) -> list[str]:
-        """Create VXLAN devices ``(name, vni, local, remote)``, up; all or none."""
-        from testbed.netlink import Netlink
-
-        nl = Netlink()
-        made: list[str] = []
-        try:
-            for name, vni, local, remote in ends:
-                nl.create_vxlan(name, vni, local, remote, mtu)
-                made.append(name)
-                nl.set_state(name, True)
-        except Exception:
-            for name in made:
-                nl.delete(name)
-            raise
-        finally:
-            nl.close()
-        self.tunnels += made
-        return made
-
-    def remove_tunnels(self) -> int:
-        from testbed.netlink import Netlink
-
-        nl = Netlink()
-        try:
-            removed = sum(1 for name in self.tunnels if nl.delete(name))
-        finally:
-            nl.close()
-        self.tunnels = []
-        return removed
-
 
 def machine_state_dir(name: str, root: Path = DEFAULT_STATE_DIR) -> Path:
     """Where a cluster machine keeps its part's run records: apart from a single-machine
@@ -263,9 +234,12 @@ class Cluster:
         except Exception as err:  # noqa: BLE001 - Ray's own errors, one message each
             text = str(err)
             if "version" in text.lower() and "mismatch" in text.lower():
-                raise TestbedError(f"Ray version mismatch with the cluster at {address}: "
-                                   f"this machine runs Ray {ray.__version__}",
-                                   "", text[-1500:]) from None
+                theirs = cluster_versions(text)
+                raise TestbedError(
+                    f"Ray version mismatch with the cluster at {address}: it runs "
+                    f"{theirs or 'another version'}, this machine Ray {ray.__version__} "
+                    f"(Python {platform.python_version()}): install the cluster's Ray here, "
+                    "or start the cluster with this one", "", text[-1500:]) from None
             raise TestbedError(f"cannot join the Ray cluster at {address}", "",
                                text[-1500:]) from None
         self.agents: dict[str, object] = {}
@@ -276,41 +250,53 @@ class Cluster:
             name = _machine_name(node)
             self.agents[name] = remote.options(
                 scheduling_strategy=_on_node(node["NodeID"])).remote(name)
-        try:
-            self.machines = {info["name"]: MachineInfo(**info) for info in ray.get(
-                [a.probe.remote() for a in self.agents.values()], timeout=timeout_s)}
-        except Exception as err:  # noqa: BLE001 - an actor that cannot start or answer
+        probes = {name: agent.probe.remote() for name, agent in self.agents.items()}
+        self.machines: dict[str, MachineInfo] = {}
+        failed: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        for name, ref in probes.items():
+            try:
+                info = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+                self.machines[name] = MachineInfo(**info)
+            except ray.exceptions.GetTimeoutError:
+                failed.append(f"{name}: did not answer within {timeout_s:.0f} s")
+            except Exception as err:  # noqa: BLE001 - an actor that cannot start there
+                failed.append(f"{name}: {root_cause(str(err))}")
+        if failed:
             self.close()
-            raise TestbedError("a machine of the cluster did not answer (is fabriclab "
-                               "installed there, in the same place?)", "",
-                               str(err)[-1500:]) from None
-
-    def make_tunnels(self, tunnels: list[CutLink], fabric_mtu: int) -> dict[str, list[str]]:
-        """Every machine's ends of ``tunnels``; on any failure those made are removed."""
-        calls = {}
-        for name, agent in self.agents.items():
-            ends = []
-            for t in tunnels:
-                if name in (t.a_machine, t.b_machine):
-                    ifname, local, remote = t.end(name)
-                    ends.append((ifname, t.vni, local, remote))
-            if ends:
-                calls[name] = agent.make_tunnels.remote(ends, fabric_mtu)
-        try:
-            return dict(zip(calls, self.ray.get(list(calls.values()))))
-        except Exception as err:  # noqa: BLE001
-            self.remove_tunnels()
-            raise TestbedError("making the cut links' VXLAN ends failed", "",
-                               str(err)[-1500:]) from None
-
-    def remove_tunnels(self) -> int:
-        return sum(self.ray.get([a.remove_tunnels.remote() for a in self.agents.values()]))
+            where = Path(__file__).resolve().parents[1]
+            raise TestbedError(
+                f"{len(failed)} of the cluster's {len(probes)} machines cannot run "
+                "fabriclab's actor:\n  " + "\n  ".join(failed) + "\n(install the project on "
+                f"every machine at the same path as here, {where}, with the same Python and "
+                "Ray; nothing was built on any machine)")
 
     def close(self) -> None:
         for agent in self.agents.values():
             self.ray.kill(agent)
         self.agents = {}
         self.ray.shutdown()
+
+
+def root_cause(text: str) -> str:
+    """The last ``SomeError: message`` line of a Ray error's text (colour codes removed),
+    else its last line: what went wrong on the machine, without Ray's framing."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
+    causes = [line for line in lines
+              if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", line)]
+    rest = [line for line in lines if line]
+    return (causes or rest or ["no detail"])[-1][:300]
+
+
+def cluster_versions(text: str) -> str:
+    """``Ray 2.60.0 (Python 3.11.2)`` from Ray's "Version mismatch: The cluster was started
+    with: Ray: ... Python: ..." text, else empty."""
+    block = text.split("started with:", 1)[-1] if "started with:" in text else ""
+    ray = re.search(r"Ray:\s*(\S+)", block)
+    py = re.search(r"Python:\s*(\S+)", block)
+    if not ray:
+        return ""
+    return f"Ray {ray.group(1)}" + (f" (Python {py.group(1)})" if py else "")
 
 
 def _machine_name(node: dict) -> str:

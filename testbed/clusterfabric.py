@@ -29,6 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from testbed.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
 from testbed.failplan import cut_off_reason
@@ -150,6 +151,10 @@ class ClusterFabric:
             raise ConfigError("cluster.machines", f"the cluster at {self.address} has "
                               f"{len(infos)} machines ({', '.join(sorted(infos))}), the "
                               f"experiment expects {self.expected_machines}")
+        here = software_versions()["git_revision"]
+        self.warnings += [f"{name} runs fabriclab {info.revision}, this machine {here}: "
+                          "a part built by other code may differ"
+                          for name, info in sorted(infos.items()) if info.revision != here]
         mtu = self.spec.fabric.mtu
         machines = [Machine(name, machine_budget_mbit_hops(mtu, info.cores))
                     for name, info in sorted(infos.items())]
@@ -409,6 +414,7 @@ class ClusterFabric:
                 "machines": {m.name: {
                     "underlay": infos[m.name].underlay if m.name in infos else None,
                     "cores": infos[m.name].cores if m.name in infos else None,
+                    "revision": infos[m.name].revision if m.name in infos else None,
                     "nodes": len([n for n in plan.nodes(m.name)
                                   if n in self.topo.nodes]),
                     "switches": list(self.parts[m.name].switches),

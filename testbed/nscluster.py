@@ -33,6 +33,10 @@ OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB; the default is
 #: namespaces, where a fabric part's switches need it raised (testbed.fabric): the cluster
 #: raises it to the most a build would while it is up.
 SEND_BUFFER_SYSCTL = "net.core.wmem_default"
+#: ``sh -c`` program: an empty read-only tmpfs over each folder argument up to ``--``, then exec
+#: the rest
+HIDE_AND_EXEC = ('while [ "$1" != -- ]; do mount -t tmpfs -o ro,size=16k fabriclab-hidden "$1" '
+                 '|| exit 97; shift; done; shift; exec "$@"')
 
 
 @dataclass
@@ -44,6 +48,7 @@ class NsMachine:
     ip: str
     ray: subprocess.Popen | None = None
     pids: list[int] = field(default_factory=list)  # its Ray node's processes, when stopped
+    hidden: tuple[Path, ...] = ()  # folders its Ray node does not see (an empty tmpfs over each)
 
 
 class NamespaceCluster:
@@ -54,9 +59,13 @@ class NamespaceCluster:
         count: machines (at least 1).
         ray: the ``ray`` program (the venv's).
         underlay_mtu: the underlay's MTU (1550: a 1500-byte fabric in VXLAN).
+        hidden: per machine name, folders its Ray node must not see (a machine without the
+            project, say): its node runs in a mount namespace of its own with an empty tmpfs
+            over each, which ends with its last process.
     """
 
-    def __init__(self, count: int, ray: str, underlay_mtu: int = 1550) -> None:
+    def __init__(self, count: int, ray: str, underlay_mtu: int = 1550,
+                 hidden: dict[str, list[Path]] | None = None) -> None:
         if not 1 <= count <= 16:
             raise ValueError(f"1 to 16 machines, got {count}")
         self.tag = f"{os.getpid() % 100000}"
@@ -68,6 +77,11 @@ class NamespaceCluster:
         self.sysctl_old: str | None = None  # the send buffer default before start()
         self.machines = [NsMachine(f"machine{i}", f"flm{i}-{self.tag}",
                                    f"{UNDERLAY_PREFIX}.{i}") for i in range(1, count + 1)]
+        for name, folders in (hidden or {}).items():
+            m = next((x for x in self.machines if x.name == name), None)
+            if m is None:
+                raise ValueError(f"hidden: no machine {name} among {count}")
+            m.hidden = tuple(Path(f).resolve() for f in folders)
 
     @property
     def address(self) -> str:
@@ -196,6 +210,9 @@ class NamespaceCluster:
                 "--resources", json.dumps({m.name: 1}), "--disable-usage-stats"]
         if role[0] == "--head":
             argv += ["--include-dashboard", "false", "--temp-dir", str(self.temp)]
+        if m.hidden:  # a mount namespace of its own (private: nothing reaches this host's)
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_AND_EXEC,
+                    "hide", *map(str, m.hidden), "--", *argv]
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
 

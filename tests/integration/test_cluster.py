@@ -163,60 +163,107 @@ try:
     except ConfigError as err:
         jumbo = str(err)
     tunnels = cut_links(plan, under, 1500, mtus)
-    made = cluster.make_tunnels(tunnels, 1500)
-    print(json.dumps({{"machines": {{n: [m.underlay, m.underlay_mtu, m.fabriclab != "not installed"]
+    print(json.dumps({{"machines": {{n: [m.underlay, m.underlay_mtu, m.fabriclab != "not installed",
+                                         m.revision == {revision!r}]
                                      for n, m in machines.items()}},
-                       "made": {{n: sorted(v) for n, v in made.items()}},
+                       "ends": {{n: sorted(t.end(n)[1:] for t in tunnels
+                                           if n in (t.a_machine, t.b_machine))
+                                for n in machines}},
                        "vnis": sorted(t.vni for t in tunnels), "jumbo": jumbo}}), flush=True)
-    sys.stdin.readline()  # the test looks at the machines meanwhile
-    print(json.dumps({{"removed": cluster.remove_tunnels()}}), flush=True)
 finally:
     cluster.close()
 """
 
 
-def test_the_cluster_probes_its_machines_and_makes_each_ones_cut_link_ends(tmp_path):
+def test_the_cluster_probes_its_machines_and_plans_their_cut_links(tmp_path):
     """k=4 over two namespace machines: each machine's actor reports its underlay (address,
-    MTU 1550) and the project; a jumbo fabric is refused for that underlay, naming the
-    machine; each machine gets exactly its ends of the 8 cut links (VXLAN, one VNI each), and
-    they are gone after removal."""
-    import subprocess as sp
-
+    MTU 1550), the project and its revision; a jumbo fabric is refused for that underlay,
+    naming the machine; the 8 cut links (one VNI each) have one end on each machine, from its
+    underlay address to the other's. (The quickstart test below builds them.)"""
+    from testbed.environment import software_versions
     from testbed.nscluster import NamespaceCluster
 
     ray = str(Path(sys.executable).parent / "ray")
     with NamespaceCluster(2, ray) as cluster:
-        m1 = cluster.machines[0]
-        driver = sp.Popen(["ip", "netns", "exec", m1.netns, sys.executable, "-c",
-                           PLAN.format(root=str(ROOT), address=cluster.address)],
-                          stdin=sp.PIPE, stdout=sp.PIPE, stderr=sp.PIPE, text=True)
-        try:
-            line = driver.stdout.readline()
-            assert line, driver.stderr.read()[-3000:]
-            out = json.loads(line)
-            assert out["machines"] == {"machine1": ["10.250.0.1", 1550, True],
-                                       "machine2": ["10.250.0.2", 1550, True]}, out
-            assert "machine1's underlay MTU is 1550: fabric.mtu 9000 in VXLAN needs 9050" in \
-                out["jumbo"], out["jumbo"]
-            assert out["vnis"] == list(range(1000, 1008))
-            for m in cluster.machines:
-                made = out["made"][m.name]
-                assert len(made) == 8  # every cut link has one end on each machine here
-                shown = _sh("ip", "-d", "link", "show", "type", "vxlan", ns=m.netns).stdout
-                assert sorted(l.split(": ")[1].split("@")[0] for l in shown.splitlines()
-                              if l[:1].isdigit()) == made, shown
-            driver.stdin.write("\n")
-            driver.stdin.flush()
-            assert json.loads(driver.stdout.readline()) == {"removed": 16}
-            assert driver.wait(timeout=60) == 0, driver.stderr.read()[-3000:]
-            for m in cluster.machines:
-                assert _sh("ip", "link", "show", "type", "vxlan", ns=m.netns).stdout == ""
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-                driver.wait()
-            for pipe in (driver.stdin, driver.stdout, driver.stderr):
-                pipe.close()
+        driver = cluster.run("machine1", [sys.executable, "-c", PLAN.format(
+            root=str(ROOT), address=cluster.address,
+            revision=software_versions()["git_revision"])], timeout_s=180)
+        assert driver.returncode == 0, driver.stdout[-2000:] + driver.stderr[-3000:]
+        out = json.loads(driver.stdout.strip().splitlines()[-1])
+        assert out["machines"] == {"machine1": ["10.250.0.1", 1550, True, True],
+                                   "machine2": ["10.250.0.2", 1550, True, True]}, out
+        assert "machine1's underlay MTU is 1550: fabric.mtu 9000 in VXLAN needs 9050" in \
+            out["jumbo"], out["jumbo"]
+        assert out["vnis"] == list(range(1000, 1008))
+        assert out["ends"]["machine1"] == [["10.250.0.1", "10.250.0.2"]] * 8, out["ends"]
+        assert out["ends"]["machine2"] == [["10.250.0.2", "10.250.0.1"]] * 8, out["ends"]
+    assert not cluster.errors
+
+
+FAULTS = """version: 1
+name: faults
+fabric: {topology: fat_tree, k: 4, mtu: 1500}
+controller: {routing: dmodk}
+workload:
+  collectives: [{op: all_reduce, algorithm: ring, size: 1MiB, ranks: 16}]
+"""
+#: what scripts/test-deps.sh installs beside the venv: a Ray the cluster does not run
+OTHER_RAY = ROOT / ".test-deps" / "ray-other"
+PROJECT = ("controllers", "fabriclab", "telemetry", "testbed", "traffic")
+
+
+def _only_ray_in(m) -> list[str]:
+    """Processes in machine ``m``'s namespace that are not its Ray node's (a fabric part's
+    shells, vswitchds, agents would be)."""
+    from testbed.procfs import descendants
+
+    ray = {m.ray.pid, *descendants(m.ray.pid)}
+    pids = subprocess.run(["ip", "netns", "pids", m.netns], capture_output=True,
+                          text=True).stdout.split()
+    return [Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")[:120]
+            for p in pids if int(p) not in ray and Path(f"/proc/{p}").exists()]
+
+
+def test_a_machine_without_the_project_or_another_ray_is_one_clear_error(tmp_path):
+    """Two faults at the join, each one error before anything is built, nothing left on any
+    machine: machine2's Ray node runs where the project is not installed (a mount namespace
+    hides its packages, as on a machine that never got it), so its actor cannot start; and a
+    coordinator whose Ray is another version than the cluster's."""
+    from testbed.cluster import machine_state_dir
+    from testbed.nscluster import NamespaceCluster
+    from testbed.registry import Registry
+
+    assert (OTHER_RAY / "VERSION").exists(), "run scripts/test-deps.sh (make test does)"
+    other = (OTHER_RAY / "VERSION").read_text().strip()
+    exp = tmp_path / "faults.yaml"
+    exp.write_text(FAULTS)
+    ray = str(Path(sys.executable).parent / "ray")
+    with NamespaceCluster(2, ray, hidden={"machine2": [ROOT / p for p in PROJECT]}) as cluster:
+        m1, m2 = cluster.machines
+        missing = _cli(["up", str(exp), "--check", "--cluster", cluster.address],
+                       tmp_path / "coord", cluster)
+        text = missing.stdout + missing.stderr
+        assert missing.returncode == 3, text[-3000:]
+        assert "1 of the cluster's 2 machines cannot run fabriclab's actor" in text, text[-3000:]
+        assert "machine2: ModuleNotFoundError: No module named 'testbed" in text, text[-3000:]
+        assert "machine1:" not in text.split("actor:", 1)[1].split("(install", 1)[0]
+        assert f"at the same path as here, {ROOT}" in text, text[-3000:]
+        mismatch = cluster.run("machine1", [
+            sys.executable, "-m", "fabriclab.cli", "--state-dir", str(tmp_path / "coord"), "up",
+            str(exp), "--check", "--cluster", cluster.address, "--json"],
+            env={"PYTHONPATH": f"{OTHER_RAY}:{ROOT}"}, timeout_s=300)
+        text = mismatch.stdout + mismatch.stderr
+        assert mismatch.returncode == 3, text[-3000:]
+        import ray as cluster_ray
+        assert (f"Ray version mismatch with the cluster at {cluster.address}: it runs Ray "
+                f"{cluster_ray.__version__} (Python {sys.version.split()[0]}), this machine "
+                f"Ray {other}") in text, text[-3000:]
+        for m in (m1, m2):  # nothing was built anywhere
+            assert _only_ray_in(m) == [], (m.name, _only_ray_in(m))
+            links = _sh("ip", "-o", "link", "show", ns=m.netns).stdout.splitlines()
+            assert len(links) == 2, links  # lo and the underlay
+            assert Registry(machine_state_dir(m.name)).scan() == ([], [])
+    assert not cluster.errors, cluster.errors
 
 
 CLUSTER_RUN = """version: 1

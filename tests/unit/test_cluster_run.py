@@ -100,3 +100,21 @@ def test_the_machines_timelines_are_one_sample_by_sample():
     assert [s["idle_pct"] for s in merged["samples"]] == [50, 20]
     assert merged["samples"][1]["ports"] == {"a": [100], "b": [100]}
     assert set(merged["samples"][0]["vswitchd_pct"]) == {"m1/ovs0", "m2/ovs0"}
+
+
+def test_a_machines_failure_is_its_root_cause_without_rays_framing():
+    from testbed.cluster import cluster_versions, root_cause
+
+    text = ("The actor died because of an error raised in its creation task, \x1b[36mray::"
+            "MachineAgent.__init__()\x1b[39m (pid=1, ip=10.250.0.2)\n  ^^^^^\nRuntimeError: "
+            "The actor with name MachineAgent failed to import on the worker. This may be "
+            "because needed library dependencies are not installed in the worker environment:"
+            "\n\n\x1b[36mray::MachineAgent.__init__()\x1b[39m\nModuleNotFoundError: No module "
+            "named 'testbed.cluster'\n")
+    assert root_cause(text) == "ModuleNotFoundError: No module named 'testbed.cluster'"
+    assert root_cause("lost\n\n") == "lost" and root_cause("") == "no detail"
+    mismatch = ("Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: "
+                "3.11.2\nThis process on node 10.250.0.1 was started with:\n    Ray: 2.59.0\n"
+                "    Python: 3.11.2\n")
+    assert cluster_versions(mismatch) == "Ray 2.60.0 (Python 3.11.2)"
+    assert cluster_versions("Version mismatch somewhere") == ""
