@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import socket
 import time
 from dataclasses import dataclass
 
@@ -229,6 +230,7 @@ class Cluster:
             raise TestbedError("a cluster needs Ray: pip install 'ray>=2.50,<3' "
                                "(scripts/setup.sh does)") from err
         self.ray = ray
+        _reach_head(address)
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         except Exception as err:  # noqa: BLE001 - Ray's own errors, one message each
@@ -276,6 +278,25 @@ class Cluster:
             self.ray.kill(agent)
         self.agents = {}
         self.ray.shutdown()
+
+
+#: how long the head's port may take to accept a connection before it counts as unreachable
+HEAD_CONNECT_S = 5.0
+
+
+def _reach_head(address: str) -> None:
+    """A TCP connection to the head's GCS port, at once: an unreachable head is said in
+    seconds (Ray itself retries for about 20 s, then gives a generic error)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_S):
+            pass
+    except (OSError, ValueError) as err:
+        why = "no answer within %.0f s" % HEAD_CONNECT_S if isinstance(err, TimeoutError) \
+            else (getattr(err, "strerror", None) or str(err))
+        raise TestbedError(f"cannot reach the Ray cluster's head at {address}: {why} (is "
+                           "'ray start --head' running there, its port open from here?)") \
+            from None
 
 
 def root_cause(text: str) -> str:

@@ -224,11 +224,12 @@ def _only_ray_in(m) -> list[str]:
             for p in pids if int(p) not in ray and Path(f"/proc/{p}").exists()]
 
 
-def test_a_machine_without_the_project_or_another_ray_is_one_clear_error(tmp_path):
-    """Two faults at the join, each one error before anything is built, nothing left on any
+def test_faults_at_the_join_are_one_clear_error_each(tmp_path):
+    """Faults at the join, each one error before anything is built, nothing left on any
     machine: machine2's Ray node runs where the project is not installed (a mount namespace
-    hides its packages, as on a machine that never got it), so its actor cannot start; and a
-    coordinator whose Ray is another version than the cluster's."""
+    hides its packages, as on a machine that never got it), so its actor cannot start; a
+    coordinator whose Ray is another version than the cluster's; a head that cannot be
+    reached, or an address where no head listens."""
     from testbed.cluster import machine_state_dir
     from testbed.nscluster import NamespaceCluster
     from testbed.registry import Registry
@@ -258,6 +259,14 @@ def test_a_machine_without_the_project_or_another_ray_is_one_clear_error(tmp_pat
         assert (f"Ray version mismatch with the cluster at {cluster.address}: it runs Ray "
                 f"{cluster_ray.__version__} (Python {sys.version.split()[0]}), this machine "
                 f"Ray {other}") in text, text[-3000:]
+        # a head that cannot be reached, or is not a head
+        for head, why in (("10.251.0.1:6379", "Network is unreachable"),  # no route there
+                          ("10.250.0.2:6379", "Connection refused")):  # a worker, no head
+            gone = _cli(["up", str(exp), "--check", "--cluster", head], tmp_path / "coord",
+                        cluster)
+            assert gone.returncode == 3, (gone.stdout + gone.stderr)[-3000:]
+            assert f"cannot reach the Ray cluster's head at {head}: {why}" in \
+                gone.stdout + gone.stderr, (gone.stdout + gone.stderr)[-3000:]
         for m in (m1, m2):  # nothing was built anywhere
             assert _only_ray_in(m) == [], (m.name, _only_ray_in(m))
             links = _sh("ip", "-o", "link", "show", ns=m.netns).stdout.splitlines()

@@ -118,3 +118,20 @@ def test_a_machines_failure_is_its_root_cause_without_rays_framing():
                 "    Python: 3.11.2\n")
     assert cluster_versions(mismatch) == "Ray 2.60.0 (Python 3.11.2)"
     assert cluster_versions("Version mismatch somewhere") == ""
+
+
+def test_a_head_nobody_listens_at_is_said_at_once():
+    import socket
+    import time
+
+    from testbed.cluster import _reach_head
+    from testbed.errors import TestbedError
+
+    with socket.socket() as sock:  # a port of loopback that was free a moment ago
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(TestbedError, match=f"cannot reach the Ray cluster's head at "
+                                           f"127.0.0.1:{port}: Connection refused"):
+        _reach_head(f"127.0.0.1:{port}")
+    assert time.monotonic() - start < 2.0
