@@ -181,6 +181,19 @@ class MachineAgent:
         with Netlink() as nl:  # the exporter's scrape thread, not the build's socket
             return self._part().link_counters(names & self._part().switch_ports(), nl)
 
+    def set_links(self, pairs: list[tuple[str, str]], up: bool) -> dict[str, float]:
+        """Fail or repair this machine's ends of the links (:meth:`Fabric.set_links`)."""
+        from testbed.netlink import Netlink
+
+        with Netlink() as nl:  # this call's own sockets (the actor is threaded)
+            return self._part().set_links(pairs, up, nl)
+
+    def cut_drops(self, pairs: list[tuple[str, str]]) -> int | None:
+        from testbed.netlink import Netlink
+
+        with Netlink() as nl:
+            return self._part().cut_drops(pairs, nl)
+
     def start_monitor(self, queue_interval_s: float) -> None:
         self.stop_monitor()
         self.monitor, self._stop_monitor = self._part().start_monitor(queue_interval_s)

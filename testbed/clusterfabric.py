@@ -402,6 +402,35 @@ class ClusterFabric:
         return {port: data for counters in self.call_all("link_counters", names).values()
                 for port, data in counters.items()}
 
+    def _links_by_machine(self, pairs: list[tuple[str, str]]) -> dict[str, list]:
+        """Each machine with an end of these links, and those links (a cut link: both
+        machines)."""
+        by_machine: dict[str, list] = {}
+        for a, b in pairs:
+            link = self.topo.find_link(a, b)
+            for machine in dict.fromkeys(self.machine_of(e.node) for e in (link.a, link.b)):
+                by_machine.setdefault(machine, []).append((a, b))
+        return by_machine
+
+    def set_links(self, pairs: list[tuple[str, str]], up: bool,
+                  netlink=None) -> dict[str, float]:
+        """Fail or repair links, every machine its ends at once (a cut link's two ends on
+        two machines); each step's time is the latest machine's."""
+        by_machine = self._links_by_machine(pairs)
+        with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
+            futures = [pool.submit(self.call, m, "set_links", p, up)
+                       for m, p in by_machine.items()]
+        steps: dict[str, float] = {}
+        for future in futures:
+            for step, at in future.result().items():
+                steps[step] = max(at, steps.get(step, 0.0))
+        return steps
+
+    def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
+        counts = [self.call(m, "cut_drops", p) for m, p in self._links_by_machine(pairs).items()]
+        known = [c for c in counts if c is not None]
+        return sum(known) if known else None
+
     def start_monitor(self, queue_interval_s: float) -> tuple[ClusterMonitor, Callable]:
         self.call_all("start_monitor", queue_interval_s)
         return ClusterMonitor(self), lambda: self.call_all("stop_monitor")

@@ -211,8 +211,7 @@ class Fabric:
             self._step("scale-up", self._create_scale_up)
         if self.spec.fabric.needs_marker:
             self._step("ecn", self._attach_markers)
-        if self.part is None:  # link failures are not offered on a cluster
-            self._step("cut", self._load_cut)
+        self._step("cut", self._load_cut)
         self._raise_send_buffer()
         if any(True for _ in self._switches()):
             self._step("switches", self._create_switches)
@@ -873,20 +872,31 @@ class Fabric:
     def set_links(self, pairs: list[tuple[str, str]], up: bool,
                   netlink: Netlink | None = None) -> dict[str, float]:
         """Fail links (cut, the switches told, the veths down: :mod:`testbed.linkfail`) or
-        repair them, all at once; another thread passes its own ``netlink``. Returns each
-        step's time after the call."""
-        links = [self.topo.find_link(a, b) for a, b in pairs]
-        return set_links(netlink or self.netlink, [self.link_ends(l) for l in links], up,
-                         self.cut)
+        repair them, all at once; another thread passes its own ``netlink``. On a cluster
+        machine, its ends of them (a cut link's other end is the other machine's). Returns
+        each step's time after the call."""
+        ends = [self.link_ends(self.topo.find_link(a, b)) for a, b in pairs]
+        return set_links(netlink or self.netlink, [e for e in ends if e], up, self.cut)
 
-    def link_ends(self, link: Link) -> tuple[End, End]:
-        """Both ends of a link as :mod:`testbed.linkfail` acts on them."""
+    def cut_drops(self, pairs: list[tuple[str, str]],
+                  netlink: Netlink | None = None) -> int | None:
+        """Frames the cuts of these links dropped so far at their ends here (None without
+        the cut program)."""
+        if self.cut is None:
+            return None
+        return self.cut.dropped(netlink or self.netlink,
+                                [e for a, b in pairs
+                                 for e in self.link_ends(self.topo.find_link(a, b))])
+
+    def link_ends(self, link: Link) -> tuple[End, ...]:
+        """The ends of a link built here, as :mod:`testbed.linkfail` acts on them: both on
+        one machine, on a cluster machine those of its part (one of a cut link)."""
         def end(e) -> End:
             if self.topo.nodes[e.node].is_switch:
                 inst = self.switch_instance.get(e.node)
                 return End(e.ifname, None, True, inst.db if inst else None)
             return End(e.ifname, self.hosts.pid(e.node), False)
-        return end(link.a), end(link.b)
+        return tuple(end(e) for e in (link.a, link.b) if self.here(e.node))
 
 
 def probe_pairs(topo, run_parallel: Callable[[dict, float], dict], count: int,

@@ -71,7 +71,7 @@ class FailureInjector:
             netlink.close()
 
     def _sample(self, netlink: Netlink, at: float) -> None:
-        counters = netlink.counters(self.host_ports)
+        counters = self.fabric.link_counters(self.host_ports, netlink)
         self.samples.append((round(at, 4), sum(c["tx_bytes"] for c in counters.values())))
 
     def _apply(self, event: FailureEvent, netlink: Netlink) -> None:
@@ -95,13 +95,8 @@ class FailureInjector:
     def _cut_drops(self, event: FailureEvent, netlink: Netlink) -> int | None:
         """Frames the cuts of the event's links dropped so far, None without the cut
         program: a repair reports those of the outage it ends."""
-        cut = self.fabric.cut
-        if cut is None:
-            return None
-        ends = [e for a, b in event.links
-                for e in self.fabric.link_ends(self.fabric.topo.find_link(a, b))]
         try:
-            return cut.dropped(netlink, ends)
+            return self.fabric.cut_drops(list(event.links), netlink)
         except (TestbedError, OSError):
             return None
 

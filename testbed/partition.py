@@ -248,6 +248,3 @@ def check_cluster_spec(spec: TestbedSpec) -> None:
     if spec.pfc is not None:
         raise ConfigError("fabric.pfc", "PFC is not offered on a cluster yet (a pause would "
                                         "cross machines): run it on one machine")
-    if getattr(spec, "failures", ()):
-        raise ConfigError("failures", "link and switch failures are not offered on a cluster "
-                                      "yet: run them on one machine")

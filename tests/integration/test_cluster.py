@@ -470,3 +470,54 @@ def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
                                                ).exists()
     total = sum(d["timings_s"]["total"] for d in docs)
     assert sweep["wall_s"] < 0.85 * total, (sweep["wall_s"], total)
+
+
+FAILING = """version: 1
+name: cluster-failures
+fabric: {topology: fat_tree, k: 4, mtu: 1500}
+controller: {routing: dmodk}
+workload:
+  collectives:
+    - {op: all_reduce, size: 2MiB, ranks: [h1_1_1, h2_1_1, h3_1_1, h4_1_1]}
+failures:
+  - {at_s: 0.2, link: [agg1_1, core2], action: down}
+  - {at_s: 0.4, switch: core1, action: down}
+  - {at_s: 0.8, link: [agg1_1, core2], action: up}
+"""
+
+
+def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_path):
+    """The same failures as on one machine, partitioned over two: agg1_1-core2 is a cut link
+    (agg1_1 on machine1, core2 on machine2), so each machine cuts, signals and takes down its
+    own end; core1's four links have ends on both machines. The ring over the four pods goes
+    on around them (the controller reroutes), every event is applied without error, in the
+    order cut, switches told, down, and the repair counts what the cut dropped."""
+    from testbed.nscluster import NamespaceCluster
+
+    exp = tmp_path / "fail.yaml"
+    exp.write_text(FAILING)
+    ray = str(Path(sys.executable).parent / "ray")
+    out = tmp_path / "run"
+    with NamespaceCluster(2, ray) as cluster:
+        run = _cli(["run", str(exp), "--out", str(out), "--cluster", cluster.address],
+                   tmp_path / "coord", cluster)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert not cluster.errors
+    doc = json.loads((out / "results.json").read_text())
+    cut = {c["link"] for c in doc["cluster"]["cut_links"]}
+    assert "agg1_1:4-core2:1" in cut, cut  # the failed link crosses the machines
+    assert doc["complete"] is True and doc["collectives"][0]["efficiency"] > 0.1, doc
+    applied = doc["failures"]
+    assert [(f["target"], f["action"], f["links"]) for f in applied] == [
+        ("link agg1_1-core2", "down", 1), ("switch core1", "down", 4),
+        ("link agg1_1-core2", "up", 1)]
+    assert all(not f["errors"] and f["applied_s"] >= f["at_s"] for f in applied), applied
+    for f in applied[:2]:
+        steps = f["steps_s"]
+        assert steps["cut_s"] <= steps["signalled_s"] <= steps["down_s"], f
+    assert applied[2]["steps_s"]["up_s"] <= applied[2]["steps_s"]["signalled_s"]
+    assert applied[2]["cut_drops"] >= 0
+    assert all(set(f["throughput"]) >= {"before_mbps", "during_mbps", "after_mbps"}
+               for f in applied)
+    print("cluster failures:", [(f["target"], f["action"], f["took_s"], f["steps_s"])
+                                for f in applied])
