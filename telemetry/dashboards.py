@@ -131,13 +131,15 @@ DASHBOARDS = (
                   "percentunit"),
     )),
     DashboardSpec("fabriclab-fidelity", "fabriclab / emulator fidelity", PORT_VARIABLES, (
-        PanelSpec("Machine CPU busy", "1 - sum by (instance) (rate("
+        PanelSpec("Machine CPU busy", "1 - sum by (instance, machine) (rate("
                   f'fabriclab_machine_cpu_seconds_total{{mode=~"idle|iowait"}}[{RATE}])) / '
-                  "sum by (instance) (fabriclab_machine_cpu_cores)", "percentunit",
-                  description="Above ~90 % the machine, not the network, decides the result."),
+                  "sum by (instance, machine) (fabriclab_machine_cpu_cores)", "percentunit",
+                  legend="{{machine}}",
+                  description="Above ~90 % the machine, not the network, decides the result "
+                              "(on a cluster, each machine's)."),
         PanelSpec("vswitchd CPU (cores)",
                   f"rate(fabriclab_vswitchd_cpu_seconds_total[{RATE}])", "short",
-                  legend="{{vswitchd}}"),
+                  legend="{{machine}} {{vswitchd}}"),
         PanelSpec("Achieved / configured rate of busy ports",
                   f"({UTIL}) and on (switch, port) (sum by (switch, port) "
                   f"(min_over_time(fabriclab_port_queue_bytes{{{PORT}}}[{RATE}])) > 0)",

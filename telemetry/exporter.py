@@ -9,7 +9,6 @@ the background. :mod:`telemetry.metrics` shapes the readings.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +22,6 @@ from prometheus_client.core import Metric
 from telemetry import metrics
 from telemetry.promconfig import DISCOVERY_DIR, discovery_groups
 from telemetry.prometheus import Prometheus
-from testbed.cpu import machine_cpu_s, process_cpu_s
 from testbed.files import write_json_atomic
 from testbed.netlink import Netlink
 
@@ -117,7 +115,8 @@ class WorkloadCollector:
 
 
 class FidelityCollector:
-    """The machine's CPU by mode and each vswitchd's CPU.
+    """Each machine's CPU by mode and each vswitchd's CPU (one machine, or every machine of a
+    cluster: :meth:`testbed.fabric.Fabric.cpu_times`).
 
     Args:
         fabric: the running fabric (its private vswitchds on the userspace datapath, else the
@@ -128,12 +127,7 @@ class FidelityCollector:
         self.fabric = fabric
 
     def collect(self) -> Iterator[Metric]:
-        cpu = {}
-        for instance, pid in self.fabric.vswitchd_pids().items():
-            seconds = process_cpu_s(pid)
-            if seconds is not None:
-                cpu[instance] = seconds
-        yield from metrics.fidelity_families(machine_cpu_s(), cpu, os.cpu_count() or 1)
+        yield from metrics.fidelity_families(self.fabric.cpu_times())
 
 
 class Exporter:

@@ -235,25 +235,28 @@ class Histogram:
         return fam
 
 
-def fidelity_families(cpu: dict[str, float], vswitchd_cpu_s: dict[str, float],
-                      cores: int) -> list[Metric]:
-    """The emulator's own load: is the machine, not the network, deciding the result?
+def fidelity_families(machines: dict[str, dict]) -> list[Metric]:
+    """The emulator's own load: is a machine, not the network, deciding the result?
 
     Args:
-        cpu: the machine's CPU seconds by mode (``/proc/stat``: ``user``, ``system``,
-            ``idle``, ...), summed over the cores.
-        vswitchd_cpu_s: each Open vSwitch daemon's CPU seconds (user + system).
-        cores: the machine's cores.
+        machines: per machine (one, or each of a cluster), ``cpu``: its CPU seconds by mode
+            (``/proc/stat``: ``user``, ``system``, ``idle``, ...) summed over its cores,
+            ``cores``, and ``vswitchd``: each of its Open vSwitch daemons' CPU seconds.
     """
     machine = CounterMetricFamily(name("machine_cpu_seconds"), "The machine's CPU time by "
-                                  "mode, over all cores (/proc/stat).", labels=("mode",))
-    for mode, seconds in sorted(cpu.items()):
-        machine.add_metric([mode], seconds)
-    count = GaugeMetricFamily(name("machine_cpu_cores"), "The machine's cores.", value=cores)
+                                  "mode, over all cores (/proc/stat).",
+                                  labels=("machine", "mode"))
+    count = GaugeMetricFamily(name("machine_cpu_cores"), "The machine's cores.",
+                              labels=("machine",))
     vswitchd = CounterMetricFamily(name("vswitchd_cpu_seconds"), "CPU time of each Open "
-                                   "vSwitch daemon (user and system).", labels=("vswitchd",))
-    for instance, seconds in sorted(vswitchd_cpu_s.items()):
-        vswitchd.add_metric([instance], seconds)
+                                   "vSwitch daemon (user and system).",
+                                   labels=("machine", "vswitchd"))
+    for host, data in sorted(machines.items()):
+        for mode, seconds in sorted(data["cpu"].items()):
+            machine.add_metric([host, mode], seconds)
+        count.add_metric([host], data["cores"])
+        for instance, seconds in sorted(data["vswitchd"].items()):
+            vswitchd.add_metric([host, instance], seconds)
     return [machine, count, vswitchd]
 
 

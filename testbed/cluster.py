@@ -181,6 +181,9 @@ class MachineAgent:
         with Netlink() as nl:  # the exporter's scrape thread, not the build's socket
             return self._part().link_counters(names & self._part().switch_ports(), nl)
 
+    def cpu_times(self) -> dict[str, dict]:
+        return self._part().cpu_times()
+
     def set_links(self, pairs: list[tuple[str, str]], up: bool) -> dict[str, float]:
         """Fail or repair this machine's ends of the links (:meth:`Fabric.set_links`)."""
         from testbed.netlink import Netlink

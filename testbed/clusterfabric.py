@@ -335,6 +335,14 @@ class ClusterFabric:
     def vswitchd_pids(self) -> dict[str, int]:
         return {}  # on the machines; their monitors sample them
 
+    def cpu_times(self) -> dict[str, dict]:
+        """Every machine's CPU (:meth:`Fabric.cpu_times`), the coordinator's too (its
+        controller)."""
+        times = self.coordinator.cpu_times()
+        for per_machine in self.call_all("cpu_times").values():
+            times.update(per_machine)
+        return times
+
     def switch_ports(self) -> set[str]:
         return {e.ifname for link in self.topo.links for e in (link.a, link.b)
                 if self.topo.nodes[e.node].is_switch}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Self
 
 from testbed import bpf, capabilities, cleanup, ovs, procfs
+from testbed.cpu import machine_cpu_s, process_cpu_s
 from testbed.ecn import Marker, PortMarking
 from testbed.errors import ConfigError, TestbedError
 from testbed.failplan import cut_off_reason
@@ -686,10 +687,28 @@ class Fabric:
 
     def vswitchd_pids(self) -> dict[str, int]:
         """Each vswitchd serving this fabric: its private ones (userspace datapath), else the
-        system's."""
+        system's; none for a cluster's coordinator, which has no switches."""
+        if self.part is not None and not self.part.switches:
+            return {}
         if self.instances:
             return {inst.name: inst.pids["ovs-vswitchd"] for inst in self.instances}
         return {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}
+
+    @property
+    def machine_name(self) -> str:
+        """This machine as telemetry names it: its cluster name, else its host name."""
+        return self.part.machine if self.part is not None else (socket.gethostname() or "local")
+
+    def cpu_times(self) -> dict[str, dict]:
+        """This machine's CPU seconds by mode, its cores and each vswitchd's CPU seconds, under
+        its name (the fidelity exporter's; a cluster's has every machine)."""
+        vswitchd = {}
+        for instance, pid in self.vswitchd_pids().items():
+            seconds = process_cpu_s(pid)
+            if seconds is not None:
+                vswitchd[instance] = seconds
+        return {self.machine_name: {"cpu": machine_cpu_s(), "cores": os.cpu_count() or 1,
+                                    "vswitchd": vswitchd}}
 
     def switch_ports(self) -> set[str]:
         """The root-namespace interface of every switch port (a server's scale-up switch's

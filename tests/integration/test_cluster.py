@@ -9,10 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from telemetry.prometheus import Prometheus
 from testbed.partition import VXLAN_OVERHEAD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -498,12 +500,23 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
     exp.write_text(FAILING)
     ray = str(Path(sys.executable).parent / "ray")
     out = tmp_path / "run"
+    started = time.time()
     with NamespaceCluster(2, ray) as cluster:
-        run = _cli(["run", str(exp), "--out", str(out), "--cluster", cluster.address],
-                   tmp_path / "coord", cluster)
+        run = _cli(["run", str(exp), "--out", str(out), "--cluster", cluster.address,
+                    "--telemetry"], tmp_path / "coord", cluster)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert not cluster.errors
+    ended = time.time()
     doc = json.loads((out / "results.json").read_text())
+    # Prometheus scraped every machine's CPU through the coordinator's exporter
+    with Prometheus(out / "prometheus", {}) as prom:
+        def machines(metric: str) -> set[str]:
+            return {s["metric"]["machine"] for s in prom.api(
+                "query_range", query=metric, start=f"{started:.3f}", end=f"{ended:.3f}",
+                step="1")["result"]}
+        assert machines("fabriclab_machine_cpu_cores") == {"coordinator", "machine1",
+                                                           "machine2"}
+        assert machines("fabriclab_vswitchd_cpu_seconds_total") == {"machine1", "machine2"}
     cut = {c["link"] for c in doc["cluster"]["cut_links"]}
     assert "agg1_1:4-core2:1" in cut, cut  # the failed link crosses the machines
     assert doc["complete"] is True and doc["collectives"][0]["efficiency"] > 0.1, doc

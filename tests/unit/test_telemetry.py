@@ -59,7 +59,8 @@ def _all_families() -> list:
                                          [{"job": 1, "op": "all_to_all", "label": "moe",
                                            "started_s": 1e9}]),
             *metrics.controller_families(STATS, poll),
-            *metrics.fidelity_families({"user": 10.0, "idle": 90.0}, {"ovs0": 3.5}, 2)]
+            *metrics.fidelity_families({"lab": {"cpu": {"user": 10.0, "idle": 90.0},
+                                                  "cores": 2, "vswitchd": {"ovs0": 3.5}}})]
 
 
 def _exposition() -> str:
