@@ -14,8 +14,12 @@ from __future__ import annotations
 import os
 import platform
 import re
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pathlib import Path
@@ -228,18 +232,30 @@ def machine_state_dirs(root: Path = DEFAULT_STATE_DIR) -> list[Path]:
 
 #: calls an actor serves at once (every agent of a job waits in one)
 AGENT_CONCURRENCY = 256
+#: the Ray namespace of fabriclab's named actors (another driver finds a fabric's by name)
+NAMESPACE = "fabriclab"
 
 
 class Cluster:
     """The machines of a Ray cluster at ``address`` (``host:port`` of its head), an actor on
-    each; :meth:`close` ends the actors and disconnects.
+    each, named (``names``: machine -> actor name, in Ray's namespace :data:`NAMESPACE`) so
+    that another process can reach them; :meth:`close` ends the actors and disconnects.
+
+    With ``attach`` (``names`` of a running fabric's actors, from its ``cluster.json``), the
+    actors are those of that fabric, found by name: nothing is started, probed or ended.
 
     Raises:
-        TestbedError: Ray not installed, the cluster unreachable, a Ray version mismatch, or a
-            machine whose actor cannot start (the project not installed there).
+        TestbedError: Ray not installed, the cluster unreachable, a Ray version mismatch, a
+            machine whose actor cannot start (the project not installed there), or an
+            attached actor gone.
     """
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0,
+                 attach: dict[str, str] | None = None) -> None:
+        self.owned = attach is None
+        self.agents: dict[str, object] = {}
+        self.names: dict[str, str] = {}
+        self.machines: dict[str, MachineInfo] = {}
         try:
             import ray
         except ImportError as err:
@@ -248,7 +264,9 @@ class Cluster:
         self.ray = ray
         _reach_head(address)
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            with _python_signal_handlers():
+                ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR",
+                         log_to_driver=False)
         except Exception as err:  # noqa: BLE001 - Ray's own errors, one message each
             text = str(err)
             if "version" in text.lower() and "mismatch" in text.lower():
@@ -260,16 +278,19 @@ class Cluster:
                     "or start the cluster with this one", "", text[-1500:]) from None
             raise TestbedError(f"cannot join the Ray cluster at {address}", "",
                                text[-1500:]) from None
-        self.agents: dict[str, object] = {}
+        if attach is not None:
+            self._attach(attach)
+            return
         remote = ray.remote(num_cpus=0, max_concurrency=AGENT_CONCURRENCY)(MachineAgent)
+        token = os.urandom(4).hex()
         for node in ray.nodes():
             if not node.get("Alive"):
                 continue
             name = _machine_name(node)
+            self.names[name] = f"fabriclab-{token}-{name}"
             self.agents[name] = remote.options(
-                scheduling_strategy=_on_node(node["NodeID"])).remote(name)
+                name=self.names[name], scheduling_strategy=_on_node(node["NodeID"])).remote(name)
         probes = {name: agent.probe.remote() for name, agent in self.agents.items()}
-        self.machines: dict[str, MachineInfo] = {}
         failed: list[str] = []
         deadline = time.monotonic() + timeout_s
         for name, ref in probes.items():
@@ -289,9 +310,25 @@ class Cluster:
                 f"every machine at the same path as here, {where}, with the same Python and "
                 "Ray; nothing was built on any machine)")
 
+    def _attach(self, names: dict[str, str]) -> None:
+        gone = []
+        for machine, name in sorted(names.items()):
+            try:
+                self.agents[machine] = self.ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:  # Ray's "Failed to look up actor with name ..."
+                gone.append(machine)
+        self.names = dict(names)
+        if gone:
+            self.close()
+            raise TestbedError(f"the running fabric's actors on {', '.join(gone)} are gone "
+                               "(the 'fabriclab up' that built it has ended, or those machines "
+                               "left the cluster)")
+
     def close(self) -> None:
-        for agent in self.agents.values():
-            self.ray.kill(agent)
+        """End the actors (those this object started) and disconnect."""
+        if self.owned:
+            for agent in self.agents.values():
+                self.ray.kill(agent)
         self.agents = {}
         self.ray.shutdown()
 
@@ -334,6 +371,22 @@ def cluster_versions(text: str) -> str:
     if not ray:
         return ""
     return f"Ray {ray.group(1)}" + (f" (Python {py.group(1)})" if py else "")
+
+
+@contextmanager
+def _python_signal_handlers() -> Iterator[None]:
+    """Ray's core worker installs its own SIGTERM handler (it logs and ends the process at
+    once): put Python's back, so that SIGTERM unwinds through the fabric's teardown as on one
+    machine (``fabriclab up`` ended by SIGTERM tears its cluster fabric down)."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} \
+        if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _machine_name(node: dict) -> str:

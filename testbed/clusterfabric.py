@@ -22,6 +22,7 @@ removed by ``fabriclab clean`` there or by the next build there), then the contr
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -33,9 +34,11 @@ from testbed.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
 from testbed.failplan import cut_off_reason
+from testbed.files import write_json_atomic
 from testbed.fidelity import machine_budget_mbit_hops, merge_fidelity, merge_timelines
 from testbed.partition import (FIRST_VNI, Machine, MachinePart, Partition,
-                               check_cluster_spec, cut_links, machine_part, partition)
+                               check_cluster_spec, cut_links, links_by_machine, machine_of,
+                               machine_part, partition)
 from testbed.reachability import Reachability
 from testbed.registry import DEFAULT_STATE_DIR
 from testbed.spec import Fidelity, TestbedSpec
@@ -96,6 +99,10 @@ def local_address_towards(address: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect((host, 9))  # no packet is sent: the kernel only picks the route
         return sock.getsockname()[0]
+
+#: in the coordinator's run directory while the fabric is up: the cluster's address, each
+#: machine's actor by name, and which machine builds each node
+CLUSTER_FILE = "cluster.json"
 
 
 class ClusterFabric:
@@ -196,6 +203,9 @@ class ClusterFabric:
         self.red_marking = any(info["red_marking"] for info in self.built.values())
         self.coordinator.wait_ready()  # programmed, every link probed
         self.call_all("settle")
+        # how another process (fabriclab fail) reaches the machines of this running fabric
+        write_json_atomic(self.coordinator.run_dir / CLUSTER_FILE, {
+            "address": self.address, "actors": self.cluster.names, "place": self.where})
         self.timings["programmed"] = self.coordinator.timings.get("programmed", 0.0)
         self.timings["up_total"] = time.monotonic() - start
 
@@ -243,24 +253,8 @@ class ClusterFabric:
 
     # -- calls to the machines -----------------------------------------------------------------
     def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
-        """``method(*args)`` of ``machine``'s actor. Its errors come back as they were raised
-        there; a machine that died or does not answer is one TestbedError naming it."""
-        ray = self.cluster.ray
-        try:
-            return ray.get(getattr(self.cluster.agents[machine], method).remote(*args),
-                           timeout=timeout_s)
-        except ray.exceptions.RayTaskError as err:  # raised in the actor: the error itself
-            cause = err.as_instanceof_cause()
-            if isinstance(cause, (TestbedError, ConfigError)):
-                raise cause from None
-            raise TestbedError(f"{machine}: {method} failed", "", str(err)[-1500:]) from None
-        except ray.exceptions.GetTimeoutError:
-            raise TestbedError(f"machine {machine} did not answer {method} within "
-                               f"{timeout_s:.0f} s") from None
-        except ray.exceptions.RayError as err:  # the actor or its node died
-            raise TestbedError(f"machine {machine} is gone ({type(err).__name__}): its part "
-                               "of the fabric is lost; what it built is removed by 'fabriclab "
-                               "clean' there or its next run", "", str(err)[-800:]) from None
+        """``method(*args)`` of ``machine``'s actor (:func:`call_agent`)."""
+        return call_agent(self.cluster, machine, method, *args, timeout_s=timeout_s)
 
     def call_all(self, method: str, *args, timeout_s: float = CALL_GRACE_S) -> dict:
         """``method(*args)`` on every machine that builds a part, at once."""
@@ -273,8 +267,7 @@ class ClusterFabric:
         return {n: f.result() for n, f in futures.items()}
 
     def machine_of(self, node: str) -> str:
-        owner = self.topo.nic_owner(node) if node in self.topo.nodes else node
-        return self.where[owner]
+        return machine_of(self.topo, self.where, node)
 
     # -- what a run uses -------------------------------------------------------------------
     fidelity = None  # the plan checks each machine's share (_check_loads)
@@ -410,32 +403,15 @@ class ClusterFabric:
         return {port: data for counters in self.call_all("link_counters", names).values()
                 for port, data in counters.items()}
 
-    def _links_by_machine(self, pairs: list[tuple[str, str]]) -> dict[str, list]:
-        """Each machine with an end of these links, and those links (a cut link: both
-        machines)."""
-        by_machine: dict[str, list] = {}
-        for a, b in pairs:
-            link = self.topo.find_link(a, b)
-            for machine in dict.fromkeys(self.machine_of(e.node) for e in (link.a, link.b)):
-                by_machine.setdefault(machine, []).append((a, b))
-        return by_machine
-
     def set_links(self, pairs: list[tuple[str, str]], up: bool,
                   netlink=None) -> dict[str, float]:
         """Fail or repair links, every machine its ends at once (a cut link's two ends on
         two machines); each step's time is the latest machine's."""
-        by_machine = self._links_by_machine(pairs)
-        with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
-            futures = [pool.submit(self.call, m, "set_links", p, up)
-                       for m, p in by_machine.items()]
-        steps: dict[str, float] = {}
-        for future in futures:
-            for step, at in future.result().items():
-                steps[step] = max(at, steps.get(step, 0.0))
-        return steps
+        return _set_links(self.call, links_by_machine(self.topo, self.where, pairs), up)
 
     def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
-        counts = [self.call(m, "cut_drops", p) for m, p in self._links_by_machine(pairs).items()]
+        counts = [self.call(m, "cut_drops", p)
+                  for m, p in links_by_machine(self.topo, self.where, pairs).items()]
         known = [c for c in counts if c is not None]
         return sum(known) if known else None
 
@@ -464,3 +440,59 @@ class ClusterFabric:
                 "cut_links": [{"link": l.name, "vni": FIRST_VNI + i}
                               for i, l in enumerate(plan.cut)],
                 "plan": plan.describe()}
+
+
+def call_agent(cluster, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
+    """``method(*args)`` of ``machine``'s actor in ``cluster`` (a
+    :class:`testbed.cluster.Cluster`). Its errors come back as they were raised there; a
+    machine that died or does not answer is one TestbedError naming it."""
+    ray = cluster.ray
+    try:
+        return ray.get(getattr(cluster.agents[machine], method).remote(*args),
+                       timeout=timeout_s)
+    except ray.exceptions.RayTaskError as err:  # raised in the actor: the error itself
+        cause = err.as_instanceof_cause()
+        if isinstance(cause, (TestbedError, ConfigError)):
+            raise cause from None
+        raise TestbedError(f"{machine}: {method} failed", "", str(err)[-1500:]) from None
+    except ray.exceptions.GetTimeoutError:
+        raise TestbedError(f"machine {machine} did not answer {method} within "
+                           f"{timeout_s:.0f} s") from None
+    except ray.exceptions.RayError as err:  # the actor or its node died
+        raise TestbedError(f"machine {machine} is gone ({type(err).__name__}): its part "
+                           "of the fabric is lost; what it built is removed by 'fabriclab "
+                           "clean' there or its next run", "", str(err)[-800:]) from None
+
+
+def _set_links(call: Callable, by_machine: dict[str, list], up: bool) -> dict[str, float]:
+    """Every machine's ends of the links at once, by ``call(machine, method, *args)``; each
+    step's time is the latest machine's."""
+    with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
+        futures = [pool.submit(call, m, "set_links", p, up) for m, p in by_machine.items()]
+    steps: dict[str, float] = {}
+    for future in futures:
+        for step, at in future.result().items():
+            steps[step] = max(at, steps.get(step, 0.0))
+    return steps
+
+
+def set_links_of_running_cluster(run_dir: Path, topo, pairs: list[tuple[str, str]],
+                                 up: bool) -> dict[str, float]:
+    """``fabriclab fail`` / ``restore`` on a fabric that ``fabriclab up --cluster`` keeps
+    running: its actors, found by name from its :data:`CLUSTER_FILE`, fail or repair their
+    machines' ends of the links at once (this process must run on a machine of the cluster,
+    as Ray's drivers do).
+
+    Raises:
+        TestbedError: the cluster or the fabric's actors gone, or a machine's error.
+    """
+    from testbed.cluster import Cluster
+
+    doc = json.loads((run_dir / CLUSTER_FILE).read_text())
+    cluster = Cluster(doc["address"], attach=doc["actors"])
+    try:
+        def call(machine: str, method: str, *args):
+            return call_agent(cluster, machine, method, *args)
+        return _set_links(call, links_by_machine(topo, doc["place"], pairs), up)
+    finally:
+        cluster.close()

@@ -123,6 +123,12 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     record = registry.running(run_id)
     topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
     what, links = live_links(topo, target)
+    done = f"{what} {'up' if up else 'down'} ({len(links)} link(s), run {record.run_id}"
+    from testbed.clusterfabric import CLUSTER_FILE, set_links_of_running_cluster
+
+    if (Path(record.run_dir) / CLUSTER_FILE).is_file():  # built by the machines of a cluster
+        set_links_of_running_cluster(Path(record.run_dir), topo, list(links), up)
+        return done + ", on its cluster's machines)"
     hosts = {p.role.removeprefix("host:"): p.pid for p in record.processes
              if p.role.startswith("host:")}
     def end(e) -> End:
@@ -140,4 +146,4 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         netlink.close()
         if cut is not None:
             cut.close()
-    return f"{what} {'up' if up else 'down'} ({len(links)} link(s), run {record.run_id})"
+    return done + ")"

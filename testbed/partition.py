@@ -243,6 +243,23 @@ def machine_part(topo: Topology, plan: Partition, tunnels: list[CutLink],
     return MachinePart(machine, nodes, hosts, switches, tuple(here), tuple(up), ends)
 
 
+def machine_of(topo: Topology, place: dict[str, str], node: str) -> str:
+    """The machine that builds ``node`` (a NIC goes with its GPU host)."""
+    return place[topo.nic_owner(node) if node in topo.nodes else node]
+
+
+def links_by_machine(topo: Topology, place: dict[str, str],
+                     pairs: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Each machine with an end of these links, and those links (a cut link: both
+    machines)."""
+    by_machine: dict[str, list[tuple[str, str]]] = {}
+    for a, b in pairs:
+        link = topo.find_link(a, b)
+        for machine in dict.fromkeys(machine_of(topo, place, e.node) for e in (link.a, link.b)):
+            by_machine.setdefault(machine, []).append((a, b))
+    return by_machine
+
+
 def check_cluster_spec(spec: TestbedSpec) -> None:
     """What a cluster does not offer yet, refused by field before anything is built."""
     if spec.pfc is not None:

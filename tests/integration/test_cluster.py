@@ -534,3 +534,70 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
                for f in applied)
     print("cluster failures:", [(f["target"], f["action"], f["took_s"], f["steps_s"])
                                 for f in applied])
+
+
+def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
+    """``fabriclab up --cluster`` keeps the partitioned fabric up; ``fabriclab fail`` /
+    ``restore`` from another process on the head find its machines' actors by name: a cut
+    link's end goes down on each machine, the controller sees it, the repair brings both
+    back; a bad target is named; SIGTERM tears ``up`` down (despite Ray's own handler), and
+    then ``fail`` says no fabric runs."""
+    import signal
+
+    from testbed.nscluster import NamespaceCluster
+    from testbed.poll import wait_for
+    from testbed.registry import Registry
+    from testbed.topology import fat_tree
+
+    exp = tmp_path / "up.yaml"
+    exp.write_text("version: 1\nname: cluster-up\nfabric: {topology: fat_tree, k: 4, mtu: 1500}\n"
+                   "controller: {routing: dmodk}\n")
+    ray = str(Path(sys.executable).parent / "ray")
+    state = tmp_path / "coord"
+    link = fat_tree(4).find_link("agg1_1", "core2")
+    with NamespaceCluster(2, ray) as cluster:
+        m1, m2 = cluster.machines
+        up = subprocess.Popen(["ip", "netns", "exec", m1.netns, sys.executable, "-m",
+                               "fabriclab.cli", "--state-dir", str(state), "up", str(exp),
+                               "--cluster", cluster.address], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        try:
+            def status() -> dict:
+                runs = Registry(state).runs()
+                path = Path(runs[0].run_dir) / "controller-status.json" if runs else None
+                try:
+                    return json.loads(path.read_text()) if path else {}
+                except (OSError, ValueError):
+                    return {}
+
+            def is_up(netns: str, ifname: str) -> bool:
+                out = subprocess.run(["ip", "-n", netns, "-j", "link", "show", ifname],
+                                     capture_output=True, text=True, check=True).stdout
+                return "UP" in json.loads(out)[0]["flags"]
+
+            wait_for(lambda: status().get("wiring_verified") or up.poll() is not None, 180,
+                     "the cluster fabric up")
+            assert up.poll() is None, up.communicate()[0][-3000:]
+            ends = ((m1.netns, link.a.ifname), (m2.netns, link.b.ifname))  # agg1_1, core2
+            assert all(is_up(*e) for e in ends)
+            out = _cli(["fail", "agg1_1", "core2"], state, cluster, timeout_s=120)
+            assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+            assert "link agg1_1-core2 down" in out.stdout and "cluster" in out.stdout, out.stdout
+            assert not any(is_up(*e) for e in ends)  # each machine took its end down
+            wait_for(lambda: link.name in status().get("links_down", []), 15,
+                     "the controller to see the cut link down")
+            out = _cli(["restore", "agg1_1", "core2"], state, cluster, timeout_s=120)
+            assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+            assert all(is_up(*e) for e in ends)
+            wait_for(lambda: not status().get("links_down"), 15, "the link back up")
+            bad = _cli(["fail", "agg1_1", "core9"], state, cluster, timeout_s=120)
+            assert bad.returncode != 0 and "core9" in bad.stdout + bad.stderr
+        finally:
+            up.send_signal(signal.SIGTERM)
+            said, _ = up.communicate(timeout=180)
+        # Ray's own SIGTERM handler does not end it: the fabric is torn down on every machine
+        assert up.returncode == 130 and "torn down" in said, said[-3000:]
+        gone = _cli(["fail", "agg1_1", "core2"], state, cluster, timeout_s=120)
+        assert gone.returncode != 0 and "no running fabric" in (gone.stdout + gone.stderr), \
+            gone.stdout[-1000:] + gone.stderr[-1000:]
+    assert not cluster.errors, cluster.errors

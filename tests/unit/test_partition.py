@@ -115,6 +115,22 @@ def test_each_machine_builds_its_nodes_local_links_and_its_tunnel_ends():
         machine_part(topo, plan, tunnels, "m3")
 
 
+def test_a_failed_links_ends_go_to_the_machines_that_built_them():
+    from testbed.partition import links_by_machine
+
+    topo = fat_tree(4)
+    plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
+    m1 = plan.place["agg1_1"]
+    core = next(l.other("agg1_1").node for l in topo.ports("agg1_1").values()
+                if plan.place[l.other("agg1_1").node] != m1)
+    m2 = plan.place[core]  # a cut link: both machines act, each on its end
+    local = ("h1_1_1", "edge1_1")
+    assert links_by_machine(topo, plan.place, [("agg1_1", core), local]) == {
+        m1: [("agg1_1", core), local], m2: [("agg1_1", core)]}
+    with pytest.raises(KeyError):
+        links_by_machine(topo, plan.place, [("agg1_1", "core9")])
+
+
 def test_a_server_and_its_plane_nics_stay_on_one_machine_part():
     from testbed.partition import cut_links, machine_part
 
