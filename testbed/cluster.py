@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
-from testbed.errors import TestbedError
+from testbed.errors import ConfigError, TestbedError
 from testbed.registry import DEFAULT_STATE_DIR
 
 
@@ -232,6 +232,8 @@ def machine_state_dirs(root: Path = DEFAULT_STATE_DIR) -> list[Path]:
 
 #: calls an actor serves at once (every agent of a job waits in one)
 AGENT_CONCURRENCY = 256
+#: the longest a call to a machine may take beyond its own timeout before it counts as lost
+CALL_GRACE_S = 60.0
 #: the Ray namespace of fabriclab's named actors (another driver finds a fabric's by name)
 NAMESPACE = "fabriclab"
 
@@ -323,6 +325,26 @@ class Cluster:
             raise TestbedError(f"the running fabric's actors on {', '.join(gone)} are gone "
                                "(the 'fabriclab up' that built it has ended, or those machines "
                                "left the cluster)")
+
+    def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
+        """``method(*args)`` of ``machine``'s actor. Its errors come back as they were raised
+        there; a machine that died or does not answer is one TestbedError naming it."""
+        ray = self.ray
+        try:
+            return ray.get(getattr(self.agents[machine], method).remote(*args),
+                           timeout=timeout_s)
+        except ray.exceptions.RayTaskError as err:  # raised in the actor: the error itself
+            cause = err.as_instanceof_cause()
+            if isinstance(cause, (TestbedError, ConfigError)):
+                raise cause from None
+            raise TestbedError(f"{machine}: {method} failed", "", str(err)[-1500:]) from None
+        except ray.exceptions.GetTimeoutError:
+            raise TestbedError(f"machine {machine} did not answer {method} within "
+                               f"{timeout_s:.0f} s") from None
+        except ray.exceptions.RayError as err:  # the actor or its node died
+            raise TestbedError(f"machine {machine} is gone ({type(err).__name__}): its part "
+                               "of the fabric is lost; what it built is removed by 'fabriclab "
+                               "clean' there or its next run", "", str(err)[-800:]) from None
 
     def close(self) -> None:
         """End the actors (those this object started) and disconnect."""

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from testbed.cluster import CALL_GRACE_S
 from testbed.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
@@ -43,8 +44,6 @@ from testbed.reachability import Reachability
 from testbed.registry import DEFAULT_STATE_DIR
 from testbed.spec import Fidelity, TestbedSpec
 
-#: the longest a call to a machine may take beyond its own timeout before it counts as lost
-CALL_GRACE_S = 60.0
 
 
 class RemoteProcess:
@@ -99,6 +98,7 @@ def local_address_towards(address: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.connect((host, 9))  # no packet is sent: the kernel only picks the route
         return sock.getsockname()[0]
+
 
 #: in the coordinator's run directory while the fabric is up: the cluster's address, each
 #: machine's actor by name, and which machine builds each node
@@ -253,8 +253,8 @@ class ClusterFabric:
 
     # -- calls to the machines -----------------------------------------------------------------
     def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
-        """``method(*args)`` of ``machine``'s actor (:func:`call_agent`)."""
-        return call_agent(self.cluster, machine, method, *args, timeout_s=timeout_s)
+        """``method(*args)`` of ``machine``'s actor (:meth:`testbed.cluster.Cluster.call`)."""
+        return self.cluster.call(machine, method, *args, timeout_s=timeout_s)
 
     def call_all(self, method: str, *args, timeout_s: float = CALL_GRACE_S) -> dict:
         """``method(*args)`` on every machine that builds a part, at once."""
@@ -442,28 +442,6 @@ class ClusterFabric:
                 "plan": plan.describe()}
 
 
-def call_agent(cluster, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
-    """``method(*args)`` of ``machine``'s actor in ``cluster`` (a
-    :class:`testbed.cluster.Cluster`). Its errors come back as they were raised there; a
-    machine that died or does not answer is one TestbedError naming it."""
-    ray = cluster.ray
-    try:
-        return ray.get(getattr(cluster.agents[machine], method).remote(*args),
-                       timeout=timeout_s)
-    except ray.exceptions.RayTaskError as err:  # raised in the actor: the error itself
-        cause = err.as_instanceof_cause()
-        if isinstance(cause, (TestbedError, ConfigError)):
-            raise cause from None
-        raise TestbedError(f"{machine}: {method} failed", "", str(err)[-1500:]) from None
-    except ray.exceptions.GetTimeoutError:
-        raise TestbedError(f"machine {machine} did not answer {method} within "
-                           f"{timeout_s:.0f} s") from None
-    except ray.exceptions.RayError as err:  # the actor or its node died
-        raise TestbedError(f"machine {machine} is gone ({type(err).__name__}): its part "
-                           "of the fabric is lost; what it built is removed by 'fabriclab "
-                           "clean' there or its next run", "", str(err)[-800:]) from None
-
-
 def _set_links(call: Callable, by_machine: dict[str, list], up: bool) -> dict[str, float]:
     """Every machine's ends of the links at once, by ``call(machine, method, *args)``; each
     step's time is the latest machine's."""
@@ -491,8 +469,6 @@ def set_links_of_running_cluster(run_dir: Path, topo, pairs: list[tuple[str, str
     doc = json.loads((run_dir / CLUSTER_FILE).read_text())
     cluster = Cluster(doc["address"], attach=doc["actors"])
     try:
-        def call(machine: str, method: str, *args):
-            return call_agent(cluster, machine, method, *args)
-        return _set_links(call, links_by_machine(topo, doc["place"], pairs), up)
+        return _set_links(cluster.call, links_by_machine(topo, doc["place"], pairs), up)
     finally:
         cluster.close()
