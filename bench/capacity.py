@@ -27,14 +27,15 @@ import itertools
 
 import yaml
 
-from fabriclab import experiment as xp
-from testbed import cpu, ovs
-from testbed.fabric import Fabric
-from testbed.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
-from testbed.trace import flow_path
-from traffic import iperf
-from traffic.patterns import pattern_pairs
-from traffic.transport import goodput_fraction
+from fabriclab.model import experiment as xp
+from testbed.linux import cpu
+from testbed.linux import ovs
+from testbed.fabric.fabric import Fabric
+from testbed.plan.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
+from testbed.linux.trace import flow_path
+from traffic.agents import iperf
+from traffic.workloads.patterns import pattern_pairs
+from traffic.measure.transport import goodput_fraction
 
 PINNED = ("same_edge", "same_pod", "cross_pod")
 

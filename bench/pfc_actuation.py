@@ -17,7 +17,7 @@ qdisc dequeues on an enqueue or its timer: with the senders blocked behind a pau
 enqueued, and a paused TBF's timer is seconds away. Measured in process (pyroute2, no fork): a
 resume took 1.7-2.3 ms with a sender still enqueueing, 60-200 ms with it stopped, 1.8-2.4 ms
 with one kick frame sent through the port after the change. That is the PFC agent's actuator
-(``testbed/pfc.py``: a TBF per lossless class, prebuilt raw requests, a kick on resume).
+(``testbed/fabric/pfc.py``: a TBF per lossless class, prebuilt raw requests, a kick on resume).
 
 Usage: bench/pfc_actuation.py [--trials 20] [--cut-burst] [--json out.json]
 """
@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fabriclab import experiment as xp  # noqa: E402
-from testbed.fabric import Fabric  # noqa: E402
-from testbed.tcplan import plan_shaping  # noqa: E402
+from fabriclab.model import experiment as xp  # noqa: E402
+from testbed.fabric.fabric import Fabric  # noqa: E402
+from testbed.plan.tcplan import plan_shaping  # noqa: E402
 
 SENDER = ("import socket, sys\n"
           "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"

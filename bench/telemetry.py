@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fabriclab import experiment as xp  # noqa: E402
+from fabriclab.model import experiment as xp  # noqa: E402
 from telemetry.exporter import RunTelemetry  # noqa: E402
-from testbed.fabric import Fabric  # noqa: E402
+from testbed.fabric.fabric import Fabric  # noqa: E402
 
 DEFAULT = ["experiments/routing-compare.yaml", "experiments/fat-tree-k6.yaml"]
 

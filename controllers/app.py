@@ -1,5 +1,5 @@
-"""os-ken application: a thin shim over :class:`controllers.policy.FabricPolicy` and
-:class:`controllers.session.Session`.
+"""os-ken application: a thin shim over :class:`controllers.routing.policy.FabricPolicy` and
+:class:`controllers.routing.session.Session`.
 
 Each handler decodes an OpenFlow event, asks the policy what to do (passing ``now``), sends the
 returned ops (translated by :mod:`controllers.ofmsgs`) and tells the session what it sent and
@@ -31,9 +31,9 @@ from os_ken.lib import hub
 from os_ken.lib.packet import arp, ethernet, ipv4, lldp, packet, tcp, udp
 from os_ken.ofproto import ofproto_v1_5
 
-from controllers.adaptive import FlowKey
+from controllers.routing.adaptive import FlowKey
 from controllers.ofmsgs import to_messages
-from controllers.policy import (
+from controllers.routing.policy import (
     ETH_TYPE_ARP,
     ETH_TYPE_IPV4,
     ETH_TYPE_LLDP,
@@ -42,11 +42,11 @@ from controllers.policy import (
     Op,
     OpKind,
 )
-from controllers.session import Session
-from telemetry import metrics
+from controllers.routing.session import Session
+from telemetry.model import metrics
 from telemetry.exporter import CallbackCollector, Exporter
-from testbed.files import write_json_atomic
-from testbed.topology import from_dict
+from testbed.linux.files import write_json_atomic
+from testbed.model.topology import from_dict
 
 LOG = logging.getLogger("fabriclab.controller")
 LLDP_INTERVAL_S = 2.0
@@ -146,7 +146,7 @@ class FabricController(app_manager.OSKenApp):
         write_json_atomic(self.status_path, doc)
 
     def metric_stats(self) -> dict:
-        """The counters :func:`telemetry.metrics.controller_families` exports."""
+        """The counters :func:`telemetry.model.metrics.controller_families` exports."""
         with self.lock:
             cpu = os.times()
             adaptive = self.policy.adaptive
@@ -440,6 +440,6 @@ class FabricController(app_manager.OSKenApp):
 
 def _live(ofp, port) -> bool:
     """Up, and live for fast failover: a link failure clears ``LIVE`` first (its switch sees
-    the loss of signal at once, testbed/linkfail.py), ``LINK_DOWN`` follows with the carrier."""
+    the loss of signal at once, testbed/fabric/linkfail.py), ``LINK_DOWN`` follows with the carrier."""
     return (not (port.state & ofp.OFPPS_LINK_DOWN) and not (port.config & ofp.OFPPC_PORT_DOWN)
             and bool(port.state & ofp.OFPPS_LIVE))

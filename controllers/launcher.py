@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from testbed.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
+from testbed.model.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,17 +22,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from fabriclab import experiment as xp
+from fabriclab.model import experiment as xp
 from fabriclab import telemetry_cli
-from fabriclab.results import job_summaries, variant_row
+from fabriclab.model.results import job_summaries, variant_row
 from fabriclab.run import RunView, SharedFabric, batch_text, run_experiment
-from testbed import cleanup, servers
+from testbed.runs import cleanup
+from testbed.model import servers
 from testbed.errors import ConfigError, TestbedError
-from testbed.fidelity import assess, machine_budget_mbit_hops
-from testbed.partition import Machine, partition
-from testbed.registry import DEFAULT_STATE_DIR, Registry
-from testbed.spec import Backend
-from testbed.topology import SWITCH_ROLES
+from testbed.plan.fidelity import assess, machine_budget_mbit_hops
+from testbed.model.partition import Machine, partition
+from testbed.runs.registry import DEFAULT_STATE_DIR, Registry
+from testbed.model.spec import Backend
+from testbed.model.topology import SWITCH_ROLES
 
 EXIT_OK, EXIT_UNREACHABLE, EXIT_CONFIG, EXIT_SYSTEM, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -188,7 +189,7 @@ def resolve_backend(exp: xp.Experiment, requested: str | None, state_dir: Path) 
     choice = Backend(requested or exp.emulator.backend)
     if choice != Backend.AUTO:
         return choice
-    from testbed import capabilities  # probes the kernel (root)
+    from testbed.linux import capabilities  # probes the kernel (root)
 
     caps = capabilities.probe(state_dir)
     missing = [need for need in exp.requirements() if not caps.has(need)]
@@ -266,15 +267,15 @@ def _in_vm(args, exp: xp.Experiment, cli_args: str, results_to: Path | None = No
     and copy what it wrote under ``$FABRICLAB_OUT/results`` to ``results_to``. With ``--json``
     the guest's JSON document (written to ``$FABRICLAB_OUT/cli.json``) is printed, with the
     guest run's figures under ``vm``."""
-    from testbed import vm
+    from testbed.vm import guest as vm
 
     ui = args.console
     files = {"experiment.yaml": Path(args.file)}
     job = ""
     if any(e.fabric.needs_marker for e in (exp, *exp.variants)):
         # the guest has no compiler: the marker is built here and carried in with the job
-        from testbed import bpf
-        from testbed.ecn import OBJECT
+        from testbed.linux import bpf
+        from testbed.fabric.ecn import OBJECT
 
         obj = bpf.build(OBJECT, args.state_dir)
         files[f"bpf/{obj.parent.name}/{obj.name}"] = obj
@@ -473,8 +474,8 @@ def _run_sweep(args, exp: xp.Experiment, out: Path) -> int:
     the same fabric share it (:class:`fabriclab.run.SharedFabric`: a new controller each).
     ``DIR/sweep.json`` (rewritten after every cell) holds every cell's values, status and row,
     and the summary over repetitions."""
-    from fabriclab import sweep as sw
-    from testbed.files import write_json_atomic
+    from fabriclab.model import sweep as sw
+    from testbed.linux.files import write_json_atomic
 
     cells = list(exp.cells)
     finished = {c.name for c in cells if args.resume and _complete(out / c.name / "results.json")}
@@ -580,13 +581,13 @@ def _sweep_table(name: str, summary: list[dict]) -> Table:
 def _run_cells_on_machines(args, exp: xp.Experiment, todo: list, out: Path, record,
                            save) -> int:
     """``--parallel``: the cells at once, one per machine of the cluster, each built whole on
-    its machine by that machine's actor (:meth:`testbed.cluster.MachineAgent.run_cell`); its
+    its machine by that machine's actor (:meth:`testbed.cluster.machines.MachineAgent.run_cell`); its
     run directory comes back into ``out/<cell>``. A failed cell is recorded and the rest go
     on; a machine that dies fails its cell, and the others take the cells left."""
     import queue
 
-    from testbed.cluster import Cluster
-    from testbed.files import write_json_atomic
+    from testbed.cluster.machines import Cluster
+    from testbed.linux.files import write_json_atomic
 
     if exp.cluster is None:
         raise ConfigError("--parallel", "runs a sweep's cells on the machines of a cluster: "
@@ -828,7 +829,7 @@ def _servers_table(doc: dict) -> Table | None:
 
 
 def cmd_clean(args) -> int:
-    from testbed.cluster import machine_state_dirs
+    from testbed.cluster.machines import machine_state_dirs
 
     report = cleanup.clean(Registry(args.state_dir), include_live=args.all)
     # the parts this machine built for a cluster (their actors gone)
@@ -855,7 +856,7 @@ def cmd_clean(args) -> int:
 
 def cmd_fail(args) -> int:
     """Take a link or a switch of the running fabric down (``fail``) or up (``restore``)."""
-    from testbed.failures import set_links_of_running_fabric
+    from testbed.fabric.failures import set_links_of_running_fabric
 
     done = set_links_of_running_fabric(Registry(args.state_dir), args.target,
                                        up=args.command == "restore", run_id=args.run)
@@ -869,7 +870,7 @@ def compare_rows(dirs: list[Path]) -> list[dict]:
     """The runs under each directory, one line each: a sweep's cells (mean over repetitions),
     a run's variants, or a single run. Lines: ``{"run", "complete", "error", "jobs": [{"label",
     "efficiency", "busbw_mbps", "n"}]}``."""
-    from fabriclab import sweep as sw
+    from fabriclab.model import sweep as sw
 
     lines = []
     for d in dirs:

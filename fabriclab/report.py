@@ -25,8 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
 
-from fabriclab import sweep as sw  # noqa: E402
-from fabriclab.results import job_summaries  # noqa: E402
+from fabriclab.model import sweep as sw  # noqa: E402
+from fabriclab.model.results import job_summaries  # noqa: E402
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
 LAYERS = {"core": 3, "spine": 3, "agg": 2, "edge": 1, "leaf": 1, "host": 0, "nvswitch": -1}
@@ -331,7 +331,7 @@ def render(out: Path, runs: list[Run]) -> str:
 
 def write_report(out: Path) -> Path:
     """Build ``out/report.html`` from the runs under ``out``; returns its path."""
-    from testbed.files import write_text_atomic
+    from testbed.linux.files import write_text_atomic
 
     path = out / "report.html"
     write_text_atomic(path, render(out, load_runs(out)))

@@ -13,21 +13,25 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabriclab import results, rundir, sweep
-from fabriclab.experiment import Experiment
+from fabriclab.model import results
+
+from fabriclab.model import rundir
+
+from fabriclab.model import sweep
+from fabriclab.model.experiment import Experiment
 from telemetry.exporter import LOOPBACK, RunTelemetry
-from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
-from testbed.congestion import link_utilization, summarize_congestion
+from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S
+from testbed.model.congestion import link_utilization, summarize_congestion
 from testbed.errors import TestbedError
-from testbed.fabric import Fabric
-from testbed.failures import FailureInjector
-from testbed import environment
-from testbed.files import write_json_atomic, write_text_atomic
-from traffic.runner import run_batch
-from traffic.workload import Job
+from testbed.fabric.fabric import Fabric
+from testbed.fabric.failures import FailureInjector
+from testbed.linux import environment
+from testbed.linux.files import write_json_atomic, write_text_atomic
+from traffic.agents.runner import run_batch
+from traffic.workloads.workload import Job
 
 
-MARKER = "ebpf: a virtual queue at each switch port's clsact egress (testbed/bpf/ecn_marker.c)"
+MARKER = "ebpf: a virtual queue at each switch port's clsact egress (testbed/linux/progs/ecn_marker.c)"
 RED_MARKER = ("red: the kernel's RED qdisc as each lossy class's leaf at the switch ports (ecn, "
               "nodrop, instantaneous backlog); lossless classes by the eBPF marker")
 
@@ -80,18 +84,18 @@ def batch_text(jobs: list[Job]) -> str:
 def make_fabric(exp: Experiment, state_dir: Path,
                 log: Callable[[str], None] = lambda _msg: None):
     """The fabric ``exp`` asks for: on one machine (:class:`Fabric`), or partitioned over the
-    Ray cluster its ``cluster`` section names (:class:`testbed.clusterfabric.ClusterFabric`,
+    Ray cluster its ``cluster`` section names (:class:`testbed.cluster.coordinator.ClusterFabric`,
     which offers a run the same)."""
     if exp.cluster is None:
         return Fabric(exp, state_dir=state_dir, log=log)
-    from testbed.clusterfabric import ClusterFabric  # Ray only for a cluster
+    from testbed.cluster.coordinator import ClusterFabric  # Ray only for a cluster
 
     return ClusterFabric(exp, exp.cluster.address, state_dir, log, exp.cluster.machines)
 
 
 class SharedFabric:
     """The fabric consecutive runs share (a sweep's cells): a run whose fabric section equals
-    the previous run's (:func:`fabriclab.sweep.fabric_key`) runs on the same namespaces, links,
+    the previous run's (:func:`fabriclab.model.sweep.fabric_key`) runs on the same namespaces, links,
     switches and markers with a fresh controller; anything else builds anew. A fabric whose
     state outlives a run is never shared: one with failures (links or switches left down) or
     with PFC (pauses and deadlocks), nor one whose run failed.

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from fabriclab.run import TelemetryOptions
 from telemetry.exporter import LOOPBACK
-from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S
+from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S
 from testbed.errors import ConfigError, TestbedError
 
 
@@ -75,7 +75,7 @@ def _scrape_interval(source: Path) -> float:
     """How often the run's Prometheus scraped (its ``prometheus.yml``; 1 s without one)."""
     import yaml
 
-    from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_interval_of
+    from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_interval_of
 
     config = source / "prometheus.yml"
     if not config.is_file():
@@ -136,9 +136,9 @@ def cmd_top(args) -> int:
     from rich.live import Live
 
     from fabriclab.cli import Terminated
-    from telemetry import top
+    from telemetry.model import top
     from telemetry.exporter import TELEMETRY_FILE
-    from testbed.registry import Registry
+    from testbed.runs.registry import Registry
 
     if args.interval <= 0:
         raise ConfigError("--interval", f"must be > 0, got {args.interval}")

@@ -8,7 +8,7 @@
 # lacks: the Open vSwitch kernel datapath, netem, RED, fq_codel, DCTCP. Its Python dependencies
 # are those of the project (pyproject.toml), installed by pip into /opt/fabriclab/site; the
 # project itself is carried in at run time, so one image serves every checkout. The init program
-# (/sbin/fabriclab-init) runs one job and powers off: see testbed/vm.py for the disk protocol.
+# (/sbin/fabriclab-init) runs one job and powers off: see testbed/vm/guest.py for the disk protocol.
 set -euo pipefail
 OUT=${1:?usage: build-vm-image.sh OUT_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

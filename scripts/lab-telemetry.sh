@@ -2,7 +2,7 @@
 # The lab VM's telemetry, provisioned after scripts/setup.sh (the Vagrantfile runs both):
 #   - Prometheus (Debian's package, its systemd service on 9090) scraping whichever fabric is up:
 #     every run announces its exporters in /var/lib/fabriclab/prometheus-sd while it runs
-#     (telemetry/promconfig.py, standing_config);
+#     (telemetry/model/promconfig.py, standing_config);
 #   - Grafana's provisioning (fabriclab's datasource and the four dashboards), always in place;
 #   - Grafana itself from Grafana's package repository, else its container, where the VM can
 #     reach either; where it cannot, a clear message, and the rest stays provisioned.
@@ -38,12 +38,12 @@ wait_http() {  # URL SECONDS
 }
 
 # how often: 1 s, or 5 s where the CPU is emulated (QEMU without KVM), where an exporter's
-# answer takes 0.5-1.4 s (telemetry/promconfig.py, standing_interval)
+# answer takes 0.5-1.4 s (telemetry/model/promconfig.py, standing_interval)
 VIRT=$(systemd-detect-virt 2>/dev/null || true)
-INTERVAL=$("$VENV/bin/python" -m telemetry.promconfig grafana-interval --virt "${VIRT:-none}")
+INTERVAL=$("$VENV/bin/python" -m telemetry.model.promconfig grafana-interval --virt "${VIRT:-none}")
 export FABRICLAB_SCRAPE_INTERVAL=$INTERVAL
 log "Prometheus: the standing configuration (discovers fabrics in $DISCOVERY, scrapes every $INTERVAL: ${VIRT:-none})"
-"$VENV/bin/python" -m telemetry.promconfig standing "$DISCOVERY" --virt "${VIRT:-none}" \
+"$VENV/bin/python" -m telemetry.model.promconfig standing "$DISCOVERY" --virt "${VIRT:-none}" \
   > /etc/prometheus/prometheus.yml.new
 promtool check config /etc/prometheus/prometheus.yml.new >/dev/null
 mv /etc/prometheus/prometheus.yml.new /etc/prometheus/prometheus.yml

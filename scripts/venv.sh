@@ -17,5 +17,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/pip" install -q -e ".[test]" 2> >(grep -vE "WARNING: Location|^ *$" >&2)
   touch "$stamp"
 fi
-"$VENV/bin/python" -c "import os_ken, pyroute2, jsonschema, fabriclab.experiment" \
+"$VENV/bin/python" -c "import os_ken, pyroute2, jsonschema, fabriclab.model.experiment" \
   || { echo "the venv cannot import os_ken/pyroute2/jsonschema/fabriclab" >&2; exit 1; }

@@ -1,6 +1,6 @@
 #!/bin/bash
 # PID 1 of the fabriclab guest (installed as /sbin/fabriclab-init by build-vm-image.sh).
-# Runs one job and powers the guest off. Disks (see testbed/vm.py):
+# Runs one job and powers the guest off. Disks (see testbed/vm/guest.py):
 #   /dev/vda  root file system (the host runs qemu with -snapshot: nothing written here stays)
 #   /dev/vdb  the job: a tar with project/ (the checkout) and job.sh (what to run in project/)
 #   /dev/vdc  the results: this script writes a tar of /out (output.txt, rc, files the job left)

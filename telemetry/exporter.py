@@ -4,7 +4,7 @@ progress and ``/proc``, and an HTTP server for them on 127.0.0.1.
 
 Each collector reads its source when Prometheus scrapes (``collect()``), in the scrape's own
 thread with its own netlink socket, so nothing goes stale between scrapes and nothing polls in
-the background. :mod:`telemetry.metrics` shapes the readings.
+the background. :mod:`telemetry.model.metrics` shapes the readings.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
-from telemetry import metrics
-from telemetry.promconfig import DISCOVERY_DIR, discovery_groups
+from telemetry.model import metrics
+from telemetry.model.promconfig import DISCOVERY_DIR, discovery_groups
 from telemetry.prometheus import Prometheus
-from testbed.files import write_json_atomic
-from testbed.netlink import Netlink
+from testbed.linux.files import write_json_atomic
+from testbed.linux.netlink import Netlink
 
 LOOPBACK = "127.0.0.1"
 
@@ -32,7 +32,7 @@ class FabricCollector:
     """Every switch port's counters, queues, marks, pauses and state.
 
     Args:
-        fabric: the running :class:`testbed.fabric.Fabric`.
+        fabric: the running :class:`testbed.fabric.fabric.Fabric`.
     """
 
     def __init__(self, fabric) -> None:
@@ -116,7 +116,7 @@ class WorkloadCollector:
 
 class FidelityCollector:
     """Each machine's CPU by mode and each vswitchd's CPU (one machine, or every machine of a
-    cluster: :meth:`testbed.fabric.Fabric.cpu_times`).
+    cluster: :meth:`testbed.fabric.fabric.Fabric.cpu_times`).
 
     Args:
         fabric: the running fabric (its private vswitchds on the userspace datapath, else the

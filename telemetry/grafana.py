@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S, grafana_interval
+from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, grafana_interval
 from testbed.errors import TestbedError
 
 IMAGE = "grafana/grafana:11.6.0"

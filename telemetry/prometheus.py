@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from telemetry.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_config, server_args
+from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_config, server_args
 from testbed.errors import TestbedError
 from testbed.poll import wait_for
 
@@ -58,7 +58,7 @@ class Prometheus:
         track: called with the server's PID once it runs (the fabric's registry records it,
             so ``fabriclab clean`` can stop it after a crash).
         config: a whole ``prometheus.yml`` instead of one made from ``targets`` (the standing
-            configuration of :func:`telemetry.promconfig.standing_config`).
+            configuration of :func:`telemetry.model.promconfig.standing_config`).
     """
 
     def __init__(self, directory: Path, targets: dict[str, list[str]],

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fabriclab import experiment as config
-from testbed.fabric import Fabric
+from fabriclab.model import experiment as config
+from testbed.fabric.fabric import Fabric
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,7 @@ def machine_state() -> dict[str, set[str]]:
         "linux bridges": lines("ip -o link show type bridge | awk -F': ' '{print $2}'"),
         "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
         "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
-                       "|traffic.agent|traffic.udpflow|prometheus --config|raylet|gcs_server"
+                       "|traffic.agents.agent|traffic.agents.udpflow|prometheus --config|raylet|gcs_server"
                        "|ovs(db-server|-vswitchd) "
                        ".*/work/[0-9]{8}-' | grep -v grep"),
         "sysctl": lines("sysctl net.core.wmem_default"),

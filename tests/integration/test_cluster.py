@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from telemetry.prometheus import Prometheus
-from testbed.partition import VXLAN_OVERHEAD
+from testbed.model.partition import VXLAN_OVERHEAD
 
 ROOT = Path(__file__).resolve().parents[2]
 UNDERLAY = ("10.250.0.1", "10.250.0.2")
@@ -61,8 +61,8 @@ def test_a_cut_link_is_a_vxlan_pair_carrying_full_frames_between_machines(machin
         local, remote = UNDERLAY[i], UNDERLAY[1 - i]
         _in_machine(ns, f"""
 import sys; sys.path.insert(0, {str(ROOT)!r})
-from testbed.netlink import Netlink
-from testbed.tcplan import plan_shaping
+from testbed.linux.netlink import Netlink
+from testbed.plan.tcplan import plan_shaping
 nl = Netlink()
 nl.create_vxlan("agg1_1-eth3", 1000, {local!r}, {remote!r}, mtu=1500)
 assert nl.mtu("flu{i + 1}") == 1550
@@ -100,7 +100,7 @@ class Builder:
         return ray.util.get_node_ip_address()
 
     def cut_link_end(self, name, vni, local, remote):
-        from testbed.netlink import Netlink
+        from testbed.linux.netlink import Netlink
         nl = Netlink()
         try:
             nl.create_vxlan(name, vni, local, remote, mtu=1500)
@@ -121,8 +121,8 @@ def test_a_ray_cluster_of_namespace_machines_builds_on_the_machine_it_is_told(tm
     """Two machines as namespaces, a Ray head in one and a worker in the other, every Ray
     process started and ended by PID: a driver on the head pins an actor to machine2 by its
     resource, and the actor makes a cut link's VXLAN end there, in machine2's namespace."""
-    from testbed.nscluster import NamespaceCluster
-    from testbed.procfs import descendants
+    from testbed.cluster.nscluster import NamespaceCluster
+    from testbed.linux.procfs import descendants
 
     ray = str(Path(sys.executable).parent / "ray")
     with NamespaceCluster(2, ray) as cluster:
@@ -147,10 +147,10 @@ def test_a_ray_cluster_of_namespace_machines_builds_on_the_machine_it_is_told(tm
 PLAN = """
 import json, sys
 sys.path.insert(0, {root!r})
-from testbed.cluster import Cluster
+from testbed.cluster.machines import Cluster
 from testbed.errors import ConfigError
-from testbed.partition import Machine, cut_links, partition
-from testbed.topology import fat_tree
+from testbed.model.partition import Machine, cut_links, partition
+from testbed.model.topology import fat_tree
 
 cluster = Cluster({address!r})
 try:
@@ -182,8 +182,8 @@ def test_the_cluster_probes_its_machines_and_plans_their_cut_links(tmp_path):
     MTU 1550), the project and its revision; a jumbo fabric is refused for that underlay,
     naming the machine; the 8 cut links (one VNI each) have one end on each machine, from its
     underlay address to the other's. (The quickstart test below builds them.)"""
-    from testbed.environment import software_versions
-    from testbed.nscluster import NamespaceCluster
+    from testbed.linux.environment import software_versions
+    from testbed.cluster.nscluster import NamespaceCluster
 
     ray = str(Path(sys.executable).parent / "ray")
     with NamespaceCluster(2, ray) as cluster:
@@ -217,7 +217,7 @@ PROJECT = ("controllers", "fabriclab", "telemetry", "testbed", "traffic")
 def _only_ray_in(m) -> list[str]:
     """Processes in machine ``m``'s namespace that are not its Ray node's (a fabric part's
     shells, vswitchds, agents would be)."""
-    from testbed.procfs import descendants
+    from testbed.linux.procfs import descendants
 
     ray = {m.ray.pid, *descendants(m.ray.pid)}
     pids = subprocess.run(["ip", "netns", "pids", m.netns], capture_output=True,
@@ -232,9 +232,9 @@ def test_faults_at_the_join_are_one_clear_error_each(tmp_path):
     hides its packages, as on a machine that never got it), so its actor cannot start; a
     coordinator whose Ray is another version than the cluster's; a head that cannot be
     reached, or an address where no head listens."""
-    from testbed.cluster import machine_state_dir
-    from testbed.nscluster import NamespaceCluster
-    from testbed.registry import Registry
+    from testbed.cluster.machines import machine_state_dir
+    from testbed.cluster.nscluster import NamespaceCluster
+    from testbed.runs.registry import Registry
 
     assert (OTHER_RAY / "VERSION").exists(), "run scripts/test-deps.sh (make test does)"
     other = (OTHER_RAY / "VERSION").read_text().strip()
@@ -320,7 +320,7 @@ def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path):
     pair is reachable through the tunnels, a ring all-reduce delivers every byte at the
     busbw the same fabric gives on one machine (within 10 %), results.json records the
     partition and each machine's fidelity, and nothing is left."""
-    from testbed.nscluster import NamespaceCluster
+    from testbed.cluster.nscluster import NamespaceCluster
 
     exp = tmp_path / "cluster.yaml"
     exp.write_text(CLUSTER_RUN % ("4MiB", 2))
@@ -369,8 +369,8 @@ def test_a_machine_dying_mid_run_is_named_and_the_others_are_cleaned(tmp_path):
     import signal
     import time
 
-    from testbed.nscluster import NamespaceCluster
-    from testbed.procfs import descendants
+    from testbed.cluster.nscluster import NamespaceCluster
+    from testbed.linux.procfs import descendants
 
     exp = tmp_path / "cluster.yaml"
     exp.write_text(CLUSTER_RUN % ("16MiB", 3))
@@ -387,7 +387,7 @@ def test_a_machine_dying_mid_run_is_named_and_the_others_are_cleaned(tmp_path):
             def measuring() -> bool:  # the workload started: agents run on both machines
                 text = subprocess.run(["ps", "-eo", "args"], capture_output=True,
                                       text=True).stdout
-                return text.count("traffic.agent") >= RANKS or run.poll() is not None
+                return text.count("traffic.agents.agent") >= RANKS or run.poll() is not None
 
             deadline = time.monotonic() + 120
             while not measuring() and time.monotonic() < deadline:
@@ -434,7 +434,7 @@ def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
     run directories back in the sweep's, the sweep's wall time under the cells' sum; without
     it, the cells in turn share one partitioned fabric. A jumbo fabric over this 1550-byte
     underlay is refused by machine before anything is built."""
-    from testbed.nscluster import NamespaceCluster
+    from testbed.cluster.nscluster import NamespaceCluster
 
     exp = tmp_path / "sweep.yaml"
     exp.write_text(PARALLEL)
@@ -494,7 +494,7 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
     own end; core1's four links have ends on both machines. The ring over the four pods goes
     on around them (the controller reroutes), every event is applied without error, in the
     order cut, switches told, down, and the repair counts what the cut dropped."""
-    from testbed.nscluster import NamespaceCluster
+    from testbed.cluster.nscluster import NamespaceCluster
 
     exp = tmp_path / "fail.yaml"
     exp.write_text(FAILING)
@@ -544,10 +544,10 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
     then ``fail`` says no fabric runs."""
     import signal
 
-    from testbed.nscluster import NamespaceCluster
+    from testbed.cluster.nscluster import NamespaceCluster
     from testbed.poll import wait_for
-    from testbed.registry import Registry
-    from testbed.topology import fat_tree
+    from testbed.runs.registry import Registry
+    from testbed.model.topology import fat_tree
 
     exp = tmp_path / "up.yaml"
     exp.write_text("version: 1\nname: cluster-up\nfabric: {topology: fat_tree, k: 4, mtu: 1500}\n"

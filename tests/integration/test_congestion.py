@@ -22,7 +22,7 @@ def _nstat(fabric, host: str, counter: str) -> int:
 
 
 def test_ecn_capable_tcp_through_a_marked_port_sees_ce(make_fabric):
-    from traffic.runner import run_job
+    from traffic.agents.runner import run_job
 
     exp = experiment(LS + "  host_link: {ecn: {mode: step}}\n  fabric_link: {ecn: {mode: step}}\n"
                      "workload:\n  collectives:\n"
@@ -71,7 +71,7 @@ def test_marking_keeps_an_incast_queue_from_filling_and_dropping(state_dir, tmp_
 
 
 def test_dctcp_on_a_kernel_without_it_is_refused_naming_the_field(state_dir, tmp_path):
-    from testbed import capabilities
+    from testbed.linux import capabilities
 
     if "dctcp" in capabilities.probe(state_dir).tcp_congestion:
         import pytest

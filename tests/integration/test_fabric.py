@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from testbed import capabilities
+from testbed.linux import capabilities
 from testbed.errors import ConfigError, TestbedError
-from testbed.fabric import Fabric
+from testbed.fabric.fabric import Fabric
 from testbed.poll import wait_for
 from tests.integration.conftest import experiment, machine_state
-from traffic import iperf
+from traffic.agents import iperf
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"
 LEAF_SPINE = ("version: 1\nfabric: {topology: leaf_spine, leaves: 3, spines: 2, "
@@ -96,7 +96,7 @@ def _egress_filters(ifname: str) -> list[str]:
 
 
 def _bfd(end) -> dict:
-    from testbed import ovs
+    from testbed.linux import ovs
 
     doc = json.loads(ovs.vsctl("--format=json", "--columns=bfd", "list", "Interface", end.ifname,
                                db=end.db))
@@ -184,9 +184,9 @@ def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_pat
     import signal
     from pathlib import Path
 
-    from testbed.registry import Registry
+    from testbed.runs.registry import Registry
     from tests.integration.conftest import ROOT
-    from testbed.topology import fat_tree
+    from testbed.model.topology import fat_tree
 
     exp = tmp_path / "up.yaml"
     exp.write_text(K4)

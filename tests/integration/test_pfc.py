@@ -4,8 +4,8 @@ blast into a lossy class loses, and the pauses travel hop by hop back to the sen
 from __future__ import annotations
 
 from tests.integration.conftest import experiment
-from testbed.congestion import summarize_congestion
-from traffic.udpflow import run_flows, run_incast
+from testbed.model.congestion import summarize_congestion
+from traffic.agents.udpflow import run_flows, run_incast
 
 # 10 Mbit/s hosts, 20 Mbit/s uplinks: four senders on leaves 2 and 3 into h1_1. The congested
 # queue is leaf1's port to h1_1; one hop upstream the spine's port to leaf1, two hops the

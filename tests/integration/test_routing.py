@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from testbed.trace import flow_path
+from testbed.linux.trace import flow_path
 from tests.integration.conftest import experiment
-from traffic.patterns import pattern_pairs
+from traffic.workloads.patterns import pattern_pairs
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"
 
@@ -54,7 +54,7 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric):
     """Two flows leave each leaf for the other: per-flow ECMP puts both on one uplink half the
     time; adaptive routing learns them, sees two elephants, and pins one to each uplink (the
     switches' per-port counters show the split)."""
-    from traffic.runner import run_job
+    from traffic.agents.runner import run_job
 
     exp = experiment(LS + "controller: {routing: adaptive, poll_interval_s: 0.5}\n"
                           "workload:\n  collectives:\n"
@@ -86,8 +86,8 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     meet the same failure as a remote one (the agg below it has no other way down). Remote:
     the core's link down into pod 2, which only the controller can route around (the agg
     above must stop using that core): measured on the round trips."""
-    from testbed.trace import flow_path
-    from traffic.probe import measure_outage
+    from testbed.linux.trace import flow_path
+    from traffic.agents.probe import measure_outage
 
     fabric = make_fabric(experiment(K4 + f"controller: {{routing: {routing}}}\n"))
     sport, dport = 30000, 7777
@@ -109,7 +109,7 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
                                    for k, v in result.items()})
     measured = result["forward"] if where == "local" else result
     print(f"[outage] {routing} {where}: {measured['outage_s'] * 1e3:.1f} ms")
-    # the link is cut and its switches told at once (testbed/linkfail.py): 0-15 ms measured
+    # the link is cut and its switches told at once (testbed/fabric/linkfail.py): 0-15 ms measured
     # here locally, 5-45 ms remotely, against the issue's 30 and 150 ms; the local bound
     # leaves room for a loaded machine (the probe's own 5 ms steps, a busy vswitchd)
     limit = 0.050 if where == "local" else 0.150
@@ -159,7 +159,7 @@ def test_a_dead_vswitchd_is_a_switch_failure_routed_around(make_fabric):
     import os
     import signal
 
-    from traffic.probe import measure_outage
+    from traffic.agents.probe import measure_outage
 
     fabric = make_fabric(experiment(K4))
     sport, dport = 30000, 7777

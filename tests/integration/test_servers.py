@@ -56,9 +56,9 @@ def test_every_gpu_pair_reaches_the_other_over_the_right_domain(make_fabric, kin
 
 
 def test_a_hierarchical_all_reduce_runs_with_the_byte_counts_of_its_formula(make_fabric):
-    from traffic.hierarchical import all_reduce
-    from traffic.runner import run_job
-    from traffic.workload import Collective
+    from traffic.workloads.hierarchical import all_reduce
+    from traffic.agents.runner import run_job
+    from traffic.workloads.workload import Collective
 
     fabric = make_fabric(experiment(RAILS.format(kind="switch", count=2, gpus=2)))
     ranks = tuple(fabric.topo.rank_hosts())
@@ -86,9 +86,9 @@ def test_a_multi_plane_fabric_carries_a_job_over_every_plane(make_fabric, transp
     """2 servers x 2 GPUs, each GPU's NIC with a port on each of 2 planes: every NIC reaches
     every NIC of its plane, and a ring all-reduce across the servers with 2 connections per
     peer puts one on each plane (both planes' host ports carry about half the bytes)."""
-    from traffic.runner import run_job
-    from traffic.schedules import build
-    from traffic.workload import Collective
+    from traffic.agents.runner import run_job
+    from traffic.workloads.schedules import build
+    from traffic.workloads.workload import Collective
 
     fabric = make_fabric(experiment(RAILS.format(kind="switch", count=2, gpus=2)
                                     .replace("spines: 1\n", "spines: 1\n  planes: 2\n")))

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from testbed.topology import SWITCH_ROLES
+from testbed.model.topology import SWITCH_ROLES
 from tests.integration.conftest import ROOT, machine_state
 
 K4 = ROOT / "experiments" / "quickstart.yaml"
@@ -83,8 +83,8 @@ def test_sigkill_leftovers_are_removed_by_clean(state_dir):
 
 
 def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir):
-    from fabriclab import experiment as config
-    from testbed.fabric import Fabric
+    from fabriclab.model import experiment as config
+    from testbed.fabric.fabric import Fabric
 
     _kill(_start_up(state_dir))
     with Fabric(config.load(K4), state_dir=state_dir) as fabric:  # same names: must clean first

@@ -20,8 +20,8 @@ from tests.integration.conftest import ROOT, experiment
 from telemetry import dashboards
 from telemetry.exporter import TELEMETRY_FILE, Exporter, FabricCollector, FidelityCollector
 from telemetry.prometheus import Prometheus
-from testbed.registry import Registry
-from traffic.udpflow import run_incast
+from testbed.runs.registry import Registry
+from traffic.agents.udpflow import run_incast
 
 # 10 Mbit/s hosts, 20 Mbit/s uplinks; priority 3 (DSCP 26) lossless, ECN marked at a step on
 # the uplinks (the host ports' queues are PFC's alone, so the incast's stays standing)
@@ -197,7 +197,7 @@ def test_a_standing_prometheus_discovers_the_fabric_that_is_up(make_fabric, tmp_
     """The lab VM's Prometheus (on 9090 there) scrapes whichever fabric is up: each run
     announces its exporters in the discovery folder while it runs, and withdraws them."""
     from telemetry.exporter import RunTelemetry
-    from telemetry.promconfig import standing_config
+    from telemetry.model.promconfig import standing_config
 
     discovery = tmp_path / "sd"
     discovery.mkdir()

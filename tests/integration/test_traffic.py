@@ -12,9 +12,9 @@ import pytest
 
 from testbed.errors import TestbedError
 from tests.integration.conftest import ROOT, experiment
-from traffic.runner import run_job
-from traffic.schedules import build
-from traffic.workload import Collective
+from traffic.agents.runner import run_job
+from traffic.workloads.schedules import build
+from traffic.workloads.workload import Collective
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"  # 10 Mbit/s links, non-blocking
 # dmodk pins every step of these collectives (shift permutations) onto disjoint paths, so the
@@ -166,7 +166,7 @@ def test_a_job_whose_ranks_are_cut_off_fails_at_once(state_dir, tmp_path):
 
 def test_background_incast_shares_the_receivers_link(make_fabric):
 
-    from fabriclab import experiment as config
+    from fabriclab.model import experiment as config
 
     exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
                         "workload": {"collectives": [

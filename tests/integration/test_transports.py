@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import experiment
-from traffic.runner import run_job
+from traffic.agents.runner import run_job
 
 LS = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 2\n"
       "  hosts_per_leaf: 2\n  host_link: {rate_mbps: 10}\n  fabric_link: {rate_mbps: 10}\n"
@@ -68,7 +68,7 @@ def test_random_loss_on_the_fabric_links_is_recovered(make_fabric, transport):
     before = fabric.congestion()
     (result,) = run_job(fabric, list(job.collectives), connections=1, timeout_s=120,
                         transport=transport)
-    from testbed.congestion import summarize_congestion
+    from testbed.model.congestion import summarize_congestion
     lost = summarize_congestion(before, fabric.congestion(), {})["link_loss_drops"]
     t = result.transport
     print(transport, lost, t)

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from telemetry import promconfig
-from testbed import labvm
+from telemetry.model import promconfig
+from testbed.vm import labvm
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = "experiments/quickstart.yaml"

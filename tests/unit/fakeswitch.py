@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from controllers.policy import FlowEntry, GroupEntry, Op, OpKind
-from testbed.topology import Topology
+from controllers.routing.policy import FlowEntry, GroupEntry, Op, OpKind
+from testbed.model.topology import Topology
 
 
 class FakeSwitch:

@@ -3,9 +3,9 @@ tables, driven by scripted statistics and a mock clock."""
 
 import pytest
 
-from controllers.adaptive import AdaptiveRouting, Flow, FlowKey, estimate_demands
-from controllers.policy import FLOW_COOKIE, PRIORITY_DETECT, PRIORITY_FLOW, FabricPolicy
-from testbed.topology import fat_tree
+from controllers.routing.adaptive import AdaptiveRouting, Flow, FlowKey, estimate_demands
+from controllers.routing.policy import FLOW_COOKIE, PRIORITY_DETECT, PRIORITY_FLOW, FabricPolicy
+from testbed.model.topology import fat_tree
 from tests.unit.fakeswitch import FakeSwitch, walk
 
 

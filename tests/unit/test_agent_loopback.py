@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from traffic.protocol import AgentReport
-from traffic.results import job_spec, summarize
-from traffic.schedules import build
-from traffic.workload import Collective
+from traffic.workloads.protocol import AgentReport
+from traffic.measure.results import job_spec, summarize
+from traffic.workloads.schedules import build
+from traffic.workloads.workload import Collective
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ("r0", "r1", "r2", "r3")
@@ -27,7 +27,7 @@ def _run_agents(tmp_path, collectives, connections=2, **transport) -> list[Agent
     spec = job_spec(collectives, ips, connections, time.time() + 0.5, _free_port(), **transport)
     path = tmp_path / "spec.json"
     path.write_text(spec.to_json())
-    procs = [subprocess.Popen([sys.executable, "-m", "traffic.agent", str(path), h],
+    procs = [subprocess.Popen([sys.executable, "-m", "traffic.agents.agent", str(path), h],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=ROOT) for h in HOSTS]
     reports = []
@@ -99,7 +99,7 @@ def test_the_udp_transports_move_every_byte_over_loopback(tmp_path):
 def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate():
     import threading
 
-    from traffic.transports.engine import UdpEngine
+    from traffic.agents.engine import UdpEngine
     from traffic.transports.packet import Scale, mss_for, wire_bytes
 
     ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -130,7 +130,7 @@ def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate():
 def test_rocev2_sends_its_cnps_in_their_own_dscp():
     import socket
 
-    from traffic.transports.engine import UdpEngine
+    from traffic.agents.engine import UdpEngine
     from traffic.transports.packet import Kind, Packet, Scale, mss_for
     from traffic.transports.rocev2 import CNP_DSCP
 

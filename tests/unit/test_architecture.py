@@ -11,25 +11,25 @@ PACKAGES = ("fabriclab", "testbed", "traffic", "controllers", "telemetry")
 # what each package may import from the others (the experiment layer sits on top)
 ALLOWED = {"testbed": set(), "traffic": {"testbed"}, "controllers": {"testbed", "telemetry"},
            "telemetry": {"testbed"}, "fabriclab": {"testbed", "traffic", "telemetry"}}
-PURE = ["testbed/topology.py", "testbed/spec.py", "testbed/tcplan.py", "testbed/reachability.py",
-        "testbed/fidelity.py", "testbed/errors.py", "testbed/poll.py", "testbed/procfs.py",
-        "traffic/schedules.py", "traffic/metrics.py", "traffic/patterns.py",
-        "traffic/workload.py", "traffic/training.py", "traffic/nccl_log.py",
-        "traffic/results.py", "traffic/protocol.py", "traffic/transport.py",
-        "controllers/policy.py", "controllers/session.py", "fabriclab/experiment.py",
-        "testbed/congestion.py", "testbed/pause.py", "testbed/portplan.py",
+PURE = ["testbed/model/topology.py", "testbed/model/spec.py", "testbed/plan/tcplan.py", "testbed/plan/reachability.py",
+        "testbed/plan/fidelity.py", "testbed/errors.py", "testbed/poll.py", "testbed/linux/procfs.py",
+        "traffic/workloads/schedules.py", "traffic/measure/metrics.py", "traffic/workloads/patterns.py",
+        "traffic/workloads/workload.py", "traffic/workloads/training.py", "traffic/workloads/nccl_log.py",
+        "traffic/measure/results.py", "traffic/workloads/protocol.py", "traffic/measure/transport.py",
+        "controllers/routing/policy.py", "controllers/routing/session.py", "fabriclab/model/experiment.py",
+        "testbed/model/congestion.py", "testbed/plan/pause.py", "testbed/plan/portplan.py",
         "traffic/transports/packet.py", "traffic/transports/rocev2.py",
         "traffic/transports/uet.py",
-        "fabriclab/results.py", "telemetry/metrics.py", "telemetry/promconfig.py",
-        "testbed/failplan.py", "traffic/outage.py", "fabriclab/sweep.py",
-        "fabriclab/rundir.py", "fabriclab/scale.py", "fabriclab/report.py",
-        "traffic/hierarchical.py", "testbed/servers.py", "testbed/partition.py",
-        "traffic/ideal.py"]
-ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric",
-            "testbed.netlink", "testbed.ovs", "testbed.mininet_hosts", "testbed.vm",
-            "testbed.bpf", "testbed.ecn", "testbed.pfc", "http", "urllib",
+        "fabriclab/model/results.py", "telemetry/model/metrics.py", "telemetry/model/promconfig.py",
+        "testbed/plan/failplan.py", "traffic/measure/outage.py", "fabriclab/model/sweep.py",
+        "fabriclab/model/rundir.py", "fabriclab/model/scale.py", "fabriclab/report.py",
+        "traffic/workloads/hierarchical.py", "testbed/model/servers.py", "testbed/model/partition.py",
+        "traffic/measure/ideal.py"]
+ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric.fabric",
+            "testbed.linux.netlink", "testbed.linux.ovs", "testbed.linux.hosts", "testbed.vm.guest",
+            "testbed.linux.bpf", "testbed.fabric.ecn", "testbed.fabric.pfc", "http", "urllib",
             "docker", "prometheus_client.start_http_server", "telemetry.exporter",
-            "telemetry.prometheus", "testbed.environment", "testbed.monitor"}
+            "telemetry.prometheus", "testbed.linux.environment", "testbed.fabric.monitor"}
 
 
 def imports(path: Path) -> set[str]:

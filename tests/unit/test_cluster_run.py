@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from fabriclab import experiment as xp
+from fabriclab.model import experiment as xp
 from testbed.errors import ConfigError
-from testbed.fidelity import (HEADROOM, machine_budget_mbit_hops, merge_fidelity,
+from testbed.plan.fidelity import (HEADROOM, machine_budget_mbit_hops, merge_fidelity,
                               merge_timelines, saturation_mbit_hops)
-from testbed.partition import Machine, check_cluster_spec, cut_links, machine_part, partition
-from testbed.topology import fat_tree
+from testbed.model.partition import Machine, check_cluster_spec, cut_links, machine_part, partition
+from testbed.model.topology import fat_tree
 
 BASE = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
         "workload": {"collectives": [{"op": "all_reduce", "size": "1MiB", "ranks": 4}]}}
@@ -101,15 +101,15 @@ def test_the_machines_timelines_are_one_sample_by_sample():
 
 
 def test_a_machines_failure_is_its_root_cause_without_rays_framing():
-    from testbed.cluster import cluster_versions, root_cause
+    from testbed.cluster.machines import cluster_versions, root_cause
 
     text = ("The actor died because of an error raised in its creation task, \x1b[36mray::"
             "MachineAgent.__init__()\x1b[39m (pid=1, ip=10.250.0.2)\n  ^^^^^\nRuntimeError: "
             "The actor with name MachineAgent failed to import on the worker. This may be "
             "because needed library dependencies are not installed in the worker environment:"
             "\n\n\x1b[36mray::MachineAgent.__init__()\x1b[39m\nModuleNotFoundError: No module "
-            "named 'testbed.cluster'\n")
-    assert root_cause(text) == "ModuleNotFoundError: No module named 'testbed.cluster'"
+            "named 'testbed.cluster.machines'\n")
+    assert root_cause(text) == "ModuleNotFoundError: No module named 'testbed.cluster.machines'"
     assert root_cause("lost\n\n") == "lost" and root_cause("") == "no detail"
     mismatch = ("Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: "
                 "3.11.2\nThis process on node 10.250.0.1 was started with:\n    Ray: 2.59.0\n"
@@ -122,7 +122,7 @@ def test_a_head_nobody_listens_at_is_said_at_once():
     import socket
     import time
 
-    from testbed.cluster import _reach_head
+    from testbed.cluster.machines import _reach_head
     from testbed.errors import TestbedError
 
     with socket.socket() as sock:  # a port of loopback that was free a moment ago

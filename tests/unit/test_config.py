@@ -5,9 +5,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from fabriclab import experiment as config
+from fabriclab.model import experiment as config
 from testbed.errors import ConfigError
-from testbed.spec import DEFAULT_RATE_MBPS, Requirement
+from testbed.model.spec import DEFAULT_RATE_MBPS, Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))
@@ -85,10 +85,10 @@ def test_missing_file():
 
 
 def test_the_schema_and_the_typed_specs_agree():
-    from testbed.congestion import EcnMode
-    from testbed.spec import Backend, EcmpSeed, EcmpSelection, Fidelity, Routing, TcpCongestion
-    from traffic.patterns import PATTERNS
-    from traffic.training import TrainingSpec
+    from testbed.model.congestion import EcnMode
+    from testbed.model.spec import Backend, EcmpSeed, EcmpSelection, Fidelity, Routing, TcpCongestion
+    from traffic.workloads.patterns import PATTERNS
+    from traffic.workloads.training import TrainingSpec
 
     defs = config.schema()["$defs"]
     assert defs["controller"]["properties"]["routing"]["enum"] == list(Routing)
@@ -107,7 +107,7 @@ def test_the_schema_and_the_typed_specs_agree():
 
 
 def test_the_workload_is_parsed_once_and_typed(tmp_path, monkeypatch):
-    import traffic.workload as workload
+    import traffic.workloads.workload as workload
 
     (tmp_path / "t.jsonl").write_text('{"op": "all_reduce", "size": "1MiB", "ranks": 4}\n')
     (tmp_path / "e.yaml").write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
@@ -173,7 +173,7 @@ def test_repeated_variant_names_are_refused():
 
 
 def test_failures_resolve_to_links_in_time_order():
-    from fabriclab.experiment import parse
+    from fabriclab.model.experiment import parse
     exp = parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
                  "workload": {"collectives": [{"op": "all_reduce", "size": 64, "ranks": 2}]},
                  "failures": [{"at_s": 5, "switch": "core1", "action": "down"},
@@ -194,7 +194,7 @@ def test_failures_resolve_to_links_in_time_order():
     ({"at_s": 1, "switch": "core1", "action": "flap"}, "failures[0].action", ""),
 ])
 def test_bad_failures_name_the_field(item, path, text):
-    from fabriclab.experiment import parse
+    from fabriclab.model.experiment import parse
     with pytest.raises(ConfigError) as err:
         parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
                "workload": {"collectives": [{"op": "all_reduce", "size": 64, "ranks": 2}]},
@@ -204,8 +204,8 @@ def test_bad_failures_name_the_field(item, path, text):
 
 
 def test_fail_targets_are_checked_against_the_running_fabric():
-    from testbed.failplan import live_links
-    from testbed.topology import fat_tree
+    from testbed.plan.failplan import live_links
+    from testbed.model.topology import fat_tree
 
     topo = fat_tree(4)
     assert live_links(topo, ["agg1_1", "core1"]) == ("link agg1_1-core1", (("agg1_1", "core1"),))
@@ -220,7 +220,7 @@ def test_fail_targets_are_checked_against_the_running_fabric():
 
 
 def test_throughput_before_during_and_after_a_failure():
-    from testbed.failplan import SAMPLE_S, rate_mbps, throughput_around
+    from testbed.plan.failplan import SAMPLE_S, rate_mbps, throughput_around
 
     # 10 Mbit/s (1.25 MB/s) for 4 s, nothing for 0.5 s after the failure at 4 s, then 5 Mbit/s
     def delivered(t: float) -> float:
@@ -248,8 +248,8 @@ def test_throughput_before_during_and_after_a_failure():
 
 
 def test_hosts_cut_off_by_down_ports_or_dead_switches():
-    from testbed.failplan import unreachable_pairs
-    from testbed.topology import fat_tree
+    from testbed.plan.failplan import unreachable_pairs
+    from testbed.model.topology import fat_tree
 
     topo = fat_tree(4)
     hosts = ["h1_1_1", "h1_1_2", "h2_1_1", "h3_1_1"]
@@ -269,14 +269,14 @@ def test_hosts_cut_off_by_down_ports_or_dead_switches():
     h = topo.host_link("h3_1_1")
     assert unreachable_pairs(topo, {h.end("edge3_1").ifname: False}, set(), hosts) == [
         ("h1_1_1", "h3_1_1")]
-    from testbed.failplan import cut_off_reason
+    from testbed.plan.failplan import cut_off_reason
     assert cut_off_reason(topo, {}, {"core1"}, hosts) is None
     assert cut_off_reason(topo, {h.end("edge3_1").ifname: False}, {"core1"}, hosts) == (
         f"h1_1_1 cannot reach h3_1_1; links down: {h.name}; switches without vswitchd: core1")
 
 
 def test_a_job_fails_only_once_its_ranks_stay_cut_off_for_the_grace(monkeypatch):
-    from traffic import runner
+    from traffic.agents import runner
 
     clock = [100.0]
     monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
@@ -304,7 +304,7 @@ def test_a_job_fails_only_once_its_ranks_stay_cut_off_for_the_grace(monkeypatch)
 
 
 def test_a_job_fails_at_once_when_a_fabric_service_dies_during_it():
-    from traffic import runner
+    from traffic.agents import runner
 
     class Fabric:
         service_errors = ["pfc agent: OSError: an earlier run's"]

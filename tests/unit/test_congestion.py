@@ -4,8 +4,8 @@ and the congestion summary of a run."""
 
 import pytest
 
-from fabriclab import experiment as xp
-from testbed.congestion import (
+from fabriclab.model import experiment as xp
+from testbed.model.congestion import (
     EcnMode,
     EcnSpec,
     TrafficClasses,
@@ -17,7 +17,7 @@ from testbed.congestion import (
     summarize_congestion,
 )
 from testbed.errors import ConfigError
-from testbed.spec import Requirement
+from testbed.model.spec import Requirement
 
 LS = {"topology": "leaf_spine", "leaves": 2, "spines": 1, "hosts_per_leaf": 2}
 
@@ -141,7 +141,7 @@ def test_validate_prints_the_thresholds_it_derived():
 
 
 def test_pause_cycles_find_each_deadlock_once():
-    from testbed.congestion import pause_cycles
+    from testbed.model.congestion import pause_cycles
 
     # a ring of three switches, each port paused by the next: the classic PFC deadlock
     ring = {"s1-eth2": {"s2-eth2"}, "s2-eth2": {"s3-eth2"}, "s3-eth2": {"s1-eth2"},
@@ -155,8 +155,8 @@ def test_pause_cycles_find_each_deadlock_once():
 
 
 def test_link_utilization_per_tier_from_port_byte_counters():
-    from testbed.congestion import link_utilization
-    from testbed.topology import fat_tree
+    from testbed.model.congestion import link_utilization
+    from testbed.model.topology import fat_tree
 
     topo = fat_tree(4, host_rate_mbps=8, fabric_rate_mbps=8)
     up = topo.find_link("edge1_1", "agg1_1").end("edge1_1").ifname

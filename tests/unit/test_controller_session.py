@@ -10,7 +10,7 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from controllers.ofmsgs import TRANSLATE, to_messages
-from controllers.policy import (
+from controllers.routing.policy import (
     CONTROLLER_PORT,
     ETH_TYPE_IPV4,
     FabricPolicy,
@@ -19,8 +19,8 @@ from controllers.policy import (
     Op,
     OpKind,
 )
-from controllers.session import Session
-from testbed.topology import leaf_spine
+from controllers.routing.session import Session
+from testbed.model.topology import leaf_spine
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fabriclab import experiment as xp
+from fabriclab.model import experiment as xp
 from testbed.errors import ConfigError, TestbedError
-from traffic import runner
-from traffic.schedules import build
-from traffic.workload import Collective, Job
+from traffic.agents import runner
+from traffic.workloads.schedules import build
+from traffic.workloads.workload import Collective, Job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_a_crashing_job_thread_is_raised_not_left_as_none(monkeypatch):
 
 
 def test_a_failing_teardown_after_a_failing_build_keeps_the_build_error(monkeypatch, tmp_path):
-    from testbed.fabric import Fabric
+    from testbed.fabric.fabric import Fabric
 
     exp = xp.parse({"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
                                              "hosts_per_leaf": 1}})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from traffic import hierarchical as hier
-from traffic.schedules import build
+from traffic.workloads import hierarchical as hier
+from traffic.workloads.schedules import build
 
 S, G, SIZE = 4, 4, 16 * 1024 * 1024  # 4 servers x 4 GPUs, 16 MiB
 

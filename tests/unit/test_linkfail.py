@@ -1,10 +1,10 @@
-"""A link failure's order of steps (testbed/linkfail.py): the cut first, then the switches told
+"""A link failure's order of steps (testbed/fabric/linkfail.py): the cut first, then the switches told
 of the loss of signal, then the veths down; a repair backwards. Fakes stand in for netlink, the
 cut program and Open vSwitch; the steps are recorded in the order they happen."""
 
 from __future__ import annotations
 
-from testbed.linkfail import End, set_links
+from testbed.fabric.linkfail import End, set_links
 
 
 class Steps:

@@ -4,7 +4,7 @@ ofproto/trace reports, and the counters of a raw qdisc dump."""
 import struct
 
 from controllers.ofmsgs import HashSelection
-from testbed.ovs import trace_outputs
+from testbed.linux.ovs import trace_outputs
 
 TRACE = """Flow: tcp,in_port=1,vlan_tci=0x0000,nw_src=10.1.1.1,nw_dst=10.3.1.1,tp_src=40000,tp_dst=5201
 
@@ -66,7 +66,7 @@ def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
     import io
     import tarfile
 
-    from testbed.vm import job_archive
+    from testbed.vm.guest import job_archive
 
     (tmp_path / "testbed").mkdir()
     (tmp_path / "testbed" / "x.py").write_text("x = 1\n")
@@ -83,7 +83,7 @@ def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
 
 
 def test_the_raw_qdisc_dump_reads_counters_from_tca_stats2():
-    from testbed.netlink import QdiscDump
+    from testbed.linux.netlink import QdiscDump
 
     def rta(kind: int, payload: bytes) -> bytes:
         raw = struct.pack("=HH", 4 + len(payload), kind) + payload

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.fidelity import assess
-from testbed.partition import Machine, partition, switch_loads
-from testbed.servers import ScaleUp, ServerSpec, rail_optimized
-from testbed.topology import fat_tree, leaf_spine
+from testbed.plan.fidelity import assess
+from testbed.model.partition import Machine, partition, switch_loads
+from testbed.model.servers import ScaleUp, ServerSpec, rail_optimized
+from testbed.model.topology import fat_tree, leaf_spine
 
 
 def test_switch_loads_sum_to_the_fidelity_models_offered_load():
@@ -73,7 +73,7 @@ def test_validate_shows_the_plan_over_machines_like_this_one(capsys):
 
 
 def test_cut_links_are_vxlan_tunnels_named_as_their_veth_ends():
-    from testbed.partition import FIRST_VNI, cut_links
+    from testbed.model.partition import FIRST_VNI, cut_links
 
     topo = fat_tree(4)
     plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
@@ -95,7 +95,7 @@ def test_cut_links_are_vxlan_tunnels_named_as_their_veth_ends():
 
 
 def test_each_machine_builds_its_nodes_local_links_and_its_tunnel_ends():
-    from testbed.partition import cut_links, machine_part
+    from testbed.model.partition import cut_links, machine_part
 
     topo = fat_tree(4)
     plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
@@ -116,7 +116,7 @@ def test_each_machine_builds_its_nodes_local_links_and_its_tunnel_ends():
 
 
 def test_a_failed_links_ends_go_to_the_machines_that_built_them():
-    from testbed.partition import links_by_machine
+    from testbed.model.partition import links_by_machine
 
     topo = fat_tree(4)
     plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
@@ -132,7 +132,7 @@ def test_a_failed_links_ends_go_to_the_machines_that_built_them():
 
 
 def test_a_server_and_its_plane_nics_stay_on_one_machine_part():
-    from testbed.partition import cut_links, machine_part
+    from testbed.model.partition import cut_links, machine_part
 
     topo = rail_optimized(ServerSpec(2, 2, ScaleUp.SWITCH, 40.0), spines=1, planes=2)
     plan = partition(topo, [Machine("m1", 800), Machine("m2", 800)])
@@ -155,7 +155,7 @@ def test_servers_which_load_no_switch_are_still_spread_over_the_machines():
 
 
 def test_a_ray_node_is_named_by_its_first_custom_resource_else_its_address():
-    from testbed.cluster import _machine_name
+    from testbed.cluster.machines import _machine_name
 
     node = {"NodeManagerAddress": "10.250.0.2",
             "Resources": {"CPU": 1.0, "memory": 1e9, "object_store_memory": 8e7,

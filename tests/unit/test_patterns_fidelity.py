@@ -3,10 +3,10 @@
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
-from traffic.transport import goodput_fraction
-from testbed.topology import fat_tree, leaf_spine, shard_switches
-from traffic.patterns import pattern_pairs
+from testbed.plan.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
+from traffic.measure.transport import goodput_fraction
+from testbed.model.topology import fat_tree, leaf_spine, shard_switches
+from traffic.workloads.patterns import pattern_pairs
 
 
 def _is_partial_permutation(pairs):
@@ -85,7 +85,7 @@ def test_shards_keep_pods_together_and_cover_every_switch_once():
 
 
 def test_mean_hops_and_the_fidelity_verdict():
-    from testbed.fidelity import (
+    from testbed.plan.fidelity import (
         HEADROOM,
         assess,
         mean_switch_hops,
@@ -107,13 +107,13 @@ def test_mean_hops_and_the_fidelity_verdict():
 
 
 def _samples(idle, vsw, sent_per_s, backlog):
-    from testbed.fidelity import FidelitySample
+    from testbed.plan.fidelity import FidelitySample
     return [FidelitySample(float(t), idle, {"ovs0": vsw}, {"p1": (int(sent_per_s * t), backlog)})
             for t in range(6)]
 
 
 def test_a_run_is_ok_when_idle_cpu_remains_and_queued_ports_send_at_their_rate():
-    from testbed.fidelity import judge_fidelity
+    from testbed.plan.fidelity import judge_fidelity
     # 10 Mbit/s port with 30 KB queued at every reading, sending 1.2 MB/s: 0.96 of its rate
     ok = judge_fidelity(_samples(45.0, 60.0, 1_200_000, 30_000), {"p1": 10e6}, 9018)
     assert ok["verdict"] == "ok" and ok["reasons"] == []
@@ -122,7 +122,7 @@ def test_a_run_is_ok_when_idle_cpu_remains_and_queued_ports_send_at_their_rate()
 
 
 def test_a_starved_machine_a_saturated_vswitchd_and_slow_queued_ports_each_degrade_a_run():
-    from testbed.fidelity import judge_fidelity
+    from testbed.plan.fidelity import judge_fidelity
     bad = judge_fidelity(_samples(4.0, 99.0, 700_000, 30_000), {"p1": 10e6}, 9018)
     assert bad["verdict"] == "degraded" and len(bad["reasons"]) == 3
     assert "4 % idle" in bad["reasons"][0] and "ovs0 used 99 %" in bad["reasons"][1]
@@ -133,7 +133,7 @@ def test_a_starved_machine_a_saturated_vswitchd_and_slow_queued_ports_each_degra
 
 
 def test_a_port_pfc_paused_in_an_interval_does_not_count_against_the_emulator():
-    from testbed.fidelity import FidelitySample, judge_fidelity
+    from testbed.plan.fidelity import FidelitySample, judge_fidelity
     samples = [FidelitySample(float(t), 50.0, {}, {"p1": (300_000 * t, 30_000)},
                               {"p1": 0.7 * t}) for t in range(6)]  # paused 70 % of the time
     verdict = judge_fidelity(samples, {"p1": 10e6}, 9018)

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from fabriclab import experiment as xp
-from testbed.congestion import (
+from fabriclab.model import experiment as xp
+from testbed.model.congestion import (
     PfcSpec,
     PfcThresholds,
     frame_bytes,
@@ -17,10 +17,10 @@ from testbed.congestion import (
     summarize_congestion,
 )
 from testbed.errors import ConfigError
-from testbed.netlink import RawTc
-from testbed.pause import Feeder, PauseState
-from testbed.tcplan import TBF_MAX_BUFFER_S, class_id, leaf_handle, plan_shaping, priority_of_leaf
-from testbed.topology import feeds, leaf_spine
+from testbed.linux.netlink import RawTc
+from testbed.plan.pause import Feeder, PauseState
+from testbed.plan.tcplan import TBF_MAX_BUFFER_S, class_id, leaf_handle, plan_shaping, priority_of_leaf
+from testbed.model.topology import feeds, leaf_spine
 
 KB = 1024
 
@@ -218,8 +218,8 @@ def test_the_summary_counts_pauses_and_lossless_drops_per_port_and_priority():
 
 
 def test_a_red_leaf_marks_like_the_marker_step_and_never_drops_early():
-    from testbed.netlink import TC_RED_ECN, TC_RED_NODROP, red_options
-    from testbed.tcplan import red_plan
+    from testbed.linux.netlink import TC_RED_ECN, TC_RED_NODROP, red_options
+    from testbed.plan.tcplan import red_plan
 
     step = red_plan("step", 27 * KB, 0, 0, 0.0, 128 * KB, 9000)
     assert (step.min_bytes, step.max_bytes, step.max_p) == (27 * KB, 27 * KB + 9014, 1.0)
@@ -236,7 +236,7 @@ def test_a_red_leaf_marks_like_the_marker_step_and_never_drops_early():
 
 
 def test_the_switches_send_buffer_covers_every_queue_full():
-    from testbed.portplan import TRUESIZE_FACTOR, send_buffer_bytes, switch_queue_bytes
+    from testbed.plan.portplan import TRUESIZE_FACTOR, send_buffer_bytes, switch_queue_bytes
 
     exp = xp.parse({"version": 1, "fabric": {**PFC_LS, "pfc": {"priorities": [3]}}})
     total = switch_queue_bytes(exp)

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from controllers.policy import FabricPolicy, check_ports, compute_tables, diff_tables
-from testbed.topology import fat_tree, leaf_spine
+from controllers.routing.policy import FabricPolicy, check_ports, compute_tables, diff_tables
+from testbed.model.topology import fat_tree, leaf_spine
 from tests.unit.fakeswitch import FakeSwitch, walk
 
 
@@ -189,7 +189,7 @@ def test_dmodk_gives_every_pair_exactly_one_shortest_path(topo):
 
 @pytest.mark.parametrize("k", [4, 6, 8])
 def test_dmodk_makes_shift_permutations_link_disjoint(k):
-    from traffic.patterns import pattern_pairs
+    from traffic.workloads.patterns import pattern_pairs
 
     topo = fat_tree(k)
     switches = _connect_all(topo, FabricPolicy(topo, routing="dmodk"))
@@ -259,7 +259,7 @@ def test_a_failure_changes_only_the_affected_spray_groups():
 
 
 def test_bucket_weights_are_proportional_integers():
-    from controllers.policy import bucket_weights
+    from controllers.routing.policy import bucket_weights
     assert bucket_weights([1.0, 1.0]) == ()
     assert bucket_weights([0.5, 1.0]) == (50, 100)
     assert bucket_weights([0.001, 1.0]) == (1, 100)  # a live port never gets weight 0

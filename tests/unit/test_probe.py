@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from traffic.outage import outage
+from traffic.measure.outage import outage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_outage_is_the_longest_run_of_unanswered_probes():
 def test_the_probe_stream_runs_over_loopback():
     import json
 
-    cmd = [sys.executable, "-m", "traffic.probe"]
+    cmd = [sys.executable, "-m", "traffic.agents.probe"]
     echo = subprocess.Popen(cmd + ["echo", "127.0.0.1", "47999", "5"], cwd=ROOT)
     try:
         time.sleep(0.3)

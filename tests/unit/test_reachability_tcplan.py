@@ -2,8 +2,8 @@
 
 import pytest
 
-from testbed.reachability import evaluate, fping_command, parse_fping, probe_interval_ms
-from testbed.tcplan import GSO_MAX_BYTES, plan_shaping
+from testbed.plan.reachability import evaluate, fping_command, parse_fping, probe_interval_ms
+from testbed.plan.tcplan import GSO_MAX_BYTES, plan_shaping
 
 FPING = """10.0.1.2 : xmt/rcv/%loss = 2/2/0%, min/avg/max = 0.10/0.12/0.15
 10.0.2.1 : xmt/rcv/%loss = 2/1/50%, min/avg/max = 0.10/0.10/0.10
@@ -47,7 +47,7 @@ def test_shaping_plan(rate):
 
 
 def test_delay_or_loss_puts_netem_at_the_leaf_with_room_for_the_delay_line():
-    from testbed.tcplan import plan_shaping
+    from testbed.plan.tcplan import plan_shaping
 
     plain = plan_shaping(10, 9000, queue_kb=256)
     assert (plain.queue_kind, plain.delay_us) == ("bfifo", 0.0)

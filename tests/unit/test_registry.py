@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cleanup
+from testbed.runs import cleanup
 from testbed.errors import TestbedError
 from testbed.poll import wait_for
-from testbed.procfs import parse_stat, read_stat
-from testbed.registry import Registry, TrackedProcess, proc_start_time, stop_processes
+from testbed.linux.procfs import parse_stat, read_stat
+from testbed.runs.registry import Registry, TrackedProcess, proc_start_time, stop_processes
 
 PARENT = ("import subprocess, sys, time; "
           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
@@ -98,7 +98,7 @@ def test_daemons_a_killed_run_never_registered_are_found_by_their_pid_files(tmp_
 
 
 def test_box_key_follows_every_input_of_the_box(tmp_path):
-    from testbed.labvm import ROOT, box_key
+    from testbed.vm.labvm import ROOT, box_key
 
     scripts = tmp_path / "scripts"
     scripts.mkdir()

@@ -8,7 +8,9 @@ import json
 import re
 from pathlib import Path
 
-from fabriclab import report, rundir
+from fabriclab import report
+
+from fabriclab.model import rundir
 
 PORTS = {  # a 2-leaf, 1-spine fabric's switch ports
     "leaf1-eth1": {"node": "leaf1", "peer": "h1_1", "link": "h1_1-leaf1", "tier": "leaf->host"},

@@ -3,8 +3,8 @@ label), the nccl-tests-like per-job summary, and a failed run keeping what it me
 
 import pytest
 
-from fabriclab import results
-from traffic.results import CollectiveResult
+from fabriclab.model import results
+from traffic.measure.results import CollectiveResult
 
 
 def _row(duration_s: float, label: str = "", iteration=None, gap_s: float = 0.0,
@@ -67,7 +67,7 @@ def test_a_variant_row_compares_queues_and_jobs():
 
 
 def test_throughput_of_ideal_counts_each_flow_for_its_own_share():
-    from traffic.metrics import throughput_of_ideal
+    from traffic.measure.metrics import throughput_of_ideal
     alone = 8e6 / 8e6  # 1 MB at 8 Mbit/s: 1 s alone
     # three flows at line rate and one that took twice as long: busbw would be halved by the
     # straggler, the aggregate throughput loses an eighth

@@ -6,9 +6,9 @@ from __future__ import annotations
 import csv
 import io
 
-from fabriclab import experiment as xp
-from fabriclab import rundir
-from traffic.results import CollectiveResult
+from fabriclab.model import experiment as xp
+from fabriclab.model import rundir
+from traffic.measure.results import CollectiveResult
 
 RAW = {"version": 1, "name": "t", "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
                                               "hosts_per_leaf": 1}}

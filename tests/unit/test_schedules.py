@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from testbed.errors import ConfigError
-from traffic import metrics
-from traffic.nccl_log import import_log, parse_line
-from traffic.schedules import ALGORITHMS, build, chunk_sizes
+from traffic.measure import metrics
+from traffic.workloads.nccl_log import import_log, parse_line
+from traffic.workloads.schedules import ALGORITHMS, build, chunk_sizes
 
 NCCL_DATA = Path(__file__).resolve().parent / "data" / "nccl"  # real lines, see its README
 RANKS = range(2, 17)
@@ -154,9 +154,9 @@ def test_nccl_log_bad_lines():
 
 
 def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
-    from traffic.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
-    from traffic.results import job_spec, summarize
-    from traffic.workload import Collective
+    from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
+    from traffic.measure.results import job_spec, summarize
+    from traffic.workloads.workload import Collective
 
     hosts = ("a", "b")
     coll = Collective("all_reduce", hosts, build("all_reduce", 2, 1_000_000))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.servers import (
+from testbed.model.servers import (
     ScaleUp,
     ScaleUpHop,
     ServerSpec,
@@ -15,7 +15,7 @@ from testbed.servers import (
     rail_optimized,
     scale_up_routes,
 )
-from testbed.topology import from_dict, leaf_spine
+from testbed.model.topology import from_dict, leaf_spine
 
 
 def test_a_rail_optimized_fabric_puts_gpu_g_of_every_server_on_rail_g():
@@ -104,7 +104,7 @@ RAILS = {"version": 1, "fabric": {
 
 
 def _rails(*collectives, **fabric):
-    from fabriclab import experiment as xp
+    from fabriclab.model import experiment as xp
     data = {**RAILS, "fabric": {**RAILS["fabric"], **fabric},
             "workload": {"collectives": list(collectives)}}
     return xp.parse(data)
@@ -136,7 +136,7 @@ def test_a_hierarchical_schedule_refuses_ranks_that_are_not_whole_servers():
     with pytest.raises(ConfigError, match="needs whole servers"):
         _rails({"op": "all_reduce", "size": "1MiB", "algorithm": "hierarchical",
                 "ranks": ["s1g2", "s1g1", "s1g3", "s1g4"]})
-    from fabriclab import experiment as xp
+    from fabriclab.model import experiment as xp
     with pytest.raises(ConfigError, match="runs on servers of GPUs"):
         xp.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4}, "workload": {
             "collectives": [{"op": "all_to_all", "size": "1MiB", "ranks": 4,
@@ -144,7 +144,7 @@ def test_a_hierarchical_schedule_refuses_ranks_that_are_not_whole_servers():
 
 
 def test_servers_fields_are_checked_by_name():
-    from fabriclab import experiment as xp
+    from fabriclab.model import experiment as xp
     with pytest.raises(ConfigError, match="fabric.servers: required for topology rail_optimized"):
         xp.parse({"version": 1, "fabric": {"topology": "rail_optimized", "spines": 1}})
     with pytest.raises(ConfigError, match="fabric.servers_per_leaf: only applies to topology "
@@ -164,7 +164,7 @@ def test_servers_fields_are_checked_by_name():
 
 
 def test_the_byte_counts_predict_each_schedule_link_by_link():
-    from traffic.ideal import FluidModel
+    from traffic.measure.ideal import FluidModel
 
     colls = ({"op": "all_reduce", "size": "4MiB", "ranks": 16, "algorithm": "hierarchical"},
              {"op": "all_reduce", "size": "4MiB", "ranks": 16},
@@ -193,7 +193,7 @@ def test_the_byte_counts_predict_each_schedule_link_by_link():
 
 
 def test_training_keeps_tensor_and_expert_parallelism_inside_a_server():
-    from fabriclab import experiment as xp
+    from fabriclab.model import experiment as xp
     base = {**RAILS, "workload": {"training": {"tp": 4, "dp": 4, "pp": 1, "layers": 1,
                                                "micro_batches": 1}}}
     job = xp.parse(base).workload.jobs[0]
@@ -209,7 +209,7 @@ def test_training_keeps_tensor_and_expert_parallelism_inside_a_server():
 
 
 def test_a_128_rank_nccl_log_maps_rank_r_to_server_r_div_8_gpu_r_mod_8(tmp_path):
-    from fabriclab import experiment as xp
+    from fabriclab.model import experiment as xp
     # 16 servers x 8 GPUs, each printing its line of one AllReduce (NCCL's format, as in
     # ../shared/data/nccl): host gpuS, local rank [g]
     lines = [f"gpu{r // 8}:{1000 + r}:{2000 + r} [{r % 8}] NCCL INFO AllReduce: opCount 1 "
@@ -229,7 +229,7 @@ def test_a_128_rank_nccl_log_maps_rank_r_to_server_r_div_8_gpu_r_mod_8(tmp_path)
 
 
 def test_the_fidelity_budget_counts_no_switch_hops_inside_a_server():
-    from testbed.fidelity import mean_switch_hops
+    from testbed.plan.fidelity import mean_switch_hops
     topo = rail_optimized(ServerSpec(4, 4, ScaleUp.SWITCH, 40.0), spines=2)
     # from a GPU: 3 peers in its server (0), 3 on its rail (1 leaf), 9 across rails (3)
     assert mean_switch_hops(topo) == pytest.approx((3 * 1 + 9 * 3) / 15)
@@ -265,7 +265,7 @@ def test_one_plane_keeps_the_plain_names():
 
 @pytest.mark.parametrize("routing", ["ecmp", "dmodk", "adaptive", "spray"])
 def test_the_controller_routes_each_plane_on_its_own_switches(routing):
-    from controllers.policy import FabricPolicy, Routing
+    from controllers.routing.policy import FabricPolicy, Routing
 
     topo = rail_optimized(ServerSpec(2, 2), spines=2, planes=2)
     tables = FabricPolicy(topo, Routing(routing)).desired()
@@ -276,7 +276,7 @@ def test_the_controller_routes_each_plane_on_its_own_switches(routing):
 
 
 def test_a_multi_plane_workload_spreads_its_connections_over_the_planes():
-    from traffic.workload import parse_workload
+    from traffic.workloads.workload import parse_workload
 
     topo = rail_optimized(ServerSpec(2, 2), spines=1, planes=2)
     coll = {"collectives": [{"op": "all_reduce", "size": "1MiB"}]}
@@ -293,7 +293,7 @@ def test_a_multi_plane_workload_spreads_its_connections_over_the_planes():
 
 
 def test_a_rank_addresses_a_peer_on_the_plane_of_each_connection():
-    from traffic.protocol import RankSpec
+    from traffic.workloads.protocol import RankSpec
 
     a = RankSpec("s1g1", "10.0.1.1", ("10.1.1.1",), 1)
     b = RankSpec("s2g1", "10.0.1.2", ("10.1.1.2",), 2)
@@ -304,7 +304,7 @@ def test_a_rank_addresses_a_peer_on_the_plane_of_each_connection():
 
 
 def test_a_multi_plane_fabric_partitions_with_each_gpus_nics_together():
-    from testbed.partition import Machine, partition, switch_loads
+    from testbed.model.partition import Machine, partition, switch_loads
 
     topo = rail_optimized(ServerSpec(2, 2), spines=1, planes=2)
     loads = switch_loads(topo)

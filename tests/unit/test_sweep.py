@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from fabriclab import cli, sweep
-from fabriclab import experiment as xp
+from fabriclab import cli
+
+from fabriclab.model import sweep
+from fabriclab.model import experiment as xp
 from testbed.errors import ConfigError
 
 BASE = {

@@ -13,12 +13,14 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from telemetry import dashboards, metrics
+from telemetry import dashboards
+
+from telemetry.model import metrics
 from telemetry.exporter import CallbackCollector, Exporter, WorkloadCollector, WorkloadState
-from telemetry.promconfig import (DISCOVERY_JOBS, discovery_groups, scrape_config, server_args,
+from telemetry.model.promconfig import (DISCOVERY_JOBS, discovery_groups, scrape_config, server_args,
                                   standing_config)
-from telemetry import promconfig
-from testbed.topology import leaf_spine
+from telemetry.model import promconfig
+from testbed.model.topology import leaf_spine
 
 TOPO = leaf_spine(2, 1, 2, host_rate_mbps=10, fabric_rate_mbps=20)
 PORTS = metrics.port_labels(TOPO)
@@ -226,7 +228,7 @@ def test_every_dashboard_query_uses_exported_metrics_and_resolvable_variables():
 def test_top_shows_the_busiest_links_per_tier_and_the_collectives():
     from rich.console import Console
 
-    from telemetry import top
+    from telemetry.model import top
 
     def text(tx: int) -> str:
         registry = CollectorRegistry(auto_describe=False)

@@ -5,7 +5,7 @@ import ipaddress
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.topology import IFNAMSIZ, all_interfaces, fat_tree, from_dict, leaf_spine
+from testbed.model.topology import IFNAMSIZ, all_interfaces, fat_tree, from_dict, leaf_spine
 
 
 @pytest.mark.parametrize("k", [4, 6, 8])

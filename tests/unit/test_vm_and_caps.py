@@ -6,7 +6,9 @@ import io
 import json
 import tarfile
 
-from testbed import capabilities, vm
+from testbed.linux import capabilities
+
+from testbed.vm import guest as vm
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes = b"x", **fields) -> None:
@@ -69,9 +71,9 @@ def test_the_capability_cache_is_used_within_a_boot(tmp_path, monkeypatch):
 
 
 def test_a_congestion_control_this_kernel_lacks_moves_auto_to_the_vm(tmp_path, monkeypatch):
-    from fabriclab import experiment as xp
+    from fabriclab.model import experiment as xp
     from fabriclab.cli import resolve_backend
-    from testbed.spec import Requirement
+    from testbed.model.spec import Requirement
 
     caps = capabilities.Capabilities("6.x-test", False, {"htb": True, "bfifo": True,
                                                          "clsact": True},

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from fabriclab import experiment as config
+from fabriclab.model import experiment as config
 from testbed.errors import ConfigError
-from testbed.topology import fat_tree
-from traffic.workload import parse_size, place_ranks
+from testbed.model.topology import fat_tree
+from traffic.workloads.workload import parse_size, place_ranks
 
 BASE = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
 
@@ -81,7 +81,7 @@ def test_the_dcqcn_profile_is_workload_wide_and_overridable_per_entry():
 
 
 def test_concurrent_entries_form_batches():
-    from traffic.workload import batches
+    from traffic.workloads.workload import batches
 
     exp = _exp({"op": "all_reduce", "size": 64, "ranks": 2},
                {"op": "all_reduce", "size": 64, "ranks": 2, "concurrent": True},
@@ -102,7 +102,7 @@ TRACE = """# a replayed job
 
 
 def test_trace_and_nccl_log_replay_become_jobs(tmp_path):
-    from traffic.workload import batches
+    from traffic.workloads.workload import batches
 
     (tmp_path / "job.jsonl").write_text(TRACE)
     nccl = Path(__file__).resolve().parent / "data" / "nccl"
@@ -152,7 +152,7 @@ def test_a_missing_trace_file_is_named(tmp_path):
 
 
 def test_background_flows_from_patterns():
-    from traffic.patterns import pattern_pairs
+    from traffic.workloads.patterns import pattern_pairs
 
     topo = fat_tree(4)
     assert pattern_pairs(topo, "incast", fan_in=3) == [("h1_1_2", "h1_1_1"), ("h1_2_1", "h1_1_1"),
@@ -182,7 +182,7 @@ def test_bad_flow_entries(entry, path, text):
 
 
 def test_training_iteration_phases():
-    from traffic import training
+    from traffic.workloads import training
 
     raw = {"layers": 4, "hidden": 256, "seq_len": 128, "micro_batches": 2, "tp": 2, "pp": 2,
            "dp": 2, "params": 8_000_000, "compute_ms": 8, "iterations": 1}

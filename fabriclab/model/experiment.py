@@ -1,0 +1,368 @@
+"""The experiment file: YAML, checked against the shipped JSON Schema, then semantically, and
+parsed once into a typed :class:`Experiment` (the testbed it builds and the workload it runs).
+
+This is the layer above :mod:`testbed` and :mod:`traffic`: it knows both, neither knows it.
+Defaults are those of the typed specs (:mod:`testbed.model.spec`, :mod:`traffic.workloads.workload`,
+:class:`traffic.workloads.training.TrainingSpec`); they apply per level (built-in defaults -> the file's
+``fabric`` section -> per-tier link settings). Every error names its field path:
+``fabric.k: must be even, got 5``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses
+from testbed.errors import ConfigError
+from testbed.plan.failplan import FailureEvent, plan_failures
+from testbed.model.servers import ScaleUp, ServerSpec
+from testbed.model.spec import (
+    DEFAULT_QUEUE_KB,
+    OPTIONAL_SHAPE_KEYS,
+    SHAPE_KEYS,
+    Backend,
+    ClusterSpec,
+    ControllerSpec,
+    EcmpSeed,
+    SprayWeights,
+    EcmpSelection,
+    EcnMarker,
+    EmulatorSpec,
+    FabricSpec,
+    Fidelity,
+    LinkSpec,
+    Requirement,
+    Routing,
+    TestbedSpec,
+)
+from fabriclab.model import sweep
+from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
+from traffic.workloads.workload import Workload, parse_workload
+
+MEMORY = "<memory>"
+
+
+@cache
+def schema() -> dict:
+    """The experiment file's JSON Schema (``fabriclab/schema/experiment.schema.json``)."""
+    text = resources.files("fabriclab").joinpath("schema/experiment.schema.json").read_text()
+    return json.loads(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment(TestbedSpec):
+    """A validated experiment: the testbed to build, and what runs on it."""
+
+    name: str
+    description: str = ""
+    source: str = MEMORY
+    workload: Workload | None = None
+    variant: str | None = None  # the variant this is (None: the base experiment)
+    variants: tuple[Experiment, ...] = ()  # the base's variants, each a whole experiment
+    failures: tuple[FailureEvent, ...] = ()  # link and switch failures during the workload
+    cells: tuple[Cell, ...] = ()  # the sweep's cells (fabriclab.model.sweep), each a whole experiment
+    # the file's data this experiment was parsed from, variants' and axes' fields set (the
+    # run directory's experiment.json: the experiment as run)
+    raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    real_scale: RealScale | None = None  # scale: the real fabric this one stands for
+    cluster: ClusterSpec | None = None  # cluster: partitioned over a Ray cluster's machines
+
+    def requirements(self) -> list[Requirement]:
+        """The testbed's requirements and the workload's (TCP congestion controls)."""
+        needs = super().requirements()
+        if self.workload is not None:
+            needs += [Requirement(f"workload job {job.index}.congestion_control", "tcp_cc",
+                                  job.congestion_control)
+                      for job in self.workload.jobs if job.congestion_control]
+        return needs
+
+    def fabric_summary(self) -> dict:
+        """What fabric ran (the results document's ``fabric``)."""
+        servers = self.fabric.servers
+        extra = {} if servers is None else {
+            "servers": servers.count, "gpus_per_server": servers.gpus_per_server,
+            "scale_up": str(servers.scale_up), "scale_up_rate_mbps": servers.scale_up_rate_mbps}
+        return {"topology": self.topology.kind, **self.fabric.shape, **extra,
+                "variant": self.variant,
+                "host_rate_mbps": self.fabric.host_link.rate_mbps,
+                "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
+                "mtu": self.fabric.mtu, "routing": str(self.controller.routing)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a sweep: its plan (name, variant, values, repetition) and its experiment."""
+
+    plan: sweep.CellPlan
+    experiment: Experiment
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+
+def load(path: str | Path, cluster: str | None = None) -> Experiment:
+    """Read, validate and return an experiment file (``cluster``: the Ray cluster's address
+    to run it on, as the file's ``cluster.address`` would say).
+
+    Raises:
+        ConfigError: naming the field path of the first problem (all problems are listed).
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ConfigError(str(path), f"cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), f"not a text file: byte {err.start} is not UTF-8; an "
+                                     "experiment file is YAML text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(str(path), f"not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if cluster is not None and isinstance(data, dict):
+        data["cluster"] = {**(data.get("cluster") or {}), "address": cluster}
+    return parse(data, source=str(path))
+
+
+def parse(data: object, source: str = MEMORY) -> Experiment:
+    """Validate already-parsed YAML/JSON data and return the experiment (workload included:
+    trace and NCCL log files are read here, once, relative to ``source``'s folder), with its
+    variants, each validated as a whole experiment."""
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
+    _check(data, schema())
+    base = {k: v for k, v in data.items() if k not in ("variants", "sweep")}
+    experiment = _parse_one(base, source, None)  # the base's own errors come first
+    variants, raws = [], {None: base}
+    for i, variant in enumerate(data.get("variants", [])):
+        raw = copy.deepcopy(base)
+        for path, value in variant["set"].items():
+            _set_path(raw, path, value, f"variants[{i}].set.{path}")
+        try:
+            _check(raw, schema())
+            variants.append(_parse_one(raw, source, variant["name"]))
+        except ConfigError as err:
+            raise ConfigError(err.path, f"{err.message} (in variant {variant['name']!r}, "
+                                        f"variants[{i}])") from None
+        raws[variant["name"]] = raw
+    names = [v.variant for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError("variants", f"variant names repeat: {', '.join(names)}")
+    cells = []
+    if "sweep" in data:
+        for plan in sweep.plan_cells(data["sweep"], names or [None]):
+            if plan.repetition > 1:  # the same experiment as its first repetition
+                cells.append(Cell(plan, cells[-1].experiment))
+                continue
+            raw = copy.deepcopy(raws[plan.variant])
+            where = f"sweep cell {plan.name!r}"
+            for path, value in plan.values.items():
+                _set_path(raw, path, value, f"sweep.axes.{path}")
+            try:
+                _check(raw, schema())
+                cells.append(Cell(plan, _parse_one(raw, source, plan.variant)))
+            except ConfigError as err:
+                raise ConfigError(err.path, f"{err.message} (in {where})") from None
+    return dataclasses.replace(experiment, variants=tuple(variants), cells=tuple(cells))
+
+
+_SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
+
+
+def _set_path(data: dict, path: str, value: object, where: str) -> None:
+    """Set ``fabric.host_link.ecn`` or ``workload.collectives[1].size`` in nested data
+    (mappings are created on the way; ``None`` removes the field)."""
+    steps: list[str | int] = []
+    for part in path.split("."):
+        match = _SEGMENT.fullmatch(part)
+        if match is None:
+            raise ConfigError(where, f"cannot read the field path {path!r}")
+        steps.append(match[1])
+        steps += [int(i) for i in re.findall(r"\[(\d+)\]", match[2])]
+    node = data
+    for step, nxt in zip(steps, steps[1:]):
+        try:
+            if isinstance(step, int):
+                node = node[step]
+            else:
+                node = node.setdefault(step, [] if isinstance(nxt, int) else {})
+        except (IndexError, TypeError, AttributeError):
+            raise ConfigError(where, f"{path!r} does not lead anywhere in the base "
+                                     "experiment") from None
+    last = steps[-1]
+    try:
+        if value is None:
+            node.pop(last)
+        else:
+            node[last] = value
+    except (IndexError, KeyError, TypeError):
+        raise ConfigError(where, f"{path!r} does not lead anywhere in the base "
+                                 "experiment") from None
+
+
+def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
+    """One experiment (the base, or a variant), already checked against the schema."""
+    spec = TestbedSpec(
+        fabric=_fabric(data["fabric"]),
+        controller=ControllerSpec(**_typed(data.get("controller", {}), _CONTROLLER_TYPES)),
+        emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
+    for tier in ("host", "fabric"):
+        spec.port_ecn(tier)  # thresholds in order, priorities in range
+    _ = spec.pfc  # thresholds in order, headroom enough
+    workload = None
+    if data.get("workload"):  # checked against the model: all before anything is built
+        base = str(Path(source).parent) if source != MEMORY else "."
+        workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry)
+    else:
+        _ = spec.topology  # semantic checks of the shape happen in the model
+    failures = plan_failures(spec.topology, data.get("failures", []))
+    if failures and workload is None:
+        raise ConfigError("failures", "failures happen during a workload; this experiment "
+                                      "has none")
+    return Experiment(
+        name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
+        description=data.get("description", ""), source=source, fabric=spec.fabric,
+        controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
+        failures=failures, raw=copy.deepcopy(data), real_scale=_real_scale(spec, data),
+        cluster=ClusterSpec(**data["cluster"]) if data.get("cluster") else None)
+
+
+def _real_scale(spec: TestbedSpec, data: dict) -> RealScale | None:
+    scale = data.get("scale")
+    if not scale:
+        return None
+    return RealScale(float(scale["real_rate_gbps"]), spec.fabric.host_link.rate_mbps,
+                     spec.base_rtt_s, float(scale.get("real_rtt_us", DEFAULT_REAL_RTT_US)))
+
+
+def _other_config(raw: dict) -> dict[str, str]:
+    """OVSDB other_config values are strings; YAML booleans become ``true``/``false``."""
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in raw.items()}
+
+
+# schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
+_CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
+                     "spray_weights": SprayWeights, "poll_interval_s": float,
+                     "ready_timeout_s": float}
+_EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
+                   "ovs_other_config": _other_config, "queue_sample_ms": float,
+                   "ecn_marker": EcnMarker}
+
+
+def _typed(raw: dict, types: dict) -> dict:
+    return {key: types[key](value) for key, value in raw.items()}
+
+
+def check_entry(entry: dict, where: str) -> None:
+    """Check one workload entry (a replayed trace line) as the schema checks ``collectives``."""
+    _check(entry, schema()["$defs"]["workload"]["properties"]["collectives"]["items"], where)
+
+
+def _check(data: object, sub_schema: dict, prefix: str = "") -> None:
+    validator = jsonschema.Draft202012Validator(sub_schema)
+    problems = sorted((_describe(e, prefix) for e in validator.iter_errors(data)),
+                      key=lambda p: p[0])
+    if problems:
+        first_path, first_msg = problems[0]
+        more = "".join(f"\n  {p}: {m}" if p else f"\n  {m}" for p, m in problems[1:])
+        raise ConfigError(first_path, first_msg + more)
+
+
+def _fabric(raw: dict) -> FabricSpec:
+    kind = raw["topology"]
+    for other, keys in SHAPE_KEYS.items():
+        for key in keys:
+            if key not in SHAPE_KEYS[kind] and key in raw:
+                raise ConfigError(f"fabric.{key}", f"only applies to topology {other}, not {kind}")
+    for other, keys in OPTIONAL_SHAPE_KEYS.items():
+        for key in keys:
+            if key in raw and other != kind:
+                raise ConfigError(f"fabric.{key}", f"only applies to topology {other}, not {kind}")
+    for key in SHAPE_KEYS[kind]:
+        if key not in raw:
+            raise ConfigError(f"fabric.{key}", f"required for topology {kind}")
+    if kind == "rail_optimized" and "servers" not in raw:
+        raise ConfigError("fabric.servers", "required for topology rail_optimized (its hosts "
+                                            "are the servers' GPUs)")
+    if kind == "ring" and "servers" in raw:
+        raise ConfigError("fabric.servers", "servers go on a leaf_spine, fat_tree or "
+                                            "rail_optimized fabric, not a ring")
+    queue = raw.get("queue", {})
+    if "size_kb" in queue and "size_packets" in queue:
+        raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")
+    optional = {k: raw[k] for k in ("mtu",) if k in raw}
+    classes = raw.get("traffic_classes", {})
+    return FabricSpec(
+        topology=kind,
+        shape={key: raw[key] for key in (*SHAPE_KEYS[kind], *OPTIONAL_SHAPE_KEYS.get(kind, ()))
+               if key in raw},
+        host_link=_link(raw.get("host_link", {})),
+        fabric_link=_link(raw.get("fabric_link", {})),
+        queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
+        queue_packets=queue.get("size_packets"),
+        traffic_classes=TrafficClasses(
+            {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
+            tuple(classes.get("strict", ()))).check(),
+        host_ecn=raw.get("hosts", {}).get("ecn", False),
+        pfc=_pfc(raw.get("pfc", {})),
+        servers=_servers(raw["servers"]) if "servers" in raw else None,
+        **optional,
+    )
+
+
+def _servers(raw: dict) -> ServerSpec:
+    up = raw["scale_up"]
+    return ServerSpec(raw["count"], raw["gpus_per_server"], ScaleUp(up.get("kind", "switch")),
+                      float(up["rate_mbps"]))
+
+
+def _pfc(raw: dict) -> PfcSpec:
+    return PfcSpec(**{**raw, "priorities": tuple(raw.get("priorities", ()))})
+
+
+def _link(raw: dict) -> LinkSpec:
+    ecn = raw.get("ecn", ())
+    entries = [ecn] if isinstance(ecn, dict) else list(ecn)
+    return LinkSpec(**{k: v for k, v in raw.items() if k != "ecn"}, ecn=tuple(
+        EcnSpec(**{**e, "mode": EcnMode(e["mode"]),
+                   "priorities": tuple(e["priorities"]) if "priorities" in e else None})
+        for e in entries))
+
+
+def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                   for p in error.absolute_path)
+    path = (prefix + path) if prefix else path.lstrip(".")
+    kind = error.validator
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        key = ".".join(filter(None, [path, extra[0] if extra else ""]))
+        return key, f"unknown key (allowed: {', '.join(allowed)})"
+    if kind == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else "?"
+        return ".".join(filter(None, [path, missing])), "required"
+    if kind == "type":
+        return path, f"must be of type {error.validator_value}, got {error.instance!r}"
+    if kind == "enum":
+        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {error.instance!r}"
+    if kind == "const":
+        return path, f"must be {error.validator_value!r}, got {error.instance!r}"
+    if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
+              "exclusiveMaximum": "<"}[kind]
+        return path, f"must be {op} {error.validator_value}, got {error.instance!r}"
+    return path, error.message

@@ -1,0 +1,135 @@
+"""Pure results document: what ``fabriclab run`` writes to ``results.json`` as it goes, and the
+figures derived from its rows (training iterations, the nccl-tests-like per-job summary).
+
+Fields are documented in README ("Workloads and results"). The document is complete only when
+``complete`` is true; a failed run keeps the rows it measured and gains ``error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from traffic.measure.results import CollectiveResult
+
+
+def new_document(experiment: str, source: str, started: str, fabric: dict) -> dict:
+    """An empty, incomplete results document."""
+    return {"experiment": experiment, "source": source, "complete": False, "started": started,
+            "fabric": fabric, "collectives": []}
+
+
+def add_rows(doc: dict, job_index: int, measured: list[CollectiveResult] | tuple,
+             concurrent_jobs: int) -> None:
+    """Append one job's results (one row per collective run, repetitions numbered)."""
+    doc["collectives"] += [{"job": job_index, "repetition": i, "concurrent_jobs": concurrent_jobs,
+                            **{k: v for k, v in asdict(r).items() if k != "flows"}}
+                           for i, r in enumerate(measured)]
+
+
+def fail(doc: dict, error: str) -> None:
+    """Mark the document failed: it keeps what it measured and says why it stopped."""
+    doc["complete"] = False
+    doc["error"] = error
+
+
+def finish(doc: dict) -> None:
+    """Mark the document complete, with its training iterations if any."""
+    iterations = iteration_times(doc["collectives"])
+    if iterations:
+        doc["iterations"] = iterations
+    doc["complete"] = True
+
+
+def iteration_times(rows: list[dict]) -> list[dict]:
+    """Training: each iteration's time, the sum of its phases and their compute gaps.
+
+    Rows without an ``iteration`` (collectives, traces, background flows) count for none.
+    """
+    totals: dict[int, float] = {}
+    for row in rows:
+        if row.get("iteration") is not None:
+            totals[row["iteration"]] = (totals.get(row["iteration"], 0.0) + row["duration_s"]
+                                        + row["gap_s"])
+    return [{"iteration": it, "time_s": t} for it, t in sorted(totals.items())]
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One row of the nccl-tests-like table: a job's collectives of one kind, averaged."""
+
+    op: str
+    algorithm: str
+    ranks: int
+    bytes: int
+    repetitions: int
+    mean_s: float
+    algbw_mbps: float
+    busbw_mbps: float
+    efficiency: float
+    agent_cpu_s: float
+    job: int = 0
+    label: str = ""
+
+    @property
+    def count(self) -> int:
+        """float32 elements, as nccl-tests prints them."""
+        return self.bytes // 4
+
+
+def job_summaries(rows: list[dict]) -> list[JobSummary]:
+    """Rows grouped by (job, op, algorithm, bytes, communicator size), times averaged."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = (row["job"], row["op"], row["algorithm"], row["bytes"], row["communicator_size"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for group in groups.values():
+        r0 = group[0]
+        mean_s = sum(r["duration_s"] for r in group) / len(group)
+        algbw = r0["bytes"] * 8 / mean_s / 1e6
+        factor = r0["busbw_gbps"] / r0["algbw_gbps"]
+        out.append(JobSummary(r0["op"], r0["algorithm"], r0["communicator_size"], r0["bytes"],
+                              len(group), mean_s, algbw, algbw * factor,
+                              sum(r["efficiency"] for r in group) / len(group),
+                              sum(r.get("agent_cpu_s", 0.0) for r in group), r0["job"],
+                              r0.get("label", "")))
+    return out
+
+
+def variant_row(doc: dict) -> dict:
+    """One variant's line of the side-by-side comparison: its status, its switch queues, and
+    per job the mean busbw and the worst flow completion p50 and p99 over its repetitions."""
+    congestion = doc.get("congestion") or {}
+    row = {"variant": doc["fabric"].get("variant"), "complete": doc["complete"],
+           "error": doc.get("error"), "fidelity": (doc.get("fidelity") or {}).get("verdict"),
+           **{k: congestion.get(k) for k in ("drops", "ecn_marked", "pfc_pause_events",
+                                             "pfc_paused_s", "pfc_watchdog_events",
+                                             "lossless_drops",
+                                             "queue_max_bytes", "queue_p99_bytes")},
+           "pfc_deadlocks": len((congestion.get("pfc") or {}).get("deadlocks", [])),
+           "utilization": congestion.get("utilization") or {},
+           "jobs": []}
+    for s in job_summaries(doc["collectives"]):
+        rows = [r for r in doc["collectives"]
+                if (r["job"], r["op"], r["bytes"]) == (s.job, s.op, s.bytes)]
+        fct = {q: max((r["flow_completion_s"].get(q, 0.0) for r in rows), default=0.0)
+               for q in ("p50", "p99")}
+        tput = [r["throughput_of_ideal"] for r in rows if r.get("throughput_of_ideal")]
+        row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks, "busbw_mbps": s.busbw_mbps,
+                            "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
+                            "fct_p99_s": fct["p99"],
+                            "throughput_of_ideal": sum(tput) / len(tput) if tput else None})
+    return row
+
+
+def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
+    """Bring-up, measurement (the workload, from the fabric up to the last result) and
+    teardown (after ``--keep``'s wait, if any), in seconds; the phases a failed run reached."""
+    out = {}
+    if "up" in marks:
+        out["bring_up"] = round(marks["up"] - marks["start"], 2)
+    if "measured" in marks:
+        out["measurement"] = round(marks["measured"] - marks["up"], 2)
+        out["teardown"] = round(end - marks.get("kept", marks["measured"]), 2)
+    out["total"] = round(end - marks["start"], 2)
+    return out

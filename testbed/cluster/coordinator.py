@@ -1,0 +1,474 @@
+"""A fabric partitioned over the machines of a Ray cluster (issue 16), the coordinator's side.
+
+:class:`ClusterFabric` offers what a run uses of :class:`testbed.fabric.fabric.Fabric` (the runner,
+the run monitor, the exporters, the results), so ``fabriclab up --check`` and ``fabriclab run``
+work unchanged on a cluster. Its build:
+
+1. the machines of the cluster (:class:`testbed.cluster.machines.Cluster`: an actor pinned to each,
+   probed), each weighed by its budget (:func:`testbed.plan.fidelity.machine_budget_mbit_hops`);
+2. the plan (:func:`testbed.model.partition.partition`), each machine's share of the full load
+   against its budget (strict fidelity refuses a machine past its saturation point), the cut
+   links as VXLAN tunnels (:func:`testbed.model.partition.cut_links`: the underlay MTU checked);
+3. the controller here, on the coordinator's underlay address (a :class:`Fabric` with no
+   node of its own: its run record tracks the controller);
+4. every machine's part, at once, by its actor (:meth:`testbed.cluster.machines.MachineAgent.build`:
+   the same Fabric code, its switches connecting to the controller here);
+5. the controller has programmed every switch and probed every link (the cut ones too),
+   then the machines put back the sysctls raised for the build.
+
+Teardown takes every part down (a machine whose actor died is named; its leftovers are
+removed by ``fabriclab clean`` there or by the next build there), then the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from testbed.cluster.machines import CALL_GRACE_S
+from testbed.linux.environment import software_versions
+from testbed.errors import ConfigError, TestbedError
+from testbed.fabric.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
+from testbed.plan.failplan import cut_off_reason
+from testbed.linux.files import write_json_atomic
+from testbed.plan.fidelity import machine_budget_mbit_hops, merge_fidelity, merge_timelines
+from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition,
+                               check_cluster_spec, cut_links, links_by_machine, machine_of,
+                               machine_part, partition)
+from testbed.plan.reachability import Reachability
+from testbed.runs.registry import DEFAULT_STATE_DIR
+from testbed.model.spec import Fidelity, TestbedSpec
+
+
+
+class RemoteProcess:
+    """A process a machine's actor started in one of its hosts, as the runner uses a
+    ``subprocess.Popen``: ``communicate(timeout=)``, ``poll()``, ``returncode``, ``pid``."""
+
+    def __init__(self, fabric: ClusterFabric, machine: str, pid: int, argv: list[str]) -> None:
+        self.fabric, self.machine, self.pid, self.args = fabric, machine, pid, argv
+        self.returncode: int | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        wait_s = 3600.0 if timeout is None else timeout
+        done = self.fabric.call(self.machine, "communicate", self.pid, wait_s,
+                                timeout_s=wait_s + CALL_GRACE_S)
+        if done is None:
+            raise subprocess.TimeoutExpired(self.args, wait_s)
+        self.returncode, out, err = done
+        return out, err
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.fabric.call(self.machine, "poll", self.pid)
+        return self.returncode
+
+
+class ClusterMonitor:
+    """The run monitor of every machine (each samples its own CPU, vswitchds and ports): the
+    queue samples of all ports, one fidelity verdict (degraded when a machine's is, its
+    reasons named by machine, every machine's verdict under ``machines``) and one timeline."""
+
+    def __init__(self, fabric: ClusterFabric) -> None:
+        self.fabric = fabric
+
+    def _read(self, what: str) -> dict[str, dict]:
+        return self.fabric.call_all("monitor_read", what)
+
+    def snapshot(self) -> dict:
+        return {port: values for data in self._read("snapshot").values()
+                for port, values in data.items()}
+
+    def report(self) -> dict:
+        return merge_fidelity(self._read("report"))
+
+    def timeline(self) -> dict:
+        return merge_timelines(self._read("timeline"))
+
+
+def local_address_towards(address: str) -> str:
+    """This machine's address on the route to ``address`` (``host:port``): where the
+    cluster's machines reach the controller."""
+    host = address.rsplit(":", 1)[0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, 9))  # no packet is sent: the kernel only picks the route
+        return sock.getsockname()[0]
+
+
+#: in the coordinator's run directory while the fabric is up: the cluster's address, each
+#: machine's actor by name, and which machine builds each node
+CLUSTER_FILE = "cluster.json"
+
+
+class ClusterFabric:
+    """``spec``'s fabric over the Ray cluster at ``address`` (see the module docstring); a
+    context manager like :class:`testbed.fabric.fabric.Fabric`.
+
+    Args:
+        spec: what to build.
+        address: the Ray cluster's head (``host:port``).
+        state_dir: the coordinator's run records (the controller's).
+        log: progress lines.
+        machines: how many machines the cluster must have (``cluster.machines``); None: any.
+    """
+
+    marker = None  # each machine's markers are its own (congestion() reads them there)
+    pfc_agent = None  # PFC is refused on a cluster
+
+    def __init__(self, spec: TestbedSpec, address: str, state_dir: Path = DEFAULT_STATE_DIR,
+                 log: Callable[[str], None] = lambda _msg: None,
+                 machines: int | None = None) -> None:
+        check_cluster_spec(spec)
+        self.spec = spec
+        self.topo = spec.topology
+        self.address = address
+        self.state_dir = state_dir
+        self.log = log
+        self.expected_machines = machines
+        self.cluster = None
+        self.plan: Partition | None = None
+        self.parts: dict[str, MachinePart] = {}
+        self.built: dict[str, dict] = {}  # machine -> what its build returned
+        self.where: dict[str, str] = {}  # node -> machine
+        self.coordinator: Fabric | None = None
+        self.timings: dict[str, float] = {}
+        self.warnings: list[str] = []
+        self.red_marking = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> ClusterFabric:
+        up_or_down(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self) -> None:
+        from testbed.cluster.machines import Cluster  # Ray only for a cluster
+
+        start = time.monotonic()
+        self.cluster = Cluster(self.address)
+        infos = self.cluster.machines
+        if self.expected_machines is not None and len(infos) != self.expected_machines:
+            raise ConfigError("cluster.machines", f"the cluster at {self.address} has "
+                              f"{len(infos)} machines ({', '.join(sorted(infos))}), the "
+                              f"experiment expects {self.expected_machines}")
+        here = software_versions()["git_revision"]
+        self.warnings += [f"{name} runs fabriclab {info.revision}, this machine {here}: "
+                          "a part built by other code may differ"
+                          for name, info in sorted(infos.items()) if info.revision != here]
+        mtu = self.spec.fabric.mtu
+        machines = [Machine(name, machine_budget_mbit_hops(mtu, info.cores))
+                    for name, info in sorted(infos.items())]
+        self.plan = plan = partition(self.topo, machines)
+        self._check_loads(plan)
+        tunnels = cut_links(plan, {n: i.underlay for n, i in infos.items()}, mtu,
+                            {n: i.underlay_mtu for n, i in infos.items()})
+        self.parts = {m.name: machine_part(self.topo, plan, tunnels, m.name)
+                      for m in machines}
+        self.where = dict(plan.place)
+        for line in plan.describe():
+            self.log(f"plan: {line}")
+        self.timings["plan"] = time.monotonic() - start
+        listen = local_address_towards(self.address)
+        self.coordinator = Fabric(self.spec, self.state_dir, self.log,
+                                  part=MachinePart("coordinator", frozenset(), (), (), (), (),
+                                                   ()), listen=listen)
+        self.coordinator.up(wait=False)
+        self.timings["controller"] = self.coordinator.timings.get("controller", 0.0)
+        t0 = time.monotonic()
+        target = (listen, self.coordinator.of_port)
+        self.built = {}
+        errors = []
+        with ThreadPoolExecutor(max_workers=len(self.parts)) as pool:
+            futures = {name: pool.submit(self.call, name, "build", self.spec, part, target,
+                                         timeout_s=self.spec.controller.ready_timeout_s
+                                         + CALL_GRACE_S * 2)
+                       for name, part in self.parts.items()}
+            for name, future in futures.items():
+                try:
+                    self.built[name] = future.result()
+                except (TestbedError, ConfigError) as err:
+                    errors.append(f"{name}: {err}")
+        if errors:
+            raise TestbedError("building the fabric's parts failed:\n  " + "\n  ".join(errors))
+        self.timings["machines"] = time.monotonic() - t0
+        for name, info in self.built.items():
+            self.warnings += [f"{name}: {w}" for w in info["warnings"]]
+        self.red_marking = any(info["red_marking"] for info in self.built.values())
+        self.coordinator.wait_ready()  # programmed, every link probed
+        self.call_all("settle")
+        # how another process (fabriclab fail) reaches the machines of this running fabric
+        write_json_atomic(self.coordinator.run_dir / CLUSTER_FILE, {
+            "address": self.address, "actors": self.cluster.names, "place": self.where})
+        self.timings["programmed"] = self.coordinator.timings.get("programmed", 0.0)
+        self.timings["up_total"] = time.monotonic() - start
+
+    def _check_loads(self, plan: Partition) -> None:
+        """Each machine's share of the full load against its budget (the fidelity model per
+        machine): past its saturation point (twice the budget) refused under strict."""
+        mode = self.spec.emulator.fidelity
+        if mode == Fidelity.OFF:
+            return
+        for i, m in enumerate(plan.machines):
+            share = plan.load[m.name] / m.budget_mbit_hops
+            text = (f"{m.name} would carry {plan.load[m.name]:,.0f} Mbit-hop/s at full load, "
+                    f"{share:.0%} of its budget ({m.budget_mbit_hops:,.0f})")
+            if share > 2.0 and mode == Fidelity.STRICT:
+                raise ConfigError(f"cluster.machines[{i}]", f"{text}: past its saturation "
+                                  "point. Add machines, lower the rates, or set "
+                                  "emulator.fidelity: warn")
+            if share > 1.0:
+                self.warnings.append(f"fidelity: {text}")
+
+    def down(self) -> None:
+        """Every machine's part, then the controller; the cluster connection closes."""
+        errors = []
+        with signals_deferred():
+            if self.cluster is not None and self.built:
+                with ThreadPoolExecutor(max_workers=len(self.built)) as pool:
+                    futures = {n: pool.submit(self.call, n, "teardown") for n in self.built}
+                for name, future in futures.items():
+                    try:
+                        self.timings[f"down_{name}"] = future.result().get("down_total", 0.0)
+                    except (TestbedError, ConfigError) as err:
+                        errors.append(f"{name}: {err} (run 'fabriclab clean' there)")
+                self.built = {}
+            if self.coordinator is not None:
+                try:
+                    self.coordinator.down()
+                except TestbedError as err:
+                    errors.append(f"coordinator: {err}")
+                self.coordinator = None
+            if self.cluster is not None:
+                self.cluster.close()
+                self.cluster = None
+        if errors:
+            raise TestbedError("cluster teardown incomplete:\n  " + "\n  ".join(errors))
+
+    # -- calls to the machines -----------------------------------------------------------------
+    def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
+        """``method(*args)`` of ``machine``'s actor (:meth:`testbed.cluster.machines.Cluster.call`)."""
+        return self.cluster.call(machine, method, *args, timeout_s=timeout_s)
+
+    def call_all(self, method: str, *args, timeout_s: float = CALL_GRACE_S) -> dict:
+        """``method(*args)`` on every machine that builds a part, at once."""
+        names = list(self.built or self.parts)
+        if len(names) == 1:
+            return {names[0]: self.call(names[0], method, *args, timeout_s=timeout_s)}
+        with ThreadPoolExecutor(max_workers=len(names)) as pool:
+            futures = {n: pool.submit(self.call, n, method, *args, timeout_s=timeout_s)
+                       for n in names}
+        return {n: f.result() for n, f in futures.items()}
+
+    def machine_of(self, node: str) -> str:
+        return machine_of(self.topo, self.where, node)
+
+    # -- what a run uses -------------------------------------------------------------------
+    fidelity = None  # the plan checks each machine's share (_check_loads)
+
+    @property
+    def datapath_type(self) -> str | None:
+        kinds = sorted({str(b["datapath"]) for b in self.built.values()})
+        return "/".join(kinds) + f" on {len(self.built)} machines" if kinds else None
+
+    @property
+    def vswitchd_count(self) -> int:
+        return sum(b["vswitchds"] for b in self.built.values())
+
+    @property
+    def controller_address(self) -> str:
+        return self.coordinator.controller_address
+
+    @property
+    def of_port(self) -> int:
+        return self.coordinator.of_port
+
+    @property
+    def run_dir(self) -> Path:
+        return self.coordinator.run_dir
+
+    @property
+    def record(self):
+        return self.coordinator.record
+
+    @property
+    def status_path(self) -> Path:
+        return self.coordinator.status_path
+
+    @property
+    def service_errors(self) -> list[str]:
+        return self.coordinator.service_errors
+
+    def controller_status(self) -> dict:
+        return self.coordinator.controller_status()
+
+    def track_process(self, pid: int, role: str) -> None:
+        self.coordinator.track_process(pid, role)
+
+    def track_file(self, path: Path) -> None:
+        self.coordinator.track_file(path)
+
+    def start_thread(self, target, role: str):
+        return self.coordinator.start_thread(target, role)
+
+    def stop_thread(self, thread) -> None:
+        self.coordinator.stop_thread(thread)
+
+    def restart_controller(self, spec: TestbedSpec) -> None:
+        check_cluster_spec(spec)
+        self.coordinator.restart_controller(spec)
+        self.spec = spec
+
+    def vswitchd_pids(self) -> dict[str, int]:
+        return {}  # on the machines; their monitors sample them
+
+    def cpu_times(self) -> dict[str, dict]:
+        """Every machine's CPU (:meth:`Fabric.cpu_times`), the coordinator's too (its
+        controller)."""
+        times = self.coordinator.cpu_times()
+        for per_machine in self.call_all("cpu_times").values():
+            times.update(per_machine)
+        return times
+
+    def switch_ports(self) -> set[str]:
+        return {e.ifname for link in self.topo.links for e in (link.a, link.b)
+                if self.topo.nodes[e.node].is_switch}
+
+    def spawn(self, host: str | None, argv: list[str], role: str,
+              **_popen_kwargs) -> RemoteProcess:
+        """Start ``argv`` in ``host`` on its machine, in that machine's run directory (the
+        files of :meth:`write_file` are there)."""
+        if host is None:
+            raise TestbedError(f"{role}: on a cluster, processes run in hosts only")
+        machine = self.machine_of(host)
+        pid = self.call(machine, "spawn", host, argv, role)
+        return RemoteProcess(self, machine, pid, argv)
+
+    def stop(self, proc: RemoteProcess, timeout_s: float = 5.0) -> int | None:
+        code = self.call(proc.machine, "stop", proc.pid, timeout_s=timeout_s + CALL_GRACE_S)
+        if proc.returncode is None:
+            proc.returncode = code
+        return proc.returncode
+
+    def write_file(self, name: str, text: str) -> Path:
+        """``name`` in every machine's run directory (and the coordinator's)."""
+        self.call_all("write_file", name, text)
+        return self.coordinator.write_file(name, text)
+
+    def read_file(self, name: str, host: str | None = None) -> str:
+        if host is None:
+            return self.coordinator.read_file(name)
+        try:
+            return self.call(self.machine_of(host), "read_file", name)
+        except TestbedError as err:
+            raise OSError(str(err)) from None
+
+    def run_parallel(self, commands: dict[str, list[str]],
+                     timeout_s: float) -> dict[str, tuple[int, str, str]]:
+        by_machine: dict[str, dict] = {}
+        for host, argv in commands.items():
+            by_machine.setdefault(self.machine_of(host), {})[host] = argv
+        out: dict[str, tuple[int, str, str]] = {}
+        with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
+            futures = [pool.submit(self.call, m, "run_parallel", c, timeout_s,
+                                   timeout_s=timeout_s + CALL_GRACE_S)
+                       for m, c in by_machine.items()]
+        for future in futures:
+            out.update({h: tuple(r) for h, r in future.result().items()})
+        return out
+
+    def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
+        return probe_pairs(self.topo, self.run_parallel, count, timeout_s)
+
+    def cut_off(self, hosts: list[str]) -> str | None:
+        ports, dead = {}, set()
+        for name, state in self.call_all("state").items():
+            ports.update(state["ports"])
+            dead.update(state["dead"])
+            if state["errors"]:
+                return f"{name}: a fabric service failed: {state['errors'][0]}"
+        return cut_off_reason(self.topo, ports, dead, hosts)
+
+    def congestion(self, netlink=None) -> dict[str, dict]:
+        return {port: data for counters in self.call_all("congestion").values()
+                for port, data in counters.items()}
+
+    def link_counters(self, names: set[str], netlink=None) -> dict:
+        return {port: data for counters in self.call_all("link_counters", names).values()
+                for port, data in counters.items()}
+
+    def set_links(self, pairs: list[tuple[str, str]], up: bool,
+                  netlink=None) -> dict[str, float]:
+        """Fail or repair links, every machine its ends at once (a cut link's two ends on
+        two machines); each step's time is the latest machine's."""
+        return _set_links(self.call, links_by_machine(self.topo, self.where, pairs), up)
+
+    def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
+        counts = [self.call(m, "cut_drops", p)
+                  for m, p in links_by_machine(self.topo, self.where, pairs).items()]
+        known = [c for c in counts if c is not None]
+        return sum(known) if known else None
+
+    def start_monitor(self, queue_interval_s: float) -> tuple[ClusterMonitor, Callable]:
+        self.call_all("start_monitor", queue_interval_s)
+        return ClusterMonitor(self), lambda: self.call_all("stop_monitor")
+
+    def placement(self) -> dict:
+        """The partition and the machines (``results.json``'s ``cluster``)."""
+        plan = self.plan
+        infos = self.cluster.machines if self.cluster is not None else {}
+        return {"address": self.address,
+                "machines": {m.name: {
+                    "underlay": infos[m.name].underlay if m.name in infos else None,
+                    "cores": infos[m.name].cores if m.name in infos else None,
+                    "revision": infos[m.name].revision if m.name in infos else None,
+                    "nodes": len([n for n in plan.nodes(m.name)
+                                  if n in self.topo.nodes]),
+                    "switches": list(self.parts[m.name].switches),
+                    "hosts": list(self.parts[m.name].hosts),
+                    "load_mbit_hops": round(plan.load[m.name], 1),
+                    "budget_mbit_hops": round(m.budget_mbit_hops, 1),
+                    "build_s": round(self.built.get(m.name, {}).get("timings", {})
+                                     .get("up_total", 0.0), 3)}
+                    for m in plan.machines},
+                "cut_links": [{"link": l.name, "vni": FIRST_VNI + i}
+                              for i, l in enumerate(plan.cut)],
+                "plan": plan.describe()}
+
+
+def _set_links(call: Callable, by_machine: dict[str, list], up: bool) -> dict[str, float]:
+    """Every machine's ends of the links at once, by ``call(machine, method, *args)``; each
+    step's time is the latest machine's."""
+    with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
+        futures = [pool.submit(call, m, "set_links", p, up) for m, p in by_machine.items()]
+    steps: dict[str, float] = {}
+    for future in futures:
+        for step, at in future.result().items():
+            steps[step] = max(at, steps.get(step, 0.0))
+    return steps
+
+
+def set_links_of_running_cluster(run_dir: Path, topo, pairs: list[tuple[str, str]],
+                                 up: bool) -> dict[str, float]:
+    """``fabriclab fail`` / ``restore`` on a fabric that ``fabriclab up --cluster`` keeps
+    running: its actors, found by name from its :data:`CLUSTER_FILE`, fail or repair their
+    machines' ends of the links at once (this process must run on a machine of the cluster,
+    as Ray's drivers do).
+
+    Raises:
+        TestbedError: the cluster or the fabric's actors gone, or a machine's error.
+    """
+    from testbed.cluster.machines import Cluster
+
+    doc = json.loads((run_dir / CLUSTER_FILE).read_text())
+    cluster = Cluster(doc["address"], attach=doc["actors"])
+    try:
+        return _set_links(cluster.call, links_by_machine(topo, doc["place"], pairs), up)
+    finally:
+        cluster.close()

@@ -1,0 +1,425 @@
+"""A Ray cluster as fabriclab's machines, the adapter: one long-lived actor per machine, pinned
+to it, does that machine's part (issue 16): connecting (a Ray version mismatch is one clear
+error), finding the machines (Ray nodes alive, their underlay addresses and resources), probing
+each (the project loads there, its revision, kernel, cores, the MTU of its underlay interface;
+a machine where it does not is named), then on each machine its part of a fabric and the
+processes of a run in it.
+
+A machine is a Ray node; its name is the first custom resource the node was started with
+(``ray start --resources '{"machine2": 1}'``), else its underlay address.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from pathlib import Path
+
+from testbed.errors import ConfigError, TestbedError
+from testbed.runs.registry import DEFAULT_STATE_DIR
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """What a machine's actor found there."""
+
+    name: str
+    underlay: str  # the Ray node's address
+    underlay_mtu: int  # of the interface that holds it
+    fabriclab: str  # the project's version there
+    kernel: str
+    cores: int
+    revision: str = "unknown"  # the project's git revision there
+
+
+class MachineAgent:
+    """The actor on one machine (``ray.remote`` applied by :class:`Cluster`, threaded: a
+    call that waits for a process does not hold up the others). It builds the machine's part
+    of a fabric with :class:`testbed.fabric.fabric.Fabric` itself (its run record in
+    :func:`machine_state_dir`, so ``fabriclab clean`` there, or the next run, removes what a
+    dead actor left), runs processes in its hosts for the coordinator, and tears down."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.fabric = None  # this machine's part (testbed.fabric.fabric.Fabric)
+        self.procs: dict[int, object] = {}  # pid -> subprocess.Popen started for the run
+        self.monitor = None
+        self._stop_monitor = None
+
+    def probe(self) -> dict:
+        import ray
+
+        from testbed.linux.environment import software_versions
+        from testbed.linux.netlink import Netlink
+
+        ip = ray.util.get_node_ip_address()
+        nl = Netlink()
+        try:
+            mtu = nl.mtu_of_address(ip)
+        finally:
+            nl.close()
+        versions = software_versions()
+        return {"name": self.name, "underlay": ip, "underlay_mtu": mtu,
+                "fabriclab": versions["fabriclab"], "kernel": platform.release(),
+                "cores": os.cpu_count(), "revision": versions["git_revision"]}
+
+    # -- the fabric's part -----------------------------------------------------------------
+    def build(self, spec, part, controller_at: tuple[str, int]) -> dict:
+        """Build ``part`` of ``spec`` here, its switches connecting to ``controller_at``;
+        returns the run's id, directory, step timings and warnings. On failure nothing of it
+        stays."""
+        from testbed.fabric.fabric import Fabric, up_or_down
+
+        if self.fabric is not None:
+            raise TestbedError(f"{self.name}: a fabric part is already up here")
+        fabric = Fabric(spec, machine_state_dir(self.name), part=part,
+                        controller_at=controller_at)
+        up_or_down(fabric)  # a failed build tears itself down
+        self.fabric = fabric
+        return {"run_id": fabric.record.run_id, "run_dir": str(fabric.run_dir),
+                "timings": dict(fabric.timings), "warnings": list(fabric.warnings),
+                "red_marking": fabric.red_marking, "datapath": fabric.datapath_type,
+                "vswitchds": fabric.vswitchd_count}
+
+    def run_cell(self, run, exp, name: str) -> dict:
+        """Run a whole experiment (a sweep cell) on this machine alone with ``run(exp, out,
+        state_dir)`` (the experiment layer's ``run_experiment``); returns its run directory's
+        files (``relative path -> bytes``) and its error, if it failed."""
+        import shutil
+        import time
+
+        from testbed.errors import ConfigError
+
+        state = machine_state_dir(self.name)
+        out = state / "cells" / f"{name}-{time.time_ns()}"
+        error = None
+        try:
+            try:
+                run(exp, out, state)
+            except (ConfigError, TestbedError) as err:
+                error = str(err)
+            files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*")
+                     if p.is_file()}
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        return {"files": files, "error": error}
+
+    def settle(self) -> None:
+        self._part().settle()
+
+    def teardown(self) -> dict:
+        """Take this machine's part down; returns its teardown time."""
+        fabric, self.fabric = self.fabric, None
+        if fabric is None:
+            return {}
+        self.stop_monitor()
+        self.procs.clear()
+        fabric.down()
+        return {"down_total": fabric.timings.get("down_total", 0.0)}
+
+    def _part(self):
+        if self.fabric is None:
+            raise TestbedError(f"{self.name}: no fabric part is up here")
+        return self.fabric
+
+    # -- processes in its hosts ---------------------------------------------------------------
+    def spawn(self, host: str, argv: list[str], role: str) -> int:
+        """Start ``argv`` in ``host`` (text pipes), in the run directory; returns its PID."""
+        fabric = self._part()
+        proc = fabric.spawn(host, argv, role, cwd=str(fabric.run_dir))
+        self.procs[proc.pid] = proc
+        return proc.pid
+
+    def communicate(self, pid: int, timeout_s: float):
+        """``(returncode, stdout, stderr)`` once the process ends, or None after ``timeout_s``
+        (call again: output read so far is kept)."""
+        import subprocess
+
+        proc = self.procs[pid]
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        return proc.returncode, out, err
+
+    def poll(self, pid: int) -> int | None:
+        return self.procs[pid].poll()
+
+    def stop(self, pid: int) -> int | None:
+        proc = self.procs.pop(pid, None)
+        if proc is None or self.fabric is None:
+            return None
+        return self.fabric.stop(proc)
+
+    def run_parallel(self, commands: dict[str, list[str]], timeout_s: float) -> dict:
+        return self._part().run_parallel(commands, timeout_s)
+
+    def write_file(self, name: str, text: str) -> None:
+        self._part().write_file(name, text)
+
+    def read_file(self, name: str) -> str:
+        return self._part().read_file(name)
+
+    # -- what the coordinator reads ----------------------------------------------------------
+    def state(self) -> dict:
+        """Port states, dead switches and service errors here (the coordinator's checks)."""
+        fabric = self._part()
+        return {"ports": fabric.port_states(), "dead": sorted(fabric.dead_switches()),
+                "errors": list(fabric.service_errors)}
+
+    def congestion(self) -> dict:
+        return self._part().congestion()
+
+    def link_counters(self, names: set[str]) -> dict:
+        from testbed.linux.netlink import Netlink
+
+        with Netlink() as nl:  # the exporter's scrape thread, not the build's socket
+            return self._part().link_counters(names & self._part().switch_ports(), nl)
+
+    def cpu_times(self) -> dict[str, dict]:
+        return self._part().cpu_times()
+
+    def set_links(self, pairs: list[tuple[str, str]], up: bool) -> dict[str, float]:
+        """Fail or repair this machine's ends of the links (:meth:`Fabric.set_links`)."""
+        from testbed.linux.netlink import Netlink
+
+        with Netlink() as nl:  # this call's own sockets (the actor is threaded)
+            return self._part().set_links(pairs, up, nl)
+
+    def cut_drops(self, pairs: list[tuple[str, str]]) -> int | None:
+        from testbed.linux.netlink import Netlink
+
+        with Netlink() as nl:
+            return self._part().cut_drops(pairs, nl)
+
+    def start_monitor(self, queue_interval_s: float) -> None:
+        self.stop_monitor()
+        self.monitor, self._stop_monitor = self._part().start_monitor(queue_interval_s)
+
+    def monitor_read(self, what: str) -> dict:
+        """The monitor's ``snapshot`` (queue samples), ``report`` (fidelity verdict) or
+        ``timeline`` so far (empty without a monitor)."""
+        if what not in ("snapshot", "report", "timeline"):
+            raise ValueError(f"the monitor has no {what}")
+        return getattr(self.monitor, what)() if self.monitor is not None else {}
+
+    def stop_monitor(self) -> None:
+        if self._stop_monitor is not None:
+            self._stop_monitor()
+        self._stop_monitor = None
+
+
+def machine_state_dir(name: str, root: Path = DEFAULT_STATE_DIR) -> Path:
+    """Where a cluster machine keeps its part's run records: apart from a single-machine
+    fabric's (and from other namespace machines' of this host)."""
+    return root / "machines" / name
+
+
+def machine_state_dirs(root: Path = DEFAULT_STATE_DIR) -> list[Path]:
+    """Every cluster machine's state directory under ``root`` (``fabriclab clean``)."""
+    folder = machine_state_dir("-", root).parent
+    return sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []
+
+
+#: calls an actor serves at once (every agent of a job waits in one)
+AGENT_CONCURRENCY = 256
+#: the longest a call to a machine may take beyond its own timeout before it counts as lost
+CALL_GRACE_S = 60.0
+#: the Ray namespace of fabriclab's named actors (another driver finds a fabric's by name)
+NAMESPACE = "fabriclab"
+
+
+class Cluster:
+    """The machines of a Ray cluster at ``address`` (``host:port`` of its head), an actor on
+    each, named (``names``: machine -> actor name, in Ray's namespace :data:`NAMESPACE`) so
+    that another process can reach them; :meth:`close` ends the actors and disconnects.
+
+    With ``attach`` (``names`` of a running fabric's actors, from its ``cluster.json``), the
+    actors are those of that fabric, found by name: nothing is started, probed or ended.
+
+    Raises:
+        TestbedError: Ray not installed, the cluster unreachable, a Ray version mismatch, a
+            machine whose actor cannot start (the project not installed there), or an
+            attached actor gone.
+    """
+
+    def __init__(self, address: str, timeout_s: float = 60.0,
+                 attach: dict[str, str] | None = None) -> None:
+        self.owned = attach is None
+        self.agents: dict[str, object] = {}
+        self.names: dict[str, str] = {}
+        self.machines: dict[str, MachineInfo] = {}
+        try:
+            import ray
+        except ImportError as err:
+            raise TestbedError("a cluster needs Ray: pip install 'ray>=2.50,<3' "
+                               "(scripts/setup.sh does)") from err
+        self.ray = ray
+        _reach_head(address)
+        try:
+            with _python_signal_handlers():
+                ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR",
+                         log_to_driver=False)
+        except Exception as err:  # noqa: BLE001 - Ray's own errors, one message each
+            text = str(err)
+            if "version" in text.lower() and "mismatch" in text.lower():
+                theirs = cluster_versions(text)
+                raise TestbedError(
+                    f"Ray version mismatch with the cluster at {address}: it runs "
+                    f"{theirs or 'another version'}, this machine Ray {ray.__version__} "
+                    f"(Python {platform.python_version()}): install the cluster's Ray here, "
+                    "or start the cluster with this one", "", text[-1500:]) from None
+            raise TestbedError(f"cannot join the Ray cluster at {address}", "",
+                               text[-1500:]) from None
+        if attach is not None:
+            self._attach(attach)
+            return
+        remote = ray.remote(num_cpus=0, max_concurrency=AGENT_CONCURRENCY)(MachineAgent)
+        token = os.urandom(4).hex()
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            name = _machine_name(node)
+            self.names[name] = f"fabriclab-{token}-{name}"
+            self.agents[name] = remote.options(
+                name=self.names[name], scheduling_strategy=_on_node(node["NodeID"])).remote(name)
+        probes = {name: agent.probe.remote() for name, agent in self.agents.items()}
+        failed: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        for name, ref in probes.items():
+            try:
+                info = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+                self.machines[name] = MachineInfo(**info)
+            except ray.exceptions.GetTimeoutError:
+                failed.append(f"{name}: did not answer within {timeout_s:.0f} s")
+            except Exception as err:  # noqa: BLE001 - an actor that cannot start there
+                failed.append(f"{name}: {root_cause(str(err))}")
+        if failed:
+            self.close()
+            where = Path(__file__).resolve().parents[2]
+            raise TestbedError(
+                f"{len(failed)} of the cluster's {len(probes)} machines cannot run "
+                "fabriclab's actor:\n  " + "\n  ".join(failed) + "\n(install the project on "
+                f"every machine at the same path as here, {where}, with the same Python and "
+                "Ray; nothing was built on any machine)")
+
+    def _attach(self, names: dict[str, str]) -> None:
+        gone = []
+        for machine, name in sorted(names.items()):
+            try:
+                self.agents[machine] = self.ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:  # Ray's "Failed to look up actor with name ..."
+                gone.append(machine)
+        self.names = dict(names)
+        if gone:
+            self.close()
+            raise TestbedError(f"the running fabric's actors on {', '.join(gone)} are gone "
+                               "(the 'fabriclab up' that built it has ended, or those machines "
+                               "left the cluster)")
+
+    def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
+        """``method(*args)`` of ``machine``'s actor. Its errors come back as they were raised
+        there; a machine that died or does not answer is one TestbedError naming it."""
+        ray = self.ray
+        try:
+            return ray.get(getattr(self.agents[machine], method).remote(*args),
+                           timeout=timeout_s)
+        except ray.exceptions.RayTaskError as err:  # raised in the actor: the error itself
+            cause = err.as_instanceof_cause()
+            if isinstance(cause, (TestbedError, ConfigError)):
+                raise cause from None
+            raise TestbedError(f"{machine}: {method} failed", "", str(err)[-1500:]) from None
+        except ray.exceptions.GetTimeoutError:
+            raise TestbedError(f"machine {machine} did not answer {method} within "
+                               f"{timeout_s:.0f} s") from None
+        except ray.exceptions.RayError as err:  # the actor or its node died
+            raise TestbedError(f"machine {machine} is gone ({type(err).__name__}): its part "
+                               "of the fabric is lost; what it built is removed by 'fabriclab "
+                               "clean' there or its next run", "", str(err)[-800:]) from None
+
+    def close(self) -> None:
+        """End the actors (those this object started) and disconnect."""
+        if self.owned:
+            for agent in self.agents.values():
+                self.ray.kill(agent)
+        self.agents = {}
+        self.ray.shutdown()
+
+
+#: how long the head's port may take to accept a connection before it counts as unreachable
+HEAD_CONNECT_S = 5.0
+
+
+def _reach_head(address: str) -> None:
+    """A TCP connection to the head's GCS port, at once: an unreachable head is said in
+    seconds (Ray itself retries for about 20 s, then gives a generic error)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_S):
+            pass
+    except (OSError, ValueError) as err:
+        why = "no answer within %.0f s" % HEAD_CONNECT_S if isinstance(err, TimeoutError) \
+            else (getattr(err, "strerror", None) or str(err))
+        raise TestbedError(f"cannot reach the Ray cluster's head at {address}: {why} (is "
+                           "'ray start --head' running there, its port open from here?)") \
+            from None
+
+
+def root_cause(text: str) -> str:
+    """The last ``SomeError: message`` line of a Ray error's text (colour codes removed),
+    else its last line: what went wrong on the machine, without Ray's framing."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
+    causes = [line for line in lines
+              if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ", line)]
+    rest = [line for line in lines if line]
+    return (causes or rest or ["no detail"])[-1][:300]
+
+
+def cluster_versions(text: str) -> str:
+    """``Ray 2.60.0 (Python 3.11.2)`` from Ray's "Version mismatch: The cluster was started
+    with: Ray: ... Python: ..." text, else empty."""
+    block = text.split("started with:", 1)[-1] if "started with:" in text else ""
+    ray = re.search(r"Ray:\s*(\S+)", block)
+    py = re.search(r"Python:\s*(\S+)", block)
+    if not ray:
+        return ""
+    return f"Ray {ray.group(1)}" + (f" (Python {py.group(1)})" if py else "")
+
+
+@contextmanager
+def _python_signal_handlers() -> Iterator[None]:
+    """Ray's core worker installs its own SIGTERM handler (it logs and ends the process at
+    once): put Python's back, so that SIGTERM unwinds through the fabric's teardown as on one
+    machine (``fabriclab up`` ended by SIGTERM tears its cluster fabric down)."""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} \
+        if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _machine_name(node: dict) -> str:
+    """A node's first custom resource (``machine2``), else its address."""
+    custom = sorted(r for r in node.get("Resources", {})
+                    if r not in ("CPU", "GPU", "memory", "object_store_memory")
+                    and not r.startswith(("node:", "accelerator_type:")))
+    return custom[0] if custom else node["NodeManagerAddress"]
+
+
+def _on_node(node_id: str):
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)

@@ -1,0 +1,180 @@
+"""eBPF adapter: build the project's BPF programs (from source, with Debian's clang and
+libbpf-dev), load and pin them with ``bpftool``, and read or write their maps through the
+``bpf()`` system call (ctypes). Attaching to an interface is netlink's job
+(:meth:`testbed.linux.netlink.Netlink.attach_bpf_egress`).
+
+Objects are built once per source version into ``state_dir/bpf/<hash>/``; nothing built is
+checked in. A run pins its programs and maps under ``/sys/fs/bpf/fabriclab/<run id>/`` (recorded
+in the run record, removed at teardown).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from testbed.errors import TestbedError
+
+SOURCE_DIR = Path(__file__).resolve().parent / "progs"
+BPFFS = Path("/sys/fs/bpf")
+PIN_ROOT = BPFFS / "fabriclab"
+INCLUDE = "/usr/include/x86_64-linux-gnu"
+
+_SYS_BPF = 321  # x86_64
+_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_MAP_GET_NEXT_KEY, _BPF_OBJ_GET = 1, 2, 4, 7
+_ATTR_SIZE = 128
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _need(tool: str, package: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise TestbedError(f"{tool} not found: apt-get install {package} (scripts/setup.sh does)")
+    return path
+
+
+def build(name: str, state_dir: Path) -> Path:
+    """The object of ``testbed/linux/progs/<name>.c``, compiled when its source changed.
+
+    Raises:
+        TestbedError: without clang or the libbpf headers, or when the compiler fails.
+    """
+    source = SOURCE_DIR / f"{name}.c"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    out = state_dir / "bpf" / digest / f"{name}.o"
+    if out.exists():
+        return out
+    clang = _need("clang", "clang libbpf-dev")
+    if not Path("/usr/include/bpf/bpf_helpers.h").exists():
+        raise TestbedError("libbpf headers not found: apt-get install libbpf-dev "
+                           "(scripts/setup.sh does)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [clang, "-O2", "-g", "-target", "bpf", f"-I{INCLUDE}", "-c", str(source), "-o",
+           str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    if proc.returncode != 0:
+        raise TestbedError(f"building {source.name} failed", " ".join(cmd), proc.stderr)
+    os.replace(tmp, out)
+    return out
+
+
+def ensure_bpffs() -> None:
+    """Mount the BPF file system on /sys/fs/bpf when it is not (pins live there)."""
+    if os.path.ismount(BPFFS):
+        return
+    BPFFS.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise TestbedError("cannot mount the BPF file system", "mount -t bpf bpf /sys/fs/bpf",
+                           proc.stderr)
+
+
+def load(obj: Path, pin_dir: Path) -> Path:
+    """Load an object's programs and maps, pinned in ``pin_dir`` (each program under
+    ``progs/<its function name>``, one file per map).
+
+    Returns:
+        The directory of the pinned programs.
+    """
+    bpftool = _need("bpftool", "bpftool")
+    ensure_bpffs()
+    pin_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [bpftool, "prog", "loadall", str(obj), str(pin_dir / "progs"), "type", "classifier",
+           "pinmaps", str(pin_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    if proc.returncode != 0:
+        raise TestbedError(f"loading {obj.name} failed (the verifier's log follows)",
+                           " ".join(cmd), proc.stderr[-3000:])
+    return pin_dir / "progs"
+
+
+def unpin(pin_dir: str | Path) -> None:
+    """Remove a run's pins (programs stay attached until their interfaces go)."""
+    shutil.rmtree(pin_dir, ignore_errors=True)
+
+
+def _syscall(cmd: int, attr: ctypes.Array) -> int:
+    ret = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), _ATTR_SIZE)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def obj_get(path: str | Path) -> int:
+    """A new file descriptor for a pinned program or map (close it with ``os.close``)."""
+    raw = os.fsencode(str(path)) + b"\0"
+    buf = ctypes.create_string_buffer(raw)
+    attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+    ctypes.memmove(attr, ctypes.byref(ctypes.c_uint64(ctypes.addressof(buf))), 8)
+    try:
+        return _syscall(_BPF_OBJ_GET, attr)
+    except OSError as err:
+        raise TestbedError(f"cannot open pinned BPF object {path}: {err.strerror}") from None
+
+
+class Map:
+    """A pinned BPF map, read and written with ctypes structures as keys and values."""
+
+    def __init__(self, path: str | Path, key_type: type, value_type: type) -> None:
+        self.path = Path(path)
+        self.key_type, self.value_type = key_type, value_type
+        self.fd = obj_get(path)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Map:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _attr(self, key, value_or_next, flags: int = 0) -> ctypes.Array:
+        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+        fields = (ctypes.c_uint32 * 2)(self.fd, 0)
+        ctypes.memmove(attr, fields, 8)
+        ptrs = (ctypes.c_uint64 * 3)(ctypes.addressof(key) if key is not None else 0,
+                                     ctypes.addressof(value_or_next), flags)
+        ctypes.memmove(ctypes.addressof(attr) + 8, ptrs, 24)
+        return attr
+
+    def _op(self, cmd: int, key, target, what: str) -> bool:
+        """One map command; False when the key is not there (ENOENT), TestbedError otherwise."""
+        try:
+            _syscall(cmd, self._attr(key, target))
+        except OSError as err:
+            if err.errno == errno.ENOENT:
+                return False
+            raise TestbedError(f"BPF map {self.path.name}: {what} failed: {err.strerror}") \
+                from None
+        return True
+
+    def update(self, key, value) -> None:
+        if not self._op(_BPF_MAP_UPDATE_ELEM, key, value, "update"):
+            raise TestbedError(f"BPF map {self.path.name}: update failed: no such entry")
+
+    def lookup(self, key):
+        value = self.value_type()
+        return value if self._op(_BPF_MAP_LOOKUP_ELEM, key, value, "lookup") else None
+
+    def items(self) -> list[tuple]:
+        """Every (key, value), read now."""
+        out, key = [], None
+        while self._op(_BPF_MAP_GET_NEXT_KEY, key, nxt := self.key_type(), "iteration"):
+            value = self.lookup(nxt)
+            if value is not None:
+                out.append((nxt, value))
+            key = nxt
+        return out

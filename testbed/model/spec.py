@@ -1,0 +1,310 @@
+"""Pure, typed description of a testbed: the fabric, its controller and how this machine emulates
+it. Every default lives here, once; the experiment layer (:mod:`fabriclab.model.experiment`) fills these
+from an experiment file and :class:`testbed.fabric.fabric.Fabric` builds from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+
+import networkx as nx
+
+from testbed.model.congestion import (
+    EcnSpec,
+    EcnThresholds,
+    PfcSpec,
+    PfcThresholds,
+    TrafficClasses,
+    base_rtt_s,
+    resolve_ecn,
+    resolve_pfc,
+)
+from testbed.errors import ConfigError
+from testbed.model.topology import Topology, fat_tree, feeds, leaf_spine, ring
+from testbed.model.servers import ServerSpec, place_servers, rail_optimized
+
+DEFAULT_RATE_MBPS = 10.0
+DEFAULT_QUEUE_KB = 256
+DEFAULT_MTU = 9000
+DEFAULT_READY_TIMEOUT_S = 60.0
+
+
+class Routing(StrEnum):
+    """How the controller forwards between access switches (see :mod:`controllers.routing.policy`)."""
+
+    ECMP = "ecmp"  # per-flow hash over the equal-cost paths
+    DMODK = "dmodk"  # destination-based static up-port choice (InfiniBand's D-mod-k)
+    SPRAY = "spray"  # the switch side of packet spraying: weighted groups hashing the entropy
+    ADAPTIVE = "adaptive"  # load-aware: elephants placed by Global First Fit (Hedera), WCMP
+
+
+class SprayWeights(StrEnum):
+    """Bucket weights of the spray mode's groups."""
+
+    CAPACITY = "capacity"  # each port's share of the capacity towards the destination
+    EQUAL = "equal"  # every live port alike (blind spraying)
+
+
+class EcmpSeed(StrEnum):
+    """The ECMP hash basis: one per switch, or the same everywhere (hash polarization)."""
+
+    PER_SWITCH = "per_switch"
+    SHARED = "shared"
+
+
+class EcmpSelection(StrEnum):
+    """How a switch picks an ECMP bucket (both hash the 5-tuple with the switch's basis)."""
+
+    HASH = "hash"  # Open vSwitch's selection_method=hash: in the slow path, once per 5-tuple
+    DP_HASH = "dp_hash"  # the datapath's hash and a recirculation: no upcall per new 5-tuple
+
+
+class Fidelity(StrEnum):
+    """What to do with a fabric whose full load exceeds this machine's forwarding budget."""
+
+    STRICT = "strict"
+    WARN = "warn"
+    OFF = "off"
+
+
+class Backend(StrEnum):
+    """Where a fabric runs: this machine's kernel, a full-kernel guest, or whichever suffices."""
+
+    AUTO = "auto"
+    HOST = "host"
+    VM = "vm"
+
+
+#: The shape parameters of each topology kind (the experiment file's ``fabric`` keys).
+SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf"),
+              "ring": ("leaves", "hosts_per_leaf"), "rail_optimized": ("spines",)}
+#: optional shape keys, by topology
+OPTIONAL_SHAPE_KEYS = {"rail_optimized": ("servers_per_leaf", "planes")}
+
+
+class EcnMarker(StrEnum):
+    """What marks ECN at the switch ports: the kernel's RED qdisc (where it has one: the vm
+    guest), the eBPF marker's virtual queue (anywhere), or whichever is more faithful (RED,
+    which sees the real backlog)."""
+
+    AUTO = "auto"
+    EBPF = "ebpf"
+    RED = "red"
+
+
+class TcpCongestion(StrEnum):
+    """TCP congestion control a workload's senders use (per socket, ``TCP_CONGESTION``)."""
+
+    CUBIC = "cubic"
+    RENO = "reno"
+    BBR = "bbr"
+    DCTCP = "dctcp"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something of the machine's kernel a setting needs: a qdisc, or a TCP congestion control."""
+
+    field: str  # the experiment field that needs it
+    kind: str  # "qdisc" or "tcp_cc"
+    name: str
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One link class (host links or fabric links); ``ecn`` marks at the switch ports' egress."""
+
+    rate_mbps: float = DEFAULT_RATE_MBPS
+    delay_us: float = 0.0
+    loss_percent: float = 0.0
+    ecn: tuple[EcnSpec, ...] = ()
+
+    def describe(self) -> str:
+        """``10 Mbit/s 100 us 1 % loss``."""
+        text = f"{self.rate_mbps:g} Mbit/s"
+        if self.delay_us:
+            text += f" {self.delay_us:g} us"
+        if self.loss_percent:
+            text += f" {self.loss_percent:g} % loss"
+        return text
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """What the fabric is: its shape, links and queues."""
+
+    topology: str
+    shape: dict
+    host_link: LinkSpec = field(default_factory=LinkSpec)
+    fabric_link: LinkSpec = field(default_factory=LinkSpec)
+    queue_kb: int | None = DEFAULT_QUEUE_KB
+    queue_packets: int | None = None
+    mtu: int = DEFAULT_MTU
+    traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
+    host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
+    pfc: PfcSpec = field(default_factory=PfcSpec)
+    servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
+
+    def priorities(self) -> tuple[int, ...]:
+        """The traffic classes in use: 0 (unlisted DSCP), the mapped ones and the lossless
+        ones. More than one gives every link end one HTB class per priority."""
+        return tuple(sorted({0, *self.traffic_classes.dscp_to_priority.values(),
+                             *self.pfc.priorities}))
+
+    @property
+    def needs_marker(self) -> bool:
+        """Whether the eBPF program runs at the ports: to mark ECN, to steer packets into
+        per-priority classes (and count them for PFC), or to drop a link's random loss."""
+        return (self.marks_ecn or len(self.priorities()) > 1
+                or any(self.link(t).loss_percent for t in ("host", "fabric")))
+
+    @property
+    def marks_ecn(self) -> bool:
+        """Whether any switch port marks ECN (the marker is attached to every switch port)."""
+        return any(e.mode != "off" for tier in ("host", "fabric") for e in self.link(tier).ecn)
+
+    def link(self, tier: str) -> LinkSpec:
+        """The settings of a link tier (``host`` or ``fabric``)."""
+        return self.host_link if tier == "host" else self.fabric_link
+
+    def queue_text(self) -> str:
+        return f"{self.queue_packets} packets" if self.queue_packets else f"{self.queue_kb} KiB"
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    """How the controller routes."""
+
+    routing: Routing = Routing.ECMP
+    ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH
+    ecmp_selection: EcmpSelection = EcmpSelection.HASH
+    spray_weights: SprayWeights = SprayWeights.CAPACITY
+    poll_interval_s: float = 1.0  # adaptive: the statistics interval
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class EmulatorSpec:
+    """How the machine emulates the fabric (not what the fabric is)."""
+
+    vswitchd_instances: int | str = "auto"  # private Open vSwitch instances (userspace datapath)
+    fidelity: Fidelity = Fidelity.STRICT
+    backend: Backend = Backend.AUTO
+    ovs_other_config: dict = field(default_factory=dict)  # extra Open_vSwitch other_config
+    queue_sample_ms: float = 50.0  # switch queues sampled during a workload (0: not at all)
+    ecn_marker: EcnMarker = EcnMarker.AUTO
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The Ray cluster a fabric is partitioned over (the experiment's ``cluster`` section, or
+    ``--cluster``): its head's ``host:port``, and how many machines it must have (None: as
+    many as it has)."""
+
+    address: str
+    machines: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestbedSpec:
+    """Everything needed to build a fabric on a machine."""
+
+    __test__ = False  # not a pytest test class
+
+    fabric: FabricSpec
+    controller: ControllerSpec = field(default_factory=ControllerSpec)
+    emulator: EmulatorSpec = field(default_factory=EmulatorSpec)
+
+    @cached_property
+    def topology(self) -> Topology:
+        """The topology model (model errors come back under ``fabric.``)."""
+        return build_topology(self.fabric)
+
+    def requirements(self) -> list[Requirement]:
+        """What every setting needs of the machine's kernel (an experiment adds its workload's)."""
+        q = lambda path, kind: Requirement(path, "qdisc", kind)  # noqa: E731
+        needs = [q("fabric", "htb"), q("fabric.queue", "pfifo" if self.fabric.queue_packets
+                                       else "bfifo")]
+        for tier in ("host", "fabric"):
+            link = self.fabric.link(tier)
+            if link.delay_us:
+                needs.append(q(f"fabric.{tier}_link.delay_us", "netem"))
+            if link.loss_percent:  # dropped by the eBPF program at the link's ends
+                needs.append(q(f"fabric.{tier}_link.loss_percent", "clsact"))
+            if any(e.mode != "off" for e in link.ecn):
+                needs.append(q(f"fabric.{tier}_link.ecn", "clsact"))
+        if self.emulator.ecn_marker == EcnMarker.RED and self.fabric.marks_ecn:
+            needs.append(q("emulator.ecn_marker", "red"))
+        if len(self.fabric.priorities()) > 1:
+            needs.append(q("fabric.traffic_classes", "clsact"))
+        if self.fabric.pfc.priorities:
+            needs.append(q("fabric.pfc", "tbf"))
+        return needs
+
+    @cached_property
+    def pfc(self) -> PfcThresholds | None:
+        """The PFC thresholds (None without lossless priorities); the headroom is checked
+        against each switch port's fan-in."""
+        fab = self.fabric
+        if not fab.pfc.priorities:
+            return None
+        for tier in ("host", "fabric"):
+            link = fab.link(tier)
+            if link.delay_us:
+                raise ConfigError("fabric.pfc", f"a lossless class cannot share the "
+                                  f"{tier} links' netem delay (their leaf is netem)")
+        if fab.queue_packets:
+            raise ConfigError("fabric.pfc", "lossless classes need a queue sized in bytes "
+                                            "(fabric.queue.size_kb), not size_packets")
+        topo = self.topology
+        fan_in = {}
+        for node in topo.switches:
+            links = list(topo.ports(node.name).values())
+            for link in links:
+                fan_in[link.end(node.name).ifname] = [
+                    (other.rate_mbps, fab.link(other.tier).delay_us)
+                    for other in links if feeds(topo, node.name, other, link)]
+        return resolve_pfc(fab.pfc, fan_in, int((fab.queue_kb or 0) * 1024), fab.mtu)
+
+    @cached_property
+    def base_rtt_s(self) -> float:
+        """The unloaded round trip of the fabric's longest host-to-host path (the scale of the
+        ECN defaults)."""
+        topo = self.topology
+        first = topo.hosts[0].name
+        paths = nx.single_source_shortest_path(nx.Graph(topo.graph), first)
+        far = max((p for n, p in paths.items() if not topo.nodes[n].is_switch),
+                  key=len)
+        links = [topo.find_link(a, b) for a, b in zip(far, far[1:])]
+        return base_rtt_s([l.rate_mbps for l in links],
+                          [self.fabric.link(l.tier).delay_us for l in links], self.fabric.mtu)
+
+    def port_ecn(self, tier: str) -> list[EcnThresholds]:
+        """The marking of each priority at the switch ports of a link tier."""
+        link = self.fabric.link(tier)
+        return resolve_ecn(link.ecn, link.rate_mbps, self.base_rtt_s, self.fabric.mtu,
+                           f"fabric.{tier}_link.ecn")
+
+
+def build_topology(spec: FabricSpec) -> Topology:
+    """Build the topology model of a fabric spec; model errors come back under ``fabric.``."""
+    try:
+        rates = (spec.host_link.rate_mbps, spec.fabric_link.rate_mbps)
+        if spec.topology == "rail_optimized":
+            if spec.servers is None:
+                raise ConfigError("servers", "required for topology rail_optimized")
+            return rail_optimized(spec.servers, spec.shape["spines"],
+                                  spec.shape.get("servers_per_leaf"), *rates,
+                                  planes=spec.shape.get("planes", 1))
+        if spec.topology == "fat_tree":
+            topo = fat_tree(spec.shape["k"], *rates)
+        elif spec.topology == "ring":
+            topo = ring(spec.shape["leaves"], spec.shape["hosts_per_leaf"], *rates)
+        else:
+            topo = leaf_spine(spec.shape["leaves"], spec.shape["spines"],
+                              spec.shape["hosts_per_leaf"], *rates)
+        return topo if spec.servers is None else place_servers(topo, spec.servers)
+    except ConfigError as err:
+        raise err.under("fabric") from None

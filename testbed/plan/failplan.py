@@ -1,0 +1,176 @@
+"""Link and switch failures, the pure part: the experiment file's ``failures`` section as
+events checked against the model (:func:`plan_failures`), a target of ``fabriclab fail`` as
+links (:func:`live_links`), and the fabric's delivered throughput before, during and after an
+event (:func:`throughput_around`). The adapter that applies them is :mod:`testbed.fabric.failures`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+from testbed.model.topology import Topology
+
+#: The delivered throughput is sampled this often while failures are planned.
+SAMPLE_S = 0.25
+#: "Before" is the window up to the event, "after" the one that follows "during", which is
+#: the settling time: detection (60-80 ms for a veth's carrier here), the controller's reroute
+#: (tens of ms), and the transports' recovery (a TCP retransmission timeout is 200 ms or more).
+WINDOW_S = 3.0
+SETTLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class FailureEvent:
+    """One failure or repair: ``links`` (node pairs) go ``down`` or ``up`` at ``at_s``."""
+
+    at_s: float
+    action: str  # "down" or "up"
+    target: str  # "link agg1_1-core1" or "switch core1"
+    links: tuple[tuple[str, str], ...]
+
+
+def plan_failures(topo: Topology, raw: list[dict]) -> tuple[FailureEvent, ...]:
+    """The events of a (schema-checked) ``failures`` section, in time order.
+
+    Raises:
+        ConfigError: an unknown node, a pair that is no link, or a host given as a switch,
+            naming the field.
+    """
+    events = []
+    for i, item in enumerate(raw):
+        where = f"failures[{i}]"
+        if "link" in item:
+            a, b = item["link"]
+            for j, node in enumerate((a, b)):
+                if node not in topo.nodes:
+                    raise ConfigError(f"{where}.link[{j}]", f"no node {node!r} in the fabric")
+            try:
+                topo.find_link(a, b)
+            except (KeyError, ValueError):
+                raise ConfigError(f"{where}.link", f"{a} and {b} share no link") from None
+            events.append(FailureEvent(float(item["at_s"]), item["action"], f"link {a}-{b}",
+                                       ((a, b),)))
+        else:
+            name = item["switch"]
+            node = topo.nodes.get(name)
+            if node is None or not node.is_switch:
+                raise ConfigError(f"{where}.switch", f"no switch {name!r} in the fabric")
+            links = tuple((name, link.other(name).node) for link in topo.ports(name).values())
+            events.append(FailureEvent(float(item["at_s"]), item["action"], f"switch {name}",
+                                       links))
+    return tuple(sorted(events, key=lambda e: e.at_s))
+
+
+def live_links(topo: Topology, target: list[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``[node, node]`` (a link) or ``[switch]`` (all its links) as a target and node pairs.
+
+    Raises:
+        ConfigError: naming ``target`` for an unknown node, no link, or a host alone.
+    """
+    if len(target) == 2:
+        a, b = target
+        for node in (a, b):
+            if node not in topo.nodes:
+                raise ConfigError("target", f"no node {node!r} in the running fabric")
+        try:
+            topo.find_link(a, b)
+        except KeyError:
+            raise ConfigError("target", f"{a} and {b} share no link") from None
+        return f"link {a}-{b}", ((a, b),)
+    if len(target) == 1:
+        name = target[0]
+        node = topo.nodes.get(name)
+        if node is None or not node.is_switch:
+            raise ConfigError("target", f"no switch {name!r} in the running fabric")
+        return f"switch {name}", tuple((name, l.other(name).node)
+                                       for l in topo.ports(name).values())
+    raise ConfigError("target", "give two nodes (a link) or one switch")
+
+
+def _bytes_at(samples: list[tuple[float, int]], t: float) -> float:
+    """The cumulative byte count at ``t``, interpolated between the samples around it."""
+    for (t0, b0), (t1, b1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            return b0 if t1 == t0 else b0 + (b1 - b0) * (t - t0) / (t1 - t0)
+    raise ValueError(f"{t} outside the samples")
+
+
+def rate_mbps(samples: list[tuple[float, int]], start_s: float, end_s: float) -> float | None:
+    """Mean Mbit/s over ``[start_s, end_s]`` of cumulative ``(seconds, bytes)`` samples, the
+    window clipped to what was sampled; None when less than one sample interval remains."""
+    if len(samples) < 2:
+        return None
+    start_s, end_s = max(start_s, samples[0][0]), min(end_s, samples[-1][0])
+    if end_s - start_s < SAMPLE_S * 0.99:
+        return None
+    moved = _bytes_at(samples, end_s) - _bytes_at(samples, start_s)
+    return round(moved * 8 / (end_s - start_s) / 1e6, 4)
+
+
+def throughput_around(samples: list[tuple[float, int]], at_s: float,
+                      window_s: float = WINDOW_S, settle_s: float = SETTLE_S) -> dict:
+    """The delivered throughput before an event at ``at_s`` (``window_s`` up to it), during it
+    (the ``settle_s`` after it) and after it (the ``window_s`` that follows), in Mbit/s (None
+    where nothing was sampled), with the windows used and during/before and after/before.
+
+    Args:
+        samples: ``(seconds since the workload began, cumulative bytes delivered)``, in order.
+    """
+    windows = {"before": (at_s - window_s, at_s), "during": (at_s, at_s + settle_s),
+               "after": (at_s + settle_s, at_s + settle_s + window_s)}
+    doc: dict = {f"{name}_mbps": rate_mbps(samples, a, b) for name, (a, b) in windows.items()}
+    before = doc["before_mbps"]
+    for name in ("during", "after"):
+        value = doc[f"{name}_mbps"]
+        doc[f"{name}_vs_before"] = (round(value / before, 3) if before and value is not None
+                                    else None)
+    doc["windows_s"] = {name: [round(a, 3), round(b, 3)] for name, (a, b) in windows.items()}
+    return doc
+
+
+def _live(topo: Topology, link, port_up: dict[str, bool]) -> bool:
+    """Whether every switch end of ``link`` is up (an interface name not in ``port_up`` is)."""
+    return all(port_up.get(e.ifname, True) for e in (link.a, link.b)
+               if topo.nodes[e.node].is_switch)
+
+
+def unreachable_pairs(topo: Topology, port_up: dict[str, bool], dead_switches: set[str],
+                      hosts: list[str]) -> list[tuple[str, str]]:
+    """Pairs of ``hosts`` that no live path joins: a link is gone when one of its switch ends
+    is down (``port_up`` by interface name; a name not in it counts as up) or belongs to a
+    switch in ``dead_switches``. One pair per host cut off from the first host's group."""
+    parent = {name: name for name in topo.nodes}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for link in topo.links:
+        ends = (link.a, link.b)
+        if any(e.node in dead_switches for e in ends):
+            continue
+        if not _live(topo, link, port_up):
+            continue
+        parent[root(link.a.node)] = root(link.b.node)
+    if not hosts:
+        return []
+    first = hosts[0]
+    return [(first, h) for h in hosts[1:] if root(h) != root(first)]
+
+
+def cut_off_reason(topo: Topology, port_up: dict[str, bool], dead_switches: set[str],
+                   hosts: list[str]) -> str | None:
+    """Why some of ``hosts`` cannot reach each other (who cannot reach whom, the links down,
+    the dead switches), or None while every one reaches every other."""
+    pairs = unreachable_pairs(topo, port_up, dead_switches, hosts)
+    if not pairs:
+        return None
+    down = sorted(link.name for link in topo.links if not _live(topo, link, port_up))
+    return (", ".join(f"{a} cannot reach {b}" for a, b in pairs[:5])
+            + (f" (and {len(pairs) - 5} more)" if len(pairs) > 5 else "")
+            + (f"; links down: {', '.join(down[:10])}" if down else "")
+            + (f"; switches without vswitchd: {', '.join(sorted(dead_switches))}"
+               if dead_switches else ""))

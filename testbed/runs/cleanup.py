@@ -1,0 +1,143 @@
+"""Remove what a run created, from its record: the normal teardown path and ``fabriclab clean``.
+
+Only resources listed in a run record (or OVS bridges tagged with a fabriclab run id) are
+touched; nothing is found or killed by a broad name.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.linux import bpf
+
+from testbed.linux import ovs
+
+from testbed.linux import procfs
+from testbed.errors import TestbedError
+from testbed.linux.netlink import Netlink
+from testbed.runs.registry import (Registry, RunRecord, TrackedProcess, proc_start_time,
+                               stop_processes)
+
+
+@dataclass
+class CleanReport:
+    """What a clean removed, and what it could not."""
+
+    runs: list[str] = field(default_factory=list)
+    bridges: int = 0
+    links: int = 0
+    processes: int = 0
+    skipped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def clean_record(record: RunRecord, registry: Registry, report: CleanReport | None = None,
+                 keep_run_dir: bool = True) -> CleanReport:
+    """Remove every resource of one run, in dependency order, then its record.
+
+    Each step runs even when an earlier one failed; failures are collected in the report and the
+    record is kept so that a later clean can retry.
+    """
+    report = report or CleanReport()
+    errors_before = len(report.errors)
+    try:
+        if record.bridges:  # bridges and QoS rows of the machine's Open vSwitch
+            existing = set(ovs.bridges_by_run())
+            mine = [b for b in record.bridges if b in existing]
+            ovs.delete_bridges(mine)
+            ovs.delete_qos({record.run_id})
+            report.bridges += len(mine)
+    except TestbedError as err:
+        report.errors.append(f"{record.run_id}: bridges: {err}")
+    tracked = {p.pid for p in record.processes}
+    processes = record.processes + [p for p in _daemons_by_pidfile(record)
+                                    if p.pid not in tracked]
+    hosts = [p for p in processes if p.role.startswith("host:")]
+    # switch daemons before their databases; agents before the shells they live in
+    others = sorted((p for p in processes if not p.role.startswith("host:")),
+                    key=lambda p: (p.role.endswith("ovsdb-server"), p.role))
+    # in stages, each stage signalled at once: switch daemons and agents, databases, shells
+    stages = [[p for p in others if not p.role.endswith("ovsdb-server")],
+              [p for p in others if p.role.endswith("ovsdb-server")], hosts]
+    for stage in stages:
+        try:
+            report.processes += stop_processes(stage)
+        except OSError as err:
+            report.errors.append(f"{record.run_id}: stopping {[p.pid for p in stage]}: {err}")
+    try:
+        if record.links or record.bridges:
+            with Netlink() as nl:
+                for name in sorted(nl.existing(set(record.links) | set(record.bridges))):
+                    if nl.delete(name):
+                        report.links += 1
+    except TestbedError as err:
+        report.errors.append(f"{record.run_id}: links: {err}")
+    for pin_dir in record.bpf_pins:  # after the links: programs stay attached until then
+        bpf.unpin(pin_dir)
+    for name, value in record.sysctls.items():  # a build that stopped while they were raised
+        try:
+            procfs.write_sysctl(name, value)
+        except OSError as err:
+            report.errors.append(f"{record.run_id}: restoring {name}={value}: {err}")
+    for path in record.files:
+        try:
+            Path(path).unlink(missing_ok=True)
+        except OSError as err:
+            report.errors.append(f"{record.run_id}: removing {path}: {err}")
+    if len(report.errors) == errors_before:
+        registry.remove(record)
+        report.runs.append(record.run_id)
+        if not keep_run_dir:
+            shutil.rmtree(record.run_dir, ignore_errors=True)
+    return report
+
+
+def clean(registry: Registry, include_live: bool = False, orphans: bool = True) -> CleanReport:
+    """Clean every recorded run whose owner is gone (or all, with ``include_live``), then
+    (``orphans``) any fabriclab-tagged OVS bridge that no live run owns: a cluster machine's
+    registry (which knows only its own runs) leaves those to the main one. A record that cannot
+    be read is an error of the report (its resources stay until someone looks), never skipped
+    in silence."""
+    report = CleanReport()
+    live_ids = set()
+    records, unreadable = registry.scan()
+    report.errors += unreadable
+    for record in records:
+        if not record.here():  # a namespace machine's part: its interfaces are in there
+            report.skipped.append(f"{record.run_id} (made in network namespace "
+                                  f"{record.netns}: clean it there)")
+            continue
+        if record.owner_alive() and not include_live:
+            live_ids.add(record.run_id)
+            report.skipped.append(f"{record.run_id} (pid {record.owner_pid} still running)")
+            continue
+        clean_record(record, registry, report)
+    if not orphans:
+        return report
+    try:
+        orphans = [b for b, run in ovs.bridges_by_run().items() if run not in live_ids]
+        ovs.delete_bridges(orphans)
+        ovs.delete_qos(keep=live_ids)
+        report.bridges += len(orphans)
+    except TestbedError as err:
+        report.errors.append(f"orphan bridges: {err}")
+    return report
+
+
+def _daemons_by_pidfile(record: RunRecord) -> list[TrackedProcess]:
+    """The run's private Open vSwitch daemons found by their own PID files (``run_dir/ovs*/``),
+    each still running with that folder on its command line: a run killed between a daemon's
+    start and its registration left it untracked."""
+    found = []
+    for pidfile in sorted(Path(record.run_dir).glob("ovs*/*.pid")):
+        try:
+            pid = int(pidfile.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        start = proc_start_time(pid)
+        if start is not None and str(pidfile.parent) in cmdline:
+            found.append(TrackedProcess(pid, start, f"ovs:{pidfile.parent.name}:{pidfile.stem}"))
+    return found

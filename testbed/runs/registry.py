@@ -1,0 +1,203 @@
+"""What each fabriclab run created, on disk, so any later process can remove exactly that.
+
+A run records a resource *before* creating it (so a SIGKILL in between leaks nothing), and its
+record is deleted only once everything in it is gone. Processes are identified by PID and kernel
+start time, so a recycled PID is never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.linux.files import write_json_atomic
+from testbed.poll import wait_for
+from testbed.linux.procfs import read_stat
+
+DEFAULT_STATE_DIR = Path("/run/fabriclab")
+
+
+def current_netns() -> str:
+    """This process's network namespace (``net:[4026531840]``): interfaces a run records are
+    found by name in the namespace it made them in."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The kernel start time (clock ticks since boot) of ``pid``; None if gone or a zombie."""
+    stat = read_stat(pid)
+    return None if stat is None or stat.gone else stat.start_ticks
+
+
+@dataclass
+class TrackedProcess:
+    pid: int
+    start: int
+    role: str
+
+    def alive(self) -> bool:
+        return proc_start_time(self.pid) == self.start
+
+
+@dataclass
+class RunRecord:
+    """The resources of one run."""
+
+    run_id: str
+    owner_pid: int
+    owner_start: int
+    run_dir: str
+    created: float = field(default_factory=time.time)
+    bridges: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # root-namespace interface names
+    bpf_pins: list[str] = field(default_factory=list)  # bpffs folders of pinned programs/maps
+    processes: list[TrackedProcess] = field(default_factory=list)
+    sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
+    files: list[str] = field(default_factory=list)  # outside the run directory (discovery)
+    netns: str = field(default_factory=current_netns)  # where its interfaces are
+
+    def here(self) -> bool:
+        """Whether this process is in the network namespace the run made its interfaces in
+        (a namespace machine's part is cleaned inside it)."""
+        return not self.netns or self.netns == current_netns()
+
+    def owner_alive(self) -> bool:
+        return proc_start_time(self.owner_pid) == self.owner_start
+
+
+class Registry:
+    """Run records in ``state_dir/runs``."""
+
+    def __init__(self, state_dir: Path = DEFAULT_STATE_DIR) -> None:
+        self.state_dir = Path(state_dir)
+        self.runs_dir = self.state_dir / "runs"
+        self._lock = threading.Lock()  # records are updated from start-up threads
+
+    def new_run(self, run_dir: Path) -> RunRecord:
+        pid = os.getpid()
+        record = RunRecord(f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}", pid,
+                           proc_start_time(pid) or 0, str(run_dir))
+        self.save(record)
+        return record
+
+    def path(self, record: RunRecord) -> Path:
+        return self.runs_dir / f"{record.run_id}.json"
+
+    def save(self, record: RunRecord) -> None:
+        with self._lock:
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path(record), asdict(record))
+
+    def remove(self, record: RunRecord) -> None:
+        self.path(record).unlink(missing_ok=True)
+
+    def scan(self) -> tuple[list[RunRecord], list[str]]:
+        """Every run record, and a description of each file that is not a readable record
+        (its resources cannot be cleaned until someone looks at it)."""
+        records, unreadable = [], []
+        for path in sorted(self.runs_dir.glob("*.json")) if self.runs_dir.exists() else []:
+            try:
+                data = json.loads(path.read_text())
+                data["processes"] = [TrackedProcess(**p) for p in data.get("processes", [])]
+                records.append(RunRecord(**data))
+            except (OSError, ValueError, TypeError, AttributeError) as err:
+                unreadable.append(f"{path}: not a readable run record ({err}); check what it "
+                                  "lists and remove it by hand")
+        return records, unreadable
+
+    def running(self, run_id: str | None = None) -> RunRecord:
+        """The one fabric whose process is alive (or the one named ``run_id``).
+
+        Raises:
+            TestbedError: none running, or several and no ``run_id``.
+        """
+        runs = [r for r in self.runs() if r.owner_alive() and (run_id in (None, r.run_id))]
+        if not runs:
+            raise TestbedError("no running fabric" + (f" with id {run_id}" if run_id else "")
+                               + ": start one with 'fabriclab up FILE'")
+        if len(runs) > 1:
+            raise TestbedError("several fabrics are running: name one with --run "
+                               + ", ".join(r.run_id for r in runs))
+        return runs[0]
+
+    def runs(self) -> list[RunRecord]:
+        """Every run record.
+
+        Raises:
+            TestbedError: when a record cannot be read (naming the file).
+        """
+        records, unreadable = self.scan()
+        if unreadable:
+            raise TestbedError("\n".join(unreadable))
+        return records
+
+    def track_process(self, record: RunRecord, pid: int, role: str) -> None:
+        start = proc_start_time(pid)
+        if start is not None:
+            with self._lock:
+                record.processes.append(TrackedProcess(pid, start, role))
+            self.save(record)
+
+    def track_file(self, record: RunRecord, path: str) -> None:
+        """Record a file the run wrote outside its directory (a Prometheus discovery file)."""
+        with self._lock:
+            if path not in record.files:
+                record.files.append(path)
+        self.save(record)
+
+    def untrack_process(self, record: RunRecord, pid: int) -> None:
+        """Forget a process that has ended (reaped by its owner)."""
+        with self._lock:
+            record.processes = [p for p in record.processes if p.pid != pid]
+        self.save(record)
+
+
+def stop_process(proc: TrackedProcess, timeout_s: float = 5.0) -> None:
+    """SIGTERM a tracked process (its process group if it leads one), then SIGKILL."""
+    stop_processes([proc], timeout_s)
+
+
+def stop_processes(procs: list[TrackedProcess], timeout_s: float = 5.0) -> int:
+    """SIGTERM tracked processes all at once, wait for them together, SIGKILL the stragglers.
+
+    Returns:
+        How many were alive.
+    """
+    alive = [p for p in procs if p.alive()]
+    for proc in alive:
+        _signal(proc, signal.SIGTERM)
+    left = _wait_gone(alive, timeout_s)
+    for proc in left:
+        _signal(proc, signal.SIGKILL)
+    _wait_gone(left, 2.0)
+    return len(alive)
+
+
+def _wait_gone(procs: list[TrackedProcess], timeout_s: float) -> list[TrackedProcess]:
+    """Wait until every process is gone; returns those still alive after ``timeout_s``."""
+    try:
+        wait_for(lambda: not any(p.alive() for p in procs), timeout_s, "processes to end",
+                 interval_s=0.02)
+        return []
+    except TestbedError:
+        return [p for p in procs if p.alive()]
+
+
+def _signal(proc: TrackedProcess, sig: int) -> None:
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass

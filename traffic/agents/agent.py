@@ -1,0 +1,364 @@
+"""The traffic agent: one process per participating host, run inside the host's namespace.
+
+Usage: ``python -m traffic.agents.agent SPEC.json RANK_HOST`` -- prints one
+:class:`traffic.workloads.protocol.AgentReport` (its timings, JSON) on stdout and exits 0, or prints the
+error on stderr and exits 1.
+
+The spec (a :class:`traffic.workloads.protocol.AgentSpec`, written by :mod:`traffic.agents.runner`) lists the
+ranks (host, address), the TCP port every agent listens on (on its own address, so that agents
+can share a machine's loopback in tests), the number of connections per peer (NCCL opens several
+channels per peer; each transfer is split over them), a wall-clock start time shared by all
+agents (one machine, one clock), and the collectives in issue order with their transfers. An
+agent:
+
+1. listens, connects ``connections`` sockets to every peer it sends to, and accepts the ones
+   from every peer that sends to it (each connection announces its sender rank and channel);
+2. waits for the start time;
+3. runs the collectives in order (stream order, as NCCL does), each behind a barrier over a
+   control connection to rank 0 so that all ranks start it together: a step's sends start once every
+   receive of the previous step is complete; bytes come from one zero buffer, are sent in
+   pieces and never held whole, so sizes from bytes to gigabytes cost the same memory;
+4. reports, per collective, its start and end and the completion time of every transfer.
+
+One sender thread per (peer, channel) keeps the byte stream of a connection in step order, and
+one receiver thread per (peer, channel) reads it in the same order. With a UDP transport
+(``rocev2``, ``uet``: :mod:`traffic.transports`) the data moves over the agent's
+:class:`traffic.agents.engine.UdpEngine` instead, one queue pair per (peer, channel) in the
+same order; only the barrier stays on TCP. The step engine does not know which.
+"""
+
+from __future__ import annotations
+
+import queue
+import resource
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from testbed.errors import TestbedError
+from testbed.linux.files import write_text_atomic
+from testbed.poll import wait_for
+from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
+from traffic.workloads.schedules import chunk_sizes
+from traffic.agents.engine import UdpEngine
+from traffic.transports.packet import Scale
+
+BUF = memoryview(bytearray(1 << 20))
+HELLO = struct.Struct("!II")  # sender rank, channel
+CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
+CONNECT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Work:
+    """One channel's share of one transfer."""
+
+    collective: int
+    step: int
+    peer: int
+    nbytes: int
+    key: tuple  # (collective, step, src, dst): the transfer it belongs to
+
+
+class Agent:
+    """The state of one rank's agent."""
+
+    def __init__(self, spec: AgentSpec, rank: int) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.channels = spec.connections
+        self.lock = threading.Condition()
+        self.remaining: dict[tuple, int] = {}  # transfer key -> channels not yet done
+        self.done_at: dict[tuple, float] = {}
+        self.errors: list[str] = []
+        self.send_q: dict[tuple[int, int], queue.Queue] = {}
+        self.recv_q: dict[tuple[int, int], queue.Queue] = {}
+        self.socks: dict[tuple[str, int, int], socket.socket] = {}
+        self.control: list[socket.socket] = []
+        self.state = "starting"  # what it is waiting for, published for a stuck-job report
+        self.engine: UdpEngine | None = None
+        if spec.transport != "tcp":
+            scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
+            self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
+                                    scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn,
+                                    ranks=spec.ranks)
+
+    # -- connections ---------------------------------------------------------------------
+    def peers(self) -> tuple[set[int], set[int]]:
+        send_to, recv_from = set(), set()
+        for coll in self.spec.collectives:
+            for t in coll.transfers:
+                if t.src == self.rank:
+                    send_to.add(t.dst)
+                if t.dst == self.rank:
+                    recv_from.add(t.src)
+        return send_to, recv_from
+
+    def connect(self, listener: socket.socket) -> None:
+        send_to, recv_from = self.peers()
+        if self.engine is not None:  # data over UDP: only the barrier's connections
+            send_to, recv_from = set(), set()
+        expected = {(p, c) for p in recv_from for c in range(self.channels)}
+        if self.rank == 0:
+            expected |= {(p, CONTROL) for p in range(1, len(self.spec.ranks))}
+        accepted: dict[tuple[int, int], socket.socket] = {}
+
+        def accept() -> None:
+            listener.settimeout(CONNECT_TIMEOUT_S)
+            while len(accepted) < len(expected):
+                conn, _ = listener.accept()
+                conn.settimeout(None)
+                hello = _recv_exact(conn, HELLO.size)
+                accepted[HELLO.unpack(hello)] = conn
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        ranks = self.spec.ranks
+        for peer in sorted(send_to):
+            self.state = f"connecting to rank {peer}"
+            for ch in range(self.channels):
+                sock = _connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port)
+                if self.spec.congestion_control:  # the sender's choice is what counts
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                                    self.spec.congestion_control.encode())
+                if self.spec.dscp:  # the traffic class; TCP keeps the ECN bits itself
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.spec.dscp << 2)
+                sock.sendall(HELLO.pack(self.rank, ch))
+                self.socks[("send", peer, ch)] = sock
+        if self.rank != 0:
+            self.state = "connecting to rank 0 (barrier)"
+            sock = _connect(ranks[0].ip, self.spec.port)
+            sock.sendall(HELLO.pack(self.rank, CONTROL))
+            self.control = [sock]
+        self.state = ("waiting for connections from ranks "
+                      f"{sorted({p for p, _ in expected - set(accepted)})}")
+        acceptor.join(CONNECT_TIMEOUT_S + 5)
+        missing = expected - set(accepted)
+        if missing:
+            raise RuntimeError(f"rank {self.rank}: no connection from ranks "
+                               f"{sorted({p for p, _ in missing})} within {CONNECT_TIMEOUT_S} s")
+        for (peer, ch), sock in accepted.items():
+            if ch == CONTROL:
+                self.control.append(sock)
+            else:
+                self.socks[("recv", peer, ch)] = sock
+
+    def barrier(self) -> None:
+        """All ranks wait here until every rank has arrived (rank 0 gathers, then releases)."""
+        self.state = "in the barrier before the next collective"
+        if self.rank == 0:
+            for sock in self.control:
+                _recv_exact(sock, 1)
+            for sock in self.control:
+                sock.sendall(b"g")
+        else:
+            self.control[0].sendall(b"a")
+            _recv_exact(self.control[0], 1)
+
+    # -- data movement -------------------------------------------------------------------
+    def _finish(self, work: Work) -> None:
+        with self.lock:
+            self.remaining[work.key] -= 1
+            if self.remaining[work.key] == 0:
+                self.done_at[work.key] = time.time()
+            self.lock.notify_all()
+
+    def _sender(self, sock: socket.socket, q: queue.Queue) -> None:
+        try:
+            while (work := q.get()) is not None:
+                left = work.nbytes
+                while left:
+                    left -= sock.send(BUF[:min(left, len(BUF))])
+                self._finish(work)
+        except OSError as err:
+            self._fail(f"send: {err}")
+
+    def _receiver(self, sock: socket.socket, q: queue.Queue) -> None:
+        try:
+            while (work := q.get()) is not None:
+                left = work.nbytes
+                while left:
+                    got = sock.recv_into(BUF, min(left, len(BUF)))
+                    if not got:
+                        raise OSError(f"rank {work.peer} closed the connection")
+                    left -= got
+                self._finish(work)
+        except OSError as err:
+            self._fail(f"receive from rank {getattr(work, 'peer', '?')}: {err}")
+
+    def _fail(self, text: str) -> None:
+        with self.lock:
+            self.errors.append(text)
+            self.lock.notify_all()
+
+    def start_threads(self) -> None:
+        if self.engine is not None:
+            self.engine.start()
+        for (kind, peer, ch), sock in self.socks.items():
+            q: queue.Queue = queue.Queue()
+            (self.send_q if kind == "send" else self.recv_q)[(peer, ch)] = q
+            target = self._sender if kind == "send" else self._receiver
+            threading.Thread(target=target, args=(sock, q), daemon=True).start()
+
+    def run(self) -> list[CollectiveTiming]:
+        results = []
+        for index, coll in enumerate(self.spec.collectives):
+            if self.spec.barrier:
+                self.barrier()  # every collective starts together, as NCCL-tests times them
+            time.sleep(coll.gap_s)  # the compute before it (training workloads)
+            steps: dict[int, list] = {}
+            for t in coll.transfers:
+                if self.rank in (t.src, t.dst):
+                    steps.setdefault(t.step, []).append((t.src, t.dst, t.nbytes))
+            start = time.time()
+            before = self.engine.summary() if self.engine else None
+            flows = []
+            for step in sorted(steps):
+                keys = []
+                for src, dst, nbytes in steps[step]:
+                    key = (index, step, src, dst)
+                    peer, queues = (dst, self.send_q) if src == self.rank else (src, self.recv_q)
+                    shares = chunk_sizes(nbytes, self.channels)
+                    with self.lock:
+                        self.remaining[key] = sum(1 for n in shares if n) or 1
+                    if not any(shares):
+                        self._finish(Work(index, step, peer, 0, key))
+                    for ch, share in enumerate(shares):
+                        if share:
+                            self._dispatch(src == self.rank, queues, Work(index, step, peer,
+                                                                          share, key), ch)
+                    if dst == self.rank:
+                        keys.append(key)
+                    flows.append((key, nbytes, src == self.rank))
+                self._wait(keys)  # the next step's sends depend on this step's receives
+            self._wait([k for k, _n, _is_send in flows])  # and our own sends to drain
+            end = time.time()
+            results.append(CollectiveTiming(index, start, end, tuple(
+                FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
+                for k, n, is_send in flows if not is_send),
+                _delta(before, self.engine.summary()) if self.engine else None))
+        if self.engine is not None:  # a receiver's last ACK may be lost: it keeps answering
+            self.barrier()  # retransmissions until every rank's sends are acknowledged
+        return results
+
+    def _dispatch(self, sending: bool, queues: dict, work: Work, channel: int) -> None:
+        """Hand one channel's share of a transfer to its connection's thread, or to the UDP
+        engine's queue pair."""
+        if self.engine is None:
+            queues[(work.peer, channel)].put(work)
+        elif sending:
+            self.engine.send(work.peer, channel, work.nbytes, lambda: self._finish(work))
+        else:
+            self.engine.expect(work.peer, channel, work.nbytes, lambda: self._finish(work))
+
+    def _wait(self, keys: list[tuple]) -> None:
+        pending = [k for k in keys if k not in self.done_at]
+        if pending:
+            self.state = (f"collective {pending[0][0]} step {pending[0][1]}: waiting for data "
+                          f"from ranks {sorted({k[2] for k in pending if k[3] == self.rank})} "
+                          f"and to drain sends to {sorted({k[3] for k in pending if k[2] == self.rank})}")
+        with self.lock:
+            while not self.errors and any(k not in self.done_at for k in keys):
+                self.lock.wait(1.0)
+                if self.engine is not None and self.engine.errors:
+                    self.errors += self.engine.errors
+            if self.errors:
+                raise RuntimeError("; ".join(self.errors))
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        for q in [*self.send_q.values(), *self.recv_q.values()]:
+            q.put(None)
+        for sock in [*self.socks.values(), *self.control]:
+            sock.close()
+
+
+def _delta(before: dict, after: dict) -> dict:
+    """The engine's counters over one collective."""
+    return {k: (v - before.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                else v) for k, v in after.items()}
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OSError("connection closed during hello")
+        data += chunk
+    return data
+
+
+def _connect(ip: str, port: int) -> socket.socket:
+    """A connection to a peer's agent, retried until it listens (``CONNECT_TIMEOUT_S``)."""
+    errors: list[OSError] = []
+
+    def attempt() -> socket.socket | None:
+        try:
+            sock = socket.create_connection((ip, port), timeout=5)
+        except OSError as err:  # the peer's agent is not listening yet
+            errors[:] = [err]
+            return None
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    try:
+        return wait_for(attempt, CONNECT_TIMEOUT_S, f"{ip}:{port} to accept")
+    except TestbedError as err:
+        raise OSError(f"{err} (last: {errors[0] if errors else 'no attempt'})") from None
+
+
+def _publish_state(agent: Agent, path: str) -> None:
+    """Keep ``path`` holding what the agent waits for (read by the runner when a job hangs)."""
+
+    def loop() -> None:
+        last = None
+        while True:
+            state = agent.state
+            if agent.engine is not None:  # the UDP queue pairs with work left, if any
+                try:
+                    state = "; ".join([state, *agent.engine.stalled()])
+                except RuntimeError:  # a dict changed size under us: next time
+                    pass
+            if state != last:
+                last = state
+                write_text_atomic(path, last)
+            time.sleep(0.2)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def main(argv: list[str]) -> int:
+    spec_path, host = argv
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = AgentSpec.from_json(fh.read())
+    rank = spec.rank_of(host)
+    agent = Agent(spec, rank)
+    _publish_state(agent, f"{spec_path}.rank{rank}")
+    me = spec.ranks[rank]  # a multi-plane GPU listens on every NIC's address
+    listener = socket.create_server(("0.0.0.0" if me.planes else me.ip, spec.port),
+                                    backlog=256)
+    try:
+        agent.connect(listener)
+        agent.start_threads()
+        time.sleep(max(0.0, spec.start_at - time.time()))
+        results = agent.run()
+    except (OSError, RuntimeError) as err:
+        print(f"rank {rank} ({host}): {err}", file=sys.stderr)
+        return 1
+    finally:
+        agent.close()
+        listener.close()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    sys.stdout.write(AgentReport(rank, host, tuple(results),
+                                 usage.ru_utime + usage.ru_stime).to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

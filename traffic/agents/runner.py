@@ -1,0 +1,195 @@
+"""Run collectives on a fabric: one agent per rank host, a shared start, results per collective.
+
+The runner (this adapter) writes the job's :class:`traffic.workloads.protocol.AgentSpec` into the run
+directory, starts ``python -m traffic.agents.agent`` in every participating host's namespace as a
+fabric service (:meth:`testbed.fabric.fabric.Fabric.spawn`: tracked by PID, ended by PID), waits with a
+hard timeout, and turns the agents' reports into per-collective results with NCCL-tests'
+metrics. A job that times out names the ranks that had not finished and what each waits for.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from traffic.measure.ideal import FluidModel
+from traffic.workloads.protocol import AgentReport
+from traffic.measure.results import AGENT_PORT, CollectiveResult, job_spec, summarize
+from traffic.transports.packet import mss_for
+from traffic.workloads.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job
+
+START_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What one job of a batch gave: its results, or the error that stopped it."""
+
+    job: Job
+    results: tuple[CollectiveResult, ...] = ()
+    error: TestbedError | None = None
+
+
+#: While a job runs, whether its ranks still reach each other is checked this often; cut off
+#: for longer than the grace (a link that flaps back is no reason to give up), it fails.
+CUT_OFF_CHECK_S = 1.0
+CUT_OFF_GRACE_S = 3.0
+
+
+class CutOffWatch:
+    """Why a running job cannot finish, if it cannot: its hosts cut off from each other for
+    longer than the grace, or a fabric service (the PFC agent: queues it paused stay paused)
+    that died since the job began."""
+
+    def __init__(self, fabric, hosts: list[str], grace_s: float = CUT_OFF_GRACE_S) -> None:
+        self.fabric, self.hosts, self.grace_s = fabric, hosts, grace_s
+        self.since: float | None = None
+        self.services_failed = len(getattr(fabric, "service_errors", []))
+
+    def check(self) -> str | None:
+        """The reason, once the hosts have stayed cut off for the grace or at once for a
+        failed service; else None."""
+        failed = getattr(self.fabric, "service_errors", [])[self.services_failed:]
+        if failed:
+            return f"a fabric service failed: {failed[0]}"
+        reason = self.fabric.cut_off(self.hosts)
+        now = time.monotonic()
+        if reason is None:
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = now
+        return f"ranks cut off for {self.grace_s:.0f} s: {reason}" \
+            if now - self.since >= self.grace_s else None
+
+
+def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
+    """Run several jobs at once, each on its own agent port, all starting together.
+
+    Returns:
+        One outcome per job, in order: a job that failed (an agent error, a timeout) carries
+        its error and the others still run to their end.
+
+    Raises:
+        Exception: anything other than a TestbedError (a bug) is raised again here, after
+            every job's thread has ended.
+    """
+    hosts = {h for job in jobs for h in job.collectives[0].hosts}
+    start_at = time.time() + START_DELAY_S + 0.1 * len(hosts) * len(jobs)
+    outcomes: list[JobOutcome | None] = [None] * len(jobs)
+    crashes: list[BaseException] = []
+
+    def one(i: int) -> None:
+        job = jobs[i]
+        try:
+            results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
+                              AGENT_PORT + i, start_at, job.congestion_control, job.dscp,
+                              job.transport, job.spray, job.dcqcn)
+            outcomes[i] = JobOutcome(job, tuple(results))
+        except TestbedError as err:
+            outcomes[i] = JobOutcome(job, error=err)
+        except BaseException as err:  # noqa: BLE001 - re-raised below, in the caller's thread
+            crashes.append(err)
+            outcomes[i] = JobOutcome(job, error=TestbedError(f"crashed: {err!r}"))
+
+    if len(jobs) == 1:
+        one(0)
+    else:
+        threads = [threading.Thread(target=one, args=(i,), name=f"job{i}")
+                   for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if crashes:
+        raise crashes[0]
+    return [o for o in outcomes if o is not None]
+
+
+def _agent_state(fabric, spec_name: str, rank: int, host: str) -> str:
+    try:
+        return fabric.read_file(f"{spec_name}.rank{rank}", host)
+    except OSError:
+        return "no state published"
+
+
+def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
+            timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
+            start_at: float | None = None, congestion_control: str | None = None,
+            dscp: int = 0, transport: str = "tcp",
+            spray: bool | None = None, dcqcn: str = "paper") -> list[CollectiveResult]:
+    """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
+
+    Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
+    ``start_at`` wall-clock time.
+
+    Raises:
+        TestbedError: when an agent fails or the job outlives ``timeout_s`` (naming the ranks).
+    """
+    topo = fabric.topo
+    hosts = collectives[0].hosts
+    ips = {h.name: h.ip for h in topo.hosts}
+    start_at = start_at or time.time() + START_DELAY_S + 0.1 * len(hosts)
+    scale = None
+    if transport != "tcp":
+        link = topo.host_link(hosts[0])
+        scale = {"rate_bps": link.rate_mbps * 1e6, "base_rtt_s": fabric.spec.base_rtt_s,
+                 "mss": mss_for(fabric.spec.fabric.mtu)}
+    planes = {h: tuple(topo.nodes[n].ip for n in topo.nics(h)[1:]) for h in hosts}
+    servers = {h: topo.server_of(h).index for h in hosts if topo.server_of(h)}
+    spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
+                    transport, spray, scale, dcqcn, planes, servers)
+    name = f"job-{port}-{time.time_ns()}.json"  # in the run directory (each machine's)
+    fabric.write_file(name, spec.to_json())
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for host in hosts:
+            procs[host] = fabric.spawn(host, [sys.executable, "-m", "traffic.agents.agent", name, host],
+                                       f"agent:{port}:{host}", cwd=str(fabric.run_dir))
+        deadline = time.monotonic() + timeout_s
+        watch = CutOffWatch(fabric, hosts)
+        reports, failures = [], []
+        for rank, (host, proc) in enumerate(procs.items()):
+            while True:
+                try:
+                    out, err = proc.communicate(
+                        timeout=max(0.1, min(CUT_OFF_CHECK_S, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    expired = time.monotonic() >= deadline
+                    reason = None if expired else watch.check()
+                    if not expired and reason is None:
+                        continue
+                    stuck = [f"rank {i} ({h}): {_agent_state(fabric, name, i, h)}"
+                             for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
+                    head = (f"the job cannot finish, {reason}" if reason else
+                            f"job timed out after {timeout_s:.0f} s")
+                    raise TestbedError(f"{head}; still running:\n  "
+                                       + "\n  ".join(stuck)) from None
+            if err:  # the agent's own log: the run directory keeps it
+                logs = Path(fabric.run_dir) / "logs"
+                logs.mkdir(exist_ok=True)
+                with open(logs / f"agent-{port}-{host}.log", "a", encoding="utf-8") as fh:
+                    fh.write(err)
+            if proc.returncode != 0:
+                failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
+            else:
+                try:
+                    reports.append(AgentReport.from_json(out))
+                except (ValueError, KeyError, TypeError) as exc:
+                    failures.append(f"rank {rank} ({host}): unreadable report ({exc!r}): "
+                                    f"{out[-200:]!r}")
+        if failures:
+            raise TestbedError("traffic agents failed:\n  " + "\n  ".join(failures))
+    finally:
+        for proc in procs.values():
+            fabric.stop(proc)
+    # a rank's scale-out rate: its NIC's, times the planes its ports are on
+    rate = sum(topo.host_link(nic).rate_mbps for nic in topo.nics(hosts[0]))
+    return summarize(collectives, sorted(reports, key=lambda r: r.rank), rate,
+                     fabric.spec.fabric.mtu, FluidModel(topo) if topo.servers else None)

@@ -1,0 +1,121 @@
+"""Pure job description and results: the spec the agents read, and per-collective results
+from their reports with NCCL-tests' metrics (:mod:`traffic.agents.runner` runs the agents)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from traffic.measure import metrics
+from traffic.measure.ideal import FluidModel
+from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
+from traffic.measure.transport import goodput_fraction
+from traffic.workloads.workload import Collective
+
+AGENT_PORT = 17000
+
+
+@dataclass
+class CollectiveResult:
+    """What one collective measured (results.json fields)."""
+
+    op: str
+    algorithm: str
+    ranks: list[str]
+    bytes: int
+    duration_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+    ideal_s: float
+    efficiency: float
+    flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    label: str = ""
+    agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
+    gap_s: float = 0.0  # compute time before it (training workloads)
+    communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
+    iteration: int | None = None  # training workloads: the iteration it belongs to
+    transport: dict | None = None  # UDP transports: packet counters summed over the ranks
+    scale_out_bytes: int | None = None  # servers of GPUs: bytes moved between servers
+    moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
+    throughput_of_ideal: float | None = None  # op flows: Hedera's aggregate throughput measure
+    # every transfer: (source host, destination host, step, bytes, seconds from the start to
+    # its last byte); flows.csv, not results.json
+    flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
+
+
+def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
+             start_at: float, port: int = AGENT_PORT,
+             congestion_control: str | None = None, dscp: int = 0, transport: str = "tcp",
+             spray: bool | None = None, scale: dict | None = None,
+             dcqcn: str = "paper", planes: dict[str, tuple[str, ...]] | None = None,
+             servers: dict[str, int] | None = None) -> AgentSpec:
+    """The spec every agent reads. All collectives must use the same rank hosts (one job).
+    ``planes``: a multi-plane fabric's other NIC addresses per host; ``servers``: each GPU's
+    server."""
+    hosts = collectives[0].hosts
+    if any(c.hosts != hosts for c in collectives):
+        raise ValueError("one job, one rank list")
+    planes, servers = planes or {}, servers or {}
+    ranks = tuple(RankSpec(h, ips[h], tuple(planes.get(h, ())), servers.get(h, 0))
+                  for h in hosts)
+    return AgentSpec(port, connections, start_at, ranks,
+                     tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
+                           for c in collectives), congestion_control=congestion_control,
+                     dscp=dscp, transport=transport, spray=spray, scale=scale,
+                     dcqcn=dcqcn)
+
+
+def transport_totals(per_rank: list[dict | None]) -> dict | None:
+    """One collective's UDP transport counters summed over its ranks, with the share of sent
+    payload that was new data (goodput / throughput)."""
+    rows = [r for r in per_rank if r]
+    if not rows:
+        return None
+    out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants")
+                 if k in rows[0]}
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+    sent = out.get("tx_packets", 0)
+    out["goodput_ratio"] = round(1 - out.get("tx_retransmitted", 0) / sent, 4) if sent else None
+    return out
+
+
+def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
+              mtu: int, fluid: FluidModel | None = None) -> list[CollectiveResult]:
+    """Per-collective results from the agents' reports (pure). With ``fluid`` (servers of
+    GPUs: their collectives cross two domains at two rates) the ideal time is what the
+    schedule's byte counts predict on the fabric, link by link (:mod:`traffic.measure.ideal`)."""
+    out = []
+    for index, coll in enumerate(collectives):
+        per_rank = [r.collectives[index] for r in reports]
+        start = min(c.start for c in per_rank)
+        end = max(c.end for c in per_rank)
+        duration = max(end - start, 1e-9)
+        fcts = [f.done - c.start for c in per_rank for f in c.flows]
+        sched = coll.schedule
+        n = sched.communicator_size
+        if fluid is not None and coll.servers is not None:
+            ideal = fluid.ideal_s(sched, coll.hosts, goodput_fraction(mtu))
+        else:
+            ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
+                                         goodput_fraction(mtu))
+        out.append(CollectiveResult(
+            coll.op, sched.algorithm, list(coll.hosts), sched.size_bytes, duration,
+            metrics.algbw_gbps(sched.size_bytes, duration),
+            metrics.busbw_gbps(coll.op, n, sched.size_bytes, duration), ideal,
+            metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
+            {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
+             "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
+            communicator_size=n, iteration=coll.iteration,
+            transport=transport_totals([c.transport for c in per_rank]),
+            throughput_of_ideal=metrics.throughput_of_ideal(
+                [(f.bytes, f.done - c.start) for c in per_rank for f in c.flows], rate_mbps,
+                goodput_fraction(mtu)) if coll.op == "flows" and fcts else None,
+            scale_out_bytes=coll.scale_out_bytes(),
+            moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
+            flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
+                          round(f.done - start, 6)) for c in per_rank for f in c.flows)))
+    if out:
+        out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
+    return out

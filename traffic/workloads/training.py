@@ -1,0 +1,130 @@
+"""Pure training-iteration generator: the collectives one iteration of a parallel training job
+issues, from its model and parallelism (Megatron-style), with the compute between them.
+
+Ranks are ``tp * pp * dp`` hosts, tensor-parallel fastest: global rank
+``t + tp * (d + dp * p)`` for tensor rank t, data-parallel rank d, pipeline stage p. Per
+iteration, for each micro-batch, forward through the stages then backward through them:
+
+* tensor parallelism: 2 all-reduces of the activations (``seq * micro_batch * hidden *
+  dtype`` bytes) per layer of the stage, forward and backward, in every TP group at once;
+* expert parallelism (``ep > 1``, ``moe_every`` > 0): 2 all-to-alls of ``top_k`` times the
+  activations per MoE layer, forward and backward, within groups of ``ep`` data-parallel ranks;
+* pipeline parallelism: a send/recv of the activations between consecutive stages;
+* then the data-parallel gradient all-reduce of ``params / (tp * pp) * grad_dtype`` bytes in
+  every DP group at once.
+
+Each phase is one merged schedule (all groups at once) preceded by its compute gap, and carries
+the number of the iteration it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from testbed.errors import ConfigError
+from traffic.workloads.schedules import Schedule, build, merge
+
+FIELD = "workload.training"
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """A training job's shape (the experiment file's ``workload.training``, minus ``ranks``).
+
+    Types and ranges are checked by the experiment schema; :meth:`check` adds the rules that
+    relate fields to each other.
+    """
+
+    layers: int = 4
+    hidden: int = 1024
+    seq_len: int = 512
+    micro_batch: int = 1
+    micro_batches: int = 2
+    dtype_bytes: int = 2
+    grad_dtype_bytes: int = 4
+    params: int = 50_000_000
+    tp: int = 2
+    pp: int = 1
+    dp: int = 2
+    ep: int = 1
+    moe_every: int = 0
+    top_k: int = 2
+    compute_ms: float = 10.0
+    iterations: int = 1
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def check(self) -> TrainingSpec:
+        """Cross-field rules; returns self.
+
+        Raises:
+            ConfigError: naming the field (``workload.training.pp``).
+        """
+        if self.layers % self.pp:
+            raise ConfigError(f"{FIELD}.pp", f"{self.layers} layers do not split into "
+                                             f"{self.pp} stages")
+        if self.dp % self.ep:
+            raise ConfigError(f"{FIELD}.ep", f"ep {self.ep} must divide dp {self.dp}")
+        if self.world_size < 2:
+            raise ConfigError(FIELD, "tp * pp * dp must be at least 2 ranks")
+        return self
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One communication phase of an iteration."""
+
+    label: str
+    schedule: Schedule
+    gap_s: float
+    iteration: int
+
+
+def phases(spec: TrainingSpec) -> list[Phase]:
+    """The phases of ``spec.iterations`` iterations."""
+    c = spec.check()
+    tp, pp, dp, ep = c.tp, c.pp, c.dp, c.ep
+    world = c.world_size
+    rank = lambda t, d, p: t + tp * (d + dp * p)
+    act = c.seq_len * c.micro_batch * c.hidden * c.dtype_bytes
+    layers = c.layers // pp
+    gap = c.compute_ms / 1e3
+    out: list[Phase] = []
+
+    def groups(op: str, size: int, members: list[list[int]], label: str, gap_s: float,
+               it: int) -> None:
+        if len(members[0]) < 2 or size <= 0:
+            return
+        parts = [(build(op, len(m), size), m) for m in members]
+        out.append(Phase(label, merge(parts, world), gap_s, it))
+
+    moe_layers = layers // c.moe_every if c.moe_every else 0
+    for it in range(c.iterations):
+        for mb in range(c.micro_batches):
+            for direction, stages in (("fwd", range(pp)), ("bwd", reversed(range(pp)))):
+                for p in stages:
+                    tp_groups = [[rank(t, d, p) for t in range(tp)] for d in range(dp)]
+                    tag = f"iter {it} mb {mb} {direction} stage {p}"
+                    for _ in range(2 * layers):
+                        groups("all_reduce", act, tp_groups, f"{tag} tp all_reduce",
+                               gap / (2 * layers), it)
+                    ep_groups = [[rank(t, g * ep + e, p) for e in range(ep)]
+                                 for t in range(tp) for g in range(dp // ep)]
+                    for _ in range(2 * moe_layers):
+                        groups("all_to_all", act * c.top_k, ep_groups,
+                               f"{tag} ep all_to_all", 0.0, it)
+                    nxt = p + 1 if direction == "fwd" else p - 1
+                    if 0 <= nxt < pp:
+                        groups("send_recv", act,
+                               [[rank(t, d, p), rank(t, d, nxt)] for t in range(tp)
+                                for d in range(dp)], f"{tag} pp send_recv", 0.0, it)
+        grad = c.params // (tp * pp) * c.grad_dtype_bytes
+        dp_groups = [[rank(t, d, p) for d in range(dp)] for t in range(tp) for p in range(pp)]
+        groups("all_reduce", grad, dp_groups, f"iter {it} dp all_reduce", 0.0, it)
+    return out

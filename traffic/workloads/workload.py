@@ -1,0 +1,418 @@
+"""Pure workload parsing: the experiment file's ``workload`` section -> a typed :class:`Workload`.
+
+```yaml
+workload:
+  connections: 2          # connections per peer (NCCL channels); default 1 (a
+                          # multi-plane fabric: one per plane, a multiple of the planes)
+  timeout_s: 600          # hard limit per job
+  collectives:
+    - op: all_reduce      # all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send_recv
+      algorithm: ring     # optional; see traffic.workloads.schedules
+      size: 16MiB         # bytes as an integer, or with a unit: KiB MiB GiB KB MB GB
+      ranks: 8            # the first N hosts; or a list of host names;
+                          # or {count: 8, placement: contiguous | strided | random, seed: 1}
+      repetitions: 3
+    - op: all_to_all      # concurrent: true starts this entry together with the previous one
+      size: 4MiB          # (several jobs at once, each with its own ranks, which may share hosts)
+      ranks: {count: 8, placement: random, seed: 2}
+      concurrent: true
+    - op: flows           # background traffic through the same engine: a pattern's flows,
+      pattern: permutation  # size bytes each, all at once (same_edge, same_pod, cross_pod,
+      size: 8MiB          # permutation, stride, incast; with seed, stride, fan_in)
+      concurrent: true
+  trace: job.jsonl        # replayed after the collectives (one entry per line, plus t_s)
+  nccl_log: rank0.log     # an NCCL_DEBUG=INFO log's collectives, replayed after those
+  training: {tp: 2, pp: 2, dp: 2, layers: 4}   # one job: a training iteration's phases
+```
+
+The section's shape (keys and types) is checked by the experiment schema before this module
+sees it; here each entry becomes one :class:`Job` (its repetitions back to back on the same
+ranks) and consecutive entries marked ``concurrent`` form one batch that runs at once. All
+errors are :class:`ConfigError` naming the field, raised before anything is built. The
+experiment is parsed once: trace and NCCL log files are read here and never again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+from testbed.model.topology import Topology
+from traffic.workloads import hierarchical
+from traffic.workloads import training
+from traffic.workloads.nccl_log import ImportedCollective, import_log
+from traffic.workloads.patterns import PATTERNS, pattern_pairs
+from traffic.workloads.schedules import Schedule, build, flows
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
+         "GIB": 2**30}
+PLACEMENTS = ("contiguous", "strided", "random")
+DEFAULT_CONNECTIONS = 1
+DEFAULT_TIMEOUT_S = 600.0
+
+#: Checks one workload entry (a trace line's object) against the experiment schema; raises
+#: ConfigError under the given field path. Supplied by the experiment layer.
+EntryCheck = Callable[[dict, str], None]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective to run: ``hosts[i]`` is rank i."""
+
+    op: str
+    hosts: tuple[str, ...]
+    schedule: Schedule
+    label: str = ""
+    gap_s: float = 0.0  # compute time before it starts (after the barrier)
+    iteration: int | None = None  # training workloads: the iteration it belongs to
+    servers: tuple[int, ...] | None = None  # servers of GPUs: each rank's server
+
+    def moved_bytes(self) -> int:
+        """Bytes the collective moves in all (every transfer)."""
+        return sum(t.nbytes for t in self.schedule.transfers)
+
+    def scale_out_bytes(self) -> int | None:
+        """Bytes the collective moves between servers (None: the hosts are not GPUs)."""
+        if self.servers is None:
+            return None
+        return hierarchical.bytes_between(self.schedule, self.servers)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload entry: its collectives (repetitions) and settings."""
+
+    index: int
+    collectives: tuple[Collective, ...]
+    connections: int
+    timeout_s: float
+    concurrent: bool = False  # starts together with the previous job
+    not_before_s: float = 0.0  # replay: earliest start, seconds after the workload began
+    congestion_control: str | None = None  # TCP congestion control of its senders (None: the
+    # kernel's default)
+    dscp: int = 0  # DSCP of its packets (the fabric's traffic class)
+    transport: str = "tcp"  # tcp, rocev2 or uet
+    spray: bool | None = None  # UDP transports: spread packets over paths (None: default)
+    dcqcn: str = "paper"  # rocev2: DCQCN's profile (traffic.transports.rocev2)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A parsed workload: its jobs in issue order."""
+
+    jobs: tuple[Job, ...]
+    connections: int = DEFAULT_CONNECTIONS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def collective_count(self) -> int:
+        return sum(len(j.collectives) for j in self.jobs)
+
+    def batches(self) -> list[list[Job]]:
+        """Consecutive jobs grouped so that each ``concurrent`` job joins the batch before it."""
+        return batches(list(self.jobs))
+
+
+def parse_size(value: object, path: str) -> int:
+    """Bytes from an integer or a string such as ``16MiB``."""
+    if isinstance(value, bool):
+        raise ConfigError(path, f"must be a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        if not match or match[2].upper() not in UNITS:
+            raise ConfigError(path, f"cannot read size {value!r}; use e.g. 4096, 64KiB, 16MiB, "
+                                    "1GiB")
+        size = int(float(match[1]) * UNITS[match[2].upper()])
+    else:
+        raise ConfigError(path, f"must be a size in bytes, got {value!r}")
+    if size <= 0:
+        raise ConfigError(path, f"must be > 0, got {value!r}")
+    return size
+
+
+def rank_servers(topo: Topology, ranks: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Each rank's server (None when the hosts are not servers' GPUs)."""
+    if not topo.servers:
+        return None
+    return tuple(topo.server_of(h).index for h in ranks)
+
+
+def whole_servers(topo: Topology, ranks: tuple[str, ...], path: str,
+                  algorithm: str) -> tuple[int, int]:
+    """(servers, GPUs each) of ranks that are whole servers in NCCL's order (every server's
+    GPUs in local order, one server after the other), as a hierarchical schedule needs.
+
+    Raises:
+        ConfigError: at ``path`` otherwise.
+    """
+    if not topo.servers:
+        raise ConfigError(path, f"the {algorithm} algorithm runs on servers of GPUs "
+                                "(fabric.servers)")
+    gpus = len(topo.servers[0].gpus)
+    blocks = [ranks[i:i + gpus] for i in range(0, len(ranks), gpus)]
+    for block in blocks:
+        server = topo.server_of(block[0])
+        if len(block) != gpus or server is None or tuple(block) != server.gpus:
+            raise ConfigError(path, f"the {algorithm} algorithm needs whole servers in rank "
+                                    f"order ({gpus} GPUs each, e.g. ranks: {2 * gpus}), got "
+                                    f"{', '.join(block)}")
+    return len(blocks), gpus
+
+
+def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
+    """Rank hosts from a count, a host list, or ``{count, placement, seed}`` (a count takes the
+    hosts in :meth:`Topology.rank_hosts` order: GPUs as NCCL numbers them)."""
+    hosts = topo.rank_hosts()
+    if isinstance(spec, list):
+        for i, name in enumerate(spec):
+            if name not in topo.nodes or topo.nodes[name].is_switch:
+                raise ConfigError(f"{path}[{i}]", f"no host {name!r} in this fabric "
+                                                  f"(hosts: {hosts[0]} .. {hosts[-1]})")
+            if topo.nic_owner(name) != name:
+                raise ConfigError(f"{path}[{i}]", f"{name} is the plane-{topo.plane_of(name)} "
+                                                  f"NIC of {topo.nic_owner(name)}: name the GPU")
+        if len(set(spec)) != len(spec):
+            raise ConfigError(path, "a host appears twice; one rank per host")
+        chosen = list(spec)
+    else:
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            spec = {"count": spec}
+        if not isinstance(spec, dict) or "count" not in spec:
+            raise ConfigError(path, "give a rank count, a list of hosts, or "
+                                    "{count, placement, seed}")
+        count, placement = spec["count"], spec.get("placement", "contiguous")
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"{path}.placement", f"unknown placement {placement!r}; expected "
+                                                   f"one of {', '.join(PLACEMENTS)}")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= len(hosts):
+            raise ConfigError(f"{path}.count", f"must be between 2 and {len(hosts)} "
+                                               f"(the fabric's hosts), got {count!r}")
+        if placement == "contiguous":
+            chosen = hosts[:count]
+        elif placement == "strided":
+            stride = len(hosts) // count
+            chosen = hosts[::stride][:count]
+        else:
+            chosen = random.Random(spec.get("seed", 1)).sample(hosts, count)
+    if len(chosen) < 2:
+        raise ConfigError(path, f"a communicator needs at least 2 ranks, got {len(chosen)}")
+    return tuple(chosen)
+
+
+def batches(jobs: list[Job]) -> list[list[Job]]:
+    """Consecutive jobs grouped so that each ``concurrent`` job joins the batch before it."""
+    out: list[list[Job]] = []
+    for job in jobs:
+        if job.concurrent and out:
+            out[-1].append(job)
+        else:
+            out.append([job])
+    return out
+
+
+def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
+                   check_entry: EntryCheck | None = None) -> Workload:
+    """The typed workload of a ``workload`` section (already schema-checked for shape).
+
+    Args:
+        topo: the fabric the ranks are placed on.
+        raw: the section.
+        base_dir: ``trace`` and ``nccl_log`` paths are relative to it (the experiment's folder).
+        check_entry: checks each trace line's object as the schema checks an entry.
+
+    Returns:
+        The workload.
+
+    Raises:
+        ConfigError: naming the field (or the trace line) of the first problem.
+    """
+    planes = len(topo.nics(topo.rank_hosts()[0])) if topo.hosts else 1
+    # a multi-plane fabric: one connection per plane at least, and as many on each plane
+    connections = raw.get("connections", max(DEFAULT_CONNECTIONS, planes))
+    if connections % planes:
+        raise ConfigError("workload.connections",
+                          f"{connections} connections per peer do not spread evenly over the "
+                          f"fabric's {planes} planes (connection c takes plane c % {planes} + "
+                          f"1): give a multiple of {planes}")
+    timeout_s = float(raw.get("timeout_s", DEFAULT_TIMEOUT_S))
+    defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0),
+                "transport": raw.get("transport", "tcp"), "spray": raw.get("spray"),
+                "dcqcn": raw.get("dcqcn", "paper")}
+    entries = [(entry, f"workload.collectives[{i}]")
+               for i, entry in enumerate(raw.get("collectives", []))]
+    if raw.get("trace"):
+        entries += parse_trace(_read(base_dir, raw["trace"], "workload.trace"),
+                               str(raw["trace"]), check_entry)
+    if raw.get("nccl_log"):
+        entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
+                                                 "workload.nccl_log")))
+    jobs = [_entry_job(topo, i, {**defaults, **entry}, path, connections, timeout_s)
+            for i, (entry, path) in enumerate(entries)]
+    if raw.get("training"):
+        jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s,
+                                  defaults))
+    if not jobs:
+        raise ConfigError("workload.collectives", "the workload lists no collectives")
+    return Workload(tuple(jobs), connections, timeout_s)
+
+
+def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: int,
+               timeout_s: float) -> Job:
+    size = parse_size(entry.get("size"), f"{path}.size")
+    if entry.get("op") == "flows":
+        ranks, sched = _pattern_flows(topo, entry, size, path)
+    else:
+        ranks = place_ranks(topo, entry.get("ranks", len(topo.rank_hosts())), f"{path}.ranks")
+        key = (entry.get("op"), entry.get("algorithm"))
+        if key in hierarchical.BUILDERS:
+            servers, gpus = whole_servers(topo, ranks, f"{path}.ranks", key[1])
+            sched = hierarchical.BUILDERS[key](servers, gpus, size)
+        else:
+            sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
+                          field_path=path)
+    coll = Collective(sched.op, ranks, sched, entry.get("label", ""),
+                      servers=rank_servers(topo, ranks))
+    concurrent = bool(entry.get("concurrent", False))
+    if concurrent and index == 0:
+        raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
+                                                "run with")
+    return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
+               concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"),
+               entry.get("dscp", 0), entry.get("transport", "tcp"), entry.get("spray"),
+               entry.get("dcqcn", "paper"))
+
+
+def training_spec(raw: dict) -> training.TrainingSpec:
+    """The typed training settings of a ``workload.training`` section (schema-checked)."""
+    return training.TrainingSpec(**{k: v for k, v in raw.items() if k != "ranks"}).check()
+
+
+def _training_job(topo: Topology, raw: dict, index: int, connections: int,
+                  timeout_s: float, defaults: dict) -> Job:
+    """One job running every phase of the training iterations on one set of rank hosts."""
+    spec = training_spec(raw)
+    world = spec.world_size
+    ranks = place_ranks(topo, raw.get("ranks", world), "workload.training.ranks")
+    if len(ranks) != world:
+        raise ConfigError("workload.training.ranks", f"tp * pp * dp = {world} ranks, but "
+                                                     f"{len(ranks)} hosts were given")
+    if topo.servers:  # rank order is NCCL's: tensor-parallel groups fill servers first
+        gpus = len(topo.servers[0].gpus)
+        for name, width in (("tp", spec.tp), ("ep", spec.tp * spec.ep if spec.ep > 1 else 1)):
+            if gpus % width:
+                raise ConfigError(f"workload.training.{name}",
+                                  f"{'tp' if name == 'tp' else 'tp * ep'} = {width} does not "
+                                  f"divide the {gpus} GPUs of a server: its groups would "
+                                  "straddle servers (tensor and expert parallelism stay inside "
+                                  "the scale-up domain)")
+    servers = rank_servers(topo, ranks)
+    colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
+                             ph.iteration, servers) for ph in training.phases(spec))
+    return Job(index, colls, connections, timeout_s, **defaults)
+
+
+def _pattern_flows(topo: Topology, entry: dict, size: int,
+                   path: str) -> tuple[tuple[str, ...], Schedule]:
+    """Background traffic: the flows of a named pattern (or explicit pairs), ``size`` bytes
+    each, all at once."""
+    if "pairs" in entry:
+        if "pattern" in entry:
+            raise ConfigError(f"{path}.pairs", "give a pattern or pairs, not both")
+        pairs = [tuple(p) for p in entry["pairs"]]
+        for i, pair in enumerate(pairs):
+            for j, host in enumerate(pair):
+                if host not in topo.nodes or topo.nodes[host].is_switch:
+                    raise ConfigError(f"{path}.pairs[{i}][{j}]", f"no host {host!r} in this "
+                                                                 "fabric")
+            if pair[0] == pair[1]:
+                raise ConfigError(f"{path}.pairs[{i}]", "a host cannot send to itself")
+    elif "pattern" not in entry:
+        raise ConfigError(f"{path}.pattern", f"op flows needs a pattern ({', '.join(PATTERNS)}) "
+                                             "or pairs")
+    else:
+        pairs = pattern_pairs(topo, entry["pattern"], seed=entry.get("seed", 1),
+                              stride=entry.get("stride", 1), field=f"{path}.pattern",
+                              fan_in=entry.get("fan_in"))
+    hosts = tuple(dict.fromkeys(h for pair in pairs for h in pair))
+    index = {h: i for i, h in enumerate(hosts)}
+    return hosts, flows([(index[s], index[d]) for s, d in pairs], len(hosts), size, path)
+
+
+def _read(base_dir: str, path: str, field: str) -> str:
+    try:
+        with open(os.path.join(base_dir, path), encoding="utf-8") as fh:
+            return fh.read()
+    except UnicodeDecodeError as err:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(field, f"cannot read {path}: {err.strerror}") from err
+
+
+# -- traces -------------------------------------------------------------------------------------
+#
+# A trace is JSON lines, one collective per line, replayed in file order:
+#
+#   {"op": "all_reduce", "size": "16MiB", "ranks": 8, "algorithm": "ring"}
+#   {"op": "all_to_all", "size": 4194304, "ranks": [...], "concurrent": true, "t_s": 1.5}
+#
+# A line is a workload entry (its keys and types are the experiment schema's), whose ``t_s``
+# says: do not start before t_s seconds after the replay began (the runner waits; a collective
+# still follows the one before it, as NCCL's stream order does). Blank lines and lines starting
+# with # are skipped.
+
+def parse_trace(text: str, source: str = "trace",
+                check_entry: EntryCheck | None = None) -> list[tuple[dict, str]]:
+    """Workload entries from a JSON-lines trace, each with its field path (``source line N``).
+
+    Raises:
+        ConfigError: ``<source> line N`` for malformed JSON or an entry the schema refuses.
+    """
+    entries = []
+    for no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{source} line {no}"
+        try:
+            entry = json.loads(line)
+        except ValueError as err:
+            raise ConfigError(where, f"not JSON: {err}") from err
+        if not isinstance(entry, dict):
+            raise ConfigError(where, "each line is one JSON object")
+        if check_entry is not None:
+            check_entry(entry, where)
+        entries.append((entry, where))
+    if not entries:
+        raise ConfigError(source, "the trace has no collectives")
+    return entries
+
+
+def nccl_entries(collectives: list[ImportedCollective]) -> list[tuple[dict, str]]:
+    """Workload entries replaying imported NCCL collectives on the first ``nranks`` hosts.
+
+    Send/Recv pairs of one opCount become one ``send_recv``; collectives keep NCCL's order.
+    """
+    entries = []
+    seen_p2p = set()
+    for coll in collectives:
+        where = f"workload.nccl_log line {coll.first_line}"
+        if coll.op in ("send", "recv"):
+            if coll.op_count in seen_p2p:
+                continue
+            seen_p2p.add(coll.op_count)
+            entry = {"op": "send_recv", "size": coll.size_bytes, "ranks": 2,
+                     "label": f"nccl opCount {coll.op_count:x}"}
+        elif coll.op == "reduce":
+            entry = {"op": "all_reduce", "size": coll.size_bytes, "ranks": coll.nranks,
+                     "label": f"nccl Reduce opCount {coll.op_count:x} (as all_reduce)"}
+        else:
+            entry = {"op": coll.op, "size": coll.size_bytes, "ranks": coll.nranks,
+                     "label": f"nccl opCount {coll.op_count:x}"}
+        entries.append((entry, where))
+    return entries
