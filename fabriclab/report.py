@@ -27,6 +27,7 @@ import networkx as nx  # noqa: E402
 
 from fabriclab.model import sweep as sw  # noqa: E402
 from fabriclab.model.results import job_summaries  # noqa: E402
+from traffic.measure.results import row_label  # noqa: E402
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
 LAYERS = {"core": 3, "spine": 3, "agg": 2, "edge": 1, "leaf": 1, "host": 0, "nvswitch": -1}
@@ -121,7 +122,7 @@ def fct_cdf_chart(runs: list[Run]) -> str | None:
     by_label: dict[str, dict[str, list[float]]] = {}
     for run in runs:
         for row in run.flows:
-            label = row.get("label") or row.get("op", "?")
+            label = row_label(row)
             by_label.setdefault(label, {}).setdefault(run.name, []).append(float(row["done_s"]))
     if not by_label:
         return None

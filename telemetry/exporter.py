@@ -20,12 +20,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 
 from telemetry.model import metrics
-from telemetry.model.promconfig import DISCOVERY_DIR, discovery_groups
+from telemetry.model.promconfig import DISCOVERY_DIR, LOOPBACK, discovery_groups
 from telemetry.prometheus import Prometheus
 from testbed.linux.files import write_json_atomic
 from testbed.linux.netlink import Netlink
 
-LOOPBACK = "127.0.0.1"
 
 
 class FabricCollector:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from testbed.errors import ConfigError
+from traffic.measure.results import row_label
 
 _INDEX = re.compile(r"\[\d+\]")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+,#-]")
@@ -117,7 +118,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for cell, runs in groups.items():
         done = [r for r in runs if r["complete"]]
         jobs = []
-        labels = [(j.get("label") or j["op"]) for j in (done[0]["jobs"] if done else [])]
+        labels = [row_label(j) for j in (done[0]["jobs"] if done else [])]
         for i, label in enumerate(labels):
             eff = [r["jobs"][i]["efficiency"] for r in done if i < len(r["jobs"])]
             bw = [r["jobs"][i]["busbw_mbps"] for r in done if i < len(r["jobs"])]

@@ -20,6 +20,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from traffic.measure.results import row_label
+
 PREFIX = "fabriclab"
 PORT_LABELS = ("switch", "port", "peer", "tier")
 PRIO_LABELS = (*PORT_LABELS, "priority")
@@ -205,7 +207,7 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
 
 def _collective_key(row: dict, routing: str) -> tuple[str, ...]:
     transport = (row.get("transport") or {}).get("transport") or "tcp"  # TCP rows have none
-    return (str(row.get("job", 0)), str(row.get("label") or row["op"]), row["op"],
+    return (str(row.get("job", 0)), row_label(row), row["op"],
             str(transport), routing)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 DEFAULT_SCRAPE_INTERVAL_S = 1.0
+#: where exporters listen unless told otherwise
+LOOPBACK = "127.0.0.1"
 #: A run's data stays as long as its directory does.
 RETENTION = "10y"
 

@@ -29,8 +29,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
-from testbed.cluster.machines import CALL_GRACE_S
+from testbed.cluster.machines import CALL_GRACE_S, Cluster, MachineHandle
 from testbed.linux.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
@@ -44,6 +45,7 @@ from testbed.plan.reachability import Reachability
 from testbed.runs.registry import DEFAULT_STATE_DIR
 from testbed.model.spec import Fidelity, TestbedSpec
 
+T = TypeVar("T")
 
 
 class RemoteProcess:
@@ -56,8 +58,7 @@ class RemoteProcess:
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         wait_s = 3600.0 if timeout is None else timeout
-        done = self.fabric.call(self.machine, "communicate", self.pid, wait_s,
-                                timeout_s=wait_s + CALL_GRACE_S)
+        done = self.fabric.machine(self.machine).communicate(self.pid, wait_s)
         if done is None:
             raise subprocess.TimeoutExpired(self.args, wait_s)
         self.returncode, out, err = done
@@ -65,7 +66,7 @@ class RemoteProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.fabric.call(self.machine, "poll", self.pid)
+            self.returncode = self.fabric.machine(self.machine).poll(self.pid)
         return self.returncode
 
 
@@ -78,7 +79,7 @@ class ClusterMonitor:
         self.fabric = fabric
 
     def _read(self, what: str) -> dict[str, dict]:
-        return self.fabric.call_all("monitor_read", what)
+        return self.fabric.on_all(lambda m: m.monitor_read(what))
 
     def snapshot(self) -> dict:
         return {port: values for data in self._read("snapshot").values()
@@ -149,8 +150,6 @@ class ClusterFabric:
         self.down()
 
     def up(self) -> None:
-        from testbed.cluster.machines import Cluster  # Ray only for a cluster
-
         start = time.monotonic()
         self.cluster = Cluster(self.address)
         infos = self.cluster.machines
@@ -186,9 +185,9 @@ class ClusterFabric:
         self.built = {}
         errors = []
         with ThreadPoolExecutor(max_workers=len(self.parts)) as pool:
-            futures = {name: pool.submit(self.call, name, "build", self.spec, part, target,
-                                         timeout_s=self.spec.controller.ready_timeout_s
-                                         + CALL_GRACE_S * 2)
+            timeout_s = self.spec.controller.ready_timeout_s + CALL_GRACE_S * 2
+            futures = {name: pool.submit(self.machine(name).build, self.spec, part, target,
+                                         timeout_s)
                        for name, part in self.parts.items()}
             for name, future in futures.items():
                 try:
@@ -202,7 +201,7 @@ class ClusterFabric:
             self.warnings += [f"{name}: {w}" for w in info["warnings"]]
         self.red_marking = any(info["red_marking"] for info in self.built.values())
         self.coordinator.wait_ready()  # programmed, every link probed
-        self.call_all("settle")
+        self.on_all(lambda m: m.settle())
         # how another process (fabriclab fail) reaches the machines of this running fabric
         write_json_atomic(self.coordinator.run_dir / CLUSTER_FILE, {
             "address": self.address, "actors": self.cluster.names, "place": self.where})
@@ -232,7 +231,7 @@ class ClusterFabric:
         with signals_deferred():
             if self.cluster is not None and self.built:
                 with ThreadPoolExecutor(max_workers=len(self.built)) as pool:
-                    futures = {n: pool.submit(self.call, n, "teardown") for n in self.built}
+                    futures = {n: pool.submit(self.machine(n).teardown) for n in self.built}
                 for name, future in futures.items():
                     try:
                         self.timings[f"down_{name}"] = future.result().get("down_total", 0.0)
@@ -252,19 +251,13 @@ class ClusterFabric:
             raise TestbedError("cluster teardown incomplete:\n  " + "\n  ".join(errors))
 
     # -- calls to the machines -----------------------------------------------------------------
-    def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
-        """``method(*args)`` of ``machine``'s actor (:meth:`testbed.cluster.machines.Cluster.call`)."""
-        return self.cluster.call(machine, method, *args, timeout_s=timeout_s)
+    def machine(self, name: str) -> MachineHandle:
+        """The typed calls to ``name``'s actor (:class:`testbed.cluster.machines.MachineHandle`)."""
+        return self.cluster.machine(name)
 
-    def call_all(self, method: str, *args, timeout_s: float = CALL_GRACE_S) -> dict:
-        """``method(*args)`` on every machine that builds a part, at once."""
-        names = list(self.built or self.parts)
-        if len(names) == 1:
-            return {names[0]: self.call(names[0], method, *args, timeout_s=timeout_s)}
-        with ThreadPoolExecutor(max_workers=len(names)) as pool:
-            futures = {n: pool.submit(self.call, n, method, *args, timeout_s=timeout_s)
-                       for n in names}
-        return {n: f.result() for n, f in futures.items()}
+    def on_all(self, call: Callable[[MachineHandle], T]) -> dict[str, T]:
+        """``call(machine)`` on every machine that builds a part, at once."""
+        return _on_each(self.cluster, list(self.built or self.parts), call)
 
     def machine_of(self, node: str) -> str:
         return machine_of(self.topo, self.where, node)
@@ -332,7 +325,7 @@ class ClusterFabric:
         """Every machine's CPU (:meth:`Fabric.cpu_times`), the coordinator's too (its
         controller)."""
         times = self.coordinator.cpu_times()
-        for per_machine in self.call_all("cpu_times").values():
+        for per_machine in self.on_all(lambda m: m.cpu_times()).values():
             times.update(per_machine)
         return times
 
@@ -347,25 +340,25 @@ class ClusterFabric:
         if host is None:
             raise TestbedError(f"{role}: on a cluster, processes run in hosts only")
         machine = self.machine_of(host)
-        pid = self.call(machine, "spawn", host, argv, role)
+        pid = self.machine(machine).spawn(host, argv, role)
         return RemoteProcess(self, machine, pid, argv)
 
     def stop(self, proc: RemoteProcess, timeout_s: float = 5.0) -> int | None:
-        code = self.call(proc.machine, "stop", proc.pid, timeout_s=timeout_s + CALL_GRACE_S)
+        code = self.machine(proc.machine).stop(proc.pid, timeout_s)
         if proc.returncode is None:
             proc.returncode = code
         return proc.returncode
 
     def write_file(self, name: str, text: str) -> Path:
         """``name`` in every machine's run directory (and the coordinator's)."""
-        self.call_all("write_file", name, text)
+        self.on_all(lambda m: m.write_file(name, text))
         return self.coordinator.write_file(name, text)
 
     def read_file(self, name: str, host: str | None = None) -> str:
         if host is None:
             return self.coordinator.read_file(name)
         try:
-            return self.call(self.machine_of(host), "read_file", name)
+            return self.machine(self.machine_of(host)).read_file(name)
         except TestbedError as err:
             raise OSError(str(err)) from None
 
@@ -375,12 +368,10 @@ class ClusterFabric:
         for host, argv in commands.items():
             by_machine.setdefault(self.machine_of(host), {})[host] = argv
         out: dict[str, tuple[int, str, str]] = {}
-        with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
-            futures = [pool.submit(self.call, m, "run_parallel", c, timeout_s,
-                                   timeout_s=timeout_s + CALL_GRACE_S)
-                       for m, c in by_machine.items()]
-        for future in futures:
-            out.update({h: tuple(r) for h, r in future.result().items()})
+        done = _on_each(self.cluster, list(by_machine),
+                        lambda m: m.run_parallel(by_machine[m.name], timeout_s))
+        for got in done.values():
+            out.update({h: tuple(r) for h, r in got.items()})
         return out
 
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
@@ -388,7 +379,7 @@ class ClusterFabric:
 
     def cut_off(self, hosts: list[str]) -> str | None:
         ports, dead = {}, set()
-        for name, state in self.call_all("state").items():
+        for name, state in self.on_all(lambda m: m.state()).items():
             ports.update(state["ports"])
             dead.update(state["dead"])
             if state["errors"]:
@@ -396,28 +387,28 @@ class ClusterFabric:
         return cut_off_reason(self.topo, ports, dead, hosts)
 
     def congestion(self, netlink=None) -> dict[str, dict]:
-        return {port: data for counters in self.call_all("congestion").values()
+        return {port: data for counters in self.on_all(lambda m: m.congestion()).values()
                 for port, data in counters.items()}
 
     def link_counters(self, names: set[str], netlink=None) -> dict:
-        return {port: data for counters in self.call_all("link_counters", names).values()
+        return {port: data for counters in self.on_all(lambda m: m.link_counters(names)).values()
                 for port, data in counters.items()}
 
     def set_links(self, pairs: list[tuple[str, str]], up: bool,
                   netlink=None) -> dict[str, float]:
         """Fail or repair links, every machine its ends at once (a cut link's two ends on
         two machines); each step's time is the latest machine's."""
-        return _set_links(self.call, links_by_machine(self.topo, self.where, pairs), up)
+        return _set_links(self.cluster, links_by_machine(self.topo, self.where, pairs), up)
 
     def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
-        counts = [self.call(m, "cut_drops", p)
+        counts = [self.machine(m).cut_drops(p)
                   for m, p in links_by_machine(self.topo, self.where, pairs).items()]
         known = [c for c in counts if c is not None]
         return sum(known) if known else None
 
     def start_monitor(self, queue_interval_s: float) -> tuple[ClusterMonitor, Callable]:
-        self.call_all("start_monitor", queue_interval_s)
-        return ClusterMonitor(self), lambda: self.call_all("stop_monitor")
+        self.on_all(lambda m: m.start_monitor(queue_interval_s))
+        return ClusterMonitor(self), lambda: self.on_all(lambda m: m.stop_monitor())
 
     def placement(self) -> dict:
         """The partition and the machines (``results.json``'s ``cluster``)."""
@@ -442,14 +433,21 @@ class ClusterFabric:
                 "plan": plan.describe()}
 
 
-def _set_links(call: Callable, by_machine: dict[str, list], up: bool) -> dict[str, float]:
-    """Every machine's ends of the links at once, by ``call(machine, method, *args)``; each
-    step's time is the latest machine's."""
-    with ThreadPoolExecutor(max_workers=max(1, len(by_machine))) as pool:
-        futures = [pool.submit(call, m, "set_links", p, up) for m, p in by_machine.items()]
+def _on_each(cluster, names: list[str], call: Callable[[MachineHandle], T]) -> dict[str, T]:
+    """``call(machine)`` on each of ``names`` at once; the first error is raised."""
+    if len(names) == 1:
+        return {names[0]: call(cluster.machine(names[0]))}
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        futures = {n: pool.submit(call, cluster.machine(n)) for n in names}
+    return {n: f.result() for n, f in futures.items()}
+
+
+def _set_links(cluster, by_machine: dict[str, list], up: bool) -> dict[str, float]:
+    """Every machine's ends of the links at once; each step's time is the latest machine's."""
+    done = _on_each(cluster, list(by_machine), lambda m: m.set_links(by_machine[m.name], up))
     steps: dict[str, float] = {}
-    for future in futures:
-        for step, at in future.result().items():
+    for got in done.values():
+        for step, at in got.items():
             steps[step] = max(at, steps.get(step, 0.0))
     return steps
 
@@ -464,11 +462,9 @@ def set_links_of_running_cluster(run_dir: Path, topo, pairs: list[tuple[str, str
     Raises:
         TestbedError: the cluster or the fabric's actors gone, or a machine's error.
     """
-    from testbed.cluster.machines import Cluster
-
     doc = json.loads((run_dir / CLUSTER_FILE).read_text())
     cluster = Cluster(doc["address"], attach=doc["actors"])
     try:
-        return _set_links(cluster.call, links_by_machine(topo, doc["place"], pairs), up)
+        return _set_links(cluster, links_by_machine(topo, doc["place"], pairs), up)
     finally:
         cluster.close()

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -154,11 +154,11 @@ class MachineAgent:
     def poll(self, pid: int) -> int | None:
         return self.procs[pid].poll()
 
-    def stop(self, pid: int) -> int | None:
+    def stop(self, pid: int, timeout_s: float = 5.0) -> int | None:
         proc = self.procs.pop(pid, None)
         if proc is None or self.fabric is None:
             return None
-        return self.fabric.stop(proc)
+        return self.fabric.stop(proc, timeout_s)
 
     def run_parallel(self, commands: dict[str, list[str]], timeout_s: float) -> dict:
         return self._part().run_parallel(commands, timeout_s)
@@ -236,6 +236,89 @@ AGENT_CONCURRENCY = 256
 CALL_GRACE_S = 60.0
 #: the Ray namespace of fabriclab's named actors (another driver finds a fabric's by name)
 NAMESPACE = "fabriclab"
+
+
+class MachineHandle:
+    """One machine's actor as typed calls: each method runs the :class:`MachineAgent` method
+    of the same name there and returns what it returned (its errors raised here as they were
+    raised there; a machine that died or does not answer is one TestbedError naming it).
+
+    Args:
+        cluster: the cluster the actor belongs to.
+        name: the machine.
+    """
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+
+    def _call(self, method: Callable, *args, timeout_s: float = CALL_GRACE_S):
+        return self.cluster.call(self.name, method.__name__, *args, timeout_s=timeout_s)
+
+    def build(self, spec, part, controller_at: tuple[str, int], timeout_s: float) -> dict:
+        return self._call(MachineAgent.build, spec, part, controller_at, timeout_s=timeout_s)
+
+    def run_cell(self, run, exp, name: str) -> dict:
+        """A whole experiment on this machine (no timeout: a cell runs as long as it runs)."""
+        agent = self.cluster.agents[self.name]
+        return self.cluster.ray.get(getattr(agent, MachineAgent.run_cell.__name__).remote(
+            run, exp, name))
+
+    def settle(self) -> None:
+        self._call(MachineAgent.settle)
+
+    def teardown(self) -> dict:
+        return self._call(MachineAgent.teardown)
+
+    def spawn(self, host: str, argv: list[str], role: str) -> int:
+        return self._call(MachineAgent.spawn, host, argv, role)
+
+    def communicate(self, pid: int, timeout_s: float):
+        return self._call(MachineAgent.communicate, pid, timeout_s,
+                          timeout_s=timeout_s + CALL_GRACE_S)
+
+    def poll(self, pid: int) -> int | None:
+        return self._call(MachineAgent.poll, pid)
+
+    def stop(self, pid: int, timeout_s: float = 5.0) -> int | None:
+        return self._call(MachineAgent.stop, pid, timeout_s, timeout_s=timeout_s + CALL_GRACE_S)
+
+    def run_parallel(self, commands: dict[str, list[str]], timeout_s: float) -> dict:
+        return self._call(MachineAgent.run_parallel, commands, timeout_s,
+                          timeout_s=timeout_s + CALL_GRACE_S)
+
+    def write_file(self, name: str, text: str) -> None:
+        self._call(MachineAgent.write_file, name, text)
+
+    def read_file(self, name: str) -> str:
+        return self._call(MachineAgent.read_file, name)
+
+    def state(self) -> dict:
+        return self._call(MachineAgent.state)
+
+    def congestion(self) -> dict:
+        return self._call(MachineAgent.congestion)
+
+    def link_counters(self, names: set[str]) -> dict:
+        return self._call(MachineAgent.link_counters, names)
+
+    def cpu_times(self) -> dict[str, dict]:
+        return self._call(MachineAgent.cpu_times)
+
+    def set_links(self, pairs: list[tuple[str, str]], up: bool) -> dict[str, float]:
+        return self._call(MachineAgent.set_links, pairs, up)
+
+    def cut_drops(self, pairs: list[tuple[str, str]]) -> int | None:
+        return self._call(MachineAgent.cut_drops, pairs)
+
+    def start_monitor(self, queue_interval_s: float) -> None:
+        self._call(MachineAgent.start_monitor, queue_interval_s)
+
+    def monitor_read(self, what: str) -> dict:
+        return self._call(MachineAgent.monitor_read, what)
+
+    def stop_monitor(self) -> None:
+        self._call(MachineAgent.stop_monitor)
 
 
 class Cluster:
@@ -326,8 +409,16 @@ class Cluster:
                                "(the 'fabriclab up' that built it has ended, or those machines "
                                "left the cluster)")
 
+    def machine(self, name: str) -> MachineHandle:
+        """The typed calls to ``name``'s actor."""
+        if name not in self.agents:
+            raise TestbedError(f"the cluster has no machine {name} "
+                               f"(it has {', '.join(sorted(self.agents)) or 'none'})")
+        return MachineHandle(self, name)
+
     def call(self, machine: str, method: str, *args, timeout_s: float = CALL_GRACE_S):
-        """``method(*args)`` of ``machine``'s actor. Its errors come back as they were raised
+        """``method(*args)`` of ``machine``'s actor, by name (:class:`MachineHandle` calls
+        it; nothing else should). Its errors come back as they were raised
         there; a machine that died or does not answer is one TestbedError naming it."""
         ray = self.ray
         try:

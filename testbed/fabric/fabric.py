@@ -64,7 +64,7 @@ from testbed.plan.reachability import (
     probe_interval_ms,
 )
 from testbed.model.partition import MachinePart
-from testbed.runs.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
+from testbed.runs.registry import DEFAULT_STATE_DIR, Registry, Role, RunRecord, stop_processes
 from testbed.model.spec import EcnMarker, Fidelity, TestbedSpec
 from testbed.model.servers import scale_up_routes
 from testbed.model.topology import HOST_PREFIX_LEN, PLANE_PREFIX_LEN, Link, shard_switches
@@ -477,7 +477,7 @@ class Fabric:
 
     def _start_hosts(self) -> None:
         def track(name: str, pid: int) -> None:
-            self.registry.track_process(self.record, pid, f"host:{name}")
+            self.registry.track_process(self.record, pid, Role.host(name))
 
         sysctls = {"net.ipv4.tcp_ecn": "1"} if self.spec.fabric.host_ecn else {}
         if self.topo.servers:  # a GPU's scale-up peers answer on other interfaces than its NIC
@@ -779,10 +779,10 @@ class Fabric:
             inst.start_db({"userspace-tso-enable": "true",
                            **self.spec.emulator.ovs_other_config})
             self.registry.track_process(self.record, inst.pids["ovsdb-server"],
-                                        f"ovs:{inst.name}:ovsdb-server")
+                                        Role.ovs(inst.name, "ovsdb-server"))
             inst.start_switch()
             self.registry.track_process(self.record, inst.pids["ovs-vswitchd"],
-                                        f"ovs:{inst.name}:ovs-vswitchd")
+                                        Role.ovs(inst.name, "ovs-vswitchd"))
             ovs.create_bridges([specs[n] for n in names], self.record.run_id,
                                ovs.PRIVATE_DATAPATH_TYPE, target, mtu, db=inst.db)
 
@@ -809,6 +809,11 @@ class Fabric:
             err = (self.run_dir / "controller.stderr").read_text()[-2000:]
             raise TestbedError(f"controller exited with code {self.controller.returncode}",
                                stderr=err)
+
+    def placement(self) -> dict | None:
+        """Where the fabric's nodes are built: None, every one on this machine (a cluster's
+        :meth:`testbed.cluster.coordinator.ClusterFabric.placement` says)."""
+        return None
 
     def controller_status(self) -> dict:
         """The controller's latest status document (empty before its first write)."""

@@ -129,8 +129,7 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     if (Path(record.run_dir) / CLUSTER_FILE).is_file():  # built by the machines of a cluster
         set_links_of_running_cluster(Path(record.run_dir), topo, list(links), up)
         return done + ", on its cluster's machines)"
-    hosts = {p.role.removeprefix("host:"): p.pid for p in record.processes
-             if p.role.startswith("host:")}
+    hosts = {p.kind.which: p.pid for p in record.processes if p.kind.is_host}
     def end(e) -> End:
         if topo.nodes[e.node].is_switch:
             return End(e.ifname, None, True, ovs.instance_db(record.run_dir, e.node))

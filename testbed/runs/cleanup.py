@@ -17,7 +17,7 @@ from testbed.linux import ovs
 from testbed.linux import procfs
 from testbed.errors import TestbedError
 from testbed.linux.netlink import Netlink
-from testbed.runs.registry import (Registry, RunRecord, TrackedProcess, proc_start_time,
+from testbed.runs.registry import (Registry, Role, RunRecord, TrackedProcess, proc_start_time,
                                stop_processes)
 
 
@@ -54,9 +54,9 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     tracked = {p.pid for p in record.processes}
     processes = record.processes + [p for p in _daemons_by_pidfile(record)
                                     if p.pid not in tracked]
-    hosts = [p for p in processes if p.role.startswith("host:")]
+    hosts = [p for p in processes if p.kind.is_host]
     # switch daemons before their databases; agents before the shells they live in
-    others = sorted((p for p in processes if not p.role.startswith("host:")),
+    others = sorted((p for p in processes if not p.kind.is_host),
                     key=lambda p: (p.role.endswith("ovsdb-server"), p.role))
     # in stages, each stage signalled at once: switch daemons and agents, databases, shells
     stages = [[p for p in others if not p.role.endswith("ovsdb-server")],
@@ -139,5 +139,6 @@ def _daemons_by_pidfile(record: RunRecord) -> list[TrackedProcess]:
             continue
         start = proc_start_time(pid)
         if start is not None and str(pidfile.parent) in cmdline:
-            found.append(TrackedProcess(pid, start, f"ovs:{pidfile.parent.name}:{pidfile.stem}"))
+            found.append(TrackedProcess(pid, start, str(Role.ovs(pidfile.parent.name,
+                                                                         pidfile.stem))))
     return found

@@ -20,8 +20,9 @@ from testbed.errors import TestbedError
 from testbed.linux.files import write_json_atomic
 from testbed.poll import wait_for
 from testbed.linux.procfs import read_stat
+from testbed.paths import DEFAULT_STATE_DIR
 
-DEFAULT_STATE_DIR = Path("/run/fabriclab")
+__all__ = ["DEFAULT_STATE_DIR", "Registry", "Role", "RunRecord", "TrackedProcess"]
 
 
 def current_netns() -> str:
@@ -39,11 +40,51 @@ def proc_start_time(pid: int) -> int | None:
     return None if stat is None or stat.gone else stat.start_ticks
 
 
+@dataclass(frozen=True)
+class Role:
+    """What a tracked process is: a kind (``host``, ``ovs``, ``agent``, ``controller``,
+    ``prometheus``, ...) and which one of that kind (a host's name, ``ovs0:ovs-vswitchd``).
+    A run record stores it as ``kind:which`` (``host:h1_1_1``), or the kind alone."""
+
+    kind: str
+    which: str = ""
+
+    HOST = "host"  # a host's shell: the namespace every process of that host lives in
+    OVS = "ovs"  # a private Open vSwitch daemon: ``ovs0:ovsdb-server``
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.which}" if self.which else self.kind
+
+    @classmethod
+    def parse(cls, text: str) -> Role:
+        kind, _, which = text.partition(":")
+        return cls(kind, which)
+
+    @classmethod
+    def host(cls, name: str) -> Role:
+        """The shell of host ``name``."""
+        return cls(cls.HOST, name)
+
+    @classmethod
+    def ovs(cls, instance: str, daemon: str) -> Role:
+        """A private Open vSwitch daemon (``ovsdb-server`` or ``ovs-vswitchd``)."""
+        return cls(cls.OVS, f"{instance}:{daemon}")
+
+    @property
+    def is_host(self) -> bool:
+        return self.kind == self.HOST
+
+
 @dataclass
 class TrackedProcess:
     pid: int
     start: int
-    role: str
+    role: str  # str(Role): as the run record stores it
+
+    @property
+    def kind(self) -> Role:
+        """The role, parsed."""
+        return Role.parse(self.role)
 
     def alive(self) -> bool:
         return proc_start_time(self.pid) == self.start
@@ -141,11 +182,11 @@ class Registry:
             raise TestbedError("\n".join(unreadable))
         return records
 
-    def track_process(self, record: RunRecord, pid: int, role: str) -> None:
+    def track_process(self, record: RunRecord, pid: int, role: str | Role) -> None:
         start = proc_start_time(pid)
         if start is not None:
             with self._lock:
-                record.processes.append(TrackedProcess(pid, start, role))
+                record.processes.append(TrackedProcess(pid, start, str(role)))
             self.save(record)
 
     def track_file(self, record: RunRecord, path: str) -> None:

@@ -1,39 +1,57 @@
-"""The layering the code promises (README "Layout"): an acyclic import graph across packages,
-and pure modules that import no system adapter. Imports inside functions count too."""
+"""The layering the code promises (docs/architecture.md): every folder is pure or an adapter,
+pure folders import no adapter, packages import only the layers below them, no module imports
+itself through others (no cycle), and no module or function grows past what one reads in a
+sitting. Imports inside functions count too."""
 
 import ast
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("fabriclab", "testbed", "traffic", "controllers", "telemetry")
 # what each package may import from the others (the experiment layer sits on top)
 ALLOWED = {"testbed": set(), "traffic": {"testbed"}, "controllers": {"testbed", "telemetry"},
-           "telemetry": {"testbed"}, "fabriclab": {"testbed", "traffic", "telemetry"}}
-PURE = ["testbed/model/topology.py", "testbed/model/spec.py", "testbed/plan/tcplan.py", "testbed/plan/reachability.py",
-        "testbed/plan/fidelity.py", "testbed/errors.py", "testbed/poll.py", "testbed/linux/procfs.py",
-        "traffic/workloads/schedules.py", "traffic/measure/metrics.py", "traffic/workloads/patterns.py",
-        "traffic/workloads/workload.py", "traffic/workloads/training.py", "traffic/workloads/nccl_log.py",
-        "traffic/measure/results.py", "traffic/workloads/protocol.py", "traffic/measure/transport.py",
-        "controllers/routing/policy.py", "controllers/routing/session.py", "fabriclab/model/experiment.py",
-        "testbed/model/congestion.py", "testbed/plan/pause.py", "testbed/plan/portplan.py",
-        "traffic/transports/packet.py", "traffic/transports/rocev2.py",
-        "traffic/transports/uet.py",
-        "fabriclab/model/results.py", "telemetry/model/metrics.py", "telemetry/model/promconfig.py",
-        "testbed/plan/failplan.py", "traffic/measure/outage.py", "fabriclab/model/sweep.py",
-        "fabriclab/model/rundir.py", "fabriclab/model/scale.py", "fabriclab/report.py",
-        "traffic/workloads/hierarchical.py", "testbed/model/servers.py", "testbed/model/partition.py",
-        "traffic/measure/ideal.py"]
-ADAPTERS = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "testbed.fabric.fabric",
-            "testbed.linux.netlink", "testbed.linux.ovs", "testbed.linux.hosts", "testbed.vm.guest",
-            "testbed.linux.bpf", "testbed.fabric.ecn", "testbed.fabric.pfc", "http", "urllib",
-            "docker", "prometheus_client.start_http_server", "telemetry.exporter",
-            "telemetry.prometheus", "testbed.linux.environment", "testbed.fabric.monitor"}
+           "telemetry": {"testbed", "traffic"},
+           "fabriclab": {"testbed", "traffic", "telemetry"}}
+PURE, ADAPTER = "pure", "adapter"
+# every folder of the packages, by what it may do; a new folder must say which it is
+FOLDERS = {
+    "testbed": PURE,  # errors, poll, paths
+    "testbed/model": PURE, "testbed/plan": PURE,
+    "testbed/linux": ADAPTER, "testbed/fabric": ADAPTER, "testbed/runs": ADAPTER,
+    "testbed/cluster": ADAPTER, "testbed/vm": ADAPTER,
+    "traffic": PURE, "traffic/workloads": PURE, "traffic/measure": PURE,
+    "traffic/transports": PURE, "traffic/agents": ADAPTER,
+    "controllers": ADAPTER, "controllers/routing": PURE,
+    "telemetry": ADAPTER, "telemetry/model": PURE,
+    "fabriclab": ADAPTER, "fabriclab/model": PURE, "fabriclab/cli": ADAPTER,
+}
+# what touches the system: these libraries, and every module of an adapter folder
+SYSTEM = {"mininet", "os_ken", "pyroute2", "subprocess", "socket", "ctypes", "http", "urllib",
+          "docker", "ray", "prometheus_client.exposition", "prometheus_client.start_http_server"}
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80  # longer only with "Long: <why>" at the top of its docstring
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the packages: dotted name -> file."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
 
 
 def imports(path: Path) -> set[str]:
-    """Every module a file imports, anywhere in it (absolute names)."""
+    """Every name a file imports, anywhere in it (absolute names; ``from a import b`` gives
+    ``a`` and ``a.b``)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -44,41 +62,91 @@ def imports(path: Path) -> set[str]:
     return out
 
 
-def modules(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def project_imports(path: Path) -> set[str]:
+    """The project's modules a file imports (``from pkg import mod`` is ``pkg.mod``)."""
+    return {name for name in imports(path) if name in MODULES}
+
+
+def folder_of(path: Path) -> str:
+    return str(path.parent.relative_to(ROOT))
+
+
+def is_adapter(module: str) -> bool:
+    return FOLDERS.get(folder_of(MODULES[module])) == ADAPTER
+
+
+def test_every_folder_says_whether_it_is_pure():
+    folders = {folder_of(p) for p in MODULES.values()}
+    assert not folders - set(FOLDERS), f"folders not in FOLDERS: {sorted(folders - set(FOLDERS))}"
+    assert not set(FOLDERS) - folders, f"FOLDERS names folders that are gone: " \
+                                       f"{sorted(set(FOLDERS) - folders)}"
+
+
+@pytest.mark.parametrize("folder", sorted(f for f, kind in FOLDERS.items() if kind == PURE))
+def test_pure_folders_import_no_adapter(folder):
+    wrong = {}
+    for name, path in MODULES.items():
+        if folder_of(path) != folder:
+            continue
+        used = imports(path)
+        bad = sorted(n for n in used if n in SYSTEM or n.split(".")[0] in SYSTEM
+                     or (n in MODULES and is_adapter(n)))
+        if bad:
+            wrong[name] = bad
+    assert not wrong, f"pure modules of {folder} import adapters: {wrong}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_packages_import_only_the_layers_below(package):
     wrong = {}
-    for path in modules(package):
-        used = {name.split(".")[0] for name in imports(path)} & set(PACKAGES)
+    for name, path in MODULES.items():
+        if name.split(".")[0] != package:
+            continue
+        used = {n.split(".")[0] for n in project_imports(path)}
         bad = used - ALLOWED[package] - {package}
         if bad:
-            wrong[str(path.relative_to(ROOT))] = sorted(bad)
+            wrong[name] = sorted(bad)
     assert not wrong, f"{package} imports layers above or beside it: {wrong}"
 
 
 def test_the_package_graph_is_acyclic():
-    graph = {p: ALLOWED[p] for p in PACKAGES}
-    seen, stack = set(), set()
-
-    def visit(node: str) -> None:
-        assert node not in stack, f"cycle through {node}"
-        if node in seen:
-            return
-        stack.add(node)
-        for nxt in graph[node]:
-            visit(nxt)
-        stack.discard(node)
-        seen.add(node)
-
-    for package in PACKAGES:
-        visit(package)
+    graph = nx.DiGraph([(p, q) for p, allowed in ALLOWED.items() for q in allowed])
+    assert nx.is_directed_acyclic_graph(graph), list(nx.simple_cycles(graph))
 
 
-@pytest.mark.parametrize("module", PURE)
-def test_pure_modules_import_no_adapter(module):
-    used = imports(ROOT / module)
-    bad = sorted(n for n in used if n in ADAPTERS or n.split(".")[0] in ADAPTERS)
-    assert not bad, f"{module} is pure but imports {bad}"
+def test_no_module_imports_itself_through_others():
+    graph = nx.DiGraph()
+    for name, path in MODULES.items():
+        graph.add_node(name)
+        for used in project_imports(path):
+            # a package's __init__ runs before its modules: importing pkg.mod imports pkg
+            if used != name and not name.startswith(used + "."):
+                graph.add_edge(name, used)
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_checks_see_the_modules_they_check():
+    """The graph above is built from the real imports: a known edge and a known adapter."""
+    assert "testbed.model.topology" in project_imports(MODULES["testbed.model.spec"])
+    assert is_adapter("testbed.linux.netlink") and not is_adapter("testbed.model.spec")
+    assert len(MODULES) > 80
+
+
+SIZED = [p for d in (*PACKAGES, "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("path", SIZED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_stay_readable(path):
+    text = path.read_text()
+    count = text.count("\n")
+    assert count <= MAX_MODULE_LINES, f"{path.relative_to(ROOT)}: {count} lines (split it)"
+    long = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            doc = ast.get_docstring(node) or ""
+            if lines > MAX_FUNCTION_LINES and not doc.startswith("Long:"):
+                long.append(f"{node.name} ({lines} lines)")
+    assert not long, f"{path.relative_to(ROOT)}: functions over {MAX_FUNCTION_LINES} lines " \
+                     f"without a 'Long: <why>' at the top of their docstring: {long}"

@@ -56,7 +56,7 @@ def test_validate_shows_the_plan_over_machines_like_this_one(capsys):
     import json
     from pathlib import Path
 
-    from fabriclab import cli
+    from fabriclab.cli import main as cli
 
     quickstart = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
     assert cli.main(["validate", str(quickstart), "--machines", "2", "--json"]) == 0

@@ -1,5 +1,5 @@
 """Sweeps: the cells an experiment's ``sweep`` section expands to, the errors it refuses before
-anything runs, and the CLI's sweep loop (a failed cell recorded and passed, --resume keeping
+anything runs, and the sweep loop (fabriclab.modes) (a failed cell recorded and passed, --resume keeping
 the finished ones, an earlier run's directory refused) with the fabric run replaced."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fabriclab import cli
+from fabriclab.modes import run_sweep
+from fabriclab.options import RunRequest
+from fabriclab.run import RunView
+from fabriclab.rundirs import check_out_dir, compare_rows
+from testbed.errors import TestbedError
 
 from fabriclab.model import sweep
 from fabriclab.model import experiment as xp
@@ -108,21 +112,16 @@ def _doc(name: str, eff: float, complete: bool = True) -> dict:
                              "flow_completion_s": {"p50": 0.5, "p99": 0.9}}]}
 
 
-class _Args:
-    def __init__(self, out: Path, resume=False, force=False):
-        from rich.console import Console
-        self.out, self.resume, self.force, self.json = str(out), resume, force, False
-        self.state_dir = out / "state"
-        self.console = Console(file=open("/dev/null", "w"))
+def _request(out: Path, resume=False) -> RunRequest:
+    return RunRequest(Path("sweep.yaml"), out, out / "state", resume=resume)
 
 
-def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_missing(
-        tmp_path, monkeypatch):
+def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_missing(tmp_path):
     exp = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"]}, "repetitions": 2}))
     ran, failures = [], ["routing=dmodk,r1"]  # the cells that fail (once each)
     nexts = []  # each run is told the next one (whether its fabric stays up for it)
 
-    def fake_run_one(args, cell_exp, out, variant=None, shared=None, then=None):
+    def fake_run_one(req, cell_exp, out, view, variant=None, shared=None, then=None):
         assert shared is not None  # the cells share one pool of fabrics
         nexts.append(then.controller.routing if then is not None else None)
         ran.append(out.name)
@@ -130,14 +129,13 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
         if out.name in failures:
             failures.remove(out.name)
             (out / "results.json").write_text(json.dumps(_doc("sw", 0.0, complete=False)))
-            raise cli.TestbedError("job 0 (all_reduce): agent died")
+            raise TestbedError("job 0 (all_reduce): agent died")
         doc = _doc("sw", 0.9 if str(cell_exp.controller.routing) == "dmodk" else 0.5)
         (out / "results.json").write_text(json.dumps(doc))
         return doc
 
-    monkeypatch.setattr(cli, "_run_one", fake_run_one)
     out = tmp_path / "sweep"
-    assert cli._run_sweep(_Args(out), exp, out) == cli.EXIT_SYSTEM  # a cell failed
+    assert run_sweep(_request(out), exp, RunView(), fake_run_one).failed  # a cell failed
     assert ran == ["routing=ecmp,r1", "routing=ecmp,r2", "routing=dmodk,r1", "routing=dmodk,r2"]
     assert nexts == ["ecmp", "dmodk", "dmodk", None]
     doc = json.loads((out / "sweep.json").read_text())
@@ -148,10 +146,10 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
     assert summary["routing=ecmp"]["jobs"][0]["efficiency"]["mean"] == pytest.approx(0.5)
     assert summary["routing=dmodk"]["failed"] == 1
     with pytest.raises(ConfigError, match="--resume finishes it, --force overwrites it"):
-        cli._check_out_dir(out, resume=False, force=False)
-    cli._check_out_dir(out, resume=True, force=False)
+        check_out_dir(out, resume=False, force=False)
+    check_out_dir(out, resume=True, force=False)
     ran.clear()
-    assert cli._run_sweep(_Args(out, resume=True), exp, out) == cli.EXIT_OK
+    assert not run_sweep(_request(out, resume=True), exp, RunView(), fake_run_one).failed
     assert ran == ["routing=dmodk,r1"]  # only the failed cell again
     doc = json.loads((out / "sweep.json").read_text())
     assert all(c["complete"] for c in doc["cells"]) and len(doc["cells"]) == 4
@@ -159,13 +157,13 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
     single = tmp_path / "single"
     single.mkdir()
     (single / "results.json").write_text(json.dumps(_doc("sw", 0.7)))
-    lines = cli.compare_rows([out, single])
+    lines = compare_rows([out, single])
     assert [(line["run"].rsplit("/", 1)[-1], line["jobs"][0]["efficiency"], line["jobs"][0]["n"])
             for line in lines] == [("routing=ecmp", pytest.approx(0.5), 2),
                                    ("routing=dmodk", pytest.approx(0.9), 2),
                                    ("single", pytest.approx(0.7), 1)]
     with pytest.raises(ConfigError, match="holds no run"):
-        cli.compare_rows([tmp_path])
+        compare_rows([tmp_path])
 
 
 class _FakeFabric:
@@ -191,7 +189,7 @@ class _FakeFabric:
 
 
 def test_runs_that_build_the_same_fabric_share_it_with_a_new_controller_each(tmp_path):
-    from fabriclab.run import SharedFabric
+    from fabriclab.shared import SharedFabric
 
     exp = xp.parse(_with({"axes": {"fabric.fabric_link.rate_mbps": [10, 5],
                                    "controller.routing": ["ecmp", "dmodk"]}}))
@@ -217,7 +215,7 @@ def test_runs_that_build_the_same_fabric_share_it_with_a_new_controller_each(tmp
 
 
 def test_a_fabric_with_pfc_or_failures_is_never_shared(tmp_path):
-    from fabriclab.run import SharedFabric
+    from fabriclab.shared import SharedFabric
 
     pfc = xp.parse(_with({"axes": {"controller.routing": ["ecmp", "dmodk"]}},
                          fabric={**BASE["fabric"], "queue": {"size_kb": 128},

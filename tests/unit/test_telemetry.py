@@ -252,22 +252,23 @@ def test_top_shows_the_busiest_links_per_tier_and_the_collectives():
 
 
 def test_the_command_line_telemetry_options_name_the_bad_flag():
-    import argparse
-
     from rich.console import Console
 
-    from fabriclab import telemetry_cli
+    from fabriclab.cli import main as cli
     from testbed.errors import ConfigError
 
-    parser = argparse.ArgumentParser()
-    telemetry_cli.add_arguments(parser)
-    opts = telemetry_cli.options(parser.parse_args(["--telemetry", "--scrape-interval", "0.5",
-                                                    "--exporter", "127.0.0.1:9105"]), Console())
+    parser = cli.build_parser()
+
+    def options(*argv):
+        return cli.telemetry_options(parser.parse_args(["run", "x.yaml", "--out", "o", *argv]),
+                                     Console())
+
+    opts = options("--telemetry", "--scrape-interval", "0.5", "--exporter", "127.0.0.1:9105")
     assert (opts.prometheus, opts.interval_s, opts.exporter_port) == (True, 0.5, 9105)
-    assert telemetry_cli.options(parser.parse_args([]), Console()).exporter_host == "127.0.0.1"
+    assert options().exporter_host == "127.0.0.1"
     for argv, flag in ((["--keep"], "--keep"), (["--scrape-interval", "0"], "--scrape-interval"),
                        (["--exporter", "9100"], "--exporter"),
                        (["--exporter", "127.0.0.1:99999"], "--exporter")):
         with pytest.raises(ConfigError) as err:
-            telemetry_cli.options(parser.parse_args(argv), Console())
+            options(*argv)
         assert err.value.path == flag

@@ -72,7 +72,7 @@ def test_the_capability_cache_is_used_within_a_boot(tmp_path, monkeypatch):
 
 def test_a_congestion_control_this_kernel_lacks_moves_auto_to_the_vm(tmp_path, monkeypatch):
     from fabriclab.model import experiment as xp
-    from fabriclab.cli import resolve_backend
+    from fabriclab.modes import resolve_backend
     from testbed.model.spec import Requirement
 
     caps = capabilities.Capabilities("6.x-test", False, {"htb": True, "bfifo": True,

@@ -14,6 +14,12 @@ from traffic.workloads.workload import Collective
 AGENT_PORT = 17000
 
 
+def row_label(row: dict) -> str:
+    """What a results row (a collective, or a job's summary) is called: its label (``fwd tp
+    all_reduce``), else its operation (``all_reduce``)."""
+    return row.get("label") or row["op"]
+
+
 @dataclass
 class CollectiveResult:
     """What one collective measured (results.json fields)."""

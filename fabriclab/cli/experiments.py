@@ -1,0 +1,118 @@
+"""``fabriclab validate`` and ``fabriclab schema``: experiment files checked and explained,
+nothing built. Imports only pure modules: fast, and no root needed."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+
+from fabriclab.cli.output import EXIT_CONFIG, EXIT_OK, emit
+from fabriclab.cli.requests import SchemaRequest, ValidateRequest
+from fabriclab.model import experiment as xp
+from testbed.errors import ConfigError
+from testbed.model import servers
+from testbed.model.partition import Machine, Partition, partition
+from testbed.plan.fidelity import assess, machine_budget_mbit_hops
+
+
+def validate(req: ValidateRequest, ui: Console) -> int:
+    """Every file checked (a bad one does not stop the rest); what each would build."""
+    docs, failed = [], 0
+    for path in req.files:
+        try:
+            exp = xp.load(path)
+        except ConfigError as err:
+            failed += 1
+            ui.print(f"[red]{path}: config error:[/red] {err}")
+            docs.append({"file": str(path), "ok": False, "field": err.path,
+                         "error": err.message})
+            continue
+        doc, ok = _explain(exp, path, req.machines, ui)
+        failed += not ok
+        docs.append(doc)
+    if req.json:
+        emit(docs)
+    return EXIT_CONFIG if failed else EXIT_OK
+
+
+def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict, bool]:
+    """What ``exp`` builds, printed; its JSON line, and whether its partition (if asked) fits."""
+    counts = exp.topology.counts()
+    verdict = assess(exp.topology, exp.fabric.mtu)
+    ui.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
+             f"{counts['hosts']} hosts, {counts['links']} links)")
+    ui.print(f"  on the userspace datapath: {verdict.explain()}"
+             + ("" if verdict.fits else " -- over the headroom"))
+    if exp.topology.servers:
+        ui.print(f"  servers: {servers.describe(exp.topology)}")
+    count = machines or (exp.cluster.machines if exp.cluster else 0)
+    if exp.cluster is not None:
+        ui.print(f"  on the Ray cluster at {exp.cluster.address}"
+                 + ("" if count else " (--machines N shows a plan over N machines like this "
+                                     "one)"))
+    plan, ok = None, True
+    if count:
+        budget = machine_budget_mbit_hops(exp.fabric.mtu, os.cpu_count() or 1)
+        try:
+            plan = partition(exp.topology, [Machine(f"machine{i + 1}", budget)
+                                            for i in range(count)])
+        except ConfigError as err:
+            ok = False
+            ui.print(f"[red]{path}: over {count} machines:[/red] {err}")
+        else:
+            ui.print(f"  over {count} machines like this one:")
+            for line in plan.describe():
+                ui.print(f"    {line}")
+    ecn = ecn_text(exp)
+    for tier, text in ecn.items():
+        ui.print(f"  ECN at the switch ports of {tier} links: {text}")
+    pfc = exp.pfc.describe() if exp.pfc is not None else None
+    if pfc:
+        ui.print(f"  PFC (lossless) {pfc}")
+    if exp.variants:
+        ui.print(f"  variants: {', '.join(v.variant for v in exp.variants)}")
+    if exp.cells:
+        groups = list(dict.fromkeys(c.plan.group for c in exp.cells))
+        reps = len(exp.cells) // len(groups)
+        ui.print(f"  sweep: {len(exp.cells)} runs: {len(groups)} cells x {reps} "
+                 f"repetition(s): {', '.join(groups[:6])}"
+                 + (f", ... {groups[-1]}" if len(groups) > 6 else ""))
+    doc = {"file": str(path), "ok": True, "experiment": exp.name, "counts": counts,
+           "collectives": exp.workload.collective_count if exp.workload else 0,
+           "fidelity": {"load": verdict.load, "fits": verdict.fits,
+                        "max_rate_mbps": verdict.max_rate_mbps},
+           "ecn": ecn, "pfc": pfc, "base_rtt_s": exp.base_rtt_s,
+           "variants": [v.variant for v in exp.variants],
+           "sweep": [c.name for c in exp.cells]}
+    if plan is not None:
+        doc["partition"] = _partition_doc(plan)
+    return doc, ok
+
+
+def _partition_doc(plan: Partition) -> dict:
+    return {"machines": {m.name: {"nodes": plan.nodes(m.name),
+                                  "load_mbit_hops": plan.load[m.name],
+                                  "budget_mbit_hops": m.budget_mbit_hops}
+                         for m in plan.machines},
+            "cut_links": [link.name for link in plan.cut]}
+
+
+def ecn_text(exp: xp.Experiment) -> dict[str, str]:
+    """Per link tier, the marking of each priority (``0-7: step K=26.4 KiB``), when any."""
+    out = {}
+    for tier in ("host", "fabric"):
+        table = exp.port_ecn(tier)
+        if all(t.mode == "off" for t in table):
+            continue
+        groups: dict[str, list[int]] = {}
+        for prio, th in enumerate(table):
+            groups.setdefault(th.describe(), []).append(prio)
+        out[tier] = "; ".join(f"priority {','.join(map(str, p)) if len(p) < 8 else '0-7'}: {d}"
+                              for d, p in groups.items())
+    return out
+
+def schema(_req: SchemaRequest, _ui: Console) -> int:
+    """The experiment file's JSON Schema, on stdout."""
+    emit(xp.schema())
+    return EXIT_OK

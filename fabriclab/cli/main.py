@@ -1,0 +1,214 @@
+"""``fabriclab``: the parser, one typed request per command line, the handler, the exit code.
+
+Exit codes: 0 ok, 1 reachability loss, 2 bad experiment file or option, 3 system failure (or a
+failed run, variant or cell), 130 interrupted (torn down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from fabriclab.cli import requests as rq
+from fabriclab.cli.output import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console)
+from fabriclab.options import TelemetryOptions, parse_exporter
+from fabriclab.signals import Terminated, raise_on_sigterm
+from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
+from testbed.errors import ConfigError, TestbedError
+from testbed.model.spec import Backend
+from testbed.paths import DEFAULT_STATE_DIR
+
+DESCRIPTION = ("An emulation testbed for AI-training scale-out fabrics: build a fabric from an "
+               "experiment file, run its workload, write results and a report.")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command: its handler ``module.function(request, console) -> exit code``, imported
+    only when the command runs."""
+
+    module: str  # under fabriclab.cli
+    function: str
+    help: str
+    json: bool = True  # takes --json
+
+    def handler(self) -> Callable[[object, Console], int]:
+        return getattr(importlib.import_module(f"fabriclab.cli.{self.module}"), self.function)
+
+
+COMMANDS = {
+    "validate": Command("experiments", "validate",
+                        "check experiment files without building anything"),
+    "up": Command("fabric", "up", "build a fabric and keep it up until Ctrl-C"),
+    "run": Command("runs", "run", "build the fabric, run the workload, write results, "
+                                  "tear down"),
+    "telemetry": Command("telemetry", "serve", "serve a finished run's Prometheus data again",
+                         json=False),
+    "top": Command("telemetry", "top", "watch a running fabric: busiest links per tier, "
+                                       "queues, marks, pauses, drops, and the collectives",
+                   json=False),
+    "fail": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
+                                      "fabric 'fabriclab up' keeps running down"),
+    "restore": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
+                                         "fabric 'fabriclab up' keeps running back up"),
+    "report": Command("runs", "report", "(re)build DIR/report.html from a run directory"),
+    "compare": Command("runs", "compare", "put runs side by side (run, variants or sweep "
+                                          "directories)"),
+    "clean": Command("fabric", "clean", "remove what earlier (killed) runs left behind"),
+    "schema": Command("experiments", "schema", "print the experiment file's JSON Schema",
+                      json=False),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fabriclab", description=DESCRIPTION,
+                                     epilog=__doc__.split("\n\n", 1)[1].strip())
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help=f"run records and caches (default {DEFAULT_STATE_DIR})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = {}
+    for name, command in COMMANDS.items():
+        p[name] = sub.add_parser(name, help=command.help)
+        p[name].set_defaults(json=False)
+        if command.json:
+            p[name].add_argument("--json", action="store_true", help="print one JSON document "
+                                 "on stdout (the rest goes to stderr)")
+    p["validate"].add_argument("files", nargs="+", type=Path)
+    p["validate"].add_argument("--machines", type=int, default=0,
+                               help="also show how the fabric would be partitioned over N "
+                                    "machines like this one (each at the fidelity model's "
+                                    "headroom)")
+    for name in ("up", "run"):
+        _run_arguments(p[name])
+    p["up"].add_argument("--check", action="store_true",
+                         help="test all-pairs reachability, tear down, exit non-zero on any loss")
+    p["up"].add_argument("--count", type=int, default=2, help="probes per pair with --check")
+    p["up"].add_argument("-v", "--verbose", action="store_true", help="print step timings")
+    p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
+                                                  "(default runs/up-<time>)")
+    p["run"].add_argument("--out", required=True, type=Path, help="directory for results.json")
+    p["run"].add_argument("--resume", action="store_true",
+                          help="finish an interrupted run in --out: complete cells and variants "
+                               "are kept, the rest run")
+    p["run"].add_argument("--force", action="store_true",
+                          help="overwrite the run --out already holds")
+    p["run"].add_argument("--parallel", action="store_true",
+                          help="a sweep's cells at once, one per machine of the cluster, each "
+                               "built whole on its machine")
+    p["telemetry"].add_argument("dir", type=Path,
+                                help="the run's output directory (or a variant's)")
+    p["telemetry"].add_argument("--port", type=int, default=0,
+                                help="Prometheus's port (default: a free one)")
+    p["telemetry"].add_argument("--grafana", action="store_true",
+                                help="also start Grafana (Docker) with the repository's "
+                                     "dashboards")
+    p["top"].add_argument("--run", help="the run id, when several fabrics are up")
+    p["top"].add_argument("--interval", type=float, default=1.0, metavar="S",
+                          help="seconds between refreshes (default %(default)s)")
+    p["top"].add_argument("--links", type=int, default=4, help="links shown per tier "
+                                                               "(default 4)")
+    p["top"].add_argument("--once", action="store_true", help="print one frame and exit")
+    for name in ("fail", "restore"):
+        p[name].add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 "
+                                                       "(a switch)")
+        p[name].add_argument("--run", help="the run id, when several fabrics are up")
+    p["report"].add_argument("dir", metavar="DIR", type=Path)
+    p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path)
+    p["clean"].add_argument("--all", action="store_true",
+                            help="also runs whose process is still alive")
+    return parser
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``up`` and ``run`` share: the file, where, and the telemetry."""
+    p.add_argument("file", type=Path)
+    p.add_argument("--backend", choices=list(Backend),
+                   help="where to run (default: the experiment's emulator.backend)")
+    p.add_argument("--cluster", metavar="ADDRESS",
+                   help="partition the fabric over the Ray cluster whose head is ADDRESS "
+                        "(host:port), as the experiment's cluster.address would")
+    p.add_argument("--vm-accel", choices=("tcg", "kvm"), default="tcg",
+                   help="vm backend: CPU emulation (default; works everywhere) or KVM")
+    p.add_argument("--telemetry", action="store_true",
+                   help="run a Prometheus (127.0.0.1) scraping the fabric's, the workload's and "
+                        "the controller's exporters, storing in the output directory")
+    p.add_argument("--scrape-interval", type=float, default=DEFAULT_SCRAPE_INTERVAL_S,
+                   metavar="S", help="seconds between scrapes (default %(default)s)")
+    p.add_argument("--keep", action="store_true",
+                   help="with --telemetry: after the workload, keep fabric and telemetry up "
+                        "until Ctrl-C")
+    p.add_argument("--exporter", default=f"{LOOPBACK}:0", metavar="HOST:PORT",
+                   help="where the fabric's exporter listens (default %(default)s: loopback, "
+                        "a port from the OS)")
+
+
+def telemetry_options(args: argparse.Namespace, ui: Console) -> TelemetryOptions:
+    """The telemetry flags of ``up`` and ``run``, checked (each bad one named)."""
+    from fabriclab.cli.telemetry import keep_until_stopped
+
+    host, port = parse_exporter(args.exporter)
+    return TelemetryOptions(args.telemetry, args.scrape_interval,
+                            keep_until_stopped(ui) if args.keep else None, None, host, port)
+
+
+def to_request(args: argparse.Namespace, ui: Console) -> object:
+    """The typed request of a parsed command line (the namespace goes no further)."""
+    name = args.command
+    if name == "validate":
+        return rq.ValidateRequest(args.files, args.machines, args.json)
+    if name == "schema":
+        return rq.SchemaRequest()
+    if name == "up":
+        return rq.UpRequest(args.file, args.state_dir, args.check, args.count, args.verbose,
+                            args.backend, args.cluster, args.vm_accel, args.out,
+                            telemetry_options(args, ui), args.json)
+    if name == "run":
+        return rq.RunRequest(args.file, args.out, args.state_dir, args.backend, args.cluster,
+                             args.resume, args.force, args.parallel,
+                             telemetry_options(args, ui), args.json, False, args.vm_accel)
+    if name in ("fail", "restore"):
+        return rq.FailRequest(args.target, name == "restore", args.run, args.state_dir,
+                              args.json)
+    if name == "clean":
+        return rq.CleanRequest(args.state_dir, args.all, args.json)
+    if name == "report":
+        return rq.ReportRequest(args.dir, args.json)
+    if name == "compare":
+        return rq.CompareRequest(args.dirs, args.json)
+    if name == "telemetry":
+        return rq.ServeRequest(args.dir, args.port, args.grafana)
+    if name == "top":
+        return rq.TopRequest(args.state_dir, args.run, args.interval, args.links, args.once)
+    raise AssertionError(f"no request for {name}")  # the parser knows only COMMANDS
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ui = console(to_stderr=args.json)
+    raise_on_sigterm()
+    verbose = getattr(args, "verbose", False)  # only up has -v
+    try:
+        request = to_request(args, ui)
+        return COMMANDS[args.command].handler()(request, ui)
+    except ConfigError as err:
+        ui.print(f"[red]config error:[/red] {err}")
+        return EXIT_CONFIG
+    except TestbedError as err:
+        ui.print(f"[red]testbed error:[/red] {err}")
+        for note in getattr(err, "__notes__", []):
+            ui.print(f"  {note}")
+        return EXIT_SYSTEM
+    except (KeyboardInterrupt, Terminated) as err:
+        if verbose:
+            ui.print_exception()
+        ui.print(f"interrupted ({type(err).__name__}); torn down")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""What each command asks for, typed: built once from the command line by
+:func:`fabriclab.cli.main.to_request`; handlers read these fields only. ``fabriclab run``'s
+request is the experiment layer's :class:`fabriclab.options.RunRequest`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fabriclab.options import RunRequest, TelemetryOptions
+from testbed.paths import DEFAULT_STATE_DIR
+
+__all__ = ["CleanRequest", "CompareRequest", "FailRequest", "ReportRequest", "RunRequest",
+           "SchemaRequest", "ServeRequest", "TopRequest", "UpRequest", "ValidateRequest"]
+
+
+@dataclass(frozen=True)
+class ValidateRequest:
+    files: list[Path]
+    machines: int = 0  # also show the partition over this many machines like this one
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class SchemaRequest:
+    pass
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    file: Path
+    state_dir: Path = DEFAULT_STATE_DIR
+    check: bool = False  # all-pairs reachability, then tear down
+    count: int = 2  # probes per pair
+    verbose: bool = False
+    backend: str | None = None
+    cluster: str | None = None
+    vm_accel: str = "tcg"
+    out: Path | None = None  # where Prometheus stores (with --telemetry)
+    telemetry: TelemetryOptions = field(default_factory=TelemetryOptions)
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class FailRequest:
+    targets: list[str]  # two nodes (a link) or one (a switch)
+    up: bool  # restore instead of fail
+    run: str | None = None  # the run id, when several fabrics are up
+    state_dir: Path = DEFAULT_STATE_DIR
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class CleanRequest:
+    state_dir: Path = DEFAULT_STATE_DIR
+    all: bool = False  # also runs whose process is alive
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    dir: Path
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    dirs: list[Path]
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """``fabriclab telemetry DIR``: a finished run's Prometheus data served again."""
+
+    dir: Path
+    port: int = 0
+    grafana: bool = False
+
+
+@dataclass(frozen=True)
+class TopRequest:
+    state_dir: Path = DEFAULT_STATE_DIR
+    run: str | None = None
+    interval_s: float = 1.0
+    links: int = 4
+    once: bool = False

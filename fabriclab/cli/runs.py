@@ -1,0 +1,141 @@
+"""``fabriclab run`` (the experiment layer's ways of running, shown on the terminal),
+``report`` and ``compare``."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+
+from fabriclab.cli import tables
+from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
+from fabriclab.cli.requests import CompareRequest, ReportRequest, RunRequest
+from fabriclab.modes import run_file
+from fabriclab.report import write_report
+from fabriclab.run import RunView, batch_text
+from fabriclab.rundirs import compare_rows, require_run
+
+
+class TerminalView(RunView):
+    """Progress and results of ``fabriclab run`` on the terminal: a spinner while the fabric
+    is built, a progress bar while the workload runs, the tables once a run is done."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.stack = ExitStack()  # the spinner or the progress bar of the run going on
+        self.bar = None
+        self.task = None
+
+    def building(self, reused: bool = False) -> None:
+        self.stack.enter_context(self.console.status(
+            "the previous run's fabric: restarting the controller ..." if reused
+            else "building the fabric ..."))
+
+    def started(self, fabric, total: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.stack.close()  # the spinner
+        for line in fabric.plan.describe() if fabric.plan is not None else []:
+            self.console.print(f"cluster: {line}")
+        for warning in fabric.warnings:
+            self.console.print(f"[yellow]warning:[/yellow] {warning}")
+        self.bar = self.stack.enter_context(Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn(
+                "{task.completed}/{task.total}"), TimeElapsedColumn(), console=self.console))
+        self.task = self.bar.add_task("collectives", total=total)
+
+    def telemetry(self, telemetry) -> None:
+        self.console.print(f"telemetry: Prometheus at {telemetry.prometheus.url}, scraping "
+                           f"{', '.join(t for ts in telemetry.targets.values() for t in ts)} "
+                           f"every {telemetry.interval_s:g} s into {telemetry.directory}")
+
+    def batch(self, jobs) -> None:
+        self.bar.update(self.task, description=batch_text(jobs))
+
+    def measured(self, count: int) -> None:
+        self.bar.advance(self.task, count)
+
+    def tearing_down(self) -> None:
+        self.stack.close()
+        self.console.print("tearing down ...")
+
+    def closed(self) -> None:
+        self.stack.close()
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False)
+
+    def warn(self, text: str) -> None:
+        self.console.print(f"[red]{text}[/red]" if "failed" in text else
+                           f"[yellow]{text}[/yellow]")
+
+    def section(self, title: str) -> None:
+        self.console.rule(title)
+
+    def run_done(self, doc: dict, out: Path) -> None:
+        ui = self.console
+        for item in doc.get("iterations", []):
+            ui.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
+        ui.print(tables.collectives(doc))
+        gpus_table = tables.servers_of_gpus(doc)
+        if gpus_table is not None:
+            ui.print(gpus_table)
+        if doc.get("real_scale"):
+            ui.print(tables.real_scale(doc))
+        fidelity = doc.get("fidelity") or {}
+        if fidelity:
+            idle = fidelity.get("idle_pct", {}).get("median")
+            ui.print(f"fidelity: {fidelity['verdict']}"
+                     + (f" (machine {idle:.0f} % idle)" if idle is not None else "")
+                     + "".join(f"\n  {reason}" for reason in fidelity["reasons"]))
+        timings = doc.get("timings_s") or {}
+        if timings:
+            ui.print("time: " + ", ".join(f"{k.replace('_', '-')} {v:.1f} s"
+                                          for k, v in timings.items()))
+        ui.print(f"results: {out / 'results.json'}")
+        if doc.get("telemetry", {}).get("data"):
+            ui.print(f"telemetry: {doc['telemetry']['data']} (served during the run at "
+                     f"{doc['telemetry']['prometheus']}; again: fabriclab telemetry {out})")
+
+    def variants_done(self, name: str, rows: list[dict]) -> None:
+        self.console.print(tables.variants(name, rows))
+        self.console.print(tables.efficiency(name, rows))
+
+    def sweep_done(self, name: str, summary: list[dict]) -> None:
+        self.console.print(tables.sweep(name, summary))
+
+
+def run(req: RunRequest, ui: Console) -> int:
+    """Build the fabric, run the workload, write DIR/results.json, tear down (a run, its
+    variants or its sweep; on this host or in the guest)."""
+    view = TerminalView(ui)
+    try:
+        outcome = run_file(req, view)
+    finally:
+        view.closed()
+    if req.json:
+        emit(outcome.document)
+    if outcome.exit_code is not None:  # the guest's, relayed
+        return outcome.exit_code
+    return EXIT_SYSTEM if outcome.failed else EXIT_OK
+
+
+def report(req: ReportRequest, ui: Console) -> int:
+    """(Re)build DIR/report.html from a run, variants or sweep directory."""
+    require_run(req.dir)
+    path = write_report(req.dir)
+    ui.print(f"report: {path}")
+    if req.json:
+        emit({"report": str(path)})
+    return EXIT_OK
+
+
+def compare(req: CompareRequest, ui: Console) -> int:
+    """Runs side by side: each job's efficiency (busbw / link rate) per run."""
+    lines = compare_rows(req.dirs)
+    if req.json:
+        emit(lines)
+        return EXIT_OK
+    ui.print(tables.compare(lines))
+    return EXIT_OK

@@ -1,0 +1,235 @@
+"""The CLI's tables (rich): a fabric's summary, a run's collectives, servers of GPUs and
+real-equivalent units, variants and sweeps side by side, runs compared. Each builds a table
+from documents; none prints."""
+
+from __future__ import annotations
+
+import re
+
+from rich.table import Table
+
+from fabriclab.model import experiment as xp
+from fabriclab.model.results import job_summaries
+from testbed.model import servers as gpu_servers
+from testbed.model.topology import SWITCH_ROLES
+from traffic.measure.results import row_label
+
+
+def fabric_summary(exp: xp.Experiment, fabric) -> Table:
+    topo = exp.topology
+    counts = topo.counts()
+    table = Table(title=f"fabric {exp.name} ({topo.kind})", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("switches", ", ".join(f"{counts[r]} {r}" for r in SWITCH_ROLES if r in counts))
+    table.add_row("hosts", str(counts["hosts"]))
+    table.add_row("links", f"{counts['links']} (host {exp.fabric.host_link.describe()}, "
+                           f"fabric {exp.fabric.fabric_link.describe()})")
+    table.add_row("oversubscription", f"{topo.oversubscription():g}:1")
+    if topo.servers:
+        table.add_row("servers", gpu_servers.describe(topo))
+    table.add_row("queue / MTU", f"{exp.fabric.queue_text()} / {exp.fabric.mtu}")
+    table.add_row("datapath", f"Open vSwitch {fabric.datapath_type}"
+                              + (f", {fabric.vswitchd_count} private vswitchd"
+                                 if fabric.vswitchd_count else ""))
+    table.add_row("controller", f"os-ken on {fabric.controller_address}, "
+                                f"{exp.controller.routing}")
+    if exp.cluster is not None:
+        table.add_row("cluster", "\n".join(fabric.plan.describe()))
+    if fabric.fidelity is not None:
+        v = fabric.fidelity
+        table.add_row("fidelity", f"full load {v.load:.0%} of this machine's budget "
+                                  f"({'fits' if v.fits else 'OVER the headroom'}; "
+                                  f"<= {v.max_rate_mbps:.1f} Mbit/s per host fits)")
+    table.add_row("up in", f"{fabric.timings['up_total']:.2f} s")
+    table.add_row("first hosts", ", ".join(f"{h.name}={h.ip}" for h in topo.hosts[:3]) + ", ...")
+    return table
+
+
+def variants(name: str, rows: list[dict]) -> Table:
+    """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
+    table = Table(title=f"{name}: variants", box=None,
+                  caption="pauses: PFC pause events (paused: their total time, s; over all "
+                          "ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
+                          "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
+                          "share of the link rate into the top tier over the run; busbw: "
+                          "Mbit/s; fct: flow completion, s")
+    for col in ("variant", "fidelity", "drops", "ce marks", "pauses", "paused s", "watchdog",
+                "deadlocks", "queue max", "queue p99", "top util"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    jobs = max((len(r["jobs"]) for r in rows), default=0)
+    for j in range(jobs):
+        op = next((row_label(r["jobs"][j]) for r in rows
+                   if len(r["jobs"]) > j), "?")
+        table.add_column(f"j{j} {op} busbw", justify="right")
+        table.add_column(f"j{j} fct p50/p99", justify="right")
+    for r in rows:
+        kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
+        cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
+                 r.get("fidelity") or "-",
+                 str(r["drops"]) if r["drops"] is not None else "-",
+                 str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
+                 str(r["pfc_pause_events"]) if r.get("pfc_pause_events") else "-",
+                 f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s") else "-",
+                 str(r["pfc_watchdog_events"]) if r.get("pfc_watchdog_events") else "-",
+                 str(r["pfc_deadlocks"]) if r.get("pfc_deadlocks") else "-",
+                 kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"]), _top_util(r)]
+        for j in range(jobs):
+            job = r["jobs"][j] if len(r["jobs"]) > j else None
+            cells += ([f"{job['busbw_mbps']:.2f}",
+                       f"{job['fct_p50_s']:.2f}/{job['fct_p99_s']:.2f}"] if job else ["-", "-"])
+        table.add_row(*cells)
+    return table
+
+
+def efficiency(name: str, rows: list[dict]) -> Table:
+    """Variants by job, compact: efficiency (busbw over the link rate: the last flow decides),
+    and for patterns of flows their throughput as a fraction of ideal (Hedera's aggregate
+    measure: each flow counts for its own share)."""
+    table = Table(title=f"{name}: efficiency per job", box=None,
+                  caption="eff: busbw / link rate; tput: the flows' aggregate throughput as a "
+                          "fraction of ideal (mean of each flow's ideal time over its "
+                          "completion time)")
+    table.add_column("variant")
+    jobs = max((len(r["jobs"]) for r in rows), default=0)
+    for j in range(jobs):
+        label = next((row_label(r["jobs"][j]) for r in rows
+                      if len(r["jobs"]) > j), "?")
+        table.add_column(label, justify="right")
+    for r in rows:
+        cells = [r["variant"] or "-"]
+        for j in range(jobs):
+            job = r["jobs"][j] if len(r["jobs"]) > j else None
+            if job is None:
+                cells.append("-")
+                continue
+            tput = job.get("throughput_of_ideal")
+            cells.append(f"eff {job['efficiency']:.2f}"
+                         + (f" tput {tput:.2f}" if tput is not None else ""))
+        table.add_row(*cells)
+    return table
+
+
+def _top_util(row: dict) -> str:
+    """Max/mean utilization of the links into the top tier (agg->core, leaf->spine)."""
+    util = row.get("utilization") or {}
+    tier = next((t for t in ("agg->core", "leaf->spine") if t in util), None)
+    return f"{util[tier]['max']:.2f}/{util[tier]['mean']:.2f}" if tier else "-"
+
+
+def real_scale(doc: dict) -> Table:
+    """The collectives in the real fabric's units (``scale``), one row per collective run."""
+    f = doc["real_scale"]
+    table = Table(title=f"real-equivalent at {f['real_rate_gbps']:g} Gbit/s, "
+                        f"{f['real_rtt_us']:g} us RTT", box=None,
+                  caption=f"scales: {f['scales']}\ndoes not scale: {f['does_not_scale']}")
+    for col in ("job", "op", "bytes", "time_us", "busbw Gbit/s", "fct p99 us"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for row in doc["collectives"]:
+        real = row.get("real")
+        if not real:
+            continue
+        p99 = real["flow_completion_s"].get("p99")
+        table.add_row(str(row["job"]), row_label(row), f"{real['bytes']:,}",
+                      f"{real['duration_s'] * 1e6:,.1f}", f"{real['busbw_gbps']:,.1f}",
+                      "-" if p99 is None else f"{p99 * 1e6:,.1f}")
+    return table
+
+
+def collectives(doc: dict) -> Table:
+    """An nccl-tests-like table: one row per job, times averaged over its repetitions."""
+    table = Table(title=f"{doc['experiment']}: collectives",
+                  caption="bytes: NCCL-tests size; count: float32 elements; algbw, busbw: Mbit/s;"
+                          " eff: busbw / link rate; cpu_s: all agents' CPU seconds", box=None)
+    for col in ("op", "algo", "n", "bytes", "count", "reps", "time_ms", "algbw", "busbw",
+                "eff", "cpu_s"):
+        table.add_column(col, justify="left" if col in ("op", "algo") else "right",
+                         no_wrap=True)
+    constants = sorted({c["transport"]["constants"] for c in doc["collectives"]
+                        if (c.get("transport") or {}).get("constants")})
+    if constants:  # the transports' constants at the emulated scale
+        table.caption += "".join(f"\n{text}" for text in constants)
+    for s in job_summaries(doc["collectives"]):
+        table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
+                      str(s.repetitions), f"{s.mean_s * 1e3:.0f}", f"{s.algbw_mbps:.2f}",
+                      f"{s.busbw_mbps:.2f}", f"{s.efficiency:.3f}", f"{s.agent_cpu_s:.1f}")
+    return table
+
+
+def servers_of_gpus(doc: dict) -> Table | None:
+    """Servers of GPUs: per collective (a training phase summed over its runs) its time, the
+    time its byte counts predict on the fabric, and the bytes that crossed the scale-out
+    network against all it moved."""
+    phases: dict[str, dict] = {}
+    for row in doc["collectives"]:
+        if row.get("scale_out_bytes") is None:
+            continue
+        label = row_label(row)
+        if row.get("iteration") is not None:  # "iter 0 mb 1 fwd stage 0 tp all_reduce"
+            label = re.sub(r"\b(iter|mb|stage) \d+ ?", "", label).strip()  # "fwd tp ..."
+        p = phases.setdefault(label, {"runs": 0, "time_s": 0.0, "ideal_s": 0.0,
+                                      "scale_out": 0, "moved": 0, "algo": row["algorithm"]})
+        p["runs"] += 1
+        p["time_s"] += row["duration_s"]
+        p["ideal_s"] += row["ideal_s"]
+        p["scale_out"] += row["scale_out_bytes"]
+        p["moved"] += row.get("moved_bytes") or 0
+    if not phases:
+        return None
+    table = Table(title=f"{doc['experiment']}: servers of GPUs", box=None,
+                  caption="ideal: what the schedule's byte counts predict at line rate, link by "
+                          "link on this fabric (scale-up and scale-out); scale-out: bytes "
+                          "between servers, of all bytes moved")
+    for col in ("collective", "algo", "runs", "time_ms", "ideal_ms", "of ideal",
+                "scale-out MiB", "moved MiB", "share"):
+        table.add_column(col, justify="left" if col in ("collective", "algo") else "right")
+    for label, p in phases.items():
+        table.add_row(label, p["algo"], str(p["runs"]), f"{p['time_s'] * 1e3:.0f}",
+                      f"{p['ideal_s'] * 1e3:.0f}", f"{p['ideal_s'] / p['time_s']:.2f}",
+                      f"{p['scale_out'] / 2**20:.1f}", f"{p['moved'] / 2**20:.1f}",
+                      f"{p['scale_out'] / p['moved']:.2f}" if p["moved"] else "-")
+    return table
+
+
+def sweep(name: str, summary: list[dict]) -> Table:
+    """Per cell: its values, runs and failures, and each job's efficiency as mean +- sd."""
+    table = Table(title=f"{name}: sweep", box=None, header_style="bold")
+    table.add_column("cell")
+    table.add_column("runs", justify="right")
+    table.add_column("failed", justify="right")
+    labels = []
+    for line in summary:
+        for job in line["jobs"]:
+            if job["label"] not in labels:
+                labels.append(job["label"])
+    for label in labels:
+        table.add_column(f"{label} eff", justify="right")
+    for line in summary:
+        by_label = {j["label"]: j["efficiency"] for j in line["jobs"]}
+        cells = []
+        for label in labels:
+            e = by_label.get(label) or {}
+            cells.append("-" if e.get("mean") is None else
+                         f"{e['mean']:.3f}" + (f" ±{e['sd']:.3f}" if e["n"] > 1 else ""))
+        table.add_row(line["cell"], str(line["runs"]), str(line["failed"]), *cells)
+    table.caption = "eff: busbw / link rate, mean ± standard deviation over the complete runs"
+    return table
+
+
+def compare(lines: list[dict]) -> Table:
+    """Runs side by side (:func:`fabriclab.rundirs.compare_rows`): each job's efficiency."""
+    labels = list(dict.fromkeys(j["label"] for line in lines for j in line["jobs"]))
+    table = Table(title="runs compared", box=None, header_style="bold")
+    table.add_column("run")
+    table.add_column("status")
+    for label in labels:
+        table.add_column(f"{label} eff", justify="right")
+    for line in lines:
+        by_label = {j["label"]: j for j in line["jobs"]}
+        cells = [("-" if by_label.get(label, {}).get("efficiency") is None else
+                  f"{by_label[label]['efficiency']:.3f}"
+                  + (f" (n={by_label[label]['n']})" if by_label[label]["n"] > 1 else ""))
+                 for label in labels]
+        table.add_row(line["run"], "ok" if line["complete"] else "failed", *cells)
+    table.caption = "eff: busbw / link rate (a sweep's cell: the mean over its complete runs)"
+    return table

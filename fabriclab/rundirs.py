@@ -1,0 +1,87 @@
+"""Run directories on disk: which runs a directory holds (a run, its variants, a sweep's
+cells), whether one is complete, refusing to overwrite one by accident, and every run of
+several directories side by side (``fabriclab compare``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fabriclab.model import sweep as sw
+from fabriclab.model.results import variant_row
+from testbed.errors import ConfigError
+from traffic.measure.results import row_label
+
+#: the files that make a directory a run directory (one run, variants, a sweep)
+PREVIOUS_RUN = ("results.json", "variants.json", "sweep.json")
+
+
+def require_run(out: Path) -> None:
+    """Raises ConfigError (naming ``out``) unless it holds a run."""
+    if not any((out / name).is_file() for name in PREVIOUS_RUN):
+        raise ConfigError(str(out), "holds no run (results.json, variants.json or sweep.json)")
+
+
+def check_out_dir(out: Path, resume: bool, force: bool) -> None:
+    """An output directory holding an earlier run is refused unless the run resumes it or
+    is forced to overwrite it."""
+    if resume and force:
+        raise ConfigError("--resume", "give --resume or --force, not both")
+    earlier = [name for name in PREVIOUS_RUN if (out / name).exists()]
+    if earlier and not (resume or force):
+        raise ConfigError("--out", f"{out} already holds a run ({', '.join(earlier)}); "
+                                   "--resume finishes it, --force overwrites it")
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` is a results document of a complete run."""
+    try:
+        return bool(json.loads(path.read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_document(path: Path) -> dict | None:
+    """The results document at ``path``, None when there is none (or it is unreadable)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def compare_rows(dirs: list[Path]) -> list[dict]:
+    """The runs under each directory, one line each: a sweep's cells (mean over repetitions),
+    a run's variants, or a single run. Lines: ``{"run", "complete", "error", "jobs": [{"label",
+    "efficiency", "busbw_mbps", "n"}]}``.
+
+    Raises:
+        ConfigError: a directory that holds no run.
+    """
+    lines = []
+    for d in dirs:
+        if (d / "sweep.json").is_file():
+            doc = json.loads((d / "sweep.json").read_text())
+            for line in sw.summarize(doc["cells"]):
+                lines.append({"run": f"{d}/{line['cell']}", "complete": line["failed"] == 0,
+                              "error": "; ".join(line["errors"]) or None,
+                              "jobs": [{"label": j["label"], "n": j["efficiency"]["n"],
+                                        "efficiency": j["efficiency"]["mean"],
+                                        "busbw_mbps": j["busbw_mbps"]["mean"]}
+                                       for j in line["jobs"]]})
+            continue
+        docs = []
+        if (d / "results.json").is_file():
+            docs.append((str(d), json.loads((d / "results.json").read_text())))
+        elif (d / "variants.json").is_file():
+            for row in json.loads((d / "variants.json").read_text()):
+                path = d / str(row["variant"]) / "results.json"
+                docs.append((f"{d}/{row['variant']}", json.loads(path.read_text())))
+        else:
+            require_run(d)  # raises: neither file is there
+        for name, doc in docs:
+            row = variant_row(doc)
+            lines.append({"run": name, "complete": row["complete"], "error": row["error"],
+                          "jobs": [{"label": row_label(j), "n": 1,
+                                    "efficiency": j["efficiency"],
+                                    "busbw_mbps": j["busbw_mbps"]} for j in row["jobs"]]})
+    return lines
