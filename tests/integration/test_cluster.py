@@ -429,6 +429,16 @@ sweep:
 """
 
 
+FAILING_CELL = """version: 1
+name: parallel-failing-cell
+fabric: {topology: leaf_spine, leaves: 2, spines: 1, hosts_per_leaf: 2, mtu: 1500}
+workload:
+  collectives: [{op: all_reduce, algorithm: ring, size: 256KiB, ranks: 4}]
+sweep:
+  axes: {workload.congestion_control: [cubic, dctcp]}
+"""
+
+
 def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
     """``--parallel``: two cells, each built whole on its own machine at the same time, their
     run directories back in the sweep's, the sweep's wall time under the cells' sum; without
@@ -462,6 +472,17 @@ def test_a_sweeps_cells_run_at_once_one_per_machine(tmp_path):
         shared = json.loads((tmp_path / "in-turn" / "sweep.json").read_text())["cells"]
         assert [(c["complete"], c["fabric_reused"]) for c in shared] == [(True, False),
                                                                         (True, True)]
+        # a cell that fails on its machine (a TCP congestion control this kernel lacks) fails
+        # the sweep's exit status; the other cell's results stand
+        failing = tmp_path / "failing.yaml"
+        failing.write_text(FAILING_CELL)
+        mixed = _cli(["run", str(failing), "--out", str(tmp_path / "mixed"), "--parallel",
+                      "--cluster", cluster.address], tmp_path / "coord", cluster)
+        assert mixed.returncode == 3, mixed.stdout[-3000:] + mixed.stderr[-3000:]
+        cells = {c["name"]: c for c in json.loads((tmp_path / "mixed" / "sweep.json")
+                                                   .read_text())["cells"]}
+        assert cells["congestion_control=cubic"]["complete"], cells
+        assert "dctcp" in cells["congestion_control=dctcp"]["error"], cells
         assert not cluster.errors
     sweep = json.loads((out / "sweep.json").read_text())
     assert [c["complete"] for c in sweep["cells"]] == [True, True], sweep["cells"]
