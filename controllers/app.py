@@ -33,15 +33,8 @@ from os_ken.ofproto import ofproto_v1_5
 
 from controllers.routing.adaptive import FlowKey
 from controllers.ofmsgs import to_messages
-from controllers.routing.policy import (
-    ETH_TYPE_ARP,
-    ETH_TYPE_IPV4,
-    ETH_TYPE_LLDP,
-    FLOW_COOKIE,
-    FabricPolicy,
-    Op,
-    OpKind,
-)
+from controllers.routing.policy import FabricPolicy
+from controllers.routing.tables import ETH_TYPE_ARP, ETH_TYPE_IPV4, ETH_TYPE_LLDP, FLOW_COOKIE, Op, OpKind
 from controllers.routing.session import Session
 from telemetry.model import metrics
 from telemetry.exporter import CallbackCollector, Exporter

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from controllers.routing.policy import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKind
+from controllers.routing.tables import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKind
 
 
 class HashSelection:

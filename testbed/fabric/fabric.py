@@ -46,7 +46,8 @@ from testbed.plan.fidelity import FidelityVerdict, assess
 from testbed.fabric.linkfail import End, LinkCut, set_links
 from testbed.linux.hosts import Hosts
 from testbed.fabric.monitor import RunMonitor
-from testbed.linux.netlink import LinkDump, Netlink
+from testbed.linux.netlink import Netlink
+from testbed.linux.rawnl import LinkDump
 from testbed.fabric.pfc import PfcAgent
 from testbed.poll import wait_for
 from testbed.plan.portplan import (

@@ -25,7 +25,8 @@ import threading
 import time
 
 from testbed.model.congestion import PfcThresholds
-from testbed.linux.netlink import HTB_HANDLE, Netlink, RawTc, in_netns
+from testbed.linux.netlink import HTB_HANDLE, Netlink
+from testbed.linux.rawnl import RawTc, in_netns
 from testbed.plan.pause import Action, Feeder, PauseState
 from testbed.plan.tcplan import ClassPlan, Shaping
 from testbed.model.topology import feeds as can_feed

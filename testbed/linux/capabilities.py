@@ -22,7 +22,7 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
 from testbed.linux.files import write_json_atomic
-from testbed.linux.netlink import in_netns
+from testbed.linux.rawnl import in_netns
 from testbed.model.spec import Requirement
 
 PROBED_QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "fq", "sfq",

@@ -6,12 +6,9 @@ the interface and the operation.
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import os
 import socket
-import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Self
 
@@ -19,9 +16,18 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
-from pyroute2.netns import setns
 
 from testbed.errors import TestbedError
+from testbed.linux.rawnl import (
+    NLM_F_CREATE_EXCL,
+    NLM_F_REQUEST_ACK,
+    LinkDump,
+    QdiscDump,
+    RawTc,
+    in_netns,
+    qdisc_request,
+    red_options,
+)
 from testbed.plan.tcplan import Shaping, TbfSetting, class_id, leaf_handle, priority_of_leaf
 
 # bfifo takes the same options as pfifo (struct tc_fifo_qopt) but pyroute2 does not list it.
@@ -32,35 +38,6 @@ HTB_CLASS = 0x10001  # 1:1
 LEAF_HANDLE = 0x100000  # 10:
 CLSACT_EGRESS = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
 CLSACT_INGRESS = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
-CLONE_NEWNET = 0x40000000
-
-
-@contextmanager
-def in_netns(path: str | None = None) -> Iterator[None]:
-    """Run the body with the calling thread in another network namespace.
-
-    ``path`` names a namespace file (``/proc/PID/ns/net``); None enters a new anonymous one,
-    which lives as long as a socket opened in the body. Sockets opened in the body stay bound
-    to that namespace. (pyroute2's own ``IPRoute(netns=...)`` forks a helper process instead,
-    which deadlocks when the caller already runs threads.)
-    """
-    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        if path is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.unshare(CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise TestbedError(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}")
-        else:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                setns(fd)
-            finally:
-                os.close(fd)
-        yield
-    finally:
-        setns(saved)
-        os.close(saved)
 
 
 @contextmanager
@@ -413,213 +390,3 @@ class Netlink:
                 ipr.neigh("replace", dst=addr, lladdr=mac, ifindex=idx, state="permanent")
 
 
-_NLMSG_HDR = struct.Struct("=IHHII")
-_TCMSG_HDR = struct.Struct("=BxxxiIII")
-RTM_NEWQDISC = 36
-NLM_F_REQUEST_ACK = 0x5
-NLM_F_CREATE_EXCL = 0x600
-
-
-def nlattr(kind: int, payload: bytes) -> bytes:
-    """One netlink attribute, padded to 4 bytes."""
-    length = 4 + len(payload)
-    return struct.pack("=HH", length, kind) + payload + bytes((4 - length % 4) % 4)
-
-
-def qdisc_request(kind: str, ifindex: int, handle: int, parent: int, options: bytes,
-                  flags: int = NLM_F_REQUEST_ACK) -> bytes:
-    """An RTM_NEWQDISC request: ``flags`` as is changes in place; with ``NLM_F_CREATE_EXCL``
-    added, it creates."""
-    body = (_TCMSG_HDR.pack(0, ifindex, handle, parent, 0)
-            + nlattr(1, kind.encode() + b"\0") + nlattr(2, options))  # TCA_KIND, TCA_OPTIONS
-    return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), RTM_NEWQDISC, flags, 0, 0) + body
-
-
-_RED_STAB = bytes([0] + [31] * 255)  # EWMA weight 1: an idle queue's average is 0 at once
-TC_RED_ECN, TC_RED_NODROP = 1, 8
-
-
-def red_options(plan) -> bytes:
-    """The options of a RED leaf (:class:`testbed.plan.tcplan.RedPlan`): ECN marking, no early drop
-    of packets that are not ECN-capable, the instantaneous backlog (Wlog 0)."""
-    parms = struct.pack("=IIIBBBB", plan.limit_bytes, plan.min_bytes, plan.max_bytes, 0, 0, 0, 0)
-    max_p = min(0xFFFFFFFF, int(plan.max_p * 2 ** 32))
-    flags = TC_RED_ECN | TC_RED_NODROP  # all in TCA_RED_FLAGS: the kernel refuses both places
-    return (nlattr(1, parms) + nlattr(2, _RED_STAB) + nlattr(3, struct.pack("=I", max_p))
-            + nlattr(4, struct.pack("=II", flags, flags)))
-
-
-class RawTc:
-    """Prebuilt qdisc requests on raw rtnetlink sockets (one per network namespace): the PFC
-    agent's TBF changes (built once per port, priority and setting; each change is one send and
-    one ACK, about 0.05 ms, where pyroute2's encoding took 2-3 ms) and the RED leaves pyroute2
-    cannot encode."""
-
-    _NLMSG = _NLMSG_HDR
-    _RATESPEC = struct.Struct("=BBHhHI")
-    _NLMSG_ERROR = 2
-    _TCA_TBF_PARMS, _TCA_TBF_BURST = 1, 6
-    _LINKLAYER_ETHERNET = 1
-
-    def __init__(self) -> None:
-        self._socks: dict[int | None, socket.socket] = {}
-
-    def close(self) -> None:
-        for sock in self._socks.values():
-            sock.close()
-        self._socks.clear()
-
-    def socket(self, pid: int | None) -> socket.socket:
-        """The namespace's socket (None: the root namespace's)."""
-        if pid not in self._socks:
-            if pid is None:
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-            else:
-                with in_netns(f"/proc/{pid}/ns/net"):
-                    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW,
-                                         socket.NETLINK_ROUTE)
-            sock.bind((0, 0))
-            self._socks[pid] = sock
-        return self._socks[pid]
-
-    @classmethod
-    def request(cls, ifindex: int, priority: int, tbf: TbfSetting) -> bytes:
-        """The change request of a priority's TBF leaf."""
-        rate = cls._RATESPEC.pack(0, cls._LINKLAYER_ETHERNET, 0, 0, 0, tbf.rate_kbit * 125)
-        parms = rate + bytes(cls._RATESPEC.size) + struct.pack("=III", tbf.limit_bytes, 0, 0)
-        options = nlattr(cls._TCA_TBF_PARMS, parms) + nlattr(
-            cls._TCA_TBF_BURST, struct.pack("=I", tbf.burst_bytes))
-        return qdisc_request("tbf", ifindex, leaf_handle(priority), class_id(priority), options)
-
-    def send(self, pid: int | None, request: bytes, what: str) -> None:
-        """Send a prebuilt request in a namespace and wait for its ACK."""
-        sock = self.socket(pid)
-        sock.send(request)
-        data = sock.recv(65536)
-        _length, kind, _f, _seq, _pid = self._NLMSG.unpack_from(data)
-        if kind == self._NLMSG_ERROR:
-            code = -struct.unpack_from("=i", data, self._NLMSG.size)[0]
-            if code:
-                raise TestbedError(f"netlink: {what} failed: {os.strerror(code)} "
-                                   f"(errno {code})")
-
-
-class _RawDump:
-    """A raw rtnetlink socket that dumps one kind of object of its namespace and parses only
-    the attributes its subclass reads (pyroute2's generic parsing costs about 1 ms of CPU per
-    object; these take a few microseconds)."""
-
-    _NLMSG = struct.Struct("=IHHII")
-    _RTA = struct.Struct("=HH")
-    _NLMSG_DONE, _NLMSG_ERROR = 3, 2
-    _DUMP_FLAGS = 0x301  # NLM_F_REQUEST | NLM_F_DUMP
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        self.sock.bind((0, 0))
-        self.seq = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _dump(self, request: int, body: bytes, reply: int, what: str,
-              keep: Callable[[bytes, int], bool], parse: Callable[[bytes, int, int], object]
-              ) -> list:
-        """Send a dump request; ``parse(data, start, end)`` every reply message whose body
-        ``keep(data, start)`` accepts."""
-        self.seq += 1
-        self.sock.send(self._NLMSG.pack(self._NLMSG.size + len(body), request,
-                                        self._DUMP_FLAGS, self.seq, 0) + body)
-        out = []
-        while True:
-            data = self.sock.recv(1 << 20)
-            offset = 0
-            while offset + self._NLMSG.size <= len(data):
-                length, kind, _flags, seq, _pid = self._NLMSG.unpack_from(data, offset)
-                if kind == self._NLMSG_DONE and seq == self.seq:
-                    return out
-                if kind == self._NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", data, offset + self._NLMSG.size)[0]
-                    raise TestbedError(f"netlink: {what} dump failed (errno {code})")
-                start = offset + self._NLMSG.size
-                if kind == reply and seq == self.seq and keep(data, start):
-                    out.append(parse(data, start, offset + length))
-                offset += (length + 3) & ~3
-
-    def _attrs(self, data: bytes, start: int, end: int):
-        offset = start
-        while offset + self._RTA.size <= end:
-            length, kind = self._RTA.unpack_from(data, offset)
-            if length < self._RTA.size:
-                return
-            yield kind & 0x3FFF, offset + self._RTA.size, length - self._RTA.size
-            offset += (length + 3) & ~3
-
-
-class LinkDump(_RawDump):
-    """Every interface's name, counters (``IFLA_STATS64``) and operational state, in one dump."""
-
-    _IFINFO = struct.Struct("=BxHiII")
-    _RTM_GETLINK, _RTM_NEWLINK = 18, 16
-    _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64 = 3, 16, 23
-    _IF_OPER_UNKNOWN, _IF_OPER_UP = 0, 6
-    _STATS = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
-
-    def read(self, names: set[str]) -> dict[str, dict[str, int]]:
-        """Name -> rx/tx packets, bytes and dropped, and ``up`` (carrier), for ``names``."""
-        body = self._IFINFO.pack(0, 0, 0, 0, 0)
-        rows = self._dump(self._RTM_GETLINK, body, self._RTM_NEWLINK, "link",
-                          lambda _data, _start: True, self._link)
-        return {name: stats for name, stats in rows if name in names}
-
-    def _link(self, data: bytes, start: int, end: int) -> tuple[str, dict]:
-        name, stats = "", {"up": False}
-        for kind, at, length in self._attrs(data, start + self._IFINFO.size, end):
-            if kind == self._IFLA_IFNAME:
-                name = data[at:at + length].rstrip(b"\0").decode()
-            elif kind == self._IFLA_OPERSTATE and length >= 1:
-                # a device without carrier of its own (a cut link's VXLAN end) reports UNKNOWN
-                # while it is up; taken down, DOWN
-                stats["up"] = data[at] in (self._IF_OPER_UP, self._IF_OPER_UNKNOWN)
-            elif kind == self._IFLA_STATS64 and length >= self._STATS.size:
-                (stats["rx_packets"], stats["tx_packets"], stats["rx_bytes"], stats["tx_bytes"],
-                 _rx_err, _tx_err, stats["rx_dropped"], stats["tx_dropped"]
-                 ) = self._STATS.unpack_from(data, at)
-        return name, stats
-
-
-class QdiscDump(_RawDump):
-    """Every qdisc's counters (``TCA_STATS2``: basic bytes/packets, queue length, backlog,
-    drops), in one dump."""
-
-    _TCMSG = struct.Struct("=BxxxiIII")
-    _RTM_GETQDISC, _RTM_NEWQDISC = 38, 36
-    _TCA_KIND, _TCA_STATS2, _TCA_STATS_BASIC, _TCA_STATS_QUEUE, _TCA_STATS_APP = 1, 7, 1, 3, 4
-
-    def read(self, handles: set[int] | None = None) -> list[tuple[int, int, dict[str, int]]]:
-        """(interface index, qdisc handle, counters) of every qdisc (or of those with one of
-        ``handles``: the others' attributes are not parsed), now."""
-        return self._dump(
-            self._RTM_GETQDISC, self._TCMSG.pack(0, 0, 0, 0, 0), self._RTM_NEWQDISC, "qdisc",
-            lambda data, start: handles is None or self._TCMSG.unpack_from(data, start)[2]
-            in handles, self._qdisc)
-
-    def _qdisc(self, data: bytes, start: int, end: int) -> tuple[int, int, dict[str, int]]:
-        _family, index, handle, _parent, _info = self._TCMSG.unpack_from(data, start)
-        stats = {"bytes": 0, "packets": 0, "drops": 0, "backlog_bytes": 0, "backlog_packets": 0,
-                 "marked": 0}
-        red = False
-        for kind, payload, plen in self._attrs(data, start + self._TCMSG.size, end):
-            if kind == self._TCA_KIND:
-                red = data[payload:payload + plen].rstrip(b"\0") == b"red"
-            if kind != self._TCA_STATS2:
-                continue
-            for sub, at, slen in self._attrs(data, payload, payload + plen):
-                if sub == self._TCA_STATS_BASIC and slen >= 12:
-                    stats["bytes"], stats["packets"] = struct.unpack_from("=QI", data, at)
-                elif sub == self._TCA_STATS_QUEUE and slen >= 12:
-                    qlen, backlog, drops = struct.unpack_from("=III", data, at)
-                    stats.update(backlog_packets=qlen, backlog_bytes=backlog, drops=drops)
-                elif sub == self._TCA_STATS_APP and red and slen >= 16:  # tc_red_xstats
-                    stats["marked"] = struct.unpack_from("=IIII", data, at)[3]
-        return index, handle, stats

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from controllers.routing.policy import FlowEntry, GroupEntry, Op, OpKind
+from controllers.routing.tables import FlowEntry, GroupEntry, Op, OpKind
 from testbed.model.topology import Topology
 
 

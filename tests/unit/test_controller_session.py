@@ -10,15 +10,8 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from controllers.ofmsgs import TRANSLATE, to_messages
-from controllers.routing.policy import (
-    CONTROLLER_PORT,
-    ETH_TYPE_IPV4,
-    FabricPolicy,
-    FlowEntry,
-    GroupEntry,
-    Op,
-    OpKind,
-)
+from controllers.routing.policy import FabricPolicy
+from controllers.routing.tables import CONTROLLER_PORT, ETH_TYPE_IPV4, FlowEntry, GroupEntry, Op, OpKind
 from controllers.routing.session import Session
 from testbed.model.topology import leaf_spine
 

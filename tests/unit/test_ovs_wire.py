@@ -83,7 +83,7 @@ def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
 
 
 def test_the_raw_qdisc_dump_reads_counters_from_tca_stats2():
-    from testbed.linux.netlink import QdiscDump
+    from testbed.linux.rawnl import QdiscDump
 
     def rta(kind: int, payload: bytes) -> bytes:
         raw = struct.pack("=HH", 4 + len(payload), kind) + payload

@@ -17,7 +17,7 @@ from testbed.model.congestion import (
     summarize_congestion,
 )
 from testbed.errors import ConfigError
-from testbed.linux.netlink import RawTc
+from testbed.linux.rawnl import RawTc
 from testbed.plan.pause import Feeder, PauseState
 from testbed.plan.tcplan import TBF_MAX_BUFFER_S, class_id, leaf_handle, plan_shaping, priority_of_leaf
 from testbed.model.topology import feeds, leaf_spine
@@ -218,7 +218,7 @@ def test_the_summary_counts_pauses_and_lossless_drops_per_port_and_priority():
 
 
 def test_a_red_leaf_marks_like_the_marker_step_and_never_drops_early():
-    from testbed.linux.netlink import TC_RED_ECN, TC_RED_NODROP, red_options
+    from testbed.linux.rawnl import TC_RED_ECN, TC_RED_NODROP, red_options
     from testbed.plan.tcplan import red_plan
 
     step = red_plan("step", 27 * KB, 0, 0, 0.0, 128 * KB, 9000)

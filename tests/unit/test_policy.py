@@ -4,7 +4,8 @@ import itertools
 
 import pytest
 
-from controllers.routing.policy import FabricPolicy, check_ports, compute_tables, diff_tables
+from controllers.routing.policy import FabricPolicy
+from controllers.routing.tables import check_ports, compute_tables, diff_tables
 from testbed.model.topology import fat_tree, leaf_spine
 from tests.unit.fakeswitch import FakeSwitch, walk
 
@@ -259,7 +260,7 @@ def test_a_failure_changes_only_the_affected_spray_groups():
 
 
 def test_bucket_weights_are_proportional_integers():
-    from controllers.routing.policy import bucket_weights
+    from controllers.routing.tables import bucket_weights
     assert bucket_weights([1.0, 1.0]) == ()
     assert bucket_weights([0.5, 1.0]) == (50, 100)
     assert bucket_weights([0.001, 1.0]) == (1, 100)  # a live port never gets weight 0
