@@ -31,12 +31,7 @@ from enum import StrEnum
 import networkx as nx
 
 from testbed.errors import ConfigError
-from testbed.model.topology import (
-    Endpoint,
-    Link,
-    Node,
-    Server,
-    Topology,
+from testbed.model.builders import (
     _Builder,
     _check_int,
     _check_rate,
@@ -44,6 +39,7 @@ from testbed.model.topology import (
     _ifname,
     _mac_for,
 )
+from testbed.model.topology import Endpoint, Link, Node, Server, Topology
 
 MAX_GPUS = 16  # per server: ports and names stay short; larger domains are NVL72 territory
 

@@ -11,6 +11,8 @@ from functools import cached_property
 
 import networkx as nx
 
+from testbed.errors import ConfigError
+from testbed.model.builders import fat_tree, leaf_spine, ring
 from testbed.model.congestion import (
     EcnSpec,
     EcnThresholds,
@@ -21,9 +23,8 @@ from testbed.model.congestion import (
     resolve_ecn,
     resolve_pfc,
 )
-from testbed.errors import ConfigError
-from testbed.model.topology import Topology, fat_tree, feeds, leaf_spine, ring
 from testbed.model.servers import ServerSpec, place_servers, rail_optimized
+from testbed.model.topology import Topology, feeds
 
 DEFAULT_RATE_MBPS = 10.0
 DEFAULT_QUEUE_KB = 256

@@ -568,7 +568,7 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
     from testbed.cluster.nscluster import NamespaceCluster
     from testbed.poll import wait_for
     from testbed.runs.registry import Registry
-    from testbed.model.topology import fat_tree
+    from testbed.model.builders import fat_tree
 
     exp = tmp_path / "up.yaml"
     exp.write_text("version: 1\nname: cluster-up\nfabric: {topology: fat_tree, k: 4, mtu: 1500}\n"

@@ -186,7 +186,7 @@ def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_pat
 
     from testbed.runs.registry import Registry
     from tests.integration.conftest import ROOT
-    from testbed.model.topology import fat_tree
+    from testbed.model.builders import fat_tree
 
     exp = tmp_path / "up.yaml"
     exp.write_text(K4)

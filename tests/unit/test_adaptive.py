@@ -6,7 +6,7 @@ import pytest
 from controllers.routing.adaptive import AdaptiveRouting, Flow, FlowKey, estimate_demands
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import FLOW_COOKIE, PRIORITY_DETECT, PRIORITY_FLOW
-from testbed.model.topology import fat_tree
+from testbed.model.builders import fat_tree
 from tests.unit.fakeswitch import FakeSwitch, walk
 
 

@@ -10,7 +10,7 @@ from testbed.errors import ConfigError
 from testbed.plan.fidelity import (HEADROOM, machine_budget_mbit_hops, merge_fidelity,
                               merge_timelines, saturation_mbit_hops)
 from testbed.model.partition import Machine, check_cluster_spec, cut_links, machine_part, partition
-from testbed.model.topology import fat_tree
+from testbed.model.builders import fat_tree
 
 BASE = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
         "workload": {"collectives": [{"op": "all_reduce", "size": "1MiB", "ranks": 4}]}}

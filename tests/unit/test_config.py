@@ -205,7 +205,7 @@ def test_bad_failures_name_the_field(item, path, text):
 
 def test_fail_targets_are_checked_against_the_running_fabric():
     from testbed.plan.failplan import live_links
-    from testbed.model.topology import fat_tree
+    from testbed.model.builders import fat_tree
 
     topo = fat_tree(4)
     assert live_links(topo, ["agg1_1", "core1"]) == ("link agg1_1-core1", (("agg1_1", "core1"),))
@@ -249,7 +249,7 @@ def test_throughput_before_during_and_after_a_failure():
 
 def test_hosts_cut_off_by_down_ports_or_dead_switches():
     from testbed.plan.failplan import unreachable_pairs
-    from testbed.model.topology import fat_tree
+    from testbed.model.builders import fat_tree
 
     topo = fat_tree(4)
     hosts = ["h1_1_1", "h1_1_2", "h2_1_1", "h3_1_1"]

@@ -156,7 +156,7 @@ def test_pause_cycles_find_each_deadlock_once():
 
 def test_link_utilization_per_tier_from_port_byte_counters():
     from testbed.model.congestion import link_utilization
-    from testbed.model.topology import fat_tree
+    from testbed.model.builders import fat_tree
 
     topo = fat_tree(4, host_rate_mbps=8, fabric_rate_mbps=8)
     up = topo.find_link("edge1_1", "agg1_1").end("edge1_1").ifname

@@ -13,7 +13,7 @@ from controllers.ofmsgs import TRANSLATE, to_messages
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import CONTROLLER_PORT, ETH_TYPE_IPV4, FlowEntry, GroupEntry, Op, OpKind
 from controllers.routing.session import Session
-from testbed.model.topology import leaf_spine
+from testbed.model.builders import leaf_spine
 
 
 @pytest.fixture

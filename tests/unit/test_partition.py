@@ -8,7 +8,7 @@ from testbed.errors import ConfigError
 from testbed.plan.fidelity import assess
 from testbed.model.partition import Machine, partition, switch_loads
 from testbed.model.servers import ScaleUp, ServerSpec, rail_optimized
-from testbed.model.topology import fat_tree, leaf_spine
+from testbed.model.builders import fat_tree, leaf_spine
 
 
 def test_switch_loads_sum_to_the_fidelity_models_offered_load():

@@ -5,7 +5,8 @@ import pytest
 from testbed.errors import ConfigError
 from testbed.plan.fidelity import capacities, ecmp_expectation, max_min_rates, switch_hops
 from traffic.measure.transport import goodput_fraction
-from testbed.model.topology import fat_tree, leaf_spine, shard_switches
+from testbed.model.topology import shard_switches
+from testbed.model.builders import fat_tree, leaf_spine
 from traffic.workloads.patterns import pattern_pairs
 
 

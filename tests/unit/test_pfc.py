@@ -20,7 +20,8 @@ from testbed.errors import ConfigError
 from testbed.linux.rawnl import RawTc
 from testbed.plan.pause import Feeder, PauseState
 from testbed.plan.tcplan import TBF_MAX_BUFFER_S, class_id, leaf_handle, plan_shaping, priority_of_leaf
-from testbed.model.topology import feeds, leaf_spine
+from testbed.model.topology import feeds
+from testbed.model.builders import leaf_spine
 
 KB = 1024
 

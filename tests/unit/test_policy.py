@@ -6,7 +6,7 @@ import pytest
 
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import check_ports, compute_tables, diff_tables
-from testbed.model.topology import fat_tree, leaf_spine
+from testbed.model.builders import fat_tree, leaf_spine
 from tests.unit.fakeswitch import FakeSwitch, walk
 
 

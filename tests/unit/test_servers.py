@@ -15,7 +15,8 @@ from testbed.model.servers import (
     rail_optimized,
     scale_up_routes,
 )
-from testbed.model.topology import from_dict, leaf_spine
+from testbed.model.topology import from_dict
+from testbed.model.builders import leaf_spine
 
 
 def test_a_rail_optimized_fabric_puts_gpu_g_of_every_server_on_rail_g():

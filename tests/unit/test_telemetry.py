@@ -20,7 +20,7 @@ from telemetry.exporter import CallbackCollector, Exporter, WorkloadCollector, W
 from telemetry.model.promconfig import (DISCOVERY_JOBS, discovery_groups, scrape_config, server_args,
                                   standing_config)
 from telemetry.model import promconfig
-from testbed.model.topology import leaf_spine
+from testbed.model.builders import leaf_spine
 
 TOPO = leaf_spine(2, 1, 2, host_rate_mbps=10, fabric_rate_mbps=20)
 PORTS = metrics.port_labels(TOPO)

@@ -5,7 +5,8 @@ import ipaddress
 import pytest
 
 from testbed.errors import ConfigError
-from testbed.model.topology import IFNAMSIZ, all_interfaces, fat_tree, from_dict, leaf_spine
+from testbed.model.topology import IFNAMSIZ, all_interfaces, from_dict
+from testbed.model.builders import fat_tree, leaf_spine
 
 
 @pytest.mark.parametrize("k", [4, 6, 8])

@@ -6,7 +6,7 @@ import pytest
 
 from fabriclab.model import experiment as config
 from testbed.errors import ConfigError
-from testbed.model.topology import fat_tree
+from testbed.model.builders import fat_tree
 from traffic.workloads.workload import parse_size, place_ranks
 
 BASE = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
