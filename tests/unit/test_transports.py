@@ -10,7 +10,8 @@ import pytest
 
 from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rocev2 import Dcqcn, DcqcnConfig, RoceConfig, RoceReceiver, RoceSender
-from traffic.transports.uet import Reps, UetConfig, UetReceiver, UetSender, Window
+from traffic.transports.uet import UetReceiver, UetSender
+from traffic.transports.uet_control import Reps, UetConfig, Window
 
 MSS = 1000
 QP = (1, 0)

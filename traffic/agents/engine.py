@@ -32,7 +32,8 @@ from collections.abc import Callable
 
 from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
-from traffic.transports.uet import UetConfig, UetReceiver, UetSender
+from traffic.transports.uet import UetReceiver, UetSender
+from traffic.transports.uet_control import UetConfig
 
 ZERO = memoryview(bytearray(65536))
 ECT0 = 0b10
