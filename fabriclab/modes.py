@@ -245,7 +245,7 @@ def _run_cells_in_turn(req: RunRequest, todo: list, done_before: int, sweep: Swe
 def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: SweepRecords,
                           view: RunView) -> int:
     """``--parallel``: the cells at once, one per machine of the cluster, each built whole on
-    its machine by that machine's actor (:meth:`testbed.cluster.machines.MachineAgent.run_cell`);
+    its machine by that machine's actor (:meth:`testbed.cluster.agent.MachineAgent.run_cell`);
     its run directory comes back into ``out/<cell>``. A failed cell is recorded and the rest
     go on; a machine that dies fails its cell, and the others take the cells left. Returns
     the number of machines."""

@@ -17,7 +17,7 @@ from fabriclab.modes import in_vm, resolve_backend
 from fabriclab.run import RunView
 from fabriclab.shared import make_fabric
 from telemetry.exporter import RunTelemetry
-from testbed.cluster.machines import machine_state_dirs
+from testbed.cluster.agent import machine_state_dirs
 from testbed.errors import ConfigError
 from testbed.fabric.failures import set_links_of_running_fabric
 from testbed.model.spec import Backend

@@ -11,7 +11,7 @@ work unchanged on a cluster. Its build:
    links as VXLAN tunnels (:func:`testbed.model.partition.cut_links`: the underlay MTU checked);
 3. the controller here, on the coordinator's underlay address (a :class:`Fabric` with no
    node of its own: its run record tracks the controller);
-4. every machine's part, at once, by its actor (:meth:`testbed.cluster.machines.MachineAgent.build`:
+4. every machine's part, at once, by its actor (:meth:`testbed.cluster.agent.MachineAgent.build`:
    the same Fabric code, its switches connecting to the controller here);
 5. the controller has programmed every switch and probed every link (the cut ones too),
    then the machines put back the sysctls raised for the build.

@@ -173,7 +173,8 @@ class NamespaceCluster:
         hosts' shells, vswitchds, interfaces: by its run records, inside its namespace)."""
         if not (Path("/run/netns") / m.netns).exists():
             return
-        code = ("from testbed import cleanup; from testbed.cluster.machines import machine_state_dir; "
+        code = ("from testbed.runs import cleanup; "
+                "from testbed.cluster.agent import machine_state_dir; "
                 "from testbed.runs.registry import Registry; "
                 f"r = cleanup.clean(Registry(machine_state_dir({m.name!r})), orphans=False); "
                 "print('; '.join(r.errors))")

@@ -232,7 +232,7 @@ def test_faults_at_the_join_are_one_clear_error_each(tmp_path):
     hides its packages, as on a machine that never got it), so its actor cannot start; a
     coordinator whose Ray is another version than the cluster's; a head that cannot be
     reached, or an address where no head listens."""
-    from testbed.cluster.machines import machine_state_dir
+    from testbed.cluster.agent import machine_state_dir
     from testbed.cluster.nscluster import NamespaceCluster
     from testbed.runs.registry import Registry
 

@@ -15,7 +15,8 @@ from fabriclab.run import run_experiment
 from fabriclab.shared import SharedFabric
 from fabriclab.signals import Terminated
 from testbed.cluster.coordinator import ClusterFabric
-from testbed.cluster.machines import MachineAgent, MachineHandle
+from testbed.cluster.machines import MachineHandle
+from testbed.cluster.agent import MachineAgent
 from testbed.errors import TestbedError
 from testbed.fabric.contract import RunningFabric
 from testbed.fabric.fabric import Fabric
