@@ -50,7 +50,8 @@ class MachineAgent:
         """Build ``part`` of ``spec`` here, its switches connecting to ``controller_at``;
         returns the run's id, directory, step timings and warnings. On failure nothing of it
         stays."""
-        from testbed.fabric.fabric import Fabric, up_or_down
+        from testbed.fabric.fabric import Fabric
+        from testbed.fabric.lifecycle import up_or_down
 
         if self.fabric is not None:
             raise TestbedError(f"{self.name}: a fabric part is already up here")

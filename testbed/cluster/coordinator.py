@@ -34,7 +34,8 @@ from typing import TypeVar
 from testbed.cluster.machines import CALL_GRACE_S, Cluster, MachineHandle
 from testbed.linux.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
-from testbed.fabric.fabric import Fabric, probe_pairs, signals_deferred, up_or_down
+from testbed.fabric.fabric import Fabric
+from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.plan.failplan import cut_off_reason
 from testbed.linux.files import write_json_atomic
 from testbed.plan.fidelity import machine_budget_mbit_hops, merge_fidelity, merge_timelines

@@ -10,108 +10,51 @@ iperf3, and the pollers, exporters and agents of later features) starts through
 :meth:`Fabric.spawn` (a process, in a host's namespace or this machine's) or
 :meth:`Fabric.start_thread` (a thread given a stop event). Both are registered like every other
 resource and ended by :meth:`Fabric.down`, processes by their recorded PID.
+
+The build's steps are :mod:`testbed.fabric.build`'s and the controller's process
+:mod:`testbed.fabric.controller`'s (mixins of :class:`Fabric`); what every kind of fabric
+shares (a failed build torn down, teardown deferring signals) is :mod:`testbed.fabric.lifecycle`'s.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
-from testbed.linux import bpf
-
-from testbed.linux import capabilities
-
-from testbed.runs import cleanup
-
-from testbed.linux import ovs
-
-from testbed.linux import procfs
-from testbed.linux.cpu import machine_cpu_s, process_cpu_s
-from testbed.fabric.ecn import Marker, PortMarking
-from testbed.errors import ConfigError, TestbedError
-from testbed.plan.failplan import cut_off_reason
-from testbed.linux.files import write_text_atomic
-from testbed.plan.fidelity import FidelityVerdict, assess
+from testbed.errors import TestbedError
+from testbed.fabric.build import BuildSteps
+from testbed.fabric.controller import ControllerProcess
+from testbed.fabric.ecn import Marker
+from testbed.fabric.lifecycle import probe_pairs, reap, signals_deferred, up_or_down
 from testbed.fabric.linkfail import End, LinkCut, set_links
-from testbed.linux.hosts import Hosts
 from testbed.fabric.monitor import RunMonitor
+from testbed.fabric.pfc import PfcAgent
+from testbed.linux import capabilities, ovs, procfs
+from testbed.linux.cpu import machine_cpu_s, process_cpu_s
+from testbed.linux.files import write_text_atomic
+from testbed.linux.hosts import Hosts
 from testbed.linux.netlink import Netlink
 from testbed.linux.rawnl import LinkDump
-from testbed.fabric.pfc import PfcAgent
-from testbed.poll import wait_for
-from testbed.plan.portplan import (
-    link_plan,
-    marker_thresholds,
-    scale_up_mac,
-    scale_up_plan,
-    send_buffer_bytes,
-    switch_queue_bytes,
-)
-from testbed.plan.reachability import (
-    Reachability,
-    evaluate,
-    fping_command,
-    probe_interval_ms,
-)
 from testbed.model.partition import MachinePart
-from testbed.runs.registry import DEFAULT_STATE_DIR, Registry, Role, RunRecord, stop_processes
-from testbed.model.spec import EcnMarker, Fidelity, TestbedSpec
-from testbed.model.servers import scale_up_routes
-from testbed.model.topology import HOST_PREFIX_LEN, PLANE_PREFIX_LEN, Link, shard_switches
+from testbed.model.spec import TestbedSpec
+from testbed.model.topology import Link
+from testbed.plan.failplan import cut_off_reason
+from testbed.plan.fidelity import FidelityVerdict
+from testbed.plan.reachability import Reachability
+from testbed.runs import cleanup
+from testbed.runs.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
 
-
-STARTUP_WORKERS = 16
 THREAD_JOIN_S = 10.0
 LOOPBACK = "127.0.0.1"
 
 
-def _free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def up_or_down(fabric) -> None:
-    """``fabric.up()``; when it fails, ``fabric.down()`` removes what it built, and the build
-    error stays the one raised (a teardown error is added to it as a note)."""
-    try:
-        fabric.up()
-    except BaseException as err:
-        try:
-            fabric.down()
-        except Exception as down_err:  # noqa: BLE001 - noted on the build error
-            err.add_note(f"and tearing down after it failed too: {down_err}")
-        raise
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Ignore SIGINT/SIGTERM while tearing down, so a second Ctrl-C cannot leak resources."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for sig in saved:
-            signal.signal(sig, signal.SIG_IGN)
-    except ValueError:  # not the main thread: nothing to defer
-        saved = {}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-class Fabric:
+class Fabric(BuildSteps, ControllerProcess):
     """One emulated fabric, up between ``__enter__`` and ``__exit__``.
 
     Args:
@@ -180,10 +123,6 @@ class Fabric:
     def run_dir(self) -> Path:
         assert self.record is not None
         return Path(self.record.run_dir)
-
-    @property
-    def status_path(self) -> Path:
-        return self.run_dir / "controller-status.json"
 
     # -- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -276,7 +215,7 @@ class Fabric:
                     setattr(self, service, None)
             report = cleanup.clean_record(self.record, self.registry, keep_run_dir=False)
             for proc in self._processes:  # ended by PID above: reap them
-                _reap(proc)
+                reap(proc)
             self._processes.clear()
             self.controller = None
             if stuck:
@@ -323,7 +262,7 @@ class Fabric:
         """
         tracked = [p for p in self.record.processes if p.pid == proc.pid] if self.record else []
         stop_processes(tracked, timeout_s)
-        _reap(proc)
+        reap(proc)
         if proc in self._processes:
             self._processes.remove(proc)
         if self.record is not None:
@@ -370,29 +309,6 @@ class Fabric:
             if thread.is_alive():
                 raise TestbedError(f"service thread {thread.name} did not stop")
 
-    def restart_controller(self, spec: TestbedSpec) -> None:
-        """Run the next experiment on this fabric: ``spec`` builds the same fabric (the caller
-        checked) with its own controller settings. The controller is replaced by a fresh one on
-        the same OpenFlow port (no routing state, counters or log carried over), the switches
-        reconnect (within their 1 s backoff) and are cleared and programmed again; the agents'
-        logs of the previous run are removed."""
-        if self.record is None:
-            raise TestbedError("restart the controller: the fabric is not up")
-        start = time.monotonic()
-        if self.caps is not None:  # the workload's (a TCP congestion control)
-            self._check_requirements(self.caps, spec)
-        self.spec = spec
-        if self.controller is not None:
-            self.stop(self.controller)
-            self.controller = None
-        for path in (self.status_path, self.run_dir / "controller.log",
-                     *(self.run_dir / "logs").glob("*.log")):
-            path.unlink(missing_ok=True)
-        self._start_controller(self.of_port)
-        self._wait_listening()
-        self._wait_programmed()
-        self.timings["controller_restart"] = time.monotonic() - start
-
     def track_process(self, pid: int, role: str) -> None:
         """Record a process started for this fabric (Prometheus), so that ``fabriclab clean``
         stops it if this process dies before its teardown does."""
@@ -414,285 +330,6 @@ class Fabric:
         self.log(f"{name}: {self.timings[name]:.2f} s")
 
     # -- steps --------------------------------------------------------------------------------
-    def _check_machine(self) -> capabilities.Capabilities:
-        ovs.check_running()
-        caps = capabilities.probe(self.registry.state_dir)
-        self._check_requirements(caps)
-        return caps
-
-    def _check_requirements(self, caps: capabilities.Capabilities,
-                            spec: TestbedSpec | None = None) -> None:
-        for need in (spec or self.spec).requirements():
-            if not caps.has(need):
-                raise ConfigError(need.field, caps.explain_missing(need))
-
-    def _check_fidelity(self) -> None:
-        """Refuse (or warn about) a fabric whose full load exceeds this machine's budget."""
-        mode = self.spec.emulator.fidelity
-        if self.caps.datapath_type != "netdev" or mode == Fidelity.OFF:
-            return
-        self.fidelity = verdict = assess(self.topo, self.spec.fabric.mtu)
-        if verdict.overloaded and mode == Fidelity.STRICT:
-            raise ConfigError("fabric.host_link.rate_mbps",
-                              f"too fast for this machine: {verdict.explain()}. Lower the rates, "
-                              "or set emulator.fidelity: warn to measure the emulator anyway")
-        if not verdict.fits:
-            self.warnings.append(f"fidelity: {verdict.explain()}; measured numbers may describe "
-                                 "the emulator rather than the fabric")
-
-    def _prepare_run(self) -> None:
-        # runs killed with SIGKILL (a cluster machine's registry knows only its own runs)
-        report = cleanup.clean(self.registry, orphans=self.part is None)
-        if report.runs:
-            self.log(f"cleaned {len(report.runs)} stale run(s)")
-        if report.errors:
-            raise TestbedError("cannot clean what earlier runs left behind (see 'fabriclab "
-                               "clean'):\n  " + "\n  ".join(report.errors))
-        live = [r for r in self.registry.runs() if r.owner_alive()]
-        if live:
-            raise TestbedError(f"another fabric is up (run {live[0].run_id}, pid "
-                               f"{live[0].owner_pid}); stop it or run 'fabriclab clean --all'")
-        run_dir = self.registry.state_dir / "work"
-        self.record = self.registry.new_run(run_dir)
-        self.record.run_dir = str(run_dir / self.record.run_id)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.registry.save(self.record)
-        self.netlink = Netlink()
-
-    def _start_controller(self, port: int = 0) -> None:
-        topo_path = self.run_dir / "topology.json"
-        topo_path.write_text(json.dumps(self.topo.to_dict()))
-        self.of_port = port or _free_port(self.listen)
-        cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
-               "--status", str(self.status_path), "--port", str(self.of_port),
-               "--host", self.listen,
-               "--routing", self.spec.controller.routing,
-               "--ecmp-seed", self.spec.controller.ecmp_seed,
-               "--ecmp-selection", self.spec.controller.ecmp_selection,
-               "--spray-weights", self.spec.controller.spray_weights,
-               "--poll-interval-s", str(self.spec.controller.poll_interval_s),
-               "--log", str(self.run_dir / "controller.log")]
-        with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
-            self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,
-                                         stderr=err)
-
-    def _start_hosts(self) -> None:
-        def track(name: str, pid: int) -> None:
-            self.registry.track_process(self.record, pid, Role.host(name))
-
-        sysctls = {"net.ipv4.tcp_ecn": "1"} if self.spec.fabric.host_ecn else {}
-        if self.topo.servers:  # a GPU's scale-up peers answer on other interfaces than its NIC
-            sysctls |= {"net.ipv4.conf.all.rp_filter": "0",
-                        "net.ipv4.conf.default.rp_filter": "0"}
-            if any(s.scale_up == "cube_mesh" for s in self.topo.servers):
-                sysctls["net.ipv4.ip_forward"] = "1"  # a GPU relays for its cube-mesh pairs
-        topo = self.topo
-        nics = {h.name: topo.nic_owner(h.name) for h in topo.hosts
-                if topo.nic_owner(h.name) != h.name and self.here(h.name)}  # planes' NICs
-        self.hosts = Hosts([h.name for h in topo.hosts if h.name not in nics
-                            and self.here(h.name)], on_spawn=track, sysctls=sysctls,
-                           aliases=nics)
-
-    def _root_ends(self, link: Link) -> list[str]:
-        return [e.ifname for e in (link.a, link.b)
-                if self.topo.nodes[e.node].is_switch and self.here(e.node)]
-
-    def shaping(self, link: Link, host_end: bool = False):
-        """The tc plan of a link's switch ends, or of its host NIC (:func:`link_plan`)."""
-        return link_plan(self.spec, link, host_end, self.red_marking)
-
-    @property
-    def red_marking(self) -> bool:
-        """Whether the switch ports' lossy classes mark ECN with the kernel's RED qdisc (the
-        experiment's ``emulator.ecn_marker``; ``auto``: where the kernel has RED)."""
-        choice = self.spec.emulator.ecn_marker
-        if not self.spec.fabric.marks_ecn or choice == EcnMarker.EBPF:
-            return False
-        return choice == EcnMarker.RED or bool(self.caps and self.caps.has_qdisc("red"))
-
-    def _create_links(self) -> None:
-        fab = self.spec.fabric
-        links = self.topo.links if self.part is None else self.part.links
-        self.record.links = [n for l in self.local_links() for n in self._root_ends(l)]
-        self.registry.save(self.record)
-        nl, mtu = self.netlink, fab.mtu
-        for link in links:
-            plan = self.shaping(link)
-            if link.tier == "host":
-                host = self.topo.nodes[link.a.node]
-                pid = self.hosts.pid(host.name)
-                nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=pid, peer_mac=host.mac,
-                               mtu=mtu)
-                nl.shape(link.a.ifname, self.shaping(link, host_end=True), pid=pid)
-            else:
-                nl.create_veth(link.b.ifname, link.a.ifname, mtu=mtu)
-                nl.shape(link.a.ifname, plan)
-                nl.set_state(link.a.ifname, True)
-            nl.shape(link.b.ifname, plan)
-            nl.set_state(link.b.ifname, True)
-        for host in self.topo.hosts:  # each NIC on-link with its plane's, as ARP resolved
-            if not self.here(host.name):
-                continue
-            plane = self.topo.plane_of(host.name)
-            nl.configure_host(self.hosts.pid(host.name), self.topo.host_link(host.name).a.ifname,
-                              host.ip, HOST_PREFIX_LEN if plane == 1 else PLANE_PREFIX_LEN,
-                              [(h.ip, h.mac) for h in self.topo.hosts if h is not host
-                               and self.topo.plane_of(h.name) == plane])
-
-    def _create_tunnels(self) -> None:
-        """This machine's ends of the cut links: VXLAN devices on the underlay, named and
-        shaped as the link's veth end would be (recorded with the links, so teardown and
-        ``fabriclab clean`` remove them)."""
-        nl, mtu = self.netlink, self.spec.fabric.mtu
-        for cut, _node in self.part.tunnels:
-            ifname, local, remote = cut.end(self.part.machine)
-            nl.create_vxlan(ifname, cut.vni, local, remote, mtu)
-            nl.shape(ifname, self.shaping(cut.link))
-            nl.set_state(ifname, True)
-
-    def _create_scale_up(self) -> None:
-        """Every server's scale-up domain: veths between its GPUs' namespaces (meshes) or from
-        each GPU to the server's Linux bridge (switch), shaped at both ends, and in every GPU
-        /32 routes to its server's other GPUs through them, so that traffic inside a server
-        never meets the scale-out fabric."""
-        topo, nl, mtu = self.topo, self.netlink, self.spec.fabric.mtu
-        bridges = [s.switch for s in topo.servers if s.switch and self.here(s.switch)]
-        scale_up = [l for l in topo.scale_up if self.here(l.a.node)]
-        self.record.links += bridges + [e.ifname for l in scale_up for e in (l.a, l.b)
-                                        if e.node in bridges]
-        self.registry.save(self.record)
-        for bridge in bridges:
-            nl.create_bridge(bridge, mtu)
-        mac = {}  # a GPU's scale-up interface -> its MAC
-        for link in scale_up:
-            plan = scale_up_plan(self.spec, link)
-            a = topo.nodes[link.a.node]
-            mac[link.a.ifname] = scale_up_mac(a.ip, link.a.port)
-            nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=self.hosts.pid(a.name),
-                           peer_mac=mac[link.a.ifname], mtu=mtu)
-            nl.shape(link.a.ifname, plan, pid=self.hosts.pid(a.name))
-            if link.b.node in bridges:
-                nl.shape(link.b.ifname, plan)
-                nl.set_master(link.b.ifname, link.b.node)
-                nl.set_state(link.b.ifname, True)
-                continue
-            b = topo.nodes[link.b.node]
-            mac[link.b.ifname] = scale_up_mac(b.ip, link.b.port)
-            nl.move(link.b.ifname, self.hosts.pid(b.name), mac[link.b.ifname])
-            nl.shape(link.b.ifname, plan, pid=self.hosts.pid(b.name))
-        # where each GPU's scale-up interfaces lead: the peer GPU (mesh) or the bridge
-        ends: dict[str, str] = {}  # a GPU's interface -> the peer GPU's interface on that link
-        for link in scale_up:
-            if link.b.node not in bridges:
-                ends[link.a.ifname], ends[link.b.ifname] = link.b.ifname, link.a.ifname
-        owner = {e.ifname: e.node for l in topo.scale_up for e in (l.a, l.b)}
-        for gpu, table in scale_up_routes(topo).items():
-            if not self.here(gpu):
-                continue
-            by_if: dict[str, list[tuple[str, str | None]]] = {}
-            for peer, hop in table.items():
-                via = topo.nodes[hop.via].ip if hop.via else None
-                by_if.setdefault(hop.ifname, []).append((topo.nodes[peer].ip, via))
-            for ifname, routes in by_if.items():
-                if ifname in ends:  # a mesh link: its one neighbour
-                    peer_if = ends[ifname]
-                    neighbours = [(topo.nodes[owner[peer_if]].ip, mac[peer_if])]
-                else:  # the bridge: every GPU of the server
-                    server = topo.server_of(gpu)
-                    neighbours = [(topo.nodes[g].ip, mac[topo.scale_up_ports(g)[1].end(g).ifname])
-                                  for g in server.gpus if g != gpu]
-                nl.host_routes(self.hosts.pid(gpu), ifname, routes, neighbours)
-
-    def _pin_dir(self) -> Path:
-        """The run's BPF pins, recorded for teardown and ``fabriclab clean``."""
-        pins = bpf.PIN_ROOT / self.record.run_id
-        if str(pins) not in self.record.bpf_pins:
-            self.record.bpf_pins.append(str(pins))
-            self.registry.save(self.record)
-        return pins
-
-    def _load_cut(self) -> None:
-        """Load the program a link failure cuts the link with (:mod:`testbed.fabric.linkfail`);
-        without the eBPF toolchain a failure takes the veths down alone, later to show."""
-        if not ovs.has_ovsdb_client():  # a failure tells the switches through it: imported now
-            self.warnings.append("no Open vSwitch Python library (apt-get install "
-                                 "python3-openvswitch): a failure tells the switches through "
-                                 "ovs-vsctl, about 10 ms slower")
-        try:
-            self.cut = LinkCut(self._pin_dir() / "cut", self.registry.state_dir)
-        except TestbedError as err:
-            self.warnings.append(f"link failures take the veths down only, which the switches "
-                                 f"see 10-80 ms late: {err}")
-
-    def _attach_markers(self) -> None:
-        """The eBPF marker at the egress of every switch port, with its link tier's marking,
-        steering packets into per-priority classes where there are some (and at host NICs);
-        with PFC, its arrival counter at every switch port's ingress."""
-        self.marker = Marker(self.registry.state_dir, self._pin_dir())
-        fab = self.spec.fabric
-        table = tuple(fab.traffic_classes.table())
-        pfc = self.spec.pfc is not None
-        for link in self.local_links():
-            plan = self.shaping(link)
-            limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
-            marking = marker_thresholds(self.spec, link, plan)
-            loss = fab.link(link.tier).loss_percent
-            for ifname in self._root_ends(link):
-                self.marker.attach(self.netlink, ifname, PortMarking(
-                    link.rate_mbps, plan.burst_bytes, limit, table, marking,
-                    classes=bool(plan.classes), loss_percent=loss), count_rx=pfc)
-            if link.tier == "host" and (plan.classes or loss):
-                host = link.a.node
-                self.marker.classify_host(self.netlink, host, self.hosts.pid(host),
-                                          link.a.ifname, table, bool(plan.classes), loss)
-
-    def _raise_send_buffer(self) -> None:
-        """Let the switches' sockets hold every queue full at once, while they are created.
-
-        The userspace datapath sends every packet of a vswitchd through one AF_PACKET socket,
-        and a packet in a port's queue counts against that socket's send buffer until it
-        leaves. With the kernel's default buffer (net.core.wmem_default, 208 KiB) the queues of
-        an instance together hold about 110 KiB of jumbo frames; beyond that the switch drops
-        in silence (no qdisc or interface counter sees it). The socket takes the default when it
-        is created, during the build (the controller's first LLDP probes): raise it until the
-        fabric is programmed, then restore it (the run record keeps the old value until then).
-        """
-        want = send_buffer_bytes(switch_queue_bytes(self.spec, self.red_marking))
-        name = "net.core.wmem_default"
-        old = procfs.read_sysctl(name)
-        if want <= int(old):
-            return
-        if not os.access(procfs.sysctl_path(name), os.W_OK):
-            # the machine's own setting, read-only in a namespace machine (its host sets it:
-            # testbed.cluster.nscluster does)
-            self.warnings.append(f"{name} is {old} here and cannot be raised from this network "
-                                 f"namespace: the switches' queues may drop in silence beyond "
-                                 f"about half of it; raise it to {want} on the host")
-            return
-        self.record.sysctls[name] = old
-        self.registry.save(self.record)
-        procfs.write_sysctl(name, str(want))
-
-    def _restore_sysctls(self, wait: bool = True) -> None:
-        """Put back the sysctls raised for the build, once every switch has sent (its LLDP
-        probes: its socket exists). A cluster's coordinator always waits for the probes (its
-        machines put theirs back after, :meth:`settle`); a machine's part waits for nothing."""
-        if wait and (self.record.sysctls or self.part is not None):
-            def probed() -> bool:
-                status = self.controller_status()
-                return status.get("wiring_verified", 0) >= status.get("wiring_expected", 0)
-
-            wait_for(probed, self.spec.controller.ready_timeout_s,
-                     "the controller's LLDP probes through every switch")
-        for name, value in self.record.sysctls.items():
-            procfs.write_sysctl(name, value)
-        if self.record.sysctls:
-            self.record.sysctls = {}
-            self.registry.save(self.record)
-
-    def _start_pfc(self) -> None:
-        self.pfc_agent = PfcAgent(self, self.spec.pfc)
-        self.start_thread(self.pfc_agent, "pfc agent")
 
     def vswitchd_pids(self) -> dict[str, int]:
         """Each vswitchd serving this fabric: its private ones (userspace datapath), else the
@@ -752,98 +389,10 @@ class Fabric:
                     prio, {})["pfc"] = counts
         return ports
 
-    def _create_switches(self) -> None:
-        if self.controller_at is None:
-            self._wait_listening()
-        specs = {sw.name: ovs.BridgeSpec(sw.name, sw.dpid_hex,
-                                         tuple((l.end(sw.name).ifname, p)
-                                               for p, l in self.topo.ports(sw.name).items()))
-                 for sw in self._switches()}
-        self.record.bridges = sorted(specs)
-        self.registry.save(self.record)
-        address, port = self.controller_at or (self.listen, self.of_port)
-        target = f"tcp:{address}:{port}"
-        mtu = self.spec.fabric.mtu
-        if self.caps.datapath_type != "netdev":
-            ovs.create_bridges(list(specs.values()), self.record.run_id, self.caps.datapath_type,
-                               target, mtu)
-            return
-        wanted = self.spec.emulator.vswitchd_instances
-        shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted),
-                                frozenset(specs))
-        instances = [ovs.Instance(self.run_dir / f"ovs{i}", f"ovs{i}")
-                     for i in range(len(shards))]
-        self.instances = instances
-        self.switch_instance = {n: inst for inst, names in zip(instances, shards) for n in names}
-
-        def start(inst: ovs.Instance, names: list[str]) -> None:
-            inst.start_db({"userspace-tso-enable": "true",
-                           **self.spec.emulator.ovs_other_config})
-            self.registry.track_process(self.record, inst.pids["ovsdb-server"],
-                                        Role.ovs(inst.name, "ovsdb-server"))
-            inst.start_switch()
-            self.registry.track_process(self.record, inst.pids["ovs-vswitchd"],
-                                        Role.ovs(inst.name, "ovs-vswitchd"))
-            ovs.create_bridges([specs[n] for n in names], self.record.run_id,
-                               ovs.PRIVATE_DATAPATH_TYPE, target, mtu, db=inst.db)
-
-        # daemons start mostly asleep (vswitchd calibrates its TSC for 0.5 s): in parallel
-        with ThreadPoolExecutor(max_workers=STARTUP_WORKERS) as pool:
-            for future in [pool.submit(start, i, n) for i, n in zip(instances, shards)]:
-                future.result()
-        self.registry.save(self.record)
-
-    def _wait_listening(self, timeout_s: float = 20.0) -> None:
-        def listening() -> bool:
-            self._check_controller_alive()
-            try:
-                with socket.create_connection((self.listen, self.of_port), timeout=0.2):
-                    return True
-            except OSError:
-                return False
-
-        wait_for(listening, timeout_s, f"the controller to listen on {self.listen}:{self.of_port} "
-                                       f"(see {self.run_dir / 'controller.log'})")
-
-    def _check_controller_alive(self) -> None:
-        if self.controller is not None and self.controller.poll() is not None:
-            err = (self.run_dir / "controller.stderr").read_text()[-2000:]
-            raise TestbedError(f"controller exited with code {self.controller.returncode}",
-                               stderr=err)
-
     def placement(self) -> dict | None:
         """Where the fabric's nodes are built: None, every one on this machine (a cluster's
         :meth:`testbed.cluster.coordinator.ClusterFabric.placement` says)."""
         return None
-
-    def controller_status(self) -> dict:
-        """The controller's latest status document (empty before its first write)."""
-        try:
-            return json.loads(self.status_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _wait_programmed(self) -> None:
-        expected = {sw.name for sw in self.topo.switches}
-        missing: list[str] = sorted(expected)
-
-        def programmed() -> bool:
-            nonlocal missing
-            self._check_controller_alive()
-            status = self.controller_status()
-            problems = status.get("errors", []) + status.get("port_mismatches", [])
-            if problems:
-                raise TestbedError("controller reported problems:\n  " + "\n  ".join(problems))
-            missing = sorted(expected - set(status.get("programmed", [])))
-            return not missing
-
-        try:
-            wait_for(programmed, self.spec.controller.ready_timeout_s, "every switch to be "
-                     "programmed")
-        except TestbedError as err:
-            raise TestbedError(f"{err}: {len(missing)} switch(es) are not: "
-                               f"{', '.join(missing[:10])}; see "
-                               f"{self.run_dir / 'controller.log'}") from None
 
     # -- operations on a running fabric ---------------------------------------------------------
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
@@ -932,27 +481,3 @@ class Fabric:
         return tuple(end(e) for e in (link.a, link.b) if self.here(e.node))
 
 
-def probe_pairs(topo, run_parallel: Callable[[dict, float], dict], count: int,
-                timeout_s: float) -> Reachability:
-    """Every ordered host pair of a plane probed ``count`` times, all sources at once, the
-    commands run by ``run_parallel`` (:meth:`Fabric.run_parallel`, or a cluster's)."""
-    hosts, plane = topo.hosts, topo.plane_of
-    expected = {h.name: {o.ip: o.name for o in hosts
-                         if o is not h and plane(o.name) == plane(h.name)} for h in hosts}
-    interval = probe_interval_ms(len(hosts), len(topo.switches))
-    commands = {src: fping_command(sorted(targets), count, interval)
-                for src, targets in expected.items()}
-    results = run_parallel(commands, timeout_s)
-    return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
-
-
-def _reap(proc: subprocess.Popen) -> None:
-    """Wait for an ended process and close its pipes."""
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()

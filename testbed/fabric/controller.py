@@ -1,0 +1,117 @@
+"""The controller of a fabric built on this machine: started as its own process (os-ken, by
+``controllers.launcher``) on a free OpenFlow port, waited for until it listens and has
+programmed every switch, read through its status document, and replaced by a fresh one when
+the next experiment runs on the same fabric."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.model.spec import TestbedSpec
+from testbed.poll import wait_for
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+class ControllerProcess:
+    """The controller's part of :class:`testbed.fabric.fabric.Fabric` (a mixin)."""
+
+    @property
+    def status_path(self) -> Path:
+        return self.run_dir / "controller-status.json"
+
+    def restart_controller(self, spec: TestbedSpec) -> None:
+        """Run the next experiment on this fabric: ``spec`` builds the same fabric (the caller
+        checked) with its own controller settings. The controller is replaced by a fresh one on
+        the same OpenFlow port (no routing state, counters or log carried over), the switches
+        reconnect (within their 1 s backoff) and are cleared and programmed again; the agents'
+        logs of the previous run are removed."""
+        if self.record is None:
+            raise TestbedError("restart the controller: the fabric is not up")
+        start = time.monotonic()
+        if self.caps is not None:  # the workload's (a TCP congestion control)
+            self._check_requirements(self.caps, spec)
+        self.spec = spec
+        if self.controller is not None:
+            self.stop(self.controller)
+            self.controller = None
+        for path in (self.status_path, self.run_dir / "controller.log",
+                     *(self.run_dir / "logs").glob("*.log")):
+            path.unlink(missing_ok=True)
+        self._start_controller(self.of_port)
+        self._wait_listening()
+        self._wait_programmed()
+        self.timings["controller_restart"] = time.monotonic() - start
+
+    def _start_controller(self, port: int = 0) -> None:
+        topo_path = self.run_dir / "topology.json"
+        topo_path.write_text(json.dumps(self.topo.to_dict()))
+        self.of_port = port or _free_port(self.listen)
+        cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
+               "--status", str(self.status_path), "--port", str(self.of_port),
+               "--host", self.listen,
+               "--routing", self.spec.controller.routing,
+               "--ecmp-seed", self.spec.controller.ecmp_seed,
+               "--ecmp-selection", self.spec.controller.ecmp_selection,
+               "--spray-weights", self.spec.controller.spray_weights,
+               "--poll-interval-s", str(self.spec.controller.poll_interval_s),
+               "--log", str(self.run_dir / "controller.log")]
+        with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
+            self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,
+                                         stderr=err)
+
+    def _wait_listening(self, timeout_s: float = 20.0) -> None:
+        def listening() -> bool:
+            self._check_controller_alive()
+            try:
+                with socket.create_connection((self.listen, self.of_port), timeout=0.2):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(listening, timeout_s, f"the controller to listen on {self.listen}:{self.of_port} "
+                                       f"(see {self.run_dir / 'controller.log'})")
+
+    def _check_controller_alive(self) -> None:
+        if self.controller is not None and self.controller.poll() is not None:
+            err = (self.run_dir / "controller.stderr").read_text()[-2000:]
+            raise TestbedError(f"controller exited with code {self.controller.returncode}",
+                               stderr=err)
+
+    def controller_status(self) -> dict:
+        """The controller's latest status document (empty before its first write)."""
+        try:
+            return json.loads(self.status_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _wait_programmed(self) -> None:
+        expected = {sw.name for sw in self.topo.switches}
+        missing: list[str] = sorted(expected)
+
+        def programmed() -> bool:
+            nonlocal missing
+            self._check_controller_alive()
+            status = self.controller_status()
+            problems = status.get("errors", []) + status.get("port_mismatches", [])
+            if problems:
+                raise TestbedError("controller reported problems:\n  " + "\n  ".join(problems))
+            missing = sorted(expected - set(status.get("programmed", [])))
+            return not missing
+
+        try:
+            wait_for(programmed, self.spec.controller.ready_timeout_s, "every switch to be "
+                     "programmed")
+        except TestbedError as err:
+            raise TestbedError(f"{err}: {len(missing)} switch(es) are not: "
+                               f"{', '.join(missing[:10])}; see "
+                               f"{self.run_dir / 'controller.log'}") from None

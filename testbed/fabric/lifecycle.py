@@ -1,0 +1,72 @@
+"""A fabric's life, whatever builds it (one machine, a cluster, a machine's part): a build that
+fails tears down what it made, a teardown that Ctrl-C cannot interrupt, every host pair probed,
+and a spawned process reaped."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from testbed.plan.reachability import (
+    Reachability,
+    evaluate,
+    fping_command,
+    probe_interval_ms,
+)
+
+
+def up_or_down(fabric) -> None:
+    """``fabric.up()``; when it fails, ``fabric.down()`` removes what it built, and the build
+    error stays the one raised (a teardown error is added to it as a note)."""
+    try:
+        fabric.up()
+    except BaseException as err:
+        try:
+            fabric.down()
+        except Exception as down_err:  # noqa: BLE001 - noted on the build error
+            err.add_note(f"and tearing down after it failed too: {down_err}")
+        raise
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM while tearing down, so a second Ctrl-C cannot leak resources."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in saved:
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:  # not the main thread: nothing to defer
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def probe_pairs(topo, run_parallel: Callable[[dict, float], dict], count: int,
+                timeout_s: float) -> Reachability:
+    """Every ordered host pair of a plane probed ``count`` times, all sources at once, the
+    commands run by ``run_parallel`` (:meth:`Fabric.run_parallel`, or a cluster's)."""
+    hosts, plane = topo.hosts, topo.plane_of
+    expected = {h.name: {o.ip: o.name for o in hosts
+                         if o is not h and plane(o.name) == plane(h.name)} for h in hosts}
+    interval = probe_interval_ms(len(hosts), len(topo.switches))
+    commands = {src: fping_command(sorted(targets), count, interval)
+                for src, targets in expected.items()}
+    results = run_parallel(commands, timeout_s)
+    return evaluate(expected, {name: out + err for name, (_, out, err) in results.items()})
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Wait for an ended process and close its pipes."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
