@@ -33,7 +33,7 @@ integration: setup test-deps
 # machines as network namespaces with Ray nodes: cut links as VXLAN, actors pinned per machine
 # (also part of `make test` and `make integration`)
 cluster-test: setup test-deps
-	$(VENV)/bin/python -m pytest -v tests/integration/test_cluster.py
+	$(VENV)/bin/python -m pytest -v tests/integration/test_cluster.py tests/integration/test_cluster_runs.py
 
 # the lab VM: installs vagrant and libvirt, builds the local box once, vagrant up, destroy
 lab: setup

@@ -40,6 +40,8 @@ def _cli(state_dir, *args, timeout=600):
 
 
 def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_path):
+    """Long: one sweep's whole life in one test (run, a failed cell, resume, report, compare),
+    because each step needs the run directory the one before it left."""
     exp = tmp_path / "sweep.yaml"
     exp.write_text(SWEEP)
     out = tmp_path / "out"

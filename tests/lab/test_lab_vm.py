@@ -131,6 +131,8 @@ def _poll(predicate, timeout_s: float, what: str, every_s: float = 3.0):
 
 
 def test_vagrant_up_gives_a_ready_lab(lab):
+    """Long: one ``vagrant up`` (minutes under emulation) checked end to end: provisioning, the
+    services, a fabric, its telemetry, Grafana; splitting it would boot the VM once per part."""
     vagrant, daemons = lab
     start = time.monotonic()
     out = vagrant.up(timeout_s=3600)
