@@ -1,8 +1,9 @@
 # fabriclab: `make run` checks the default fabric's reachability, then runs its workload
 # (results in runs/<experiment>/results.json);
 # `make test` runs every test: unit, integration and the lab VM's. Both do the set-up themselves
-# (as root). `make unit` runs the unit tests only, as any user (it needs python3-venv, nothing
-# else); `make integration` and `make lab` one kind each.
+# (as root): `make run` what a fabric on this host needs, the tests everything they use
+# (scripts/test-deps.sh). `make unit` runs the unit tests only, as any user (it needs
+# python3-venv, nothing else); `make integration` and `make lab` one kind each.
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
 
@@ -24,7 +25,9 @@ run: setup
 test: setup test-deps
 	$(VENV)/bin/python -m pytest -v --durations=15 tests
 
-unit: venv
+unit:
+	FABRICLAB_VENV=$(abspath $(VENV)) FABRICLAB_EXTRAS=test,cluster,grafana FABRICLAB_GROUPS=dev \
+	  ./scripts/venv.sh
 	$(VENV)/bin/python -m pytest -v -m "not integration" tests/unit
 
 integration: setup test-deps
@@ -36,7 +39,7 @@ cluster-test: setup test-deps
 	$(VENV)/bin/python -m pytest -v tests/integration/test_cluster.py tests/integration/test_cluster_runs.py
 
 # the lab VM: installs vagrant and libvirt, builds the local box once, vagrant up, destroy
-lab: setup
+lab: setup test-deps
 	$(VENV)/bin/python -m pytest -v -s -m lab tests/lab
 
 bench: setup

@@ -16,12 +16,12 @@ from testbed.fabric.fabric import Fabric
 
 
 def make_fabric(exp: Experiment, state_dir: Path,
-                log: Callable[[str], None] = lambda _msg: None):
+                log: Callable[[str], None] = lambda _msg: None, failable: bool = False):
     """The fabric ``exp`` asks for: on one machine (:class:`Fabric`), or partitioned over the
     Ray cluster its ``cluster`` section names (:class:`testbed.cluster.coordinator.ClusterFabric`,
     which offers a run the same)."""
     if exp.cluster is None:
-        return Fabric(exp, state_dir=state_dir, log=log)
+        return Fabric(exp, state_dir=state_dir, log=log, failable=failable)
     return ClusterFabric(exp, exp.cluster.address, state_dir, log, exp.cluster.machines)
 
 

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Idempotent set-up of a Debian 12 machine for fabriclab: packages, Open vSwitch daemons with
-# userspace TSO, and the venv (scripts/venv.sh: Debian's python3, --system-site-packages for
-# Mininet) with the project installed editable. Safe to run again; does only what is missing.
+# Idempotent set-up of a Debian 12 machine for a fabric on this host: packages, Open vSwitch
+# daemons with userspace TSO, and the venv (scripts/venv.sh: Debian's python3,
+# --system-site-packages for Mininet) with the project installed editable, no extras. Safe to
+# run again; does only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${FABRICLAB_VENV:-$ROOT/.venv}
 PACKAGES=(mininet openvswitch-switch python3-openvswitch iperf3 fping prometheus python3-venv python3-pip
-          iproute2 ethtool procps tmux               # tmux: fabriclab top is tested in it
-          debootstrap qemu-system-x86 e2fsprogs   # the vm backend's guest image and its runs
-          clang libbpf-dev bpftool)                # the eBPF ECN marker (built from source)
+          iproute2 ethtool procps)
+# installed the first time an experiment needs them (testbed/linux/packages.py), by the tests'
+# set-up (scripts/test-deps.sh), and in the lab VM's box: the eBPF toolchain (ECN marker, link
+# cuts) and the full-kernel guest's tools
+LATER=(clang libbpf-dev bpftool debootstrap qemu-system-x86 e2fsprogs)
 
 log() { printf '[setup] %s\n' "$*"; }
-if [ "${1:-}" = "--packages" ]; then  # the list, for scripts/build-box.sh (one set-up path)
-  printf '%s\n' "${PACKAGES[@]}"
+if [ "${1:-}" = "--packages" ]; then  # every package, for scripts/build-box.sh (the lab VM's box)
+  printf '%s\n' "${PACKAGES[@]}" "${LATER[@]}" tmux
+  exit 0
+fi
+if [ "${1:-}" = "--later" ]; then  # what comes on first need, for scripts/test-deps.sh
+  printf '%s\n' "${LATER[@]}"
   exit 0
 fi
 

@@ -47,8 +47,9 @@ def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT,
         import docker
         from docker.errors import DockerException, ImageNotFound
     except ImportError as err:
-        raise TestbedError("Grafana needs the Docker SDK for Python ('pip install docker')") \
-            from err
+        raise TestbedError("Grafana needs the Docker SDK for Python, fabriclab's 'grafana' "
+                           "extra: .venv/bin/pip install -e '.[grafana]' (or: pip install "
+                           "'fabriclab[grafana]')") from err
     try:
         client = docker.from_env()
         client.ping()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
+from rich.markup import escape
 
 from fabriclab.cli.output import EXIT_CONFIG, EXIT_OK, emit
 from fabriclab.cli.requests import SchemaRequest, ValidateRequest
@@ -24,7 +25,7 @@ def validate(req: ValidateRequest, ui: Console) -> int:
             exp = xp.load(path)
         except ConfigError as err:
             failed += 1
-            ui.print(f"[red]{path}: config error:[/red] {err}")
+            ui.print(f"[red]{escape(str(path))}: config error:[/red] {escape(str(err))}")
             docs.append({"file": str(path), "ok": False, "field": err.path,
                          "error": err.message})
             continue
@@ -59,7 +60,7 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
                                             for i in range(count)])
         except ConfigError as err:
             ok = False
-            ui.print(f"[red]{path}: over {count} machines:[/red] {err}")
+            ui.print(f"[red]{escape(str(path))}: over {count} machines:[/red] {escape(str(err))}")
         else:
             ui.print(f"  over {count} machines like this one:")
             for line in plan.describe():

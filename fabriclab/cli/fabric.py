@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from fabriclab.cli import tables
 from fabriclab.cli.output import EXIT_OK, EXIT_UNREACHABLE, emit
@@ -34,7 +35,7 @@ def up(req: UpRequest, ui: Console) -> int:
     start = time.monotonic()
     fabric = make_fabric(exp, req.state_dir,
                          log=(lambda m: ui.print(f"[dim]{m}[/dim]")) if req.verbose else
-                         (lambda _m: None))
+                         (lambda _m: None), failable=not req.check)
     doc: dict = {}
     code = EXIT_OK
     with ExitStack() as stack:
@@ -45,7 +46,7 @@ def up(req: UpRequest, ui: Console) -> int:
             stack.enter_context(fabric)
         ui.print(tables.fabric_summary(exp, fabric))
         for warning in fabric.warnings:
-            ui.print(f"[yellow]warning:[/yellow] {warning}")
+            ui.print(f"[yellow]warning:[/yellow] {escape(warning)}")
         doc = fabric_document(exp, fabric)
         opts = req.telemetry
         where = None
@@ -136,7 +137,7 @@ def clean(req: CleanRequest, ui: Console) -> int:
         ui.print(f"skipped run {item}"
                  + (" (use --all to remove it too)" if "still running" in item else ""))
     for err in report.errors:
-        ui.print(f"[red]error:[/red] {err}")
+        ui.print(f"[red]error:[/red] {escape(str(err))}")
     if req.json:
         emit({"runs": report.runs, "bridges": report.bridges, "links": report.links,
               "processes": report.processes, "skipped": report.skipped,

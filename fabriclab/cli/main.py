@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from fabriclab.cli import requests as rq
-from fabriclab.cli.output import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console)
+from fabriclab.cli.output import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console
 from fabriclab.options import TelemetryOptions, parse_exporter
 from fabriclab.signals import Terminated, raise_on_sigterm
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
@@ -196,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         request = to_request(args, ui)
         return COMMANDS[args.command].handler()(request, ui)
     except ConfigError as err:
-        ui.print(f"[red]config error:[/red] {err}")
+        ui.print(f"[red]config error:[/red] {escape(str(err))}")
         return EXIT_CONFIG
     except TestbedError as err:
-        ui.print(f"[red]testbed error:[/red] {err}")
+        ui.print(f"[red]testbed error:[/red] {escape(str(err))}")
         for note in getattr(err, "__notes__", []):
-            ui.print(f"  {note}")
+            ui.print(f"  {escape(note)}")
         return EXIT_SYSTEM
     except (KeyboardInterrupt, Terminated) as err:
         if verbose:

@@ -7,6 +7,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from fabriclab.cli import tables
 from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
@@ -39,7 +40,7 @@ class TerminalView(RunView):
         for line in fabric.plan.describe() if fabric.plan is not None else []:
             self.console.print(f"cluster: {line}")
         for warning in fabric.warnings:
-            self.console.print(f"[yellow]warning:[/yellow] {warning}")
+            self.console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
         self.bar = self.stack.enter_context(Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total}"), TimeElapsedColumn(), console=self.console))
@@ -67,8 +68,8 @@ class TerminalView(RunView):
         self.console.print(text, markup=False)
 
     def warn(self, text: str) -> None:
-        self.console.print(f"[red]{text}[/red]" if "failed" in text else
-                           f"[yellow]{text}[/yellow]")
+        self.console.print(f"[red]{escape(text)}[/red]" if "failed" in text else
+                           f"[yellow]{escape(text)}[/yellow]")
 
     def section(self, title: str) -> None:
         self.console.rule(title)

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from fabriclab.cli.output import EXIT_OK
 from fabriclab.cli.requests import ServeRequest, TopRequest
@@ -69,12 +70,14 @@ def serve(req: ServeRequest, ui: Console) -> int:
         ui.print(f"Prometheus serving {source / 'data'} at {prom.url} (Ctrl-C stops it)")
         grafana = None
         if req.grafana:
-            from telemetry.grafana import start_grafana  # the Docker SDK: the grafana extra
+            from telemetry.grafana import (
+                start_grafana,  # the Docker SDK: the grafana extra
+            )
 
             try:
                 grafana = start_grafana(prom.port, scrape_interval_s=interval)
             except TestbedError as err:  # Prometheus keeps serving without it
-                ui.print(f"[yellow]Grafana not started:[/yellow] {err}")
+                ui.print(f"[yellow]Grafana not started:[/yellow] {escape(str(err))}")
             else:
                 ui.print(f"Grafana at {grafana.url}")
         try:

@@ -77,6 +77,9 @@ class Experiment(TestbedSpec):
     real_scale: RealScale | None = None  # scale: the real fabric this one stands for
     cluster: ClusterSpec | None = None  # cluster: partitioned over a Ray cluster's machines
 
+    def plans_failures(self) -> bool:
+        return bool(self.failures)
+
     def requirements(self) -> list[Requirement]:
         """The testbed's requirements and the workload's (TCP congestion controls)."""
         needs = super().requirements()

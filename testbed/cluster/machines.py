@@ -40,6 +40,8 @@ class MachineInfo:
     revision: str = "unknown"  # the project's git revision there
 
 
+#: how to install what a cluster needs into the project's venv
+CLUSTER_EXTRA = ".venv/bin/pip install -e '.[cluster]' (or: pip install 'fabriclab[cluster]')"
 #: calls an actor serves at once (every agent of a job waits in one)
 AGENT_CONCURRENCY = 256
 #: the longest a call to a machine may take beyond its own timeout before it counts as lost
@@ -154,8 +156,8 @@ class Cluster:
         try:
             import ray
         except ImportError as err:
-            raise TestbedError("a cluster needs Ray: pip install 'ray>=2.50,<3' "
-                               "(scripts/setup.sh does)") from err
+            raise TestbedError("a cluster needs Ray, fabriclab's 'cluster' extra: "
+                               + CLUSTER_EXTRA) from err
         self.ray = ray
         _reach_head(address)
         try:

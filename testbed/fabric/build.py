@@ -13,7 +13,7 @@ from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.ecn import Marker, PortMarking
 from testbed.fabric.linkfail import LinkCut
 from testbed.fabric.pfc import PfcAgent
-from testbed.linux import bpf, capabilities, ovs, procfs
+from testbed.linux import bpf, capabilities, ovs, packages, procfs
 from testbed.linux.hosts import Hosts
 from testbed.linux.netlink import Netlink
 from testbed.model.servers import scale_up_routes
@@ -222,8 +222,14 @@ class BuildSteps:
         return pins
 
     def _load_cut(self) -> None:
-        """Load the program a link failure cuts the link with (:mod:`testbed.fabric.linkfail`);
-        without the eBPF toolchain a failure takes the veths down alone, later to show."""
+        """Load the program a link failure cuts the link with (:mod:`testbed.fabric.linkfail`)
+        when failures are planned or may be asked for (``fabriclab fail``), or the eBPF
+        toolchain is here anyway; without it a failure takes the veths down alone, later to
+        show."""
+        if not (self.spec.plans_failures() or self.failable) and \
+                packages.missing(packages.EBPF_TOOLCHAIN):
+            self.log("link cuts: not loaded (no failure planned, no eBPF toolchain here)")
+            return
         if not ovs.has_ovsdb_client():  # a failure tells the switches through it: imported now
             self.warnings.append("no Open vSwitch Python library (apt-get install "
                                  "python3-openvswitch): a failure tells the switches through "

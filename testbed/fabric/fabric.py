@@ -70,19 +70,23 @@ class Fabric(BuildSteps, ControllerProcess):
             controller here, listening on ``listen``.
         listen: the address the controller started here listens on (a cluster's coordinator:
             its underlay address).
+        failable: links may be failed while it is up without a plan for it (``fabriclab
+            fail`` on a fabric ``fabriclab up`` keeps): their cut is loaded (the eBPF
+            toolchain installed when missing), as for an experiment with ``failures``.
     """
 
     def __init__(self, spec: TestbedSpec, state_dir: Path = DEFAULT_STATE_DIR,
                  log: Callable[[str], None] = lambda _msg: None,
                  part: MachinePart | None = None,
                  controller_at: tuple[str, int] | None = None,
-                 listen: str = LOOPBACK) -> None:
+                 listen: str = LOOPBACK, failable: bool = False) -> None:
         self.spec = spec
         self.topo = spec.topology
         self.part = part
         self.plan = None  # the whole fabric's partition over machines (a ClusterFabric's)
         self.controller_at = controller_at
         self.listen = listen
+        self.failable = failable
         self.registry = Registry(state_dir)
         self.log = log
         self.timings: dict[str, float] = {}

@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.linux import packages
 
 SOURCE_DIR = Path(__file__).resolve().parent / "progs"
 BPFFS = Path("/sys/fs/bpf")
@@ -36,25 +37,25 @@ _libc.syscall.restype = ctypes.c_long
 def _need(tool: str, package: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        raise TestbedError(f"{tool} not found: apt-get install {package} (scripts/setup.sh does)")
+        raise TestbedError(f"{tool} not found: apt-get install {package}")
     return path
 
 
 def build(name: str, state_dir: Path) -> Path:
     """The object of ``testbed/linux/progs/<name>.c``, compiled when its source changed.
 
+    The eBPF toolchain is installed the first time a program is built (as root).
+
     Raises:
-        TestbedError: without clang or the libbpf headers, or when the compiler fails.
+        TestbedError: the toolchain missing and not installable, or the compiler failing.
     """
     source = SOURCE_DIR / f"{name}.c"
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     out = state_dir / "bpf" / digest / f"{name}.o"
     if out.exists():
         return out
-    clang = _need("clang", "clang libbpf-dev")
-    if not Path("/usr/include/bpf/bpf_helpers.h").exists():
-        raise TestbedError("libbpf headers not found: apt-get install libbpf-dev "
-                           "(scripts/setup.sh does)")
+    packages.ensure(packages.EBPF_TOOLCHAIN, "the eBPF toolchain")
+    clang = _need("clang", "clang")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [clang, "-O2", "-g", "-target", "bpf", f"-I{INCLUDE}", "-c", str(source), "-o",

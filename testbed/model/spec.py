@@ -223,6 +223,10 @@ class TestbedSpec:
         """The topology model (model errors come back under ``fabric.``)."""
         return build_topology(self.fabric)
 
+    def plans_failures(self) -> bool:
+        """Whether links or switches fail while it runs (an experiment's ``failures``)."""
+        return False
+
     def requirements(self) -> list[Requirement]:
         """What every setting needs of the machine's kernel (an experiment adds its workload's)."""
         q = lambda path, kind: Requirement(path, "qdisc", kind)  # noqa: E731

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.linux import packages
 from testbed.linux.files import build_once
 from testbed.runs.registry import Registry, stop_process
 
@@ -71,6 +72,7 @@ def ensure_image(cache_dir: Path = DEFAULT_CACHE_DIR,
     Raises:
         TestbedError: when the build fails (with the end of its log).
     """
+    packages.ensure(packages.GUEST_TOOLS, "the full-kernel guest's tools", log)
     image = VmImage(cache_dir / image_key())
 
     def build() -> None:

@@ -3,6 +3,8 @@ machines' budgets, one fidelity verdict and one timeline from every machine's.""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from fabriclab.model import experiment as xp
@@ -133,3 +135,19 @@ def test_a_head_nobody_listens_at_is_said_at_once():
                                            f"127.0.0.1:{port}: Connection refused"):
         _reach_head(f"127.0.0.1:{port}")
     assert time.monotonic() - start < 2.0
+
+
+def test_up_on_a_cluster_without_ray_names_the_extra_to_install(monkeypatch, capsys):
+    """``fabriclab up --cluster`` where Ray is not installed: one error naming the 'cluster'
+    extra, exit 3, nothing built (Ray is imported only when a cluster is joined)."""
+    from pathlib import Path
+
+    from fabriclab.cli import main as cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray: ImportError
+    quickstart = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
+    code = cli.main(["up", str(quickstart), "--check", "--backend", "host",
+                     "--cluster", "127.0.0.1:1"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "'cluster' extra" in out and "fabriclab[cluster]" in out, out
