@@ -155,8 +155,13 @@ def test_proc_stat_parsing():
     with pytest.raises(ValueError):
         parse_stat("garbage")
     assert read_stat(2 ** 22 + 12345) is None
-    me = read_stat(__import__("os").getpid())
-    assert me is not None and me.cpu_s >= 0
+    pid = __import__("os").getpid()
+    before = read_stat(pid)
+    t_end = time.process_time() + 0.3
+    while time.process_time() < t_end:  # burn 0.3 s of CPU
+        pass
+    after = read_stat(pid)
+    assert before is not None and 0.2 <= after.cpu_s - before.cpu_s <= 1.0, (before, after)
 
 
 def test_wait_for_returns_the_value_or_names_what_it_waited_for():

@@ -56,7 +56,12 @@ def test_names_addresses_dpids_are_unique_and_fit(topo):
 
 
 def test_deterministic_and_round_trips():
-    assert fat_tree(4) == fat_tree(4)
+    a, b = fat_tree(4), fat_tree(4)
+    assert a is not b and a.to_dict() == b.to_dict()  # two builds: the same names and numbers
+    assert a.to_dict() != fat_tree(4, host_rate_mbps=50).to_dict()  # the comparison can fail
+    assert (a.nodes["h1_1_1"].ip, a.nodes["h4_2_2"].ip) == ("10.1.1.1", "10.4.2.2")
+    assert a.nodes["core1"].dpid == 0x01 << 40 | 1 and a.nodes["edge2_1"].dpid == \
+        0x03 << 40 | 2 << 16 | 1
     topo = leaf_spine(3, 2, 2)
     again = from_dict(topo.to_dict())
     assert again.nodes == topo.nodes and again.links == topo.links
