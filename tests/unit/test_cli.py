@@ -1,0 +1,118 @@
+"""The command as a thin shell: ``validate``, ``schema`` and ``--help`` load no system adapter
+and answer fast; every command's handler is found and takes its typed request; a --parallel
+sweep whose cell failed exits non-zero."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fabriclab.cli import main as cli
+from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM
+
+ROOT = Path(__file__).resolve().parents[2]
+# what touches the system: these libraries, and the adapter folders' modules
+HEAVY = ("mininet", "os_ken", "ray", "docker", "pyroute2", "matplotlib", "prometheus_client")
+ADAPTER_FOLDERS = ("testbed.linux", "testbed.fabric", "testbed.runs", "testbed.cluster",
+                   "testbed.vm", "traffic.agents", "telemetry.exporter", "telemetry.prometheus",
+                   "telemetry.grafana", "controllers", "fabriclab.run", "fabriclab.modes",
+                   "fabriclab.shared", "fabriclab.report")
+
+PROBE = """
+import contextlib, io, json, sys, time
+t0 = time.monotonic()
+from fabriclab.cli.main import main
+argv = json.loads(sys.argv[1])
+out = io.StringIO()
+code = None
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        code = main(argv)
+    except SystemExit as end:
+        code = end.code
+print(json.dumps({"code": code, "s": time.monotonic() - t0, "modules": sorted(sys.modules)}))
+"""
+
+
+def _probe(argv: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, check=True)
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.split(".")[0] in HEAVY
+            or any(m == f or m.startswith(f + ".") for f in ADAPTER_FOLDERS)]
+
+
+@pytest.mark.parametrize("argv", [["validate", *sorted(str(p) for p in
+                                                     (ROOT / "experiments").glob("*.yaml"))],
+                                  ["schema"], ["--help"], ["run", "--help"]],
+                         ids=["validate", "schema", "help", "run-help"])
+def test_light_commands_load_no_adapter(argv):
+    got = _probe(argv)
+    assert got["code"] == EXIT_OK, got["code"]
+    assert not _heavy(got["modules"]), _heavy(got["modules"])
+
+
+def test_validate_takes_under_a_second_per_file():
+    files = sorted(str(p) for p in (ROOT / "experiments").glob("*.yaml"))
+    got = _probe(["validate", *files])
+    assert got["code"] == EXIT_OK
+    assert got["s"] < 1.0 * len(files), (got["s"], len(files))
+
+
+def test_the_probe_sees_heavy_imports():
+    """The check above can fail: a command that builds (``up``) imports the adapters."""
+    got = _probe(["up", "--help"])  # parsing only: nothing is built
+    assert not _heavy(got["modules"])
+    from_handler = cli.COMMANDS["up"].handler()  # what running it would load
+    assert from_handler.__module__ == "fabriclab.cli.fabric"
+    assert "testbed.fabric.fabric" in sys.modules
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_command_has_a_handler_of_its_typed_request(name):
+    handler = cli.COMMANDS[name].handler()
+    params = list(inspect.signature(handler).parameters)
+    assert len(params) == 2, params
+    parser = cli.build_parser()
+    required = {"validate": ["x.yaml"], "up": ["x.yaml"], "run": ["x.yaml", "--out", "o"],
+                "telemetry": ["d"], "fail": ["core1"], "restore": ["core1"],
+                "report": ["d"], "compare": ["d"]}.get(name, [])
+    request = cli.to_request(parser.parse_args([name, *required]), None)
+    hint = inspect.signature(handler).parameters[params[0]].annotation
+    assert type(request).__name__ == str(hint).split(".")[-1].strip("'\""), (request, hint)
+
+
+def test_a_parallel_sweep_whose_cell_failed_exits_non_zero(tmp_path, monkeypatch):
+    """The exit status comes from every cell that ran, also when they ran on a cluster's
+    machines (a cell failed there: 3)."""
+    from fabriclab import modes
+    from fabriclab.cli import runs
+
+    exp = tmp_path / "sweep.yaml"
+    exp.write_text("version: 1\nname: s\nfabric: {topology: leaf_spine, leaves: 2, spines: 1, "
+                   "hosts_per_leaf: 1}\ncluster: {address: '127.0.0.1:1'}\nworkload:\n"
+                   "  collectives: [{op: all_reduce, size: 1KiB}]\n"
+                   "sweep: {axes: {controller.routing: [ecmp, dmodk]}}\n")
+
+    def on_machines(exp, todo, out, sweep, view):
+        for cell in todo:  # the first cell fails on its machine, the second completes
+            ok = cell is not todo[0]
+            sweep.record(cell, {"experiment": "s", "complete": ok, "fabric": {},
+                                "congestion": {}, "collectives": []},
+                         None if ok else "machine1: agent died")
+        sweep.save()
+        return 2
+
+    monkeypatch.setattr(modes, "run_cells_on_machines", on_machines)
+    monkeypatch.setattr(modes, "write_report", lambda out, view: None)
+    request = cli.to_request(cli.build_parser().parse_args(
+        ["run", str(exp), "--out", str(tmp_path / "out"), "--parallel"]), None)
+    assert runs.run(request, cli.console(False)) == EXIT_SYSTEM
