@@ -149,7 +149,7 @@ sys.path.insert(0, {root!r})
 from testbed.cluster.machines import Cluster
 from testbed.errors import ConfigError
 from testbed.model.partition import Machine, cut_links, partition
-from testbed.model.topology import fat_tree
+from testbed.model.builders import fat_tree
 
 cluster = Cluster({address!r})
 try:
