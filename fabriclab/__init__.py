@@ -1,4 +1,6 @@
-"""The experiment layer: the experiment file (:mod:`fabriclab.model.experiment`), running it
-(:mod:`fabriclab.run`), its results document (:mod:`fabriclab.model.results`) and the ``fabriclab``
-command (:mod:`fabriclab.cli`). It sits above :mod:`testbed` and :mod:`traffic`; neither imports it.
+"""The experiment layer: the experiment file and its results (:mod:`fabriclab.model`, pure),
+the ways of running it (:mod:`fabriclab.modes`: a run, variants, sweeps, on a cluster, in the
+guest), one run in phases (:mod:`fabriclab.run`), the report, and the ``fabriclab`` command
+(:mod:`fabriclab.cli`, a thin shell over the rest). It sits above :mod:`testbed`,
+:mod:`traffic` and :mod:`telemetry`; none of them imports it.
 """

@@ -1,1 +1,2 @@
-"""Telemetry: Prometheus exporters, the per-run Prometheus server, Grafana dashboards."""
+"""Telemetry: Prometheus exporters (:mod:`.exporter`), the per-run Prometheus server, Grafana
+dashboards as code; their pure definitions in :mod:`.model`."""

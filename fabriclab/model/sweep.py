@@ -4,7 +4,7 @@ interrupted sweep still has to run, and the summary over repetitions.
 ``sweep: {axes: {FIELD.PATH: [values...], ...}, repetitions: N}``: every combination of the
 axes' values is a cell (for each variant, when the experiment has variants), run ``N`` times.
 A cell is a whole experiment: the base (or the variant) with the axes' fields set, validated
-like a variant before anything runs. Running them is the CLI's (:mod:`fabriclab.cli`); which
+like a variant before anything runs. Running them is :mod:`fabriclab.modes`'s; which
 cells can share a fabric is :func:`fabric_key`'s.
 """
 
