@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ui = console(to_stderr=args.json)
     raise_on_sigterm()
-    verbose = getattr(args, "verbose", False)  # only up has -v
+    verbose = args.command == "up" and args.verbose
     try:
         request = to_request(args, ui)
         return COMMANDS[args.command].handler()(request, ui)
