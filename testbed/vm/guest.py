@@ -31,7 +31,9 @@ BUILD_SCRIPT = ROOT / "scripts" / "build-vm-image.sh"
 INIT_SCRIPT = ROOT / "scripts" / "vm-init.sh"
 DEFAULT_CACHE_DIR = Path("/var/cache/fabriclab/vm")
 OUT_DISK_MB = 64
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "runs"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".test-deps"}
+#: the checkout's own output folders (top level only: testbed/runs/ is code)
+SKIP_TOP = {"runs", ".vagrant"}
 
 
 def image_key(root: Path = ROOT) -> str:
@@ -93,7 +95,9 @@ def job_archive(project: Path, job_sh: str, files: dict[str, Path]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for dirpath, dirnames, filenames in os.walk(project):
+            top = Path(dirpath) == project
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS
+                                 and not (top and d in SKIP_TOP)
                                  and not d.endswith(".egg-info"))
             for name in sorted(filenames):
                 path = Path(dirpath) / name

@@ -68,8 +68,11 @@ def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
 
     from testbed.vm.guest import job_archive
 
-    (tmp_path / "testbed").mkdir()
+    (tmp_path / "testbed" / "runs").mkdir(parents=True)
     (tmp_path / "testbed" / "x.py").write_text("x = 1\n")
+    (tmp_path / "testbed" / "runs" / "registry.py").write_text("x = 1\n")  # code, not output
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)  # the checkout's output folder
+    (tmp_path / "runs" / "quickstart" / "results.json").write_text("{}")
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "python").write_text("")
     (tmp_path / "exp.yaml").write_text("version: 1\n")
@@ -78,8 +81,9 @@ def test_vm_job_archive_carries_the_checkout_without_venvs(tmp_path):
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         names = set(tar.getnames())
         assert tar.extractfile("job.sh").read() == b"echo hi\n"
-    assert {"project/testbed/x.py", "experiment.yaml", "job.sh"} <= names
-    assert not any(".venv" in n for n in names)
+    assert {"project/testbed/x.py", "project/testbed/runs/registry.py", "experiment.yaml",
+            "job.sh"} <= names
+    assert not any(".venv" in n or n.startswith("project/runs") for n in names), names
 
 
 def test_the_raw_qdisc_dump_reads_counters_from_tca_stats2():
