@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a Debian 12 machine for a fabric on this host: packages, Open vSwitch
 # daemons with userspace TSO, and the venv (scripts/venv.sh: Debian's python3,
-# --system-site-packages for Mininet) with the project installed editable, no extras. Safe to
+# --system-site-packages for Mininet) with the project installed editable, no extras
+# (FABRICLAB_EXTRAS=cluster adds Ray for a cluster's machines, as scripts/venv.sh says). Safe to
 # run again; does only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
