@@ -150,11 +150,13 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 
 def telemetry_options(args: argparse.Namespace, ui: Console) -> TelemetryOptions:
     """The telemetry flags of ``up`` and ``run``, checked (each bad one named)."""
-    from fabriclab.cli.telemetry import keep_until_stopped
-
     host, port = parse_exporter(args.exporter)
-    return TelemetryOptions(args.telemetry, args.scrape_interval,
-                            keep_until_stopped(ui) if args.keep else None, None, host, port)
+    keep = None
+    if args.keep:
+        from fabriclab.cli.telemetry import keep_until_stopped  # the command's own module
+
+        keep = keep_until_stopped(ui)
+    return TelemetryOptions(args.telemetry, args.scrape_interval, keep, None, host, port)
 
 
 def to_request(args: argparse.Namespace, ui: Console) -> object:
