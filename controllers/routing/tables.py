@@ -51,44 +51,18 @@ from testbed.model.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
 from testbed.model.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
 
 ETH_TYPE_IPV4 = 0x0800
-
-
 ETH_TYPE_ARP = 0x0806
-
-
 ETH_TYPE_LLDP = 0x88CC
-
-
 CONTROLLER_PORT = "controller"
-
-
 PRIORITY_MISS = 0
-
-
 PRIORITY_PREFIX = 100
-
-
 PRIORITY_REMOTE_HOST = 150
-
-
 PRIORITY_HOST = 200
-
-
 PRIORITY_DETECT = 210
-
-
 PRIORITY_FLOW = 250
-
-
 FLOW_COOKIE = 0xADA0  # the adaptive mode's per-flow entries (their counters are polled)
-
-
 PUNT_BYTES = 128  # what a new flow's punted packets carry to the controller: the headers
-
-
 SHARED_HASH_BASIS = 0
-
-
 PRIORITY_PUNT = 300
 
 

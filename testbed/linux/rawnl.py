@@ -49,17 +49,9 @@ def in_netns(path: str | None = None) -> Iterator[None]:
 
 
 _NLMSG_HDR = struct.Struct("=IHHII")
-
-
 _TCMSG_HDR = struct.Struct("=BxxxiIII")
-
-
 RTM_NEWQDISC = 36
-
-
 NLM_F_REQUEST_ACK = 0x5
-
-
 NLM_F_CREATE_EXCL = 0x600
 
 
@@ -79,8 +71,6 @@ def qdisc_request(kind: str, ifindex: int, handle: int, parent: int, options: by
 
 
 _RED_STAB = bytes([0] + [31] * 255)  # EWMA weight 1: an idle queue's average is 0 at once
-
-
 TC_RED_ECN, TC_RED_NODROP = 1, 8
 
 
