@@ -28,7 +28,8 @@ PIN_ROOT = BPFFS / "fabriclab"
 INCLUDE = "/usr/include/x86_64-linux-gnu"
 
 _SYS_BPF = 321  # x86_64
-_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_MAP_GET_NEXT_KEY, _BPF_OBJ_GET = 1, 2, 4, 7
+_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_MAP_DELETE_ELEM = 1, 2, 3
+_BPF_MAP_GET_NEXT_KEY, _BPF_OBJ_GET = 4, 7
 _ATTR_SIZE = 128
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -165,6 +166,21 @@ class Map:
     def update(self, key, value) -> None:
         if not self._op(_BPF_MAP_UPDATE_ELEM, key, value, "update"):
             raise TestbedError(f"BPF map {self.path.name}: update failed: no such entry")
+
+    def delete(self, key) -> bool:
+        """Remove ``key``; False when it was not there."""
+        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
+        ctypes.memmove(attr, (ctypes.c_uint32 * 2)(self.fd, 0), 8)
+        ctypes.memmove(ctypes.addressof(attr) + 8,
+                       (ctypes.c_uint64 * 1)(ctypes.addressof(key)), 8)
+        try:
+            _syscall(_BPF_MAP_DELETE_ELEM, attr)
+        except OSError as err:
+            if err.errno == errno.ENOENT:
+                return False
+            raise TestbedError(f"BPF map {self.path.name}: delete failed: {err.strerror}") \
+                from None
+        return True
 
     def lookup(self, key):
         value = self.value_type()

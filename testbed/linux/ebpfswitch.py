@@ -1,0 +1,170 @@
+"""The eBPF switch's adapter: its program (``progs/switch.c``) loaded once and pinned, attached
+at the clsact ingress of every switch port, and each switch's flow table (as tuple-space
+subtables, :mod:`testbed.plan.tss`), groups (:mod:`testbed.plan.groups`) and ports written into
+its maps. The ctypes structures here mirror the C structures field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import os
+from pathlib import Path
+
+from testbed.errors import TestbedError
+from testbed.linux import bpf
+from testbed.linux.netlink import Netlink
+from testbed.plan.tss import MAX_SUBTABLES, Subtable
+
+PROGRAM = "switch"
+MAX_BUCKETS = 16
+FIELD_BITS = {"in_port": 1, "eth_type": 2, "eth_dst": 4, "ip_dscp": 8, "ip_proto": 16,
+              "tcp_src": 32, "udp_src": 32, "tcp_dst": 64, "udp_dst": 64}
+A_OUTPUT, A_GROUP, A_DROP, A_CONTROLLER = 1, 2, 3, 4
+G_SELECT, G_FF = 1, 2
+
+
+class PortId(ctypes.Structure):
+    _fields_ = [("sw", ctypes.c_uint32), ("port", ctypes.c_uint32)]
+
+
+class PortOut(ctypes.Structure):
+    _fields_ = [("ifindex", ctypes.c_uint32), ("live", ctypes.c_uint32)]
+
+
+class TableId(ctypes.Structure):
+    _fields_ = [("sw", ctypes.c_uint32), ("table", ctypes.c_uint32)]
+
+
+class MaskValue(ctypes.Structure):
+    _fields_ = [("fields", ctypes.c_uint32), ("max_priority", ctypes.c_int32),
+                ("src_len", ctypes.c_uint8), ("dst_len", ctypes.c_uint8),
+                ("valid", ctypes.c_uint8), ("pad", ctypes.c_uint8)]
+
+
+class FlowKey(ctypes.Structure):
+    _fields_ = [("sw", ctypes.c_uint32), ("table", ctypes.c_uint32),
+                ("in_port", ctypes.c_uint32), ("src", ctypes.c_uint32), ("dst", ctypes.c_uint32),
+                ("eth_type", ctypes.c_uint16), ("sport", ctypes.c_uint16),
+                ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dscp", ctypes.c_uint8),
+                ("eth_dst", ctypes.c_uint8 * 6), ("pad", ctypes.c_uint16)]
+
+
+class Action(ctypes.Structure):
+    _fields_ = [("priority", ctypes.c_int32), ("kind", ctypes.c_uint32),
+                ("arg", ctypes.c_uint32)]
+
+
+class GroupId(ctypes.Structure):
+    _fields_ = [("sw", ctypes.c_uint32), ("group", ctypes.c_uint32)]
+
+
+class Group(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_uint32), ("basis", ctypes.c_uint32), ("n", ctypes.c_uint32),
+                ("pad", ctypes.c_uint32), ("ports", ctypes.c_uint32 * MAX_BUCKETS),
+                ("weights", ctypes.c_uint32 * MAX_BUCKETS)]
+
+
+def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
+    """The C key of one subtable entry (``key`` as :func:`testbed.plan.tss.split_match` made)."""
+    values, src, dst = key
+    fields = dict(zip(subtable.mask.fields, values))
+    out = FlowKey(sw=sw, table=table, in_port=int(fields.get("in_port", 0)), src=src, dst=dst,
+                  eth_type=int(fields.get("eth_type", 0)), proto=int(fields.get("ip_proto", 0)),
+                  dscp=int(fields.get("ip_dscp", 0)),
+                  sport=int(fields.get("tcp_src", fields.get("udp_src", 0))),
+                  dport=int(fields.get("tcp_dst", fields.get("udp_dst", 0))))
+    if "eth_dst" in fields:
+        out.eth_dst[:] = bytes.fromhex(str(fields["eth_dst"]).replace(":", ""))
+    return out
+
+
+def action(priority: int, actions: tuple) -> Action:
+    """The C action of an entry: its first output, group, controller or drop."""
+    for name, value in actions:
+        if name == "output":
+            if value == "controller":
+                return Action(priority, A_CONTROLLER, 0)
+            return Action(priority, A_OUTPUT, int(value))
+        if name == "group":
+            return Action(priority, A_GROUP, int(value))
+    return Action(priority, A_DROP, 0)
+
+
+class EbpfSwitches:
+    """The switches of one fabric on this machine: the program pinned in ``pin_dir`` (recorded
+    by the caller for teardown), its maps open for writing."""
+
+    def __init__(self, pin_dir: Path, state_dir: Path) -> None:
+        self.pin_dir = Path(pin_dir)
+        progs = bpf.load(bpf.build(PROGRAM, state_dir), self.pin_dir)
+        self.prog_fd = bpf.obj_get(progs / "switch_ingress")
+        self.maps = {name: bpf.Map(self.pin_dir / name, k, v) for name, k, v in (
+            ("sw_ports", ctypes.c_uint32, PortId), ("sw_out", PortId, PortOut),
+            ("sw_masks", TableId, MaskValue), ("sw_flows", FlowKey, Action),
+            ("sw_groups", GroupId, Group))}
+        self.written: dict[int, set[bytes]] = {}  # switch -> the flow keys in its map
+
+    def close(self) -> None:
+        for m in self.maps.values():
+            m.close()
+        if self.prog_fd >= 0:
+            os.close(self.prog_fd)
+            self.prog_fd = -1
+
+    def add_port(self, netlink: Netlink, sw: int, port: int, ifname: str) -> None:
+        """Make root-namespace interface ``ifname`` port ``port`` of switch ``sw``."""
+        ifindex = netlink.index(ifname)
+        self.maps["sw_ports"].update(ctypes.c_uint32(ifindex), PortId(sw, port))
+        self.maps["sw_out"].update(PortId(sw, port), PortOut(ifindex, 1))
+        netlink.attach_bpf(ifname, self.prog_fd, "fabriclab_switch", ingress=True, prio=3)
+
+    def set_live(self, sw: int, port: int, live: bool) -> None:
+        """A port's liveness, as groups' buckets watch it."""
+        out = self.maps["sw_out"].lookup(PortId(sw, port))
+        if out is None:
+            raise TestbedError(f"switch {sw} has no port {port}")
+        out.live = int(live)
+        self.maps["sw_out"].update(PortId(sw, port), out)
+
+    def set_table(self, sw: int, subtables: list[Subtable]) -> None:
+        """Write switch ``sw``'s whole flow table: its entries, then its masks, then the entries
+        it no longer has are removed."""
+        if len(subtables) > MAX_SUBTABLES:
+            raise TestbedError(f"switch {sw}: {len(subtables)} subtables")
+        flows = self.maps["sw_flows"]
+        now: set[bytes] = set()
+        for t, table in enumerate(subtables):
+            for key, entry in table.entries.items():
+                c_key = flow_key(sw, t, table, key)
+                flows.update(c_key, action(entry.priority, entry.actions))
+                now.add(bytes(c_key))
+        masks = self.maps["sw_masks"]
+        for t in range(MAX_SUBTABLES):
+            if t < len(subtables):
+                m = subtables[t].mask
+                bits = 0
+                for name in m.fields:
+                    bits |= FIELD_BITS[name]
+                masks.update(TableId(sw, t), MaskValue(bits, subtables[t].max_priority,
+                                                       m.ipv4_src_len, m.ipv4_dst_len, 1, 0))
+            else:
+                masks.update(TableId(sw, t), MaskValue(0, -1, 0, 0, 0, 0))
+        for stale in self.written.get(sw, set()) - now:
+            flows.delete(FlowKey.from_buffer_copy(stale))
+        self.written[sw] = now
+
+    def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
+                  weights: list[int] | None = None, basis: int = 0) -> None:
+        """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``."""
+        if len(ports) > MAX_BUCKETS:
+            raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
+        g = Group(kind=G_FF if kind == "ff" else G_SELECT, basis=basis, n=len(ports))
+        for i, port in enumerate(ports):
+            g.ports[i] = port
+            g.weights[i] = (weights or [1] * len(ports))[i]
+        self.maps["sw_groups"].update(GroupId(sw, group_id), g)
+
+
+def ip_int(address: str) -> int:
+    return int(ipaddress.IPv4Address(address))

@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: GPL-2.0
+/* fabriclab eBPF switch: a switch is this program at the clsact ingress of each of its ports
+ * plus its entries in the maps below; no process forwards. A packet's headers are looked up in
+ * the switch's flow table compiled as tuple-space subtables (testbed/plan/tss.py: one exact-match
+ * table per mask, tried in order of their highest priority, stopping as soon as the best match
+ * outranks every table left); the action outputs to a port (bpf_redirect to its veth end, whose
+ * egress qdiscs -- shaping, the ECN marker -- apply as on any port), through a group (a SELECT
+ * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
+ * failover: the first live port), or drops.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/in.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define MAX_SUBTABLES 16
+#define MAX_BUCKETS 16
+
+#define F_IN_PORT 1
+#define F_ETH_TYPE 2
+#define F_ETH_DST 4
+#define F_DSCP 8
+#define F_PROTO 16
+#define F_SPORT 32
+#define F_DPORT 64
+
+#define A_OUTPUT 1
+#define A_GROUP 2
+#define A_DROP 3
+#define A_CONTROLLER 4
+
+#define G_SELECT 1
+#define G_FF 2
+
+struct port_id { __u32 sw; __u32 port; };
+struct port_out { __u32 ifindex; __u32 live; };
+struct table_id { __u32 sw; __u32 table; };
+struct mask { __u32 fields; __s32 max_priority; __u8 src_len; __u8 dst_len; __u8 valid; __u8 pad; };
+struct flow_key {
+	__u32 sw, table, in_port, src, dst;
+	__u16 eth_type, sport, dport;
+	__u8 proto, dscp;
+	__u8 eth_dst[6];
+	__u16 pad;
+};
+struct action { __s32 priority; __u32 kind; __u32 arg; };
+struct group_id { __u32 sw; __u32 group; };
+struct group {
+	__u32 kind, basis, n, pad;
+	__u32 ports[MAX_BUCKETS];
+	__u32 weights[MAX_BUCKETS];
+};
+
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, __u32); __type(value, struct port_id); } sw_ports SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, struct port_id); __type(value, struct port_out); } sw_out SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, struct table_id); __type(value, struct mask); } sw_masks SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1048576);
+	 __type(key, struct flow_key); __type(value, struct action); } sw_flows SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, struct group_id); __type(value, struct group); } sw_groups SEC(".maps");
+
+static __always_inline __u32 prefix_mask(__u8 len)
+{
+	return len ? (__u32)(0xffffffffULL << (32 - len)) : 0;
+}
+
+static __always_inline __u32 fnv_byte(__u32 h, __u8 b)
+{
+	return (h ^ b) * 16777619u;
+}
+
+/* testbed/plan/groups.py flow_hash: FNV-1a over basis, src, dst (big-endian), proto, ports
+ * (big-endian), then MurmurHash3's finalizer */
+static __always_inline __u32 flow_hash(__u32 basis, __u32 src, __u32 dst, __u8 proto,
+				       __u16 sport, __u16 dport)
+{
+	__u32 h = 2166136261u;
+	int i;
+
+#pragma unroll
+	for (i = 24; i >= 0; i -= 8) h = fnv_byte(h, basis >> i);
+#pragma unroll
+	for (i = 24; i >= 0; i -= 8) h = fnv_byte(h, src >> i);
+#pragma unroll
+	for (i = 24; i >= 0; i -= 8) h = fnv_byte(h, dst >> i);
+	h = fnv_byte(h, proto);
+	h = fnv_byte(h, sport >> 8);
+	h = fnv_byte(h, sport);
+	h = fnv_byte(h, dport >> 8);
+	h = fnv_byte(h, dport);
+	h ^= h >> 16;
+	h *= 0x85ebca6bu;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35u;
+	return h ^ (h >> 16);
+}
+
+static __always_inline int output(__u32 sw, __u32 port)
+{
+	struct port_id id = { sw, port };
+	struct port_out *out = bpf_map_lookup_elem(&sw_out, &id);
+
+	if (!out || !out->live)
+		return TC_ACT_SHOT;
+	return bpf_redirect(out->ifindex, 0);
+}
+
+static __always_inline int live(__u32 sw, __u32 port)
+{
+	struct port_id id = { sw, port };
+	struct port_out *out = bpf_map_lookup_elem(&sw_out, &id);
+
+	return out && out->live;
+}
+
+static __always_inline int apply_group(__u32 sw, __u32 gid, struct flow_key *pkt)
+{
+	struct group_id id = { sw, gid };
+	struct group *g = bpf_map_lookup_elem(&sw_groups, &id);
+	__u32 total = 0, point, i;
+
+	if (!g)
+		return TC_ACT_SHOT;
+	if (g->kind == G_FF) {
+		for (i = 0; i < MAX_BUCKETS; i++) {
+			if (i >= g->n)
+				break;
+			if (live(sw, g->ports[i]))
+				return output(sw, g->ports[i]);
+		}
+		return TC_ACT_SHOT;
+	}
+	for (i = 0; i < MAX_BUCKETS; i++) {
+		if (i >= g->n)
+			break;
+		if (live(sw, g->ports[i]))
+			total += g->weights[i];
+	}
+	if (!total)
+		return TC_ACT_SHOT;
+	point = flow_hash(g->basis, pkt->src, pkt->dst, pkt->proto, pkt->sport, pkt->dport) % total;
+	for (i = 0; i < MAX_BUCKETS; i++) {
+		if (i >= g->n)
+			break;
+		if (!live(sw, g->ports[i]))
+			continue;
+		if (point < g->weights[i])
+			return output(sw, g->ports[i]);
+		point -= g->weights[i];
+	}
+	return TC_ACT_SHOT;
+}
+
+SEC("tc")
+int switch_ingress(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct flow_key pkt = {}, key;
+	struct action *best = NULL, *hit;
+	struct port_id *in;
+	__u32 ifindex = skb->ifindex, t;
+
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_SHOT;
+	in = bpf_map_lookup_elem(&sw_ports, &ifindex);
+	if (!in)
+		return TC_ACT_OK;  /* not a switch port */
+	pkt.sw = in->sw;
+	pkt.in_port = in->port;
+	pkt.eth_type = bpf_ntohs(eth->h_proto);
+	__builtin_memcpy(pkt.eth_dst, eth->h_dest, 6);
+	if (pkt.eth_type == ETH_P_IP) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > end)
+			return TC_ACT_SHOT;
+		pkt.src = bpf_ntohl(ip->saddr);
+		pkt.dst = bpf_ntohl(ip->daddr);
+		pkt.proto = ip->protocol;
+		pkt.dscp = ip->tos >> 2;
+		if ((ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP) &&
+		    !(ip->frag_off & bpf_htons(0x3fff))) {
+			__u16 *ports = (void *)ip + ip->ihl * 4;
+
+			if ((void *)(ports + 2) <= end) {
+				pkt.sport = bpf_ntohs(ports[0]);
+				pkt.dport = bpf_ntohs(ports[1]);
+			}
+		}
+	}
+	for (t = 0; t < MAX_SUBTABLES; t++) {
+		struct table_id tid = { pkt.sw, t };
+		struct mask *m = bpf_map_lookup_elem(&sw_masks, &tid);
+
+		if (!m || !m->valid)
+			break;
+		if (best && best->priority >= m->max_priority)
+			break;
+		__builtin_memset(&key, 0, sizeof(key));
+		key.sw = pkt.sw;
+		key.table = t;
+		if (m->fields & F_IN_PORT) key.in_port = pkt.in_port;
+		if (m->fields & F_ETH_TYPE) key.eth_type = pkt.eth_type;
+		if (m->fields & F_ETH_DST) __builtin_memcpy(key.eth_dst, pkt.eth_dst, 6);
+		if (m->fields & F_DSCP) key.dscp = pkt.dscp;
+		if (m->fields & F_PROTO) key.proto = pkt.proto;
+		if (m->fields & F_SPORT) key.sport = pkt.sport;
+		if (m->fields & F_DPORT) key.dport = pkt.dport;
+		key.src = pkt.src & prefix_mask(m->src_len);
+		key.dst = pkt.dst & prefix_mask(m->dst_len);
+		hit = bpf_map_lookup_elem(&sw_flows, &key);
+		if (hit && (!best || hit->priority > best->priority))
+			best = hit;
+	}
+	if (!best)
+		return TC_ACT_SHOT;  /* no table-miss entry: OpenFlow drops */
+	switch (best->kind) {
+	case A_OUTPUT:
+		return output(pkt.sw, best->arg);
+	case A_GROUP:
+		return apply_group(pkt.sw, best->arg, &pkt);
+	default:
+		return TC_ACT_SHOT;  /* drop; to the controller: the switch's agent (later) */
+	}
+}
+
+char LICENSE[] SEC("license") = "GPL";
