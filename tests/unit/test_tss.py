@@ -112,7 +112,7 @@ def test_what_it_cannot_match_is_an_openflow_bad_match(match, code):
 
 
 def test_more_masks_than_the_datapath_looks_up_are_refused():
-    flows = [FlowEntry(i, (("eth_type", 0x0800), ("ipv4_dst", (f"10.0.0.0", f"255.{m}.0.0"))),
+    flows = [FlowEntry(i, (("eth_type", 0x0800), ("ipv4_dst", ("10.0.0.0", f"255.{m}.0.0"))),
                        ()) for i, m in enumerate((0, 128, 192, 224, 240, 248, 252, 254, 255))]
     flows += [FlowEntry(i, (("in_port", 1), ("ipv4_src", ("10.0.0.0", f"{m}.0.0.0"))), ())
               for i, m in enumerate((128, 192, 224, 240, 248, 252, 254, 255))]
