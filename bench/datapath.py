@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): what a datapath costs per packet and switch hop on this machine.
+
+Two hosts (network namespaces) joined by a chain of ``--hops`` switches. For the eBPF datapath
+each switch is ``testbed/linux/progs/switch.c`` on its two ports with a compiled flow table (a
+/32 route each way); links between switches are veth pairs in the root namespace. iperf3 runs
+one TCP flow, then UDP datagrams of ``--udp-bytes`` as fast as it can send, each for
+``--duration`` seconds; the machine's busy CPU over each run, divided by the packets delivered
+times the hops, is the CPU per packet-hop (it includes both hosts' stacks and iperf3: an upper
+bound on the datapath's own cost).
+
+Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000] [--json F]
+
+Only the eBPF datapath is measured so far; the Open vSwitch datapaths come next, in the same
+run, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controllers.routing.tables import FlowEntry  # noqa: E402
+from testbed.linux.cpu import sample, usage  # noqa: E402
+from testbed.linux.ebpfswitch import EbpfSwitches  # noqa: E402
+from testbed.linux.netlink import Netlink  # noqa: E402
+from testbed.plan import tss  # noqa: E402
+
+A, B = "10.78.0.1", "10.78.0.2"
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=120)
+
+
+def route(dst: str, port: int) -> FlowEntry:
+    return FlowEntry(200, (("eth_type", 0x0800), ("ipv4_dst", (dst, "255.255.255.255"))),
+                     (("output", port),))
+
+
+def build_chain(tag: str, hops: int, mtu: int, state: Path):
+    """Hosts ``<tag>a`` and ``<tag>b``, switches 1..hops; returns the switches' handle."""
+    macs = {"a": "02:00:0a:4e:00:01", "b": "02:00:0a:4e:00:02"}
+    for side, ip in (("a", A), ("b", B)):
+        sh("ip", "netns", "add", f"{tag}{side}")
+        sh("ip", "link", "add", f"{tag}{side}0", "type", "veth", "peer", "name", f"{tag}{side}x",
+           "mtu", str(mtu))
+        sh("ip", "link", "set", f"{tag}{side}x", "netns", f"{tag}{side}")
+        sh("ip", "-n", f"{tag}{side}", "link", "set", f"{tag}{side}x", "name", "eth0",
+           "address", macs[side], "mtu", str(mtu))
+        sh("ip", "-n", f"{tag}{side}", "addr", "add", f"{ip}/24", "dev", "eth0")
+        sh("ip", "-n", f"{tag}{side}", "link", "set", "eth0", "up")
+        sh("ip", "-n", f"{tag}{side}", "link", "set", "lo", "up")
+        sh("ip", "link", "set", f"{tag}{side}0", "mtu", str(mtu), "up")
+    sh("ip", "-n", f"{tag}a", "neigh", "replace", B, "lladdr", macs["b"], "dev", "eth0")
+    sh("ip", "-n", f"{tag}b", "neigh", "replace", A, "lladdr", macs["a"], "dev", "eth0")
+    # switch i: port 1 towards a, port 2 towards b
+    for i in range(1, hops):
+        left, right = f"{tag}s{i}r", f"{tag}s{i + 1}l"
+        sh("ip", "link", "add", left, "type", "veth", "peer", "name", right, "mtu", str(mtu))
+        sh("ip", "link", "set", left, "up")
+        sh("ip", "link", "set", right, "up")
+    switches = EbpfSwitches(Path(f"/sys/fs/bpf/fabriclab/{tag}"), state)
+    with Netlink() as nl:
+        for i in range(1, hops + 1):
+            port1 = f"{tag}a0" if i == 1 else f"{tag}s{i}l"
+            port2 = f"{tag}b0" if i == hops else f"{tag}s{i}r"
+            switches.add_port(nl, i, 1, port1)
+            switches.add_port(nl, i, 2, port2)
+            switches.set_table(i, tss.compile_table([route(A, 1), route(B, 2)]))
+    return switches
+
+
+def teardown(tag: str, hops: int, switches) -> None:
+    if switches is not None:
+        switches.close()
+    for name in [f"{tag}a0", f"{tag}b0", *(f"{tag}s{i}r" for i in range(1, hops))]:
+        sh("ip", "link", "del", name, check=False)
+    for side in "ab":
+        sh("ip", "netns", "del", f"{tag}{side}", check=False)
+    sh("rm", "-rf", f"/sys/fs/bpf/fabriclab/{tag}", check=False)
+
+
+def iperf(tag: str, duration: int, udp_bytes: int | None) -> dict:
+    server = subprocess.Popen(["ip", "netns", "exec", f"{tag}b", "iperf3", "-s", "-1", "-J"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        time.sleep(0.5)
+        cmd = ["ip", "netns", "exec", f"{tag}a", "iperf3", "-c", B, "-t", str(duration), "-J"]
+        if udp_bytes:
+            cmd += ["-u", "-b", "0", "-l", str(udp_bytes)]
+        before = sample([])
+        client = sh(*cmd)
+        after = sample([])
+        server.wait(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    doc = json.loads(client.stdout)
+    end = doc["end"]
+    cpu = usage(before, after)
+    if udp_bytes:
+        s = end["sum"]
+        delivered = s["packets"] - s["lost_packets"]
+        return {"kind": "udp", "bytes": udp_bytes, "sent_pps": s["packets"] / s["seconds"],
+                "delivered_pps": delivered / s["seconds"], "busy_cores": cpu.busy_cores,
+                "mbps": delivered * udp_bytes * 8 / s["seconds"] / 1e6}
+    s = end["sum_received"]
+    return {"kind": "tcp", "mbps": s["bits_per_second"] / 1e6, "busy_cores": cpu.busy_cores,
+            "seconds": s["seconds"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hops", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=5)
+    parser.add_argument("--udp-bytes", type=int, default=8900)
+    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    tag = f"dp{os.getpid() % 100000}"
+    switches = None
+    rows = []
+    try:
+        switches = build_chain(tag, args.hops, args.mtu, Path("/run/fabriclab"))
+        for udp in (None, args.udp_bytes):
+            row = iperf(tag, args.duration, udp)
+            # packets through the chain per second: UDP datagrams delivered, or TCP segments
+            # of one MSS (MTU - 52) at the measured goodput
+            pps = row["delivered_pps"] if udp else row["mbps"] * 1e6 / 8 / (args.mtu - 52)
+            row.update(datapath="ebpf", hops=args.hops,
+                       us_per_packet_hop=row["busy_cores"] * 1e6 / (pps * args.hops)
+                       if pps else None)
+            rows.append(row)
+    finally:
+        teardown(tag, args.hops, switches)
+    print(f"{'datapath':8} {'kind':4} {'hops':>4} {'Mbit/s':>9} {'pkt/s':>9} {'cores':>6} "
+          f"{'us/pkt-hop':>10}")
+    for r in rows:
+        pps = r.get("delivered_pps") or r["mbps"] * 1e6 / 8 / (args.mtu - 52)
+        print(f"{r['datapath']:8} {r['kind']:4} {r['hops']:>4} {r['mbps']:>9.0f} {pps:>9.0f} "
+              f"{r['busy_cores']:>6.2f} {r['us_per_packet_hop']:>10.2f}")
+    print("TCP packets are MSS-sized equivalents of the goodput (segmentation offload moves "
+          "fewer, larger ones); UDP counts the datagrams delivered.")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
