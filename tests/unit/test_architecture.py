@@ -21,7 +21,7 @@ FOLDERS = {
     "testbed": PURE,  # errors, poll, paths
     "testbed/model": PURE, "testbed/plan": PURE,
     "testbed/linux": ADAPTER, "testbed/fabric": ADAPTER, "testbed/runs": ADAPTER,
-    "testbed/cluster": ADAPTER, "testbed/vm": ADAPTER,
+    "testbed/cluster": ADAPTER, "testbed/vm": ADAPTER, "testbed/switch": ADAPTER,
     "traffic": PURE, "traffic/workloads": PURE, "traffic/measure": PURE,
     "traffic/transports": PURE, "traffic/agents": ADAPTER,
     "controllers": ADAPTER, "controllers/routing": PURE,

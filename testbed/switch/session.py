@@ -1,0 +1,246 @@
+"""One eBPF switch's OpenFlow 1.5 session, sans I/O: bytes from the controller in, the bytes
+to answer out, and the switch's flow and group tables kept as the controller set them.
+
+It answers as Open vSwitch does for what fabriclab's controller and common os-ken apps use:
+the handshake (hello, features with the datapath id, port descriptions with each port's
+number, name, MAC and liveness), configuration, echo, barriers, flow mods (add, modify strict,
+delete, delete strict; one table) and group mods (SELECT with weighted buckets and the
+selection method's hash basis, fast failover), and port status when a port's carrier changes.
+Anything outside that is answered with the OpenFlow error a switch sends, never ignored: a
+match the datapath cannot look up (:mod:`testbed.plan.tss`) is ``OFPET_BAD_MATCH``. Requests
+are parsed by os-ken's OpenFlow 1.5 parser; the few switch-to-controller bodies os-ken does not
+serialize are packed with its ofproto layouts.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from os_ken.ofproto import ofproto_parser, ofproto_protocol
+from os_ken.ofproto import ofproto_v1_5 as ofp
+from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+from controllers.routing.tables import CONTROLLER_PORT, FlowEntry, GroupEntry
+from testbed.plan import tss
+
+HEADER = struct.Struct(ofp.OFP_HEADER_PACK_STR)
+NTR_EXPERIMENTER, NTRT_SELECTION_METHOD = 0x0000154D, 1
+
+
+@dataclass(frozen=True)
+class Port:
+    """A switch port as the controller sees it."""
+
+    number: int
+    name: str
+    mac: str
+    live: bool = True
+    speed_kbps: int = 10_000
+
+
+def _port_bytes(port: Port) -> bytes:
+    eth = struct.pack(ofp.OFP_PORT_DESC_PROP_ETHERNET_PACK_STR, ofp.OFPPDPT_ETHERNET, 32,
+                      0, 0, 0, 0, port.speed_kbps, port.speed_kbps)
+    state = ofp.OFPPS_LIVE if port.live else ofp.OFPPS_LINK_DOWN
+    head = struct.pack(ofp.OFP_PORT_PACK_STR, port.number, 40 + len(eth),
+                       bytes.fromhex(port.mac.replace(":", "")), port.name.encode()[:15], 0, state)
+    return head + eth
+
+
+def _message(msg_type: int, xid: int, body: bytes) -> bytes:
+    return HEADER.pack(ofp.OFP_VERSION, msg_type, HEADER.size + len(body), xid) + body
+
+
+class SwitchSession:
+    """The session of switch ``dpid`` with ports ``ports``; ``on_change(flows, groups)`` is
+    called after every flow or group mod with the whole tables. A flow's match is kept with its
+    fields sorted by name (OpenFlow gives their order no meaning).
+
+    Call :meth:`start` once connected, feed everything the controller sends to :meth:`receive`,
+    send what they return."""
+
+    def __init__(self, dpid: int, ports: list[Port],
+                 on_change: Callable[[dict, dict], None] = lambda _f, _g: None) -> None:
+        self.dpid = dpid
+        self.ports = {p.number: p for p in ports}
+        self.on_change = on_change
+        self.flows: dict[tuple, FlowEntry] = {}
+        self.groups: dict[int, GroupEntry] = {}
+        self.buffer = b""
+        self.desc = ofproto_protocol.ProtocolDesc(version=ofp.OFP_VERSION)
+        self.errors_sent = 0
+
+    def start(self) -> bytes:
+        """Our hello."""
+        msg = parser.OFPHello(self.desc)
+        msg.set_xid(0)
+        msg.serialize()
+        return bytes(msg.buf)
+
+    def receive(self, data: bytes) -> bytes:
+        """Every whole message in ``data`` (and what came before it) handled in order; the
+        replies, concatenated."""
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= HEADER.size:
+            version, msg_type, length, xid = HEADER.unpack_from(self.buffer)
+            if length < HEADER.size:
+                raise ValueError(f"OpenFlow message of length {length}")
+            if len(self.buffer) < length:
+                break
+            raw, self.buffer = self.buffer[:length], self.buffer[length:]
+            out.append(self._handle(version, msg_type, length, xid, raw))
+        return b"".join(out)
+
+    def port_status(self, number: int, live: bool) -> bytes:
+        """A port's carrier changed: the port status message to send."""
+        port = self.ports[number] = Port(**{**self.ports[number].__dict__, "live": live})
+        body = struct.pack("!B7x", ofp.OFPPR_MODIFY) + _port_bytes(port)
+        return _message(ofp.OFPT_PORT_STATUS, 0, body)
+
+    # -- handling -------------------------------------------------------------------------
+    def _error(self, xid: int, err_type: int, code: int, raw: bytes) -> bytes:
+        self.errors_sent += 1
+        return _message(ofp.OFPT_ERROR, xid, struct.pack(ofp.OFP_ERROR_MSG_PACK_STR, err_type,
+                                                         code) + raw[:64])
+
+    def _handle(self, version: int, msg_type: int, length: int, xid: int, raw: bytes) -> bytes:
+        if msg_type == ofp.OFPT_HELLO:
+            return b""
+        if version != ofp.OFP_VERSION:
+            return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_VERSION, raw)
+        if msg_type == ofp.OFPT_ECHO_REQUEST:
+            return _message(ofp.OFPT_ECHO_REPLY, xid, raw[HEADER.size:])
+        if msg_type == ofp.OFPT_FEATURES_REQUEST:
+            caps = ofp.OFPC_FLOW_STATS | ofp.OFPC_PORT_STATS | ofp.OFPC_GROUP_STATS
+            return _message(ofp.OFPT_FEATURES_REPLY, xid, struct.pack(
+                ofp.OFP_SWITCH_FEATURES_PACK_STR, self.dpid, 0, 1, 0, caps, 0))
+        if msg_type == ofp.OFPT_SET_CONFIG:
+            return b""
+        if msg_type == ofp.OFPT_GET_CONFIG_REQUEST:
+            return _message(ofp.OFPT_GET_CONFIG_REPLY, xid,
+                            struct.pack(ofp.OFP_SWITCH_CONFIG_PACK_STR, 0, 0xFFFF))
+        if msg_type == ofp.OFPT_BARRIER_REQUEST:
+            return _message(ofp.OFPT_BARRIER_REPLY, xid, b"")
+        if msg_type == ofp.OFPT_MULTIPART_REQUEST:
+            (mp_type, _flags) = struct.unpack_from(ofp.OFP_MULTIPART_REQUEST_PACK_STR, raw,
+                                                   HEADER.size)
+            if mp_type != ofp.OFPMP_PORT_DESC:
+                return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART, raw)
+            body = struct.pack(ofp.OFP_MULTIPART_REPLY_PACK_STR, ofp.OFPMP_PORT_DESC, 0)
+            body += b"".join(_port_bytes(p) for _, p in sorted(self.ports.items()))
+            return _message(ofp.OFPT_MULTIPART_REPLY, xid, body)
+        if msg_type == ofp.OFPT_FLOW_MOD:
+            msg = ofproto_parser.msg(self.desc, version, msg_type, length, xid, raw)
+            return self._flow_mod(msg, xid, raw)
+        if msg_type == ofp.OFPT_GROUP_MOD:  # os-ken parses no group mod: by its layout
+            return self._group_mod(raw, xid)
+        return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, raw)
+
+    def _actions(self, instructions) -> tuple | None:
+        """Apply-actions as the tables hold them; None for anything else."""
+        out = []
+        for inst in instructions:
+            if not isinstance(inst, parser.OFPInstructionActions) or \
+                    inst.type != ofp.OFPIT_APPLY_ACTIONS:
+                return None
+            for action in inst.actions:
+                if isinstance(action, parser.OFPActionOutput):
+                    if action.port == ofp.OFPP_CONTROLLER:
+                        out.append(("output", CONTROLLER_PORT) if action.max_len in (
+                            ofp.OFPCML_NO_BUFFER, 0xFFFF) else ("punt", action.max_len))
+                    elif action.port in self.ports:
+                        out.append(("output", action.port))
+                    else:
+                        return None
+                elif isinstance(action, parser.OFPActionGroup):
+                    out.append(("group", action.group_id))
+                else:
+                    return None
+        return tuple(out)
+
+    def _flow_mod(self, msg, xid: int, raw: bytes) -> bytes:
+        match = tuple(sorted(msg.match.items()))
+        if msg.command in (ofp.OFPFC_DELETE, ofp.OFPFC_DELETE_STRICT):
+            if msg.table_id not in (0, ofp.OFPTT_ALL):
+                return self._error(xid, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_TABLE_ID, raw)
+            if msg.command == ofp.OFPFC_DELETE_STRICT:
+                self.flows.pop((msg.priority, match), None)
+            else:  # every flow whose match includes the given fields
+                given = set(match)
+                self.flows = {k: f for k, f in self.flows.items() if not given <= set(f.match)}
+            self.on_change(self.flows, self.groups)
+            return b""
+        if msg.table_id != 0:
+            return self._error(xid, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_TABLE_ID, raw)
+        try:
+            tss.split_match(match)
+        except tss.UnsupportedMatch as err:
+            return self._error(xid, err.type, err.code, raw)
+        actions = self._actions(msg.instructions)
+        if actions is None:
+            return self._error(xid, ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_TYPE, raw)
+        for name, value in actions:
+            if name == "group" and value not in self.groups:
+                return self._error(xid, ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_GROUP, raw)
+        entry = FlowEntry(msg.priority, match, actions, msg.cookie)
+        if msg.command in (ofp.OFPFC_ADD, ofp.OFPFC_MODIFY_STRICT, ofp.OFPFC_MODIFY):
+            self.flows[entry.key] = entry
+        else:
+            return self._error(xid, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_COMMAND, raw)
+        self.on_change(self.flows, self.groups)
+        return b""
+
+    def _group_mod(self, raw: bytes, xid: int) -> bytes:
+        command, kind, group_id, buckets_len, _bucket_id = struct.unpack_from(
+            ofp.OFP_GROUP_MOD_PACK_STR, raw, HEADER.size)
+        if command == ofp.OFPGC_DELETE:
+            if group_id == ofp.OFPG_ALL:
+                self.groups.clear()
+            else:
+                self.groups.pop(group_id, None)
+            self.on_change(self.flows, self.groups)
+            return b""
+        if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, raw)
+        ports, weights = [], []
+        offset = ofp.OFP_GROUP_MOD_SIZE
+        while offset < ofp.OFP_GROUP_MOD_SIZE + buckets_len:
+            (blen,) = struct.unpack_from("!H", raw, offset)
+            # one bucket's bytes only: os-ken reads a bucket's properties up to its length
+            # counted from the bucket's actions, past its end
+            bucket = parser.OFPBucket.parser(raw[offset:offset + blen], 0)
+            offset += blen
+            outs = [a.port for a in bucket.actions if isinstance(a, parser.OFPActionOutput)]
+            if len(outs) != 1 or len(bucket.actions) != 1 or outs[0] not in self.ports:
+                return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
+            ports.append(outs[0])
+            weights.append(next((p.weight for p in bucket.properties
+                                 if isinstance(p, parser.OFPGroupBucketPropWeight)), 1))
+        basis, selection = 0, "hash"
+        while offset + 8 <= len(raw):  # properties: Open vSwitch's selection method's basis
+            ptype, plen = struct.unpack_from("!HH", raw, offset)
+            if plen < 8:
+                break
+            if ptype == 0xFFFF and plen >= 40:
+                experimenter, exp_type = struct.unpack_from("!II", raw, offset + 4)
+                if (experimenter, exp_type) == (NTR_EXPERIMENTER, NTRT_SELECTION_METHOD):
+                    selection = raw[offset + 16:offset + 32].rstrip(b"\0").decode()
+                    basis = struct.unpack_from("!Q", raw, offset + 32)[0] & 0xFFFFFFFF
+            offset += (plen + 7) // 8 * 8
+        exists = group_id in self.groups
+        if command == ofp.OFPGC_ADD and exists:
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS, raw)
+        if command == ofp.OFPGC_MODIFY and not exists:
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_UNKNOWN_GROUP, raw)
+        if command not in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_COMMAND, raw)
+        ff = kind == ofp.OFPGT_FF
+        self.groups[group_id] = GroupEntry(
+            group_id, tuple(ports), basis, selection,
+            () if ff or all(w == 1 for w in weights) else tuple(weights),
+            "ff" if ff else "select")
+        self.on_change(self.flows, self.groups)
+        return b""
