@@ -7,7 +7,6 @@ its maps. The ctypes structures here mirror the C structures field for field.
 from __future__ import annotations
 
 import ctypes
-import ipaddress
 import os
 from pathlib import Path
 
@@ -165,6 +164,6 @@ class EbpfSwitches:
             g.weights[i] = (weights or [1] * len(ports))[i]
         self.maps["sw_groups"].update(GroupId(sw, group_id), g)
 
-
-def ip_int(address: str) -> int:
-    return int(ipaddress.IPv4Address(address))
+    def delete_group(self, sw: int, group_id: int) -> None:
+        """Remove a group of switch ``sw`` (no entry may point at it any more)."""
+        self.maps["sw_groups"].delete(GroupId(sw, group_id))

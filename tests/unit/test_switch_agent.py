@@ -1,0 +1,96 @@
+"""The eBPF switches' agent (testbed/switch/agent.py) against a controller on loopback that
+sends what fabriclab's controller sends: the tables reach the datapath compiled before the
+barrier's reply, a port's carrier change reaches the datapath first and the controller next."""
+
+from __future__ import annotations
+
+import socket
+
+from os_ken.ofproto import ofproto_parser
+from os_ken.ofproto import ofproto_v1_5 as ofp
+from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+from controllers.ofmsgs import to_messages
+from controllers.routing.tables import compute_tables, diff_tables
+from testbed.model.builders import fat_tree
+from testbed.model.spec import Routing
+from testbed.plan import tss
+from testbed.poll import wait_for
+from testbed.switch.agent import SwitchAgent, SwitchSpec
+from testbed.switch.session import Port
+from tests.unit.test_switch_session import FakeDatapath, _wire
+
+
+class FakeMaps:
+    def __init__(self) -> None:
+        self.tables, self.groups, self.live, self.calls = {}, {}, {}, []
+
+    def set_table(self, sw, subtables):
+        self.tables[sw] = subtables
+        self.calls.append("table")
+
+    def set_group(self, sw, group_id, kind, ports, weights=None, basis=0):
+        self.groups[(sw, group_id)] = (kind, ports, weights, basis)
+        self.calls.append("group")
+
+    def delete_group(self, sw, group_id):
+        del self.groups[(sw, group_id)]
+
+    def set_live(self, sw, port, live):
+        self.live[(sw, port)] = live
+        self.calls.append(f"live {port} {live}")
+
+
+def _read_messages(sock: socket.socket, want: type, timeout_s: float = 5.0) -> list:
+    sock.settimeout(timeout_s)
+    buf, got = b"", []
+    while not any(isinstance(m, want) for m in got):
+        buf += sock.recv(65536)
+        while len(buf) >= 8:
+            version, msg_type, length, xid = ofproto_parser.header(buf)
+            if len(buf) < length:
+                break
+            got.append(ofproto_parser.msg(FakeDatapath(), version, msg_type, length, xid,
+                                          buf[:length]))
+            buf = buf[length:]
+    return got
+
+
+def test_the_tables_are_in_the_datapath_before_the_barrier_reply():
+    topo = fat_tree(4)
+    tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
+    ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
+             for n, link in sorted(topo.ports("edge1_1").items())]
+    maps = FakeMaps()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        agent = SwitchAgent(maps, {"edge1_1": SwitchSpec(3, topo.nodes["edge1_1"].dpid, ports)},
+                            server.getsockname())
+        agent.start()
+        try:
+            conn, _ = server.accept()
+            with conn:
+                dp = FakeDatapath()
+                conn.sendall(_wire(parser.OFPHello(dp), 1)
+                             + _wire(parser.OFPFeaturesRequest(dp), 2))
+                (features,) = [m for m in _read_messages(conn, parser.OFPSwitchFeatures)
+                               if isinstance(m, parser.OFPSwitchFeatures)]
+                assert features.datapath_id == topo.nodes["edge1_1"].dpid
+                ops = diff_tables(None, tables["edge1_1"])
+                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
+                                      for m in to_messages(dp, op)))
+                replies = _read_messages(conn, parser.OFPBarrierReply)
+                assert not [r for r in replies if isinstance(r, parser.OFPErrorMsg)], replies
+                # by the barrier's reply the datapath holds the compiled table and the groups
+                want = tss.compile_table(tables["edge1_1"].flows.values())
+                assert [(t.mask, t.entries) for t in maps.tables[3]] == \
+                    [(t.mask, t.entries) for t in want]
+                assert {g for (_sw, g) in maps.groups} == set(tables["edge1_1"].groups)
+                agent.set_port("edge1_1", 3, False)
+                (status,) = [m for m in _read_messages(conn, parser.OFPPortStatus)
+                             if isinstance(m, parser.OFPPortStatus)]
+                assert (status.desc.port_no, status.desc.state) == (3, ofp.OFPPS_LINK_DOWN)
+                assert maps.live[(3, 3)] is False
+        finally:
+            agent.stop()
+    wait_for(lambda: agent.thread is None or not agent.thread.is_alive(), 5, "the agent's end")
+    assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
