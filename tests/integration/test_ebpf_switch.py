@@ -96,3 +96,108 @@ def test_an_ebpf_switch_forwards_by_its_flow_table_and_groups(star):
     switches.set_table(7, tss.compile_table([_route(1, (("output", 1),)),
                                              FlowEntry(0, (), ())]))
     assert not _ping(tag, 1, 2)
+
+
+def test_fabriclabs_controller_programs_ebpf_switches_over_openflow(tmp_path):
+    """The same os-ken controller that programs Open vSwitch programs eBPF switches: a 2-leaf,
+    1-spine fabric whose switches are the eBPF program and maps, their agent speaking OpenFlow
+    1.5 to the controller (its launcher, ECMP routing); every switch reports programmed and the
+    two hosts reach each other through leaf, spine and leaf."""
+    import json
+    import socket
+    import sys
+    import time
+
+    from testbed.model.builders import leaf_spine
+    from testbed.poll import wait_for
+    from testbed.switch.agent import SwitchAgent, SwitchSpec
+    from testbed.switch.session import Port
+
+    topo = leaf_spine(2, 1, 1)
+    tag = f"ebc{os.getpid() % 10000}"
+    hosts = {h.name: f"{tag}{h.name}" for h in topo.hosts}
+    made_links, controller, agent, switches = [], None, None, None
+    pins = Path(f"/sys/fs/bpf/fabriclab/{tag}")
+    try:
+        for name, ns in hosts.items():
+            _sh("ip", "netns", "add", ns)
+        for link in topo.links:
+            a, b = link.a, link.b
+            _sh("ip", "link", "add", b.ifname, "type", "veth", "peer", "name", a.ifname)
+            made_links.append(b.ifname)
+            for end in (a, b):
+                if end.node in hosts:
+                    h = topo.nodes[end.node]
+                    _sh("ip", "link", "set", end.ifname, "netns", hosts[end.node])
+                    _sh("ip", "-n", hosts[end.node], "link", "set", end.ifname, "address", h.mac)
+                    _sh("ip", "-n", hosts[end.node], "addr", "add", f"{h.ip}/8", "dev",
+                        end.ifname)
+                    _sh("ip", "-n", hosts[end.node], "link", "set", end.ifname, "up")
+                    for other in topo.hosts:
+                        if other.name != end.node:
+                            _sh("ip", "-n", hosts[end.node], "neigh", "replace", other.ip,
+                                "lladdr", other.mac, "dev", end.ifname, "nud", "permanent")
+                else:
+                    _sh("ip", "link", "set", end.ifname, "up")
+        (tmp_path / "topology.json").write_text(json.dumps(topo.to_dict()))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            of_port = probe.getsockname()[1]
+        status = tmp_path / "status.json"
+        controller = subprocess.Popen(
+            [sys.executable, "-m", "controllers.launcher", "--topology",
+             str(tmp_path / "topology.json"), "--status", str(status), "--port", str(of_port),
+             "--host", "127.0.0.1", "--routing", "ecmp", "--ecmp-seed", "per_switch",
+             "--ecmp-selection", "hash", "--spray-weights", "capacity",
+             "--poll-interval-s", "1.0", "--log", str(tmp_path / "controller.log")],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "controller.stderr", "w"))
+
+        def listening() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", of_port), timeout=0.2):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(listening, 30, "the controller to listen")
+        switches = EbpfSwitches(pins, tmp_path / "state")
+        specs = {}
+        with Netlink() as nl:
+            for i, sw in enumerate(topo.switches, start=1):
+                ports = []
+                for number, link in sorted(topo.ports(sw.name).items()):
+                    ifname = link.end(sw.name).ifname
+                    switches.add_port(nl, i, number, ifname)
+                    ports.append(Port(number, ifname, f"02:00:00:00:{i:02x}:{number:02x}"))
+                specs[sw.name] = SwitchSpec(i, sw.dpid, ports)
+        agent = SwitchAgent(switches, specs, ("127.0.0.1", of_port))
+        agent.start()
+
+        def programmed() -> bool:
+            assert controller.poll() is None, (tmp_path / "controller.stderr").read_text()
+            try:
+                doc = json.loads(status.read_text())
+            except (OSError, ValueError):
+                return False
+            assert not doc.get("errors"), doc["errors"]
+            return set(doc.get("programmed", [])) == {s.name for s in topo.switches}
+
+        wait_for(programmed, 30, "every eBPF switch to be programmed")
+        assert not agent.errors, agent.errors
+        start = time.monotonic()
+        ok = _sh("ip", "netns", "exec", hosts["h1_1"], "fping", "-q", "-c", "3", "-p", "100",
+                 "-t", "1000", topo.nodes["h2_1"].ip, check=False)
+        assert ok.returncode == 0, (ok.stdout + ok.stderr, time.monotonic() - start)
+    finally:
+        if agent is not None:
+            agent.stop()
+        if switches is not None:
+            switches.close()
+        if controller is not None:
+            controller.terminate()
+            controller.wait(timeout=10)
+        for link in made_links:
+            _sh("ip", "link", "del", link, check=False)
+        for ns in hosts.values():
+            _sh("ip", "netns", "del", ns, check=False)
+        _sh("rm", "-rf", str(pins), check=False)
