@@ -1,13 +1,17 @@
-"""The eBPF switch (testbed/linux/progs/switch.c): hosts in network namespaces joined by one
+"""The eBPF switch (testbed/linux/progs/switch.c): hosts in network namespaces joined by a
 switch that is only a tc program on its ports and its maps. Its flow table, compiled into
-tuple-space subtables, forwards each host's traffic to the right port; a SELECT group spreads
-flows over its buckets; a fast-failover group moves to its next live port the moment a port
-is marked dead; a table without a matching entry drops."""
+tuple-space subtables, forwards each host's traffic to the right port; a fast-failover group
+moves to its next live port the moment a port is marked dead; a table without a matching entry
+drops. And fabriclab's own controller programs such switches over OpenFlow."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,11 @@ import pytest
 from controllers.routing.tables import FlowEntry
 from testbed.linux.ebpfswitch import EbpfSwitches
 from testbed.linux.netlink import Netlink
+from testbed.model.builders import leaf_spine
 from testbed.plan import tss
+from testbed.poll import wait_for
+from testbed.switch.agent import SwitchAgent, SwitchSpec
+from testbed.switch.session import Port
 
 HOSTS = 3
 
@@ -98,60 +106,59 @@ def test_an_ebpf_switch_forwards_by_its_flow_table_and_groups(star):
     assert not _ping(tag, 1, 2)
 
 
-def test_fabriclabs_controller_programs_ebpf_switches_over_openflow(tmp_path):
-    """The same os-ken controller that programs Open vSwitch programs eBPF switches: a 2-leaf,
-    1-spine fabric whose switches are the eBPF program and maps, their agent speaking OpenFlow
-    1.5 to the controller (its launcher, ECMP routing); every switch reports programmed and the
-    two hosts reach each other through leaf, spine and leaf."""
-    import json
-    import socket
-    import sys
-    import time
 
-    from testbed.model.builders import leaf_spine
-    from testbed.poll import wait_for
-    from testbed.switch.agent import SwitchAgent, SwitchSpec
-    from testbed.switch.session import Port
-
-    topo = leaf_spine(2, 1, 1)
-    tag = f"ebc{os.getpid() % 10000}"
+@contextmanager
+def _hosts_and_links(topo, tag: str):
+    """The topology's hosts as namespaces (addresses, static neighbours) and its links as
+    veths, switch ends in this namespace, named as the model names them; removed after."""
     hosts = {h.name: f"{tag}{h.name}" for h in topo.hosts}
-    made_links, controller, agent, switches = [], None, None, None
-    pins = Path(f"/sys/fs/bpf/fabriclab/{tag}")
+    made = []
     try:
-        for name, ns in hosts.items():
+        for ns in hosts.values():
             _sh("ip", "netns", "add", ns)
         for link in topo.links:
-            a, b = link.a, link.b
-            _sh("ip", "link", "add", b.ifname, "type", "veth", "peer", "name", a.ifname)
-            made_links.append(b.ifname)
-            for end in (a, b):
-                if end.node in hosts:
-                    h = topo.nodes[end.node]
-                    _sh("ip", "link", "set", end.ifname, "netns", hosts[end.node])
-                    _sh("ip", "-n", hosts[end.node], "link", "set", end.ifname, "address", h.mac)
-                    _sh("ip", "-n", hosts[end.node], "addr", "add", f"{h.ip}/8", "dev",
-                        end.ifname)
-                    _sh("ip", "-n", hosts[end.node], "link", "set", end.ifname, "up")
-                    for other in topo.hosts:
-                        if other.name != end.node:
-                            _sh("ip", "-n", hosts[end.node], "neigh", "replace", other.ip,
-                                "lladdr", other.mac, "dev", end.ifname, "nud", "permanent")
-                else:
+            _sh("ip", "link", "add", link.b.ifname, "type", "veth", "peer", "name",
+                link.a.ifname)
+            made.append(link.b.ifname)
+            for end in (link.a, link.b):
+                if end.node not in hosts:
                     _sh("ip", "link", "set", end.ifname, "up")
-        (tmp_path / "topology.json").write_text(json.dumps(topo.to_dict()))
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            of_port = probe.getsockname()[1]
-        status = tmp_path / "status.json"
-        controller = subprocess.Popen(
+                    continue
+                h, ns = topo.nodes[end.node], hosts[end.node]
+                _sh("ip", "link", "set", end.ifname, "netns", ns)
+                _sh("ip", "-n", ns, "link", "set", end.ifname, "address", h.mac)
+                _sh("ip", "-n", ns, "addr", "add", f"{h.ip}/8", "dev", end.ifname)
+                _sh("ip", "-n", ns, "link", "set", end.ifname, "up")
+                for other in topo.hosts:
+                    if other.name != end.node:
+                        _sh("ip", "-n", ns, "neigh", "replace", other.ip, "lladdr", other.mac,
+                            "dev", end.ifname, "nud", "permanent")
+        yield hosts
+    finally:
+        for link in made:
+            _sh("ip", "link", "del", link, check=False)
+        for ns in hosts.values():
+            _sh("ip", "netns", "del", ns, check=False)
+
+
+@contextmanager
+def _controller(topo, tmp_path: Path):
+    """fabriclab's controller (its launcher, ECMP) on a loopback port; yields (port, status
+    file, process)."""
+    (tmp_path / "topology.json").write_text(json.dumps(topo.to_dict()))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        of_port = probe.getsockname()[1]
+    status = tmp_path / "status.json"
+    with open(tmp_path / "controller.stderr", "w") as err:
+        proc = subprocess.Popen(
             [sys.executable, "-m", "controllers.launcher", "--topology",
              str(tmp_path / "topology.json"), "--status", str(status), "--port", str(of_port),
              "--host", "127.0.0.1", "--routing", "ecmp", "--ecmp-seed", "per_switch",
              "--ecmp-selection", "hash", "--spray-weights", "capacity",
              "--poll-interval-s", "1.0", "--log", str(tmp_path / "controller.log")],
-            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "controller.stderr", "w"))
-
+            stdout=subprocess.DEVNULL, stderr=err)
+    try:
         def listening() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", of_port), timeout=0.2):
@@ -160,44 +167,54 @@ def test_fabriclabs_controller_programs_ebpf_switches_over_openflow(tmp_path):
                 return False
 
         wait_for(listening, 30, "the controller to listen")
-        switches = EbpfSwitches(pins, tmp_path / "state")
-        specs = {}
-        with Netlink() as nl:
-            for i, sw in enumerate(topo.switches, start=1):
-                ports = []
-                for number, link in sorted(topo.ports(sw.name).items()):
-                    ifname = link.end(sw.name).ifname
-                    switches.add_port(nl, i, number, ifname)
-                    ports.append(Port(number, ifname, f"02:00:00:00:{i:02x}:{number:02x}"))
-                specs[sw.name] = SwitchSpec(i, sw.dpid, ports)
-        agent = SwitchAgent(switches, specs, ("127.0.0.1", of_port))
-        agent.start()
-
-        def programmed() -> bool:
-            assert controller.poll() is None, (tmp_path / "controller.stderr").read_text()
-            try:
-                doc = json.loads(status.read_text())
-            except (OSError, ValueError):
-                return False
-            assert not doc.get("errors"), doc["errors"]
-            return set(doc.get("programmed", [])) == {s.name for s in topo.switches}
-
-        wait_for(programmed, 30, "every eBPF switch to be programmed")
-        assert not agent.errors, agent.errors
-        start = time.monotonic()
-        ok = _sh("ip", "netns", "exec", hosts["h1_1"], "fping", "-q", "-c", "3", "-p", "100",
-                 "-t", "1000", topo.nodes["h2_1"].ip, check=False)
-        assert ok.returncode == 0, (ok.stdout + ok.stderr, time.monotonic() - start)
+        yield of_port, status, proc
     finally:
-        if agent is not None:
-            agent.stop()
-        if switches is not None:
-            switches.close()
-        if controller is not None:
-            controller.terminate()
-            controller.wait(timeout=10)
-        for link in made_links:
-            _sh("ip", "link", "del", link, check=False)
-        for ns in hosts.values():
-            _sh("ip", "netns", "del", ns, check=False)
-        _sh("rm", "-rf", str(pins), check=False)
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_fabriclabs_controller_programs_ebpf_switches_over_openflow(tmp_path):
+    """The same os-ken controller that programs Open vSwitch programs eBPF switches: a 2-leaf,
+    1-spine fabric whose switches are the eBPF program and maps, their agent speaking OpenFlow
+    1.5 to the controller; every switch reports programmed and the two hosts reach each other
+    through leaf, spine and leaf."""
+    topo = leaf_spine(2, 1, 1)
+    tag = f"ebc{os.getpid() % 10000}"
+    pins = Path(f"/sys/fs/bpf/fabriclab/{tag}")
+    agent = switches = None
+    with _hosts_and_links(topo, tag) as hosts, _controller(topo, tmp_path) as (port, status,
+                                                                               proc):
+        try:
+            switches = EbpfSwitches(pins, tmp_path / "state")
+            specs = {}
+            with Netlink() as nl:
+                for i, sw in enumerate(topo.switches, start=1):
+                    ports = []
+                    for number, link in sorted(topo.ports(sw.name).items()):
+                        ifname = link.end(sw.name).ifname
+                        switches.add_port(nl, i, number, ifname)
+                        ports.append(Port(number, ifname, f"02:00:00:00:{i:02x}:{number:02x}"))
+                    specs[sw.name] = SwitchSpec(i, sw.dpid, ports)
+            agent = SwitchAgent(switches, specs, ("127.0.0.1", port))
+            agent.start()
+
+            def programmed() -> bool:
+                assert proc.poll() is None, (tmp_path / "controller.stderr").read_text()
+                try:
+                    doc = json.loads(status.read_text())
+                except (OSError, ValueError):
+                    return False
+                assert not doc.get("errors"), doc["errors"]
+                return set(doc.get("programmed", [])) == {s.name for s in topo.switches}
+
+            wait_for(programmed, 30, "every eBPF switch to be programmed")
+            assert not agent.errors, agent.errors
+            ok = _sh("ip", "netns", "exec", hosts["h1_1"], "fping", "-q", "-c", "3", "-p",
+                     "100", "-t", "1000", topo.nodes["h2_1"].ip, check=False)
+            assert ok.returncode == 0, ok.stdout + ok.stderr
+        finally:
+            if agent is not None:
+                agent.stop()
+            if switches is not None:
+                switches.close()
+            _sh("rm", "-rf", str(pins), check=False)
