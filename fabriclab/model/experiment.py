@@ -33,6 +33,7 @@ from testbed.model.spec import (
     Backend,
     ClusterSpec,
     ControllerSpec,
+    Datapath,
     EcmpSeed,
     SprayWeights,
     EcmpSelection,
@@ -235,6 +236,8 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "
                                       "has none")
+    if spec.emulator.datapath == Datapath.EBPF:
+        _check_ebpf(spec, failures, data)
     return Experiment(
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
@@ -262,11 +265,25 @@ _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection"
                      "ready_timeout_s": float}
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
                    "ovs_other_config": _other_config, "queue_sample_ms": float,
-                   "ecn_marker": EcnMarker}
+                   "ecn_marker": EcnMarker, "datapath": Datapath}
 
 
 def _typed(raw: dict, types: dict) -> dict:
     return {key: types[key](value) for key, value in raw.items()}
+
+
+def _check_ebpf(spec: TestbedSpec, failures: tuple, data: dict) -> None:
+    """What the eBPF datapath does not do yet is refused, naming the field."""
+    if spec.controller.routing == Routing.ADAPTIVE:
+        raise ConfigError("controller.routing", "adaptive routing needs packet-in of new flows "
+                          "and flow statistics, which the eBPF datapath does not offer yet; "
+                          "use emulator.datapath: ovs")
+    if failures:
+        raise ConfigError("failures", "link and switch failures are not offered on the eBPF "
+                                      "datapath yet; use emulator.datapath: ovs")
+    if data.get("cluster"):
+        raise ConfigError("cluster", "a fabric over a cluster runs on the ovs datapath only "
+                                     "for now")
 
 
 def check_entry(entry: dict, where: str) -> None:

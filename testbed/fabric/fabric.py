@@ -104,12 +104,17 @@ class Fabric(BuildSteps, ControllerProcess):
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
         self.marker: Marker | None = None
         self.cut: LinkCut | None = None  # link failures' cut (linkfail.py)
+        self.switch_agent = None  # the eBPF switches' OpenFlow agent (datapath ebpf)
+        self.ebpf = None  # the eBPF switches' program and maps (datapath ebpf)
         self.pfc_agent: PfcAgent | None = None
         self.service_errors: list[str] = []  # what fabric service threads died of
 
     @property
     def datapath_type(self) -> str | None:
-        """The Open vSwitch datapath the switches here use (None before the build)."""
+        """The datapath the switches here use: ``ebpf``, or Open vSwitch's (``system``,
+        ``netdev``); None before the build."""
+        if self.spec.emulator.datapath == "ebpf":
+            return "ebpf"
         return self.caps.datapath_type if self.caps is not None else None
 
     @property
@@ -165,7 +170,8 @@ class Fabric(BuildSteps, ControllerProcess):
         if self.spec.fabric.needs_marker:
             self._step("ecn", self._attach_markers)
         self._step("cut", self._load_cut)
-        self._raise_send_buffer()
+        if self.spec.emulator.datapath != "ebpf":  # no switch sends through a socket there
+            self._raise_send_buffer()
         if any(True for _ in self._switches()):
             self._step("switches", self._create_switches)
 
@@ -213,7 +219,7 @@ class Fabric(BuildSteps, ControllerProcess):
             if self.netlink is not None:
                 self.netlink.close()
                 self.netlink = None
-            for service in ("marker", "cut"):
+            for service in ("switch_agent", "ebpf", "marker", "cut"):
                 if getattr(self, service) is not None:
                     getattr(self, service).close()
                     setattr(self, service, None)
@@ -340,6 +346,8 @@ class Fabric(BuildSteps, ControllerProcess):
         system's; none for a cluster's coordinator, which has no switches."""
         if self.part is not None and not self.part.switches:
             return {}
+        if self.spec.emulator.datapath == "ebpf":
+            return {}  # no process forwards
         if self.instances:
             return {inst.name: inst.pids["ovs-vswitchd"] for inst in self.instances}
         return {f"system{i}": pid for i, pid in enumerate(ovs.vswitchd_pids())}

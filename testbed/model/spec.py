@@ -85,6 +85,15 @@ SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_
 OPTIONAL_SHAPE_KEYS = {"rail_optimized": ("servers_per_leaf", "planes")}
 
 
+class Datapath(StrEnum):
+    """What forwards at the switches: Open vSwitch (its kernel datapath where the module is
+    loaded, else private userspace vswitchds), or fabriclab's eBPF switch (a tc program on the
+    switch's ports and its maps, programmed over OpenFlow by its agent)."""
+
+    OVS = "ovs"
+    EBPF = "ebpf"
+
+
 class EcnMarker(StrEnum):
     """What marks ECN at the switch ports: the kernel's RED qdisc (where it has one: the vm
     guest), the eBPF marker's virtual queue (anywhere), or whichever is more faithful (RED,
@@ -196,6 +205,7 @@ class EmulatorSpec:
     ovs_other_config: dict = field(default_factory=dict)  # extra Open_vSwitch other_config
     queue_sample_ms: float = 50.0  # switch queues sampled during a workload (0: not at all)
     ecn_marker: EcnMarker = EcnMarker.AUTO
+    datapath: Datapath = Datapath.OVS
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ class SwitchAgent:
             conn.sock.close()
         self.conns.clear()
 
+    close = stop  # a fabric service: closed at teardown
+
     def set_port(self, name: str, port: int, live: bool) -> None:
         """A port's carrier changed: the datapath's groups stop (or start) using it at once,
         then the controller is told."""
