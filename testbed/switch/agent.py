@@ -72,6 +72,7 @@ class SwitchAgent:
         self.thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.lock = threading.Lock()
+        self.raw_sockets: dict[str, socket.socket] = {}  # port name -> for packet-outs
 
     def start(self) -> None:
         for name, spec in self.switches.items():
@@ -101,6 +102,9 @@ class SwitchAgent:
                 pass
             conn.sock.close()
         self.conns.clear()
+        for raw in self.raw_sockets.values():
+            raw.close()
+        self.raw_sockets.clear()
 
     close = stop  # a fabric service: closed at teardown
 
@@ -111,6 +115,18 @@ class SwitchAgent:
         self.datapath.set_live(conn.spec.index, port, live)
         with self.lock:
             conn.out += conn.session.port_status(port, live)
+
+    def _send_frames(self, conn: _Conn) -> None:
+        """The controller's packet-outs, sent out of their ports (one raw socket a port)."""
+        frames, conn.session.packets_out = conn.session.packets_out, []
+        names = {p.number: p.name for p in conn.spec.ports}
+        for port, frame in frames:
+            raw = self.raw_sockets.get(names[port])
+            if raw is None:
+                raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+                raw.bind((names[port], 0))
+                self.raw_sockets[names[port]] = raw
+            raw.send(frame)
 
     def _install(self, conn: _Conn) -> None:
         session, sw = conn.session, conn.spec.index
@@ -137,6 +153,7 @@ class SwitchAgent:
                         replies = conn.session.receive(data)
                         if conn.dirty:
                             self._install(conn)  # before any reply: a barrier means installed
+                        self._send_frames(conn)
                         with self.lock:
                             conn.out += replies
                     with self.lock:

@@ -98,6 +98,7 @@ class SwitchSession:
         self.flows: dict[tuple, FlowEntry] = {}
         self.groups: dict[int, GroupEntry] = {}
         self.buffer = b""
+        self.packets_out: list[tuple[int, bytes]] = []  # (port, frame) the agent sends
         self.desc = ofproto_protocol.ProtocolDesc(version=ofp.OFP_VERSION)
         self.errors_sent = 0
 
@@ -166,7 +167,26 @@ class SwitchSession:
             return self._flow_mod(msg, xid, raw)
         if msg_type == ofp.OFPT_GROUP_MOD:  # os-ken parses no group mod: by its layout
             return self._group_mod(raw, xid)
+        if msg_type == ofp.OFPT_PACKET_OUT:
+            return self._packet_out(raw, xid)
         return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, raw)
+
+    def _packet_out(self, raw: bytes, xid: int) -> bytes:
+        """A frame the controller sends out of ports (LLDP probes): queued for the agent."""
+        _buffer_id, actions_len = struct.unpack_from("!IH2x", raw, HEADER.size)
+        offset = HEADER.size + 8
+        _match_type, match_len = struct.unpack_from("!HH", raw, offset)
+        offset += (match_len + 7) // 8 * 8
+        ports, end = [], offset + actions_len
+        while offset < end:
+            action = parser.OFPAction.parser(raw, offset)
+            offset += action.len
+            if not isinstance(action, parser.OFPActionOutput) or action.port not in self.ports:
+                return self._error(xid, ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, raw)
+            ports.append(action.port)
+        frame = raw[end:]
+        self.packets_out += [(port, frame) for port in ports]
+        return b""
 
     def _actions(self, instructions) -> tuple | None:
         """Apply-actions as the tables hold them; None for anything else."""

@@ -110,3 +110,21 @@ def test_what_the_datapath_cannot_do_is_an_openflow_error():
         (2, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_TABLE_ID),
         (3, ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_GROUP)]
     assert session.flows == {}
+
+
+def test_a_packet_out_is_queued_for_its_ports_and_a_bad_port_refused():
+    topo = fat_tree(4)
+    session = _session("edge1_1", topo)
+    dp = FakeDatapath()
+    probe = parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER,
+                                match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
+                                actions=[parser.OFPActionOutput(2), parser.OFPActionOutput(3)],
+                                data=b"\x01\x80\xc2lldp-frame")
+    assert session.receive(_wire(probe, 1)) == b""
+    assert session.packets_out == [(2, b"\x01\x80\xc2lldp-frame"),
+                                   (3, b"\x01\x80\xc2lldp-frame")]
+    bad = parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER,
+                              match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
+                              actions=[parser.OFPActionOutput(99)], data=b"x")
+    (error,) = _replies(session.receive(_wire(bad, 2)))
+    assert (error.type, error.code) == (ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
