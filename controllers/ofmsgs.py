@@ -11,6 +11,7 @@ import struct
 from collections.abc import Callable
 
 from controllers.routing.tables import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKind
+from testbed.model.openflow import NTR_EXPERIMENTER, NTRT_SELECTION_METHOD
 
 
 class HashSelection:
@@ -25,8 +26,8 @@ class HashSelection:
       bucket bits only, so spraying costs no upcalls, but a trace stops at the recirculation.
     """
 
-    EXPERIMENTER_NTR = 0x0000154D
-    NTRT_SELECTION_METHOD = 1
+    EXPERIMENTER_NTR = NTR_EXPERIMENTER
+    NTRT_SELECTION_METHOD = NTRT_SELECTION_METHOD
     OFPGPT_EXPERIMENTER = 0xFFFF
     # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
     FIELDS = ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2))

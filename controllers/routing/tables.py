@@ -47,13 +47,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from controllers.routing.adaptive import AdaptiveRouting
+from testbed.model.openflow import (
+    CONTROLLER_PORT,
+    SHARED_HASH_BASIS,
+    FlowEntry,
+    GroupEntry,
+)
 from testbed.model.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
 from testbed.model.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_ARP = 0x0806
 ETH_TYPE_LLDP = 0x88CC
-CONTROLLER_PORT = "controller"
 PRIORITY_MISS = 0
 PRIORITY_PREFIX = 100
 PRIORITY_REMOTE_HOST = 150
@@ -62,36 +67,7 @@ PRIORITY_DETECT = 210
 PRIORITY_FLOW = 250
 FLOW_COOKIE = 0xADA0  # the adaptive mode's per-flow entries (their counters are polled)
 PUNT_BYTES = 128  # what a new flow's punted packets carry to the controller: the headers
-SHARED_HASH_BASIS = 0
 PRIORITY_PUNT = 300
-
-
-@dataclass(frozen=True)
-class FlowEntry:
-    """One flow: ``match`` and ``actions`` are sorted tuples of (name, value)."""
-
-    priority: int
-    match: tuple[tuple[str, object], ...]
-    actions: tuple[tuple[str, object], ...]
-    cookie: int = 0
-
-    @property
-    def key(self) -> tuple:
-        return (self.priority, self.match)
-
-
-@dataclass(frozen=True)
-class GroupEntry:
-    """An OpenFlow SELECT group; each bucket outputs to (and watches) one port. The switch picks
-    a bucket by hashing the 5-tuple with ``hash_basis``, in the slow path (``hash``) or in the
-    datapath (``dp_hash``)."""
-
-    group_id: int
-    ports: tuple[int, ...]
-    hash_basis: int = SHARED_HASH_BASIS
-    selection: str = "hash"
-    weights: tuple[int, ...] = ()  # one per port (SELECT bucket weights); empty: all alike
-    kind: str = "select"  # or "ff": fast failover, the first live port in order
 
 
 @dataclass

@@ -22,42 +22,11 @@ from os_ken.ofproto import ofproto_parser, ofproto_protocol
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
+from testbed.model.openflow import (CONTROLLER_PORT, NTR_EXPERIMENTER, NTRT_SELECTION_METHOD,
+                                    FlowEntry, GroupEntry)
 from testbed.plan import tss
 
 HEADER = struct.Struct(ofp.OFP_HEADER_PACK_STR)
-CONTROLLER_PORT = "controller"  # an output to the controller, as the controller's tables say
-
-
-@dataclass(frozen=True)
-class FlowEntry:
-    """One flow as the switch holds it (the fields of the controller's
-    ``controllers.routing.tables.FlowEntry``): ``match`` and ``actions`` are tuples of
-    (name, value), the match sorted by field name."""
-
-    priority: int
-    match: tuple[tuple[str, object], ...]
-    actions: tuple[tuple[str, object], ...]
-    cookie: int = 0
-
-    @property
-    def key(self) -> tuple:
-        return (self.priority, self.match)
-
-
-@dataclass(frozen=True)
-class GroupEntry:
-    """One group as the switch holds it (the fields of the controller's
-    ``controllers.routing.tables.GroupEntry``)."""
-
-    group_id: int
-    ports: tuple[int, ...]
-    hash_basis: int = 0
-    selection: str = "hash"
-    weights: tuple[int, ...] = ()
-    kind: str = "select"
-NTR_EXPERIMENTER, NTRT_SELECTION_METHOD = 0x0000154D, 1
-
-
 @dataclass(frozen=True)
 class Port:
     """A switch port as the controller sees it."""
