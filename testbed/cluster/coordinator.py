@@ -180,6 +180,10 @@ class ClusterFabric:
                                   part=MachinePart("coordinator", frozenset(), (), (), (), (),
                                                    ()), listen=listen)
         self.coordinator.up(wait=False)
+        # how another process (fabriclab fail) reaches the machines of this fabric: written
+        # before they build, so that no command mistakes it for a single machine's
+        write_json_atomic(self.coordinator.run_dir / CLUSTER_FILE, {
+            "address": self.address, "actors": self.cluster.names, "place": self.where})
         self.timings["controller"] = self.coordinator.timings.get("controller", 0.0)
         t0 = time.monotonic()
         target = (listen, self.coordinator.of_port)
@@ -203,9 +207,6 @@ class ClusterFabric:
         self.red_marking = any(info["red_marking"] for info in self.built.values())
         self.coordinator.wait_ready()  # programmed, every link probed
         self.on_all(lambda m: m.settle())
-        # how another process (fabriclab fail) reaches the machines of this running fabric
-        write_json_atomic(self.coordinator.run_dir / CLUSTER_FILE, {
-            "address": self.address, "actors": self.cluster.names, "place": self.where})
         self.timings["programmed"] = self.coordinator.timings.get("programmed", 0.0)
         self.timings["up_total"] = time.monotonic() - start
 

@@ -149,10 +149,11 @@ def transact(db: str, ops: list[dict], what: str) -> list[dict]:
         raise TestbedError(f"{what}: OVSDB at {db}: {os.strerror(error)}")
     results = reply.result or []
     failed = [r for r in results if isinstance(r, dict) and "error" in r]
-    if reply.error or failed or any(r.get("count") == 0 for r in results
-                                    if isinstance(r, dict)):
-        raise TestbedError(f"{what}: OVSDB refused it", json.dumps(reply.error or failed
-                                                                   or results))
+    if reply.error or failed:
+        raise TestbedError(f"{what}: OVSDB refused it", json.dumps(reply.error or failed))
+    if any(r.get("count") == 0 for r in results if isinstance(r, dict)):
+        raise TestbedError(f"{what}: the Open vSwitch at {db} has no such row (a switch not "
+                           "built yet, or built by another instance)", json.dumps(ops)[:500])
     return results
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -311,6 +312,9 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
                                "fabriclab.cli", "--state-dir", str(state), "up", str(exp),
                                "--cluster", cluster.address], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        said_up: list[str] = []
+        reader = threading.Thread(target=lambda: said_up.extend(up.stdout), daemon=True)
+        reader.start()
         try:
             def status() -> dict:
                 runs = Registry(state).runs()
@@ -325,9 +329,10 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
                                      capture_output=True, text=True, check=True).stdout
                 return "UP" in json.loads(out)[0]["flags"]
 
-            wait_for(lambda: status().get("wiring_verified") or up.poll() is not None, 180,
-                     "the cluster fabric up")
-            assert up.poll() is None, up.communicate()[0][-3000:]
+            # up, as it says (the wiring's count grows while the machines still build)
+            wait_for(lambda: any("fabric is up" in line for line in said_up)
+                     or up.poll() is not None, 180, "the cluster fabric up")
+            assert up.poll() is None, "".join(said_up)[-3000:]
             ends = ((m1.netns, link.a.ifname), (m2.netns, link.b.ifname))  # agg1_1, core2
             assert all(is_up(*e) for e in ends)
             out = fabriclab_cli(["fail", "agg1_1", "core2"], state, cluster, timeout_s=120)
@@ -344,7 +349,9 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
             assert bad.returncode != 0 and "core9" in bad.stdout + bad.stderr
         finally:
             up.send_signal(signal.SIGTERM)
-            said, _ = up.communicate(timeout=180)
+            up.wait(timeout=180)
+            reader.join(timeout=10)
+            said = "".join(said_up)
         # Ray's own SIGTERM handler does not end it: the fabric is torn down on every machine
         assert up.returncode == 130 and "torn down" in said, said[-3000:]
         gone = fabriclab_cli(["fail", "agg1_1", "core2"], state, cluster, timeout_s=120)
