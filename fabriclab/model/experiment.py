@@ -274,13 +274,6 @@ def _typed(raw: dict, types: dict) -> dict:
 
 def _check_ebpf(spec: TestbedSpec, failures: tuple, data: dict) -> None:
     """What the eBPF datapath does not do yet is refused, naming the field."""
-    if spec.controller.routing == Routing.ADAPTIVE:
-        raise ConfigError("controller.routing", "adaptive routing needs packet-in of new flows "
-                          "and flow statistics, which the eBPF datapath does not offer yet; "
-                          "use emulator.datapath: ovs")
-    if failures:
-        raise ConfigError("failures", "link and switch failures are not offered on the eBPF "
-                                      "datapath yet; use emulator.datapath: ovs")
     if data.get("cluster"):
         raise ConfigError("cluster", "a fabric over a cluster runs on the ovs datapath only "
                                      "for now")

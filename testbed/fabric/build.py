@@ -17,6 +17,7 @@ from testbed.linux import bpf, capabilities, ovs, packages, procfs
 from testbed.linux.hosts import Hosts
 from testbed.linux.ebpfswitch import EbpfSwitches
 from testbed.linux.netlink import Netlink
+from testbed.linux.rawnl import LinkEvents
 from testbed.model.servers import scale_up_routes
 from testbed.model.spec import Datapath, EcnMarker, Fidelity, TestbedSpec
 from testbed.model.topology import HOST_PREFIX_LEN, PLANE_PREFIX_LEN, Link, shard_switches
@@ -374,5 +375,5 @@ class BuildSteps:
                 mac = f"02:fb:00:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}:{number & 0xFF:02x}"
                 ports.append(Port(number, ifname, mac, speed_kbps=int(link.rate_mbps * 1000)))
             specs[sw.name] = SwitchSpec(index, sw.dpid, ports)
-        self.switch_agent = SwitchAgent(self.ebpf, specs, (address, port))
+        self.switch_agent = SwitchAgent(self.ebpf, specs, (address, port), LinkEvents())
         self.switch_agent.start()

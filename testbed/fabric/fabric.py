@@ -470,7 +470,9 @@ class Fabric(BuildSteps, ControllerProcess):
         machine, its ends of them (a cut link's other end is the other machine's). Returns
         each step's time after the call."""
         ends = [self.link_ends(self.topo.find_link(a, b)) for a, b in pairs]
-        return set_links(netlink or self.netlink, [e for e in ends if e], up, self.cut)
+        agent = self.switch_agent
+        signal = None if agent is None else lambda end, lost: agent.signal(end.ifname, lost)
+        return set_links(netlink or self.netlink, [e for e in ends if e], up, self.cut, signal)
 
     def cut_drops(self, pairs: list[tuple[str, str]],
                   netlink: Netlink | None = None) -> int | None:

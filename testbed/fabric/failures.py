@@ -10,6 +10,7 @@ what it applied and when, with the throughput before, during and after, for ``re
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -136,11 +137,19 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         return End(e.ifname, hosts.get(topo.nic_owner(e.node)), False)
 
     pins = [Path(p) / "cut" for p in record.bpf_pins if (Path(p) / "cut").is_dir()]
+    switches = [Path(p) / "switch" for p in record.bpf_pins if (Path(p) / "switch").is_dir()]
     cut = LinkCut(pins[0]) if pins else None
     netlink = Netlink()
+    signal = None
+    if switches:  # eBPF switches: not live in their maps at once; the carrier tells their agent
+        from testbed.linux.ebpfswitch import set_live_pinned
+
+        def signal(end: End, lost: bool) -> None:
+            if lost:
+                set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False)
     try:
         set_links(netlink, [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b))
-                            for a, b in links], up, cut)
+                            for a, b in links], up, cut, signal)
     finally:
         netlink.close()
         if cut is not None:

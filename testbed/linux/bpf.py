@@ -14,8 +14,10 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import mmap
 import os
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -195,3 +197,54 @@ class Map:
                 out.append((nxt, value))
             key = nxt
         return out
+
+
+class RingBuffer:
+    """A pinned ``BPF_MAP_TYPE_RINGBUF`` of ``size`` bytes, read from user space as libbpf does:
+    the consumer position on a writable page, the producer position and the data (mapped twice
+    in a row, so a record never wraps) read-only after it. Its :meth:`fileno` is readable when
+    records wait (for a selector)."""
+
+    BUSY, DISCARD = 1 << 31, 1 << 30
+    HEADER = 8  # the kernel's record header: length (with the two flags) and a page offset
+
+    def __init__(self, path: str | Path, size: int) -> None:
+        self.path, self.size = Path(path), size
+        self.fd = obj_get(path)
+        page = mmap.PAGESIZE
+        try:
+            self.consumer = mmap.mmap(self.fd, page, mmap.MAP_SHARED,
+                                      mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+            self.producer = mmap.mmap(self.fd, page + 2 * size, mmap.MAP_SHARED,
+                                      mmap.PROT_READ, offset=page)
+        except OSError as err:
+            os.close(self.fd)
+            raise TestbedError(f"cannot map the ring buffer {path}: {err.strerror}") from None
+        self.data_at = page
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def read(self) -> list[bytes]:
+        """Every record committed since the last read, in order (discarded ones skipped)."""
+        out = []
+        (cons,) = struct.unpack_from("<Q", self.consumer, 0)
+        (prod,) = struct.unpack_from("<Q", self.producer, 0)
+        while cons < prod:
+            at = self.data_at + (cons & (self.size - 1))
+            (head,) = struct.unpack_from("<I", self.producer, at)
+            if head & self.BUSY:
+                break
+            length = head & ~(self.BUSY | self.DISCARD)
+            if not head & self.DISCARD:
+                out.append(self.producer[at + self.HEADER:at + self.HEADER + length])
+            cons += (length + self.HEADER + 7) & ~7
+            struct.pack_into("<Q", self.consumer, 0, cons)
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.consumer.close()
+            self.producer.close()
+            os.close(self.fd)
+            self.fd = -1

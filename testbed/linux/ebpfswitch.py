@@ -13,6 +13,7 @@ from pathlib import Path
 from testbed.errors import TestbedError
 from testbed.linux import bpf
 from testbed.linux.netlink import Netlink
+from testbed.linux.rawnl import LinkDump
 from testbed.plan.tss import MAX_SUBTABLES, Subtable
 
 PROGRAM = "switch"
@@ -21,6 +22,8 @@ FIELD_BITS = {"in_port": 1, "eth_type": 2, "eth_dst": 4, "ip_dscp": 8, "ip_proto
               "tcp_src": 32, "udp_src": 32, "tcp_dst": 64, "udp_dst": 64}
 A_OUTPUT, A_GROUP, A_DROP, A_CONTROLLER = 1, 2, 3, 4
 G_SELECT, G_FF = 1, 2
+PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
+PUNT_RING_BYTES = 1 << 22  # progs/switch.c PUNT_RING
 
 
 class PortId(ctypes.Structure):
@@ -51,7 +54,15 @@ class FlowKey(ctypes.Structure):
 
 class Action(ctypes.Structure):
     _fields_ = [("priority", ctypes.c_int32), ("kind", ctypes.c_uint32),
-                ("arg", ctypes.c_uint32)]
+                ("arg", ctypes.c_uint32), ("punt", ctypes.c_uint32),
+                ("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+
+class PuntHead(ctypes.Structure):
+    """What precedes a punted packet in the ring buffer."""
+
+    _fields_ = [("sw", ctypes.c_uint32), ("port", ctypes.c_uint32),
+                ("total_len", ctypes.c_uint32), ("reason", ctypes.c_uint32)]
 
 
 class GroupId(ctypes.Structure):
@@ -79,15 +90,20 @@ def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
 
 
 def action(priority: int, actions: tuple) -> Action:
-    """The C action of an entry: its first output, group, controller or drop."""
+    """The C action of an entry: its first output or group (else drop), and what of the packet
+    goes to the controller (all of it for an output there, the first bytes for a punt)."""
+    punt = 0
     for name, value in actions:
-        if name == "output":
-            if value == "controller":
-                return Action(priority, A_CONTROLLER, 0)
-            return Action(priority, A_OUTPUT, int(value))
+        if name == "punt":
+            punt = max(punt, int(value))
+        elif name == "output" and value == "controller":
+            punt = PUNT_ALL
+    for name, value in actions:
+        if name == "output" and value != "controller":
+            return Action(priority, A_OUTPUT, int(value), punt)
         if name == "group":
-            return Action(priority, A_GROUP, int(value))
-    return Action(priority, A_DROP, 0)
+            return Action(priority, A_GROUP, int(value), punt)
+    return Action(priority, A_CONTROLLER if punt else A_DROP, 0, punt)
 
 
 class EbpfSwitches:
@@ -102,11 +118,16 @@ class EbpfSwitches:
             ("sw_ports", ctypes.c_uint32, PortId), ("sw_out", PortId, PortOut),
             ("sw_masks", TableId, MaskValue), ("sw_flows", FlowKey, Action),
             ("sw_groups", GroupId, Group))}
-        self.written: dict[int, set[bytes]] = {}  # switch -> the flow keys in its map
+        # switch -> its flow keys in the map and what they hold, by subtable mask and key
+        self.written: dict[int, dict[tuple, tuple[FlowKey, tuple]]] = {}
+        self.punts = bpf.RingBuffer(self.pin_dir / "sw_punts", PUNT_RING_BYTES)
+        self.links = LinkDump()  # the ports' counters, for the controller's port statistics
 
     def close(self) -> None:
         for m in self.maps.values():
             m.close()
+        self.punts.close()
+        self.links.close()
         if self.prog_fd >= 0:
             os.close(self.prog_fd)
             self.prog_fd = -1
@@ -132,12 +153,20 @@ class EbpfSwitches:
         if len(subtables) > MAX_SUBTABLES:
             raise TestbedError(f"switch {sw}: {len(subtables)} subtables")
         flows = self.maps["sw_flows"]
-        now: set[bytes] = set()
+        before = self.written.get(sw, {})
+        now: dict[tuple, tuple[FlowKey, tuple]] = {}
         for t, table in enumerate(subtables):
             for key, entry in table.entries.items():
                 c_key = flow_key(sw, t, table, key)
-                flows.update(c_key, action(entry.priority, entry.actions))
-                now.add(bytes(c_key))
+                value = action(entry.priority, entry.actions)
+                held = (bytes(c_key), value.priority, value.kind, value.arg, value.punt)
+                known = before.get((table.mask, key))
+                if known is None or known[1] != held:  # an unchanged entry: not rewritten
+                    old = flows.lookup(known[0]) if known is not None else None
+                    if old is not None:  # a modified entry keeps its counts
+                        value.packets, value.bytes = old.packets, old.bytes
+                    flows.update(c_key, value)
+                now[(table.mask, key)] = (c_key, held)
         masks = self.maps["sw_masks"]
         for t in range(MAX_SUBTABLES):
             if t < len(subtables):
@@ -149,9 +178,29 @@ class EbpfSwitches:
                                                        m.ipv4_src_len, m.ipv4_dst_len, 1, 0))
             else:
                 masks.update(TableId(sw, t), MaskValue(0, -1, 0, 0, 0, 0))
-        for stale in self.written.get(sw, set()) - now:
-            flows.delete(FlowKey.from_buffer_copy(stale))
+        keep = {held[0] for _k, held in now.values()}
+        for stale, held in before.values():
+            if held[0] not in keep:
+                flows.delete(stale)
         self.written[sw] = now
+
+    def counters(self, sw: int, mask, key) -> tuple[int, int]:
+        """The packets and bytes an entry of switch ``sw`` (by its subtable's ``mask`` and
+        ``key``, :func:`testbed.plan.tss.split_match`) matched; (0, 0) when it is not in the
+        datapath (shadowed by one of higher priority)."""
+        known = self.written.get(sw, {}).get((mask, key))
+        value = self.maps["sw_flows"].lookup(known[0]) if known is not None else None
+        return (value.packets, value.bytes) if value is not None else (0, 0)
+
+    def port_counters(self, names: set[str]) -> dict[str, dict[str, int]]:
+        """The counters of the ports' interfaces (one netlink dump)."""
+        return self.links.read(names)
+
+    def read_punts(self) -> list[tuple[PuntHead, bytes]]:
+        """The packets punted since the last call: (their switch, port and length; their bytes)."""
+        size = ctypes.sizeof(PuntHead)
+        return [(PuntHead.from_buffer_copy(rec[:size]), rec[size:])
+                for rec in self.punts.read() if len(rec) >= size]
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0) -> None:
@@ -167,3 +216,20 @@ class EbpfSwitches:
     def delete_group(self, sw: int, group_id: int) -> None:
         """Remove a group of switch ``sw`` (no entry may point at it any more)."""
         self.maps["sw_groups"].delete(GroupId(sw, group_id))
+
+
+def set_live_pinned(pin_dir: Path, ifindex: int, live: bool) -> bool:
+    """Another process's word that the link behind a switch port (by its interface's index)
+    lost its signal: the port not live in the pinned maps at once, so that groups skip it (its
+    switch's agent tells the controller when the carrier follows). False: not a switch port."""
+    with bpf.Map(Path(pin_dir) / "sw_ports", ctypes.c_uint32, PortId) as ports, \
+            bpf.Map(Path(pin_dir) / "sw_out", PortId, PortOut) as outs:
+        port = ports.lookup(ctypes.c_uint32(ifindex))
+        if port is None:
+            return False
+        out = outs.lookup(port)
+        if out is None:
+            return False
+        out.live = int(live)
+        outs.update(port, out)
+        return True

@@ -6,6 +6,7 @@ struct)."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import struct
@@ -221,6 +222,50 @@ class LinkDump(_RawDump):
                  _rx_err, _tx_err, stats["rx_dropped"], stats["tx_dropped"]
                  ) = self._STATS.unpack_from(data, at)
         return name, stats
+
+
+class LinkEvents(LinkDump):
+    """The root namespace's link announcements (``RTMGRP_LINK``): which interfaces went up or
+    down (operational state), read when :meth:`fileno` is readable. Should the kernel drop
+    announcements (the socket's buffer full), a dump gives every interface's state instead."""
+
+    _RTMGRP_LINK, _RTM_DELLINK = 1, 17
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        self.sock.bind((0, self._RTMGRP_LINK))
+        self.sock.setblocking(False)
+        self.seq = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def changes(self) -> list[tuple[str, bool]]:
+        """(interface, up) of every announcement since the last call, in order."""
+        out: list[tuple[str, bool]] = []
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except BlockingIOError:
+                return out
+            except OSError as err:
+                if err.errno != errno.ENOBUFS:
+                    raise
+                dump = LinkDump()
+                try:
+                    return out + [(name, st["up"]) for name, st in dump._dump(
+                        self._RTM_GETLINK, self._IFINFO.pack(0, 0, 0, 0, 0), self._RTM_NEWLINK,
+                        "link", lambda _d, _s: True, dump._link)]
+                finally:
+                    dump.close()
+            offset = 0
+            while offset + self._NLMSG.size <= len(data):
+                length, kind, _flags, _seq, _pid = self._NLMSG.unpack_from(data, offset)
+                if kind in (self._RTM_NEWLINK, self._RTM_DELLINK) and length:
+                    name, stats = self._link(data, offset + self._NLMSG.size, offset + length)
+                    out.append((name, stats["up"] and kind == self._RTM_NEWLINK))
+                offset += max((length + 3) & ~3, self._NLMSG.size)
 
 
 class QdiscDump(_RawDump):

@@ -1,11 +1,14 @@
 """The control side of the eBPF switches of one machine: one OpenFlow connection per switch to
 the controller, its :class:`testbed.switch.session.SwitchSession`, and what the controller set
 installed into the datapath (flow tables compiled as tuple-space subtables, groups) before any
-reply to the messages that set it is sent, so a barrier reply means installed.
+reply to the messages that set it is sent, so a barrier reply means installed. The other way:
+the packets the datapath punts go to the controller as packet-ins, a port's carrier change
+(as netlink announces it) as a port status after the datapath's groups stopped using the port,
+and statistics requests are answered from the datapath's counters.
 
-One thread serves every switch (a selector over their sockets). The datapath is anything with
-the methods of :class:`Datapath` (:class:`testbed.linux.ebpfswitch.EbpfSwitches` on a machine,
-a fake in the unit tests).
+One thread serves every switch (a selector over their sockets, the punt ring and the link
+announcements). The datapath is anything with the methods of :class:`Datapath`
+(:class:`testbed.linux.ebpfswitch.EbpfSwitches` on a machine, a fake in the unit tests).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Protocol
 
 from testbed.errors import TestbedError
 from testbed.plan import tss
+from testbed.model.openflow import FlowEntry
+from testbed.switch.replies import PortCounters
 from testbed.switch.session import Port, SwitchSession
 
 
@@ -32,6 +37,25 @@ class Datapath(Protocol):
     def delete_group(self, sw: int, group_id: int) -> None: ...
 
     def set_live(self, sw: int, port: int, live: bool) -> None: ...
+
+    def counters(self, sw: int, mask: tss.Mask, key: tuple) -> tuple[int, int]: ...
+
+    def port_counters(self, names: set[str]) -> dict[str, dict[str, int]]: ...
+
+    def read_punts(self) -> list[tuple[object, bytes]]: ...
+
+    @property
+    def punts(self): ...  # readable (``fileno``) when punted packets wait
+
+
+class LinkWatch(Protocol):
+    """Link announcements (:class:`testbed.linux.rawnl.LinkEvents`)."""
+
+    def fileno(self) -> int: ...
+
+    def changes(self) -> list[tuple[str, bool]]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -53,6 +77,28 @@ class _Conn:
     out: bytes = b""
 
 
+class _Counters:
+    """A switch's statistics, read from the datapath when the controller asks."""
+
+    def __init__(self, datapath: Datapath, spec: SwitchSpec) -> None:
+        self.datapath, self.spec = datapath, spec
+
+    def ports(self) -> dict[int, PortCounters]:
+        read = self.datapath.port_counters({p.name for p in self.spec.ports})
+        return {p.number: PortCounters(**{k: v for k, v in read[p.name].items() if k != "up"})
+                for p in self.spec.ports if p.name in read}
+
+    def flow(self, entry: FlowEntry) -> tuple[int, int]:
+        try:
+            mask, key = tss.split_match(entry.match)
+        except tss.UnsupportedMatch:
+            return (0, 0)
+        return self.datapath.counters(self.spec.index, mask, key)
+
+
+_PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside switch names
+
+
 class SwitchAgent:
     """Connects every switch of ``switches`` (name -> spec) to the controller at
     ``controller`` and serves them until :meth:`stop`.
@@ -62,10 +108,16 @@ class SwitchAgent:
     """
 
     def __init__(self, datapath: Datapath, switches: dict[str, SwitchSpec],
-                 controller: tuple[str, int]) -> None:
+                 controller: tuple[str, int], links: LinkWatch | None = None) -> None:
         self.datapath = datapath
         self.switches = switches
         self.controller = controller
+        self.links = links
+        # a port's interface -> (its switch, its number); a switch's index -> its name
+        self.port_of = {p.name: (name, p.number) for name, spec in switches.items()
+                        for p in spec.ports}
+        self.by_index = {spec.index: name for name, spec in switches.items()}
+        self.punted = 0
         self.conns: dict[str, _Conn] = {}
         self.selector = selectors.DefaultSelector()
         self.stopping = threading.Event()
@@ -73,6 +125,7 @@ class SwitchAgent:
         self.errors: list[str] = []
         self.lock = threading.Lock()
         self.raw_sockets: dict[str, socket.socket] = {}  # port name -> for packet-outs
+        self._waker = socket.socketpair()  # another thread's message to send: a byte here
 
     def start(self) -> None:
         for name, spec in self.switches.items():
@@ -83,11 +136,17 @@ class SwitchAgent:
                 raise TestbedError(f"switch {name}: the controller at {self.controller[0]}:"
                                    f"{self.controller[1]} refused it: {err}") from None
             sock.setblocking(False)
-            conn = _Conn(spec, sock, SwitchSession(spec.dpid, spec.ports))
+            conn = _Conn(spec, sock, SwitchSession(spec.dpid, spec.ports,
+                                                   counters=_Counters(self.datapath, spec)))
             conn.session.on_change = lambda _f, _g, c=conn: setattr(c, "dirty", True)
             conn.out = conn.session.start()
             self.conns[name] = conn
             self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, name)
+        self._waker[0].setblocking(False)
+        self.selector.register(self._waker[0], selectors.EVENT_READ, _WAKE)
+        self.selector.register(self.datapath.punts, selectors.EVENT_READ, _PUNTS)
+        if self.links is not None:
+            self.selector.register(self.links, selectors.EVENT_READ, _LINKS)
         self.thread = threading.Thread(target=self._serve, name="switch-agent", daemon=True)
         self.thread.start()
 
@@ -105,16 +164,50 @@ class SwitchAgent:
         for raw in self.raw_sockets.values():
             raw.close()
         self.raw_sockets.clear()
+        if self.links is not None:
+            self.links.close()
+            self.links = None
+        for end in self._waker:
+            end.close()
+        self.selector.close()
 
     close = stop  # a fabric service: closed at teardown
 
     def set_port(self, name: str, port: int, live: bool) -> None:
         """A port's carrier changed: the datapath's groups stop (or start) using it at once,
-        then the controller is told."""
-        conn = self.conns[name]
-        self.datapath.set_live(conn.spec.index, port, live)
+        then the controller is told (once a change: a second call of the same is nothing).
+        Any thread may call it."""
+        conn = self.conns.get(name)
+        if conn is None:
+            return
         with self.lock:
+            if conn.session.ports[port].live == live:
+                return
+            self.datapath.set_live(conn.spec.index, port, live)
             conn.out += conn.session.port_status(port, live)
+        try:
+            self._waker[1].send(b"x")
+        except OSError:  # stopped
+            pass
+
+    def signal(self, ifname: str, lost: bool) -> None:
+        """A link behind switch port ``ifname`` lost its signal (:mod:`testbed.fabric.linkfail`):
+        not live at once. Its return is the carrier's, announced when the link is up."""
+        if lost and ifname in self.port_of:
+            self.set_port(*self.port_of[ifname], False)
+
+    def _punts(self) -> None:
+        for head, data in self.datapath.read_punts():
+            conn = self.conns.get(self.by_index.get(head.sw, ""))
+            if conn is not None:
+                self.punted += 1
+                with self.lock:
+                    conn.out += conn.session.packet_in(head.port, head.total_len, data)
+
+    def _links(self) -> None:
+        for ifname, up in self.links.changes():
+            if ifname in self.port_of:
+                self.set_port(*self.port_of[ifname], up)
 
     def _send_frames(self, conn: _Conn) -> None:
         """The controller's packet-outs, sent out of their ports (one raw socket a port)."""
@@ -142,26 +235,44 @@ class SwitchAgent:
     def _serve(self) -> None:
         while not self.stopping.is_set():
             for key, events in self.selector.select(timeout=0.1):
-                conn = self.conns.get(key.data)
-                if conn is None:
-                    continue
+                if key.data == _PUNTS:
+                    self._punts()
+                elif key.data == _LINKS:
+                    self._links()
+                elif key.data == _WAKE:
+                    self._waker[0].recv(4096)
+                elif key.data in self.conns and events & selectors.EVENT_READ:
+                    self._receive(key.data, self.conns[key.data])
+            for name, conn in list(self.conns.items()):  # what is to send, sent or waited for
                 try:
-                    if events & selectors.EVENT_READ:
-                        data = conn.sock.recv(65536)
-                        if not data:
-                            raise ConnectionError("the controller closed the connection")
-                        replies = conn.session.receive(data)
-                        if conn.dirty:
-                            self._install(conn)  # before any reply: a barrier means installed
-                        self._send_frames(conn)
-                        with self.lock:
-                            conn.out += replies
                     with self.lock:
                         if conn.out:
-                            sent = conn.sock.send(conn.out)
-                            conn.out = conn.out[sent:]
-                except (OSError, ConnectionError, ValueError, TestbedError) as err:
-                    self.errors.append(f"{key.data}: {type(err).__name__}: {err}")
-                    self.selector.unregister(conn.sock)
-                    conn.sock.close()
-                    del self.conns[key.data]
+                            conn.out = conn.out[conn.sock.send(conn.out):]
+                        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out
+                                                         else 0)
+                    if self.selector.get_key(conn.sock).events != events:
+                        self.selector.modify(conn.sock, events, name)
+                except BlockingIOError:
+                    continue
+                except OSError as err:
+                    self._drop(name, conn, err)
+
+    def _receive(self, name: str, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the controller closed the connection")
+            replies = conn.session.receive(data)
+            if conn.dirty:
+                self._install(conn)  # before any reply: a barrier means installed
+            self._send_frames(conn)
+            with self.lock:
+                conn.out += replies
+        except (OSError, ConnectionError, ValueError, TestbedError) as err:
+            self._drop(name, conn, err)
+
+    def _drop(self, name: str, conn: _Conn, err: Exception) -> None:
+        self.errors.append(f"{name}: {type(err).__name__}: {err}")
+        self.selector.unregister(conn.sock)
+        conn.sock.close()
+        del self.conns[name]

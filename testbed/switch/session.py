@@ -5,7 +5,9 @@ It answers as Open vSwitch does for what fabriclab's controller and common os-ke
 the handshake (hello, features with the datapath id, port descriptions with each port's
 number, name, MAC and liveness), configuration, echo, barriers, flow mods (add, modify strict,
 delete, delete strict; one table) and group mods (SELECT with weighted buckets and the
-selection method's hash basis, fast failover), and port status when a port's carrier changes.
+selection method's hash basis, fast failover), packet-out and packet-in, switch description,
+port and flow statistics (:mod:`testbed.switch.replies`), and port status when a port's carrier
+changes.
 Anything outside that is answered with the OpenFlow error a switch sends, never ignored: a
 match the datapath cannot look up (:mod:`testbed.plan.tss`) is ``OFPET_BAD_MATCH``. Requests
 are parsed by os-ken's OpenFlow 1.5 parser; the few switch-to-controller bodies os-ken does not
@@ -15,8 +17,10 @@ serialize are packed with its ofproto layouts.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from os_ken.ofproto import ofproto_parser, ofproto_protocol
 from os_ken.ofproto import ofproto_v1_5 as ofp
@@ -25,6 +29,8 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 from testbed.model.openflow import (CONTROLLER_PORT, NTR_EXPERIMENTER, NTRT_SELECTION_METHOD,
                                     FlowEntry, GroupEntry)
 from testbed.plan import tss
+from testbed.switch import replies
+from testbed.switch.replies import FlowQuery, PortCounters
 
 HEADER = struct.Struct(ofp.OFP_HEADER_PACK_STR)
 @dataclass(frozen=True)
@@ -47,8 +53,28 @@ def _port_bytes(port: Port) -> bytes:
     return head + eth
 
 
-def _message(msg_type: int, xid: int, body: bytes) -> bytes:
-    return HEADER.pack(ofp.OFP_VERSION, msg_type, HEADER.size + len(body), xid) + body
+_message = replies.message
+
+
+class Counters(Protocol):
+    """Where a session reads its statistics: the datapath's."""
+
+    def ports(self) -> dict[int, PortCounters]: ...
+
+    def flow(self, entry: FlowEntry) -> tuple[int, int]: ...
+
+
+class NoCounters:
+    """Statistics of a switch that counts nothing (every counter 0)."""
+
+    def __init__(self, ports: list[int] = ()) -> None:
+        self.numbers = list(ports)
+
+    def ports(self) -> dict[int, PortCounters]:
+        return {n: PortCounters() for n in self.numbers}
+
+    def flow(self, entry: FlowEntry) -> tuple[int, int]:
+        return (0, 0)
 
 
 class SwitchSession:
@@ -60,9 +86,13 @@ class SwitchSession:
     send what they return."""
 
     def __init__(self, dpid: int, ports: list[Port],
-                 on_change: Callable[[dict, dict], None] = lambda _f, _g: None) -> None:
+                 on_change: Callable[[dict, dict], None] = lambda _f, _g: None,
+                 counters: Counters | None = None) -> None:
         self.dpid = dpid
         self.ports = {p.number: p for p in ports}
+        self.counters = counters or NoCounters(list(self.ports))
+        self.started = time.monotonic()
+        self.flow_added: dict[tuple, float] = {}  # a flow's key -> when it was added
         self.on_change = on_change
         self.flows: dict[tuple, FlowEntry] = {}
         self.groups: dict[int, GroupEntry] = {}
@@ -92,6 +122,10 @@ class SwitchSession:
             raw, self.buffer = self.buffer[:length], self.buffer[length:]
             out.append(self._handle(version, msg_type, length, xid, raw))
         return b"".join(out)
+
+    def packet_in(self, port: int, total_len: int, data: bytes) -> bytes:
+        """A packet the datapath sent the controller (``data``: its first bytes)."""
+        return replies.packet_in(port, total_len, data)
 
     def port_status(self, number: int, live: bool) -> bytes:
         """A port's carrier changed: the port status message to send."""
@@ -126,11 +160,7 @@ class SwitchSession:
         if msg_type == ofp.OFPT_MULTIPART_REQUEST:
             (mp_type, _flags) = struct.unpack_from(ofp.OFP_MULTIPART_REQUEST_PACK_STR, raw,
                                                    HEADER.size)
-            if mp_type != ofp.OFPMP_PORT_DESC:
-                return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART, raw)
-            body = struct.pack(ofp.OFP_MULTIPART_REPLY_PACK_STR, ofp.OFPMP_PORT_DESC, 0)
-            body += b"".join(_port_bytes(p) for _, p in sorted(self.ports.items()))
-            return _message(ofp.OFPT_MULTIPART_REPLY, xid, body)
+            return self._multipart(mp_type, xid, raw)
         if msg_type == ofp.OFPT_FLOW_MOD:
             msg = ofproto_parser.msg(self.desc, version, msg_type, length, xid, raw)
             return self._flow_mod(msg, xid, raw)
@@ -139,6 +169,28 @@ class SwitchSession:
         if msg_type == ofp.OFPT_PACKET_OUT:
             return self._packet_out(raw, xid)
         return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, raw)
+
+    def _multipart(self, mp_type: int, xid: int, raw: bytes) -> bytes:
+        now = time.monotonic()
+        if mp_type == ofp.OFPMP_PORT_DESC:
+            parts = [_port_bytes(p) for _, p in sorted(self.ports.items())]
+        elif mp_type == ofp.OFPMP_DESC:
+            parts = [replies.desc(self.dpid)]
+        elif mp_type == ofp.OFPMP_PORT_STATS:
+            (port_no,) = struct.unpack_from("!I", raw, ofp.OFP_MULTIPART_REQUEST_SIZE)
+            if port_no != ofp.OFPP_ANY and port_no not in self.ports:
+                return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_PORT, raw)
+            parts = replies.port_stats(self.counters.ports(), port_no, now - self.started)
+        elif mp_type in (ofp.OFPMP_FLOW_DESC, ofp.OFPMP_FLOW_STATS):
+            query = FlowQuery.parse(raw)
+            chosen = sorted((f for f in self.flows.values() if query.selects(f)),
+                            key=lambda f: (-f.priority, f.match))
+            parts = replies.flows(chosen, self.counters.flow,
+                                  lambda f: now - self.flow_added.get(f.key, now),
+                                  mp_type == ofp.OFPMP_FLOW_DESC)
+        else:
+            return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART, raw)
+        return replies.multipart(mp_type, xid, parts)
 
     def _packet_out(self, raw: bytes, xid: int) -> bytes:
         """A frame the controller sends out of ports (LLDP probes): queued for the agent."""
@@ -189,6 +241,7 @@ class SwitchSession:
             else:  # every flow whose match includes the given fields
                 given = set(match)
                 self.flows = {k: f for k, f in self.flows.items() if not given <= set(f.match)}
+            self.flow_added = {k: t for k, t in self.flow_added.items() if k in self.flows}
             self.on_change(self.flows, self.groups)
             return b""
         if msg.table_id != 0:
@@ -206,6 +259,7 @@ class SwitchSession:
         entry = FlowEntry(msg.priority, match, actions, msg.cookie)
         if msg.command in (ofp.OFPFC_ADD, ofp.OFPFC_MODIFY_STRICT, ofp.OFPFC_MODIFY):
             self.flows[entry.key] = entry
+            self.flow_added.setdefault(entry.key, time.monotonic())
         else:
             return self._error(xid, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_BAD_COMMAND, raw)
         self.on_change(self.flows, self.groups)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 
+from types import SimpleNamespace
+
 from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
@@ -21,9 +23,51 @@ from testbed.switch.session import Port
 from tests.unit.test_switch_session import FakeDatapath, _wire
 
 
+class FakeLinks:
+    """Link announcements a test makes."""
+
+    def __init__(self) -> None:
+        self.read_end, self.write_end = socket.socketpair()
+        self.pending: list = []
+
+    def announce(self, ifname: str, up: bool) -> None:
+        self.pending.append((ifname, up))
+        self.write_end.send(b"l")
+
+    def fileno(self) -> int:
+        return self.read_end.fileno()
+
+    def changes(self):
+        self.read_end.recv(4096)
+        out, self.pending = self.pending, []
+        return out
+
+    def close(self) -> None:
+        self.read_end.close()
+        self.write_end.close()
+
+
 class FakeMaps:
     def __init__(self) -> None:
         self.tables, self.groups, self.live, self.calls = {}, {}, {}, []
+        self.punts, self._punt_in = socket.socketpair()  # readable when punted packets wait
+        self.waiting: list = []
+
+    def punt(self, sw: int, port: int, frame: bytes) -> None:
+        self.waiting.append((SimpleNamespace(sw=sw, port=port, total_len=len(frame)), frame))
+        self._punt_in.send(b"p")
+
+    def read_punts(self):
+        self.punts.recv(4096)
+        out, self.waiting = self.waiting, []
+        return out
+
+    def counters(self, sw, mask, key):
+        return (1, 100)
+
+    def port_counters(self, names):
+        return {n: {"rx_packets": 2, "tx_packets": 3, "rx_bytes": 4, "tx_bytes": 5,
+                    "rx_dropped": 0, "tx_dropped": 0, "up": True} for n in names}
 
     def set_table(self, sw, subtables):
         self.tables[sw] = subtables
@@ -61,10 +105,10 @@ def test_the_tables_are_in_the_datapath_before_the_barrier_reply():
     tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
     ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
              for n, link in sorted(topo.ports("edge1_1").items())]
-    maps = FakeMaps()
+    maps, links = FakeMaps(), FakeLinks()
     with socket.create_server(("127.0.0.1", 0)) as server:
         agent = SwitchAgent(maps, {"edge1_1": SwitchSpec(3, topo.nodes["edge1_1"].dpid, ports)},
-                            server.getsockname())
+                            server.getsockname(), links)
         agent.start()
         try:
             conn, _ = server.accept()
@@ -90,6 +134,23 @@ def test_the_tables_are_in_the_datapath_before_the_barrier_reply():
                              if isinstance(m, parser.OFPPortStatus)]
                 assert (status.desc.port_no, status.desc.state) == (3, ofp.OFPPS_LINK_DOWN)
                 assert maps.live[(3, 3)] is False
+                # the carrier back, as netlink announces it: live, and the controller told
+                links.announce(ports[2].name, True)
+                (status,) = [m for m in _read_messages(conn, parser.OFPPortStatus)
+                             if isinstance(m, parser.OFPPortStatus)]
+                assert (status.desc.port_no, status.desc.state) == (3, ofp.OFPPS_LIVE)
+                assert maps.live[(3, 3)] is True
+                links.announce("not-a-port", False)  # another interface: nothing
+                # a punted packet reaches the controller as a packet-in of its port
+                maps.punt(3, 2, b"\x01\x80\xc2\x00\x00\x0e" + bytes(60))
+                (pin,) = [m for m in _read_messages(conn, parser.OFPPacketIn)
+                          if isinstance(m, parser.OFPPacketIn)]
+                assert (pin.match["in_port"], pin.total_len) == (2, 66)
+                conn.sendall(_wire(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY), 90))
+                (stats,) = [m for m in _read_messages(conn, parser.OFPPortStatsReply)
+                            if isinstance(m, parser.OFPPortStatsReply)]
+                assert [(s.port_no, s.tx_bytes) for s in stats.body] == \
+                    [(p.number, 5) for p in ports]
         finally:
             agent.stop()
     wait_for(lambda: agent.thread is None or not agent.thread.is_alive(), 5, "the agent's end")

@@ -128,3 +128,81 @@ def test_a_packet_out_is_queued_for_its_ports_and_a_bad_port_refused():
                               actions=[parser.OFPActionOutput(99)], data=b"x")
     (error,) = _replies(session.receive(_wire(bad, 2)))
     assert (error.type, error.code) == (ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT)
+
+
+class Counted:
+    """Counters a test sets: per port, per flow (by its match)."""
+
+    def __init__(self, ports: dict, flows: dict) -> None:
+        self.port_counts, self.flow_counts = ports, flows
+
+    def ports(self):
+        return self.port_counts
+
+    def flow(self, entry):
+        return self.flow_counts.get(entry.match, (0, 0))
+
+
+def test_packet_ins_and_statistics_parse_back_with_os_kens_parser():
+    from controllers.routing.tables import FLOW_COOKIE
+    from testbed.switch.replies import PortCounters
+
+    topo = fat_tree(4)
+    tables = compute_tables(topo, {link.name: True for link in topo.links}, Routing.ADAPTIVE)
+    session = _session("edge1_1", topo)
+    dp = FakeDatapath()
+    session.receive(b"".join(_wire(m, i) for i, op in enumerate(
+        diff_tables(None, tables["edge1_1"])) for m in to_messages(dp, op)))
+    exact = parser.OFPFlowMod(dp, cookie=FLOW_COOKIE, priority=30000, match=parser.OFPMatch(
+        eth_type=0x0800, ipv4_src="10.1.1.2", ipv4_dst="10.2.1.2", ip_proto=6, tcp_src=40000,
+        tcp_dst=5201), instructions=[parser.OFPInstructionActions(
+            ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionOutput(3, ofp.OFPCML_NO_BUFFER)])])
+    assert session.receive(_wire(exact, 50)) == b""
+    exact_match = tuple(sorted(exact.match.items()))
+    session.counters = Counted({1: PortCounters(rx_packets=5, tx_bytes=9000),
+                                3: PortCounters(tx_packets=7, tx_dropped=2)},
+                               {exact_match: (12, 108_000)})
+    (pin,) = _replies(session.packet_in(2, 1514, b"\xff" * 128))
+    assert isinstance(pin, parser.OFPPacketIn)
+    assert (pin.match["in_port"], pin.total_len, bytes(pin.data), pin.buffer_id) == (
+        2, 1514, b"\xff" * 128, ofp.OFP_NO_BUFFER)
+    (ports,) = _replies(session.receive(_wire(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY),
+                                              60)))
+    assert isinstance(ports, parser.OFPPortStatsReply) and ports.xid == 60
+    assert [(s.port_no, s.rx_packets, s.tx_bytes, s.tx_packets, s.tx_dropped)
+            for s in ports.body] == [(1, 5, 9000, 0, 0), (3, 0, 0, 7, 2)]
+    (one,) = _replies(session.receive(_wire(parser.OFPPortStatsRequest(dp, 0, 3), 61)))
+    assert [s.port_no for s in one.body] == [3]
+    (bad,) = _replies(session.receive(_wire(parser.OFPPortStatsRequest(dp, 0, 77), 62)))
+    assert (bad.type, bad.code) == (ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_PORT)
+    # the controller's own flow-stats request: its cookie's flows only, with their counts
+    desc_req = parser.OFPFlowDescStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                              FLOW_COOKIE, 0xFFFFFFFFFFFFFFFF, parser.OFPMatch())
+    (desc,) = _replies(session.receive(_wire(desc_req, 63)))
+    assert isinstance(desc, parser.OFPFlowDescStatsReply)
+    assert [(dict(d.match.items())["tcp_src"], d.priority, d.stats["byte_count"],
+             d.stats["packet_count"], d.instructions[0].actions[0].port) for d in desc.body] \
+        == [(40000, 30000, 108_000, 12, 3)]
+    every = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, 0, 0,
+                                       parser.OFPMatch())
+    stats = _replies(session.receive(_wire(every, 64)))
+    assert sum(len(s.body) for s in stats) == len(session.flows)
+    assert all(isinstance(s, parser.OFPFlowStatsReply) for s in stats)
+    (info,) = _replies(session.receive(_wire(parser.OFPDescStatsRequest(dp, 0), 65)))
+    assert b"fabriclab" in info.body.mfr_desc
+
+
+def test_a_long_multipart_reply_is_split_with_reply_more():
+    from testbed.switch.replies import multipart
+
+    parts = [bytes(100)] * 1500  # 150 kB: three messages
+    raw = multipart(ofp.OFPMP_FLOW_STATS, 7, parts)
+    flags, total = [], 0
+    while raw:
+        _v, _t, length, xid = ofproto_parser.header(raw)
+        assert length <= 65535 and xid == 7
+        flags.append(int.from_bytes(raw[10:12], "big"))
+        total += length - 16
+        raw = raw[length:]
+    assert total == 150_000 and len(flags) == 3
+    assert flags[:-1] == [ofp.OFPMPF_REPLY_MORE] * (len(flags) - 1) and flags[-1] == 0

@@ -6,7 +6,10 @@
  * outranks every table left); the action outputs to a port (bpf_redirect to its veth end, whose
  * egress qdiscs -- shaping, the ECN marker -- apply as on any port), through a group (a SELECT
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
- * failover: the first live port), or drops.
+ * failover: the first live port), or drops. Each entry counts its packets and bytes. A packet
+ * for the controller (an output to it, or an entry's copy of its first bytes: a punt) goes into
+ * the ring buffer sw_punts with its switch, port and length, where the switch's agent reads it
+ * and sends it on as a packet-in.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -35,6 +38,10 @@
 #define G_SELECT 1
 #define G_FF 2
 
+#define PUNT_MAX 16384		/* bytes of a packet the controller gets at most */
+#define PUNT_RING (1 << 22)	/* testbed/linux/ebpfswitch.py PUNT_RING_BYTES */
+#define PUNT_ALL 0xffff		/* OFPCML_NO_BUFFER: the whole packet */
+
 struct port_id { __u32 sw; __u32 port; };
 struct port_out { __u32 ifindex; __u32 live; };
 struct table_id { __u32 sw; __u32 table; };
@@ -46,7 +53,13 @@ struct flow_key {
 	__u8 eth_dst[6];
 	__u16 pad;
 };
-struct action { __s32 priority; __u32 kind; __u32 arg; };
+struct action {
+	__s32 priority; __u32 kind; __u32 arg;
+	__u32 punt;		/* bytes copied to the controller as well (0: none) */
+	__u64 packets, bytes;	/* counted here, read by the agent (flow statistics) */
+};
+struct punt_head { __u32 sw, port, total_len, reason; };
+struct punt { struct punt_head head; __u8 data[PUNT_MAX]; };
 struct group_id { __u32 sw; __u32 group; };
 struct group {
 	__u32 kind, basis, n, pad;
@@ -64,6 +77,46 @@ struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1048576);
 	 __type(key, struct flow_key); __type(value, struct action); } sw_flows SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, struct group_id); __type(value, struct group); } sw_groups SEC(".maps");
+
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, PUNT_RING); } sw_punts SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY); __uint(max_entries, 1);
+	 __type(key, __u32); __type(value, struct punt); } sw_punt_scratch SEC(".maps");
+/* punts the ring had no room for, per CPU */
+struct { __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY); __uint(max_entries, 1);
+	 __type(key, __u32); __type(value, __u64); } sw_punt_lost SEC(".maps");
+
+/* the first ``want`` bytes of the packet to the switch's agent (PUNT_ALL: all of it) */
+static __always_inline void punt(struct __sk_buff *skb, __u32 sw, __u32 port, __u32 want,
+				 __u32 reason)
+{
+	__u32 zero = 0, len = skb->len;
+	struct punt *p = bpf_map_lookup_elem(&sw_punt_scratch, &zero);
+	__u64 *lost;
+
+	if (!p)
+		return;
+	if (want != PUNT_ALL && want < len)
+		len = want;
+	if (len > PUNT_MAX)
+		len = PUNT_MAX;
+	if (len == 0)
+		return;
+	/* the same length, in bounds the verifier can follow: [1, 16384] */
+	len -= 1;
+	asm volatile("%0 &= 0x3fff" : "+r"(len));
+	len += 1;
+	p->head.sw = sw;
+	p->head.port = port;
+	p->head.total_len = skb->len;
+	p->head.reason = reason;
+	if (bpf_skb_load_bytes(skb, 0, p->data, len) < 0)
+		return;
+	if (bpf_ringbuf_output(&sw_punts, p, sizeof(p->head) + len, 0) < 0) {
+		lost = bpf_map_lookup_elem(&sw_punt_lost, &zero);
+		if (lost)
+			*lost += 1;
+	}
+}
 
 static __always_inline __u32 prefix_mask(__u8 len)
 {
@@ -221,13 +274,17 @@ int switch_ingress(struct __sk_buff *skb)
 	}
 	if (!best)
 		return TC_ACT_SHOT;  /* no table-miss entry: OpenFlow drops */
+	__sync_fetch_and_add(&best->packets, 1);
+	__sync_fetch_and_add(&best->bytes, skb->len);
+	if (best->punt)
+		punt(skb, pkt.sw, pkt.in_port, best->punt, 1 /* OFPR_APPLY_ACTION */);
 	switch (best->kind) {
 	case A_OUTPUT:
 		return output(pkt.sw, best->arg);
 	case A_GROUP:
 		return apply_group(pkt.sw, best->arg, &pkt);
 	default:
-		return TC_ACT_SHOT;  /* drop; to the controller: the switch's agent (later) */
+		return TC_ACT_SHOT;  /* dropped, or to the controller only (punted) */
 	}
 }
 
