@@ -1,10 +1,35 @@
-"""Where a flow really goes: ``ofproto/trace`` at every switch it crosses, following the
-switches' own tables (ECMP bucket choices included), hop by hop from source to destination."""
+"""Where a flow really goes, hop by hop from source to destination, following the switches' own
+tables (ECMP bucket choices included): ``ofproto/trace`` at every Open vSwitch switch; on eBPF
+switches, the tables their agent installed, looked up as the datapath does
+(:func:`testbed.plan.tss.lookup`, :func:`testbed.plan.groups.apply_group`, with the ports'
+liveness)."""
 
 from __future__ import annotations
 
-from testbed.linux import ovs
 from testbed.errors import TestbedError
+from testbed.linux import ovs
+from testbed.plan import groups, tss
+
+
+def _ebpf_output(fabric, switch: str, in_port: int, packet: dict) -> list[int]:
+    """The ports an eBPF switch sends ``packet`` out of, by the tables its agent installed."""
+    conn = fabric.switch_agent.conns.get(switch)
+    if conn is None:
+        raise TestbedError(f"{switch}: not connected to the controller")
+    session = conn.session
+    entry, _probes = tss.lookup(tss.compile_table(session.flows.values()),
+                                {**packet, "in_port": in_port})
+    if entry is None:
+        return []
+    for name, value in entry.actions:
+        if name == "output" and value != "controller":
+            return [int(value)]
+        if name == "group" and value in session.groups:
+            g = session.groups[value]
+            port = groups.apply_group(g.kind, g.ports, g.weights, g.hash_basis, packet,
+                                      lambda n: session.ports[n].live)
+            return [] if port is None else [port]
+    return []
 
 
 def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) -> list[str]:
@@ -23,7 +48,8 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
         The node path, hosts included.
     """
     ctl = fabric.spec.controller
-    if ctl.ecmp_selection == "dp_hash" or ctl.routing == "spray":
+    if getattr(fabric, "switch_agent", None) is None and (
+            ctl.ecmp_selection == "dp_hash" or ctl.routing == "spray"):
         raise TestbedError("ofproto/trace cannot follow a dp_hash group past its recirculation "
                            "(the datapath computes the hash): trace with "
                            "controller.routing: ecmp, ecmp_selection: hash")
@@ -33,13 +59,19 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
     # per-protocol port fields: ofproto/trace refuses tp_src with udp ("prerequisites not met")
     flow = (f"{proto},nw_src={topo.nodes[src].ip},nw_dst={topo.nodes[dst].ip},"
             f"{proto}_src={sport},{proto}_dst={dport}")
+    packet = {"eth_type": 0x0800, "ipv4_src": topo.nodes[src].ip,
+              "ipv4_dst": topo.nodes[dst].ip, "ip_proto": {"tcp": 6, "udp": 17}[proto],
+              f"{proto}_src": sport, f"{proto}_dst": dport}
     for _ in range(len(topo.nodes)):
         switch, in_port = end.node, end.port
         path.append(switch)
-        inst = fabric.switch_instance.get(switch)
-        report = ovs.appctl("ofproto/trace", switch, f"in_port={in_port},{flow}",
-                            target=inst.ctl("ovs-vswitchd") if inst else None)
-        outputs = ovs.trace_outputs(report)
+        if fabric.switch_agent is not None:
+            outputs, report = _ebpf_output(fabric, switch, in_port, packet), ""
+        else:
+            inst = fabric.switch_instance.get(switch)
+            report = ovs.appctl("ofproto/trace", switch, f"in_port={in_port},{flow}",
+                                target=inst.ctl("ovs-vswitchd") if inst else None)
+            outputs = ovs.trace_outputs(report)
         if len(outputs) != 1:
             raise TestbedError(f"{switch}: trace of {flow} gave outputs {outputs}", report)
         link = topo.link_at(switch, outputs[0])

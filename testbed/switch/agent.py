@@ -118,6 +118,7 @@ class SwitchAgent:
                         for p in spec.ports}
         self.by_index = {spec.index: name for name, spec in switches.items()}
         self.punted = 0
+        self.frames_lost = 0  # packet-outs to ports that were down
         self.conns: dict[str, _Conn] = {}
         self.selector = selectors.DefaultSelector()
         self.stopping = threading.Event()
@@ -214,12 +215,15 @@ class SwitchAgent:
         frames, conn.session.packets_out = conn.session.packets_out, []
         names = {p.number: p.name for p in conn.spec.ports}
         for port, frame in frames:
-            raw = self.raw_sockets.get(names[port])
-            if raw is None:
-                raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-                raw.bind((names[port], 0))
-                self.raw_sockets[names[port]] = raw
-            raw.send(frame)
+            try:
+                raw = self.raw_sockets.get(names[port])
+                if raw is None:
+                    raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+                    raw.bind((names[port], 0))
+                    self.raw_sockets[names[port]] = raw
+                raw.send(frame)
+            except OSError:  # a port that is down (ENETDOWN): the frame is lost, as on a wire
+                self.frames_lost += 1
 
     def _install(self, conn: _Conn) -> None:
         session, sw = conn.session, conn.spec.index

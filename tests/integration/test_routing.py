@@ -13,6 +13,12 @@ from tests.integration.conftest import experiment
 from traffic.workloads.patterns import pattern_pairs
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+EBPF = "emulator: {datapath: ebpf}\n"
+DATAPATHS = pytest.mark.parametrize("datapath", ["ovs", "ebpf"])
+
+
+def _on(datapath: str) -> str:
+    return EBPF if datapath == "ebpf" else ""
 
 
 def _uplinks_used_by_aggs(fabric, flows: int = 32) -> dict[str, set[str]]:
@@ -24,9 +30,11 @@ def _uplinks_used_by_aggs(fabric, flows: int = 32) -> dict[str, set[str]]:
     return used
 
 
+@DATAPATHS
 @pytest.mark.parametrize("seed", ["per_switch", "shared"])
-def test_ecmp_seed_decides_whether_the_fabric_polarizes(make_fabric, seed):
-    fabric = make_fabric(experiment(K4 + f"controller: {{ecmp_seed: {seed}}}\n"))
+def test_ecmp_seed_decides_whether_the_fabric_polarizes(make_fabric, seed, datapath):
+    fabric = make_fabric(experiment(K4 + _on(datapath)
+                                    + f"controller: {{ecmp_seed: {seed}}}\n"))
     used = _uplinks_used_by_aggs(fabric)
     assert set(used) == {"agg1_1", "agg1_2"}, "the edge switch must spread flows over both aggs"
     if seed == "shared":
@@ -36,8 +44,9 @@ def test_ecmp_seed_decides_whether_the_fabric_polarizes(make_fabric, seed):
         assert all(len(cores) == 2 for cores in used.values()), used
 
 
-def test_dmodk_pins_shift_permutations_onto_disjoint_paths(make_fabric):
-    fabric = make_fabric(experiment(K4 + "controller: {routing: dmodk}\n"))
+@DATAPATHS
+def test_dmodk_pins_shift_permutations_onto_disjoint_paths(make_fabric, datapath):
+    fabric = make_fabric(experiment(K4 + _on(datapath) + "controller: {routing: dmodk}\n"))
     for pattern in ("same_pod", "cross_pod"):
         hops = []
         for n, (src, dst) in enumerate(pattern_pairs(fabric.topo, pattern)):
@@ -50,13 +59,14 @@ LS = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 2\n"
       "  hosts_per_leaf: 2\n  host_link: {rate_mbps: 10}\n  fabric_link: {rate_mbps: 10}\n")
 
 
-def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric):
+@DATAPATHS
+def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric, datapath):
     """Two flows leave each leaf for the other: per-flow ECMP puts both on one uplink half the
     time; adaptive routing learns them, sees two elephants, and pins one to each uplink (the
     switches' per-port counters show the split)."""
     from traffic.agents.runner import run_job
 
-    exp = experiment(LS + "controller: {routing: adaptive, poll_interval_s: 0.5}\n"
+    exp = experiment(LS + _on(datapath) + "controller: {routing: adaptive, poll_interval_s: 0.5}\n"
                           "workload:\n  collectives:\n"
                           "    - {op: flows, pattern: cross_pod, size: 8MiB}\n")
     fabric = make_fabric(exp)
@@ -77,9 +87,10 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric):
     assert result.efficiency > 0.6, result  # 0.78-0.96 seen: the split is what is tested
 
 
+@DATAPATHS
 @pytest.mark.parametrize("routing", ["ecmp", "dmodk", "adaptive", "spray"])
 @pytest.mark.parametrize("where", ["local", "remote"])
-def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, where):
+def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, where, datapath):
     """A probe every 5 ms from h1_1_1 to h2_1_1 (fixed source port: one path, traced); a link
     on its path fails 1 s in. Local: the first switch's own uplink, which its group (watch
     ports, or fast failover under dmodk) drops at once: measured one way, since the replies
@@ -89,13 +100,13 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     from testbed.linux.trace import flow_path
     from traffic.agents.probe import measure_outage
 
-    fabric = make_fabric(experiment(K4 + f"controller: {{routing: {routing}}}\n"))
+    fabric = make_fabric(experiment(K4 + _on(datapath) + f"controller: {{routing: {routing}}}\n"))
     sport, dport = 30000, 7777
     if routing == "adaptive":  # the controller learns the probe flow from its first packet
         warm = measure_outage(fabric, "h1_1_1", "h2_1_1", lambda: None, seconds=0.5,
                               at_s=0.1, port=dport, sport=sport)
         assert warm["answered"] > 0, warm
-    if routing == "spray":  # dp_hash groups: the path is seen in the ports' counters
+    if routing == "spray" and datapath == "ovs":  # dp_hash: the path seen in port counters
         path = _observed_path(fabric, "h1_1_1", "h2_1_1", lambda: measure_outage(
             fabric, "h1_1_1", "h2_1_1", lambda: None, seconds=0.5, at_s=0.1, port=dport,
             sport=sport))
@@ -108,17 +119,20 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     print(routing, where, (a, b), {k: round(v, 4) if isinstance(v, float) else v
                                    for k, v in result.items()})
     measured = result["forward"] if where == "local" else result
-    print(f"[outage] {routing} {where}: {measured['outage_s'] * 1e3:.1f} ms")
+    print(f"[outage] {datapath} {routing} {where}: {measured['outage_s'] * 1e3:.1f} ms")
     # the link is cut and its switches told at once (testbed/fabric/linkfail.py): 0-15 ms measured
-    # here locally, 5-45 ms remotely, against the issue's 30 and 150 ms; the local bound
-    # leaves room for a loaded machine (the probe's own 5 ms steps, a busy vswitchd)
-    limit = 0.050 if where == "local" else 0.150
+    # here locally, 5-45 ms remotely on Open vSwitch, against the issue's 30 and 150 ms; the bound
+    # leaves room for a loaded machine (the probe's own 5 ms steps, a busy vswitchd). On the
+    # eBPF datapath the groups skip the port in the kernel (0-5 ms locally, 10-25 ms remotely
+    # measured here)
+    limit = {("ovs", "local"): 0.050, ("ovs", "remote"): 0.150,
+             ("ebpf", "local"): 0.015, ("ebpf", "remote"): 0.075}[(datapath, where)]
     assert measured["outage_s"] <= limit, result
     # no lasting loss: the probes lost are those of the outage, everything after arrived
     assert measured["lost"] * 0.005 <= limit + 0.01, result
     # the probes' path did cross the link (traced, or seen in the counters), and no longer
     # does: an outage of 0 is a failover between two probes (5 ms apart)
-    if routing != "spray":
+    if routing != "spray" or datapath == "ebpf":
         after = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
         assert (a, b) not in set(zip(after, after[1:])), (a, b, after)
     assert result["answered"] >= result["sent"] - result["lost"] - 2, result

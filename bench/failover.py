@@ -1,0 +1,144 @@
+"""How long a link failure interrupts traffic, as a user sees it: a quickstart fabric kept up by
+``fabriclab up``, every host of pods 1, 3 and 4 probing every host of pod 2 (fping, one probe
+per pair every 20 ms), and ``fabriclab fail core1 agg2_1`` from another process. The outage of
+a pair is the longest gap between two of its replies less the probe interval; the worst over
+every pair is the number reported (the traffic through core1 and agg2_1 is the one rerouted:
+by the switches' own groups where they see the dead port, by the controller elsewhere).
+
+    python bench/failover.py [--datapath ovs|ebpf] [--repeat N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testbed.model.topology import from_dict  # noqa: E402
+from testbed.poll import wait_for  # noqa: E402
+from testbed.runs.registry import Registry  # noqa: E402
+
+INTERVAL_MS = 20
+PROBE_S = 4.0
+FAIL_AT_S = 1.5
+REPLY = re.compile(r"^\[(\d+\.\d+)\] (\S+)\s+: \[\d+\], \d+ bytes")
+
+
+def experiment(datapath: str) -> str:
+    text = (ROOT / "experiments" / "quickstart.yaml").read_text()
+    text = text[:text.index("workload:")]
+    return text + f"emulator: {{datapath: {datapath}}}\n"
+
+
+def cli(state: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
+                           *args], capture_output=True, text=True, cwd=ROOT, timeout=120, **kw)
+
+
+def probe(pid: int, targets: list[str], count: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["nsenter", "-t", str(pid), "-n", "fping", "-D", "-p", str(INTERVAL_MS), "-i", "1",
+         "-c", str(count), "-t", "500", *targets],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def replies(outputs: dict[str, str]) -> dict[tuple, list[float]]:
+    """(source, target) -> when its replies came."""
+    times: dict[tuple, list[float]] = {}
+    for source, text in outputs.items():
+        for line in text.splitlines():
+            m = REPLY.match(line)
+            if m:
+                times.setdefault((source, m.group(2)), []).append(float(m.group(1)))
+    return times
+
+
+def worst_gaps(times: dict[tuple, list[float]], failed_at: float) -> dict[tuple, float]:
+    """(source, target) -> its longest gap between two replies that spans the failure, in ms
+    (0 when its replies did not go on past it)."""
+    gaps = {}
+    for pair, stamps in times.items():
+        stamps = sorted(stamps)
+        spans = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:]) if b >= failed_at]
+        gaps[pair] = max(spans, default=float("inf"))
+    return gaps
+
+
+def once(datapath: str, state: Path) -> dict:
+    exp = state / "failover.yaml"
+    exp.write_text(experiment(datapath))
+    up = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
+                           "up", str(exp)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, cwd=ROOT)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(up.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any("fabric is up" in s for s in said) or up.poll() is not None, 180,
+                 "the fabric up")
+        if up.poll() is not None:
+            raise SystemExit("".join(said)[-3000:])
+        record = Registry(state).runs()[0]
+        topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
+        pids = {p.kind.which: p.pid for p in record.processes if p.kind.is_host}
+        hosts = sorted((n for n in topo.nodes.values() if not n.is_switch), key=lambda n: n.name)
+        pod2 = [h.ip for h in hosts if h.name.startswith("h2_")]
+        sources = [h for h in hosts if h.name.split("_")[0] in ("h1", "h3", "h4")]
+        count = int(PROBE_S * 1000 / INTERVAL_MS)
+        start = time.time()
+        probes = {h.name: probe(pids[h.name], pod2, count) for h in sources}
+        time.sleep(FAIL_AT_S)
+        failed_at = time.time()
+        failed = cli(state, "fail", "core1", "agg2_1", "--json")
+        if failed.returncode != 0:
+            raise SystemExit(failed.stdout + failed.stderr)
+        outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
+        times = replies(outputs)
+        gaps = worst_gaps(times, failed_at)
+        lost = sum(count - len(t) for t in times.values())
+        cli(state, "restore", "core1", "agg2_1")
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=120)
+        reader.join(timeout=10)
+    worst = max(gaps.items(), key=lambda kv: kv[1])
+    hit = sorted(g - INTERVAL_MS for g in gaps.values() if g > 2.5 * INTERVAL_MS)
+    return {"datapath": datapath, "pairs": len(gaps), "pairs_interrupted": len(hit),
+            "worst_gap_ms": round(worst[1], 1), "worst_pair": list(worst[0]),
+            "outage_ms": round(worst[1] - INTERVAL_MS, 1), "replies_lost": lost,
+            "probes": count * len(gaps), "started": start,
+            "median_outage_of_interrupted_ms": round(hit[len(hit) // 2], 1) if hit else 0.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datapath", choices=["ovs", "ebpf"], default="ebpf")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results = []
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory(prefix="fabriclab-failover-") as tmp:
+            results.append(once(args.datapath, Path(tmp)))
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            print(f"{r['datapath']}: worst outage {r['outage_ms']} ms over {r['pairs']} pairs, "
+                  f"{r['replies_lost']} of {r['probes']} replies lost "
+                  f"({r['pairs_interrupted']} interrupted, median "
+                  f"{r['median_outage_of_interrupted_ms']} ms; worst {r['worst_pair']})")
+
+
+if __name__ == "__main__":
+    main()
