@@ -82,9 +82,17 @@ def state_dir(tmp_path) -> Path:
     return tmp_path / "state"
 
 
-def experiment(text: str) -> config.Experiment:
+def experiment(text: str, datapath: str = "ovs") -> config.Experiment:
+    """An experiment from YAML ``text``, on ``datapath`` (merged into its ``emulator``)."""
     import yaml
-    return config.parse(yaml.safe_load(text))
+    data = yaml.safe_load(text)
+    if datapath != "ovs":
+        data.setdefault("emulator", {})["datapath"] = datapath
+    return config.parse(data)
+
+
+#: a test that runs on each datapath (its ``datapath`` argument)
+DATAPATHS = pytest.mark.parametrize("datapath", ["ovs", "ebpf"])
 
 
 def keep_artifacts(fabric: Fabric, into: Path) -> None:

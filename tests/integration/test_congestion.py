@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.integration.conftest import ROOT, experiment
+from tests.integration.conftest import DATAPATHS, ROOT, experiment
 
 LS = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 1\n"
       "  hosts_per_leaf: 4\n  hosts: {ecn: true}\n  queue: {size_kb: 128}\n")
@@ -21,12 +21,13 @@ def _nstat(fabric, host: str, counter: str) -> int:
     return int(line.split()[1])
 
 
-def test_ecn_capable_tcp_through_a_marked_port_sees_ce(make_fabric):
+@DATAPATHS
+def test_ecn_capable_tcp_through_a_marked_port_sees_ce(make_fabric, datapath):
     from traffic.agents.runner import run_job
 
     exp = experiment(LS + "  host_link: {ecn: {mode: step}}\n  fabric_link: {ecn: {mode: step}}\n"
                      "workload:\n  collectives:\n"
-                     "    - {op: flows, pattern: incast, fan_in: 2, size: 1MiB}\n")
+                     "    - {op: flows, pattern: incast, fan_in: 2, size: 1MiB}\n", datapath)
     fabric = make_fabric(exp)
     assert fabric.marker is not None and len(fabric.marker.ports) == len(fabric.switch_ports())
     senders = ["h1_2", "h1_3"]

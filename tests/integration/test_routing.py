@@ -9,16 +9,10 @@ import time
 import pytest
 
 from testbed.linux.trace import flow_path
-from tests.integration.conftest import experiment
+from tests.integration.conftest import DATAPATHS, experiment
 from traffic.workloads.patterns import pattern_pairs
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"
-EBPF = "emulator: {datapath: ebpf}\n"
-DATAPATHS = pytest.mark.parametrize("datapath", ["ovs", "ebpf"])
-
-
-def _on(datapath: str) -> str:
-    return EBPF if datapath == "ebpf" else ""
 
 
 def _uplinks_used_by_aggs(fabric, flows: int = 32) -> dict[str, set[str]]:
@@ -33,8 +27,7 @@ def _uplinks_used_by_aggs(fabric, flows: int = 32) -> dict[str, set[str]]:
 @DATAPATHS
 @pytest.mark.parametrize("seed", ["per_switch", "shared"])
 def test_ecmp_seed_decides_whether_the_fabric_polarizes(make_fabric, seed, datapath):
-    fabric = make_fabric(experiment(K4 + _on(datapath)
-                                    + f"controller: {{ecmp_seed: {seed}}}\n"))
+    fabric = make_fabric(experiment(K4 + f"controller: {{ecmp_seed: {seed}}}\n", datapath))
     used = _uplinks_used_by_aggs(fabric)
     assert set(used) == {"agg1_1", "agg1_2"}, "the edge switch must spread flows over both aggs"
     if seed == "shared":
@@ -46,7 +39,7 @@ def test_ecmp_seed_decides_whether_the_fabric_polarizes(make_fabric, seed, datap
 
 @DATAPATHS
 def test_dmodk_pins_shift_permutations_onto_disjoint_paths(make_fabric, datapath):
-    fabric = make_fabric(experiment(K4 + _on(datapath) + "controller: {routing: dmodk}\n"))
+    fabric = make_fabric(experiment(K4 + "controller: {routing: dmodk}\n", datapath))
     for pattern in ("same_pod", "cross_pod"):
         hops = []
         for n, (src, dst) in enumerate(pattern_pairs(fabric.topo, pattern)):
@@ -66,9 +59,9 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric, datapa
     switches' per-port counters show the split)."""
     from traffic.agents.runner import run_job
 
-    exp = experiment(LS + _on(datapath) + "controller: {routing: adaptive, poll_interval_s: 0.5}\n"
+    exp = experiment(LS + "controller: {routing: adaptive, poll_interval_s: 0.5}\n"
                           "workload:\n  collectives:\n"
-                          "    - {op: flows, pattern: cross_pod, size: 8MiB}\n")
+                          "    - {op: flows, pattern: cross_pod, size: 8MiB}\n", datapath)
     fabric = make_fabric(exp)
     (job,) = exp.workload.jobs
     before = fabric.congestion()
@@ -100,7 +93,7 @@ def test_a_failed_link_on_the_path_costs_milliseconds(make_fabric, routing, wher
     from testbed.linux.trace import flow_path
     from traffic.agents.probe import measure_outage
 
-    fabric = make_fabric(experiment(K4 + _on(datapath) + f"controller: {{routing: {routing}}}\n"))
+    fabric = make_fabric(experiment(K4 + f"controller: {{routing: {routing}}}\n", datapath))
     sport, dport = 30000, 7777
     if routing == "adaptive":  # the controller learns the probe flow from its first packet
         warm = measure_outage(fabric, "h1_1_1", "h2_1_1", lambda: None, seconds=0.5,

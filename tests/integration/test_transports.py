@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import experiment
+from tests.integration.conftest import DATAPATHS, experiment
 from traffic.agents.runner import run_job
 
 LS = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 2\n"
@@ -13,10 +13,12 @@ LS = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 2\n"
       "emulator: {queue_sample_ms: 0}\n")
 
 
+@DATAPATHS
 @pytest.mark.parametrize("transport", ["rocev2", "uet"])
-def test_a_udp_transport_completes_an_all_reduce_with_every_byte(make_fabric, transport):
+def test_a_udp_transport_completes_an_all_reduce_with_every_byte(make_fabric, transport,
+                                                                 datapath):
     exp = experiment(LS + "workload:\n  collectives:\n    - {op: all_reduce, size: 1MiB, "
-                          "ranks: 4}\n")
+                          "ranks: 4}\n", datapath)
     fabric = make_fabric(exp)
     (job,) = exp.workload.jobs
     (result,) = run_job(fabric, list(job.collectives), timeout_s=120, transport=transport)
@@ -35,13 +37,16 @@ def _uplink_packets(fabric, before: dict, after: dict) -> dict[str, int]:
             for p in ("leaf1-eth3", "leaf1-eth4")}
 
 
-@pytest.mark.parametrize("spray,selection", [(True, "hash"), (False, "hash"),
-                                             (True, "dp_hash")])
-def test_spraying_spreads_one_queue_pair_over_every_uplink(make_fabric, spray, selection):
-    # with dp_hash the datapath hashes each packet's 5-tuple itself (no upcall per entropy)
+@pytest.mark.parametrize("spray,selection,datapath", [
+    (True, "hash", "ovs"), (False, "hash", "ovs"), (True, "dp_hash", "ovs"),
+    (True, "hash", "ebpf"), (False, "hash", "ebpf")])
+def test_spraying_spreads_one_queue_pair_over_every_uplink(make_fabric, spray, selection,
+                                                           datapath):
+    # with dp_hash the datapath hashes each packet's 5-tuple itself (no upcall per entropy); the
+    # eBPF datapath always does
     exp = experiment(LS + f"controller: {{ecmp_selection: {selection}}}\n"
                           "workload:\n  collectives:\n    - {op: send_recv, size: 2MiB, "
-                          "ranks: [h1_1, h2_1]}\n")
+                          "ranks: [h1_1, h2_1]}\n", datapath)
     fabric = make_fabric(exp)
     (job,) = exp.workload.jobs
     before = fabric.congestion()

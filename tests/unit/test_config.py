@@ -320,14 +320,16 @@ def test_a_job_fails_at_once_when_a_fabric_service_dies_during_it():
                              "buffer space available")
 
 
-@pytest.mark.parametrize("extra, field", [
-    ({"controller": {"routing": "adaptive"}}, "controller.routing"),
-    ({"workload": {"collectives": [{"op": "all_reduce", "size": 64}]},
-      "failures": [{"at_s": 1, "link": ["leaf1", "spine1"], "action": "down"}]}, "failures")])
-def test_what_the_ebpf_datapath_does_not_offer_yet_is_refused_by_field(extra, field):
-    base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
-                                     "hosts_per_leaf": 1}, "emulator": {"datapath": "ebpf"}}
+def test_what_the_ebpf_datapath_does_not_offer_yet_is_refused_by_field():
+    fabric = {"topology": "leaf_spine", "leaves": 2, "spines": 1, "hosts_per_leaf": 1}
+    base = {"version": 1, "fabric": fabric, "emulator": {"datapath": "ebpf"}}
     with pytest.raises(ConfigError) as err:
-        config.parse({**base, **extra})
-    assert err.value.path == field
+        config.parse({**base, "fabric": {**fabric, "traffic_classes": {
+            "dscp_to_priority": {26: 3}}, "pfc": {"priorities": [3]}}})
+    assert err.value.path == "fabric.pfc"
     assert config.parse(base).emulator.datapath == "ebpf"
+    # what it offers now: adaptive routing and failures
+    assert config.parse({**base, "controller": {"routing": "adaptive"},
+                         "workload": {"collectives": [{"op": "all_reduce", "size": 64}]},
+                         "failures": [{"at_s": 1, "link": ["leaf1", "spine1"],
+                                       "action": "down"}]}).failures

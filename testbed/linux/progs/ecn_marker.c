@@ -244,16 +244,16 @@ int rx_count(struct __sk_buff *skb)
 	int ip_prio;
 
 	if (!cfg || (cfg->flags & PORT_CLASSIFY))
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	ip_prio = ip_priority(skb, cfg, &ecn);
 	if (ip_prio > 0)
 		key.prio = ip_prio;
 	c = counter(&fl_rx, &key, &zero);
 	if (!c)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	__sync_fetch_and_add(&c->packets, 1);
 	__sync_fetch_and_add(&c->bytes, skb->len);
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;	/* on to the next filter: an eBPF switch's, where there is one */
 }
 
 char LICENSE[] SEC("license") = "GPL";
