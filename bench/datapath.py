@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): what a datapath costs per packet and switch hop on this machine.
 
-Two hosts (network namespaces) joined by a chain of ``--hops`` switches. For the eBPF datapath
-each switch is ``testbed/linux/progs/switch.c`` on its two ports with a compiled flow table (a
-/32 route each way); links between switches are veth pairs in the root namespace. iperf3 runs
+Two hosts (network namespaces) joined by a chain of ``--hops`` switches, on each datapath in
+turn: ``ebpf``, each switch ``testbed/linux/progs/switch.c`` on its two ports with a compiled
+flow table (a /32 route each way); ``ovs``, each switch a bridge of its own private
+``ovs-vswitchd`` (the userspace datapath, as fabriclab runs it where the kernel has no
+openvswitch module) with the same two flows. Links between switches are veth pairs in the root
+namespace; with ``--rate-mbps`` every switch port's egress is shaped (HTB and a bfifo of
+``--queue-kb``) as a fabric's ports are. iperf3 runs
 one TCP flow, then UDP datagrams of ``--udp-bytes`` as fast as it can send, each for
 ``--duration`` seconds; the machine's busy CPU over each run, divided by the packets delivered
 times the hops, is the CPU per packet-hop (it includes both hosts' stacks and iperf3: an upper
 bound on the datapath's own cost).
 
-Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000] [--json F]
-
-Only the eBPF datapath is measured so far; the Open vSwitch datapaths come next, in the same
-run, side by side.
+Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000]
+                         [--datapaths ebpf,ovs] [--rate-mbps R] [--queue-kb 256] [--json F]
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ sys.path.insert(0, str(ROOT))
 from controllers.routing.tables import FlowEntry  # noqa: E402
 from testbed.linux.cpu import sample, usage  # noqa: E402
 from testbed.linux.ebpfswitch import EbpfSwitches  # noqa: E402
+from testbed.linux import ovs  # noqa: E402
 from testbed.linux.netlink import Netlink  # noqa: E402
 from testbed.plan import tss  # noqa: E402
+from testbed.plan.tcplan import plan_shaping  # noqa: E402
 
 A, B = "10.78.0.1", "10.78.0.2"
 
@@ -46,8 +50,14 @@ def route(dst: str, port: int) -> FlowEntry:
                      (("output", port),))
 
 
-def build_chain(tag: str, hops: int, mtu: int, state: Path):
-    """Hosts ``<tag>a`` and ``<tag>b``, switches 1..hops; returns the switches' handle."""
+def ports_of(tag: str, hops: int) -> list[tuple[str, str]]:
+    """Switch i's two ports: (towards a, towards b)."""
+    return [(f"{tag}a0" if i == 1 else f"{tag}s{i}l", f"{tag}b0" if i == hops else f"{tag}s{i}r")
+            for i in range(1, hops + 1)]
+
+
+def build_links(tag: str, hops: int, mtu: int) -> None:
+    """Hosts ``<tag>a`` and ``<tag>b`` and the veths between switches 1..hops."""
     macs = {"a": "02:00:0a:4e:00:01", "b": "02:00:0a:4e:00:02"}
     for side, ip in (("a", A), ("b", B)):
         sh("ip", "netns", "add", f"{tag}{side}")
@@ -62,21 +72,62 @@ def build_chain(tag: str, hops: int, mtu: int, state: Path):
         sh("ip", "link", "set", f"{tag}{side}0", "mtu", str(mtu), "up")
     sh("ip", "-n", f"{tag}a", "neigh", "replace", B, "lladdr", macs["b"], "dev", "eth0")
     sh("ip", "-n", f"{tag}b", "neigh", "replace", A, "lladdr", macs["a"], "dev", "eth0")
-    # switch i: port 1 towards a, port 2 towards b
     for i in range(1, hops):
         left, right = f"{tag}s{i}r", f"{tag}s{i + 1}l"
         sh("ip", "link", "add", left, "type", "veth", "peer", "name", right, "mtu", str(mtu))
         sh("ip", "link", "set", left, "up")
         sh("ip", "link", "set", right, "up")
+
+
+def shape(tag: str, hops: int, mtu: int, rate_mbps: float, queue_kb: int) -> None:
+    """Every switch port's egress shaped as a fabric's ports are."""
+    plan = plan_shaping(rate_mbps, mtu, queue_kb=queue_kb)
+    with Netlink() as nl:
+        for pair in ports_of(tag, hops):
+            for ifname in pair:
+                nl.shape(ifname, plan)
+
+
+def ebpf_chain(tag: str, hops: int, state: Path):
+    """The switches as eBPF switches; returns their handle (closed at teardown)."""
     switches = EbpfSwitches(Path(f"/sys/fs/bpf/fabriclab/{tag}"), state)
     with Netlink() as nl:
-        for i in range(1, hops + 1):
-            port1 = f"{tag}a0" if i == 1 else f"{tag}s{i}l"
-            port2 = f"{tag}b0" if i == hops else f"{tag}s{i}r"
+        for i, (port1, port2) in enumerate(ports_of(tag, hops), start=1):
             switches.add_port(nl, i, 1, port1)
             switches.add_port(nl, i, 2, port2)
             switches.set_table(i, tss.compile_table([route(A, 1), route(B, 2)]))
     return switches
+
+
+class OvsChain:
+    """The switches as Open vSwitch bridges, one private vswitchd each (userspace datapath)."""
+
+    def __init__(self, tag: str, hops: int, mtu: int, state: Path) -> None:
+        self.instances = []
+        for i, (port1, port2) in enumerate(ports_of(tag, hops), start=1):
+            inst = ovs.Instance(state / f"{tag}-ovs{i}", f"ovs{i}")
+            self.instances.append(inst)
+            inst.start_db({"userspace-tso-enable": "true"})
+            inst.start_switch()
+            ovs.create_bridges([ovs.BridgeSpec(f"{tag}br{i}", f"{i:016x}",
+                                               ((port1, 1), (port2, 2)))], tag,
+                               ovs.PRIVATE_DATAPATH_TYPE, "tcp:127.0.0.1:9", mtu, db=inst.db)
+            mgmt = f"unix:{inst.directory / f'{tag}br{i}.mgmt'}"
+            for flow in (f"ip,nw_dst={A},actions=output:1", f"ip,nw_dst={B},actions=output:2"):
+                sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", mgmt, f"priority=200,{flow}")
+
+    def close(self) -> None:
+        for inst in self.instances:
+            for daemon in ("ovs-vswitchd", "ovsdb-server"):
+                pid = inst.pids.get(daemon)
+                if pid:
+                    try:
+                        os.kill(pid, 15)
+                    except ProcessLookupError:
+                        pass
+        time.sleep(0.5)
+        for inst in self.instances:
+            sh("rm", "-rf", str(inst.directory), check=False)
 
 
 def teardown(tag: str, hops: int, switches) -> None:
@@ -119,36 +170,52 @@ def iperf(tag: str, duration: int, udp_bytes: int | None) -> dict:
             "seconds": s["seconds"]}
 
 
+def measure(datapath: str, args, tag: str) -> list[dict]:
+    switches = None
+    rows = []
+    try:
+        build_links(tag, args.hops, args.mtu)
+        if args.rate_mbps:
+            shape(tag, args.hops, args.mtu, args.rate_mbps, args.queue_kb)
+        state = Path("/run/fabriclab")
+        switches = ebpf_chain(tag, args.hops, state) if datapath == "ebpf" else \
+            OvsChain(tag, args.hops, args.mtu, state)
+        time.sleep(1.0)  # vswitchd: its ports polled
+        for udp in (None, args.udp_bytes):
+            row = iperf(tag, args.duration, udp)
+            # packets through the chain per second: UDP datagrams delivered, or TCP segments
+            # of one MSS (MTU - 52) at the measured goodput
+            pps = row["delivered_pps"] if udp else row["mbps"] * 1e6 / 8 / (args.mtu - 52)
+            row.update(datapath=datapath, hops=args.hops, rate_mbps=args.rate_mbps,
+                       us_per_packet_hop=row["busy_cores"] * 1e6 / (pps * args.hops)
+                       if pps else None)
+            rows.append(row)
+    finally:
+        teardown(tag, args.hops, switches)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hops", type=int, default=3)
     parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--udp-bytes", type=int, default=8900)
     parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--datapaths", default="ebpf,ovs")
+    parser.add_argument("--rate-mbps", type=float, default=0.0)
+    parser.add_argument("--queue-kb", type=int, default=256)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    tag = f"dp{os.getpid() % 100000}"
-    switches = None
     rows = []
-    try:
-        switches = build_chain(tag, args.hops, args.mtu, Path("/run/fabriclab"))
-        for udp in (None, args.udp_bytes):
-            row = iperf(tag, args.duration, udp)
-            # packets through the chain per second: UDP datagrams delivered, or TCP segments
-            # of one MSS (MTU - 52) at the measured goodput
-            pps = row["delivered_pps"] if udp else row["mbps"] * 1e6 / 8 / (args.mtu - 52)
-            row.update(datapath="ebpf", hops=args.hops,
-                       us_per_packet_hop=row["busy_cores"] * 1e6 / (pps * args.hops)
-                       if pps else None)
-            rows.append(row)
-    finally:
-        teardown(tag, args.hops, switches)
-    print(f"{'datapath':8} {'kind':4} {'hops':>4} {'Mbit/s':>9} {'pkt/s':>9} {'cores':>6} "
-          f"{'us/pkt-hop':>10}")
+    for datapath in args.datapaths.split(","):
+        rows += measure(datapath, args, f"dp{os.getpid() % 100000}")
+    print(f"{'datapath':8} {'kind':4} {'hops':>4} {'shaped':>6} {'Mbit/s':>9} {'pkt/s':>9} "
+          f"{'cores':>6} {'us/pkt-hop':>10}")
     for r in rows:
         pps = r.get("delivered_pps") or r["mbps"] * 1e6 / 8 / (args.mtu - 52)
-        print(f"{r['datapath']:8} {r['kind']:4} {r['hops']:>4} {r['mbps']:>9.0f} {pps:>9.0f} "
-              f"{r['busy_cores']:>6.2f} {r['us_per_packet_hop']:>10.2f}")
+        print(f"{r['datapath']:8} {r['kind']:4} {r['hops']:>4} {r['rate_mbps'] or '-':>6} "
+              f"{r['mbps']:>9.0f} {pps:>9.0f} {r['busy_cores']:>6.2f} "
+              f"{r['us_per_packet_hop'] or 0:>10.2f}")
     print("TCP packets are MSS-sized equivalents of the goodput (segmentation offload moves "
           "fewer, larger ones); UDP counts the datagrams delivered.")
     if args.json:
