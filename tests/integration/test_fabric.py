@@ -12,7 +12,7 @@ from testbed.linux import capabilities
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.fabric import Fabric
 from testbed.poll import wait_for
-from tests.integration.conftest import experiment, machine_state
+from tests.integration.conftest import DATAPATHS, experiment, machine_state
 from traffic.agents import iperf
 
 K4 = "version: 1\nfabric: {topology: fat_tree, k: 4}\n"
@@ -178,8 +178,11 @@ def test_fabric_services_live_and_die_with_the_fabric(make_fabric):
     assert not fabric._threads
 
 
-def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_path):
-    """``fabriclab up`` in one process, ``fabriclab fail`` / ``restore`` from another."""
+@DATAPATHS
+def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_path, datapath):
+    """``fabriclab up`` in one process, ``fabriclab fail`` / ``restore`` from another (on the
+    eBPF datapath: the port not live in the pinned maps at once, the carrier's loss told to
+    the controller by the switches' agent)."""
     import json
     import signal
     from pathlib import Path
@@ -189,7 +192,7 @@ def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_pat
     from testbed.model.builders import fat_tree
 
     exp = tmp_path / "up.yaml"
-    exp.write_text(K4)
+    exp.write_text(K4 + f"emulator: {{datapath: {datapath}}}\n")
     cli = [sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir)]
     up = subprocess.Popen(cli + ["up", str(exp)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, cwd=ROOT)
