@@ -14,7 +14,8 @@ from fabriclab.model import experiment as xp
 from testbed.errors import ConfigError
 from testbed.model import servers
 from testbed.model.partition import Machine, Partition, partition
-from testbed.plan.fidelity import assess, machine_budget_mbit_hops
+from testbed.plan.datapaths import expected as expected_datapath
+from testbed.plan.fidelity import assess, machine_budget_mbit_hops, saturation_table
 
 
 def validate(req: ValidateRequest, ui: Console) -> int:
@@ -40,10 +41,12 @@ def validate(req: ValidateRequest, ui: Console) -> int:
 def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict, bool]:
     """What ``exp`` builds, printed; its JSON line, and whether its partition (if asked) fits."""
     counts = exp.topology.counts()
-    verdict = assess(exp.topology, exp.fabric.mtu)
+    datapath = expected_datapath(exp, cluster=exp.cluster is not None)
+    verdict = assess(exp.topology, exp.fabric.mtu, saturation_table(datapath))
     ui.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
              f"{counts['hosts']} hosts, {counts['links']} links)")
-    ui.print(f"  on the userspace datapath: {verdict.explain()}"
+    where = "the eBPF datapath" if datapath == "ebpf" else "the userspace datapath"
+    ui.print(f"  on {where}: {verdict.explain()}"
              + ("" if verdict.fits else " -- over the headroom"))
     if exp.topology.servers:
         ui.print(f"  servers: {servers.describe(exp.topology)}")

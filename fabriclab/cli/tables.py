@@ -29,10 +29,12 @@ def fabric_summary(exp: xp.Experiment, fabric) -> Table:
     if topo.servers:
         table.add_row("servers", gpu_servers.describe(topo))
     table.add_row("queue / MTU", f"{exp.fabric.queue_text()} / {exp.fabric.mtu}")
-    table.add_row("datapath", "eBPF switches (tc programs and maps)"
-                  if fabric.datapath_type == "ebpf" else f"Open vSwitch {fabric.datapath_type}"
-                              + (f", {fabric.vswitchd_count} private vswitchd"
-                                 if fabric.vswitchd_count else ""))
+    datapath = ("eBPF switches (tc programs and maps)" if fabric.datapath_type == "ebpf"
+                else f"Open vSwitch {fabric.datapath_type}"
+                + (f", {fabric.vswitchd_count} private vswitchd" if fabric.vswitchd_count
+                   else ""))
+    choice = getattr(fabric, "datapath_choice", "")
+    table.add_row("datapath", datapath + (f"\n{choice}" if choice.startswith("auto") else ""))
     table.add_row("controller", f"os-ken on {fabric.controller_address}, "
                                 f"{exp.controller.routing}")
     if exp.cluster is not None:

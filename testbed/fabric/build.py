@@ -6,6 +6,7 @@ themselves; the sysctls raised for the build put back; the PFC agent started."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from testbed.linux.rawnl import LinkEvents
 from testbed.model.servers import scale_up_routes
 from testbed.model.spec import Datapath, EcnMarker, Fidelity, TestbedSpec
 from testbed.model.topology import HOST_PREFIX_LEN, PLANE_PREFIX_LEN, Link, shard_switches
-from testbed.plan.fidelity import assess
+from testbed.plan import datapaths
+from testbed.plan.fidelity import assess, saturation_table
 from testbed.plan.portplan import (
     link_plan,
     marker_thresholds,
@@ -57,14 +59,25 @@ class BuildSteps:
             if not caps.has(need):
                 raise ConfigError(need.field, caps.explain_missing(need))
 
+    def _choose_datapath(self) -> None:
+        """``emulator.datapath: auto`` resolved here (:func:`testbed.plan.datapaths.choose`);
+        the spec says the datapath chosen from now on, ``datapath_choice`` why."""
+        caps = self.caps
+        chosen, self.datapath_choice = datapaths.choose(
+            self.spec, caps is None or caps.has_qdisc("clsact"), cluster=self.part is not None)
+        if chosen != self.spec.emulator.datapath:
+            self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))
+            self.log(f"datapath {self.datapath_choice}")
+
     def _check_fidelity(self) -> None:
-        """Refuse (or warn about) a fabric whose full load exceeds this machine's budget (the
-        userspace datapath's, measured; the eBPF datapath's is not modelled yet)."""
+        """Refuse (or warn about) a fabric whose full load exceeds this machine's budget, as
+        measured for its datapath (the kernel datapath of Open vSwitch has none measured)."""
         mode = self.spec.emulator.fidelity
-        if self.caps.datapath_type != "netdev" or mode == Fidelity.OFF or \
-                self.spec.emulator.datapath == Datapath.EBPF:
+        ebpf = self.spec.emulator.datapath == Datapath.EBPF
+        if (self.caps.datapath_type != "netdev" and not ebpf) or mode == Fidelity.OFF:
             return
-        self.fidelity = verdict = assess(self.topo, self.spec.fabric.mtu)
+        self.fidelity = verdict = assess(self.topo, self.spec.fabric.mtu,
+                                         saturation_table(self.spec.emulator.datapath))
         if verdict.overloaded and mode == Fidelity.STRICT:
             raise ConfigError("fabric.host_link.rate_mbps",
                               f"too fast for this machine: {verdict.explain()}. Lower the rates, "

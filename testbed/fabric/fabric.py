@@ -99,6 +99,7 @@ class Fabric(BuildSteps, ControllerProcess):
         self.instances: list[ovs.Instance] = []
         self.fidelity: FidelityVerdict | None = None
         self.warnings: list[str] = []
+        self.datapath_choice = ""  # why the switches forward on the datapath they do
         self.switch_instance: dict[str, ovs.Instance] = {}
         self._processes: list[subprocess.Popen] = []
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
@@ -148,6 +149,7 @@ class Fabric(BuildSteps, ControllerProcess):
         builds = self.part is None or bool(self.part.nodes)
         if builds:
             self.caps = self._check_machine()
+        self._choose_datapath()
         if self.part is None:  # a cluster's coordinator checks each machine's share
             self._check_fidelity()
         self._prepare_run()

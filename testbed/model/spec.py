@@ -92,6 +92,7 @@ class Datapath(StrEnum):
 
     OVS = "ovs"
     EBPF = "ebpf"
+    AUTO = "auto"  # the fastest this machine has that does what the experiment asks
 
 
 class EcnMarker(StrEnum):

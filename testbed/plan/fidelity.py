@@ -107,6 +107,17 @@ def ecmp_expectation(topo: Topology, pairs: list[tuple[str, str]], trials: int =
 # ``bench/capacity.py`` measures these figures again on the machine it runs on.
 
 SATURATION_MBIT_HOPS = {1500: 700.0, 9000: 1600.0}
+# The eBPF datapath (no process forwards; the hosts' stacks and the senders are most of the CPU),
+# the same bench: 16 cross-pod TCP flows at 1000 Mbit/s each (5 hops) delivered 0.996 of ideal at
+# MTU 9000 (79,000 Mbit-hop/s, 5 % idle) and at MTU 1500 (76,000, 11 % idle); at 500 Mbit/s,
+# 43-45 % idle. Segmentation offload makes TCP's cost per bit almost independent of the MTU.
+EBPF_SATURATION_MBIT_HOPS = {1500: 76000.0, 9000: 79000.0}
+
+
+def saturation_table(datapath: str) -> dict[int, float]:
+    """The measured saturation points of a datapath (``ovs``: its userspace datapath, the
+    slowest it runs with; ``ebpf``)."""
+    return EBPF_SATURATION_MBIT_HOPS if datapath == "ebpf" else SATURATION_MBIT_HOPS
 HEADROOM = 0.5  # full load under half the saturation point kept >= 25 % CPU idle (k=4, k=6)
 
 

@@ -1,0 +1,42 @@
+"""``emulator.datapath: auto`` (testbed/plan/datapaths.py) and each datapath's measured budget
+in the fidelity model (testbed/plan/fidelity.py)."""
+
+from __future__ import annotations
+
+import yaml
+
+from fabriclab.model import experiment as xp
+from testbed.model.spec import Datapath
+from testbed.plan import datapaths
+from testbed.plan.fidelity import assess, saturation_table
+
+BASE = ("version: 1\nfabric: {topology: fat_tree, k: 4, host_link: {rate_mbps: 100}, "
+        "fabric_link: {rate_mbps: 100}, mtu: 9000")
+
+
+def _exp(fabric_extra: str = "", datapath: str = "auto") -> xp.Experiment:
+    return xp.parse(yaml.safe_load(BASE + fabric_extra + "}\n"
+                                   f"emulator: {{datapath: {datapath}}}\n"))
+
+
+def test_auto_takes_ebpf_unless_the_experiment_asks_what_it_lacks_and_says_why():
+    chosen, why = datapaths.choose(_exp(), has_clsact=True)
+    assert chosen == Datapath.EBPF and why.startswith("auto: ebpf")
+    pfc = _exp(", traffic_classes: {dscp_to_priority: {26: 3}}, pfc: {priorities: [3]}")
+    chosen, why = datapaths.choose(pfc, has_clsact=True)
+    assert chosen == Datapath.OVS and "fabric.pfc" in why
+    chosen, why = datapaths.choose(_exp(), has_clsact=True, cluster=True)
+    assert chosen == Datapath.OVS and "cluster" in why
+    chosen, why = datapaths.choose(_exp(), has_clsact=False)
+    assert chosen == Datapath.OVS and "clsact" in why
+    # a datapath asked by name is kept, whatever the machine
+    assert datapaths.choose(_exp(datapath="ovs"), has_clsact=True)[0] == Datapath.OVS
+    assert datapaths.choose(_exp(datapath="ebpf"), has_clsact=False)[0] == Datapath.EBPF
+
+
+def test_the_fidelity_budget_is_the_datapaths_own():
+    exp = _exp()  # 16 hosts at 100 Mbit/s: far over the userspace budget, well inside eBPF's
+    ovs = assess(exp.topology, 9000, saturation_table("ovs"))
+    ebpf = assess(exp.topology, 9000, saturation_table("ebpf"))
+    assert ovs.overloaded and not ebpf.overloaded and ebpf.fits
+    assert ebpf.saturation_mbit_hops >= 10 * ovs.saturation_mbit_hops
