@@ -151,10 +151,11 @@ class BuildSteps:
                 host = self.topo.nodes[link.a.node]
                 pid = self.hosts.pid(host.name)
                 nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=pid, peer_mac=host.mac,
-                               mtu=mtu)
+                               mtu=mtu, group=self.record.link_group)
                 nl.shape(link.a.ifname, self.shaping(link, host_end=True), pid=pid)
             else:
-                nl.create_veth(link.b.ifname, link.a.ifname, mtu=mtu)
+                nl.create_veth(link.b.ifname, link.a.ifname, mtu=mtu,
+                               group=self.record.link_group)
                 nl.shape(link.a.ifname, plan)
                 nl.set_state(link.a.ifname, True)
             nl.shape(link.b.ifname, plan)

@@ -24,6 +24,8 @@ from testbed.linux.rawnl import (
     LinkDump,
     QdiscDump,
     RawTc,
+    add_neighbours,
+    delete_link_group,
     in_netns,
     qdisc_request,
     red_options,
@@ -89,18 +91,20 @@ class Netlink:
 
     # -- links ------------------------------------------------------------------------------
     def create_veth(self, name: str, peer: str, peer_pid: int | None = None,
-                    peer_mac: str | None = None, mtu: int = 1500) -> None:
+                    peer_mac: str | None = None, mtu: int = 1500, group: int = 0) -> None:
         """Create a veth pair ``name`` (root namespace) -- ``peer`` (in ``peer_pid``'s).
 
         Both ends are made in the root namespace and the peer is then moved: it keeps its
         interface index, unique in the root namespace, where a peer made in the other namespace
         would get that namespace's next index (2 in every host), which the eBPF marker, keyed by
-        index, could not tell from a switch port's."""
+        index, could not tell from a switch port's. ``group``: the run's link group (both ends;
+        teardown deletes the group in one request, :meth:`delete_group`)."""
         peer_spec: dict = {"ifname": peer, "mtu": mtu}
+        extra = {"group": group} if group else {}
         if peer_mac:
             peer_spec["address"] = peer_mac
         with _request(f"create veth {name}--{peer}"):
-            self.root.link("add", ifname=name, kind="veth", mtu=mtu, peer=peer_spec)
+            self.root.link("add", ifname=name, kind="veth", mtu=mtu, peer=peer_spec, **extra)
         self._disable_ipv6(name)
         if peer_pid is None:
             self._disable_ipv6(peer)
@@ -209,6 +213,12 @@ class Netlink:
             if err.code in (errno.ENODEV, errno.ENOENT):
                 return False
             raise TestbedError(f"netlink: delete {ifname} failed: {err}") from err
+
+    def delete_group(self, group: int) -> None:
+        """Delete every root-namespace link of a run's link group at once (one request: the
+        kernel unregisters them together, one RCU grace period for all instead of one per
+        link; a veth's peer goes with it)."""
+        delete_link_group(group)
 
     def existing(self, names: set[str]) -> set[str]:
         """Which of ``names`` exist in the root namespace."""
@@ -386,7 +396,6 @@ class Netlink:
             lo = ipr.link_lookup(ifname="lo")
             if lo:
                 ipr.link("set", index=lo[0], state="up")
-            for addr, mac in neighbours:
-                ipr.neigh("replace", dst=addr, lladdr=mac, ifindex=idx, state="permanent")
+        add_neighbours(pid, idx, neighbours)
 
 

@@ -68,10 +68,14 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
             report.errors.append(f"{record.run_id}: stopping {[p.pid for p in stage]}: {err}")
     try:
         if record.links or record.bridges:
+            names = set(record.links) | set(record.bridges)
             with Netlink() as nl:
-                for name in sorted(nl.existing(set(record.links) | set(record.bridges))):
-                    if nl.delete(name):
-                        report.links += 1
+                present = nl.existing(names)
+                if record.link_group and present & set(record.links):  # most of them at once
+                    nl.delete_group(record.link_group)
+                for name in sorted(nl.existing(names)):
+                    nl.delete(name)
+                report.links += len(present - nl.existing(names))
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: links: {err}")
     for pin_dir in record.bpf_pins:  # after the links: programs stay attached until then

@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,7 @@ class RunRecord:
     sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
     files: list[str] = field(default_factory=list)  # outside the run directory (discovery)
     netns: str = field(default_factory=current_netns)  # where its interfaces are
+    link_group: int = 0  # the link group its veths are in (0: none; deleted by name)
 
     def here(self) -> bool:
         """Whether this process is in the network namespace the run made its interfaces in
@@ -114,6 +116,11 @@ class RunRecord:
 
     def owner_alive(self) -> bool:
         return proc_start_time(self.owner_pid) == self.owner_start
+
+
+def link_group_of(run_id: str) -> int:
+    """A run's own link group: from its id, never 0 (every interface's default group)."""
+    return (zlib.crc32(run_id.encode()) & 0x7FFFFFFF) or 1
 
 
 class Registry:
@@ -126,8 +133,9 @@ class Registry:
 
     def new_run(self, run_dir: Path) -> RunRecord:
         pid = os.getpid()
-        record = RunRecord(f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}", pid,
-                           proc_start_time(pid) or 0, str(run_dir))
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        record = RunRecord(run_id, pid, proc_start_time(pid) or 0, str(run_dir),
+                           link_group=link_group_of(run_id))
         self.save(record)
         return record
 
