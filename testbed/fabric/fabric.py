@@ -412,7 +412,8 @@ class Fabric(BuildSteps, ControllerProcess):
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability:
         """Probe every ordered host pair ``count`` times, all sources at once (on a
         multi-plane fabric every pair of NICs of a plane)."""
-        return probe_pairs(self.topo, self.run_parallel, count, timeout_s)
+        return probe_pairs(self.topo, self.run_parallel, count, timeout_s,
+                           upcalls=self.datapath_type != "ebpf")
 
     def run_parallel(self, commands: dict[str, list[str]],
                      timeout_s: float) -> dict[str, tuple[int, str, str]]:

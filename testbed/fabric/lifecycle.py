@@ -47,13 +47,14 @@ def signals_deferred() -> Iterator[None]:
 
 
 def probe_pairs(topo, run_parallel: Callable[[dict, float], dict], count: int,
-                timeout_s: float) -> Reachability:
+                timeout_s: float, upcalls: bool = True) -> Reachability:
     """Every ordered host pair of a plane probed ``count`` times, all sources at once, the
-    commands run by ``run_parallel`` (:meth:`Fabric.run_parallel`, or a cluster's)."""
+    commands run by ``run_parallel`` (:meth:`Fabric.run_parallel`, or a cluster's); paced for
+    the userspace datapath's upcalls unless the switches make none (``upcalls=False``: eBPF)."""
     hosts, plane = topo.hosts, topo.plane_of
     expected = {h.name: {o.ip: o.name for o in hosts
                          if o is not h and plane(o.name) == plane(h.name)} for h in hosts}
-    interval = probe_interval_ms(len(hosts), len(topo.switches))
+    interval = probe_interval_ms(len(hosts), len(topo.switches) if upcalls else 1)
     commands = {src: fping_command(sorted(targets), count, interval)
                 for src, targets in expected.items()}
     results = run_parallel(commands, timeout_s)
