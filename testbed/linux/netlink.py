@@ -221,8 +221,10 @@ class Netlink:
         delete_link_group(group)
 
     def existing(self, names: set[str]) -> set[str]:
-        """Which of ``names`` exist in the root namespace."""
-        return {l.get_attr("IFLA_IFNAME") for l in self.root.get_links()} & names
+        """Which of ``names`` exist in the root namespace (one raw dump)."""
+        if self._links is None:
+            self._links = LinkDump()
+        return set(self._links.read(names))
 
     def counters(self, names: set[str], pid: int | None = None) -> dict[str, dict[str, int]]:
         """Interface counters (``IFLA_STATS64``: rx/tx packets, bytes, dropped) by name, and

@@ -125,7 +125,7 @@ class SwitchAgent:
         self.thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.lock = threading.Lock()
-        self.raw_sockets: dict[str, socket.socket] = {}  # port name -> for packet-outs
+        self.raw: socket.socket | None = None  # the controller's packet-outs go out by it
         self._waker = socket.socketpair()  # another thread's message to send: a byte here
 
     def start(self) -> None:
@@ -162,9 +162,9 @@ class SwitchAgent:
                 pass
             conn.sock.close()
         self.conns.clear()
-        for raw in self.raw_sockets.values():
-            raw.close()
-        self.raw_sockets.clear()
+        if self.raw is not None:
+            self.raw.close()
+            self.raw = None
         if self.links is not None:
             self.links.close()
             self.links = None
@@ -211,17 +211,14 @@ class SwitchAgent:
                 self.set_port(*self.port_of[ifname], up)
 
     def _send_frames(self, conn: _Conn) -> None:
-        """The controller's packet-outs, sent out of their ports (one raw socket a port)."""
+        """The controller's packet-outs, sent out of their ports."""
         frames, conn.session.packets_out = conn.session.packets_out, []
         names = {p.number: p.name for p in conn.spec.ports}
         for port, frame in frames:
             try:
-                raw = self.raw_sockets.get(names[port])
-                if raw is None:
-                    raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-                    raw.bind((names[port], 0))
-                    self.raw_sockets[names[port]] = raw
-                raw.send(frame)
+                if self.raw is None:  # one socket for every port (closing one costs an RCU
+                    self.raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)  # grace period)
+                self.raw.sendto(frame, (names[port], 0))
             except OSError:  # a port that is down (ENETDOWN): the frame is lost, as on a wire
                 self.frames_lost += 1
 
