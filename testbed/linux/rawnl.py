@@ -88,7 +88,7 @@ def red_options(plan) -> bytes:
 _NDMSG = struct.Struct("=BxxxiHBB")  # family, ifindex, state, flags, type
 RTM_NEWNEIGH, NUD_PERMANENT, NDA_DST, NDA_LLADDR = 28, 0x80, 1, 2
 NLM_F_REPLACE_CREATE_ACK = 0x1 | 0x4 | 0x100 | 0x400  # REQUEST | ACK | REPLACE | CREATE
-BATCH_BYTES = 32 * 1024  # requests per send: well inside the socket's receive buffer of ACKs
+BATCH_BYTES = 16 * 1024  # requests per send (their ACKs must fit the receive buffer)
 
 
 def add_neighbours(pid: int | None, ifindex: int, entries: list[tuple[str, str]]) -> None:
@@ -106,6 +106,7 @@ def add_neighbours(pid: int | None, ifindex: int, entries: list[tuple[str, str]]
         with in_netns(f"/proc/{pid}/ns/net"):
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
     try:
+        _ack_room(sock)
         sock.bind((0, 0))
         batch, seq, waiting = [], 0, 0
         for i, (ip, mac) in enumerate(entries):
@@ -150,6 +151,20 @@ def delete_link_group(group: int) -> None:
                 raise
     finally:
         sock.close()
+
+
+SOL_NETLINK, NETLINK_CAP_ACK, SO_RCVBUFFORCE = 270, 10, 33
+
+
+def _ack_room(sock: socket.socket) -> None:
+    """Room for a batch's ACKs: short ones (without the request echoed back), a receive buffer
+    of 4 MiB (the kernel counts each ACK's buffer, not its bytes: a few hundred overflowed
+    the default)."""
+    sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 22)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
 
 
 def _read_acks(sock: socket.socket, count: int, what: str) -> int:
