@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): what the UDP transports' agents cost per packet, and where they bind.
+
+A leaf-spine of two leaves (two hosts each) on the eBPF datapath, so that the switches cost
+little; one collective per transport and rate (a 4-rank all-reduce: every host sends and
+receives at once), ``--size`` bytes. Per row: the achieved efficiency against the ideal, the
+agents' CPU seconds over the job (every rank's process) and that CPU per DATA packet (sending,
+receiving and acknowledging it, retransmissions counted), and the machine's idle share. Where the
+agents' CPU per second of the job nears a core per agent, they, not the fabric, set the pace.
+
+Usage: bench/agents.py [--rates 20 50 100 200] [--transports uet rocev2] [--size 8MiB]
+                       [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from fabriclab.model import experiment as xp  # noqa: E402
+from testbed.fabric.fabric import Fabric  # noqa: E402
+from testbed.linux import cpu  # noqa: E402
+from traffic.agents.runner import run_job  # noqa: E402
+
+
+def experiment(rate: float, size: str) -> xp.Experiment:
+    return xp.parse(yaml.safe_load(
+        "version: 1\nname: agents\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 2\n"
+        f"  hosts_per_leaf: 2\n  host_link: {{rate_mbps: {rate}}}\n"
+        f"  fabric_link: {{rate_mbps: {rate}}}\n  mtu: 9000\n"
+        "emulator: {datapath: ebpf, queue_sample_ms: 0}\n"
+        f"workload:\n  collectives:\n    - {{op: all_reduce, size: {size}, ranks: 4}}\n"))
+
+
+def measure(transport: str, rate: float, size: str) -> dict:
+    exp = experiment(rate, size)
+    (job,) = exp.workload.jobs
+    with Fabric(exp) as fabric:
+        before = cpu.sample([])
+        (result,) = run_job(fabric, list(job.collectives), timeout_s=600, transport=transport)
+        after = cpu.sample([])
+    packets = (result.transport or {}).get("tx_packets", 0)  # DATA sent (retransmissions too)
+    seconds = result.duration_s
+    return {"transport": transport, "rate_mbps": rate, "efficiency": round(result.efficiency, 3),
+            "seconds": round(seconds, 2), "agent_cpu_s": round(result.agent_cpu_s, 2),
+            "packets": packets,
+            "us_per_packet": round(result.agent_cpu_s * 1e6 / packets, 1) if packets else None,
+            "agent_cores": round(result.agent_cpu_s / seconds, 2) if seconds else None,
+            "idle_pct": round(cpu.usage(before, after).idle_pct, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[20, 50, 100, 200])
+    parser.add_argument("--transports", nargs="+", default=["uet", "rocev2"])
+    parser.add_argument("--size", default="8MiB")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = [measure(t, r, args.size) for t in args.transports for r in args.rates]
+    print(f"{'transport':9} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
+          f"{'packets':>8} {'us/pkt':>7} {'cores':>6} {'idle%':>6}")
+    for r in rows:
+        print(f"{r['transport']:9} {r['rate_mbps']:>7g} {r['efficiency']:>6} {r['seconds']:>6} "
+              f"{r['agent_cpu_s']:>11} {r['packets']:>8} {r['us_per_packet'] or 0:>7} "
+              f"{r['agent_cores'] or 0:>6} {r['idle_pct']:>6}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
