@@ -274,10 +274,6 @@ def _typed(raw: dict, types: dict) -> dict:
 
 def _check_ebpf(spec: TestbedSpec, failures: tuple, data: dict) -> None:
     """What the eBPF datapath does not do yet is refused, naming the field."""
-    if spec.pfc is not None:
-        raise ConfigError("fabric.pfc", "PFC on the eBPF datapath does not yet pause every "
-                          "hop back to the senders (nor detect a ring's deadlock); use "
-                          "emulator.datapath: ovs")
     if data.get("cluster"):
         raise ConfigError("cluster", "a fabric over a cluster runs on the ovs datapath only "
                                      "for now")

@@ -9,8 +9,6 @@ from testbed.model.spec import Datapath, TestbedSpec
 def ebpf_refusals(spec: TestbedSpec, cluster: bool = False) -> list[str]:
     """What the experiment asks that the eBPF datapath does not offer yet (empty: nothing)."""
     out = []
-    if spec.pfc is not None:
-        out.append("PFC (fabric.pfc)")
     if cluster:
         out.append("a cluster")
     return out

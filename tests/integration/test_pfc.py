@@ -3,7 +3,7 @@ blast into a lossy class loses, and the pauses travel hop by hop back to the sen
 
 from __future__ import annotations
 
-from tests.integration.conftest import experiment
+from tests.integration.conftest import DATAPATHS, experiment
 from testbed.model.congestion import summarize_congestion
 from traffic.agents.udpflow import run_flows, run_incast
 
@@ -24,8 +24,9 @@ def _blast(fabric) -> tuple[dict, dict]:
     return result, summarize_congestion(before, fabric.congestion(), {}, (3,))
 
 
-def test_a_lossless_udp_incast_loses_nothing_and_pauses_reach_the_senders(make_fabric):
-    fabric = make_fabric(experiment(FABRIC + "  pfc: {priorities: [3]}\n" + EMULATOR))
+@DATAPATHS
+def test_a_lossless_udp_incast_loses_nothing_and_pauses_reach_the_senders(make_fabric, datapath):
+    fabric = make_fabric(experiment(FABRIC + "  pfc: {priorities: [3]}\n" + EMULATOR, datapath))
     result, congestion = _blast(fabric)
     assert result["lost"] == 0, result
     assert all(s["local_drops"] == 0 for s in result["senders"]), result["senders"]
@@ -54,8 +55,10 @@ RING = ("version: 1\nfabric:\n  topology: ring\n  leaves: 5\n  hosts_per_leaf: 1
         "  pfc: {priorities: [3], watchdog_ms: 300}\n" + EMULATOR)
 
 
-def test_a_ring_of_pauses_is_detected_as_a_deadlock_and_the_watchdog_breaks_it(make_fabric):
-    fabric = make_fabric(experiment(RING))
+@DATAPATHS
+def test_a_ring_of_pauses_is_detected_as_a_deadlock_and_the_watchdog_breaks_it(make_fabric,
+                                                                              datapath):
+    fabric = make_fabric(experiment(RING, datapath))
     # every host to the host two leaves ahead: each clockwise link carries two flows
     pairs = [(f"h{i}_1", f"h{(i + 1) % 5 + 1}_1") for i in range(1, 6)]
     before = fabric.congestion()

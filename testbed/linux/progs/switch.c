@@ -154,13 +154,24 @@ static __always_inline __u32 flow_hash(__u32 basis, __u32 src, __u32 dst, __u8 p
 	return h ^ (h >> 16);
 }
 
-static __always_inline int output(__u32 sw, __u32 port)
+/* Out of a port: to its veth end's egress, where its qdiscs (shaping, the ECN marker) apply.
+ * A packet straight from a host's socket still belongs to that socket (the kernel keeps
+ * skb->sk across veths and redirects, so a datagram queued deep in the fabric would still fill
+ * its sender's send buffer, and TCP Small Queues would count it as its own): a clone, which
+ * belongs to no socket, goes on instead, and the original is consumed here, as the wire
+ * takes a frame off a real host's NIC. */
+static __always_inline int output(struct __sk_buff *skb, __u32 sw, __u32 port)
 {
 	struct port_id id = { sw, port };
 	struct port_out *out = bpf_map_lookup_elem(&sw_out, &id);
 
 	if (!out || !out->live)
 		return TC_ACT_SHOT;
+	if (skb->sk) {
+		if (bpf_clone_redirect(skb, out->ifindex, 0))
+			return TC_ACT_SHOT;
+		return TC_ACT_STOLEN;
+	}
 	return bpf_redirect(out->ifindex, 0);
 }
 
@@ -172,7 +183,8 @@ static __always_inline int live(__u32 sw, __u32 port)
 	return out && out->live;
 }
 
-static __always_inline int apply_group(__u32 sw, __u32 gid, struct flow_key *pkt)
+static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gid,
+				       struct flow_key *pkt)
 {
 	struct group_id id = { sw, gid };
 	struct group *g = bpf_map_lookup_elem(&sw_groups, &id);
@@ -185,7 +197,7 @@ static __always_inline int apply_group(__u32 sw, __u32 gid, struct flow_key *pkt
 			if (i >= g->n)
 				break;
 			if (live(sw, g->ports[i]))
-				return output(sw, g->ports[i]);
+				return output(skb, sw, g->ports[i]);
 		}
 		return TC_ACT_SHOT;
 	}
@@ -204,7 +216,7 @@ static __always_inline int apply_group(__u32 sw, __u32 gid, struct flow_key *pkt
 		if (!live(sw, g->ports[i]))
 			continue;
 		if (point < g->weights[i])
-			return output(sw, g->ports[i]);
+			return output(skb, sw, g->ports[i]);
 		point -= g->weights[i];
 	}
 	return TC_ACT_SHOT;
@@ -280,9 +292,9 @@ int switch_ingress(struct __sk_buff *skb)
 		punt(skb, pkt.sw, pkt.in_port, best->punt, 1 /* OFPR_APPLY_ACTION */);
 	switch (best->kind) {
 	case A_OUTPUT:
-		return output(pkt.sw, best->arg);
+		return output(skb, pkt.sw, best->arg);
 	case A_GROUP:
-		return apply_group(pkt.sw, best->arg, &pkt);
+		return apply_group(skb, pkt.sw, best->arg, &pkt);
 	default:
 		return TC_ACT_SHOT;  /* dropped, or to the controller only (punted) */
 	}
