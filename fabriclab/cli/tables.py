@@ -52,13 +52,14 @@ def fabric_summary(exp: xp.Experiment, fabric) -> Table:
 def variants(name: str, rows: list[dict]) -> Table:
     """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
     table = Table(title=f"{name}: variants", box=None,
-                  caption="pauses: PFC pause events (paused: their total time, s; over all "
+                  caption="pkts/BDP: full frames per bandwidth-delay product (host rate x "
+                          "the longest path's unloaded RTT); pauses: PFC pause events (paused: their total time, s; over all "
                           "ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
                           "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
                           "Mbit/s; fct: flow completion, s")
-    for col in ("variant", "fidelity", "drops", "ce marks", "pauses", "paused s", "watchdog",
-                "deadlocks", "queue max", "queue p99", "top util"):
+    for col in ("variant", "fidelity", "pkts/BDP", "drops", "ce marks", "pauses", "paused s",
+                "watchdog", "deadlocks", "queue max", "queue p99", "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r["jobs"]) for r in rows), default=0)
     for j in range(jobs):
@@ -70,6 +71,7 @@ def variants(name: str, rows: list[dict]) -> Table:
         kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
         cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
                  r.get("fidelity") or "-",
+                 f"{r['bdp_packets']:g}" if r.get("bdp_packets") is not None else "-",
                  str(r["drops"]) if r["drops"] is not None else "-",
                  str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
                  str(r["pfc_pause_events"]) if r.get("pfc_pause_events") else "-",

@@ -22,7 +22,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses
+from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, frame_bytes
 from testbed.errors import ConfigError
 from testbed.plan.failplan import FailureEvent, plan_failures
 from testbed.model.servers import ScaleUp, ServerSpec
@@ -100,7 +100,17 @@ class Experiment(TestbedSpec):
                 "variant": self.variant,
                 "host_rate_mbps": self.fabric.host_link.rate_mbps,
                 "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
-                "mtu": self.fabric.mtu, "routing": str(self.controller.routing)}
+                "mtu": self.fabric.mtu, "routing": str(self.controller.routing),
+                **self.bdp()}
+
+    def bdp(self) -> dict:
+        """The fabric's bandwidth-delay product: the host link's rate times the longest path's
+        unloaded round trip, in bytes and in full frames (what a window or a rate controller
+        acts on per round trip)."""
+        rtt = self.base_rtt_s
+        nbytes = self.fabric.host_link.rate_mbps * 1e6 / 8 * rtt
+        return {"base_rtt_ms": round(rtt * 1e3, 3), "bdp_bytes": round(nbytes),
+                "bdp_packets": round(nbytes / frame_bytes(self.fabric.mtu), 1)}
 
 
 @dataclass(frozen=True)

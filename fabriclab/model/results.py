@@ -101,6 +101,7 @@ def variant_row(doc: dict) -> dict:
     per job the mean busbw and the worst flow completion p50 and p99 over its repetitions."""
     congestion = doc.get("congestion") or {}
     row = {"variant": doc["fabric"].get("variant"), "complete": doc["complete"],
+           "bdp_packets": doc["fabric"].get("bdp_packets"),
            "error": doc.get("error"), "fidelity": (doc.get("fidelity") or {}).get("verdict"),
            **{k: congestion.get(k) for k in ("drops", "ecn_marked", "pfc_pause_events",
                                              "pfc_paused_s", "pfc_watchdog_events",
