@@ -112,6 +112,9 @@ class ControllerProcess:
             wait_for(programmed, self.spec.controller.ready_timeout_s, "every switch to be "
                      "programmed")
         except TestbedError as err:
+            agent = getattr(self, "switch_agent", None)
+            seen = (agent.errors + agent.disconnects)[:5] if agent is not None else []
+            said = "; the eBPF switches' agent: " + "; ".join(seen) if seen else ""
             raise TestbedError(f"{err}: {len(missing)} switch(es) are not: "
-                               f"{', '.join(missing[:10])}; see "
+                               f"{', '.join(missing[:10])}{said}; see "
                                f"{self.run_dir / 'controller.log'}") from None

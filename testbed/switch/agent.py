@@ -16,6 +16,7 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -96,6 +97,7 @@ class _Counters:
         return self.datapath.counters(self.spec.index, mask, key)
 
 
+RECONNECT_S, RECONNECT_MAX_S = 0.1, 2.0  # a lost connection's first retry, and the longest wait
 _PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside switch names
 
 
@@ -118,6 +120,9 @@ class SwitchAgent:
                         for p in spec.ports}
         self.by_index = {spec.index: name for name, spec in switches.items()}
         self.punted = 0
+        self.disconnects: list[str] = []  # connections lost (each one reconnected)
+        self.backoff: dict[str, float] = {}
+        self.reconnect_at: dict[str, tuple[float, SwitchSession]] = {}
         self.frames_lost = 0  # packet-outs to ports that were down
         self.conns: dict[str, _Conn] = {}
         self.selector = selectors.DefaultSelector()
@@ -131,18 +136,12 @@ class SwitchAgent:
     def start(self) -> None:
         for name, spec in self.switches.items():
             try:
-                sock = socket.create_connection(self.controller, timeout=5)
+                self._connect(name, SwitchSession(spec.dpid, spec.ports,
+                                                  counters=_Counters(self.datapath, spec)))
             except OSError as err:
                 self.stop()
                 raise TestbedError(f"switch {name}: the controller at {self.controller[0]}:"
                                    f"{self.controller[1]} refused it: {err}") from None
-            sock.setblocking(False)
-            conn = _Conn(spec, sock, SwitchSession(spec.dpid, spec.ports,
-                                                   counters=_Counters(self.datapath, spec)))
-            conn.session.on_change = lambda _f, _g, c=conn: setattr(c, "dirty", True)
-            conn.out = conn.session.start()
-            self.conns[name] = conn
-            self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, name)
         self._waker[0].setblocking(False)
         self.selector.register(self._waker[0], selectors.EVENT_READ, _WAKE)
         self.selector.register(self.datapath.punts, selectors.EVENT_READ, _PUNTS)
@@ -234,29 +233,40 @@ class SwitchAgent:
         conn.dirty = False
 
     def _serve(self) -> None:
+        """The agent's loop; what it did not expect is recorded (``errors``) and the loop goes
+        on: one bad message or announcement must not leave every switch unprogrammed."""
         while not self.stopping.is_set():
-            for key, events in self.selector.select(timeout=0.1):
-                if key.data == _PUNTS:
-                    self._punts()
-                elif key.data == _LINKS:
-                    self._links()
-                elif key.data == _WAKE:
-                    self._waker[0].recv(4096)
-                elif key.data in self.conns and events & selectors.EVENT_READ:
-                    self._receive(key.data, self.conns[key.data])
-            for name, conn in list(self.conns.items()):  # what is to send, sent or waited for
-                try:
-                    with self.lock:
-                        if conn.out:
-                            conn.out = conn.out[conn.sock.send(conn.out):]
-                        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out
-                                                         else 0)
-                    if self.selector.get_key(conn.sock).events != events:
-                        self.selector.modify(conn.sock, events, name)
-                except BlockingIOError:
-                    continue
-                except OSError as err:
-                    self._drop(name, conn, err)
+            try:
+                self._serve_once()
+            except Exception as err:  # noqa: BLE001 - recorded, the switches go on
+                if len(self.errors) < 100:
+                    self.errors.append(f"agent: {type(err).__name__}: {err}")
+
+    def _serve_once(self) -> None:
+        if self.reconnect_at:
+            self._reconnect()
+        for key, events in self.selector.select(timeout=0.1):
+            if key.data == _PUNTS:
+                self._punts()
+            elif key.data == _LINKS:
+                self._links()
+            elif key.data == _WAKE:
+                self._waker[0].recv(4096)
+            elif key.data in self.conns and events & selectors.EVENT_READ:
+                self._receive(key.data, self.conns[key.data])
+        for name, conn in list(self.conns.items()):  # what is to send, sent or waited for
+            try:
+                with self.lock:
+                    if conn.out:
+                        conn.out = conn.out[conn.sock.send(conn.out):]
+                    events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out
+                                                     else 0)
+                if self.selector.get_key(conn.sock).events != events:
+                    self.selector.modify(conn.sock, events, name)
+            except BlockingIOError:
+                continue
+            except OSError as err:
+                self._drop(name, conn, err)
 
     def _receive(self, name: str, conn: _Conn) -> None:
         try:
@@ -272,8 +282,43 @@ class SwitchAgent:
         except (OSError, ConnectionError, ValueError, TestbedError) as err:
             self._drop(name, conn, err)
 
+    def _connect(self, name: str, session: SwitchSession) -> None:
+        """Open switch ``name``'s connection to the controller with ``session`` (a new one at
+        each connection, holding the ports' liveness) and queue its hello."""
+        sock = socket.create_connection(self.controller, timeout=5)
+        sock.setblocking(False)
+        conn = _Conn(self.switches[name], sock, session)
+        session.on_change = lambda _f, _g, c=conn: setattr(c, "dirty", True)
+        conn.out = session.start()
+        self.conns[name] = conn
+        self.selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, name)
+
     def _drop(self, name: str, conn: _Conn, err: Exception) -> None:
-        self.errors.append(f"{name}: {type(err).__name__}: {err}")
+        """The connection ended: as a switch does, it connects again (after ``RECONNECT_S``,
+        doubling to ``RECONNECT_MAX_S``), its tables kept in the datapath meanwhile; the
+        controller clears and programs it again."""
+        if len(self.disconnects) < 100:
+            self.disconnects.append(f"{name}: {type(err).__name__}: {err}")
         self.selector.unregister(conn.sock)
         conn.sock.close()
         del self.conns[name]
+        backoff = min(RECONNECT_MAX_S, self.backoff.get(name, RECONNECT_S / 2) * 2)
+        self.backoff[name] = backoff
+        self.reconnect_at[name] = (time.monotonic() + backoff, conn.session)
+
+    def _reconnect(self) -> None:
+        now = time.monotonic()
+        for name, (when, old) in list(self.reconnect_at.items()):
+            if when > now or self.stopping.is_set():
+                continue
+            del self.reconnect_at[name]
+            spec = self.switches[name]
+            try:
+                self._connect(name, SwitchSession(spec.dpid, list(old.ports.values()),
+                                                  counters=_Counters(self.datapath, spec)))
+            except OSError as err:
+                backoff = min(RECONNECT_MAX_S, self.backoff.get(name, RECONNECT_S) * 2)
+                self.backoff[name] = backoff
+                self.reconnect_at[name] = (now + backoff, old)
+                if len(self.disconnects) < 100:
+                    self.disconnects.append(f"{name}: reconnecting: {err}")

@@ -155,3 +155,31 @@ def test_the_tables_are_in_the_datapath_before_the_barrier_reply():
             agent.stop()
     wait_for(lambda: agent.thread is None or not agent.thread.is_alive(), 5, "the agent's end")
     assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
+
+
+def test_a_switch_whose_connection_the_controller_closes_connects_again():
+    """As a switch does: a controller that closes the connection (one starting up, or one
+    restarted) sees the switch connect again and say hello, its ports' liveness kept."""
+    topo = fat_tree(4)
+    ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
+             for n, link in sorted(topo.ports("edge1_1").items())]
+    maps = FakeMaps()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(5)
+        agent = SwitchAgent(maps, {"edge1_1": SwitchSpec(3, topo.nodes["edge1_1"].dpid, ports)},
+                            server.getsockname())
+        agent.start()
+        try:
+            first, _ = server.accept()
+            first.close()  # before any hello
+            second, _ = server.accept()
+            with second:
+                assert isinstance(_read_messages(second, parser.OFPHello)[0], parser.OFPHello)
+                second.sendall(_wire(parser.OFPHello(FakeDatapath()), 1)
+                               + _wire(parser.OFPFeaturesRequest(FakeDatapath()), 2))
+                (features,) = [m for m in _read_messages(second, parser.OFPSwitchFeatures)
+                               if isinstance(m, parser.OFPSwitchFeatures)]
+                assert features.datapath_id == topo.nodes["edge1_1"].dpid
+            assert agent.disconnects and "edge1_1" in agent.disconnects[0]
+        finally:
+            agent.stop()
