@@ -14,7 +14,8 @@ Payload bytes come from one zero buffer (``sendmsg`` with the header and a view 
 
 Pacing: each queue pair paces itself (uet at the line rate within its window, rocev2 at its
 DCQCN rate), and the engine paces their sum at the NIC's rate, round robin over the queue pairs
-that may send, with at most ``NIC_BURST_FRAMES`` frames ahead of the wire: several queue pairs
+that may send, with at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahead of the wire:
+several queue pairs
 at once (an all-to-all's steps overlap) never overflow the host's own queue.
 """
 
@@ -41,6 +42,10 @@ CE = 0b11
 IDLE_WAKE_S = 0.05
 BACKOFF_S = 0.001  # after a full socket buffer (our own NIC queue is full)
 NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send
+# ... and at least this long ahead: the loop sleeps in epoll, whose timeout counts whole
+# milliseconds, and wakes late on a busy machine; two frames (1.4 ms at 100 Mbit/s, 0.7 at 200)
+# left the NIC idle half the time at rates where a frame is under a millisecond
+NIC_AHEAD_S = 0.003
 
 
 class UdpEngine:
@@ -100,7 +105,8 @@ class UdpEngine:
         self.nic_free_at = 0.0  # when the NIC has sent everything handed to it so far
         # a multi-plane NIC's ports together (each is shaped at the link rate by the kernel)
         self.nic_rate_bps = scale.rate_bps * (1 + len(ranks[rank].planes) if ranks else 1)
-        self.nic_slack_s = NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / self.nic_rate_bps
+        self.nic_slack_s = max(NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / self.nic_rate_bps,
+                               NIC_AHEAD_S)
         self.turn = 0  # round robin over the queue pairs
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()

@@ -39,7 +39,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from traffic.transports.packet import Flag, Kind, Packet, Scale, packetize, wire_bytes
+from traffic.transports.packet import (Flag, Kind, Packet, Scale, next_send, packetize,
+                                       wire_bytes)
 
 INF = float("inf")
 #: ConnectX NICs send CNPs in DSCP 48 (priority 6), which switches serve from a strict-priority
@@ -267,7 +268,7 @@ class RoceSender:
         self.high = max(self.high, self.nxt)
         wire = wire_bytes(length)
         rate = self.rate_bps
-        self.next_send = max(now, self.next_send) + (wire * 8 / rate if rate < INF else 0.0)
+        self.next_send = next_send(now, self.next_send, wire * 8 / rate if rate < INF else 0.0)
         if self.cc:
             self.cc.on_sent(wire)
         st = self.stats

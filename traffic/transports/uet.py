@@ -46,6 +46,7 @@ from traffic.transports.packet import (
     Flag,
     Kind,
     Packet,
+    next_send,
     packetize,
     wire_bytes,
 )
@@ -144,8 +145,8 @@ class UetSender:
         self.tsn += 1
         self.sent_at[psn] = now
         length = self.lengths[psn]
-        self.next_send = max(now, self.next_send) + wire_bytes(length) * 8 / \
-            self.cfg.line_rate_bps
+        self.next_send = next_send(now, self.next_send,
+                                   wire_bytes(length) * 8 / self.cfg.line_rate_bps)
         st = self.stats
         st["packets"] += 1
         st["bytes"] += length
