@@ -53,8 +53,8 @@ def variants(name: str, rows: list[dict]) -> Table:
     """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
     table = Table(title=f"{name}: variants", box=None,
                   caption="pkts/BDP: full frames per bandwidth-delay product (host rate x "
-                          "the longest path's unloaded RTT); pauses: PFC pause events (paused: their total time, s; over all "
-                          "ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
+                          "the longest path's unloaded RTT); pauses: PFC pause events "
+                          "(paused: their total time, s; over all ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
                           "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
                           "Mbit/s; fct: flow completion, s")

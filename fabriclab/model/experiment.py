@@ -246,8 +246,9 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "
                                       "has none")
-    if spec.emulator.datapath == Datapath.EBPF:
-        _check_ebpf(spec, failures, data)
+    if spec.emulator.datapath == Datapath.EBPF and data.get("cluster"):
+        raise ConfigError("cluster", "a fabric over a cluster runs on the ovs datapath only "
+                                     "for now")
     return Experiment(
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
@@ -280,13 +281,6 @@ _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "bac
 
 def _typed(raw: dict, types: dict) -> dict:
     return {key: types[key](value) for key, value in raw.items()}
-
-
-def _check_ebpf(spec: TestbedSpec, failures: tuple, data: dict) -> None:
-    """What the eBPF datapath does not do yet is refused, naming the field."""
-    if data.get("cluster"):
-        raise ConfigError("cluster", "a fabric over a cluster runs on the ovs datapath only "
-                                     "for now")
 
 
 def check_entry(entry: dict, where: str) -> None:

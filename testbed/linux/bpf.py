@@ -150,7 +150,8 @@ class Map:
         fields = (ctypes.c_uint32 * 2)(self.fd, 0)
         ctypes.memmove(attr, fields, 8)
         ptrs = (ctypes.c_uint64 * 3)(ctypes.addressof(key) if key is not None else 0,
-                                     ctypes.addressof(value_or_next), flags)
+                                     ctypes.addressof(value_or_next)
+                                     if value_or_next is not None else 0, flags)
         ctypes.memmove(ctypes.addressof(attr) + 8, ptrs, 24)
         return attr
 
@@ -171,18 +172,7 @@ class Map:
 
     def delete(self, key) -> bool:
         """Remove ``key``; False when it was not there."""
-        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
-        ctypes.memmove(attr, (ctypes.c_uint32 * 2)(self.fd, 0), 8)
-        ctypes.memmove(ctypes.addressof(attr) + 8,
-                       (ctypes.c_uint64 * 1)(ctypes.addressof(key)), 8)
-        try:
-            _syscall(_BPF_MAP_DELETE_ELEM, attr)
-        except OSError as err:
-            if err.errno == errno.ENOENT:
-                return False
-            raise TestbedError(f"BPF map {self.path.name}: delete failed: {err.strerror}") \
-                from None
-        return True
+        return self._op(_BPF_MAP_DELETE_ELEM, key, None, "delete")  # no value: it must be 0
 
     def lookup(self, key):
         value = self.value_type()

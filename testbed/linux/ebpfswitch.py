@@ -120,6 +120,7 @@ class EbpfSwitches:
             ("sw_groups", GroupId, Group))}
         # switch -> its flow keys in the map and what they hold, by subtable mask and key
         self.written: dict[int, dict[tuple, tuple[FlowKey, tuple]]] = {}
+        self.masks: dict[int, list[bytes | None]] = {}  # switch -> its subtables' masks written
         self.punts = bpf.RingBuffer(self.pin_dir / "sw_punts", PUNT_RING_BYTES)
         self.links = LinkDump()  # the ports' counters, for the controller's port statistics
 
@@ -141,11 +142,8 @@ class EbpfSwitches:
 
     def set_live(self, sw: int, port: int, live: bool) -> None:
         """A port's liveness, as groups' buckets watch it."""
-        out = self.maps["sw_out"].lookup(PortId(sw, port))
-        if out is None:
+        if not _mark_live(self.maps["sw_out"], PortId(sw, port), live):
             raise TestbedError(f"switch {sw} has no port {port}")
-        out.live = int(live)
-        self.maps["sw_out"].update(PortId(sw, port), out)
 
     def set_table(self, sw: int, subtables: list[Subtable]) -> None:
         """Write switch ``sw``'s whole flow table: its entries, then its masks, then the entries
@@ -167,17 +165,20 @@ class EbpfSwitches:
                         value.packets, value.bytes = old.packets, old.bytes
                     flows.update(c_key, value)
                 now[(table.mask, key)] = (c_key, held)
-        masks = self.maps["sw_masks"]
+        masks, written = self.maps["sw_masks"], self.masks.setdefault(sw, [None] * MAX_SUBTABLES)
         for t in range(MAX_SUBTABLES):
             if t < len(subtables):
                 m = subtables[t].mask
                 bits = 0
                 for name in m.fields:
                     bits |= FIELD_BITS[name]
-                masks.update(TableId(sw, t), MaskValue(bits, subtables[t].max_priority,
-                                                       m.ipv4_src_len, m.ipv4_dst_len, 1, 0))
+                value = MaskValue(bits, subtables[t].max_priority, m.ipv4_src_len,
+                                  m.ipv4_dst_len, 1, 0)
             else:
-                masks.update(TableId(sw, t), MaskValue(0, -1, 0, 0, 0, 0))
+                value = MaskValue(0, -1, 0, 0, 0, 0)
+            if written[t] != bytes(value):  # a mask unchanged since the last table: as it is
+                masks.update(TableId(sw, t), value)
+                written[t] = bytes(value)
         keep = {held[0] for _k, held in now.values()}
         for stale, held in before.values():
             if held[0] not in keep:
@@ -225,11 +226,14 @@ def set_live_pinned(pin_dir: Path, ifindex: int, live: bool) -> bool:
     with bpf.Map(Path(pin_dir) / "sw_ports", ctypes.c_uint32, PortId) as ports, \
             bpf.Map(Path(pin_dir) / "sw_out", PortId, PortOut) as outs:
         port = ports.lookup(ctypes.c_uint32(ifindex))
-        if port is None:
-            return False
-        out = outs.lookup(port)
-        if out is None:
-            return False
-        out.live = int(live)
-        outs.update(port, out)
-        return True
+        return port is not None and _mark_live(outs, port, live)
+
+
+def _mark_live(outs: bpf.Map, port: PortId, live: bool) -> bool:
+    """Set a port's liveness in its ``sw_out`` entry; False when it has none."""
+    out = outs.lookup(port)
+    if out is None:
+        return False
+    out.live = int(live)
+    outs.update(port, out)
+    return True

@@ -91,6 +91,14 @@ NLM_F_REPLACE_CREATE_ACK = 0x1 | 0x4 | 0x100 | 0x400  # REQUEST | ACK | REPLACE 
 BATCH_BYTES = 16 * 1024  # requests per send (their ACKs must fit the receive buffer)
 
 
+def route_socket(pid: int | None) -> socket.socket:
+    """An unbound rtnetlink socket in a process's network namespace (None: this thread's)."""
+    if pid is None:
+        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    with in_netns(f"/proc/{pid}/ns/net"):
+        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+
+
 def add_neighbours(pid: int | None, ifindex: int, entries: list[tuple[str, str]]) -> None:
     """Permanent IPv4 neighbour entries (address, MAC) on interface ``ifindex`` of a namespace
     (a process's; None: the root's), many requests per send and their ACKs read after each
@@ -100,27 +108,23 @@ def add_neighbours(pid: int | None, ifindex: int, entries: list[tuple[str, str]]
     Raises:
         TestbedError: the kernel refused an entry (its errno named).
     """
-    if pid is None:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-    else:
-        with in_netns(f"/proc/{pid}/ns/net"):
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    sock = route_socket(pid)
     try:
         _ack_room(sock)
         sock.bind((0, 0))
-        batch, seq, waiting = [], 0, 0
-        for i, (ip, mac) in enumerate(entries):
-            seq += 1
+        batch = bytearray()
+        waiting = 0
+        for seq, (ip, mac) in enumerate(entries, start=1):
             body = (_NDMSG.pack(socket.AF_INET, ifindex, NUD_PERMANENT, 0, 0)
                     + nlattr(NDA_DST, socket.inet_aton(ip))
                     + nlattr(NDA_LLADDR, bytes.fromhex(mac.replace(":", ""))))
-            batch.append(_NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), RTM_NEWNEIGH,
-                                         NLM_F_REPLACE_CREATE_ACK, seq, 0) + body)
+            batch += _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), RTM_NEWNEIGH,
+                                     NLM_F_REPLACE_CREATE_ACK, seq, 0) + body
             waiting += 1
-            if sum(map(len, batch)) >= BATCH_BYTES or i == len(entries) - 1:
-                sock.send(b"".join(batch))
-                batch = []
-                waiting = _read_acks(sock, waiting, "a permanent neighbour entry")
+            if len(batch) >= BATCH_BYTES or seq == len(entries):
+                sock.send(batch)
+                _read_acks(sock, waiting, "a permanent neighbour entry")
+                batch, waiting = bytearray(), 0
     finally:
         sock.close()
 
@@ -167,8 +171,8 @@ def _ack_room(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
 
 
-def _read_acks(sock: socket.socket, count: int, what: str) -> int:
-    """Read ``count`` ACKs; raise on the first error. Returns 0."""
+def _read_acks(sock: socket.socket, count: int, what: str) -> None:
+    """Read ``count`` ACKs; raise on the first error."""
     while count:
         data = sock.recv(1 << 20)
         offset = 0
@@ -181,7 +185,6 @@ def _read_acks(sock: socket.socket, count: int, what: str) -> int:
                                        f"(errno {code})")
                 count -= 1
             offset += (length + 3) & ~3 if length else len(data)
-    return 0
 
 
 class RawTc:
@@ -207,12 +210,7 @@ class RawTc:
     def socket(self, pid: int | None) -> socket.socket:
         """The namespace's socket (None: the root namespace's)."""
         if pid not in self._socks:
-            if pid is None:
-                sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-            else:
-                with in_netns(f"/proc/{pid}/ns/net"):
-                    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW,
-                                         socket.NETLINK_ROUTE)
+            sock = route_socket(pid)
             sock.bind((0, 0))
             self._socks[pid] = sock
         return self._socks[pid]
@@ -300,12 +298,13 @@ class LinkDump(_RawDump):
     _IF_OPER_UNKNOWN, _IF_OPER_UP = 0, 6
     _STATS = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 
-    def read(self, names: set[str]) -> dict[str, dict[str, int]]:
-        """Name -> rx/tx packets, bytes and dropped, and ``up`` (carrier), for ``names``."""
+    def read(self, names: set[str] | None = None) -> dict[str, dict[str, int]]:
+        """Name -> rx/tx packets, bytes and dropped, and ``up`` (carrier), for ``names`` (None:
+        every interface)."""
         body = self._IFINFO.pack(0, 0, 0, 0, 0)
         rows = self._dump(self._RTM_GETLINK, body, self._RTM_NEWLINK, "link",
                           lambda _data, _start: True, self._link)
-        return {name: stats for name, stats in rows if name in names}
+        return {name: stats for name, stats in rows if names is None or name in names}
 
     def _link(self, data: bytes, start: int, end: int) -> tuple[str, dict]:
         name, stats = "", {"up": False}
@@ -353,9 +352,7 @@ class LinkEvents(LinkDump):
                     raise
                 dump = LinkDump()
                 try:
-                    return out + [(name, st["up"]) for name, st in dump._dump(
-                        self._RTM_GETLINK, self._IFINFO.pack(0, 0, 0, 0, 0), self._RTM_NEWLINK,
-                        "link", lambda _d, _s: True, dump._link)]
+                    return out + [(name, st["up"]) for name, st in dump.read().items()]
                 finally:
                     dump.close()
             offset = 0

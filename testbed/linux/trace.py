@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from testbed.errors import TestbedError
 from testbed.linux import ovs
-from testbed.plan import groups, tss
+from testbed.plan import groups
 
 
 def _ebpf_output(fabric, switch: str, in_port: int, packet: dict) -> list[int]:
@@ -17,19 +17,9 @@ def _ebpf_output(fabric, switch: str, in_port: int, packet: dict) -> list[int]:
     if conn is None:
         raise TestbedError(f"{switch}: not connected to the controller")
     session = conn.session
-    entry, _probes = tss.lookup(tss.compile_table(session.flows.values()),
-                                {**packet, "in_port": in_port})
-    if entry is None:
-        return []
-    for name, value in entry.actions:
-        if name == "output" and value != "controller":
-            return [int(value)]
-        if name == "group" and value in session.groups:
-            g = session.groups[value]
-            port = groups.apply_group(g.kind, g.ports, g.weights, g.hash_basis, packet,
-                                      lambda n: session.ports[n].live)
-            return [] if port is None else [port]
-    return []
+    port = groups.forward(session.flows.values(), session.groups,
+                          lambda n: session.ports[n].live, {**packet, "in_port": in_port})
+    return [] if port is None else [port]
 
 
 def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) -> list[str]:

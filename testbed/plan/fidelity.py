@@ -118,6 +118,8 @@ def saturation_table(datapath: str) -> dict[int, float]:
     """The measured saturation points of a datapath (``ovs``: its userspace datapath, the
     slowest it runs with; ``ebpf``)."""
     return EBPF_SATURATION_MBIT_HOPS if datapath == "ebpf" else SATURATION_MBIT_HOPS
+
+
 HEADROOM = 0.5  # full load under half the saturation point kept >= 25 % CPU idle (k=4, k=6)
 
 

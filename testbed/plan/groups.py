@@ -15,6 +15,8 @@ import ipaddress
 import struct
 from collections.abc import Callable, Sequence
 
+from testbed.plan import tss
+
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 _TUPLE = struct.Struct("!IIIBHH")  # basis, source, destination, protocol, ports
 
@@ -70,3 +72,21 @@ def apply_group(kind: str, ports: Sequence[int], weights: Sequence[int], basis: 
     live_weights = [w if live(p) else 0 for p, w in zip(ports, weights)]
     i = select_bucket(live_weights, h)
     return None if i is None else ports[i]
+
+
+def forward(flows, groups: dict, live: Callable[[int], bool], packet: dict) -> int | None:
+    """The port a switch sends ``packet`` (header fields and its ``in_port``) out of, as the
+    eBPF datapath decides it: the best entry of its flow table (``flows``: the
+    :class:`~testbed.model.openflow.FlowEntry` values), then that entry's first output, or its
+    group (``groups``: id -> :class:`~testbed.model.openflow.GroupEntry`) applied with the
+    ports' liveness; None when it drops the packet or only sends it to the controller."""
+    entry, _probes = tss.lookup(tss.compile_table(flows), packet)
+    if entry is None:
+        return None
+    for name, value in entry.actions:
+        if name == "output" and value != "controller":
+            return int(value)
+        if name == "group" and value in groups:
+            g = groups[value]
+            return apply_group(g.kind, g.ports, g.weights, g.hash_basis, packet, live)
+    return None

@@ -71,11 +71,14 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
             names = set(record.links) | set(record.bridges)
             with Netlink() as nl:
                 present = nl.existing(names)
+                left = present
                 if record.link_group and present & set(record.links):  # most of them at once
                     nl.delete_group(record.link_group)
-                for name in sorted(nl.existing(names)):
-                    nl.delete(name)
-                report.links += len(present - nl.existing(names))
+                    left = nl.existing(names)
+                report.links += len(present - left)
+                for name in sorted(left):
+                    if nl.delete(name):
+                        report.links += 1
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: links: {err}")
     for pin_dir in record.bpf_pins:  # after the links: programs stay attached until then

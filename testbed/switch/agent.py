@@ -119,11 +119,9 @@ class SwitchAgent:
         self.port_of = {p.name: (name, p.number) for name, spec in switches.items()
                         for p in spec.ports}
         self.by_index = {spec.index: name for name, spec in switches.items()}
-        self.punted = 0
         self.disconnects: list[str] = []  # connections lost (each one reconnected)
         self.backoff: dict[str, float] = {}
         self.reconnect_at: dict[str, tuple[float, SwitchSession]] = {}
-        self.frames_lost = 0  # packet-outs to ports that were down
         self.conns: dict[str, _Conn] = {}
         self.selector = selectors.DefaultSelector()
         self.stopping = threading.Event()
@@ -200,7 +198,6 @@ class SwitchAgent:
         for head, data in self.datapath.read_punts():
             conn = self.conns.get(self.by_index.get(head.sw, ""))
             if conn is not None:
-                self.punted += 1
                 with self.lock:
                     conn.out += conn.session.packet_in(head.port, head.total_len, data)
 
@@ -212,14 +209,14 @@ class SwitchAgent:
     def _send_frames(self, conn: _Conn) -> None:
         """The controller's packet-outs, sent out of their ports."""
         frames, conn.session.packets_out = conn.session.packets_out, []
-        names = {p.number: p.name for p in conn.spec.ports}
+        names = {p.number: p.name for p in conn.spec.ports} if frames else {}
         for port, frame in frames:
             try:
                 if self.raw is None:  # one socket for every port (closing one costs an RCU
                     self.raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)  # grace period)
                 self.raw.sendto(frame, (names[port], 0))
             except OSError:  # a port that is down (ENETDOWN): the frame is lost, as on a wire
-                self.frames_lost += 1
+                pass
 
     def _install(self, conn: _Conn) -> None:
         session, sw = conn.session, conn.spec.index
@@ -302,9 +299,13 @@ class SwitchAgent:
         self.selector.unregister(conn.sock)
         conn.sock.close()
         del self.conns[name]
+        self._retry_later(name, conn.session)
+
+    def _retry_later(self, name: str, session: SwitchSession) -> None:
+        """Connect switch ``name`` again after its backoff (doubled at each try)."""
         backoff = min(RECONNECT_MAX_S, self.backoff.get(name, RECONNECT_S / 2) * 2)
         self.backoff[name] = backoff
-        self.reconnect_at[name] = (time.monotonic() + backoff, conn.session)
+        self.reconnect_at[name] = (time.monotonic() + backoff, session)
 
     def _reconnect(self) -> None:
         now = time.monotonic()
@@ -317,8 +318,6 @@ class SwitchAgent:
                 self._connect(name, SwitchSession(spec.dpid, list(old.ports.values()),
                                                   counters=_Counters(self.datapath, spec)))
             except OSError as err:
-                backoff = min(RECONNECT_MAX_S, self.backoff.get(name, RECONNECT_S) * 2)
-                self.backoff[name] = backoff
-                self.reconnect_at[name] = (now + backoff, old)
+                self._retry_later(name, old)
                 if len(self.disconnects) < 100:
                     self.disconnects.append(f"{name}: reconnecting: {err}")

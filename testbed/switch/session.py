@@ -32,7 +32,9 @@ from testbed.plan import tss
 from testbed.switch import replies
 from testbed.switch.replies import FlowQuery, PortCounters
 
-HEADER = struct.Struct(ofp.OFP_HEADER_PACK_STR)
+HEADER = replies.HEADER
+
+
 @dataclass(frozen=True)
 class Port:
     """A switch port as the controller sees it."""

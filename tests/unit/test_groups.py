@@ -68,3 +68,23 @@ def test_fast_failover_takes_the_first_live_port():
     assert fast_failover([3, 1, 2], lambda p: p != 3) == 1
     assert fast_failover([3, 1], lambda p: False) is None
     assert apply_group("ff", [4, 5], [], 0, {}, lambda p: p == 5) == 5
+
+
+def test_a_switch_forwards_by_its_best_entry_then_its_group_over_live_ports():
+    from testbed.model.openflow import FlowEntry, GroupEntry
+    from testbed.plan.groups import forward
+
+    flows = [FlowEntry(100, (("eth_type", 0x0800), ("ipv4_dst", ("10.2.0.0", "255.255.0.0"))),
+                       (("group", 1),)),
+             FlowEntry(200, (("eth_type", 0x0800), ("ipv4_dst", ("10.1.1.2", "255.255.255.255"))),
+                       (("output", 1),)),
+             FlowEntry(0, (), (("output", "controller"),))]
+    ff = {1: GroupEntry(1, (3, 4), kind="ff")}
+    packet = {"eth_type": 0x0800, "ipv4_src": "10.1.1.2", "ipv4_dst": "10.2.1.1",
+              "ip_proto": 17, "udp_src": 5000, "udp_dst": 7000, "in_port": 1}
+    assert forward(flows, ff, lambda p: True, packet) == 3
+    assert forward(flows, ff, lambda p: p != 3, packet) == 4  # its first live port
+    assert forward(flows, ff, lambda p: False, packet) is None
+    assert forward(flows, ff, lambda p: True, {**packet, "ipv4_dst": "10.1.1.2"}) == 1
+    # to the controller only (the table-miss entry): not forwarded
+    assert forward(flows, ff, lambda p: True, {**packet, "ipv4_dst": "10.9.9.9"}) is None

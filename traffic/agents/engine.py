@@ -15,8 +15,8 @@ Payload bytes come from one zero buffer (``sendmsg`` with the header and a view 
 Pacing: each queue pair paces itself (uet at the line rate within its window, rocev2 at its
 DCQCN rate), and the engine paces their sum at the NIC's rate, round robin over the queue pairs
 that may send, with at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahead of the wire:
-several queue pairs
-at once (an all-to-all's steps overlap) never overflow the host's own queue.
+several queue pairs at once (an all-to-all's steps overlap) never overflow the host's own
+queue.
 """
 
 from __future__ import annotations
