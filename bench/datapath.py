@@ -5,7 +5,11 @@ Two hosts (network namespaces) joined by a chain of ``--hops`` switches, on each
 turn: ``ebpf``, each switch ``testbed/linux/progs/switch.c`` on its two ports with a compiled
 flow table (a /32 route each way); ``ovs``, each switch a bridge of its own private
 ``ovs-vswitchd`` (the userspace datapath, as fabriclab runs it where the kernel has no
-openvswitch module) with the same two flows. Links between switches are veth pairs in the root
+openvswitch module) with the same two flows; ``ovs-kernel``, each switch a bridge of the
+machine's Open vSwitch on the kernel datapath (where the openvswitch module exists). The
+default is every datapath the machine has. With ``--vm`` the whole benchmark runs inside the
+``vm`` backend's full-kernel guest, which has all three (its CPU is emulated: compare the
+datapaths with each other there, not with the host's figures). Links between switches are veth pairs in the root
 namespace; with ``--rate-mbps`` every switch port's egress is shaped (HTB and a bfifo of
 ``--queue-kb``) as a fabric's ports are. iperf3 runs
 one TCP flow, then UDP datagrams of ``--udp-bytes`` as fast as it can send, each for
@@ -14,7 +18,8 @@ times the hops, is the CPU per packet-hop (it includes both hosts' stacks and ip
 bound on the datapath's own cost).
 
 Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000]
-                         [--datapaths ebpf,ovs] [--rate-mbps R] [--queue-kb 256] [--json F]
+                         [--datapaths ebpf,ovs,ovs-kernel] [--rate-mbps R] [--queue-kb 256]
+                         [--vm] [--json F]
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from controllers.routing.tables import FlowEntry  # noqa: E402
 from testbed.linux.cpu import sample, usage  # noqa: E402
 from testbed.linux.ebpfswitch import EbpfSwitches  # noqa: E402
 from testbed.linux import ovs  # noqa: E402
+from testbed.linux.capabilities import probe_ovs_kernel_datapath  # noqa: E402
 from testbed.linux.netlink import Netlink  # noqa: E402
 from testbed.plan import tss  # noqa: E402
 from testbed.plan.tcplan import plan_shaping  # noqa: E402
@@ -130,6 +136,32 @@ class OvsChain:
             sh("rm", "-rf", str(inst.directory), check=False)
 
 
+class OvsKernelChain:
+    """The switches as bridges of the machine's Open vSwitch on the kernel datapath."""
+
+    def __init__(self, tag: str, hops: int, mtu: int) -> None:
+        ovs.check_running()
+        self.bridges = [f"{tag}br{i}" for i in range(1, hops + 1)]
+        ovs.create_bridges([ovs.BridgeSpec(name, f"{i:016x}", ((port1, 1), (port2, 2)))
+                            for i, (name, (port1, port2))
+                            in enumerate(zip(self.bridges, ports_of(tag, hops)), start=1)],
+                           tag, "system", "tcp:127.0.0.1:9", mtu)
+        for name in self.bridges:
+            for flow in (f"ip,nw_dst={A},actions=output:1", f"ip,nw_dst={B},actions=output:2"):
+                sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", name, f"priority=200,{flow}")
+
+    def close(self) -> None:
+        ovs.delete_bridges(self.bridges)
+
+
+DATAPATHS = ("ebpf", "ovs", "ovs-kernel")
+
+
+def available() -> list[str]:
+    """The datapaths this machine has."""
+    return [d for d in DATAPATHS if d != "ovs-kernel" or probe_ovs_kernel_datapath()]
+
+
 def teardown(tag: str, hops: int, switches) -> None:
     if switches is not None:
         switches.close()
@@ -178,8 +210,12 @@ def measure(datapath: str, args, tag: str) -> list[dict]:
         if args.rate_mbps:
             shape(tag, args.hops, args.mtu, args.rate_mbps, args.queue_kb)
         state = Path("/run/fabriclab")
-        switches = ebpf_chain(tag, args.hops, state) if datapath == "ebpf" else \
-            OvsChain(tag, args.hops, args.mtu, state)
+        if datapath == "ebpf":
+            switches = ebpf_chain(tag, args.hops, state)
+        elif datapath == "ovs-kernel":
+            switches = OvsKernelChain(tag, args.hops, args.mtu)
+        else:
+            switches = OvsChain(tag, args.hops, args.mtu, state)
         time.sleep(1.0)  # vswitchd: its ports polled
         for udp in (None, args.udp_bytes):
             row = iperf(tag, args.duration, udp)
@@ -201,19 +237,33 @@ def main() -> int:
     parser.add_argument("--duration", type=int, default=5)
     parser.add_argument("--udp-bytes", type=int, default=8900)
     parser.add_argument("--mtu", type=int, default=9000)
-    parser.add_argument("--datapaths", default="ebpf,ovs")
+    parser.add_argument("--datapaths", default=None,
+                        help=f"comma-separated, of {', '.join(DATAPATHS)} "
+                             "(default: every one the machine has)")
     parser.add_argument("--rate-mbps", type=float, default=0.0)
     parser.add_argument("--queue-kb", type=int, default=256)
+    parser.add_argument("--vm", action="store_true",
+                        help="run inside the vm backend's full-kernel guest")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.vm:
+        return in_guest(args)
+    names = args.datapaths.split(",") if args.datapaths else available()
+    unknown = sorted(set(names) - set(DATAPATHS))
+    if unknown:
+        parser.error(f"--datapaths: unknown {', '.join(unknown)} (of {', '.join(DATAPATHS)})")
+    if "ovs-kernel" in names and not probe_ovs_kernel_datapath():
+        parser.error("--datapaths: ovs-kernel needs the openvswitch kernel module, which this "
+                     "kernel lacks (try --vm)")
     rows = []
-    for datapath in args.datapaths.split(","):
+    for datapath in names:
         rows += measure(datapath, args, f"dp{os.getpid() % 100000}")
-    print(f"{'datapath':8} {'kind':4} {'hops':>4} {'shaped':>6} {'Mbit/s':>9} {'pkt/s':>9} "
+    print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs")
+    print(f"{'datapath':10} {'kind':4} {'hops':>4} {'shaped':>6} {'Mbit/s':>9} {'pkt/s':>9} "
           f"{'cores':>6} {'us/pkt-hop':>10}")
     for r in rows:
         pps = r.get("delivered_pps") or r["mbps"] * 1e6 / 8 / (args.mtu - 52)
-        print(f"{r['datapath']:8} {r['kind']:4} {r['hops']:>4} {r['rate_mbps'] or '-':>6} "
+        print(f"{r['datapath']:10} {r['kind']:4} {r['hops']:>4} {r['rate_mbps'] or '-':>6} "
               f"{r['mbps']:>9.0f} {pps:>9.0f} {r['busy_cores']:>6.2f} "
               f"{r['us_per_packet_hop'] or 0:>10.2f}")
     print("TCP packets are MSS-sized equivalents of the goodput (segmentation offload moves "
@@ -221,6 +271,36 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def in_guest(args) -> int:
+    """This benchmark, with the same options, inside the full-kernel guest; its table printed
+    here, its rows written to ``--json``."""
+    from testbed.linux import bpf
+    from testbed.linux.ebpfswitch import PROGRAM
+    from testbed.runs.registry import Registry
+    from testbed.vm import guest
+
+    state = Path("/run/fabriclab")
+    obj = bpf.build(PROGRAM, state)  # the guest has no compiler: built here, carried in
+    opts = [f"--hops {args.hops}", f"--duration {args.duration}",
+            f"--udp-bytes {args.udp_bytes}", f"--mtu {args.mtu}",
+            f"--rate-mbps {args.rate_mbps}", f"--queue-kb {args.queue_kb}"]
+    if args.datapaths:
+        opts.append(f"--datapaths {args.datapaths}")
+    job = ("mkdir -p /run/fabriclab && cp -r /job/bpf /run/fabriclab/\n"
+           f"python3 bench/datapath.py {' '.join(opts)} --json \"$FABRICLAB_OUT/rows.json\"\n")
+    image = guest.ensure_image(log=print)
+    work = state / "vm" / f"bench-datapath-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = guest.run(image, job, {f"bpf/{obj.parent.name}/{obj.name}": obj}, work,
+                       Registry(state), timeout_s=3600)
+    print(result.output.rstrip())
+    print(f"guest run: exit {result.returncode} after {result.duration_s:.0f} s "
+          f"(console: {result.console})")
+    if args.json and (result.out_dir / "rows.json").exists():
+        rows = json.loads((result.out_dir / "rows.json").read_text())
+        args.json.write_text(json.dumps([dict(r, vm=True) for r in rows], indent=1))
+    return result.returncode
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ nothing built. Imports only pure modules: fast, and no root needed."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -41,11 +42,16 @@ def validate(req: ValidateRequest, ui: Console) -> int:
 def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict, bool]:
     """What ``exp`` builds, printed; its JSON line, and whether its partition (if asked) fits."""
     counts = exp.topology.counts()
-    datapath = expected_datapath(exp, cluster=exp.cluster is not None)
+    # the kernel's Open vSwitch module, as far as validate looks (no netlink probe here)
+    ovs_kernel = Path("/sys/module/openvswitch").is_dir()
+    datapath = expected_datapath(exp, cluster=exp.cluster is not None or bool(machines),
+                                 ovs_kernel=ovs_kernel)
     verdict = assess(exp.topology, exp.fabric.mtu, saturation_table(datapath))
     ui.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
              f"{counts['hosts']} hosts, {counts['links']} links)")
-    where = "the eBPF datapath" if datapath == "ebpf" else "the userspace datapath"
+    where = ("the eBPF datapath" if datapath == "ebpf" else
+             "Open vSwitch's kernel datapath (no budget measured; the userspace one's)"
+             if ovs_kernel else "the userspace datapath")
     ui.print(f"  on {where}: {verdict.explain()}"
              + ("" if verdict.fits else " -- over the headroom"))
     if exp.topology.servers:

@@ -151,3 +151,37 @@ def test_rocev2_sends_its_cnps_in_their_own_dscp():
         peer.close()
         engine.close()
     assert tos == [(Kind.CNP, CNP_DSCP), (Kind.ACK, 26)]
+
+
+def test_a_udp_engine_wake_up_asks_only_the_queue_pairs_it_touched():
+    """A finished queue pair is not asked for its send time or timer while another one moves a
+    message: a wake-up costs the queue pairs whose state changed, not all of them."""
+    import threading
+
+    from traffic.agents.engine import UdpEngine
+    from traffic.transports.packet import Scale, mss_for
+
+    ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    scale = Scale(100e6, 0.001, mss_for(9000))
+    engines = [UdpEngine("uet", 0, ips, _free_port(), scale)]
+    engines += [UdpEngine("uet", r, ips, engines[0].port, scale) for r in (1, 2)]
+    asked = []
+    try:
+        for e in engines:
+            e.start()
+        for peer, size in ((1, 64 << 10), (2, 1 << 20)):
+            done = [threading.Event(), threading.Event()]
+            engines[peer].expect(0, 0, size, done[0].set)
+            engines[0].send(peer, 0, size, done[1].set)
+            assert all(d.wait(30) for d in done)
+            if peer == 1:  # the first queue pair is done: count what it is asked from now on
+                idle = engines[0].senders[(1, 0)]
+                for name in ("next_send_time", "timer"):
+                    method = getattr(idle, name)
+                    setattr(idle, name, lambda m=method, n=name: asked.append(n) or m())
+    finally:
+        for e in engines:
+            e.close()
+    moved = engines[0].senders[(2, 0)].stats["packets"]
+    assert moved >= 100
+    assert asked == [], f"the idle queue pair was asked {len(asked)} times over {moved} packets"

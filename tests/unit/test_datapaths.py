@@ -28,6 +28,11 @@ def test_auto_takes_ebpf_unless_the_experiment_asks_what_it_lacks_and_says_why()
     assert chosen == Datapath.OVS and "cluster" in why
     chosen, why = datapaths.choose(_exp(), has_clsact=False)
     assert chosen == Datapath.OVS and "clsact" in why
+    # where Open vSwitch's kernel datapath exists it is the fastest, cluster or not
+    for cluster in (False, True):
+        chosen, why = datapaths.choose(_exp(), has_clsact=True, cluster=cluster,
+                                       ovs_kernel=True)
+        assert chosen == Datapath.OVS and "kernel datapath" in why
     # a datapath asked by name is kept, whatever the machine
     assert datapaths.choose(_exp(datapath="ovs"), has_clsact=True)[0] == Datapath.OVS
     assert datapaths.choose(_exp(datapath="ebpf"), has_clsact=False)[0] == Datapath.EBPF

@@ -17,6 +17,13 @@ DCQCN rate), and the engine paces their sum at the NIC's rate, round robin over 
 that may send, with at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahead of the wire:
 several queue pairs at once (an all-to-all's steps overlap) never overflow the host's own
 queue.
+
+Each wake-up costs in proportion to the queue pairs whose state changed, not to all of them: a
+queue pair's next send time and next timer are state alone (they move only when it sends,
+hears from its peer, gets a message or runs a timer), so the engine caches them and
+recomputes those of the queue pairs it touched (an all-to-all of 16 ranks at 20 Mbit/s, with
+15 queue pairs each way per agent, took 340 us of CPU per packet asking all of them on every
+wake-up, 265 us this way).
 """
 
 from __future__ import annotations
@@ -108,6 +115,13 @@ class UdpEngine:
         self.nic_slack_s = max(NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / self.nic_rate_bps,
                                NIC_AHEAD_S)
         self.turn = 0  # round robin over the queue pairs
+        # cached per queue pair (see the module's docstring): when each sender may send next
+        # and when its timer fires, when each receiver's does; refreshed for the touched ones
+        self.send_at: dict[tuple[int, int], float] = {}
+        self.timer_at: dict[tuple[int, int], float] = {}
+        self.rtimer_at: dict[tuple[int, int], float] = {}
+        self.touched_tx: set[tuple[int, int]] = set()
+        self.touched_rx: set[tuple[int, int]] = set()
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
         self.listen = self._socket(bind, port, tos=dscp << 2)
@@ -217,8 +231,9 @@ class UdpEngine:
                 self._commands()
                 now = time.monotonic()
                 self._timers(now)
+                self._refresh()
                 self._transmit(now)
-                self._completions()
+                self._refresh()
                 wake = self._next_wake(time.monotonic())
                 for key, _ in self.sel.select(max(0.0, wake)):
                     if key.data == "wake":
@@ -228,7 +243,7 @@ class UdpEngine:
                             pass
                     else:
                         self._read(key.fileobj, key.data == "listen")
-                self._completions()
+                self._refresh()
         except Exception as err:  # the agent reports it and fails the job
             self.errors.append(f"udp engine: {err!r}")
 
@@ -241,22 +256,53 @@ class UdpEngine:
             if kind == "send":
                 end = self._sender(peer, channel).offer(nbytes)
                 self.send_waits[(peer, channel)].append((end, done))
+                self.touched_tx.add((peer, channel))
             else:
                 qp = (peer, channel)
                 self._receiver(qp)
                 self.recv_expected[qp] = self.recv_expected.get(qp, 0) + nbytes
                 self.recv_waits[qp].append((self.recv_expected[qp], done))
+                self.touched_rx.add(qp)
 
     def _timers(self, now: float) -> None:
-        for s in self.senders.values():
+        for key in [k for k, t in self.timer_at.items() if t <= now]:
+            self.senders[key].on_timer(now)
+            self.touched_tx.add(key)
+        for qp in [q for q, t in self.rtimer_at.items() if t <= now]:
+            for reply in self.receivers[qp].on_timer(now):
+                self._reply(reply, self.reply_to.get(qp), now)
+            self.touched_rx.add(qp)
+
+    def _refresh(self) -> None:
+        """Recompute the cached times of the touched queue pairs and call the callbacks of
+        their finished messages."""
+        for key in self.touched_tx:
+            s = self.senders[key]
+            t = s.next_send_time()
+            if t is None:
+                self.send_at.pop(key, None)
+            else:
+                self.send_at[key] = t
             t = s.timer()
-            if t is not None and t <= now:
-                s.on_timer(now)
-        for qp, r in self.receivers.items():
+            if t is None:
+                self.timer_at.pop(key, None)
+            else:
+                self.timer_at[key] = t
+            waits = self.send_waits[key]
+            while waits and s.una >= waits[0][0]:
+                waits.pop(0)[1]()
+        self.touched_tx.clear()
+        for qp in self.touched_rx:
+            r = self.receivers[qp]
             t = r.timer()
-            if t is not None and t <= now:
-                for reply in r.on_timer(now):
-                    self._reply(reply, self.reply_to.get(qp), now)
+            if t is None:
+                self.rtimer_at.pop(qp, None)
+            else:
+                self.rtimer_at[qp] = t
+            waits = self.recv_waits.get(qp)
+            while waits and r.delivered >= waits[0][0]:
+                waits.pop(0)[1]()
+        self.touched_rx.clear()
 
     def _nic_sent(self, now: float, payload: int) -> None:
         self.nic_free_at = max(now, self.nic_free_at) + \
@@ -265,18 +311,25 @@ class UdpEngine:
     def _transmit(self, now: float) -> None:
         if now < self.backoff_until or not self.senders:
             return
-        senders = list(self.senders.items())
-        self.turn = (self.turn + 1) % len(senders)
-        sent = True
+        # every queue pair in its order of creation, the start rotating by one per wake-up:
+        # rotating over the ready ones alone (an order that changes as they fill their windows)
+        # let a sender burst to one peer, and an all-to-all's incast lost 10 times the packets
+        keys = list(self.senders)
+        self.turn = (self.turn + 1) % len(keys)
+        sent = bool(self.send_at)
         while sent:  # one packet per queue pair per round, while the NIC has room
             sent = False
-            for i in range(len(senders)):
+            for i in range(len(keys)):
                 if self.nic_free_at - now > self.nic_slack_s:
                     return
-                (peer, ch), s = senders[(self.turn + i) % len(senders)]
-                pkt = s.poll(now)
+                peer, ch = key = keys[(self.turn + i) % len(keys)]
+                due = self.send_at.get(key)
+                if due is None or due > now:
+                    continue
+                pkt = self.senders[key].poll(now)
                 if pkt is None:
                     continue
+                self.touched_tx.add(key)
                 sock = self.pool[pkt.entropy % self.entropies]
                 try:
                     sock.sendmsg([pkt.encode(), ZERO[:pkt.length]], [], 0,
@@ -329,39 +382,25 @@ class UdpEngine:
                 self.reply_to[pkt.qp] = addr
                 for reply in rx.on_packet(pkt, now):
                     self._reply(reply, addr, now)
+                self.touched_rx.add(pkt.qp)
             elif not data_socket and pkt.kind != Kind.DATA:
-                sender = self.senders.get((self._peer_of(addr), pkt.qp[1]))
+                key = (self._peer_of(addr), pkt.qp[1])
+                sender = self.senders.get(key)
                 if sender is not None:
                     sender.on_packet(pkt, now)
+                    self.touched_tx.add(key)
 
     def _peer_of(self, addr) -> int:
         return self.ip_rank.get(addr[0], -1)
 
-    def _completions(self) -> None:
-        for key, waits in self.send_waits.items():
-            s = self.senders[key]
-            while waits and s.una >= waits[0][0]:
-                waits.pop(0)[1]()
-        for qp, waits in self.recv_waits.items():
-            r = self.receivers[qp]
-            while waits and r.delivered >= waits[0][0]:
-                waits.pop(0)[1]()
-
     def _next_wake(self, now: float) -> float:
-        times = [now + IDLE_WAKE_S]
+        wake = now + IDLE_WAKE_S
         if self.backoff_until > now:
-            times.append(self.backoff_until)
-        nic_ready = self.nic_free_at - self.nic_slack_s
-        for s in self.senders.values():
-            t = s.next_send_time()
-            if t is not None:
-                times.append(max(t, nic_ready))
-            t = s.timer()
-            if t is not None:
-                times.append(t)
-        for r in self.receivers.values():
-            t = r.timer()
-            if t is not None:
-                times.append(t)
-        return min(times) - now
-
+            wake = min(wake, self.backoff_until)
+        if self.send_at:
+            wake = min(wake, max(min(self.send_at.values()), self.nic_free_at - self.nic_slack_s))
+        if self.timer_at:
+            wake = min(wake, min(self.timer_at.values()))
+        if self.rtimer_at:
+            wake = min(wake, min(self.rtimer_at.values()))
+        return wake - now
