@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -141,14 +142,58 @@ def load(path: str | Path, cluster: str | None = None) -> Experiment:
         raise ConfigError(str(path), f"not a text file: byte {err.start} is not UTF-8; an "
                                      "experiment file is YAML text") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader, made stricter
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(str(path), f"not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    except ValueError as err:  # a number YAML reads but Python will not hold (5,000 digits)
+        raise ConfigError(str(path), f"not a usable YAML number: {err}") from None
     if cluster is not None and isinstance(data, dict):
         data["cluster"] = {**(data.get("cluster") or {}), "address": cluster}
     return parse(data, source=str(path))
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML's safe subset, stricter: a key given twice in one mapping is an error (PyYAML keeps
+    the last silently), and anchors and aliases are refused (a few hundred bytes of nested
+    aliases expand to billions of nodes for whatever walks the data)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not supported in an experiment file: "
+                "write the value out", event.start_mark)
+        event = self.peek_event()
+        if getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, f"anchors (&{event.anchor}) are not supported in an experiment "
+                "file: write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping",
+                    key_node.start_mark)
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return super().construct_mapping(node, deep)
+
+
+def _finite(data: object, path: str = "") -> None:
+    """Refuse a number that is not finite (``.nan``, ``.inf``): no field takes one."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ConfigError(path, f"{data} is not a finite number")
+    if isinstance(data, dict):
+        for key, value in data.items():
+            _finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _finite(value, f"{path}[{i}]")
 
 
 def parse(data: object, source: str = MEMORY) -> Experiment:
@@ -157,6 +202,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
     variants, each validated as a whole experiment."""
     if not isinstance(data, dict):
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
+    _finite(data)
     _check(data, schema())
     base = {k: v for k, v in data.items() if k not in ("variants", "sweep")}
     experiment = _parse_one(base, source, None)  # the base's own errors come first
