@@ -176,11 +176,13 @@ class StrictLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _value in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key: the schema refuses it with its path
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} is given twice in one mapping",
                     key_node.start_mark)
-            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+            seen.add(key)
         return super().construct_mapping(node, deep)
 
 

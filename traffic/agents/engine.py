@@ -278,27 +278,15 @@ class UdpEngine:
         their finished messages."""
         for key in self.touched_tx:
             s = self.senders[key]
-            t = s.next_send_time()
-            if t is None:
-                self.send_at.pop(key, None)
-            else:
-                self.send_at[key] = t
-            t = s.timer()
-            if t is None:
-                self.timer_at.pop(key, None)
-            else:
-                self.timer_at[key] = t
+            _cache(self.send_at, key, s.next_send_time())
+            _cache(self.timer_at, key, s.timer())
             waits = self.send_waits[key]
             while waits and s.una >= waits[0][0]:
                 waits.pop(0)[1]()
         self.touched_tx.clear()
         for qp in self.touched_rx:
             r = self.receivers[qp]
-            t = r.timer()
-            if t is None:
-                self.rtimer_at.pop(qp, None)
-            else:
-                self.rtimer_at[qp] = t
+            _cache(self.rtimer_at, qp, r.timer())
             waits = self.recv_waits.get(qp)
             while waits and r.delivered >= waits[0][0]:
                 waits.pop(0)[1]()
@@ -404,3 +392,11 @@ class UdpEngine:
         if self.rtimer_at:
             wake = min(wake, min(self.rtimer_at.values()))
         return wake - now
+
+
+def _cache(times: dict[tuple[int, int], float], key: tuple[int, int], t: float | None) -> None:
+    """Keep ``t`` as ``key``'s time in ``times`` (None: it has none)."""
+    if t is None:
+        times.pop(key, None)
+    else:
+        times[key] = t
