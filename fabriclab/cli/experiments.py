@@ -44,8 +44,7 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
     counts = exp.topology.counts()
     # the kernel's Open vSwitch module, as far as validate looks (no netlink probe here)
     ovs_kernel = Path("/sys/module/openvswitch").is_dir()
-    datapath = expected_datapath(exp, cluster=exp.cluster is not None or bool(machines),
-                                 ovs_kernel=ovs_kernel)
+    datapath = expected_datapath(exp, ovs_kernel=ovs_kernel)
     verdict = assess(exp.topology, exp.fabric.mtu, saturation_table(datapath))
     ui.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
              f"{counts['hosts']} hosts, {counts['links']} links)")
@@ -63,7 +62,8 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
                                      "one)"))
     plan, ok = None, True
     if count:
-        budget = machine_budget_mbit_hops(exp.fabric.mtu, os.cpu_count() or 1)
+        budget = machine_budget_mbit_hops(exp.fabric.mtu, os.cpu_count() or 1,
+                                          saturation_table(datapath))
         try:
             plan = partition(exp.topology, [Machine(f"machine{i + 1}", budget)
                                             for i in range(count)])

@@ -29,8 +29,9 @@ def fabric_summary(exp: xp.Experiment, fabric) -> Table:
     if topo.servers:
         table.add_row("servers", gpu_servers.describe(topo))
     table.add_row("queue / MTU", f"{exp.fabric.queue_text()} / {exp.fabric.mtu}")
-    datapath = ("eBPF switches (tc programs and maps)" if fabric.datapath_type == "ebpf"
-                else f"Open vSwitch {fabric.datapath_type}"
+    kind = fabric.datapath_type or ""  # on a cluster: "ebpf on 2 machines"
+    datapath = ("eBPF switches (tc programs and maps)" + kind.removeprefix("ebpf")
+                if kind.startswith("ebpf") else f"Open vSwitch {kind}"
                 + (f", {fabric.vswitchd_count} private vswitchd" if fabric.vswitchd_count
                    else ""))
     choice = getattr(fabric, "datapath_choice", "")

@@ -294,9 +294,6 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "
                                       "has none")
-    if spec.emulator.datapath == Datapath.EBPF and data.get("cluster"):
-        raise ConfigError("cluster", "a fabric over a cluster runs on the ovs datapath only "
-                                     "for now")
     return Experiment(
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,

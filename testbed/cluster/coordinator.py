@@ -28,17 +28,21 @@ import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 from testbed.cluster.machines import CALL_GRACE_S, Cluster, MachineHandle
+from testbed.linux import capabilities
 from testbed.linux.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.fabric import Fabric
 from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.plan.failplan import cut_off_reason
 from testbed.linux.files import write_json_atomic
-from testbed.plan.fidelity import machine_budget_mbit_hops, merge_fidelity, merge_timelines
+from testbed.plan import datapaths
+from testbed.plan.fidelity import (machine_budget_mbit_hops, merge_fidelity, merge_timelines,
+                                     saturation_table)
 from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition,
                                check_cluster_spec, cut_links, links_by_machine, machine_of,
                                machine_part, partition)
@@ -141,6 +145,7 @@ class ClusterFabric:
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
         self.red_marking = False
+        self.datapath_choice = ""
 
     # -- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> ClusterFabric:
@@ -162,8 +167,9 @@ class ClusterFabric:
         self.warnings += [f"{name} runs fabriclab {info.revision}, this machine {here}: "
                           "a part built by other code may differ"
                           for name, info in sorted(infos.items()) if info.revision != here]
-        mtu = self.spec.fabric.mtu
-        machines = [Machine(name, machine_budget_mbit_hops(mtu, info.cores))
+        self._choose_datapath()
+        mtu, table = self.spec.fabric.mtu, saturation_table(self.spec.emulator.datapath)
+        machines = [Machine(name, machine_budget_mbit_hops(mtu, info.cores, table))
                     for name, info in sorted(infos.items())]
         self.plan = plan = partition(self.topo, machines)
         self._check_loads(plan)
@@ -209,6 +215,16 @@ class ClusterFabric:
         self.on_all(lambda m: m.settle())
         self.timings["programmed"] = self.coordinator.timings.get("programmed", 0.0)
         self.timings["up_total"] = time.monotonic() - start
+
+    def _choose_datapath(self) -> None:
+        """``emulator.datapath: auto`` resolved once, here, for every machine (this machine's
+        kernel stands for the cluster's): the machines build on the datapath named."""
+        caps = capabilities.probe(self.state_dir)
+        chosen, self.datapath_choice = datapaths.choose(
+            self.spec, caps.has_qdisc("clsact"), ovs_kernel=caps.ovs_kernel_datapath)
+        if chosen != self.spec.emulator.datapath:
+            self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))
+            self.log(f"datapath {self.datapath_choice}")
 
     def _check_loads(self, plan: Partition) -> None:
         """Each machine's share of the full load against its budget (the fidelity model per

@@ -64,7 +64,7 @@ class BuildSteps:
         the spec says the datapath chosen from now on, ``datapath_choice`` why."""
         caps = self.caps
         chosen, self.datapath_choice = datapaths.choose(
-            self.spec, caps is None or caps.has_qdisc("clsact"), cluster=self.part is not None,
+            self.spec, caps is None or caps.has_qdisc("clsact"),
             ovs_kernel=caps is not None and caps.ovs_kernel_datapath)
         if chosen != self.spec.emulator.datapath:
             self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))

@@ -59,6 +59,7 @@ class RunMonitor:
         self.queues: dict[str, list[tuple[int, int | None]]] = {p: [] for p in self.ports}
         self._port_names = set(self.ports)
         self._names = {pid: name for name, pid in self.vswitchds.items()}
+        self._least: dict[str, int] = {}  # per port, the least backlog since the last reading
         self._last_cpu = None
 
     def __call__(self, stop: threading.Event) -> None:
@@ -85,6 +86,7 @@ class RunMonitor:
             for name, backlog in real.items():
                 vq = virtual.get(name)
                 self.queues[name].append((backlog, vq[0] if vq is not None else None))
+                self._least[name] = min(backlog, self._least.get(name, backlog))
 
     def _sample(self, nl: Netlink) -> None:
         """CPU and counters, and the backlogs from the same dump."""
@@ -112,7 +114,8 @@ class RunMonitor:
         with self.lock:
             self.samples.append(FidelitySample(
                 t, use.idle_pct if use else None, vsw,
-                {n: (c[0], c[1]) for n, c in counters.items()}, paused))
+                {n: (c[0], c[1]) for n, c in counters.items()}, paused, self._least))
+            self._least = {}
             self.rows.append({"t_s": round(t - self.started, 3),
                               "idle_pct": None if use is None else round(use.idle_pct, 1),
                               "vswitchd_pct": {k: round(v, 1) for k, v in vsw.items()},

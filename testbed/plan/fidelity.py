@@ -242,6 +242,9 @@ class FidelitySample:
     vswitchd_pct: dict[str, float]
     ports: dict[str, tuple[int, int]]  # port -> (bytes sent, backlog bytes)
     paused_s: dict[str, float] = field(default_factory=dict)  # port -> PFC-paused seconds
+    # port -> the least backlog of the queue samples taken since the previous reading (this
+    # one's included); absent: none taken, the two readings' backlogs stand for the interval
+    least_backlog: dict[str, int] = field(default_factory=dict)
 
 
 def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float],
@@ -252,8 +255,11 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
     vswitchd's median load reached :data:`VSWITCHD_BUSY_PCT` of a core, or when ports that
     had at least two frames queued at both ends of a sample interval (so had data to send
     throughout, short of a drain between the readings) sent a median share of their
-    configured rate under :data:`MIN_BACKLOGGED_RATE`. A port PFC paused during the interval
-    was told to stop: its interval says nothing about the emulator.
+    configured rate under :data:`MIN_BACKLOGGED_RATE`. Where the queues were sampled between
+    the readings too (``least_backlog``), every sample must hold the two frames: at 100 Mbit/s a
+    256 KiB queue drains in 21 ms, so a queue seen at both ends of a second need not have
+    stood in between. A port PFC paused during the interval was told to stop: its interval
+    says nothing about the emulator.
     """
     idle = sorted(s.idle_pct for s in samples if s.idle_pct is not None)
     vsw: dict[str, list[float]] = {}
@@ -270,7 +276,8 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
                 continue
             sent_a, backlog_a = a.ports[port]
             paused = b.paused_s.get(port, 0.0) > a.paused_s.get(port, 0.0)
-            if min(backlog_a, backlog_b) >= 2 * frame_bytes and sent_b >= sent_a and not paused:
+            least = min(backlog_a, backlog_b, b.least_backlog.get(port, backlog_b))
+            if least >= 2 * frame_bytes and sent_b >= sent_a and not paused:
                 shares.append((sent_b - sent_a) * 8 / dt / port_rate_bps[port])
     shares.sort()
     reasons = []

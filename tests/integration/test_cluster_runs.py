@@ -16,6 +16,7 @@ from pathlib import Path
 from telemetry.prometheus import Prometheus
 from testbed.model.partition import VXLAN_OVERHEAD
 from tests.integration.cluster_cli import ROOT, fabriclab_cli
+from tests.integration.conftest import DATAPATHS
 
 CLUSTER_RUN = """version: 1
 name: quickstart-cluster
@@ -37,13 +38,19 @@ SIZE = 4 << 20
 RANKS = 16
 
 
+def _on(text: str, datapath: str) -> str:
+    """An experiment's text on ``datapath`` (the default, ovs, as written)."""
+    return text if datapath == "ovs" else text + f"emulator: {{datapath: {datapath}}}\n"
+
+
 def _ring_bytes_received(out: Path) -> int:
     rows = (out / "flows.csv").read_text().splitlines()
     col = rows[0].split(",").index("bytes")
     return sum(int(r.split(",")[col]) for r in rows[1:])
 
 
-def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path):
+@DATAPATHS
+def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path, datapath):
     """``fabriclab up --check`` and ``fabriclab run --cluster`` unchanged on two namespace
     machines with a jumbo underlay: the plan splits k=4 by pods (8 cut links as VXLAN), every
     pair is reachable through the tunnels, a ring all-reduce delivers every byte at the
@@ -52,7 +59,7 @@ def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path):
     from testbed.cluster.nscluster import NamespaceCluster
 
     exp = tmp_path / "cluster.yaml"
-    exp.write_text(CLUSTER_RUN % ("4MiB", 2))
+    exp.write_text(_on(CLUSTER_RUN % ("4MiB", 2), datapath))
     ray = str(Path(sys.executable).parent / "ray")
     single = fabriclab_cli(["run", str(exp), "--out", str(tmp_path / "single")], tmp_path / "state")
     assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-2000:]
@@ -62,7 +69,9 @@ def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path):
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         doc = json.loads(up.stdout[up.stdout.index("{"):])
         assert doc["reachability"]["complete"], doc["reachability"]
-        assert doc["datapath"].endswith("on 2 machines") and doc["vswitchd_instances"] == 20
+        assert doc["datapath"].endswith("on 2 machines"), doc["datapath"]
+        assert doc["datapath"].startswith("ebpf") == (datapath == "ebpf"), doc["datapath"]
+        assert doc["vswitchd_instances"] == (20 if datapath == "ovs" else 0)
         assert doc["controller"].startswith("10.250.0.1:")  # the coordinator's underlay
         out = tmp_path / "cluster"
         run = fabriclab_cli(["run", str(exp), "--out", str(out), "--cluster", cluster.address],
@@ -238,7 +247,8 @@ failures:
 """
 
 
-def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_path):
+@DATAPATHS
+def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_path, datapath):
     """The same failures as on one machine, partitioned over two: agg1_1-core2 is a cut link
     (agg1_1 on machine1, core2 on machine2), so each machine cuts, signals and takes down its
     own end; core1's four links have ends on both machines. The ring over the four pods goes
@@ -247,7 +257,7 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
     from testbed.cluster.nscluster import NamespaceCluster
 
     exp = tmp_path / "fail.yaml"
-    exp.write_text(FAILING)
+    exp.write_text(_on(FAILING, datapath))
     ray = str(Path(sys.executable).parent / "ray")
     out = tmp_path / "run"
     started = time.time()
@@ -266,7 +276,9 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
                 step="1")["result"]}
         assert machines("fabriclab_machine_cpu_cores") == {"coordinator", "machine1",
                                                            "machine2"}
-        assert machines("fabriclab_vswitchd_cpu_seconds_total") == {"machine1", "machine2"}
+        if datapath == "ovs":  # the eBPF switches have no process of their own
+            assert machines("fabriclab_vswitchd_cpu_seconds_total") == {"machine1",
+                                                                        "machine2"}
     cut = {c["link"] for c in doc["cluster"]["cut_links"]}
     assert "agg1_1:4-core2:1" in cut, cut  # the failed link crosses the machines
     assert doc["complete"] is True and doc["collectives"][0]["efficiency"] > 0.1, doc
@@ -287,7 +299,8 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
                                 for f in applied])
 
 
-def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
+@DATAPATHS
+def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, datapath):
     """``fabriclab up --cluster`` keeps the partitioned fabric up; ``fabriclab fail`` /
     ``restore`` from another process on the head find its machines' actors by name: a cut
     link's end goes down on each machine, the controller sees it, the repair brings both
@@ -301,8 +314,8 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path):
     from testbed.runs.registry import Registry
 
     exp = tmp_path / "up.yaml"
-    exp.write_text("version: 1\nname: cluster-up\nfabric: {topology: fat_tree, k: 4, mtu: 1500}\n"
-                   "controller: {routing: dmodk}\n")
+    exp.write_text(_on("version: 1\nname: cluster-up\nfabric: {topology: fat_tree, k: 4, "
+                       "mtu: 1500}\ncontroller: {routing: dmodk}\n", datapath))
     ray = str(Path(sys.executable).parent / "ray")
     state = tmp_path / "coord"
     link = fat_tree(4).find_link("agg1_1", "core2")

@@ -19,20 +19,16 @@ def _exp(fabric_extra: str = "", datapath: str = "auto") -> xp.Experiment:
                                    f"emulator: {{datapath: {datapath}}}\n"))
 
 
-def test_auto_takes_ebpf_unless_the_experiment_asks_what_it_lacks_and_says_why():
+def test_auto_takes_the_fastest_datapath_the_machine_has_and_says_why():
     chosen, why = datapaths.choose(_exp(), has_clsact=True)
     assert chosen == Datapath.EBPF and why.startswith("auto: ebpf")
     pfc = _exp(", traffic_classes: {dscp_to_priority: {26: 3}}, pfc: {priorities: [3]}")
     assert datapaths.choose(pfc, has_clsact=True)[0] == Datapath.EBPF
-    chosen, why = datapaths.choose(_exp(), has_clsact=True, cluster=True)
-    assert chosen == Datapath.OVS and "cluster" in why
     chosen, why = datapaths.choose(_exp(), has_clsact=False)
     assert chosen == Datapath.OVS and "clsact" in why
-    # where Open vSwitch's kernel datapath exists it is the fastest, cluster or not
-    for cluster in (False, True):
-        chosen, why = datapaths.choose(_exp(), has_clsact=True, cluster=cluster,
-                                       ovs_kernel=True)
-        assert chosen == Datapath.OVS and "kernel datapath" in why
+    # where Open vSwitch's kernel datapath exists it is the fastest
+    chosen, why = datapaths.choose(_exp(), has_clsact=True, ovs_kernel=True)
+    assert chosen == Datapath.OVS and "kernel datapath" in why
     # a datapath asked by name is kept, whatever the machine
     assert datapaths.choose(_exp(datapath="ovs"), has_clsact=True)[0] == Datapath.OVS
     assert datapaths.choose(_exp(datapath="ebpf"), has_clsact=False)[0] == Datapath.EBPF

@@ -139,3 +139,19 @@ def test_a_port_pfc_paused_in_an_interval_does_not_count_against_the_emulator():
                               {"p1": 0.7 * t}) for t in range(6)]  # paused 70 % of the time
     verdict = judge_fidelity(samples, {"p1": 10e6}, 9018)
     assert verdict["verdict"] == "ok" and "backlogged_rate" not in verdict
+
+
+def test_a_queue_that_drained_between_two_readings_does_not_count_as_standing():
+    """Queued at both readings of a second but empty in a 50 ms queue sample between them (a
+    fast link drains its queue in milliseconds): the port was not backlogged throughout, so
+    its low rate says nothing about the emulator; the same port queued in every sample does."""
+    from testbed.plan.fidelity import FidelitySample, judge_fidelity
+
+    def samples(least):
+        return [FidelitySample(float(t), 50.0, {}, {"p1": (6_000_000 * t, 60_000)}, {},
+                               {"p1": least} if t else {}) for t in range(6)]
+    drained = judge_fidelity(samples(0), {"p1": 100e6}, 9018)  # 0.48 of the rate
+    assert drained["verdict"] == "ok" and "backlogged_rate" not in drained
+    standing = judge_fidelity(samples(40_000), {"p1": 100e6}, 9018)
+    assert standing["verdict"] == "degraded"
+    assert standing["backlogged_rate"]["median"] == pytest.approx(0.48)
