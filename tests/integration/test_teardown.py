@@ -11,17 +11,30 @@ import sys
 import threading
 
 from testbed.model.topology import SWITCH_ROLES
-from tests.integration.conftest import ROOT, machine_state
+from tests.integration.conftest import DATAPATHS, ROOT, machine_state
 
 K4 = ROOT / "experiments" / "quickstart.yaml"
 UP_TIMEOUT_S = 60
 
 
-def _start_up(state_dir) -> subprocess.Popen:
+def _k4(state_dir, datapath: str):
+    """The quickstart's fabric on ``datapath`` (on the userspace Open vSwitch at 10 Mbit/s,
+    within its budget)."""
+    text = K4.read_text().replace("datapath: auto", f"datapath: {datapath}")
+    if datapath == "ovs":
+        text = text.replace("rate_mbps: 100}", "rate_mbps: 10}")
+    path = state_dir.parent / f"quickstart-{datapath}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _start_up(state_dir, datapath: str) -> subprocess.Popen:
     """``fabriclab up --json``, returned once its document says the fabric is up."""
+    exp = _k4(state_dir, datapath)
     log = open(state_dir.parent / "up.stderr", "w", encoding="utf-8")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
-                             "up", "--json", str(K4)], stdout=subprocess.PIPE, stderr=log,
+                             "up", "--json", str(exp)], stdout=subprocess.PIPE, stderr=log,
                             text=True, cwd=ROOT)
     log.close()
     lines: queue.Queue = queue.Queue()
@@ -55,14 +68,18 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _ours_present() -> bool:
-    """Switches of a fabriclab run: bridges in the machine's OVS, or private switch daemons."""
+    """Switches of a fabriclab run: bridges in the machine's OVS, private switch daemons, or
+    eBPF switches' pinned programs and their ports (veths named after switches)."""
     state = machine_state()
     return (any(b.startswith(SWITCH_ROLES) for b in state["bridges"])
-            or any("ovs-vswitchd" in p for p in state["procs"]))
+            or any("ovs-vswitchd" in p for p in state["procs"])
+            or bool(state["bpf pins"])
+            or any(v.startswith(SWITCH_ROLES) for v in state["veth"]))
 
 
-def test_sigterm_tears_down(state_dir):
-    proc = _start_up(state_dir)
+@DATAPATHS
+def test_sigterm_tears_down(state_dir, datapath):
+    proc = _start_up(state_dir, datapath)
     assert _ours_present()
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
@@ -70,8 +87,9 @@ def test_sigterm_tears_down(state_dir):
     assert not _ours_present()
 
 
-def test_sigkill_leftovers_are_removed_by_clean(state_dir):
-    _kill(_start_up(state_dir))
+@DATAPATHS
+def test_sigkill_leftovers_are_removed_by_clean(state_dir, datapath):
+    _kill(_start_up(state_dir, datapath))
     assert _ours_present()  # killed: nothing could tear down
     out = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
                           "clean", "--json"], capture_output=True, text=True, cwd=ROOT,
@@ -82,11 +100,12 @@ def test_sigkill_leftovers_are_removed_by_clean(state_dir):
     assert not _ours_present()
 
 
-def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir):
+@DATAPATHS
+def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir, datapath):
     from fabriclab.model import experiment as config
     from testbed.fabric.fabric import Fabric
 
-    _kill(_start_up(state_dir))
-    with Fabric(config.load(K4), state_dir=state_dir) as fabric:  # same names: must clean first
+    _kill(_start_up(state_dir, datapath))
+    with Fabric(config.load(_k4(state_dir, datapath)), state_dir=state_dir) as fabric:  # same names: must clean first
         assert fabric.reachability(count=1).complete
     assert not _ours_present()
