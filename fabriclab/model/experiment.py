@@ -343,6 +343,21 @@ def _check(data: object, sub_schema: dict, prefix: str = "") -> None:
         raise ConfigError(first_path, first_msg + more)
 
 
+#: the most hosts a fabric may have, checked from the shape before the model is built: a k=32
+#: fat-tree, past what one machine or a small cluster emulates (k=16 is the largest built here)
+MAX_HOSTS = 8192
+
+
+def _host_count(kind: str, raw: dict) -> tuple[int, str]:
+    """How many hosts the shape makes, and the field that sets it (arithmetic, no model)."""
+    servers = raw.get("servers")
+    if servers:
+        return servers["count"] * servers["gpus_per_server"], "fabric.servers.count"
+    if kind == "fat_tree":
+        return raw["k"] ** 3 // 4, "fabric.k"
+    return raw["leaves"] * raw["hosts_per_leaf"], "fabric.leaves"
+
+
 def _fabric(raw: dict) -> FabricSpec:
     kind = raw["topology"]
     for other, keys in SHAPE_KEYS.items():
@@ -362,6 +377,10 @@ def _fabric(raw: dict) -> FabricSpec:
     if kind == "ring" and "servers" in raw:
         raise ConfigError("fabric.servers", "servers go on a leaf_spine, fat_tree or "
                                             "rail_optimized fabric, not a ring")
+    hosts, where = _host_count(kind, raw)
+    if hosts > MAX_HOSTS:
+        raise ConfigError(where, f"{hosts:,} hosts: more than the {MAX_HOSTS:,} a fabric may "
+                                 "have (a k=32 fat-tree's)")
     queue = raw.get("queue", {})
     if "size_kb" in queue and "size_packets" in queue:
         raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")

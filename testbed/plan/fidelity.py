@@ -150,8 +150,10 @@ def mean_switch_hops(topo: Topology) -> float:
     GPUs in one server count none (their traffic stays in the scale-up domain), NICs of two
     planes are no pair."""
     graph = topo.graph
-    switches = [n for n in graph if topo.nodes[n].is_switch]
-    sub = graph.subgraph(switches)
+    switch = {n for n in graph if topo.nodes[n].is_switch}
+    sub = nx.Graph()  # the switches alone, simple (a subgraph view filters every edge each step)
+    sub.add_nodes_from(switch)
+    sub.add_edges_from((u, v) for u, v in graph.edges() if u in switch and v in switch)
     hosts_at: dict[str, int] = {}
     for host in topo.hosts:
         access = topo.attachment(host.name).node
