@@ -102,7 +102,7 @@ def run_file(req: RunRequest, view: RunView) -> Outcome:
 def run_single(req: RunRequest, exp: xp.Experiment, view: RunView) -> Outcome:
     """One run into ``req.out`` (with ``resume``, a complete one is kept)."""
     path = req.out / "results.json"
-    if req.resume and is_complete(path):
+    if req.resume and is_complete(path, exp.raw):
         view.say(f"{path} is complete: nothing to resume")
         return Outcome(json.loads(path.read_text()))
     return Outcome(run_one(req, exp, req.out, view))
@@ -115,7 +115,7 @@ def run_variants(req: RunRequest, exp: xp.Experiment, view: RunView,
     out = req.out
     rows, failed = [], 0
     todo = [v for v in exp.variants
-            if not (req.resume and is_complete(out / v.variant / "results.json"))]
+            if not (req.resume and is_complete(out / v.variant / "results.json", v.raw))]
     names = [v.variant for v in todo]
     shared = SharedFabric(req.state_dir)
     try:
@@ -188,7 +188,8 @@ def run_sweep(req: RunRequest, exp: xp.Experiment, view: RunView,
     out = req.out
     sweep = SweepRecords(exp, out)
     cells = sweep.cells
-    finished = {c.name for c in cells if req.resume and is_complete(out / c.name / "results.json")}
+    finished = {c.name for c in cells
+                if req.resume and is_complete(out / c.name / "results.json", c.experiment.raw)}
     todo = sw.pending(cells, finished)
     view.say(f"sweep: {len(cells)} cells ({len(finished)} complete already), "
              f"{len(todo)} to run into {out}")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from fabriclab.model import sweep as sw
+from fabriclab.model.rundir import experiment_document
 from fabriclab.model.results import variant_row
 from testbed.errors import ConfigError
 from traffic.measure.results import row_label
@@ -33,12 +34,29 @@ def check_out_dir(out: Path, resume: bool, force: bool) -> None:
                                    "--resume finishes it, --force overwrites it")
 
 
-def is_complete(path: Path) -> bool:
-    """Whether ``path`` is a results document of a complete run."""
+def is_complete(path: Path, raw: dict | None = None) -> bool:
+    """Whether ``path`` is a results document of a complete run; with ``raw`` (the data of
+    the experiment to resume), a complete run of another experiment is an error, by the
+    SHA-256 the run recorded (a run that recorded none is taken as it is).
+
+    Raises:
+        ConfigError: (``--resume``) the run there is of a different experiment.
+    """
     try:
-        return bool(json.loads(path.read_text()).get("complete"))
+        doc = json.loads(path.read_text())
+        complete = bool(doc.get("complete"))
     except (OSError, ValueError, AttributeError):
         return False
+    recorded = doc.get("experiment_sha256")  # (runs before it was recorded: not compared)
+    if complete and raw is not None and recorded is not None:
+        want = experiment_document(raw)["sha256"]
+        if recorded != want:
+            raise ConfigError("--resume", f"{path.parent} holds a complete run of a different "
+                                          f"experiment (experiment_sha256 "
+                                          f"{recorded[:12]}, this one "
+                                          f"{want[:12]}): resume with the file it ran, or use "
+                                          "--force or another --out")
+    return complete
 
 
 def read_document(path: Path) -> dict | None:

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=__doc__.split("\n\n", 1)[1].strip())
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
                         help=f"run records and caches (default {DEFAULT_STATE_DIR})")
+    parser.add_argument("--max-input-mb", type=int, default=None, metavar="N",
+                        help="the largest trace or NCCL log an experiment may read (default 64)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = {}
     for name, command in COMMANDS.items():
@@ -195,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     ui = console(to_stderr=args.json)
     raise_on_sigterm()
     verbose = args.command == "up" and args.verbose
+    if args.max_input_mb is not None:
+        from traffic.workloads import workload
+        workload.MAX_INPUT_BYTES = max(1, args.max_input_mb) << 20
     try:
         request = to_request(args, ui)
         return COMMANDS[args.command].handler()(request, ui)

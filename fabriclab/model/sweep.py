@@ -82,6 +82,11 @@ def plan_cells(sweep: dict, variants: list[str | None]) -> list[CellPlan]:
                 group = f"{variant}/{name}" if variant else name
                 cells.append(CellPlan(f"{variant}/{cell}" if variant else cell, variant,
                                       {p: v for p, (_, v) in zip(axes, combo)}, rep, group))
+    names = [c.name for c in cells]
+    if len(set(names)) != len(names):  # two values cleaned into one folder name
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError("sweep.axes", f"two cells would share the folder {twice[0]!r}: "
+                                        "give values that differ in letters or digits")
     return cells
 
 

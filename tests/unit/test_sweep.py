@@ -236,3 +236,37 @@ def test_a_fabric_with_pfc_or_failures_is_never_shared(tmp_path):
             pass
         assert [step for step, _ in _FakeFabric.log] == ["build", "down", "build", "down"]
         pool.close()
+
+
+def test_sweep_values_that_clean_into_one_folder_name_are_refused():
+    import yaml
+
+    from fabriclab.model import experiment as config
+    from testbed.errors import ConfigError
+
+    data = yaml.safe_load(
+        "version: 1\nname: s\nfabric: {topology: fat_tree, k: 4}\n"
+        "workload: {collectives: [{op: all_reduce, size: 1MiB, label: x}]}\n"
+        "sweep:\n  axes:\n    workload.collectives[0].label: [a/b, a_b]\n")
+    with pytest.raises(ConfigError) as err:
+        config.parse(data)
+    assert err.value.path == "sweep.axes" and "share the folder" in str(err.value)
+
+
+def test_resume_refuses_a_complete_run_of_another_experiment(tmp_path):
+    """``--resume`` keeps a complete run only when it ran the same experiment (the SHA-256 of
+    its data, recorded in results.json); another one is named, not silently kept."""
+    import json
+
+    from fabriclab.model.rundir import experiment_document
+    from fabriclab.rundirs import is_complete
+    from testbed.errors import ConfigError
+
+    raw = {"version": 1, "name": "a", "fabric": {"topology": "fat_tree", "k": 4}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"complete": True,
+                                "experiment_sha256": experiment_document(raw)["sha256"]}))
+    assert is_complete(path, raw)
+    with pytest.raises(ConfigError) as err:
+        is_complete(path, {**raw, "name": "b"})
+    assert err.value.path == "--resume" and "different experiment" in str(err.value)

@@ -242,3 +242,48 @@ def test_bad_pairs_dscp_and_congestion_control(entry, path, text):
     with pytest.raises(ConfigError) as err:
         _exp(entry)
     assert err.value.path == path and text in err.value.message, err.value
+
+
+def test_workload_files_must_be_regular_files_under_the_size_cap(tmp_path, monkeypatch):
+    """A FIFO (which would block validate) and a device (which never ends) are refused by
+    field; a file over the cap is refused with the flag that lifts it."""
+    import os
+
+    from traffic.workloads import workload
+
+    def load(trace: str):
+        exp = tmp_path / "x.yaml"
+        exp.write_text("version: 1\nname: x\nfabric: {topology: fat_tree, k: 4}\n"
+                       f"workload: {{trace: {trace}}}\n")
+        return config.load(exp)
+
+    os.mkfifo(tmp_path / "fifo")
+    for trace in ("fifo", "/dev/zero"):
+        with pytest.raises(ConfigError) as err:
+            load(trace)
+        assert err.value.path == "workload.trace" and "not a regular file" in str(err.value)
+    (tmp_path / "big.jsonl").write_text('{"op": "all_reduce", "size": 1024}\n' * 100)
+    monkeypatch.setattr(workload, "MAX_INPUT_BYTES", 1000)
+    with pytest.raises(ConfigError) as err:
+        load("big.jsonl")
+    assert "--max-input-mb" in str(err.value)
+    monkeypatch.setattr(workload, "MAX_INPUT_BYTES", 1 << 20)
+    assert load("big.jsonl").workload is not None
+
+
+def test_nccl_lines_parse_behind_a_launchers_prefix_and_hostile_lines_cost_little():
+    import time
+
+    from traffic.workloads.nccl_log import parse_line
+
+    line = ("gpu1:1234:1290 [0] NCCL INFO AllReduce: opCount 3 sendbuff 0x7f recvbuff 0x7f "
+            "count 1048576 datatype 7 op 0 root 0 comm 0x55 [nranks=8] stream 0x56")
+    call = parse_line(line, 1)
+    assert (call.host, call.pid, call.op, call.count, call.nranks) == (
+        "gpu1", 1234, "AllReduce", 1048576, 8)
+    assert parse_line("[1,0]<stdout>:" + line, 2).host == "gpu1"  # mpirun --tag-output
+    start = time.monotonic()
+    for hostile in ("a" * 4000 + " NCCL INFO " + "b" * 90, "a:" * 2000, "1:" * 2047 + " NCCL INFO",
+                    "x" * 100_000):
+        assert parse_line(hostile, 3) is None
+    assert time.monotonic() - start < 0.5

@@ -27,11 +27,18 @@ OP_NAMES = {"AllReduce": "all_reduce", "ReduceScatter": "reduce_scatter",
             "AllGather": "all_gather", "Broadcast": "broadcast", "Reduce": "reduce",
             "Send": "send", "Recv": "recv", "AllToAll": "all_to_all"}
 
-_LINE = re.compile(
-    r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<local>\d+)\]\s+NCCL INFO\s+"
-    r"(?P<op>[A-Za-z]+):\s+opCount\s+(?P<opcount>[0-9a-fA-F]+)\s+sendbuff\s+\S+\s+"
-    r"recvbuff\s+\S+\s+count\s+(?P<count>\d+)\s+datatype\s+(?P<dtype>\d+)\s+op\s+(?P<redop>\d+)"
-    r"\s+root\s+(?P<root>-?\d+)\s+comm\s+(?P<comm>\S+)(?:\s+\[nranks=(?P<nranks>\d+)\])?")
+MARK = " NCCL INFO "
+# who printed the line: the end of the text before MARK (a launcher may prefix more, such as
+# mpirun's "[1,0]<stdout>:"), searched in a bounded window
+_WHO = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<local>\d+)\]\s*$")
+WHO_WINDOW = 256
+# the call: from MARK on, anchored
+_CALL = re.compile(
+    r"\s*NCCL INFO\s+(?P<op>[A-Za-z]+):\s+opCount\s+(?P<opcount>[0-9a-fA-F]+)\s+sendbuff\s+\S+\s+"
+    r"recvbuff\s+\S+\s+count\s+(?P<count>\d{1,20})\s+datatype\s+(?P<dtype>\d{1,4})\s+op\s+"
+    r"(?P<redop>\d{1,4})\s+root\s+(?P<root>-?\d{1,10})\s+comm\s+(?P<comm>\S+)"
+    r"(?:\s+\[nranks=(?P<nranks>\d{1,10})\])?")
+MAX_LINE = 4096  # no NCCL collective line is near this long (real ones: under 200 characters)
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,16 @@ def parse_line(line: str, line_no: int) -> NcclCall | None:
     Raises:
         ConfigError: for a collective line with an unknown datatype.
     """
-    match = _LINE.search(line)
-    if match is None:
+    if len(line) > MAX_LINE:
         return None
+    mark = line.find(MARK)
+    if mark < 0:
+        return None
+    who = _WHO.search(line, max(0, mark - WHO_WINDOW), mark + 1)
+    call = _CALL.match(line, mark)
+    if who is None or call is None:
+        return None
+    match = {**who.groupdict(), **call.groupdict()}
     dtype = int(match["dtype"])
     if dtype not in DATATYPE_BYTES:
         raise ConfigError(f"line {line_no}", f"unknown NCCL datatype {dtype}")

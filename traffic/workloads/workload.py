@@ -38,6 +38,7 @@ import json
 import os
 import random
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -345,14 +346,32 @@ def _pattern_flows(topo: Topology, entry: dict, size: int,
     return hosts, flows([(index[s], index[d]) for s, d in pairs], len(hosts), size, path)
 
 
+#: the largest trace or NCCL log read (``fabriclab --max-input-mb`` raises it): a file larger
+#: than this is more likely a mistake (a device, a core dump) than a workload
+MAX_INPUT_BYTES = 64 << 20
+
+
 def _read(base_dir: str, path: str, field: str) -> str:
-    try:
-        with open(os.path.join(base_dir, path), encoding="utf-8") as fh:
-            return fh.read()
-    except UnicodeDecodeError as err:
-        raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
+    """A trace's or log's text: a regular file (a FIFO or a device would block or never end),
+    at most :data:`MAX_INPUT_BYTES`."""
+    full = os.path.join(base_dir, path)
+    try:  # non-blocking: opening a FIFO with no writer would wait forever
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
         raise ConfigError(field, f"cannot read {path}: {err.strerror}") from err
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(field, f"{path} is not a regular file")
+        if st.st_size > MAX_INPUT_BYTES:
+            raise ConfigError(field, f"{path} is {st.st_size / 2**20:,.0f} MiB, over the "
+                                     f"{MAX_INPUT_BYTES >> 20} MiB a workload file may have "
+                                     "(fabriclab --max-input-mb N raises it)")
+        data = fh.read(MAX_INPUT_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
 
 
 # -- traces -------------------------------------------------------------------------------------
