@@ -1,5 +1,5 @@
-"""SIGTERM as an exception that unwinds through every ``finally`` (teardown), and waiting for
-the user to stop a command.
+"""SIGTERM and SIGHUP as an exception that unwinds through every ``finally`` (teardown), and
+waiting for the user to stop a command.
 
 :class:`Terminated` is a ``BaseException``, like ``KeyboardInterrupt``: no ``except Exception``
 swallows it on its way up to the command's exit.
@@ -16,14 +16,19 @@ class Terminated(BaseException):
     """SIGTERM arrived: unwind through every ``finally`` so the fabric is torn down."""
 
 
-def _on_sigterm(signum, _frame) -> None:
-    raise Terminated(f"signal {signum}")
+def _on_signal(signum, _frame) -> None:
+    raise Terminated(signal.Signals(signum).name)
 
 
-def raise_on_sigterm() -> None:
-    """Turn SIGTERM into :class:`Terminated` (from the main thread; elsewhere nothing)."""
+def raise_on_stop_signals() -> None:
+    """Turn SIGTERM and SIGHUP (an ssh connection dropping) into :class:`Terminated`, and
+    SIGINT into ``KeyboardInterrupt`` even where the shell started us with SIGINT ignored (a
+    background job of a non-interactive shell): each tears down like Ctrl-C. From the main
+    thread; elsewhere nothing."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGHUP, _on_signal)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def wait_until_stopped() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from rich.markup import escape
 from fabriclab.cli import requests as rq
 from fabriclab.cli.output import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console
 from fabriclab.options import TelemetryOptions, parse_exporter
-from fabriclab.signals import Terminated, raise_on_sigterm
+from fabriclab.signals import Terminated, raise_on_stop_signals
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
 from testbed.errors import ConfigError, TestbedError
 from testbed.model.spec import Backend
@@ -195,7 +197,7 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     ui = console(to_stderr=args.json)
-    raise_on_sigterm()
+    raise_on_stop_signals()
     verbose = args.command == "up" and args.verbose
     if args.max_input_mb is not None:
         from traffic.workloads import workload
@@ -216,6 +218,29 @@ def main(argv: list[str] | None = None) -> int:
             ui.print_exception()
         ui.print(f"interrupted ({type(err).__name__}); torn down")
         return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - a bug: one line here, the traceback in a file
+        where = _save_traceback(args.state_dir)
+        ui.print(f"[red]internal error:[/red] {escape(type(err).__name__)}: {escape(str(err))}"
+                 f" (a bug in fabriclab; the traceback: {where})")
+        return EXIT_SYSTEM
+
+
+def _save_traceback(state_dir: Path) -> str:
+    """The current exception's traceback in ``STATE_DIR/errors/`` (or the temporary folder
+    where that is not writable); returns where."""
+    import tempfile
+    import traceback
+
+    text = traceback.format_exc()
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    for folder in (Path(state_dir) / "errors", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+            return str(folder / name)
+        except OSError:
+            continue
+    return "not saved: " + text.strip().splitlines()[-1]
 
 
 if __name__ == "__main__":

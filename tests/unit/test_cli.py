@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,42 @@ def test_a_parallel_sweep_whose_cell_failed_exits_non_zero(tmp_path, monkeypatch
     request = cli.to_request(cli.build_parser().parse_args(
         ["run", str(exp), "--out", str(tmp_path / "out"), "--parallel"]), None)
     assert runs.run(request, cli.console(False)) == EXIT_SYSTEM
+
+
+def test_an_internal_error_exits_3_with_one_line_and_the_traceback_in_a_file(tmp_path, capsys,
+                                                                            monkeypatch):
+    """A bug (any exception that is not a config or testbed error) is not exit 1, which means
+    unreachable hosts: exit 3, one console line naming it, the traceback kept."""
+    from fabriclab.cli import experiments
+    from fabriclab.cli import main as cli
+
+    def boom(*_a, **_k):
+        raise OverflowError("int too large to convert")
+    monkeypatch.setattr(experiments, "validate", boom)
+    code = cli.main(["--state-dir", str(tmp_path), "validate", "x.yaml"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "internal error: OverflowError: int too large to convert" in out
+    saved = list((tmp_path / "errors").glob("*.txt"))
+    assert len(saved) == 1 and "Traceback" in saved[0].read_text() and str(saved[0]) in \
+        out.replace("\n", "")
+
+
+def test_sighup_and_sigint_tear_down_even_from_a_shell_that_ignores_sigint():
+    """``raise_on_stop_signals``: SIGHUP (an ssh session ending) is Terminated like SIGTERM, and
+    SIGINT is KeyboardInterrupt although the process started with SIGINT ignored (what a
+    non-interactive shell does to its background jobs)."""
+    code = (
+        "import os, signal, time\n"
+        "from fabriclab.signals import Terminated, raise_on_stop_signals\n"
+        "raise_on_stop_signals()\n"
+        "for sig, exc in ((signal.SIGHUP, Terminated), (signal.SIGINT, KeyboardInterrupt)):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), sig); time.sleep(5); print('missed', sig)\n"
+        "    except exc:\n"
+        "        print('caught', sig.name)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, cwd=ROOT,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.stdout.split("\n")[:2] == ["caught SIGHUP", "caught SIGINT"], proc.stdout + \
+        proc.stderr
