@@ -15,6 +15,7 @@ Two ways to host a fabric's bridges:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -123,8 +124,35 @@ def ovsdb_client():
         with warnings.catch_warnings():  # eventlet warns of itself
             warnings.simplefilter("ignore")
             import ovs.jsonrpc
+            import ovs.poller
             import ovs.stream
+            import ovs.timeval
         return ovs
+
+
+TRANSACT_TIMEOUT_S = 10  # an OVSDB transaction takes a millisecond; a stopped server, forever
+
+
+def _transact_until(ovs, conn, request, deadline_ms: int):
+    """The library's ``transact_block`` with a deadline: (error, reply), ETIMEDOUT past it."""
+    error = conn.send(request)
+    while not error:
+        error, reply = conn.recv()
+        if error == errno.EAGAIN:
+            if ovs.timeval.msec() >= deadline_ms:
+                return errno.ETIMEDOUT, None
+            conn.run()
+            poller = ovs.poller.Poller()
+            conn.wait(poller)
+            conn.recv_wait(poller)
+            poller.timer_wait_until(deadline_ms)
+            poller.block()
+            error = 0
+            continue
+        if (not error and reply and reply.type in (reply.T_REPLY, reply.T_ERROR)
+                and reply.id == request.id):
+            return 0, reply
+    return error, None
 
 
 def transact(db: str, ops: list[dict], what: str) -> list[dict]:
@@ -136,15 +164,20 @@ def transact(db: str, ops: list[dict], what: str) -> list[dict]:
         TestbedError: naming ``what``, when the server is unreachable or refuses an operation.
     """
     ovs = ovsdb_client()
-    error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{db}"))
+    deadline = ovs.timeval.msec() + TRANSACT_TIMEOUT_S * 1000
+    error, stream = ovs.stream.Stream.open_block(ovs.stream.Stream.open(f"unix:{db}"),
+                                                 TRANSACT_TIMEOUT_S * 1000)
     if error:
         raise TestbedError(f"{what}: cannot reach OVSDB at {db}: {os.strerror(error)}")
     conn = ovs.jsonrpc.Connection(stream)
     try:
-        error, reply = conn.transact_block(ovs.jsonrpc.Message.create_request(
-            "transact", ["Open_vSwitch", *ops]))
+        error, reply = _transact_until(ovs, conn, ovs.jsonrpc.Message.create_request(
+            "transact", ["Open_vSwitch", *ops]), deadline)
     finally:
         conn.close()
+    if error == errno.ETIMEDOUT:
+        raise TestbedError(f"{what}: OVSDB at {db} did not answer in {TRANSACT_TIMEOUT_S} s "
+                           "(its ovsdb-server stopped or stuck?)")
     if error:
         raise TestbedError(f"{what}: OVSDB at {db}: {os.strerror(error)}")
     results = reply.result or []

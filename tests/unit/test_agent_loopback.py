@@ -22,9 +22,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_agents(tmp_path, collectives, connections=2, **transport) -> list[AgentReport]:
+def _run_agents(tmp_path, collectives, connections=2, silent=None,
+                **transport) -> list[AgentReport]:
+    """The agents of ``collectives`` on loopback; ``silent(port)`` runs first in a thread
+    (a stranger at the agents' port)."""
     ips = {h: f"127.0.0.{i + 1}" for i, h in enumerate(HOSTS)}
-    spec = job_spec(collectives, ips, connections, time.time() + 0.5, _free_port(), **transport)
+    port = _free_port()
+    if silent is not None:
+        import threading
+        threading.Thread(target=silent, args=(port,), daemon=True).start()
+    spec = job_spec(collectives, ips, connections, time.time() + 0.5, port, **transport)
     path = tmp_path / "spec.json"
     path.write_text(spec.to_json())
     procs = [subprocess.Popen([sys.executable, "-m", "traffic.agents.agent", str(path), h],
@@ -185,3 +192,26 @@ def test_a_udp_engine_wake_up_asks_only_the_queue_pairs_it_touched():
     moved = engines[0].senders[(2, 0)].stats["packets"]
     assert moved >= 100
     assert asked == [], f"the idle queue pair was asked {len(asked)} times over {moved} packets"
+
+
+def test_a_silent_connection_does_not_stall_the_agents(tmp_path):
+    """A connection to an agent's port that never says its rank (a port scanner, a stuck
+    peer) is dropped after the hello timeout: the job goes on with its ranks."""
+    held = []
+
+    def silent(port: int) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                return  # connected: says nothing, stays open
+            except OSError:
+                time.sleep(0.02)
+
+    start = time.monotonic()
+    ring = build("all_reduce", 4, 256 << 10)
+    reports = _run_agents(tmp_path, [Collective("all_reduce", HOSTS, ring)], silent=silent)
+    assert held, "the silent connection never reached the agent"
+    assert len(reports) == 4 and time.monotonic() - start < 20
+    for sock in held:
+        sock.close()

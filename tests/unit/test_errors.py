@@ -82,3 +82,41 @@ def test_a_failing_teardown_after_a_failing_build_keeps_the_build_error(monkeypa
     with pytest.raises(TestbedError, match="the build failed") as err, fabric:
         pass
     assert any("and so did the teardown" in note for note in err.value.__notes__)
+
+
+def test_the_first_agent_to_die_fails_the_job_at_once_naming_its_rank(tmp_path):
+    """The runner watches every agent at once: a later rank dying while rank 0 still runs
+    fails the job within seconds (not at the job's timeout), naming the rank and its stderr."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.unit.fakefabric import FakeFabric
+
+    exp = xp.parse({"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
+                                             "hosts_per_leaf": 2}})
+    hosts = [h.name for h in exp.topology.hosts]
+    procs = []
+
+    class Agents(FakeFabric):
+        def spawn(self, host, argv, role, **popen_kwargs):
+            code = ("import sys, time; time.sleep(0.3); sys.stderr.write('boom: no route');"
+                    " sys.exit(1)" if host == hosts[3] else "import time; time.sleep(60)")
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            procs.append(proc)
+            return proc
+
+        def stop(self, proc, timeout_s: float = 5.0):
+            proc.kill()
+            return proc.wait()
+
+    fabric = Agents(exp, tmp_path)
+    fabric.up()
+    coll = Collective("all_reduce", tuple(hosts), build("all_reduce", 4, 1 << 20))
+    start = time.monotonic()
+    with pytest.raises(TestbedError) as err:
+        runner.run_job(fabric, [coll], timeout_s=600)
+    assert time.monotonic() - start < 3.0
+    assert "rank 3" in str(err.value) and "boom: no route" in str(err.value)
+    assert all(p.poll() is not None for p in procs)  # the others were stopped

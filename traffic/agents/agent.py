@@ -50,6 +50,7 @@ BUF = memoryview(bytearray(1 << 20))
 HELLO = struct.Struct("!II")  # sender rank, channel
 CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
 CONNECT_TIMEOUT_S = 30.0
+HELLO_TIMEOUT_S = 2.0  # a connection that has not said its rank by then is not a peer
 
 
 @dataclass
@@ -110,8 +111,13 @@ class Agent:
             listener.settimeout(CONNECT_TIMEOUT_S)
             while len(accepted) < len(expected):
                 conn, _ = listener.accept()
+                conn.settimeout(HELLO_TIMEOUT_S)  # a peer says who it is at once
+                try:
+                    hello = _recv_exact(conn, HELLO.size)
+                except OSError:  # silent or gone: not one of the job's ranks, next one
+                    conn.close()
+                    continue
                 conn.settimeout(None)
-                hello = _recv_exact(conn, HELLO.size)
                 accepted[HELLO.unpack(hello)] = conn
 
         acceptor = threading.Thread(target=accept, daemon=True)

@@ -38,6 +38,7 @@ class JobOutcome:
 #: While a job runs, whether its ranks still reach each other is checked this often; cut off
 #: for longer than the grace (a link that flaps back is no reason to give up), it fails.
 CUT_OFF_CHECK_S = 1.0
+POLL_SLICE_S = 0.02  # each agent's turn at being waited for (all are, in turn)
 CUT_OFF_GRACE_S = 3.0
 
 
@@ -153,39 +154,43 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
                                        f"agent:{port}:{host}", cwd=str(fabric.run_dir))
         deadline = time.monotonic() + timeout_s
         watch = CutOffWatch(fabric, hosts)
-        reports, failures = [], []
-        for rank, (host, proc) in enumerate(procs.items()):
-            while True:
+        rank_of = {host: rank for rank, host in enumerate(procs)}
+        reports: list[AgentReport] = []
+        pending = dict(procs)
+        next_check = time.monotonic() + CUT_OFF_CHECK_S
+        while pending:  # every agent watched at once: the first to fail ends the job
+            for host, proc in list(pending.items()):
                 try:
-                    out, err = proc.communicate(
-                        timeout=max(0.1, min(CUT_OFF_CHECK_S, deadline - time.monotonic())))
-                    break
+                    out, err = proc.communicate(timeout=POLL_SLICE_S)
                 except subprocess.TimeoutExpired:
-                    expired = time.monotonic() >= deadline
-                    reason = None if expired else watch.check()
-                    if not expired and reason is None:
-                        continue
-                    stuck = [f"rank {i} ({h}): {_agent_state(fabric, name, i, h)}"
-                             for i, (h, p) in enumerate(procs.items()) if p.poll() is None]
-                    head = (f"the job cannot finish, {reason}" if reason else
-                            f"job timed out after {timeout_s:.0f} s")
-                    raise TestbedError(f"{head}; still running:\n  "
-                                       + "\n  ".join(stuck)) from None
-            if err:  # the agent's own log: the run directory keeps it
-                logs = Path(fabric.run_dir) / "logs"
-                logs.mkdir(exist_ok=True)
-                with open(logs / f"agent-{port}-{host}.log", "a", encoding="utf-8") as fh:
-                    fh.write(err)
-            if proc.returncode != 0:
-                failures.append(f"rank {rank} ({host}): {err.strip()[-500:]}")
-            else:
+                    continue
+                del pending[host]
+                rank = rank_of[host]
+                if err:  # the agent's own log: the run directory keeps it
+                    logs = Path(fabric.run_dir) / "logs"
+                    logs.mkdir(exist_ok=True)
+                    with open(logs / f"agent-{port}-{host}.log", "a", encoding="utf-8") as fh:
+                        fh.write(err)
+                if proc.returncode != 0:
+                    raise TestbedError(f"traffic agent rank {rank} ({host}) exited with "
+                                       f"{proc.returncode}: {err.strip()[-500:]}")
                 try:
                     reports.append(AgentReport.from_json(out))
                 except (ValueError, KeyError, TypeError) as exc:
-                    failures.append(f"rank {rank} ({host}): unreadable report ({exc!r}): "
-                                    f"{out[-200:]!r}")
-        if failures:
-            raise TestbedError("traffic agents failed:\n  " + "\n  ".join(failures))
+                    raise TestbedError(f"traffic agent rank {rank} ({host}): unreadable report "
+                                       f"({exc!r}): {out[-200:]!r}") from None
+            now = time.monotonic()
+            if not pending or now < next_check:
+                continue
+            next_check = now + CUT_OFF_CHECK_S
+            expired = now >= deadline
+            reason = None if expired else watch.check()
+            if expired or reason is not None:
+                stuck = [f"rank {rank_of[h]} ({h}): {_agent_state(fabric, name, rank_of[h], h)}"
+                         for h in pending]
+                head = (f"the job cannot finish, {reason}" if reason else
+                        f"job timed out after {timeout_s:.0f} s")
+                raise TestbedError(f"{head}; still running:\n  " + "\n  ".join(stuck))
     finally:
         for proc in procs.values():
             fabric.stop(proc)
