@@ -47,7 +47,8 @@ class NsMachine:
     netns: str
     ip: str
     ray: subprocess.Popen | None = None
-    pids: list[int] = field(default_factory=list)  # its Ray node's processes, when stopped
+    pids: list[tuple[int, int]] = field(default_factory=list)  # its Ray node's processes
+    # (PID, start ticks), when stopped
     hidden: tuple[Path, ...] = ()  # folders its Ray node does not see (an empty tmpfs over each)
 
 
@@ -135,17 +136,20 @@ class NamespaceCluster:
         """End every Ray process of every machine by PID, remove the namespaces, the bridge and
         the Ray session files (safe to call more than once)."""
         for m in self.machines:
-            if m.ray is not None:
-                m.pids = [m.ray.pid, *descendants(m.ray.pid)]
+            if m.ray is not None:  # each by PID and start time: a PID reused since is not ours
+                m.pids = [(pid, stat.start_ticks) for pid in [m.ray.pid, *descendants(m.ray.pid)]
+                          if (stat := read_stat(pid)) is not None]
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [p for m in self.machines for p in m.pids if _alive(p)]
-            for pid in alive:
+            alive = [p for m in self.machines for p in m.pids if _alive(*p)]
+            for pid, start in alive:
+                if not _alive(pid, start):
+                    continue
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
             try:
-                wait_for(lambda: not any(_alive(p) for p in alive), 15.0,
+                wait_for(lambda: not any(_alive(*p) for p in alive), 15.0,
                          "the Ray processes to end", interval_s=0.1)
                 break
             except TestbedError:
@@ -243,6 +247,7 @@ def _listening(ip: str, port: int) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, start_ticks: int) -> bool:
+    """Whether the process that had ``pid`` and started at ``start_ticks`` still runs."""
     stat = read_stat(pid)
-    return stat is not None and not stat.gone
+    return stat is not None and not stat.gone and stat.start_ticks == start_ticks

@@ -177,7 +177,7 @@ class BuildSteps:
         nl, mtu = self.netlink, self.spec.fabric.mtu
         for cut, _node in self.part.tunnels:
             ifname, local, remote = cut.end(self.part.machine)
-            nl.create_vxlan(ifname, cut.vni, local, remote, mtu)
+            nl.create_vxlan(ifname, cut.vni, local, remote, mtu, group=self.record.link_group)
             nl.shape(ifname, self.shaping(cut.link))
             nl.set_state(ifname, True)
 
@@ -193,14 +193,14 @@ class BuildSteps:
                                         if e.node in bridges]
         self.registry.save(self.record)
         for bridge in bridges:
-            nl.create_bridge(bridge, mtu)
+            nl.create_bridge(bridge, mtu, group=self.record.link_group)
         mac = {}  # a GPU's scale-up interface -> its MAC
         for link in scale_up:
             plan = scale_up_plan(self.spec, link)
             a = topo.nodes[link.a.node]
             mac[link.a.ifname] = scale_up_mac(a.ip, link.a.port)
             nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=self.hosts.pid(a.name),
-                           peer_mac=mac[link.a.ifname], mtu=mtu)
+                           peer_mac=mac[link.a.ifname], mtu=mtu, group=self.record.link_group)
             nl.shape(link.a.ifname, plan, pid=self.hosts.pid(a.name))
             if link.b.node in bridges:
                 nl.shape(link.b.ifname, plan)

@@ -113,7 +113,7 @@ class Netlink:
                 self.root.link("set", index=self.index(peer), net_ns_pid=peer_pid)
 
     def create_vxlan(self, name: str, vni: int, local: str, remote: str, mtu: int,
-                     port: int = 4789) -> None:
+                     port: int = 4789, group: int = 0) -> None:
         """A cut link's end (:class:`testbed.model.partition.CutLink`): a VXLAN device ``name`` in
         the root namespace, VNI ``vni``, point to point from underlay address ``local`` to
         ``remote`` (every frame goes there: no learning, no flooding), carrying frames of
@@ -128,7 +128,8 @@ class Netlink:
         with _request(f"create vxlan {name} (VNI {vni}, {local} -> {remote})"):
             self.root.link("add", ifname=name, kind="vxlan", vxlan_id=vni, vxlan_local=local,
                            vxlan_group=remote, vxlan_port=port, vxlan_learning=0, mtu=mtu,
-                           vxlan_df=1)  # DF on the outer header: never fragmented on the way
+                           vxlan_df=1,  # DF on the outer header: never fragmented on the way
+                           **({"group": group} if group else {}))
         self._disable_ipv6(name)
 
     def mtu_of_address(self, address: str) -> int:
@@ -174,10 +175,12 @@ class Netlink:
         with _request(f"set {ifname} {'up' if up else 'down'}"):
             self.ns(pid).link("set", index=self.index(ifname, pid), state="up" if up else "down")
 
-    def create_bridge(self, name: str, mtu: int) -> None:
-        """A Linux bridge in the root namespace (a server's scale-up switch), up, no address."""
+    def create_bridge(self, name: str, mtu: int, group: int = 0) -> None:
+        """A Linux bridge in the root namespace (a server's scale-up switch), up, no address;
+        ``group``: the run's link group."""
         with _request(f"create bridge {name}"):
-            self.root.link("add", ifname=name, kind="bridge", mtu=mtu)
+            self.root.link("add", ifname=name, kind="bridge", mtu=mtu,
+                           **({"group": group} if group else {}))
         self._disable_ipv6(name)
         self.set_state(name, True)
 
@@ -228,9 +231,14 @@ class Netlink:
 
     def existing(self, names: set[str]) -> set[str]:
         """Which of ``names`` exist in the root namespace (one raw dump)."""
+        return set(self.groups(names))
+
+    def groups(self, names: set[str]) -> dict[str, int]:
+        """The link group of each of ``names`` that exists in the root namespace (one raw
+        dump): a run's links carry its group, the proof that they are the run's."""
         if self._links is None:
             self._links = LinkDump()
-        return set(self._links.read(names))
+        return {name: row["group"] for name, row in self._links.read(names).items()}
 
     def counters(self, names: set[str], pid: int | None = None) -> dict[str, dict[str, int]]:
         """Interface counters (``IFLA_STATS64``: rx/tx packets, bytes, dropped) by name, and

@@ -294,20 +294,20 @@ class LinkDump(_RawDump):
 
     _IFINFO = struct.Struct("=BxHiII")
     _RTM_GETLINK, _RTM_NEWLINK = 18, 16
-    _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64 = 3, 16, 23
+    _IFLA_IFNAME, _IFLA_OPERSTATE, _IFLA_STATS64, _IFLA_GROUP = 3, 16, 23, 27
     _IF_OPER_UNKNOWN, _IF_OPER_UP = 0, 6
     _STATS = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 
     def read(self, names: set[str] | None = None) -> dict[str, dict[str, int]]:
-        """Name -> rx/tx packets, bytes and dropped, and ``up`` (carrier), for ``names`` (None:
-        every interface)."""
+        """Name -> rx/tx packets, bytes and dropped, ``up`` (carrier) and ``group`` (the link
+        group), for ``names`` (None: every interface)."""
         body = self._IFINFO.pack(0, 0, 0, 0, 0)
         rows = self._dump(self._RTM_GETLINK, body, self._RTM_NEWLINK, "link",
                           lambda _data, _start: True, self._link)
         return {name: stats for name, stats in rows if names is None or name in names}
 
     def _link(self, data: bytes, start: int, end: int) -> tuple[str, dict]:
-        name, stats = "", {"up": False}
+        name, stats = "", {"up": False, "group": 0}
         for kind, at, length in self._attrs(data, start + self._IFINFO.size, end):
             if kind == self._IFLA_IFNAME:
                 name = data[at:at + length].rstrip(b"\0").decode()
@@ -315,6 +315,8 @@ class LinkDump(_RawDump):
                 # a device without carrier of its own (a cut link's VXLAN end) reports UNKNOWN
                 # while it is up; taken down, DOWN
                 stats["up"] = data[at] in (self._IF_OPER_UP, self._IF_OPER_UNKNOWN)
+            elif kind == self._IFLA_GROUP and length >= 4:
+                stats["group"] = struct.unpack_from("=I", data, at)[0]
             elif kind == self._IFLA_STATS64 and length >= self._STATS.size:
                 (stats["rx_packets"], stats["tx_packets"], stats["rx_bytes"], stats["tx_bytes"],
                  _rx_err, _tx_err, stats["rx_dropped"], stats["tx_dropped"]

@@ -28,6 +28,7 @@ class CleanReport:
     runs: list[str] = field(default_factory=list)
     bridges: int = 0
     links: int = 0
+    foreign_links: int = 0  # recorded names now held by links not of the run (left alone)
     processes: int = 0
     skipped: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -67,15 +68,19 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
         except OSError as err:
             report.errors.append(f"{record.run_id}: stopping {[p.pid for p in stage]}: {err}")
     try:
-        if record.links or record.bridges:
-            names = set(record.links) | set(record.bridges)
+        if record.links:  # (the Open vSwitch bridges went through its database above)
             with Netlink() as nl:
-                present = nl.existing(names)
-                left = present
-                if record.link_group and present & set(record.links):  # most of them at once
+                groups = nl.groups(set(record.links))
+                # only links that carry the run's group are its own: an interface someone else
+                # made under a recorded name since (or before a failed create) stays
+                ours = {n for n, g in groups.items()
+                        if not record.link_group or g == record.link_group}
+                report.foreign_links += len(groups) - len(ours)
+                left = ours
+                if record.link_group and ours:  # most of them at once
                     nl.delete_group(record.link_group)
-                    left = nl.existing(names)
-                report.links += len(present - left)
+                    left = nl.existing(ours)
+                report.links += len(ours - left)
                 for name in sorted(left):
                     if nl.delete(name):
                         report.links += 1

@@ -149,7 +149,8 @@ class LibvirtDaemons:
             try:
                 wait_for(lambda p=pid, s=start: proc_start_time(p) != s, 20, f"{name} to stop")
             except TestbedError:
-                os.kill(pid, signal.SIGKILL)
+                if proc_start_time(pid) == start:  # still the same process
+                    os.kill(pid, signal.SIGKILL)
         self.started.clear()
 
 

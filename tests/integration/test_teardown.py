@@ -109,3 +109,29 @@ def test_sigkill_leftovers_are_removed_by_the_next_up(state_dir, datapath):
     with Fabric(config.load(_k4(state_dir, datapath)), state_dir=state_dir) as fabric:  # same names: must clean first
         assert fabric.reachability(count=1).complete
     assert not _ours_present()
+
+
+def test_clean_removes_only_the_links_that_carry_the_runs_group(tmp_path):
+    """A run's links are its own by their link group: an interface that someone else made
+    under a name the record holds (a switch's name on the userspace datapath has no device of
+    ours; a name reused after a crash) is left alone and counted, the run's own is deleted."""
+    from testbed.linux.netlink import Netlink
+    from testbed.runs.cleanup import clean_record
+    from testbed.runs.registry import Registry
+
+    registry = Registry(tmp_path / "state")
+    record = registry.new_run(tmp_path / "run")
+    record.links = ["fltown0", "fltforeign0"]
+    registry.save(record)
+    try:
+        with Netlink() as nl:
+            nl.create_veth("fltown0", "fltown1", group=record.link_group)
+            nl.create_veth("fltforeign0", "fltforeign1")  # another's: the default group
+        report = clean_record(record, registry)
+        with Netlink() as nl:
+            left = nl.existing({"fltown0", "fltown1", "fltforeign0", "fltforeign1"})
+        assert left == {"fltforeign0", "fltforeign1"}, left
+        assert report.links == 1 and report.foreign_links == 1, report
+    finally:
+        subprocess.run(["ip", "link", "del", "fltforeign0"], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", "fltown0"], capture_output=True, check=False)
