@@ -94,12 +94,13 @@ def batch_text(jobs: list[Job]) -> str:
 
 
 def _keep_logs(fabric: RunningFabric, out_dir: Path) -> None:
-    """Copy the controller's log and the agents' logs into ``out_dir/logs`` before the
+    """Copy the controller's log and stderr and the agents' logs into ``out_dir/logs`` before the
     fabric's run directory goes."""
     logs = out_dir / "logs"
     logs.mkdir(exist_ok=True)
-    sources = [Path(fabric.run_dir) / "controller.log",
-               *sorted((Path(fabric.run_dir) / "logs").glob("*.log"))]
+    run_dir = Path(fabric.run_dir)
+    sources = [run_dir / "controller.log", run_dir / "controller.stderr",
+               *sorted((run_dir / "logs").glob("*.log"))]
     for src in sources:
         try:
             shutil.copyfile(src, logs / src.name)
@@ -237,7 +238,8 @@ class ExperimentRun:
         status = fabric.controller_status()  # routing decisions so far
         doc["controller"] = {"routing": status.get("routing"), "cpu_s": status.get("cpu_s"),
                              "links_down": status.get("links_down", []),
-                             "adaptive": status.get("adaptive")}
+                             "adaptive": status.get("adaptive"),
+                             "events": list(fabric.controller_events)}
         errors = []
         if services.injector is not None:
             doc["failures"] = services.injector.report()

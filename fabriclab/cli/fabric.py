@@ -63,8 +63,12 @@ def up(req: UpRequest, ui: Console) -> int:
             if req.json:
                 emit({**doc, "state": "up"})
             ui.print("fabric is up; Ctrl-C (or SIGTERM) tears it down")
+            said = 0
             while True:  # Ctrl-C or SIGTERM unwinds through the teardown
-                time.sleep(3600)
+                time.sleep(1)
+                for error in fabric.service_errors[said:]:  # a controller's death, say
+                    ui.print(f"[red]fabric service failed:[/red] {escape(error)}")
+                said = len(fabric.service_errors)
         result = fabric.reachability(count=req.count)
         reach_s = time.monotonic() - start
         ui.print(result.summary())

@@ -316,6 +316,10 @@ class ClusterFabric:
     def service_errors(self) -> list[str]:
         return self.coordinator.service_errors
 
+    @property
+    def controller_events(self) -> list[dict]:
+        return self.coordinator.controller_events if self.coordinator is not None else []
+
     def controller_status(self) -> dict:
         return self.coordinator.controller_status()
 

@@ -55,6 +55,8 @@ class RunningFabric(Protocol):
     warnings: list[str]
     #: what the fabric's service threads died of
     service_errors: list[str]
+    #: the controller's deaths: {t, event, cause, pid} (its watch, on the machine running it)
+    controller_events: list[dict]
     #: this machine's fidelity verdict (None: not assessed here)
     fidelity: FidelityVerdict | None
     red_marking: bool

@@ -6,6 +6,7 @@ the next experiment runs on the same fabric."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -22,8 +23,50 @@ def _free_port(host: str) -> int:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
+CONTROLLER_WATCH_S = 0.2  # how often the controller's process is looked at
+
+
+def exit_cause(returncode: int) -> str:
+    """How a process ended, from its Popen return code (negative: the signal)."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
 class ControllerProcess:
     """The controller's part of :class:`testbed.fabric.fabric.Fabric` (a mixin)."""
+
+    def _init_controller(self) -> None:
+        self.controller: subprocess.Popen | None = None
+        self.of_port = 0
+        self.controller_events: list[dict] = []  # its deaths (watch_controller)
+        self._controller_ending = None  # a controller stopped on purpose (a restart)
+
+    def watch_controller(self, stop) -> None:
+        """A fabric service (:meth:`start_thread`): the controller's process looked at every
+        :data:`CONTROLLER_WATCH_S`. Its death (not a restart's stop) is an event in
+        :attr:`controller_events` and a service error: a running job fails on it (the
+        switches keep forwarding on what is installed, but failover, adaptive routing and
+        spraying weights stop), and ``fabriclab up`` says it."""
+        while not stop.wait(CONTROLLER_WATCH_S):
+            proc = self.controller
+            if proc is None or proc is self._controller_ending or proc.poll() is None:
+                continue
+            if any(e.get("pid") == proc.pid for e in self.controller_events):
+                continue
+            cause = exit_cause(proc.returncode)
+            try:
+                tail = (self.run_dir / "controller.stderr").read_text()[-500:].strip()
+            except OSError:
+                tail = ""
+            self.controller_events.append({"t": time.time(), "event": "died", "cause": cause,
+                                           "pid": proc.pid})
+            self.service_errors.append(
+                f"controller: {cause} (the switches forward on what is installed; failover, "
+                "adaptive routing and spraying stop)" + (f"; its stderr: {tail}" if tail else ""))
 
     @property
     def status_path(self) -> Path:
@@ -42,6 +85,7 @@ class ControllerProcess:
             self._check_requirements(self.caps, spec)
         self.spec = spec
         if self.controller is not None:
+            self._controller_ending = self.controller  # its end is no death
             self.stop(self.controller)
             self.controller = None
         for path in (self.status_path, self.run_dir / "controller.log",

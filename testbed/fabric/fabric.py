@@ -93,9 +93,8 @@ class Fabric(BuildSteps, ControllerProcess):
         self.record: RunRecord | None = None
         self.hosts: Hosts | None = None
         self.netlink: Netlink | None = None
-        self.controller: subprocess.Popen | None = None
         self.caps: capabilities.Capabilities | None = None
-        self.of_port = 0
+        self._init_controller()
         self.instances: list[ovs.Instance] = []
         self.fidelity: FidelityVerdict | None = None
         self.warnings: list[str] = []
@@ -155,6 +154,7 @@ class Fabric(BuildSteps, ControllerProcess):
         self._prepare_run()
         if self.controller_at is None:
             self._step("controller", self._start_controller)
+            self.start_thread(self.watch_controller, "controller watch")
         if builds:
             self._build()
         if self.controller_at is None and wait:

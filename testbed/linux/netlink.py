@@ -238,7 +238,8 @@ class Netlink:
         dump): a run's links carry its group, the proof that they are the run's."""
         if self._links is None:
             self._links = LinkDump()
-        return {name: row["group"] for name, row in self._links.read(names).items()}
+        return {name: row["group"]
+                for name, row in self._links.read(names, group=True).items()}
 
     def counters(self, names: set[str], pid: int | None = None) -> dict[str, dict[str, int]]:
         """Interface counters (``IFLA_STATS64``: rx/tx packets, bytes, dropped) by name, and

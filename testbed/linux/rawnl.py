@@ -298,13 +298,18 @@ class LinkDump(_RawDump):
     _IF_OPER_UNKNOWN, _IF_OPER_UP = 0, 6
     _STATS = struct.Struct("=8Q")  # rx/tx packets, rx/tx bytes, rx/tx errors, rx/tx dropped
 
-    def read(self, names: set[str] | None = None) -> dict[str, dict[str, int]]:
-        """Name -> rx/tx packets, bytes and dropped, ``up`` (carrier) and ``group`` (the link
-        group), for ``names`` (None: every interface)."""
+    def read(self, names: set[str] | None = None,
+             group: bool = False) -> dict[str, dict[str, int]]:
+        """Name -> rx/tx packets, bytes and dropped and ``up`` (carrier), for ``names`` (None:
+        every interface); with ``group``, also ``group`` (the link group)."""
         body = self._IFINFO.pack(0, 0, 0, 0, 0)
         rows = self._dump(self._RTM_GETLINK, body, self._RTM_NEWLINK, "link",
                           lambda _data, _start: True, self._link)
-        return {name: stats for name, stats in rows if names is None or name in names}
+        out = {name: stats for name, stats in rows if names is None or name in names}
+        if not group:
+            for stats in out.values():
+                del stats["group"]
+        return out
 
     def _link(self, data: bytes, start: int, end: int) -> tuple[str, dict]:
         name, stats = "", {"up": False, "group": 0}

@@ -40,6 +40,7 @@ class FakeFabric:
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
         self.service_errors: list[str] = []
+        self.controller_events: list[dict] = []
         self.record = None
         self.log: list[str] = []
         self.sent_bytes = 0  # what the switch ports' counters say, summed

@@ -1,0 +1,67 @@
+"""The controller is a supervised fabric service: killed in the middle of a run, the run says
+so, fails and keeps its stderr (root: a real fabric, a real controller)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from testbed.poll import wait_for
+from testbed.runs.registry import Registry
+from tests.integration.conftest import DATAPATHS, ROOT
+
+EXPERIMENT = """version: 1
+name: supervised
+fabric: {topology: leaf_spine, leaves: 2, spines: 2, hosts_per_leaf: 2,
+         host_link: {rate_mbps: 10}, fabric_link: {rate_mbps: 10}, mtu: 9000}
+emulator: {datapath: %s}
+workload:
+  collectives:
+    - {op: all_reduce, size: 32MiB, ranks: 4}
+"""
+
+
+@DATAPATHS
+def test_a_controller_killed_mid_run_fails_the_run_and_is_reported(tmp_path, datapath):
+    """SIGKILL to the controller while a 4-rank all-reduce runs (about 40 s at 10 Mbit/s): the
+    run fails within seconds, not at the job's end (exit 3, the message names the controller),
+    results.json says complete: false with the death in controller.events within 2 s of the
+    kill, and the controller's stderr is kept in the output directory."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(EXPERIMENT % datapath)
+    state, out = tmp_path / "state", tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
+                             "run", str(exp), "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        def controller_pid() -> int | None:
+            """The controller's PID once the workload's agents were given their job."""
+            runs = Registry(state).runs()
+            pids = [p.pid for r in runs for p in r.processes if p.role == "controller"]
+            started = any(any(Path(r.run_dir).glob("job-*.json")) for r in runs)
+            return pids[0] if pids and started else None
+
+        wait_for(lambda: controller_pid() is not None, 120, "the workload to start")
+        time.sleep(1.0)  # the agents running
+        killed_at = time.time()
+        os.kill(controller_pid(), signal.SIGKILL)
+        output, _ = proc.communicate(timeout=60)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, output[-3000:]
+    assert "controller: killed by SIGKILL" in output, output[-3000:]
+    assert ended - killed_at < 20, ended - killed_at  # the job did not run to its end (~40 s)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["complete"] is False
+    events = doc["controller"]["events"]
+    assert [e["cause"] for e in events] == ["killed by SIGKILL"], events
+    assert events[0]["t"] - killed_at < 2.0, events
+    assert (out / "logs" / "controller.stderr").exists()
