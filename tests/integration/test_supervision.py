@@ -65,3 +65,38 @@ def test_a_controller_killed_mid_run_fails_the_run_and_is_reported(tmp_path, dat
     assert [e["cause"] for e in events] == ["killed by SIGKILL"], events
     assert events[0]["t"] - killed_at < 2.0, events
     assert (out / "logs" / "controller.stderr").exists()
+
+
+def test_nothing_of_a_fabric_kept_up_with_telemetry_listens_beyond_loopback(tmp_path):
+    """``fabriclab up --telemetry`` on one machine: every listening socket of its processes
+    (the command, the controller, the exporters, Prometheus) in the root namespace is on
+    loopback."""
+    import re
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("version: 1\nname: listen\nfabric: {topology: leaf_spine, leaves: 2, spines: 1,"
+                   " hosts_per_leaf: 1}\nemulator: {datapath: ebpf}\n")
+    state = tmp_path / "state"
+    log = open(tmp_path / "up.log", "w", encoding="utf-8")  # noqa: SIM115
+    up = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state), "up",
+                           "--telemetry", str(exp)], stdout=log, stderr=subprocess.STDOUT,
+                          text=True, cwd=tmp_path)
+    log.close()
+    try:
+        wait_for(lambda: "fabric is up" in (tmp_path / "up.log").read_text()
+                 or up.poll() is not None, 120, "the fabric up")
+        assert up.poll() is None, (tmp_path / "up.log").read_text()[-2000:]
+        ours = {up.pid} | {p.pid for r in Registry(state).runs() for p in r.processes}
+        children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(up.pid)],
+                                  capture_output=True, text=True, check=False).stdout.split()
+        ours |= {int(c) for c in children}
+        listening = subprocess.run(["ss", "-Hltnup"], capture_output=True, text=True,
+                                   check=True).stdout.splitlines()
+        mine = [line for line in listening
+                if {int(p) for p in re.findall(r"pid=(\d+)", line)} & ours]
+        assert mine, listening  # the exporters and Prometheus listen
+        wide = [line for line in mine if not re.search(r"\s(127\.0\.0\.\d+|\[::1\]):\d+\s", line)]
+        assert not wide, wide
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=120)
