@@ -215,3 +215,28 @@ def test_a_silent_connection_does_not_stall_the_agents(tmp_path):
     assert len(reports) == 4 and time.monotonic() - start < 20
     for sock in held:
         sock.close()
+
+
+def test_a_queue_pair_to_a_peer_gone_ends_with_a_named_error(monkeypatch):
+    """Nothing answers at rank 1 (no agent there): rank 0's queue pair retransmits, and after
+    the stall limit the engine reports it by name instead of retrying until the job's
+    timeout."""
+    import threading
+
+    from traffic.agents import engine as eng
+    from traffic.transports.packet import Scale, mss_for
+
+    monkeypatch.setattr(eng, "STALL_LIMIT_S", 1.0)
+    for transport in ("uet", "rocev2"):
+        e = eng.UdpEngine(transport, 0, ["127.0.0.1", "127.0.0.2"], _free_port(),
+                          Scale(40e6, 0.001, mss_for(9000)))
+        e.start()
+        try:
+            e.send(1, 0, 1 << 20, threading.Event().set)
+            deadline = time.monotonic() + 10
+            while not e.errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            e.close()
+        assert e.errors and f"{transport} to rank 1 channel 0: nothing acknowledged" in \
+            e.errors[0], e.errors

@@ -53,6 +53,14 @@ NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send
 # milliseconds, and wakes late on a busy machine; two frames (1.4 ms at 100 Mbit/s, 0.7 at 200)
 # left the NIC idle half the time at rates where a frame is under a millisecond
 NIC_AHEAD_S = 0.003
+#: A queue pair with data unacknowledged this long (retransmitting all along) ends the job with
+#: an error naming it: the peer is gone or the path cut for good (the job's own timeout would
+#: take ten minutes to say less)
+STALL_LIMIT_S = 30.0
+
+
+class TransportStalled(Exception):
+    """A queue pair made no progress for :data:`STALL_LIMIT_S`."""
 
 
 class UdpEngine:
@@ -122,6 +130,8 @@ class UdpEngine:
         self.rtimer_at: dict[tuple[int, int], float] = {}
         self.touched_tx: set[tuple[int, int]] = set()
         self.touched_rx: set[tuple[int, int]] = set()
+        self.progress: dict[tuple[int, int], tuple[int, float]] = {}  # (una, when it moved)
+        self.stall_check_at = 0.0
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
         self.listen = self._socket(bind, port, tos=dscp << 2)
@@ -230,6 +240,7 @@ class UdpEngine:
             while not self.stop.is_set():
                 self._commands()
                 now = time.monotonic()
+                self._check_stalls(now)
                 self._timers(now)
                 self._refresh()
                 self._transmit(now)
@@ -244,7 +255,9 @@ class UdpEngine:
                     else:
                         self._read(key.fileobj, key.data == "listen")
                 self._refresh()
-        except Exception as err:  # the agent reports it and fails the job
+        except TransportStalled as err:  # the agent reports it and fails the job
+            self.errors.append(str(err))
+        except Exception as err:  # noqa: BLE001 - likewise
             self.errors.append(f"udp engine: {err!r}")
 
     def _commands(self) -> None:
@@ -264,6 +277,20 @@ class UdpEngine:
                 self.recv_waits[qp].append((self.recv_expected[qp], done))
                 self.touched_rx.add(qp)
 
+    def _check_stalls(self, now: float) -> None:
+        """Once a second: a queue pair without progress for :data:`STALL_LIMIT_S` with data
+        outstanding ends the engine with an error naming it."""
+        if now < self.stall_check_at:
+            return
+        self.stall_check_at = now + 1.0
+        for (peer, ch), (una, since) in self.progress.items():
+            s = self.senders[(peer, ch)]
+            if s.una < len(s.lengths) and now - since > STALL_LIMIT_S:
+                raise TransportStalled(
+                    f"{self.transport} to rank {peer} channel {ch}: nothing acknowledged for "
+                    f"{now - since:.0f} s while retransmitting ({s.describe()}); the peer is "
+                    "gone or every path to it cut")
+
     def _timers(self, now: float) -> None:
         for key in [k for k, t in self.timer_at.items() if t <= now]:
             self.senders[key].on_timer(now)
@@ -276,8 +303,12 @@ class UdpEngine:
     def _refresh(self) -> None:
         """Recompute the cached times of the touched queue pairs and call the callbacks of
         their finished messages."""
+        now = time.monotonic()
         for key in self.touched_tx:
             s = self.senders[key]
+            last = self.progress.get(key)
+            if last is None or last[0] != s.una or s.una >= len(s.lengths):  # moved, or idle
+                self.progress[key] = (s.una, now)
             _cache(self.send_at, key, s.next_send_time())
             _cache(self.timer_at, key, s.timer())
             waits = self.send_waits[key]
