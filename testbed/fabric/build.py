@@ -103,6 +103,7 @@ class BuildSteps:
         self.record = self.registry.new_run(run_dir)
         self.record.run_dir = str(run_dir / self.record.run_id)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.chmod(0o700)  # job specs, sockets, logs: the run's own, nobody else's
         self.registry.save(self.record)
         self.netlink = Netlink()
 

@@ -70,7 +70,7 @@ def test_a_controller_killed_mid_run_fails_the_run_and_is_reported(tmp_path, dat
 def test_nothing_of_a_fabric_kept_up_with_telemetry_listens_beyond_loopback(tmp_path):
     """``fabriclab up --telemetry`` on one machine: every listening socket of its processes
     (the command, the controller, the exporters, Prometheus) in the root namespace is on
-    loopback."""
+    loopback, and its run directory is its own (0700)."""
     import re
 
     exp = tmp_path / "exp.yaml"
@@ -86,7 +86,9 @@ def test_nothing_of_a_fabric_kept_up_with_telemetry_listens_beyond_loopback(tmp_
         wait_for(lambda: "fabric is up" in (tmp_path / "up.log").read_text()
                  or up.poll() is not None, 120, "the fabric up")
         assert up.poll() is None, (tmp_path / "up.log").read_text()[-2000:]
-        ours = {up.pid} | {p.pid for r in Registry(state).runs() for p in r.processes}
+        runs = Registry(state).runs()
+        assert [oct(Path(r.run_dir).stat().st_mode & 0o777) for r in runs] == ["0o700"]
+        ours = {up.pid} | {p.pid for r in runs for p in r.processes}
         children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(up.pid)],
                                   capture_output=True, text=True, check=False).stdout.split()
         ours |= {int(c) for c in children}
