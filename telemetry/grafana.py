@@ -8,6 +8,8 @@ Where the Docker daemon or the image is missing (this machine: the daemon pulls 
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +23,11 @@ DEFAULT_PORT = 3000
 
 @dataclass
 class Grafana:
-    """A started Grafana container."""
+    """A started Grafana container; ``admin_password``: its admin's (random, per start)."""
 
     container: object
     port: int
+    admin_password: str = ""
 
     @property
     def url(self) -> str:
@@ -34,11 +37,40 @@ class Grafana:
         self.container.stop(timeout=10)
 
 
+def grafana_environment(prometheus_port: int, port: int, scrape_interval_s: float,
+                        admin_password: str) -> dict[str, str]:
+    """The container's settings: on 127.0.0.1 only, anonymous visitors may view (never edit),
+    the admin has ``admin_password`` (Grafana's default, ``admin``, is refused)."""
+    if len(admin_password) < 12 or admin_password == "admin":
+        raise ValueError("Grafana's admin password must be a random one of 12 characters or more")
+    return {"PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}",
+            "FABRICLAB_SCRAPE_INTERVAL": grafana_interval(scrape_interval_s),
+            "GF_SERVER_HTTP_ADDR": "127.0.0.1", "GF_SERVER_HTTP_PORT": str(port),
+            "GF_AUTH_ANONYMOUS_ENABLED": "true", "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer",
+            "GF_SECURITY_ADMIN_USER": "admin", "GF_SECURITY_ADMIN_PASSWORD": admin_password,
+            "GF_USERS_ALLOW_SIGN_UP": "false"}
+
+
+def save_password(directory: Path, password: str) -> Path:
+    """Write ``password`` to ``directory/grafana-admin-password`` readable by its owner only
+    (created 0600, never world-readable even for a moment)."""
+    path = Path(directory) / "grafana-admin-password"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(password + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
 def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT,
-                  scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S) -> Grafana:
+                  scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+                  password_dir: Path | None = None) -> Grafana:
     """Start Grafana on 127.0.0.1:``port`` with Prometheus at 127.0.0.1:``prometheus_port``,
     whose data was scraped every ``scrape_interval_s`` (the datasource's ``timeInterval``, so
     that ``$__rate_interval`` spans enough samples).
+
+    The admin's password is random, saved 0600 in ``password_dir`` (when given) and kept on
+    the returned object; anonymous visitors only view.
 
     Raises:
         TestbedError: no Docker SDK, no daemon, or no image (and none can be pulled).
@@ -65,15 +97,14 @@ def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT,
             raise TestbedError(f"the Grafana image {IMAGE} is not here and cannot be pulled "
                                f"({err}); load it with 'docker load' or use the lab VM") \
                 from err
+    password = secrets.token_urlsafe(18)
+    if password_dir is not None:
+        save_password(password_dir, password)
     container = client.containers.run(
         IMAGE, detach=True, auto_remove=True, network_mode="host", name=f"fabriclab-grafana-{port}",
-        environment={"PROMETHEUS_URL": f"http://127.0.0.1:{prometheus_port}",
-                     "FABRICLAB_SCRAPE_INTERVAL": grafana_interval(scrape_interval_s),
-                     "GF_SERVER_HTTP_ADDR": "127.0.0.1", "GF_SERVER_HTTP_PORT": str(port),
-                     "GF_AUTH_ANONYMOUS_ENABLED": "true",
-                     "GF_AUTH_ANONYMOUS_ORG_ROLE": "Viewer"},
+        environment=grafana_environment(prometheus_port, port, scrape_interval_s, password),
         volumes={str(GRAFANA_DIR / "provisioning"): {"bind": "/etc/grafana/provisioning",
                                                      "mode": "ro"},
                  str(GRAFANA_DIR / "dashboards"): {"bind": "/var/lib/grafana/dashboards/fabriclab",
                                                    "mode": "ro"}})
-    return Grafana(container, port)
+    return Grafana(container, port, password)

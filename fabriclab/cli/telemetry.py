@@ -75,11 +75,14 @@ def serve(req: ServeRequest, ui: Console) -> int:
             )
 
             try:
-                grafana = start_grafana(prom.port, scrape_interval_s=interval)
+                grafana = start_grafana(prom.port, scrape_interval_s=interval,
+                                        password_dir=source)
             except TestbedError as err:  # Prometheus keeps serving without it
                 ui.print(f"[yellow]Grafana not started:[/yellow] {escape(str(err))}")
             else:
-                ui.print(f"Grafana at {grafana.url}")
+                ui.print(f"Grafana at {grafana.url} (anonymous: view; admin password, shown "
+                         f"once: {grafana.admin_password}, kept 0600 in "
+                         f"{source / 'grafana-admin-password'})")
         try:
             wait_until_stopped()
         finally:

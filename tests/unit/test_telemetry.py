@@ -272,3 +272,21 @@ def test_the_command_line_telemetry_options_name_the_bad_flag():
         with pytest.raises(ConfigError) as err:
             options(*argv)
         assert err.value.path == flag
+
+
+def test_grafana_has_a_random_admin_password_kept_0600_and_anonymous_viewers_only(tmp_path):
+    import stat
+
+    from telemetry.grafana import grafana_environment, save_password
+
+    env = grafana_environment(9090, 3000, 1.0, "x9Vq-3kLm_pQ2rTz")
+    assert env["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # never Admin or Editor
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "x9Vq-3kLm_pQ2rTz"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    for weak in ("admin", "short"):
+        with pytest.raises(ValueError):
+            grafana_environment(9090, 3000, 1.0, weak)
+    path = save_password(tmp_path, "x9Vq-3kLm_pQ2rTz")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text().strip() == "x9Vq-3kLm_pQ2rTz"
