@@ -47,7 +47,7 @@ log "Prometheus: the standing configuration (discovers fabrics in $DISCOVERY, sc
   > /etc/prometheus/prometheus.yml.new
 promtool check config /etc/prometheus/prometheus.yml.new >/dev/null
 mv /etc/prometheus/prometheus.yml.new /etc/prometheus/prometheus.yml
-echo 'ARGS="--web.listen-address=:9090 --storage.tsdb.retention.time=15d --web.enable-lifecycle"' \
+echo 'ARGS="--web.listen-address=:9090 --storage.tsdb.retention.time=15d"' \
   > /etc/default/prometheus
 systemctl enable prometheus >/dev/null 2>&1
 systemctl restart prometheus

@@ -62,10 +62,11 @@ def scrape_interval_of(doc: dict | None) -> float:
 
 def server_args(binary: str, config: Path, data_dir: Path, listen: str) -> list[str]:
     """The command line of a Prometheus that stores in ``data_dir`` and serves on ``listen``
-    (``127.0.0.1:PORT``); with the lifecycle API on, so a run can flush it before stopping."""
+    (``127.0.0.1:PORT``), without the lifecycle and admin APIs (nobody may stop it or delete
+    its data over HTTP; SIGTERM flushes it at the end of a run)."""
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--storage.tsdb.retention.time={RETENTION}", f"--web.listen-address={listen}",
-            "--web.enable-lifecycle", "--log.level=warn"]
+            "--log.level=warn"]
 
 
 #: Where a standing Prometheus (the lab VM's service on 9090) discovers the exporters of every

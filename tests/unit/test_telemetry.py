@@ -146,6 +146,9 @@ def test_the_scrape_configuration():
         scrape_config({}, 0)
     args = server_args("prometheus", "c.yml", "d", "127.0.0.1:9090")
     assert "--web.listen-address=127.0.0.1:9090" in args
+    # nobody stops it or deletes its data over HTTP
+    assert not any(a.startswith(("--web.enable-lifecycle", "--web.enable-admin-api"))
+                   for a in args)
 
 
 def test_the_standing_configuration_discovers_the_runs_exporters(tmp_path, capsys):
