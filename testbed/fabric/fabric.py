@@ -48,7 +48,8 @@ from testbed.plan.failplan import cut_off_reason
 from testbed.plan.fidelity import FidelityVerdict
 from testbed.plan.reachability import Reachability
 from testbed.runs import cleanup
-from testbed.runs.registry import DEFAULT_STATE_DIR, Registry, RunRecord, stop_processes
+from testbed.runs.registry import (DEFAULT_STATE_DIR, Registry, RunRecord, run_file_name,
+                                   stop_processes)
 
 THREAD_JOIN_S = 10.0
 LOOPBACK = "127.0.0.1"
@@ -451,14 +452,13 @@ class Fabric(BuildSteps, ControllerProcess):
 
     def write_file(self, name: str, text: str) -> Path:
         """Write ``name`` into the run directory (atomically); returns its path."""
-        path = self.run_dir / name
-        write_text_atomic(path, text)
+        write_text_atomic(path := self.run_dir / run_file_name(name), text)
         return path
 
     def read_file(self, name: str, host: str | None = None) -> str:
         """A file of the run directory (``host``: where a process of that host wrote it; one
         machine here). Raises OSError when there is none."""
-        return (self.run_dir / name).read_text()
+        return (self.run_dir / run_file_name(name)).read_text()
 
     def set_link(self, node1: str, node2: str, up: bool) -> Link:
         """Fail the link between two nodes or repair it (:meth:`set_links`)."""

@@ -118,6 +118,19 @@ class RunRecord:
         return proc_start_time(self.owner_pid) == self.owner_start
 
 
+def run_file_name(name: str) -> str:
+    """``name`` if it is a plain file name for a run directory (one path component, not hidden,
+    not ``.`` or ``..``): what a cluster machine's actor writes or reads there comes from the
+    coordinator, which must not reach outside the run directory.
+
+    Raises:
+        TestbedError: naming the refused name.
+    """
+    if not name or "/" in name or "\0" in name or name.startswith(".") or len(name) > 255:
+        raise TestbedError(f"not a file name of the run directory: {name!r}")
+    return name
+
+
 def link_group_of(run_id: str) -> int:
     """A run's own link group: from its id, never 0 (every interface's default group)."""
     return (zlib.crc32(run_id.encode()) & 0x7FFFFFFF) or 1

@@ -120,3 +120,14 @@ def test_the_first_agent_to_die_fails_the_job_at_once_naming_its_rank(tmp_path):
     assert time.monotonic() - start < 3.0
     assert "rank 3" in str(err.value) and "boom: no route" in str(err.value)
     assert all(p.poll() is not None for p in procs)  # the others were stopped
+
+
+def test_run_directory_file_names_stay_inside_it():
+    """What a cluster machine's actor writes or reads in its run directory is named by the
+    coordinator: one plain path component, nothing hidden, nothing outside."""
+    from testbed.runs.registry import run_file_name
+
+    assert run_file_name("job-17000-1.json") == "job-17000-1.json"
+    for bad in ("../x", "/etc/passwd", "a/b", ".", "..", ".hidden", "", "x\0y", "y" * 300):
+        with pytest.raises(TestbedError):
+            run_file_name(bad)
