@@ -159,9 +159,11 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
         pending = dict(procs)
         next_check = time.monotonic() + CUT_OFF_CHECK_S
         while pending:  # every agent watched at once: the first to fail ends the job
+            # a round over every agent within about half a second, however many there are
+            slice_s = max(0.002, min(POLL_SLICE_S, 0.5 / len(pending)))
             for host, proc in list(pending.items()):
                 try:
-                    out, err = proc.communicate(timeout=POLL_SLICE_S)
+                    out, err = proc.communicate(timeout=slice_s)
                 except subprocess.TimeoutExpired:
                     continue
                 del pending[host]
