@@ -51,7 +51,7 @@ def machine_state() -> dict[str, set[str]]:
         "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
                        "|traffic.agents.agent|traffic.agents.udpflow|prometheus --config|raylet|gcs_server"
                        "|ovs(db-server|-vswitchd) "
-                       ".*/work/[0-9]{8}-' | grep -v grep"),
+                       ".*(/work/[0-9]{8}-|/pytest-of-)' | grep -v grep"),
         "sysctl": lines("sysctl net.core.wmem_default"),
         "bpf pins": lines("ls /sys/fs/bpf/fabriclab 2>/dev/null"),
     }
