@@ -119,6 +119,54 @@ def _agent_state(fabric, spec_name: str, rank: int, host: str) -> str:
         return "no state published"
 
 
+def _wait_agents(fabric, procs: dict[str, subprocess.Popen], name: str, port: int,
+                 timeout_s: float) -> list[AgentReport]:
+    """Every agent's report, all watched at once: the first to fail, a cut-off that lasts, or
+    the deadline ends the job with an error naming the ranks (the caller stops the rest)."""
+    deadline = time.monotonic() + timeout_s
+    watch = CutOffWatch(fabric, list(procs))
+    rank_of = {host: rank for rank, host in enumerate(procs)}
+    reports: list[AgentReport] = []
+    pending = dict(procs)
+    next_check = time.monotonic() + CUT_OFF_CHECK_S
+    while pending:  # every agent watched at once: the first to fail ends the job
+        # a round over every agent within about half a second, however many there are
+        slice_s = max(0.002, min(POLL_SLICE_S, 0.5 / len(pending)))
+        for host, proc in list(pending.items()):
+            try:
+                out, err = proc.communicate(timeout=slice_s)
+            except subprocess.TimeoutExpired:
+                continue
+            del pending[host]
+            rank = rank_of[host]
+            if err:  # the agent's own log: the run directory keeps it
+                logs = Path(fabric.run_dir) / "logs"
+                logs.mkdir(exist_ok=True)
+                with open(logs / f"agent-{port}-{host}.log", "a", encoding="utf-8") as fh:
+                    fh.write(err)
+            if proc.returncode != 0:
+                raise TestbedError(f"traffic agent rank {rank} ({host}) exited with "
+                                   f"{proc.returncode}: {err.strip()[-500:]}")
+            try:
+                reports.append(AgentReport.from_json(out))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise TestbedError(f"traffic agent rank {rank} ({host}): unreadable report "
+                                   f"({exc!r}): {out[-200:]!r}") from None
+        now = time.monotonic()
+        if not pending or now < next_check:
+            continue
+        next_check = now + CUT_OFF_CHECK_S
+        expired = now >= deadline
+        reason = None if expired else watch.check()
+        if expired or reason is not None:
+            stuck = [f"rank {rank_of[h]} ({h}): {_agent_state(fabric, name, rank_of[h], h)}"
+                     for h in pending]
+            head = (f"the job cannot finish, {reason}" if reason else
+                    f"job timed out after {timeout_s:.0f} s")
+            raise TestbedError(f"{head}; still running:\n  " + "\n  ".join(stuck))
+    return reports
+
+
 def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
             timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
             start_at: float | None = None, congestion_control: str | None = None,
@@ -152,47 +200,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
         for host in hosts:
             procs[host] = fabric.spawn(host, [sys.executable, "-m", "traffic.agents.agent", name, host],
                                        f"agent:{port}:{host}", cwd=str(fabric.run_dir))
-        deadline = time.monotonic() + timeout_s
-        watch = CutOffWatch(fabric, hosts)
-        rank_of = {host: rank for rank, host in enumerate(procs)}
-        reports: list[AgentReport] = []
-        pending = dict(procs)
-        next_check = time.monotonic() + CUT_OFF_CHECK_S
-        while pending:  # every agent watched at once: the first to fail ends the job
-            # a round over every agent within about half a second, however many there are
-            slice_s = max(0.002, min(POLL_SLICE_S, 0.5 / len(pending)))
-            for host, proc in list(pending.items()):
-                try:
-                    out, err = proc.communicate(timeout=slice_s)
-                except subprocess.TimeoutExpired:
-                    continue
-                del pending[host]
-                rank = rank_of[host]
-                if err:  # the agent's own log: the run directory keeps it
-                    logs = Path(fabric.run_dir) / "logs"
-                    logs.mkdir(exist_ok=True)
-                    with open(logs / f"agent-{port}-{host}.log", "a", encoding="utf-8") as fh:
-                        fh.write(err)
-                if proc.returncode != 0:
-                    raise TestbedError(f"traffic agent rank {rank} ({host}) exited with "
-                                       f"{proc.returncode}: {err.strip()[-500:]}")
-                try:
-                    reports.append(AgentReport.from_json(out))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise TestbedError(f"traffic agent rank {rank} ({host}): unreadable report "
-                                       f"({exc!r}): {out[-200:]!r}") from None
-            now = time.monotonic()
-            if not pending or now < next_check:
-                continue
-            next_check = now + CUT_OFF_CHECK_S
-            expired = now >= deadline
-            reason = None if expired else watch.check()
-            if expired or reason is not None:
-                stuck = [f"rank {rank_of[h]} ({h}): {_agent_state(fabric, name, rank_of[h], h)}"
-                         for h in pending]
-                head = (f"the job cannot finish, {reason}" if reason else
-                        f"job timed out after {timeout_s:.0f} s")
-                raise TestbedError(f"{head}; still running:\n  " + "\n  ".join(stuck))
+        reports = _wait_agents(fabric, procs, name, port, timeout_s)
     finally:
         for proc in procs.values():
             fabric.stop(proc)
