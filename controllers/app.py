@@ -32,9 +32,18 @@ from os_ken.lib.packet import arp, ethernet, ipv4, lldp, packet, tcp, udp
 from os_ken.ofproto import ofproto_v1_5
 
 from controllers.routing.adaptive import FlowKey
-from controllers.ofmsgs import to_messages
+from controllers.ofmsgs import read_groups_by_layout, to_messages
+from controllers.readback import WarmStart
 from controllers.routing.policy import FabricPolicy
-from controllers.routing.tables import ETH_TYPE_ARP, ETH_TYPE_IPV4, ETH_TYPE_LLDP, FLOW_COOKIE, Op, OpKind
+from controllers.routing.tables import (
+    ETH_TYPE_ARP,
+    ETH_TYPE_IPV4,
+    ETH_TYPE_LLDP,
+    FLOW_COOKIE,
+    Op,
+    OpKind,
+    SwitchTables,
+)
 from controllers.routing.session import Session
 from telemetry.model import metrics
 from telemetry.exporter import CallbackCollector, Exporter
@@ -45,6 +54,7 @@ LOG = logging.getLogger("fabriclab.controller")
 LLDP_INTERVAL_S = 2.0
 STATUS_INTERVAL_S = 0.1  # the status document is written at most this often
 LLDP_MAC = "01:80:c2:00:00:0e"
+read_groups_by_layout()  # os-ken's own parser misreads a reply of several groups
 
 
 def _guarded(handler):
@@ -62,7 +72,7 @@ def _guarded(handler):
     return wrapper
 
 
-class FabricController(app_manager.OSKenApp):
+class FabricController(WarmStart, app_manager.OSKenApp):
     """Proactive L3 ECMP controller for a fabriclab fabric."""
 
     OFP_VERSIONS = (ofproto_v1_5.OFP_VERSION,)
@@ -79,6 +89,8 @@ class FabricController(app_manager.OSKenApp):
                  conf.routing, conf.ecmp_seed, conf.ecmp_selection, conf.spray_weights,
                  conf.poll_interval_s)
         self.status_path = conf.status
+        self.warm_start = bool(conf.warm_start)
+        self.readback: dict[str, ReadBack] = {}  # switch -> its tables being read back
         self.lock = threading.RLock()
         self.datapaths: dict[str, object] = {}
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
@@ -187,13 +199,30 @@ class FabricController(app_manager.OSKenApp):
         if ev.msg.flags & ofp.OFPMPF_REPLY_MORE:
             return
         switch = self.policy.topo.switch_by_dpid(dp.id)
-        ops = self.policy.switch_connected(dp.id, ports, time.time())
+        if switch is not None and self.warm_start:
+            self._read_back(dp, switch.name, ports)
+        else:
+            self._programme(dp, ports)
+        self.write_status()
+
+    def _programme(self, dp, ports: dict, found: SwitchTables | None = None) -> list[Op]:
+        """Bring a switch that described its ports to its desired state (from a clear, or from
+        ``found``: its tables as read back); returns the ops sent to it."""
+        switch = self.policy.topo.switch_by_dpid(dp.id)
+        ops = self.policy.switch_connected(dp.id, ports, time.time(), found)
+        if found is not None and not ops:  # nothing differs: the barrier's reply says so
+            ops = [Op(OpKind.BARRIER)]
         if switch is not None:
             self.datapaths[switch.name] = dp
             self.session.connected(switch.name)  # a reconnect starts from scratch
             self._send(switch.name, ops)
             self._send_all(self.policy.reconcile())
-        self.write_status()
+        return ops
+
+    @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, MAIN_DISPATCHER)
+    @_guarded
+    def on_group_desc(self, ev) -> None:
+        self._read_back_reply(ev.msg)
 
     @set_ev_cls(ofp_event.EventOFPStateChange, DEAD_DISPATCHER)
     @_guarded
@@ -202,6 +231,9 @@ class FabricController(app_manager.OSKenApp):
         if dp.id is None:
             return
         switch = self.policy.topo.switch_by_dpid(dp.id)
+        back = self.readback.get(switch.name) if switch is not None else None
+        if back is not None and back.dp is dp:
+            del self.readback[switch.name]  # its next connection reads them again
         if switch is not None and self.datapaths.get(switch.name) is dp:
             del self.datapaths[switch.name]
             self.session.disconnected(switch.name)
@@ -337,6 +369,8 @@ class FabricController(app_manager.OSKenApp):
     @_guarded
     def on_flow_stats(self, ev) -> None:
         msg = ev.msg
+        if self._read_back_reply(msg):
+            return
         with self._cpu("stats"):
             for stat in msg.body:
                 key = FlowKey.from_match(dict(stat.match.items()))

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults.spray_weights)
     parser.add_argument("--poll-interval-s", type=float, default=defaults.poll_interval_s,
                         help="adaptive: the statistics interval")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="read each switch's tables back and change only what differs "
+                             "(a restart: the switches kept forwarding on what is installed)")
     parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in
                             ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
-                             "spray_weights", "poll_interval_s")],
+                             "spray_weights", "poll_interval_s", "warm_start")],
                            group="fabriclab")
     cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)],
              project="os_ken")
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("ecmp_selection", str(args.ecmp_selection), group="fabriclab")
     cfg.CONF.set_override("spray_weights", str(args.spray_weights), group="fabriclab")
     cfg.CONF.set_override("poll_interval_s", str(args.poll_interval_s), group="fabriclab")
+    cfg.CONF.set_override("warm_start", "1" if args.warm_start else "", group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

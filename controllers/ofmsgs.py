@@ -11,7 +11,7 @@ import struct
 from collections.abc import Callable
 
 from controllers.routing.tables import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKind
-from testbed.model.openflow import NTR_EXPERIMENTER, NTRT_SELECTION_METHOD
+from testbed.switch import groups
 
 
 class HashSelection:
@@ -26,12 +26,6 @@ class HashSelection:
       bucket bits only, so spraying costs no upcalls, but a trace stops at the recirculation.
     """
 
-    EXPERIMENTER_NTR = NTR_EXPERIMENTER
-    NTRT_SELECTION_METHOD = NTRT_SELECTION_METHOD
-    OFPGPT_EXPERIMENTER = 0xFFFF
-    # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
-    FIELDS = ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2))
-
     def __init__(self, basis: int, method: str = "hash") -> None:
         if method not in ("hash", "dp_hash"):
             raise ValueError(f"unknown selection method {method!r}")
@@ -39,14 +33,7 @@ class HashSelection:
         self.method = method
 
     def serialize(self) -> bytes:
-        fields = b"" if self.method == "dp_hash" else b"".join(
-            struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
-            for field, width in self.FIELDS)  # dp_hash takes no field list
-        length = 40 + len(fields)
-        body = struct.pack("!HHII4x16sQ", self.OFPGPT_EXPERIMENTER, length,
-                           self.EXPERIMENTER_NTR, self.NTRT_SELECTION_METHOD,
-                           self.method.encode(), self.basis & 0xFFFFFFFF) + fields
-        return body + b"\0" * (-len(body) % 8)
+        return groups.selection_property(self.basis, self.method)
 
 
 def _clear(dp, _op: Op) -> list:
@@ -65,13 +52,7 @@ def _group(command: str) -> Callable[[object, Op], list]:
     def build(dp, op: Op) -> list:
         ofp, parser = dp.ofproto, dp.ofproto_parser
         entry: GroupEntry = op.entry
-        weights = entry.weights or (None,) * len(entry.ports)
-        buckets = [parser.OFPBucket(
-            bucket_id=i, actions=[parser.OFPActionOutput(p)],
-            properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)]
-            + ([parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=w)]
-               if w is not None else []))
-            for i, (p, w) in enumerate(zip(entry.ports, weights))]
+        buckets = groups.buckets(entry)
         ff = entry.kind == "ff"
         props = [] if op.kind == OpKind.GROUP_DEL or ff else [
             HashSelection(entry.hash_basis, entry.selection)]
@@ -125,3 +106,56 @@ TRANSLATE: dict[OpKind, Callable[[object, Op], list]] = {
 def to_messages(dp, op: Op) -> list:
     """The OpenFlow 1.5 messages of one policy op for datapath ``dp``."""
     return TRANSLATE[op.kind](dp, op)
+
+
+# -- what a switch holds, read back (a warm start) ---------------------------------------------
+def flow_entry(dp, stat) -> FlowEntry | None:
+    """The entry of one ``OFPMP_FLOW_DESC`` part as the tables hold it (its match's fields
+    sorted by name), or None for an entry no policy installs (instructions other than apply
+    actions, actions other than output and group)."""
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    actions = []
+    for inst in stat.instructions:
+        if not isinstance(inst, parser.OFPInstructionActions) or \
+                inst.type != ofp.OFPIT_APPLY_ACTIONS:
+            return None
+        for action in inst.actions:
+            if isinstance(action, parser.OFPActionOutput):
+                if action.port == ofp.OFPP_CONTROLLER:
+                    actions.append(("output", CONTROLLER_PORT) if action.max_len in (
+                        ofp.OFPCML_NO_BUFFER, 0xFFFF) else ("punt", action.max_len))
+                else:
+                    actions.append(("output", action.port))
+            elif isinstance(action, parser.OFPActionGroup):
+                actions.append(("group", action.group_id))
+            else:
+                return None
+    return FlowEntry(stat.priority, tuple(sorted(stat.match.items())), tuple(actions),
+                     stat.cookie)
+
+
+class GroupDesc:
+    """One ``OFPMP_GROUP_DESC`` part read by :mod:`testbed.switch.groups` (``entry``: None for
+    a group no policy installs, ``error`` says why)."""
+
+    def __init__(self, raw: bytes, offset: int) -> None:
+        (self.length,) = struct.unpack_from("!H", raw, offset)
+        self.entry, self.error = None, ""
+        try:
+            self.entry, _ = groups.read_desc(raw, offset)
+        except (groups.BadGroup, struct.error) as err:
+            self.error = str(err)
+        if self.length < groups.DESC.size:  # the reply's loop must move on
+            self.length = len(raw) - offset
+
+    @classmethod
+    def parser(cls, buf, offset: int) -> GroupDesc:
+        return cls(bytes(buf), offset)
+
+
+def read_groups_by_layout() -> None:
+    """Make os-ken read group descriptions with :class:`GroupDesc`: its own parser reads a
+    group's properties up to a length counted past the group (into the next group's header),
+    which misreads every group but the last one of a reply and can loop on a zero length."""
+    from os_ken.ofproto import ofproto_v1_5_parser
+    ofproto_v1_5_parser.OFPGroupDescStatsReply.cls_stats_body_cls = GroupDesc

@@ -94,13 +94,13 @@ def batch_text(jobs: list[Job]) -> str:
 
 
 def _keep_logs(fabric: RunningFabric, out_dir: Path) -> None:
-    """Copy the controller's log and stderr and the agents' logs into ``out_dir/logs`` before the
-    fabric's run directory goes."""
+    """Copy the controller's log and stderr (a restarted one's predecessors' too) and the
+    agents' logs into ``out_dir/logs`` before the fabric's run directory goes."""
     logs = out_dir / "logs"
     logs.mkdir(exist_ok=True)
     run_dir = Path(fabric.run_dir)
     sources = [run_dir / "controller.log", run_dir / "controller.stderr",
-               *sorted((run_dir / "logs").glob("*.log"))]
+               *sorted(run_dir.glob("controller-*.stderr")), *sorted((run_dir / "logs").glob("*.log"))]
     for src in sources:
         try:
             shutil.copyfile(src, logs / src.name)

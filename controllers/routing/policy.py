@@ -13,14 +13,16 @@ from controllers.routing.adaptive import AdaptiveRouting, FlowKey
 from controllers.routing.tables import (
     Op,
     PortMismatch,
+    FLOW_COOKIE,
     SwitchTables,
+    adopt,
     check_ports,
     compute_tables,
     diff_tables,
     unplaced_flow_entry,
 )
 from testbed.model.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
-from testbed.model.topology import Topology
+from testbed.model.topology import ACCESS_ROLES, Topology
 
 
 class FabricPolicy:
@@ -72,18 +74,20 @@ class FabricPolicy:
 
     # -- events -------------------------------------------------------------------------------
     def switch_connected(self, dpid: int, ports: dict[int, tuple[str, bool]],
-                         now: float) -> list[Op]:
+                         now: float, found: SwitchTables | None = None) -> list[Op]:
         """A switch (re)connected and described its ports.
 
         Args:
             dpid: its datapath id.
             ports: port number -> (interface name, live) for its physical ports.
             now: the current time.
+            found: its flows and groups as it reported them (a warm start), or None: unknown.
 
         Returns:
-            The ops that bring this switch to its desired state (starting with a clear).
-            Port-state changes that affect other switches are folded in by
-            :meth:`reconcile`, which the caller runs next.
+            The ops that bring this switch to its desired state: from a clear, or, with
+            ``found``, only what differs (entries kept keep their counters). Port-state
+            changes that affect other switches are folded in by :meth:`reconcile`, which the
+            caller runs next.
         """
         switch = self.topo.switch_by_dpid(dpid)
         if switch is None:
@@ -99,7 +103,23 @@ class FabricPolicy:
             self._set_port(switch.name, port, live)
         self.events.append((now, f"{switch.name} connected"))
         self.installed.pop(switch.name, None)
+        if found is not None:
+            self._relearn(switch.name, found, now)
+            self.installed[switch.name] = adopt(self.desired()[switch.name], found)
         return self._sync(switch.name)
+
+    def _relearn(self, switch: str, found: SwitchTables, now: float) -> None:
+        """The adaptive mode's per-flow entries an access switch holds, learned again as flows
+        (a warm start keeps them; their placements are made again at the next round)."""
+        if self.adaptive is None or self.topo.nodes[switch].role not in ACCESS_ROLES:
+            return
+        learned = False
+        for flow in found.flows.values():
+            key = FlowKey.from_match(dict(flow.match)) if flow.cookie == FLOW_COOKIE else None
+            if key is not None and key not in self.adaptive.flows:
+                learned |= self.adaptive.new_flow(key, now) is not None
+        if learned:
+            self._desired = None
 
     def switch_disconnected(self, dpid: int, now: float) -> dict[str, list[Op]]:
         """A switch's OpenFlow connection ended: its vswitchd died or the switch went away. A

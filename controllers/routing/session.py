@@ -28,6 +28,7 @@ class Session:
         self.programmed: set[str] = set()
         self.wiring: dict[tuple[str, int], str | None] = {}  # (switch, port) -> mismatch or None
         self.errors: list[str] = []
+        self.warm: dict[str, dict] = {}  # switch -> what its warm start found and changed
         self.fabric_ends = [(e.node, e.port) for link in policy.topo.links
                             if link.tier == "fabric" for e in (link.a, link.b)]
 
@@ -73,6 +74,17 @@ class Session:
     def error(self, text: str) -> None:
         self.errors.append(text)
 
+    def warm_started(self, switch: str, flows: int, groups: int, unreadable: int,
+                     youngest_s: float | None, ops: list) -> None:
+        """A switch's tables read back at a warm start: how many entries it held (and how many
+        no policy installs), its youngest flow's age, and the changes sent (by kind)."""
+        changes: dict[str, int] = {}
+        for op in ops:
+            if op.kind != "barrier":
+                changes[str(op.kind)] = changes.get(str(op.kind), 0) + 1
+        self.warm[switch] = {"flows": flows, "groups": groups, "unreadable": unreadable,
+                             "youngest_flow_s": youngest_s, "changes": changes}
+
     # -- status --------------------------------------------------------------------------------
     def status(self, now: float, pid: int) -> dict:
         """The status document (``controller-status.json``)."""
@@ -89,6 +101,9 @@ class Session:
                                    if e in self.wiring and self.wiring[e] is None),
             "wiring_expected": len(self.fabric_ends),
             "links_down": sorted(n for n, up in policy.link_state().items() if not up),
+            "installed": {name: [len(t.flows), len(t.groups)]
+                          for name, t in sorted(policy.installed.items())},
+            "warm_start": self.warm,
             "errors": self.errors[-MAX_ERRORS:],
             "events": [f"{t:.3f} {text}" for t, text in policy.events[-MAX_EVENTS:]],
         }

@@ -411,6 +411,31 @@ def diff_tables(old: SwitchTables | None, new: SwitchTables) -> list[Op]:
     return ops
 
 
+#: masks that select every bit: a field under one of them is matched exactly
+FULL_MASKS = frozenset({"255.255.255.255", "ff:ff:ff:ff:ff:ff",
+                        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"})
+
+
+def canonical(match: tuple[tuple[str, object], ...]) -> tuple:
+    """A match as the switch sees it: fields in name order, a field under a full mask as an
+    exact one (a /32 route reads back unmasked)."""
+    return tuple(sorted((name, value[0] if isinstance(value, tuple) and len(value) == 2
+                         and value[1] in FULL_MASKS else value) for name, value in match))
+
+
+def adopt(desired: SwitchTables, found: SwitchTables) -> SwitchTables:
+    """What a switch holds (``found``: read back, as the switch reports its matches) keyed as
+    ``desired`` keys the same entries, so that :func:`diff_tables` from it changes only what
+    differs. Without it, a route read back in another form would be added under the desired
+    form and deleted under the read one: one entry on the switch, deleted."""
+    keys = {(prio, canonical(match)): match for prio, match in desired.flows}
+    out = SwitchTables(groups=dict(found.groups))
+    for flow in found.flows.values():
+        match = keys.get((flow.priority, canonical(flow.match)), flow.match)
+        out.add_flow(FlowEntry(flow.priority, match, flow.actions, flow.cookie))
+    return out
+
+
 def _sort_key(key: tuple) -> tuple:
     return (key[0], repr(key[1]))
 

@@ -6,6 +6,8 @@ the next experiment runs on the same fabric."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import socket
 import subprocess
@@ -23,7 +25,22 @@ def _free_port(host: str) -> int:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
-CONTROLLER_WATCH_S = 0.2  # how often the controller's process is looked at
+CONTROLLER_WATCH_S = 0.2  # the longest the controller's watch waits before looking again
+
+
+def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether ``proc`` ended within ``timeout_s`` (woken by its pidfd the moment it does)."""
+    if proc.poll() is not None:
+        return True
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # gone already (reaped elsewhere)
+        return proc.poll() is not None
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+    return proc.poll() is not None
 
 
 def exit_cause(returncode: int) -> str:
@@ -46,27 +63,74 @@ class ControllerProcess:
         self._controller_ending = None  # a controller stopped on purpose (a restart)
 
     def watch_controller(self, stop) -> None:
-        """A fabric service (:meth:`start_thread`): the controller's process looked at every
-        :data:`CONTROLLER_WATCH_S`. Its death (not a restart's stop) is an event in
-        :attr:`controller_events` and a service error: a running job fails on it (the
-        switches keep forwarding on what is installed, but failover, adaptive routing and
-        spraying weights stop), and ``fabriclab up`` says it."""
-        while not stop.wait(CONTROLLER_WATCH_S):
+        """A fabric service (:meth:`start_thread`): the controller's process watched (its end
+        is seen at once, through a pidfd). Its death (not a restart's stop) is an event in
+        :attr:`controller_events`. With ``controller.restart`` a new controller takes over at
+        once, warm (it reads the switches' tables back and changes only what differs), and
+        the control outage is measured; without it the death is a service error: a running
+        job fails on it (the switches keep forwarding on what is installed, but failover,
+        adaptive routing and spraying weights stop), and ``fabriclab up`` says it."""
+        reported: set[int] = set()
+        while not stop.is_set():
             proc = self.controller
-            if proc is None or proc is self._controller_ending or proc.poll() is None:
+            if proc is None or proc is self._controller_ending or proc.pid in reported:
+                stop.wait(CONTROLLER_WATCH_S)
                 continue
-            if any(e.get("pid") == proc.pid for e in self.controller_events):
+            if not _exited(proc, CONTROLLER_WATCH_S) or proc is not self.controller \
+                    or proc is self._controller_ending:
                 continue
-            cause = exit_cause(proc.returncode)
-            try:
-                tail = (self.run_dir / "controller.stderr").read_text()[-500:].strip()
-            except OSError:
-                tail = ""
-            self.controller_events.append({"t": time.time(), "event": "died", "cause": cause,
+            reported.add(proc.pid)
+            died_at, cause = time.time(), exit_cause(proc.returncode)
+            tail = self._keep_stderr(proc)
+            self.controller_events.append({"t": died_at, "event": "died", "cause": cause,
                                            "pid": proc.pid})
+            if self.spec.controller.restart and not stop.is_set():
+                self._take_over(proc, died_at, stop)
+                continue
             self.service_errors.append(
                 f"controller: {cause} (the switches forward on what is installed; failover, "
                 "adaptive routing and spraying stop)" + (f"; its stderr: {tail}" if tail else ""))
+
+    def _keep_stderr(self, dead: subprocess.Popen) -> str:
+        """A dead controller's stderr kept under its PID (a restarted one writes its own);
+        returns its last lines."""
+        path = self.run_dir / "controller.stderr"
+        try:
+            text = path.read_text()
+            if self.spec.controller.restart:
+                path.rename(self.run_dir / f"controller-{dead.pid}.stderr")
+        except OSError:
+            return ""
+        return text[-500:].strip()
+
+    def _take_over(self, dead: subprocess.Popen, died_at: float, stop) -> None:
+        """A new controller on the same port, warm; the outage of control (from the death to
+        every switch programmed again) and what its warm start found and changed, as an event
+        (a failure to take over is a service error)."""
+        self.stop(dead)  # reaped, out of the run record
+        self.status_path.unlink(missing_ok=True)  # the dead one's: not what the new one says
+        try:
+            self._start_controller(self.of_port, warm=True)
+            self._wait_listening(stop=stop)
+            self._wait_programmed(stop=stop)
+        except TestbedError as err:
+            self.controller_events.append({"t": time.time(), "event": "restart failed",
+                                           "cause": "the fabric went down first"
+                                           if stop.is_set() else str(err)})
+            if not stop.is_set():
+                self.service_errors.append(f"controller: restarting it failed: {err}")
+            return
+        warm = self.controller_status().get("warm_start", {})
+        changes: dict[str, int] = {}
+        for switch in warm.values():
+            for kind, count in switch.get("changes", {}).items():
+                changes[kind] = changes.get(kind, 0) + count
+        self.controller_events.append({
+            "t": time.time(), "event": "restarted", "pid": self.controller.pid,
+            "outage_s": round(time.time() - died_at, 3), "switches_read": len(warm),
+            "flows_read": sum(s.get("flows", 0) for s in warm.values()),
+            "groups_read": sum(s.get("groups", 0) for s in warm.values()),
+            "changes": changes})
 
     @property
     def status_path(self) -> Path:
@@ -96,7 +160,7 @@ class ControllerProcess:
         self._wait_programmed()
         self.timings["controller_restart"] = time.monotonic() - start
 
-    def _start_controller(self, port: int = 0) -> None:
+    def _start_controller(self, port: int = 0, warm: bool = False) -> None:
         topo_path = self.run_dir / "topology.json"
         topo_path.write_text(json.dumps(self.topo.to_dict()))
         self.of_port = port or _free_port(self.listen)
@@ -108,14 +172,14 @@ class ControllerProcess:
                "--ecmp-selection", self.spec.controller.ecmp_selection,
                "--spray-weights", self.spec.controller.spray_weights,
                "--poll-interval-s", str(self.spec.controller.poll_interval_s),
-               "--log", str(self.run_dir / "controller.log")]
+               "--log", str(self.run_dir / "controller.log")] + (["--warm-start"] if warm else [])
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,
                                          stderr=err)
 
-    def _wait_listening(self, timeout_s: float = 20.0) -> None:
+    def _wait_listening(self, timeout_s: float = 20.0, stop=None) -> None:
         def listening() -> bool:
-            self._check_controller_alive()
+            self._check_controller_alive(stop)
             try:
                 with socket.create_connection((self.listen, self.of_port), timeout=0.2):
                     return True
@@ -125,7 +189,11 @@ class ControllerProcess:
         wait_for(listening, timeout_s, f"the controller to listen on {self.listen}:{self.of_port} "
                                        f"(see {self.run_dir / 'controller.log'})")
 
-    def _check_controller_alive(self) -> None:
+    def _check_controller_alive(self, stop=None) -> None:
+        """Raises TestbedError when the controller exited, or the fabric's services are
+        stopping (``stop``: a service thread's stop event)."""
+        if stop is not None and stop.is_set():
+            raise TestbedError("the fabric is going down")
         if self.controller is not None and self.controller.poll() is not None:
             err = (self.run_dir / "controller.stderr").read_text()[-2000:]
             raise TestbedError(f"controller exited with code {self.controller.returncode}",
@@ -138,13 +206,13 @@ class ControllerProcess:
         except (OSError, ValueError):
             return {}
 
-    def _wait_programmed(self) -> None:
+    def _wait_programmed(self, stop=None) -> None:
         expected = {sw.name for sw in self.topo.switches}
         missing: list[str] = sorted(expected)
 
         def programmed() -> bool:
             nonlocal missing
-            self._check_controller_alive()
+            self._check_controller_alive(stop)
             status = self.controller_status()
             problems = status.get("errors", []) + status.get("port_mismatches", [])
             if problems:

@@ -194,6 +194,7 @@ class ControllerSpec:
     spray_weights: SprayWeights = SprayWeights.CAPACITY
     poll_interval_s: float = 1.0  # adaptive: the statistics interval
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
 
 
 @dataclass(frozen=True)

@@ -284,7 +284,7 @@ class SwitchAgent:
         each connection, holding the ports' liveness) and queue its hello."""
         sock = socket.create_connection(self.controller, timeout=5)
         sock.setblocking(False)
-        conn = _Conn(self.switches[name], sock, session)
+        conn = _Conn(self.switches[name], sock, session, groups=set(session.groups))
         session.on_change = lambda _f, _g, c=conn: setattr(c, "dirty", True)
         conn.out = session.start()
         self.conns[name] = conn
@@ -292,8 +292,9 @@ class SwitchAgent:
 
     def _drop(self, name: str, conn: _Conn, err: Exception) -> None:
         """The connection ended: as a switch does, it connects again (after ``RECONNECT_S``,
-        doubling to ``RECONNECT_MAX_S``), its tables kept in the datapath meanwhile; the
-        controller clears and programs it again."""
+        doubling to ``RECONNECT_MAX_S``), its tables kept in the datapath and in its next
+        session meanwhile; a controller clears and programs it again, or reads them back
+        (a warm start) and changes what differs."""
         if len(self.disconnects) < 100:
             self.disconnects.append(f"{name}: {type(err).__name__}: {err}")
         self.selector.unregister(conn.sock)
@@ -316,7 +317,8 @@ class SwitchAgent:
             spec = self.switches[name]
             try:
                 self._connect(name, SwitchSession(spec.dpid, list(old.ports.values()),
-                                                  counters=_Counters(self.datapath, spec)))
+                                                  counters=_Counters(self.datapath, spec))
+                              .carry(old))
             except OSError as err:
                 self._retry_later(name, old)
                 if len(self.disconnects) < 100:

@@ -4,10 +4,10 @@ to answer out, and the switch's flow and group tables kept as the controller set
 It answers as Open vSwitch does for what fabriclab's controller and common os-ken apps use:
 the handshake (hello, features with the datapath id, port descriptions with each port's
 number, name, MAC and liveness), configuration, echo, barriers, flow mods (add, modify strict,
-delete, delete strict; one table) and group mods (SELECT with weighted buckets and the
-selection method's hash basis, fast failover), packet-out and packet-in, switch description,
-port and flow statistics (:mod:`testbed.switch.replies`), and port status when a port's carrier
-changes.
+delete, delete strict; one table), group mods (SELECT with weighted buckets and the
+selection method's hash basis, fast failover; :mod:`testbed.switch.groups`), packet-out and
+packet-in, switch description, port and flow statistics and flow and group descriptions
+(:mod:`testbed.switch.replies`), and port status when a port's carrier changes.
 Anything outside that is answered with the OpenFlow error a switch sends, never ignored: a
 match the datapath cannot look up (:mod:`testbed.plan.tss`) is ``OFPET_BAD_MATCH``. Requests
 are parsed by os-ken's OpenFlow 1.5 parser; the few switch-to-controller bodies os-ken does not
@@ -26,10 +26,9 @@ from os_ken.ofproto import ofproto_parser, ofproto_protocol
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from testbed.model.openflow import (CONTROLLER_PORT, NTR_EXPERIMENTER, NTRT_SELECTION_METHOD,
-                                    FlowEntry, GroupEntry)
+from testbed.model.openflow import CONTROLLER_PORT, FlowEntry, GroupEntry
 from testbed.plan import tss
-from testbed.switch import replies
+from testbed.switch import groups, replies
 from testbed.switch.replies import FlowQuery, PortCounters
 
 HEADER = replies.HEADER
@@ -102,6 +101,14 @@ class SwitchSession:
         self.packets_out: list[tuple[int, bytes]] = []  # (port, frame) the agent sends
         self.desc = ofproto_protocol.ProtocolDesc(version=ofp.OFP_VERSION)
         self.errors_sent = 0
+
+    def carry(self, old: SwitchSession) -> SwitchSession:
+        """Take over the tables of ``old``, this switch's previous session: a switch keeps
+        what is installed when its controller goes (Open vSwitch's fail-secure mode), so a
+        controller that reads the tables back finds them as they were, with their ages."""
+        self.flows, self.groups = dict(old.flows), dict(old.groups)
+        self.flow_added = dict(old.flow_added)
+        return self
 
     def start(self) -> bytes:
         """Our hello."""
@@ -190,6 +197,10 @@ class SwitchSession:
             parts = replies.flows(chosen, self.counters.flow,
                                   lambda f: now - self.flow_added.get(f.key, now),
                                   mp_type == ofp.OFPMP_FLOW_DESC)
+        elif mp_type == ofp.OFPMP_GROUP_DESC:
+            (group_id,) = struct.unpack_from("!I", raw, ofp.OFP_MULTIPART_REQUEST_SIZE)
+            parts = [groups.desc(g) for gid, g in sorted(self.groups.items())
+                     if group_id in (ofp.OFPG_ALL, gid)]
         else:
             return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART, raw)
         return replies.multipart(mp_type, xid, parts)
@@ -279,31 +290,15 @@ class SwitchSession:
             return b""
         if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, raw)
-        ports, weights = [], []
-        offset = ofp.OFP_GROUP_MOD_SIZE
-        while offset < ofp.OFP_GROUP_MOD_SIZE + buckets_len:
-            (blen,) = struct.unpack_from("!H", raw, offset)
-            # one bucket's bytes only: os-ken reads a bucket's properties up to its length
-            # counted from the bucket's actions, past its end
-            bucket = parser.OFPBucket.parser(raw[offset:offset + blen], 0)
-            offset += blen
-            outs = [a.port for a in bucket.actions if isinstance(a, parser.OFPActionOutput)]
-            if len(outs) != 1 or len(bucket.actions) != 1 or outs[0] not in self.ports:
-                return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
-            ports.append(outs[0])
-            weights.append(next((p.weight for p in bucket.properties
-                                 if isinstance(p, parser.OFPGroupBucketPropWeight)), 1))
-        basis, selection = 0, "hash"
-        while offset + 8 <= len(raw):  # properties: Open vSwitch's selection method's basis
-            ptype, plen = struct.unpack_from("!HH", raw, offset)
-            if plen < 8:
-                break
-            if ptype == 0xFFFF and plen >= 40:
-                experimenter, exp_type = struct.unpack_from("!II", raw, offset + 4)
-                if (experimenter, exp_type) == (NTR_EXPERIMENTER, NTRT_SELECTION_METHOD):
-                    selection = raw[offset + 16:offset + 32].rstrip(b"\0").decode()
-                    basis = struct.unpack_from("!Q", raw, offset + 32)[0] & 0xFFFFFFFF
-            offset += (plen + 7) // 8 * 8
+        body_end = ofp.OFP_GROUP_MOD_SIZE + buckets_len
+        try:
+            read = groups.read_buckets(raw, ofp.OFP_GROUP_MOD_SIZE, body_end)
+            basis, selection = groups.read_selection(raw, body_end, len(raw))
+            group = groups.entry(group_id, kind, read, basis, selection)
+        except groups.BadGroup:
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
+        if any(port not in self.ports for port in group.ports):
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
         exists = group_id in self.groups
         if command == ofp.OFPGC_ADD and exists:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_GROUP_EXISTS, raw)
@@ -311,10 +306,6 @@ class SwitchSession:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_UNKNOWN_GROUP, raw)
         if command not in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_COMMAND, raw)
-        ff = kind == ofp.OFPGT_FF
-        self.groups[group_id] = GroupEntry(
-            group_id, tuple(ports), basis, selection,
-            () if ff or all(w == 1 for w in weights) else tuple(weights),
-            "ff" if ff else "select")
+        self.groups[group_id] = group
         self.on_change(self.flows, self.groups)
         return b""

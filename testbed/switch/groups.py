@@ -1,0 +1,133 @@
+"""OpenFlow 1.5 group bodies both ways, sans I/O: the buckets and properties of a group mod or
+a group description read into a :class:`testbed.model.openflow.GroupEntry`, and a group
+description (``OFPMP_GROUP_DESC``) packed from one.
+
+A group mod and a group description share their tail: 16 bytes of header, the buckets
+(``bucket_array_len`` bytes), then the group's properties up to the end of the group. os-ken's
+own parsers read a bucket's properties, and a group description's, up to a length counted from
+the wrong offset (past the bucket, past the group into the next one), so these are read here by
+their layout and written with os-ken's bucket class. Open vSwitch's ``selection_method`` (an
+ONF/NTR experimenter property) carries the hash method and basis.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from os_ken.ofproto import ofproto_v1_5 as ofp
+from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+from testbed.model.openflow import NTR_EXPERIMENTER, NTRT_SELECTION_METHOD, GroupEntry
+
+DESC = struct.Struct(ofp.OFP_GROUP_DESC_STATS_PACK_STR)  # length, type, group id, buckets' length
+
+
+class BadGroup(ValueError):
+    """A group body this switch does not hold (a bucket other than one output)."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket as read: its output ports (a switch's bucket has exactly one) and weight."""
+
+    outputs: tuple[int, ...]
+    actions: int
+    weight: int = 1
+
+
+def read_buckets(raw: bytes, offset: int, end: int) -> list[Bucket]:
+    """The buckets from ``offset`` to ``end``, each read within its own length."""
+    out = []
+    while offset + ofp.OFP_BUCKET_SIZE <= end:
+        (blen,) = struct.unpack_from("!H", raw, offset)
+        if blen < ofp.OFP_BUCKET_SIZE or offset + blen > end:
+            raise BadGroup(f"bucket of length {blen} at offset {offset}")
+        bucket = parser.OFPBucket.parser(raw[offset:offset + blen], 0)
+        offset += blen
+        outs = tuple(a.port for a in bucket.actions if isinstance(a, parser.OFPActionOutput))
+        weight = next((p.weight for p in bucket.properties
+                       if isinstance(p, parser.OFPGroupBucketPropWeight)), 1)
+        out.append(Bucket(outs, len(bucket.actions), weight))
+    return out
+
+
+def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str]:
+    """The group properties from ``offset`` to ``end``: Open vSwitch's selection method's
+    (basis, method); (0, "hash") when there is none."""
+    basis, selection = 0, "hash"
+    while offset + 8 <= end:
+        ptype, plen = struct.unpack_from("!HH", raw, offset)
+        if plen < 8:
+            break
+        if ptype == 0xFFFF and plen >= 40 and offset + 40 <= end:
+            experimenter, exp_type = struct.unpack_from("!II", raw, offset + 4)
+            if (experimenter, exp_type) == (NTR_EXPERIMENTER, NTRT_SELECTION_METHOD):
+                selection = raw[offset + 16:offset + 32].rstrip(b"\0").decode(errors="replace")
+                basis = struct.unpack_from("!Q", raw, offset + 32)[0] & 0xFFFFFFFF
+        offset += (plen + 7) // 8 * 8
+    return basis, selection
+
+
+def entry(group_id: int, kind: int, buckets: list[Bucket], basis: int,
+          selection: str) -> GroupEntry:
+    """The entry of a SELECT or fast-failover group whose buckets each output to one port."""
+    if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
+        raise BadGroup(f"group {group_id}: type {kind}")
+    if any(len(b.outputs) != 1 or b.actions != 1 for b in buckets):
+        raise BadGroup(f"group {group_id}: a bucket is not one output")
+    ff = kind == ofp.OFPGT_FF
+    weights = tuple(b.weight for b in buckets)
+    return GroupEntry(group_id, tuple(b.outputs[0] for b in buckets),
+                      0 if ff else basis, "hash" if ff else selection,
+                      () if ff or all(w == 1 for w in weights) else weights,
+                      "ff" if ff else "select")
+
+
+def read_desc(raw: bytes, offset: int) -> tuple[GroupEntry, int]:
+    """One group description at ``offset`` of a multipart reply: (its entry, its length)."""
+    length, kind, group_id, buckets_len = DESC.unpack_from(raw, offset)
+    end = offset + length
+    if length < DESC.size or end > len(raw) or DESC.size + buckets_len > length:
+        raise BadGroup(f"group description of length {length} at offset {offset}")
+    start = offset + DESC.size
+    buckets = read_buckets(raw, start, start + buckets_len)
+    basis, selection = read_selection(raw, start + buckets_len, end)
+    return entry(group_id, kind, buckets, basis, selection), length
+
+
+def selection_property(basis: int, method: str) -> bytes:
+    """Open vSwitch's ``selection_method`` group property: the 5-tuple's fields for ``hash``,
+    none for ``dp_hash`` (the datapath hashes the 5-tuple)."""
+    if method not in ("hash", "dp_hash"):
+        raise ValueError(f"unknown selection method {method!r}")
+    # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
+    fields = b"" if method == "dp_hash" else b"".join(
+        struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
+        for field, width in ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2)))
+    body = struct.pack("!HHII4x16sQ", 0xFFFF, 40 + len(fields), NTR_EXPERIMENTER,
+                       NTRT_SELECTION_METHOD, method.encode(), basis & 0xFFFFFFFF) + fields
+    return body + b"\0" * (-len(body) % 8)
+
+
+def buckets(group: GroupEntry) -> list:
+    """os-ken bucket objects of ``group``: one output each, watching its port, weighted when
+    the group has weights."""
+    weights = group.weights or (None,) * len(group.ports)
+    return [parser.OFPBucket(
+        bucket_id=i, actions=[parser.OFPActionOutput(p)],
+        properties=[parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=p)]
+        + ([parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=w)]
+           if w is not None else []))
+        for i, (p, w) in enumerate(zip(group.ports, weights))]
+
+
+def desc(group: GroupEntry) -> bytes:
+    """``group``'s description, as a switch answers ``OFPMP_GROUP_DESC``."""
+    buf = bytearray()
+    for bucket in buckets(group):
+        bucket.serialize(buf, len(buf))
+    ff = group.kind == "ff"
+    props = b"" if ff else selection_property(group.hash_basis, group.selection)
+    return DESC.pack(DESC.size + len(buf) + len(props), ofp.OFPGT_FF if ff else ofp.OFPGT_SELECT,
+                     group.group_id, len(buf)) + bytes(buf) + props
