@@ -90,6 +90,8 @@ class TerminalView(RunView):
             ui.print(f"fidelity: {fidelity['verdict']}"
                      + (f" (machine {idle:.0f} % idle)" if idle is not None else "")
                      + "".join(f"\n  {reason}" for reason in fidelity["reasons"]))
+        for event in (doc.get("controller") or {}).get("events", []):
+            ui.print(tables.controller_event(event), markup=False)
         timings = doc.get("timings_s") or {}
         if timings:
             ui.print("time: " + ", ".join(f"{k.replace('_', '-')} {v:.1f} s"

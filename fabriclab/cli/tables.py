@@ -239,3 +239,17 @@ def compare(lines: list[dict]) -> Table:
         table.add_row(line["run"], "ok" if line["complete"] else "failed", *cells)
     table.caption = "eff: busbw / link rate (a sweep's cell: the mean over its complete runs)"
     return table
+
+
+def controller_event(event: dict) -> str:
+    """One line of a controller's life during a run (results.json's ``controller.events``)."""
+    what = event.get("event", "?")
+    if what == "died":
+        return f"controller: {event.get('cause', 'died')} (pid {event.get('pid')})"
+    if what == "restarted":
+        changes = event.get("changes") or {}
+        changed = ", ".join(f"{n} {k}" for k, n in sorted(changes.items())) or "nothing changed"
+        return (f"controller: restarted warm in {event.get('outage_s', 0):.2f} s of lost "
+                f"control; {event.get('flows_read', 0)} flows and {event.get('groups_read', 0)} "
+                f"groups read back from {event.get('switches_read', 0)} switches, {changed}")
+    return f"controller: {what}: {event.get('cause', '')}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ name: supervised
 fabric: {topology: leaf_spine, leaves: 2, spines: 2, hosts_per_leaf: 2,
          host_link: {rate_mbps: 10}, fabric_link: {rate_mbps: 10}, mtu: 9000}
 emulator: {datapath: %s}
+controller: {restart: %s}
 workload:
   collectives:
     - {op: all_reduce, size: 32MiB, ranks: 4}
@@ -32,33 +34,11 @@ def test_a_controller_killed_mid_run_fails_the_run_and_is_reported(tmp_path, dat
     run fails within seconds, not at the job's end (exit 3, the message names the controller),
     results.json says complete: false with the death in controller.events within 2 s of the
     kill, and the controller's stderr is kept in the output directory."""
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(EXPERIMENT % datapath)
-    state, out = tmp_path / "state", tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
-                             "run", str(exp), "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        def controller_pid() -> int | None:
-            """The controller's PID once the workload's agents were given their job."""
-            runs = Registry(state).runs()
-            pids = [p.pid for r in runs for p in r.processes if p.role == "controller"]
-            started = any(any(Path(r.run_dir).glob("job-*.json")) for r in runs)
-            return pids[0] if pids and started else None
-
-        wait_for(lambda: controller_pid() is not None, 120, "the workload to start")
-        time.sleep(1.0)  # the agents running
-        killed_at = time.time()
-        os.kill(controller_pid(), signal.SIGKILL)
-        output, _ = proc.communicate(timeout=60)
-        ended = time.time()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 3, output[-3000:]
+    output, killed_at, ended, _ = _kill_the_controller_mid_run(tmp_path, datapath, False)
+    assert output.endswith("exit 3"), output[-3000:]
     assert "controller: killed by SIGKILL" in output, output[-3000:]
     assert ended - killed_at < 20, ended - killed_at  # the job did not run to its end (~40 s)
+    out = tmp_path / "out"
     doc = json.loads((out / "results.json").read_text())
     assert doc["complete"] is False
     events = doc["controller"]["events"]
@@ -67,11 +47,118 @@ def test_a_controller_killed_mid_run_fails_the_run_and_is_reported(tmp_path, dat
     assert (out / "logs" / "controller.stderr").exists()
 
 
+def _kill_the_controller_mid_run(tmp_path, datapath: str, restart: bool,
+                                 before=lambda run_dir: None, after=lambda run_dir: None):
+    """``fabriclab run`` of a 4-rank all-reduce, the controller SIGKILLed a second into the
+    job; ``before(run_dir)`` runs just before the kill and ``after(run_dir)`` while the run
+    goes on (with a restart). Returns (the run's output ending with its exit code, when the
+    kill was sent, when the run ended, what ``before`` returned)."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(EXPERIMENT % (datapath, "true" if restart else "false"))
+    state, out = tmp_path / "state", tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
+                             "run", str(exp), "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        def started():
+            """The run (its controller's PID, its directory) once the agents have a job."""
+            for run in Registry(state).runs():
+                pids = [p.pid for p in run.processes if p.role == "controller"]
+                if pids and any(Path(run.run_dir).glob("job-*.json")):
+                    return pids[0], Path(run.run_dir)
+            return None
+
+        wait_for(lambda: started() is not None, 120, "the workload to start")
+        time.sleep(1.0)  # the agents running
+        pid, run_dir = started()
+        seen = before(run_dir)
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        after(run_dir)
+        output, _ = proc.communicate(timeout=120)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return f"{output}\nexit {proc.returncode}", killed_at, ended, seen
+
+
+def _ovs_flows(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Every OVS switch's flows (match and actions -> seconds installed), by bridge."""
+    out = {}
+    for mgmt in sorted(run_dir.glob("ovs*/*.mgmt")):
+        text = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "dump-flows", f"unix:{mgmt}"],
+                              capture_output=True, text=True, check=True, timeout=10).stdout
+        flows = {}
+        for line in text.splitlines()[1:]:
+            age = float(re.search(r"duration=([\d.]+)s", line).group(1))
+            rule = re.sub(r"(duration|n_packets|n_bytes|idle_age|hard_age)=[^,]*,?\s*", "",
+                          line).strip()
+            flows[rule] = age
+        out[mgmt.stem] = flows
+    return out
+
+
+@DATAPATHS
+def test_a_controller_killed_mid_run_with_restart_is_taken_over_warm(tmp_path, datapath):
+    """``controller.restart: true``: the same kill, and the run completes (exit 0). A new
+    controller took over within seconds, read back every flow and group the first one had
+    installed and changed nothing: the switches' flow counts are the same before and after,
+    and (Open vSwitch, read with ovs-ofctl) every flow is the same entry, older by the time
+    between the readings, never added again."""
+    status = {}
+
+    def before(run_dir: Path):
+        status.update(json.loads((run_dir / "controller-status.json").read_text()))
+        return (time.time(), _ovs_flows(run_dir)) if datapath == "ovs" else None
+
+    ovs_after = {}
+
+    def after(run_dir: Path):
+        def taken_over() -> bool:
+            try:
+                doc = json.loads((run_dir / "controller-status.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return len(doc.get("programmed", [])) == len(status["installed"]) and \
+                doc.get("warm_start") and doc["pid"] != status["pid"]
+
+        wait_for(taken_over, 30, "the new controller to take over")
+        if datapath == "ovs":
+            ovs_after.update(at=time.time(), flows=_ovs_flows(run_dir))
+
+    output, killed_at, _, seen = _kill_the_controller_mid_run(tmp_path, datapath, True,
+                                                              before, after)
+    assert output.endswith("exit 0"), output[-3000:]
+    assert "controller: killed by SIGKILL" in output and "restarted warm" in output, output
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["complete"] is True
+    died, restarted = doc["controller"]["events"]
+    assert (died["event"], died["cause"], restarted["event"]) == \
+        ("died", "killed by SIGKILL", "restarted")
+    assert died["t"] - killed_at < 2.0, died
+    assert 0 < restarted["outage_s"] < 15, restarted
+    installed = status["installed"]
+    assert restarted["switches_read"] == len(installed) == 4
+    assert restarted["flows_read"] == sum(f for f, _ in installed.values())
+    assert restarted["groups_read"] == sum(g for _, g in installed.values())
+    assert restarted["changes"] == {}, restarted
+    assert sorted((tmp_path / "out" / "logs").glob("controller-*.stderr"))
+    if datapath == "ovs":
+        then, flows_before = seen
+        elapsed = ovs_after["at"] - then
+        assert {b: len(f) for b, f in ovs_after["flows"].items()} == \
+            {b: len(f) for b, f in flows_before.items()}
+        for bridge, flows in flows_before.items():
+            for rule, age in flows.items():
+                assert ovs_after["flows"][bridge][rule] >= age + elapsed - 1.0, (bridge, rule)
+
+
 def test_nothing_of_a_fabric_kept_up_with_telemetry_listens_beyond_loopback(tmp_path):
     """``fabriclab up --telemetry`` on one machine: every listening socket of its processes
     (the command, the controller, the exporters, Prometheus) in the root namespace is on
     loopback, and its run directory is its own (0700)."""
-    import re
 
     exp = tmp_path / "exp.yaml"
     exp.write_text("version: 1\nname: listen\nfabric: {topology: leaf_spine, leaves: 2, spines: 1,"
