@@ -294,12 +294,17 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "
                                       "has none")
-    return Experiment(
+    exp = Experiment(
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
         controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
         failures=failures, raw=copy.deepcopy(data), real_scale=_real_scale(spec, data),
         cluster=ClusterSpec(**data["cluster"]) if data.get("cluster") else None)
+    # the same fabric: what the checks built (cached properties) is not built again (a k=32
+    # fat tree took 0.7 s a time)
+    exp.__dict__.update({name: spec.__dict__[name] for name in ("topology", "base_rtt_s")
+                         if name in spec.__dict__})
+    return exp
 
 
 def _real_scale(spec: TestbedSpec, data: dict) -> RealScale | None:
@@ -346,6 +351,7 @@ def _check(data: object, sub_schema: dict, prefix: str = "") -> None:
 #: the most hosts a fabric may have, checked from the shape before the model is built: a k=32
 #: fat-tree, past what one machine or a small cluster emulates (k=16 is the largest built here)
 MAX_HOSTS = 8192
+MAX_LINKS = 32_768
 
 
 def _host_count(kind: str, raw: dict) -> tuple[int, str]:
@@ -356,6 +362,23 @@ def _host_count(kind: str, raw: dict) -> tuple[int, str]:
     if kind == "fat_tree":
         return raw["k"] ** 3 // 4, "fabric.k"
     return raw["leaves"] * raw["hosts_per_leaf"], "fabric.leaves"
+
+
+def _link_count(kind: str, raw: dict, hosts: int) -> tuple[int, str]:
+    """How many links the shape makes at most, and the field that multiplies them (arithmetic,
+    no model)."""
+    scale_up = hosts if raw.get("servers") else 0  # one per GPU at most
+    if kind == "fat_tree":
+        return 3 * raw["k"] ** 3 // 4 + scale_up, "fabric.k"
+    if kind == "ring":
+        return raw["leaves"] + hosts, "fabric.leaves"
+    if kind == "rail_optimized":
+        servers = raw["servers"]
+        groups = -(-servers["count"] // raw.get("servers_per_leaf", servers["count"]))
+        leaves = servers["gpus_per_server"] * groups
+        return (raw.get("planes", 1) * (leaves * raw["spines"] + hosts) + scale_up,
+                "fabric.spines")
+    return raw["leaves"] * raw["spines"] + hosts + scale_up, "fabric.spines"
 
 
 def _fabric(raw: dict) -> FabricSpec:
@@ -381,6 +404,10 @@ def _fabric(raw: dict) -> FabricSpec:
     if hosts > MAX_HOSTS:
         raise ConfigError(where, f"{hosts:,} hosts: more than the {MAX_HOSTS:,} a fabric may "
                                  "have (a k=32 fat-tree's)")
+    links, where = _link_count(kind, raw, hosts)
+    if links > MAX_LINKS:
+        raise ConfigError(where, f"{links:,} links: more than the {MAX_LINKS:,} a fabric may "
+                                 "have (a k=32 fat-tree has 24,576)")
     queue = raw.get("queue", {})
     if "size_kb" in queue and "size_packets" in queue:
         raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")

@@ -291,7 +291,9 @@ class TestbedSpec:
         ECN defaults)."""
         topo = self.topology
         first = topo.hosts[0].name
-        paths = nx.single_source_shortest_path(nx.Graph(topo.graph), first)
+        simple = nx.Graph()  # (converting the multigraph copied every edge's attributes)
+        simple.add_edges_from(topo.graph.edges())
+        paths = nx.single_source_shortest_path(simple, first)
         far = max((p for n, p in paths.items() if not topo.nodes[n].is_switch),
                   key=len)
         links = [topo.find_link(a, b) for a, b in zip(far, far[1:])]

@@ -10,6 +10,7 @@ import math
 
 import itertools
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -159,7 +160,7 @@ def mean_switch_hops(topo: Topology) -> float:
         access = topo.attachment(host.name).node
         hosts_at[access] = hosts_at.get(access, 0) + 1
     total = pairs = 0
-    dists = {a: nx.single_source_shortest_path_length(sub, a) for a in hosts_at}
+    dists = _access_distances(sub, hosts_at)
     for a, na in hosts_at.items():
         for b, nb in hosts_at.items():
             if b not in dists[a]:  # another plane of a multi-plane fabric: no traffic
@@ -173,6 +174,29 @@ def mean_switch_hops(topo: Topology) -> float:
             total -= sum(dists[x][y] + 1 for i, x in enumerate(ends)
                          for j, y in enumerate(ends) if i != j)
     return total / pairs if pairs else 0.0
+
+
+def _access_distances(sub: nx.Graph, access: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Switch hops from each access switch to every switch. Access switches with the same
+    neighbours (one pod of a fat tree, every leaf of a leaf-spine) are the same distance from
+    everything but each other (two hops apart), so one search serves them all: 32 searches
+    instead of 512 on a k=32 fat tree."""
+    by_neighbours: dict[frozenset, list[str]] = {}
+    for a in access:
+        by_neighbours.setdefault(frozenset(sub[a]), []).append(a)
+    out = {}
+    for neighbours, members in by_neighbours.items():
+        first = nx.single_source_shortest_path_length(sub, members[0])
+        for a in members:
+            dist = dict(first)
+            if a != members[0]:
+                dist[a] = 0
+                if neighbours:
+                    dist[members[0]] = 2
+                else:  # alone: it reaches nothing, not even the other lone ones
+                    dist = {a: 0}
+            out[a] = dist
+    return out
 
 
 @dataclass(frozen=True)

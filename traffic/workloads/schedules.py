@@ -42,6 +42,11 @@ ALGORITHMS = {"all_reduce": ("ring", "rhd", "tree"), "reduce_scatter": ("ring",)
               "send_recv": ("direct",)}
 
 
+#: transfers in one collective's schedule at most (memory and time: a million took 2 s to
+#: build; a fabric of 8,192 hosts runs an all-to-all over 512 of them, not all)
+MAX_TRANSFERS = 262_144
+
+
 @dataclass(frozen=True)
 class Transfer:
     """``nbytes`` from rank ``src`` to rank ``dst`` in ``step``."""
@@ -62,6 +67,7 @@ class Schedule:
     size_bytes: int
     transfers: list[Transfer] = field(default_factory=list)
     group_ranks: int | None = None  # set by merge(): the size of each communicator
+    field_path: str = "collective"  # the config path named in errors
 
     @property
     def communicator_size(self) -> int:
@@ -69,7 +75,17 @@ class Schedule:
         return self.group_ranks or self.ranks
 
     def add(self, step: int, src: int, dst: int, nbytes: int) -> None:
+        """One transfer more.
+
+        Raises:
+            ConfigError: past :data:`MAX_TRANSFERS` (naming the collective, before the
+                schedule of a collective too large to emulate fills the memory).
+        """
         if nbytes > 0 and src != dst:
+            if len(self.transfers) >= MAX_TRANSFERS:
+                raise ConfigError(self.field_path, f"{self.op} over {self.ranks} ranks: more "
+                                  f"than {MAX_TRANSFERS:,} transfers (an all-to-all over 512 "
+                                  "ranks has 261,632); use fewer ranks")
             self.transfers.append(Transfer(step, src, dst, nbytes))
 
     @property
@@ -130,7 +146,7 @@ def build(op: str, ranks: int, size_bytes: int, algorithm: str | None = None,
         raise ConfigError(f"{field_path}.ranks", f"send_recv is between 2 ranks, got {ranks}")
     if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0:
         raise ConfigError(f"{field_path}.size_bytes", f"must be a positive integer, got {size_bytes!r}")
-    sched = Schedule(op, algorithm, ranks, size_bytes)
+    sched = Schedule(op, algorithm, ranks, size_bytes, field_path=field_path)
     BUILDERS[(op, algorithm)](sched, chunks)
     return sched
 
@@ -251,7 +267,7 @@ def flows(pairs: list[tuple[int, int]], ranks: int, size_bytes: int,
                           f"must be a positive integer, got {size_bytes!r}")
     if not pairs:
         raise ConfigError(field_path, "the pattern gives no flows on this fabric")
-    sched = Schedule("flows", "direct", ranks, size_bytes)
+    sched = Schedule("flows", "direct", ranks, size_bytes, field_path=field_path)
     for src, dst in pairs:
         sched.add(0, src, dst, size_bytes)
     return sched
