@@ -238,7 +238,8 @@ class RunTelemetry:
 
     def __exit__(self, *exc) -> None:
         try:
-            if self.prometheus is not None and exc[0] is None:
+            if self.prometheus is not None and exc[0] is None \
+                    and self.prometheus.ended() is None:
                 self.prometheus.wait_scraped()  # the last counters are in the data
         finally:
             self.stack.close()
@@ -267,4 +268,7 @@ class RunTelemetry:
         if self.prometheus is not None:
             doc.update(prometheus=self.prometheus.url, data=str(self.directory / "data"),
                        scrape_interval_s=self.interval_s)
+            ended = self.prometheus.ended()
+            if ended:  # a lost server is said, not hidden: the data has a hole
+                doc["errors"] = [ended]
         return doc

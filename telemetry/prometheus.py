@@ -148,6 +148,17 @@ class Prometheus:
         return bool(targets) and all(
             t["health"] == "up" and _timestamp(t["lastScrape"]) > moment for t in targets)
 
+    def ended(self) -> str | None:
+        """How the server ended, when it did on its own (None: still up, or stopped by us)."""
+        proc = self.process
+        if proc is None or proc.poll() is None:
+            return None
+        code = proc.returncode
+        how = (f"killed by {signal.Signals(-code).name}" if code < 0 and -code in
+               signal.valid_signals() else f"exited with code {code}")
+        return f"Prometheus {how} during the run (its data stops there; see " \
+               f"{self.directory / 'prometheus.log'})"
+
     def wait_scraped(self, timeout_s: float | None = None) -> None:
         """Wait until every target has been scraped once more from now (the last counters
         are in the data before the run stops it)."""

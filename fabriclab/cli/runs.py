@@ -97,6 +97,8 @@ class TerminalView(RunView):
             ui.print("time: " + ", ".join(f"{k.replace('_', '-')} {v:.1f} s"
                                           for k, v in timings.items()))
         ui.print(f"results: {out / 'results.json'}")
+        for error in (doc.get("telemetry") or {}).get("errors", []):
+            ui.print(f"[yellow]telemetry: {escape(error)}[/yellow]")
         if doc.get("telemetry", {}).get("data"):
             ui.print(f"telemetry: {doc['telemetry']['data']} (served during the run at "
                      f"{doc['telemetry']['prometheus']}; again: fabriclab telemetry {out})")

@@ -154,6 +154,9 @@ def load(path: str | Path, cluster: str | None = None) -> Experiment:
     return parse(data, source=str(path))
 
 
+MAX_NUMBER_CHARS = 64  # the longest plain scalar read as a number (or boolean, or null)
+
+
 class StrictLoader(yaml.SafeLoader):
     """YAML's safe subset, stricter: a key given twice in one mapping is an error (PyYAML keeps
     the last silently), and anchors and aliases are refused (a few hundred bytes of nested
@@ -184,6 +187,14 @@ class StrictLoader(yaml.SafeLoader):
                     key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+    def resolve(self, kind, value, implicit):
+        """A plain scalar longer than any number a field takes is a string: PyYAML's number
+        patterns backtrack over a long run of digits (two 4,000-digit numbers took 2 s), and
+        the schema then names the field that wants a number."""
+        if kind is yaml.ScalarNode and implicit[0] and len(value) > MAX_NUMBER_CHARS:
+            return self.DEFAULT_SCALAR_TAG
+        return super().resolve(kind, value, implicit)
 
 
 def _finite(data: object, path: str = "") -> None:
@@ -450,6 +461,17 @@ def _link(raw: dict) -> LinkSpec:
         for e in entries))
 
 
+def _shown(value: object, limit: int = 120) -> str:
+    """A value as an error message quotes it: cut short (a careless paste is not echoed
+    whole, nor a 4,000-digit number converted)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 60:
+        return f"a {'negative ' if value < 0 else ''}number of {len(str(abs(value)))} digits"
+    text = repr(value) if not isinstance(value, (list, dict)) else repr(
+        type(value)(list(value)[:8]) if isinstance(value, list) else
+        {k: value[k] for k in list(value)[:8]})
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
                    for p in error.absolute_path)
@@ -457,20 +479,20 @@ def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str,
     kind = error.validator
     if kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(error.instance) - set(allowed))
-        key = ".".join(filter(None, [path, extra[0] if extra else ""]))
+        extra = sorted(set(error.instance) - set(allowed), key=str)
+        key = ".".join(filter(None, [path, str(extra[0]) if extra else ""]))
         return key, f"unknown key (allowed: {', '.join(allowed)})"
     if kind == "required":
         missing = error.message.split("'")[1] if "'" in error.message else "?"
         return ".".join(filter(None, [path, missing])), "required"
     if kind == "type":
-        return path, f"must be of type {error.validator_value}, got {error.instance!r}"
+        return path, f"must be of type {error.validator_value}, got {_shown(error.instance)}"
     if kind == "enum":
-        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {error.instance!r}"
+        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {_shown(error.instance)}"
     if kind == "const":
-        return path, f"must be {error.validator_value!r}, got {error.instance!r}"
+        return path, f"must be {error.validator_value!r}, got {_shown(error.instance)}"
     if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
               "exclusiveMaximum": "<"}[kind]
-        return path, f"must be {op} {error.validator_value}, got {error.instance!r}"
+        return path, f"must be {op} {error.validator_value}, got {_shown(error.instance)}"
     return path, error.message

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.plan.remote import checked_argv
 from testbed.runs.registry import DEFAULT_STATE_DIR
 
 
@@ -107,8 +109,13 @@ class MachineAgent:
 
     # -- processes in its hosts ---------------------------------------------------------------
     def spawn(self, host: str, argv: list[str], role: str) -> int:
-        """Start ``argv`` in ``host`` (text pipes), in the run directory; returns its PID."""
+        """Start ``argv`` in ``host`` (text pipes), in the run directory; returns its PID.
+        Only what a fabric's plan runs is accepted (:func:`testbed.plan.remote.checked_argv`):
+        whoever reaches the cluster reaches this method."""
         fabric = self._part()
+        if host not in fabric.topo.nodes or fabric.topo.nodes[host].is_switch:
+            raise TestbedError(f"refused to run on {host!r}: not a host of this fabric")
+        argv = checked_argv(argv, sys.executable)
         proc = fabric.spawn(host, argv, role, cwd=str(fabric.run_dir))
         self.procs[proc.pid] = proc
         return proc.pid

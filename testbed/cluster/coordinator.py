@@ -23,6 +23,7 @@ removed by ``fabriclab clean`` there or by the next build there), then the contr
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -164,6 +165,12 @@ class ClusterFabric:
                               f"{len(infos)} machines ({', '.join(sorted(infos))}), the "
                               f"experiment expects {self.expected_machines}")
         here = software_versions()["git_revision"]
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            self.warnings.append(
+                f"the Ray cluster at {self.address} is joined without authentication "
+                "(RAY_AUTH_MODE is not 'token'): whoever reaches it can call the machines' "
+                "actors, which run as root and build fabrics; start every Ray node and "
+                "fabriclab with RAY_AUTH_MODE=token and one token (docs/cluster.md)")
         self.warnings += [f"{name} runs fabriclab {info.revision}, this machine {here}: "
                           "a part built by other code may differ"
                           for name, info in sorted(infos.items()) if info.revision != here]

@@ -18,6 +18,8 @@ import pytest
 
 from fabriclab.model import experiment as config
 from testbed.fabric.fabric import Fabric
+from testbed.runs import leaks
+from testbed.runs.leaks import machine_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,28 +37,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def machine_state() -> dict[str, set[str]]:
-    """What a run could leave behind: namespaces, veths, OVS bridges, our processes, the send
-    buffer default a build raises for a while."""
-    def lines(cmd: str) -> set[str]:
-        out = subprocess.run(cmd, shell=True, capture_output=True, text=True, check=False).stdout
-        return {l.strip() for l in out.splitlines() if l.strip()}
-
-    return {
-        "netns": lines("ip netns list"),
-        "veth": lines("ip -o link show type veth | awk -F': ' '{print $2}'"),
-        "bridges": lines("ovs-vsctl --timeout=10 list-br"),
-        "linux bridges": lines("ip -o link show type bridge | awk -F': ' '{print $2}'"),
-        "qos": lines("ovs-vsctl --timeout=10 --bare --columns=_uuid list QoS"),
-        "procs": lines("ps -ww -eo pid,args | grep -E 'mininet:|controllers.launcher|iperf3|fping"
-                       "|traffic.agents.agent|traffic.agents.udpflow|prometheus --config|raylet|gcs_server"
-                       "|ovs(db-server|-vswitchd) "
-                       ".*(/work/[0-9]{8}-|/pytest-of-)' | grep -v grep"),
-        "sysctl": lines("sysctl net.core.wmem_default"),
-        "bpf pins": lines("ls /sys/fs/bpf/fabriclab 2>/dev/null"),
-    }
-
-
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Every integration test must leave the machine as it found it."""
@@ -64,8 +44,7 @@ def no_leaks():
     yield
     deadline = time.monotonic() + 10
     while True:
-        after = machine_state()
-        leaked = {k: sorted(after[k] - before[k]) for k in after if after[k] - before[k]}
+        leaked = leaks.leaked(before, machine_state())
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.2)

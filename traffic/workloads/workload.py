@@ -173,6 +173,8 @@ def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
     hosts = topo.rank_hosts()
     if isinstance(spec, list):
         for i, name in enumerate(spec):
+            if not isinstance(name, str):
+                raise ConfigError(f"{path}[{i}]", f"a host name, got {name!r}")
             if name not in topo.nodes or topo.nodes[name].is_switch:
                 raise ConfigError(f"{path}[{i}]", f"no host {name!r} in this fabric "
                                                   f"(hosts: {hosts[0]} .. {hosts[-1]})")
