@@ -119,6 +119,10 @@ def _said(part: str, doc: dict, output: str) -> str:
         return "; ".join(f"{e.get('event')}: {e.get('cause', '')}" for e in events)
     if part == "prometheus":
         return "; ".join((doc.get("telemetry") or {}).get("errors") or [])
+    if part == "vswitchd":
+        lost = [r for r in (doc.get("fidelity") or {}).get("reasons", []) if "vswitchd" in r]
+        if lost:
+            return "; ".join(lost)
     if doc.get("complete") is False or doc.get("errors"):
         return "incomplete: " + "; ".join(doc.get("errors") or [])[:300]
     return ""

@@ -129,6 +129,7 @@ class ExperimentRun:
     flows: list[list] = field(default_factory=list)
     marks: dict[str, float] = field(default_factory=dict)  # bring-up, measurement, teardown
     injector: FailureInjector | None = None
+    lost_switches: list[str] = field(default_factory=list)  # their vswitchd died under the run
 
     @property
     def path(self) -> Path:
@@ -247,7 +248,8 @@ class ExperimentRun:
                        for f in doc["failures"] for e in f["errors"]]
         if self.telemetry.prometheus:
             doc["telemetry"] = services.telemetry.report()
-        doc["fidelity"] = services.monitor.report()
+        self.lost_switches = sorted(fabric.dead_switches())
+        doc["fidelity"] = self._fidelity(services)
         write_json_atomic(self.path, doc)
         write_json_atomic(self.out_dir / "timeline.json", services.monitor.timeline(),
                           indent=None)
@@ -256,13 +258,26 @@ class ExperimentRun:
         write_text_atomic(self.out_dir / "flows.csv", rundir.flows_csv(self.flows))
         return errors
 
+    def _fidelity(self, services: Services) -> dict:
+        """The monitor's verdict, degraded when switches lost their vswitchd during the run:
+        the emulator failed under it, so its numbers are not the fabric's (the controller
+        routed around them)."""
+        report = services.monitor.report()
+        lost = self.lost_switches
+        if lost:
+            report["verdict"] = "degraded"
+            report.setdefault("reasons", []).append(
+                f"switch(es) {', '.join(lost)} lost their vswitchd during the run (an emulator "
+                "fault, not the fabric's)")
+        return report
+
     def finish(self, services: Services) -> None:
         """The workload is done: the failures' throughput windows end, the document is
         complete; with ``--keep``, the user looks before the teardown."""
         if services.injector is not None:
             services.injector.finish()
             self.doc["failures"] = services.injector.report()
-        self.doc["fidelity"] = services.monitor.report()
+        self.doc["fidelity"] = self._fidelity(services)
         write_json_atomic(self.out_dir / "timeline.json", services.monitor.timeline(),
                           indent=None)
         results.finish(self.doc)

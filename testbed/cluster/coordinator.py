@@ -23,7 +23,6 @@ removed by ``fabriclab clean`` there or by the next build there), then the contr
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -165,12 +164,7 @@ class ClusterFabric:
                               f"{len(infos)} machines ({', '.join(sorted(infos))}), the "
                               f"experiment expects {self.expected_machines}")
         here = software_versions()["git_revision"]
-        if os.environ.get("RAY_AUTH_MODE") != "token":
-            self.warnings.append(
-                f"the Ray cluster at {self.address} is joined without authentication "
-                "(RAY_AUTH_MODE is not 'token'): whoever reaches it can call the machines' "
-                "actors, which run as root and build fabrics; start every Ray node and "
-                "fabriclab with RAY_AUTH_MODE=token and one token (docs/cluster.md)")
+        self.warnings += self.cluster.warnings
         self.warnings += [f"{name} runs fabriclab {info.revision}, this machine {here}: "
                           "a part built by other code may differ"
                           for name, info in sorted(infos.items()) if info.revision != here]
@@ -414,6 +408,10 @@ class ClusterFabric:
             if state["errors"]:
                 return f"{name}: a fabric service failed: {state['errors'][0]}"
         return cut_off_reason(self.topo, ports, dead, hosts)
+
+    def dead_switches(self) -> set[str]:
+        return {name for state in self.on_all(lambda m: m.state()).values()
+                for name in state["dead"]}
 
     def congestion(self, netlink=None) -> dict[str, dict]:
         return {port: data for counters in self.on_all(lambda m: m.congestion()).values()

@@ -159,6 +159,13 @@ class Cluster:
             raise TestbedError("a cluster needs Ray, fabriclab's 'cluster' extra: "
                                + CLUSTER_EXTRA) from err
         self.ray = ray
+        self.warnings: list[str] = []
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            self.warnings.append(
+                f"the Ray cluster at {address} is joined without authentication "
+                "(RAY_AUTH_MODE is not 'token'): whoever reaches it can call the machines' "
+                "actors, which run as root and build fabrics; start every Ray node and "
+                "fabriclab with RAY_AUTH_MODE=token and one token (docs/cluster.md)")
         _reach_head(address)
         try:
             with _python_signal_handlers():

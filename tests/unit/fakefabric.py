@@ -39,6 +39,7 @@ class FakeFabric:
         self.state_dir = Path(state_dir)
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
+        self.dead: set[str] = set()  # switches whose vswitchd a test declares dead
         self.service_errors: list[str] = []
         self.controller_events: list[dict] = []
         self.record = None
@@ -148,6 +149,9 @@ class FakeFabric:
 
     def cut_off(self, hosts: list[str]) -> str | None:
         return None
+
+    def dead_switches(self) -> set[str]:
+        return set(self.dead)
 
     def switch_ports(self) -> set[str]:
         return {e.ifname for link in self.topo.links for e in (link.a, link.b)
