@@ -9,8 +9,10 @@ Counted, by part and signal:
 
 * **leaks**: anything left after the round (and its ``clean``, where one was needed);
 * **hangs**: no exit within 60 s of the fault;
-* **silent faults**: the run exited 0 and ``results.json`` says nothing of the fault (a dead
-  controller's events, Prometheus's error, a failed job);
+* **silent faults**: the part died, the run exited 0 and ``results.json`` says nothing of it
+  (a dead controller's events, Prometheus's error, a lost vswitchd, a failed job); a part that
+  takes the signal and lives (Prometheus reloads its configuration on SIGHUP, a vswitchd
+  reopens its log) is counted as ``survived``;
 * **next-run failures**: a run that failed before its fault was delivered (what an earlier
   round left broke it).
 
@@ -70,6 +72,7 @@ class Round:
     datapath: str
     delay_s: float
     delivered: bool = False
+    survived: bool = False  # the part took the signal and lived (Prometheus reloads on HUP)
     exit_code: int | None = None
     exit_s: float | None = None  # from the fault to the run's exit
     hang: bool = False
@@ -102,6 +105,15 @@ def _target(state: Path, part: str, run: subprocess.Popen) -> tuple[int, int] | 
             if _is(part, proc.role) and proc.alive():
                 return proc.pid, proc.start
     return None
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie waiting for its parent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _is(part: str, role: str) -> bool:
@@ -154,6 +166,8 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
     if target is not None and run.poll() is None and proc_start_time(target[0]) == target[1]:
         os.kill(target[0], SIGNALS[sig])
         rnd.delivered = True
+        time.sleep(0.5)
+        rnd.survived = proc_start_time(target[0]) == target[1] and _alive(target[0])
     try:
         run.wait(HANG_S)
     except subprocess.TimeoutExpired:
@@ -170,7 +184,7 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
     except (OSError, ValueError):
         doc = {}
     rnd.said = _said(part, doc, output) if rnd.delivered else ""
-    if rnd.delivered and run.returncode == 0 and not rnd.said:
+    if rnd.delivered and not rnd.survived and run.returncode == 0 and not rnd.said:
         rnd.silent = True
     if rnd.hang or (part == "orchestrator" and sig == "KILL" and rnd.delivered):
         _cli(state, "clean")
@@ -206,11 +220,13 @@ def table(rounds: list[Round]) -> list[dict]:
     rows = {}
     for r in rounds:
         row = rows.setdefault((r.part, r.signal), {"part": r.part, "signal": r.signal,
-                                                   "rounds": 0, "delivered": 0, "leaks": 0,
+                                                   "rounds": 0, "delivered": 0,
+                                                   "survived": 0, "leaks": 0,
                                                    "hangs": 0, "silent": 0,
                                                    "next_run_failures": 0, "exits": {}})
         row["rounds"] += 1
         row["delivered"] += r.delivered
+        row["survived"] += r.survived
         row["leaks"] += bool(r.leaks)
         row["hangs"] += r.hang
         row["silent"] += r.silent
@@ -234,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {i + 1}/{args.rounds}: SIG{sig} to the {part} ({datapath}) after "
                   f"{rnd.delay_s:.1f} s: exit {rnd.exit_code} in {rnd.exit_s} s"
                   + ("" if rnd.delivered else " (not delivered)")
+                  + (" (it survived the signal)" if rnd.survived else "")
                   + (f"; leaks {rnd.leaks}" if rnd.leaks else "")
                   + ("; HANG" if rnd.hang else "") + ("; SILENT" if rnd.silent else "")
                   + ("; NEXT-RUN FAILURE" if rnd.next_run_failure else "")
@@ -241,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             if rnd.next_run_failure or rnd.hang:
                 print((Path(tmp) / f"run{i}.log").read_text(errors="replace")[-3000:])
     rows = table(rounds)
-    totals = {k: sum(r[k] for r in rows) for k in ("rounds", "delivered", "leaks", "hangs",
-                                                     "silent", "next_run_failures")}
+    totals = {k: sum(r[k] for r in rows) for k in ("rounds", "delivered", "survived", "leaks",
+                                                     "hangs", "silent", "next_run_failures")}
     print(json.dumps(totals))
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "totals": totals, "table": rows,

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from testbed.model.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
 
@@ -34,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-start", action="store_true",
                         help="read each switch's tables back and change only what differs "
                              "(a restart: the switches kept forwarding on what is installed)")
-    parser.add_argument("--port", type=int, required=True, help="OpenFlow TCP port")
+    parser.add_argument("--port", type=int, required=True,
+                        help="OpenFlow port (0: one from the OS, written to --port-file once "
+                             "listening: no other process can take it in between)")
+    parser.add_argument("--port-file", help="where the listening port is written")
+    parser.add_argument("--tls-dir", help="OpenFlow over TLS with the run's certificates "
+                                          "(testbed.linux.pki): switches must present one")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
     parser.add_argument("--app", default="controllers.app", help="os-ken app module")
@@ -51,8 +57,18 @@ def main(argv: list[str] | None = None) -> int:
                             ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
                              "spray_weights", "poll_interval_s", "warm_start")],
                            group="fabriclab")
-    cfg.CONF(args=["--ofp-listen-host", args.host, "--ofp-tcp-listen-port", str(args.port)],
-             project="os_ken")
+    # a placeholder port for os-ken when the OS chooses (its 0 means "the defaults", 6653 and
+    # 6633); the listening socket binds port 0 (_listen_and_say)
+    port = str(args.port or 6653)
+    listen = ["--ofp-listen-host", args.host]
+    if args.tls_dir:
+        tls = Path(args.tls_dir)
+        listen += ["--ofp-ssl-listen-port", port, "--ctl-privkey",
+                   str(tls / "controller-key.pem"), "--ctl-cert",
+                   str(tls / "controller-cert.pem"), "--ca-certs", str(tls / "ca.pem")]
+    else:
+        listen += ["--ofp-tcp-listen-port", port]
+    cfg.CONF(args=listen, project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
     cfg.CONF.set_override("status", args.status, group="fabriclab")
     cfg.CONF.set_override("routing", str(args.routing), group="fabriclab")
@@ -71,8 +87,30 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     _dead_when_the_connection_ends(controller.Datapath)
+    _listen_and_say(controller, args.port == 0, args.port_file)
     app_manager.AppManager.run_apps([args.app])
     return 0
+
+
+def _listen_and_say(controller_module, any_port: bool, port_file: str | None) -> None:
+    """os-ken's server socket, bound to a port of the OS's choosing when ``any_port`` (and its
+    number written to ``port_file`` once listening): the port is held from bind to listen,
+    where choosing a free port first and binding it later left a window for another process.
+    """
+    base = controller_module.StreamServer
+
+    class Server(base):
+        def __init__(self, listen_info, *a, **kw):
+            if any_port:
+                listen_info = (listen_info[0], 0)
+            super().__init__(listen_info, *a, **kw)
+            if port_file:
+                tmp = f"{port_file}.tmp"
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    fh.write(str(self.server.getsockname()[1]))
+                os.replace(tmp, port_file)
+
+    controller_module.StreamServer = Server
 
 
 def _dead_when_the_connection_ends(datapath_class) -> None:

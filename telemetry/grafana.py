@@ -62,6 +62,9 @@ def save_password(directory: Path, password: str) -> Path:
     return path
 
 
+OWNER_LABEL = "org.fabriclab.owner"  # a container fabriclab started: the PID of its command
+
+
 def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT,
                   scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
                   password_dir: Path | None = None) -> Grafana:
@@ -102,6 +105,7 @@ def start_grafana(prometheus_port: int, port: int = DEFAULT_PORT,
         save_password(password_dir, password)
     container = client.containers.run(
         IMAGE, detach=True, auto_remove=True, network_mode="host", name=f"fabriclab-grafana-{port}",
+        labels={OWNER_LABEL: str(os.getpid())},  # ours: whoever looks can tell
         environment=grafana_environment(prometheus_port, port, scrape_interval_s, password),
         volumes={str(GRAFANA_DIR / "provisioning"): {"bind": "/etc/grafana/provisioning",
                                                      "mode": "ro"},

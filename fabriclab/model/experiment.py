@@ -334,7 +334,7 @@ def _other_config(raw: dict) -> dict[str, str]:
 # schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
 _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
                      "spray_weights": SprayWeights, "poll_interval_s": float,
-                     "ready_timeout_s": float, "restart": bool}
+                     "ready_timeout_s": float, "restart": bool, "tls": bool}
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
                    "ovs_other_config": _other_config, "queue_sample_ms": float,
                    "ecn_marker": EcnMarker, "datapath": Datapath}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -74,6 +75,9 @@ class NamespaceCluster:
         self.ray = ray
         self.mtu = underlay_mtu
         self.temp = Path(tempfile.mkdtemp(prefix="fabriclab-ray-"))
+        # Ray's token authentication, as docs/cluster.md asks of a real cluster: every node and
+        # every driver (run()) holds the cluster's token; nothing else may call its actors
+        self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         self.errors: list[str] = []  # what stop() could not clean
         self.sysctl_old: str | None = None  # the send buffer default before start()
         self.machines = [NsMachine(f"machine{i}", f"flm{i}-{self.tag}",
@@ -195,7 +199,7 @@ class NamespaceCluster:
         m = next(x for x in self.machines if x.name == machine)
         return subprocess.run(["ip", "netns", "exec", m.netns, *argv], capture_output=True,
                               text=True, timeout=timeout_s, check=False,
-                              env={**os.environ, **(env or {})})
+                              env={**os.environ, **self.auth, **(env or {})})
 
     def nodes_alive(self) -> int:
         """How many Ray nodes the cluster knows alive (a driver on the head asks its GCS)."""
@@ -219,7 +223,8 @@ class NamespaceCluster:
             argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", HIDE_AND_EXEC,
                     "hide", *map(str, m.hidden), "--", *argv]
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True,
+                                env={**os.environ, **self.auth})
 
     @staticmethod
     def _died(m: NsMachine) -> bool:

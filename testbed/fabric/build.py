@@ -335,6 +335,10 @@ class BuildSteps:
     def _create_switches(self) -> None:
         if self.controller_at is None:
             self._wait_listening()
+        if self.spec.controller.tls and self.pki is None:
+            raise TestbedError("controller.tls: the switches of a fabric over a cluster have "
+                               "no certificates of the run (OpenFlow over TLS runs on one "
+                               "machine); leave it false for a cluster")
         if self.spec.emulator.datapath == Datapath.EBPF:
             self._create_ebpf_switches()
             return
@@ -345,9 +349,14 @@ class BuildSteps:
         self.record.bridges = sorted(specs)
         self.registry.save(self.record)
         address, port = self.controller_at or (self.listen, self.of_port)
-        target = f"tcp:{address}:{port}"
+        target = f"{'ssl' if self.pki is not None else 'tcp'}:{address}:{port}"
         mtu = self.spec.fabric.mtu
         if self.caps.datapath_type != "netdev":
+            if self.pki is not None:
+                raise TestbedError("controller.tls: the machine's Open vSwitch (kernel "
+                                   "datapath) keeps one SSL setting for all its bridges, which "
+                                   "fabriclab does not change; use emulator.datapath ebpf, or "
+                                   "leave controller.tls false")
             ovs.create_bridges(list(specs.values()), self.record.run_id, self.caps.datapath_type,
                                target, mtu)
             return
@@ -367,6 +376,8 @@ class BuildSteps:
             inst.start_switch()
             self.registry.track_process(self.record, inst.pids["ovs-vswitchd"],
                                         Role.ovs(inst.name, "ovs-vswitchd"))
+            if self.pki is not None:
+                ovs.set_ssl(self.pki.switch_key, self.pki.switch_cert, self.pki.ca, inst.db)
             ovs.create_bridges([specs[n] for n in names], self.record.run_id,
                                ovs.PRIVATE_DATAPATH_TYPE, target, mtu, db=inst.db)
 
@@ -391,5 +402,6 @@ class BuildSteps:
                 mac = f"02:fb:00:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}:{number & 0xFF:02x}"
                 ports.append(Port(number, ifname, mac, speed_kbps=int(link.rate_mbps * 1000)))
             specs[sw.name] = SwitchSpec(index, sw.dpid, ports)
-        self.switch_agent = SwitchAgent(self.ebpf, specs, (address, port), LinkEvents())
+        self.switch_agent = SwitchAgent(self.ebpf, specs, (address, port), LinkEvents(),
+                                        tls=self.client_tls())
         self.switch_agent.start()

@@ -9,21 +9,17 @@ import json
 import os
 import select
 import signal
-import socket
+import ssl
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.linux.pki import RunPki, make_run_pki
 from testbed.model.spec import TestbedSpec
 from testbed.poll import wait_for
 
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 CONTROLLER_WATCH_S = 0.2  # the longest the controller's watch waits before looking again
 
@@ -60,6 +56,7 @@ class ControllerProcess:
         self.controller: subprocess.Popen | None = None
         self.of_port = 0
         self.controller_events: list[dict] = []  # its deaths (watch_controller)
+        self.pki: RunPki | None = None  # OpenFlow over TLS: the run's certificates
         self._controller_ending = None  # a controller stopped on purpose (a restart)
 
     def watch_controller(self, stop) -> None:
@@ -161,33 +158,57 @@ class ControllerProcess:
         self.timings["controller_restart"] = time.monotonic() - start
 
     def _start_controller(self, port: int = 0, warm: bool = False) -> None:
+        """The controller process, listening on ``port`` (0: one the OS gives it, held from
+        bind to listen; its number comes back in ``controller.port``)."""
         topo_path = self.run_dir / "topology.json"
         topo_path.write_text(json.dumps(self.topo.to_dict()))
-        self.of_port = port or _free_port(self.listen)
+        if self.spec.controller.tls and self.pki is None:
+            self.pki = make_run_pki(self.run_dir / "pki", self.record.run_id, self.listen)
+        self.port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
-               "--status", str(self.status_path), "--port", str(self.of_port),
-               "--host", self.listen,
+               "--status", str(self.status_path), "--port", str(port),
+               "--port-file", str(self.port_file), "--host", self.listen,
                "--routing", self.spec.controller.routing,
                "--ecmp-seed", self.spec.controller.ecmp_seed,
                "--ecmp-selection", self.spec.controller.ecmp_selection,
                "--spray-weights", self.spec.controller.spray_weights,
                "--poll-interval-s", str(self.spec.controller.poll_interval_s),
-               "--log", str(self.run_dir / "controller.log")] + (["--warm-start"] if warm else [])
+               "--log", str(self.run_dir / "controller.log")] + (
+                   ["--warm-start"] if warm else []) + (
+                   ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.controller = self.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,
                                          stderr=err)
+        self.of_port = port
+        if not port:  # what the switches are told: known once it listens
+            self._wait_listening()
+
+    @property
+    def port_file(self) -> Path:
+        return self.run_dir / "controller.port"
 
     def _wait_listening(self, timeout_s: float = 20.0, stop=None) -> None:
+        """Until the controller listens: it writes its port once its socket does (a probe
+        connection would be a failed TLS handshake in its log)."""
         def listening() -> bool:
             self._check_controller_alive(stop)
             try:
-                with socket.create_connection((self.listen, self.of_port), timeout=0.2):
-                    return True
-            except OSError:
+                self.of_port = int(self.port_file.read_text())
+            except (OSError, ValueError):
                 return False
+            return True
 
-        wait_for(listening, timeout_s, f"the controller to listen on {self.listen}:{self.of_port} "
+        wait_for(listening, timeout_s, f"the controller to listen on {self.listen} "
                                        f"(see {self.run_dir / 'controller.log'})")
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """The switches' side of OpenFlow over TLS (None: plain TCP)."""
+        if self.pki is None:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(self.pki.ca)
+        ctx.load_cert_chain(self.pki.switch_cert, self.pki.switch_key)
+        return ctx
 
     def _check_controller_alive(self, stop=None) -> None:
         """Raises TestbedError when the controller exited, or the fabric's services are

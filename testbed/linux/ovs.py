@@ -309,6 +309,11 @@ def vswitchd_pids(run_dir: str = "/var/run/openvswitch") -> list[int]:
     return [pid] if Path(f"/proc/{pid}").exists() else []
 
 
+def set_ssl(key: Path, cert: Path, ca: Path, db: str) -> None:
+    """An instance's SSL settings (one per database: a private instance's own)."""
+    vsctl("set-ssl", str(key), str(cert), str(ca), db=db)
+
+
 def create_bridges(bridges: list[BridgeSpec], run_id: str, datapath_type: str,
                    controller_target: str, mtu: int, protocols: str = "OpenFlow15",
                    db: str | None = None) -> None:

@@ -195,6 +195,7 @@ class ControllerSpec:
     poll_interval_s: float = 1.0  # adaptive: the statistics interval
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
+    tls: bool = False  # OpenFlow over TLS with the run's own certificates
 
 
 @dataclass(frozen=True)

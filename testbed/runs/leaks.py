@@ -48,7 +48,7 @@ def machine_state() -> dict[str, set[str]]:
         "procs": _processes(),
         "sysctl": _lines(["sysctl", "net.core.wmem_default"]),
         "bpf pins": _lines(["ls", "/sys/fs/bpf/fabriclab"]),
-        "containers": _lines(["docker", "ps", "-q", "--filter", "name=fabriclab"])
+        "containers": _lines(["docker", "ps", "-q", "--filter", "label=org.fabriclab.owner"])
         if _docker_running() else set(),
     }
 

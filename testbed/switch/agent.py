@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -110,8 +111,10 @@ class SwitchAgent:
     """
 
     def __init__(self, datapath: Datapath, switches: dict[str, SwitchSpec],
-                 controller: tuple[str, int], links: LinkWatch | None = None) -> None:
+                 controller: tuple[str, int], links: LinkWatch | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.datapath = datapath
+        self.tls = tls  # OpenFlow over TLS: the run's client context (controller.tls)
         self.switches = switches
         self.controller = controller
         self.links = links
@@ -260,16 +263,21 @@ class SwitchAgent:
                                                      else 0)
                 if self.selector.get_key(conn.sock).events != events:
                     self.selector.modify(conn.sock, events, name)
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 continue
             except OSError as err:
                 self._drop(name, conn, err)
 
     def _receive(self, name: str, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(65536)
+            try:
+                data = conn.sock.recv(65536)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return  # a TLS record not whole yet
             if not data:
                 raise ConnectionError("the controller closed the connection")
+            while self.tls is not None and conn.sock.pending():  # decrypted, not yet read:
+                data += conn.sock.recv(65536)  # the selector would not wake for it
             replies = conn.session.receive(data)
             if conn.dirty:
                 self._install(conn)  # before any reply: a barrier means installed
@@ -283,6 +291,8 @@ class SwitchAgent:
         """Open switch ``name``'s connection to the controller with ``session`` (a new one at
         each connection, holding the ports' liveness) and queue its hello."""
         sock = socket.create_connection(self.controller, timeout=5)
+        if self.tls is not None:  # the handshake while the socket blocks (at most 5 s)
+            sock = self.tls.wrap_socket(sock, server_hostname=self.controller[0])
         sock.setblocking(False)
         conn = _Conn(self.switches[name], sock, session, groups=set(session.groups))
         session.on_change = lambda _f, _g, c=conn: setattr(c, "dirty", True)

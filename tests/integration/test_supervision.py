@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from testbed.poll import wait_for
 from testbed.runs.registry import Registry
 from tests.integration.conftest import DATAPATHS, ROOT
@@ -189,3 +191,48 @@ def test_nothing_of_a_fabric_kept_up_with_telemetry_listens_beyond_loopback(tmp_
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=120)
+
+
+TLS = """version: 1
+name: tls
+fabric: {topology: leaf_spine, leaves: 2, spines: 2, hosts_per_leaf: 2}
+controller: {tls: true}
+"""
+
+
+@DATAPATHS
+def test_openflow_runs_over_tls_with_the_runs_own_certificates(state_dir, datapath):
+    """``controller.tls: true``: every switch is programmed over TLS, every pair reaches every
+    other, the keys are the run's (0600), and the controller answers no plain OpenFlow: a
+    hello over TCP gets no hello back."""
+    import socket
+    import ssl
+
+    from testbed.fabric.fabric import Fabric
+    from tests.integration.conftest import experiment
+
+    with Fabric(experiment(TLS, datapath), state_dir=state_dir) as fabric:
+        reach = fabric.reachability(count=1)
+        assert reach.complete and reach.ok == reach.pairs == 12, reach.to_dict()
+        pki = fabric.pki
+        assert oct(pki.controller_key.stat().st_mode & 0o777) == "0o600"
+        if datapath == "ovs":
+            db = next(fabric.run_dir.glob("ovs*/db.sock"))
+            target = subprocess.run(["ovs-vsctl", f"--db=unix:{db}", "get-controller", "leaf1"],
+                                    capture_output=True, text=True, check=True).stdout
+            assert target.startswith(f"ssl:{fabric.listen}:{fabric.of_port}"), target
+        hello = bytes.fromhex("0600000800000001")  # OpenFlow 1.5 hello
+        with socket.create_connection((fabric.listen, fabric.of_port), timeout=5) as plain:
+            plain.sendall(hello)
+            try:
+                answer = plain.recv(64)
+            except (ConnectionResetError, TimeoutError):
+                answer = b""
+        assert not answer.startswith(b"\x06\x00"), answer  # a TLS alert or nothing
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(pki.ca)  # the server is this run's controller ...
+        with socket.create_connection((fabric.listen, fabric.of_port), timeout=5) as raw:
+            with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+                with ctx.wrap_socket(raw, server_hostname=fabric.listen) as tls:
+                    tls.sendall(hello)  # ... and it wants this run's switch certificate
+                    assert tls.recv(64) == b""
