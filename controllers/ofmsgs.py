@@ -11,7 +11,7 @@ import struct
 from collections.abc import Callable
 
 from controllers.routing.tables import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKind
-from testbed.switch import groups
+from testbed.switch import groups, replies
 
 
 class HashSelection:
@@ -109,29 +109,14 @@ def to_messages(dp, op: Op) -> list:
 
 
 # -- what a switch holds, read back (a warm start) ---------------------------------------------
-def flow_entry(dp, stat) -> FlowEntry | None:
+def flow_entry(stat) -> FlowEntry | None:
     """The entry of one ``OFPMP_FLOW_DESC`` part as the tables hold it (its match's fields
     sorted by name), or None for an entry no policy installs (instructions other than apply
     actions, actions other than output and group)."""
-    ofp, parser = dp.ofproto, dp.ofproto_parser
-    actions = []
-    for inst in stat.instructions:
-        if not isinstance(inst, parser.OFPInstructionActions) or \
-                inst.type != ofp.OFPIT_APPLY_ACTIONS:
-            return None
-        for action in inst.actions:
-            if isinstance(action, parser.OFPActionOutput):
-                if action.port == ofp.OFPP_CONTROLLER:
-                    actions.append(("output", CONTROLLER_PORT) if action.max_len in (
-                        ofp.OFPCML_NO_BUFFER, 0xFFFF) else ("punt", action.max_len))
-                else:
-                    actions.append(("output", action.port))
-            elif isinstance(action, parser.OFPActionGroup):
-                actions.append(("group", action.group_id))
-            else:
-                return None
-    return FlowEntry(stat.priority, tuple(sorted(stat.match.items())), tuple(actions),
-                     stat.cookie)
+    actions = replies.actions_of(stat.instructions)
+    if actions is None:
+        return None
+    return FlowEntry(stat.priority, tuple(sorted(stat.match.items())), actions, stat.cookie)
 
 
 class GroupDesc:

@@ -46,7 +46,7 @@ class WarmStart:
             return False
         for part in msg.body:
             if hasattr(part, "instructions"):  # a flow
-                entry = flow_entry(msg.datapath, part)
+                entry = flow_entry(part)
                 sec, nsec = part.stats.get("duration", (0, 0))
                 age = sec + nsec / 1e9
                 back.youngest_s = age if back.youngest_s is None else min(back.youngest_s, age)

@@ -159,3 +159,26 @@ def flows(entries: Iterable[FlowEntry], counts, age, with_actions: bool) -> list
             out.append(struct.pack(ofp.OFP_FLOW_STATS_0_PACK_STR, length, 0,
                                    ofp.OFPFSR_STATS_REQUEST, entry.priority) + match + stats)
     return out
+
+
+def actions_of(instructions) -> tuple | None:
+    """os-ken's instructions of a flow (a flow mod, a flow description) as the tables hold
+    them: ``("output", port)``, ``("output", CONTROLLER_PORT)``, ``("punt", bytes)``,
+    ``("group", id)``; None for anything else (other instructions or actions)."""
+    out = []
+    for inst in instructions:
+        if not isinstance(inst, parser.OFPInstructionActions) or \
+                inst.type != ofp.OFPIT_APPLY_ACTIONS:
+            return None
+        for action in inst.actions:
+            if isinstance(action, parser.OFPActionOutput):
+                if action.port == ofp.OFPP_CONTROLLER:
+                    out.append(("output", CONTROLLER_PORT) if action.max_len in (
+                        ofp.OFPCML_NO_BUFFER, 0xFFFF) else ("punt", action.max_len))
+                else:
+                    out.append(("output", action.port))
+            elif isinstance(action, parser.OFPActionGroup):
+                out.append(("group", action.group_id))
+            else:
+                return None
+    return tuple(out)

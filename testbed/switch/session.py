@@ -223,26 +223,13 @@ class SwitchSession:
         return b""
 
     def _actions(self, instructions) -> tuple | None:
-        """Apply-actions as the tables hold them; None for anything else."""
-        out = []
-        for inst in instructions:
-            if not isinstance(inst, parser.OFPInstructionActions) or \
-                    inst.type != ofp.OFPIT_APPLY_ACTIONS:
-                return None
-            for action in inst.actions:
-                if isinstance(action, parser.OFPActionOutput):
-                    if action.port == ofp.OFPP_CONTROLLER:
-                        out.append(("output", CONTROLLER_PORT) if action.max_len in (
-                            ofp.OFPCML_NO_BUFFER, 0xFFFF) else ("punt", action.max_len))
-                    elif action.port in self.ports:
-                        out.append(("output", action.port))
-                    else:
-                        return None
-                elif isinstance(action, parser.OFPActionGroup):
-                    out.append(("group", action.group_id))
-                else:
-                    return None
-        return tuple(out)
+        """Apply-actions as the tables hold them; None for anything else (an output to a port
+        this switch has not included)."""
+        actions = replies.actions_of(instructions)
+        if actions is None or any(name == "output" and value != CONTROLLER_PORT
+                                  and value not in self.ports for name, value in actions):
+            return None
+        return actions
 
     def _flow_mod(self, msg, xid: int, raw: bytes) -> bytes:
         match = tuple(sorted(msg.match.items()))

@@ -300,6 +300,30 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
 
 
 @DATAPATHS
+def _listening_beyond(machine) -> list[str]:
+    """The listening sockets in ``machine``'s namespace that fabriclab's processes (not its Ray
+    node's: Ray's servers bind every interface, which docs/cluster.md says) have on an address
+    other than the machine's underlay or loopback; fails when fabriclab's controller is not
+    among them at all."""
+    import re
+
+    from testbed.linux.procfs import descendants
+
+    ray = {machine.ray.pid, *descendants(machine.ray.pid)}
+    lines = subprocess.run(["ip", "netns", "exec", machine.netns, "ss", "-Hltnup"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    ours = []
+    for line in lines:
+        pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if not pids or pids & ray:
+            continue
+        ours.append(line)
+    controller = [line for line in ours if f"{machine.ip}:" in line]
+    assert controller, lines  # the controller listens on the underlay
+    local = rf"\s({re.escape(machine.ip)}|127\.0\.0\.\d+|\[::1\]):\d+\s"
+    return [line for line in ours if not re.search(local, line)]
+
+
 def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, datapath):
     """``fabriclab up --cluster`` keeps the partitioned fabric up; ``fabriclab fail`` /
     ``restore`` from another process on the head find its machines' actors by name: a cut
@@ -346,6 +370,8 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, dat
             wait_for(lambda: any("fabric is up" in line for line in said_up)
                      or up.poll() is not None, 180, "the cluster fabric up")
             assert up.poll() is None, "".join(said_up)[-3000:]
+            wide = _listening_beyond(m1)
+            assert not wide, wide  # the controller on the underlay, the rest on loopback
             ends = ((m1.netns, link.a.ifname), (m2.netns, link.b.ifname))  # agg1_1, core2
             assert all(is_up(*e) for e in ends)
             out = fabriclab_cli(["fail", "agg1_1", "core2"], state, cluster, timeout_s=120)

@@ -202,7 +202,7 @@ def test_the_ebpf_agent_keeps_its_tables_for_the_next_controller(tmp_path):
                     isinstance(m, parser.OFPFlowDescStatsReply) for m in got) else got
         finally:
             agent.stop()
-    flows = [flow_entry(dp, part) for m in flows_reply
+    flows = [flow_entry(part) for m in flows_reply
              if isinstance(m, parser.OFPFlowDescStatsReply) for part in m.body]
     group_parts = [p for m in got if isinstance(m, parser.OFPGroupDescStatsReply) for p in m.body]
     found = SwitchTables({f.key: f for f in flows}, {p.entry.group_id: p.entry
