@@ -77,6 +77,11 @@ def run_file(req: RunRequest, view: RunView) -> Outcome:
     exp = xp.load(req.file, cluster=req.cluster)
     if exp.workload is None:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
+    if req.out is None:  # runs/<name>, as `make run` writes
+        if exp.name.startswith("."):
+            raise ConfigError("name", f"{exp.name!r} names no run directory: give --out")
+        req = dataclasses.replace(req, out=Path("runs") / exp.name)
+        view.say(f"results go to {req.out}")
     if req.parallel and not exp.cells:
         raise ConfigError("--parallel", "runs a sweep's cells at once, one per machine of a "
                                         "cluster; this experiment has no sweep section")

@@ -57,7 +57,8 @@ class RunRequest:
 
     Args:
         file: the experiment file.
-        out: its run directory (a sweep's or variants' parent directory).
+        out: its run directory (a sweep's or variants' parent directory); None:
+            ``runs/<the experiment's name>``.
         state_dir: run records and caches.
         backend: ``host``, ``vm`` or ``auto``; None: the experiment's ``emulator.backend``.
         cluster: the Ray head (``host:port``) to partition the fabric over; None: the
@@ -72,7 +73,7 @@ class RunRequest:
     """
 
     file: Path
-    out: Path
+    out: Path | None
     state_dir: Path = DEFAULT_STATE_DIR
     backend: str | None = None
     cluster: str | None = None

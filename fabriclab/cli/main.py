@@ -65,12 +65,26 @@ COMMANDS = {
     "clean": Command("fabric", "clean", "remove what earlier (killed) runs left behind"),
     "schema": Command("experiments", "schema", "print the experiment file's JSON Schema",
                       json=False),
+    "completion": Command("completion", "completion", "print shell completion for bash or zsh",
+                          json=False),
 }
+
+
+def version_text() -> str:
+    """``fabriclab X.Y.Z`` (the installed distribution's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"fabriclab {version('fabriclab')}"
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "fabriclab (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fabriclab", description=DESCRIPTION,
                                      epilog=__doc__.split("\n\n", 1)[1].strip())
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print fabriclab's version and exit")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
                         help=f"run records and caches (default {DEFAULT_STATE_DIR})")
     parser.add_argument("--max-input-mb", type=int, default=None, metavar="N",
@@ -83,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         if command.json:
             p[name].add_argument("--json", action="store_true", help="print one JSON document "
                                  "on stdout (the rest goes to stderr)")
-    p["validate"].add_argument("files", nargs="+", type=Path)
+    p["validate"].add_argument("files", nargs="+", type=Path, metavar="FILE",
+                               help="experiment files (YAML)")
     p["validate"].add_argument("--machines", type=int, default=0,
                                help="also show how the fabric would be partitioned over N "
                                     "machines like this one (each at the fidelity model's "
@@ -96,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p["up"].add_argument("-v", "--verbose", action="store_true", help="print step timings")
     p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
                                                   "(default runs/up-<time>)")
-    p["run"].add_argument("--out", required=True, type=Path, help="directory for results.json")
+    p["run"].add_argument("--out", type=Path, help="directory for results.json, the report "
+                                                   "and the run's files (default runs/NAME, "
+                                                   "NAME the experiment's)")
     p["run"].add_argument("--resume", action="store_true",
                           help="finish an interrupted run in --out: complete cells and variants "
                                "are kept, the rest run")
@@ -122,8 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         p[name].add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 "
                                                        "(a switch)")
         p[name].add_argument("--run", help="the run id, when several fabrics are up")
-    p["report"].add_argument("dir", metavar="DIR", type=Path)
-    p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path)
+    p["report"].add_argument("dir", metavar="DIR", type=Path,
+                             help="a run, variants or sweep directory (fabriclab run's --out)")
+    p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path,
+                              help="run, variants or sweep directories")
+    p["completion"].add_argument("shell", choices=("bash", "zsh"),
+                                 help="the shell: source the output, or put it in its "
+                                      "completion folder")
     p["clean"].add_argument("--all", action="store_true",
                             help="also runs whose process is still alive")
     return parser
@@ -131,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     """What ``up`` and ``run`` share: the file, where, and the telemetry."""
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, metavar="FILE", help="the experiment file (YAML)")
     p.add_argument("--backend", choices=list(Backend),
                    help="where to run (default: the experiment's emulator.backend)")
     p.add_argument("--cluster", metavar="ADDRESS",
@@ -191,6 +213,8 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
         return rq.ServeRequest(args.dir, args.port, args.grafana)
     if name == "top":
         return rq.TopRequest(args.state_dir, args.run, args.interval, args.links, args.once)
+    if name == "completion":
+        return rq.CompletionRequest(args.shell)
     raise AssertionError(f"no request for {name}")  # the parser knows only COMMANDS
 
 

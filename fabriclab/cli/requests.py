@@ -27,6 +27,13 @@ class SchemaRequest:
 
 
 @dataclass(frozen=True)
+class CompletionRequest:
+    """``fabriclab completion bash|zsh``."""
+
+    shell: str
+
+
+@dataclass(frozen=True)
 class UpRequest:
     file: Path
     state_dir: Path = DEFAULT_STATE_DIR

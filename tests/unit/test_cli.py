@@ -85,7 +85,7 @@ def test_every_command_has_a_handler_of_its_typed_request(name):
     parser = cli.build_parser()
     required = {"validate": ["x.yaml"], "up": ["x.yaml"], "run": ["x.yaml", "--out", "o"],
                 "telemetry": ["d"], "fail": ["core1"], "restore": ["core1"],
-                "report": ["d"], "compare": ["d"]}.get(name, [])
+                "report": ["d"], "compare": ["d"], "completion": ["bash"]}.get(name, [])
     request = cli.to_request(parser.parse_args([name, *required]), None)
     hint = inspect.signature(handler).parameters[params[0]].annotation
     assert type(request).__name__ == str(hint).split(".")[-1].strip("'\""), (request, hint)
@@ -156,3 +156,65 @@ def test_sighup_and_sigint_tear_down_even_from_a_shell_that_ignores_sigint():
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert proc.stdout.split("\n")[:2] == ["caught SIGHUP", "caught SIGINT"], proc.stdout + \
         proc.stderr
+
+
+def test_small_things_a_user_expects(tmp_path):
+    """--version; every argument has help; bash completion made from the parser completes
+    commands, options and choices; every shipped experiment names the schema for editors."""
+    import subprocess
+    import sys
+
+    from fabriclab.cli.main import build_parser, version_text
+
+    assert version_text().startswith("fabriclab 0.")
+    parser = build_parser()
+    for name, sub in parser._actions[-1].choices.items():
+        for action in sub._actions:
+            assert action.help, (name, action.dest)
+    script = tmp_path / "fabriclab.bash"
+    script.write_text(subprocess.run([sys.executable, "-m", "fabriclab.cli", "completion",
+                                      "bash"], capture_output=True, text=True, check=True,
+                                     cwd=ROOT).stdout)
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(f"'{w}'" for w in ("fabriclab", *words))
+        out = subprocess.run(["bash", "-c", f"source {script}; COMP_WORDS=({line}); "
+                              f"COMP_CWORD={len(words)}; _fabriclab; "
+                              "printf '%s\\n' \"${COMPREPLY[@]}\""],
+                             capture_output=True, text=True, check=True).stdout
+        return out.split()
+
+    assert complete("ru") == ["run"]
+    assert complete("run", "--ba") == ["--backend"]
+    assert complete("run", "--backend", "") == ["auto", "host", "vm"]
+    assert complete("completion", "") == ["bash", "zsh"]
+    assert "--machines" in complete("validate", "--")
+    for path in sorted((ROOT / "experiments").glob("*.yaml")):
+        first = path.read_text().splitlines()[0]
+        assert first == "# yaml-language-server: $schema=../fabriclab/schema/experiment.schema.json"
+        assert (path.parent / first.split("=", 1)[1]).is_file()
+
+
+def test_run_writes_to_runs_name_unless_told_where(tmp_path, monkeypatch):
+    from fabriclab import modes
+    from fabriclab.options import RunRequest
+    from fabriclab.run import RunView
+    from testbed.errors import ConfigError
+
+    exp = tmp_path / "e.yaml"
+    body = ("fabric: {topology: leaf_spine, leaves: 2, spines: 1, hosts_per_leaf: 1}\n"
+            "workload: {collectives: [{op: all_reduce, size: 1MiB}]}\n")
+    exp.write_text("version: 1\nname: mine\n" + body)
+    seen = []
+    monkeypatch.setattr(modes, "run_single",
+                        lambda req, _exp, _view: seen.append(req.out) or modes.Outcome({}, False))
+    monkeypatch.setattr(modes, "write_report", lambda *_a: None)
+    monkeypatch.setattr(modes, "resolve_backend", lambda *_a: "host")
+    monkeypatch.chdir(tmp_path)
+    modes.run_file(RunRequest(exp, None), RunView())
+    modes.run_file(RunRequest(exp, tmp_path / "elsewhere"), RunView())
+    assert seen == [Path("runs") / "mine", tmp_path / "elsewhere"]
+    exp.write_text("version: 1\nname: ..\n" + body)
+    with pytest.raises(ConfigError) as err:
+        modes.run_file(RunRequest(exp, None), RunView())
+    assert err.value.path == "name" and "--out" in err.value.message
