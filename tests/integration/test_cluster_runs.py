@@ -120,7 +120,7 @@ def test_a_machine_dying_mid_run_is_named_and_the_others_are_cleaned(tmp_path):
                "--state-dir", str(tmp_path / "coord"), "run", str(exp), "--out", str(out),
                "--cluster", cluster.address]
         run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               cwd=ROOT)
+                               cwd=ROOT, env={**os.environ, **cluster.auth})
         try:
             def measuring() -> bool:  # the workload started: agents run on both machines
                 text = subprocess.run(["ps", "-eo", "args"], capture_output=True,
@@ -348,7 +348,8 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, dat
         up = subprocess.Popen(["ip", "netns", "exec", m1.netns, sys.executable, "-m",
                                "fabriclab.cli", "--state-dir", str(state), "up", str(exp),
                                "--cluster", cluster.address], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                              stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env={**os.environ, **cluster.auth})
         said_up: list[str] = []
         reader = threading.Thread(target=lambda: said_up.extend(up.stdout), daemon=True)
         reader.start()
