@@ -65,6 +65,8 @@ COMMANDS = {
     "clean": Command("fabric", "clean", "remove what earlier (killed) runs left behind"),
     "schema": Command("experiments", "schema", "print the experiment file's JSON Schema",
                       json=False),
+    "graph": Command("graph", "graph", "draw an experiment's topology without building it "
+                                       "(dot, mermaid, png, svg)", json=False),
     "completion": Command("completion", "completion", "print shell completion for bash or zsh",
                           json=False),
 }
@@ -143,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                              help="a run, variants or sweep directory (fabriclab run's --out)")
     p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path,
                               help="run, variants or sweep directories")
+    p["graph"].add_argument("file", type=Path, metavar="FILE", help="the experiment file (YAML)")
+    p["graph"].add_argument("--format", choices=("png", "svg", "dot", "mermaid"), default="png",
+                            help="a picture, or text for Graphviz or Mermaid (default png)")
+    p["graph"].add_argument("-o", "--out", type=Path, metavar="PATH",
+                            help="where to write it (default: text to stdout, a picture to "
+                                 "NAME.FORMAT here, NAME the file's)")
     p["completion"].add_argument("shell", choices=("bash", "zsh"),
                                  help="the shell: source the output, or put it in its "
                                       "completion folder")
@@ -215,6 +223,8 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
         return rq.TopRequest(args.state_dir, args.run, args.interval, args.links, args.once)
     if name == "completion":
         return rq.CompletionRequest(args.shell)
+    if name == "graph":
+        return rq.GraphRequest(args.file, args.format, args.out)
     raise AssertionError(f"no request for {name}")  # the parser knows only COMMANDS
 
 

@@ -27,6 +27,16 @@ class SchemaRequest:
 
 
 @dataclass(frozen=True)
+class GraphRequest:
+    """``fabriclab graph FILE``: the topology as ``format`` (dot, mermaid, png, svg) into
+    ``out`` (None: text to stdout, a picture beside the working directory)."""
+
+    file: Path
+    format: str = "png"
+    out: Path | None = None
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """``fabriclab completion bash|zsh``."""
 

@@ -1,0 +1,60 @@
+"""``fabriclab graph``: the topology drawn before anything is built, as text and pictures."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fabriclab.model import experiment as xp
+from fabriclab.model.graph import layout, rate_text, to_dot, to_mermaid
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["quickstart", "leaf-spine", "rails", "fat-tree-k6"])
+def test_every_node_and_link_is_drawn_tier_above_tier(name):
+    topo = xp.load(ROOT / "experiments" / f"{name}.yaml").topology
+    pos = layout(topo)
+    scale_up = {l.b.node for l in topo.scale_up} | {l.a.node for l in topo.scale_up}
+    assert set(pos) == set(topo.nodes) | scale_up
+    for link in topo.links:  # a host below its switch, a switch below the next tier's
+        low, high = sorted((link.a.node, link.b.node), key=lambda n: pos[n][1])
+        assert pos[low][1] < pos[high][1] or topo.kind == "ring", link
+    dot, mermaid = to_dot(topo), to_mermaid(topo)
+    edges = len(topo.links) + len(topo.scale_up)
+    assert dot.count(" -- ") == edges and mermaid.count(" ---|") == edges
+    assert all(f'"{n}"' in dot for n in pos)
+    assert dot.count("rank=same") == len({t for _, t in pos.values()})
+    assert all(re.fullmatch(r"[A-Za-z0-9_]+", n) for n in pos)  # Mermaid ids as they are
+
+
+def test_hosts_sit_under_their_switch():
+    topo = xp.load(ROOT / "experiments" / "quickstart.yaml").topology
+    pos = layout(topo)
+    xs = [pos[h.name][0] for h in sorted(topo.hosts, key=lambda h: pos[h.name][0])]
+    access = [pos[topo.attachment(h.name).node][0]
+              for h in sorted(topo.hosts, key=lambda h: pos[h.name][0])]
+    assert access == sorted(access) and xs == sorted(xs)
+
+
+def test_rates_read_as_people_say_them():
+    assert [rate_text(r) for r in (10, 150, 1000, 2500, 400000)] == \
+        ["10 Mbit/s", "150 Mbit/s", "1 Gbit/s", "2.5 Gbit/s", "400 Gbit/s"]
+
+
+@pytest.mark.parametrize("fmt, magic", [("png", b"\x89PNG"), ("svg", b"<?xml")])
+def test_the_command_writes_a_picture(tmp_path, fmt, magic):
+    out = tmp_path / f"rails.{fmt}"
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "graph",
+                           str(ROOT / "experiments" / "rails.yaml"), "--format", fmt, "-o",
+                           str(out)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes().startswith(magic) and out.stat().st_size > 10_000
+    text = subprocess.run([sys.executable, "-m", "fabriclab.cli", "graph",
+                           str(ROOT / "experiments" / "rails.yaml"), "--format", "mermaid"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
+    assert text.startswith("flowchart BT") and "s1g1 ---|400 Mbit/s| nvs1" in text
