@@ -299,7 +299,6 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
                                 for f in applied])
 
 
-@DATAPATHS
 def _listening_beyond(machine) -> list[str]:
     """The listening sockets in ``machine``'s namespace that fabriclab's processes (not its Ray
     node's: Ray's servers bind every interface, which docs/cluster.md says) have on an address
@@ -324,6 +323,7 @@ def _listening_beyond(machine) -> list[str]:
     return [line for line in ours if not re.search(local, line)]
 
 
+@DATAPATHS
 def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, datapath):
     """``fabriclab up --cluster`` keeps the partitioned fabric up; ``fabriclab fail`` /
     ``restore`` from another process on the head find its machines' actors by name: a cut
