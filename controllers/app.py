@@ -5,6 +5,8 @@ Each handler decodes an OpenFlow event, asks the policy what to do (passing ``no
 returned ops (translated by :mod:`controllers.ofmsgs`) and tells the session what it sent and
 received. The session's status document (switches connected and programmed, port and wiring
 mismatches, error replies, handler exceptions) is written to a JSON file the testbed polls.
+Started with ``--warm-start`` (a restart), it reads each switch's tables back before it
+programmes it (:mod:`controllers.readback`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from os_ken.ofproto import ofproto_v1_5
 
 from controllers.routing.adaptive import FlowKey
 from controllers.ofmsgs import read_groups_by_layout, to_messages
-from controllers.readback import WarmStart
+from controllers.readback import ReadBack, WarmStart
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import (
     ETH_TYPE_ARP,

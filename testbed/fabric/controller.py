@@ -117,14 +117,14 @@ class ControllerProcess:
             if not stop.is_set():
                 self.service_errors.append(f"controller: restarting it failed: {err}")
             return
-        warm = self.controller_status().get("warm_start", {})
+        now, warm = time.time(), self.controller_status().get("warm_start", {})
         changes: dict[str, int] = {}
         for switch in warm.values():
             for kind, count in switch.get("changes", {}).items():
                 changes[kind] = changes.get(kind, 0) + count
         self.controller_events.append({
-            "t": time.time(), "event": "restarted", "pid": self.controller.pid,
-            "outage_s": round(time.time() - died_at, 3), "switches_read": len(warm),
+            "t": now, "event": "restarted", "pid": self.controller.pid,
+            "outage_s": round(now - died_at, 3), "switches_read": len(warm),
             "flows_read": sum(s.get("flows", 0) for s in warm.values()),
             "groups_read": sum(s.get("groups", 0) for s in warm.values()),
             "changes": changes})
