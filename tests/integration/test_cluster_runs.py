@@ -299,11 +299,16 @@ def test_link_and_switch_failures_on_a_cluster_act_on_every_machines_ends(tmp_pa
                                 for f in applied])
 
 
-def _listening_beyond(machine) -> list[str]:
-    """The listening sockets in ``machine``'s namespace that fabriclab's processes (not its Ray
-    node's: Ray's servers bind every interface, which docs/cluster.md says) have on an address
-    other than the machine's underlay or loopback; fails when fabriclab's controller is not
-    among them at all."""
+#: Ray's worker ports (``ray start``'s defaults): a driver's core worker listens on one
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
+def _listening_beyond(machine, drivers: set[int]) -> list[str]:
+    """The listening sockets in ``machine``'s namespace that fabriclab's processes have on an
+    address other than the machine's underlay or loopback; fails when fabriclab's controller
+    is not among them at all. Ray's own are left out (its servers bind every interface, which
+    docs/cluster.md says): its node's processes, and in the ``drivers`` (the fabriclab
+    commands, Ray drivers) the core worker's port from Ray's worker range."""
     import re
 
     from testbed.linux.procfs import descendants
@@ -315,6 +320,9 @@ def _listening_beyond(machine) -> list[str]:
     for line in lines:
         pids = {int(p) for p in re.findall(r"pid=(\d+)", line)}
         if not pids or pids & ray:
+            continue
+        port = int(re.search(r":(\d+)\s", line).group(1))
+        if pids & drivers and port in RAY_WORKER_PORTS:
             continue
         ours.append(line)
     controller = [line for line in ours if f"{machine.ip}:" in line]
@@ -329,10 +337,12 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, dat
     ``restore`` from another process on the head find its machines' actors by name: a cut
     link's end goes down on each machine, the controller sees it, the repair brings both
     back; a bad target is named; SIGTERM tears ``up`` down (despite Ray's own handler), and
-    then ``fail`` says no fabric runs."""
+    then ``fail`` says no fabric runs. What listens on the head's machine: the controller on
+    its underlay address, fabriclab's exporters on loopback, nothing else of fabriclab's."""
     import signal
 
     from testbed.cluster.nscluster import NamespaceCluster
+    from testbed.linux.procfs import descendants
     from testbed.model.builders import fat_tree
     from testbed.poll import wait_for
     from testbed.runs.registry import Registry
@@ -371,7 +381,7 @@ def test_fabriclab_fail_and_restore_reach_a_cluster_fabric_kept_up(tmp_path, dat
             wait_for(lambda: any("fabric is up" in line for line in said_up)
                      or up.poll() is not None, 180, "the cluster fabric up")
             assert up.poll() is None, "".join(said_up)[-3000:]
-            wide = _listening_beyond(m1)
+            wide = _listening_beyond(m1, {up.pid, *descendants(up.pid)})
             assert not wide, wide  # the controller on the underlay, the rest on loopback
             ends = ((m1.netns, link.a.ifname), (m2.netns, link.b.ifname))  # agg1_1, core2
             assert all(is_up(*e) for e in ends)
