@@ -287,3 +287,21 @@ def test_nccl_lines_parse_behind_a_launchers_prefix_and_hostile_lines_cost_littl
                     "x" * 100_000):
         assert parse_line(hostile, 3) is None
     assert time.monotonic() - start < 0.5
+
+
+def test_an_nccl_count_of_thousands_of_digits_is_no_line_not_a_crash(tmp_path):
+    """``int()`` of a 5,000-digit count raised Python's digit-limit ValueError: such a line is
+    no collective line (past the line cap, or past the count's digits), and a log of nothing
+    else is refused by name."""
+    from traffic.workloads.nccl_log import parse_line
+
+    for digits in (400, 4_000, 5_000):
+        line = ("gpu1:1234:1290 [0] NCCL INFO AllReduce: opCount 3 sendbuff 0x7f recvbuff 0x7f "
+                f"count {'9' * digits} datatype 7 op 0 root 0 comm 0x55 [nranks=2] stream 0x56")
+        assert parse_line(line, 1) is None
+        (tmp_path / "big.log").write_text(line + "\n")
+        (tmp_path / "exp.yaml").write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                                           "workload: {nccl_log: big.log}\n")
+        with pytest.raises(ConfigError) as err:
+            config.load(tmp_path / "exp.yaml")
+        assert "no NCCL collective lines" in str(err.value)
