@@ -23,14 +23,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import networkx as nx  # noqa: E402
-
+from fabriclab.drawing import draw  # noqa: E402
+from fabriclab.model import experiment as xp  # noqa: E402
 from fabriclab.model import sweep as sw  # noqa: E402
 from fabriclab.model.results import job_summaries  # noqa: E402
+from testbed.errors import ConfigError  # noqa: E402
 from traffic.measure.results import row_label  # noqa: E402
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
-LAYERS = {"core": 3, "spine": 3, "agg": 2, "edge": 1, "leaf": 1, "host": 0, "nvswitch": -1}
 
 
 @dataclass
@@ -224,50 +224,31 @@ def failed_links(doc: dict) -> set[str]:
     return down
 
 
-def topology_chart(timeline: dict, doc: dict) -> str | None:
-    """The fabric drawn by tiers; each link coloured by its busier direction's mean
-    utilization over the run, failed links dashed red."""
+def topology_chart(run: Run) -> str | None:
+    """The fabric as ``fabriclab graph`` draws it (:func:`fabriclab.drawing.draw`), each link
+    coloured and widened by its busier direction's mean utilization over the run, failed
+    links dashed red; None without the run's experiment or timeline."""
+    timeline = run.timeline
     if not timeline or len(timeline.get("samples", [])) < 2:
         return None
+    topo = _topology(run.directory)
+    if topo is None:
+        return None
     _, util = _rates(timeline)
-    graph = nx.Graph()
-    roles: dict[str, str] = {}
     load: dict[str, float] = {}
     for port, meta in timeline["ports"].items():
-        src_role, dst_role = meta["tier"].split("->")
-        roles[meta["node"]], roles[meta["peer"]] = src_role, dst_role
-        graph.add_edge(meta["node"], meta["peer"], link=meta["link"])
         series = util.get(port) or [0.0]
         load[meta["link"]] = max(load.get(meta["link"], 0.0), sum(series) / len(series))
-    layers: dict[int, list[str]] = {}
-    for node, role in roles.items():
-        layers.setdefault(LAYERS.get(role, 0), []).append(node)
-    pos = {}
-    for y, nodes in layers.items():
-        for i, node in enumerate(sorted(nodes)):
-            pos[node] = ((i + 0.5) / len(nodes), y)
-    dead = failed_links(doc)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    cmap = plt.get_cmap("YlOrRd")
-    for a, b, data in graph.edges(data=True):
-        name = data["link"]
-        failed = name in dead or f"{b}-{a}" in dead or f"{a}-{b}" in dead
-        ax.plot([pos[a][0], pos[b][0]], [pos[a][1], pos[b][1]],
-                color="red" if failed else cmap(0.15 + 0.85 * min(1.0, load.get(name, 0.0))),
-                lw=1.0 if failed else 1.0 + 3.0 * min(1.0, load.get(name, 0.0)),
-                ls="--" if failed else "-", zorder=1)
-        if failed:
-            ax.text((pos[a][0] + pos[b][0]) / 2, (pos[a][1] + pos[b][1]) / 2, "x",
-                    color="red", ha="center", va="center", fontsize=12, zorder=3)
-    for node, (x, y) in pos.items():
-        ax.scatter([x], [y], s=30 if roles[node] == "host" else 120, zorder=2,
-                   color="#4a6fa5" if roles[node] != "host" else "#999999")
-        if roles[node] != "host":
-            ax.text(x, y + 0.12, node, ha="center", fontsize=6)
-    ax.set_axis_off()
-    ax.set_title("topology: link colour and width = mean utilization (busier direction); "
-                 "red dashed = failed", fontsize=9)
-    return _png(fig)
+    return _png(draw(topo, run.name, load=load, failed=frozenset(failed_links(run.doc))))
+
+
+def _topology(directory: Path):
+    """The topology a run ran on, from the experiment it kept (None when it kept none)."""
+    kept = _read_json(directory / "experiment.json")
+    try:
+        return xp.parse(kept["experiment"]).topology if kept else None
+    except (ConfigError, KeyError, TypeError):
+        return None
 
 
 def _img(b64: str | None, alt: str) -> str:
@@ -308,7 +289,7 @@ def render(out: Path, runs: list[Run]) -> str:
                   f"Does not scale: {html.escape(scale['does_not_scale'])}.</p>"]
     for run in runs[:DETAILED_RUNS]:
         parts += [f"<h2>Run {html.escape(run.name)}</h2>",
-                  _img(topology_chart(run.timeline, run.doc), f"{run.name} topology"),
+                  _img(topology_chart(run), f"{run.name} topology"),
                   _img(heatmap_chart(run.timeline), f"{run.name} utilization heatmap"),
                   _img(queue_chart(run.timeline), f"{run.name} queues")]
     if len(runs) > DETAILED_RUNS:

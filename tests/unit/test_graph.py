@@ -58,3 +58,22 @@ def test_the_command_writes_a_picture(tmp_path, fmt, magic):
                            str(ROOT / "experiments" / "rails.yaml"), "--format", "mermaid"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
     assert text.startswith("flowchart BT") and "s1g1 ---|400 Mbit/s| nvs1" in text
+
+
+def test_a_runs_drawing_colours_links_by_use_and_marks_the_failed_one():
+    """The report draws the same picture, links by their measured utilization, a failed link
+    dashed red (by its name or its nodes)."""
+    import matplotlib.pyplot as plt
+
+    from fabriclab.drawing import draw
+
+    topo = xp.load(ROOT / "experiments" / "leaf-spine.yaml").topology
+    busy = topo.find_link("leaf1", "spine1")
+    fig = draw(topo, "run", load={busy.name: 0.9}, failed=frozenset({"leaf2-spine2"}))
+    lines = fig.axes[0].get_lines()
+    widths = sorted(line.get_linewidth() for line in lines if line.get_xydata().size)
+    dashed_red = [line for line in lines if line.get_linestyle() == "--"
+                  and line.get_color() == "red" and line.get_xydata().size]
+    assert len(dashed_red) == 1 and widths[-1] > 3.5 > widths[0]
+    assert len(fig.axes) == 2  # the utilization colour scale
+    plt.close(fig)

@@ -49,6 +49,9 @@ def _run_dir(path: Path, eff: float, failed_link: str | None = None) -> None:
         [[0, 0, "ar", "all_reduce", "h1_1", "h2_1", s, 1024, 0.1 * (s + 1)] for s in range(5)]))
     (path / "environment.json").write_text(json.dumps({"software": {"kernel": "6.x"},
                                                        "machine": {"cores": 2}}))
+    (path / "experiment.json").write_text(json.dumps({"sha256": "0", "experiment": {
+        "version": 1, "name": "rep", "fabric": {"topology": "leaf_spine", "leaves": 2,
+                                                "spines": 1, "hosts_per_leaf": 1}}}))
 
 
 def _images(page: str) -> list[bytes]:
