@@ -305,3 +305,17 @@ def test_an_nccl_count_of_thousands_of_digits_is_no_line_not_a_crash(tmp_path):
         with pytest.raises(ConfigError) as err:
             config.load(tmp_path / "exp.yaml")
         assert "no NCCL collective lines" in str(err.value)
+
+
+@pytest.mark.parametrize("size, says", [
+    ("1" + "0" * 4000, "cannot read size"),  # a long number YAML gives as a string: was inf
+    (10 ** 30, "more than the 1 TiB"),
+    ("3.5e99GiB", "cannot read size"),
+])
+def test_a_size_past_reason_is_refused_by_field(size, says):
+    from traffic.workloads.workload import parse_size
+
+    with pytest.raises(ConfigError) as err:
+        parse_size(size, "workload.collectives[1].size")
+    assert err.value.path == "workload.collectives[1].size" and says in err.value.message
+    assert len(err.value.message) < 200

@@ -119,22 +119,31 @@ class Workload:
         return batches(list(self.jobs))
 
 
+#: the largest collective size (a real job's largest are tens of GB; at emulated rates one
+#: terabyte already takes days)
+MAX_SIZE = 1 << 40
+
+
 def parse_size(value: object, path: str) -> int:
-    """Bytes from an integer or a string such as ``16MiB``."""
+    """Bytes from an integer or a string such as ``16MiB``, at most :data:`MAX_SIZE`."""
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
     if isinstance(value, bool):
-        raise ConfigError(path, f"must be a size in bytes, got {value!r}")
+        raise ConfigError(path, f"must be a size in bytes, got {shown}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        match = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z]*)\s*", value)
         if not match or match[2].upper() not in UNITS:
-            raise ConfigError(path, f"cannot read size {value!r}; use e.g. 4096, 64KiB, 16MiB, "
+            raise ConfigError(path, f"cannot read size {shown}; use e.g. 4096, 64KiB, 16MiB, "
                                     "1GiB")
         size = int(float(match[1]) * UNITS[match[2].upper()])
     else:
-        raise ConfigError(path, f"must be a size in bytes, got {value!r}")
+        raise ConfigError(path, f"must be a size in bytes, got {shown}")
     if size <= 0:
-        raise ConfigError(path, f"must be > 0, got {value!r}")
+        raise ConfigError(path, f"must be > 0, got {shown}")
+    if size > MAX_SIZE:
+        raise ConfigError(path, f"{shown} is more than the {MAX_SIZE >> 40} TiB a collective "
+                                "may move")
     return size
 
 
