@@ -157,17 +157,23 @@ def test_the_tables_are_in_the_datapath_before_the_barrier_reply():
     assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
 
 
-def test_a_switch_whose_connection_the_controller_closes_connects_again():
-    """As a switch does: a controller that closes the connection (one starting up, or one
-    restarted) sees the switch connect again and say hello, its ports' liveness kept."""
+def edge_agent(server: socket.socket, maps=None, tls=None) -> tuple[SwitchAgent, object]:
+    """An agent serving a k=4 fat-tree's edge1_1 (datapath index 3), connecting to
+    ``server``; (the agent, the topology)."""
     topo = fat_tree(4)
     ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
              for n, link in sorted(topo.ports("edge1_1").items())]
-    maps = FakeMaps()
+    agent = SwitchAgent(maps or FakeMaps(), {"edge1_1": SwitchSpec(
+        3, topo.nodes["edge1_1"].dpid, ports)}, server.getsockname(), tls=tls)
+    return agent, topo
+
+
+def test_a_switch_whose_connection_the_controller_closes_connects_again():
+    """As a switch does: a controller that closes the connection (one starting up, or one
+    restarted) sees the switch connect again and say hello, its ports' liveness kept."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(5)
-        agent = SwitchAgent(maps, {"edge1_1": SwitchSpec(3, topo.nodes["edge1_1"].dpid, ports)},
-                            server.getsockname())
+        agent, topo = edge_agent(server)
         agent.start()
         try:
             first, _ = server.accept()

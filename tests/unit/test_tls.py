@@ -12,10 +12,7 @@ from cryptography import x509
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from testbed.linux.pki import make_run_pki
-from testbed.model.builders import fat_tree
-from testbed.switch.agent import SwitchAgent, SwitchSpec
-from testbed.switch.session import Port
-from tests.unit.test_switch_agent import FakeMaps, _read_messages
+from tests.unit.test_switch_agent import _read_messages, edge_agent
 from tests.unit.test_switch_session import FakeDatapath, _wire
 
 
@@ -50,14 +47,9 @@ def test_a_runs_certificates_name_the_run_and_keep_their_keys_private(tmp_path):
 
 def _agent_against(server_ctx, client_ctx, tmp_path):
     """An agent with one switch, connecting to a TLS listener; (the agent, the listener)."""
-    topo = fat_tree(4)
-    ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
-             for n, link in sorted(topo.ports("edge1_1").items())]
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(5)
-    agent = SwitchAgent(FakeMaps(), {"edge1_1": SwitchSpec(3, topo.nodes["edge1_1"].dpid,
-                                                           ports)},
-                        server.getsockname(), tls=client_ctx)
+    agent, topo = edge_agent(server, tls=client_ctx)
     return agent, server, topo
 
 

@@ -30,9 +30,8 @@ from testbed.model.builders import fat_tree, leaf_spine
 from testbed.model.openflow import GroupEntry
 from testbed.model.spec import Routing
 from testbed.switch import groups
-from testbed.switch.agent import SwitchAgent, SwitchSpec
 from testbed.switch.session import Port, SwitchSession
-from tests.unit.test_switch_agent import FakeMaps, _read_messages
+from tests.unit.test_switch_agent import _read_messages, edge_agent
 from tests.unit.test_switch_session import FakeDatapath, _wire
 
 read_groups_by_layout()
@@ -173,15 +172,10 @@ def test_a_warm_start_relearns_the_adaptive_modes_flows():
 def test_the_ebpf_agent_keeps_its_tables_for_the_next_controller(tmp_path):
     """A controller programs a switch and goes; the switch connects again and a warm
     controller reads back exactly what the first one installed, then has nothing to change."""
-    topo = fat_tree(4)
-    want = FabricPolicy(topo).desired()["edge1_1"]
-    ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
-             for n, link in sorted(topo.ports("edge1_1").items())]
-    maps = FakeMaps()
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(5)
-        agent = SwitchAgent(maps, {"edge1_1": SwitchSpec(3, topo.nodes["edge1_1"].dpid, ports)},
-                            server.getsockname())
+        agent, topo = edge_agent(server)
+        want = FabricPolicy(topo).desired()["edge1_1"]
         agent.start()
         try:
             dp = FakeDatapath()
