@@ -3,6 +3,8 @@ the fabric ``up`` keeps running, and ``clean``."""
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from fabriclab.cli import tables
+from fabriclab.cli import background, tables
 from fabriclab.cli.output import EXIT_OK, EXIT_UNREACHABLE, emit
 from fabriclab.cli.requests import CleanRequest, FailRequest, UpRequest
 from fabriclab.model import experiment as xp
@@ -28,10 +30,19 @@ from testbed.runs.registry import Registry
 
 def up(req: UpRequest, ui: Console) -> int:
     """Build the fabric; with ``check``, probe every pair and tear down, else stay up until
-    Ctrl-C (or SIGTERM)."""
+    Ctrl-C (or SIGTERM); with ``detach``, in a process of its own, this one back once it is
+    up."""
     exp = xp.load(req.file, cluster=req.cluster)
     if resolve_backend(exp, req.backend, req.state_dir) == Backend.VM:
         return _up_in_vm(req, exp, ui)
+    if req.detach:
+        if req.check:
+            raise ConfigError("--detach", "keeps a fabric up in the background; --check tears "
+                                          "it down: give one of them")
+        code = background.detach(req.state_dir, exp.controller.ready_timeout_s + 120)
+        if code is not None:
+            return code
+        ui = Console(file=sys.stdout, force_terminal=False, width=120)  # the child: its log
     start = time.monotonic()
     fabric = make_fabric(exp, req.state_dir,
                          log=(lambda m: ui.print(f"[dim]{m}[/dim]")) if req.verbose else
@@ -62,7 +73,12 @@ def up(req: UpRequest, ui: Console) -> int:
         if not req.check:
             if req.json:
                 emit({**doc, "state": "up"})
+            fabric.write_file(background.FABRIC_FILE, json.dumps({
+                "experiment": exp.name, "file": str(Path(req.file).resolve()),
+                "hosts": len(fabric.topo.hosts), "controller": fabric.controller_address,
+                "telemetry": tele.prometheus.url if tele.prometheus else None}))
             ui.print("fabric is up; Ctrl-C (or SIGTERM) tears it down")
+            background.say_up(fabric.record.run_id)
             said = 0
             while True:  # Ctrl-C or SIGTERM unwinds through the teardown
                 time.sleep(1)

@@ -55,6 +55,8 @@ COMMANDS = {
     "top": Command("telemetry", "top", "watch a running fabric: busiest links per tier, "
                                        "queues, marks, pauses, drops, and the collectives",
                    json=False),
+    "ls": Command("background", "ls", "list the running fabrics"),
+    "down": Command("background", "down", "tear a running fabric down (one, by id, or all)"),
     "fail": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
                                       "fabric 'fabriclab up' keeps running down"),
     "restore": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
@@ -111,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="test all-pairs reachability, tear down, exit non-zero on any loss")
     p["up"].add_argument("--count", type=int, default=2, help="probes per pair with --check")
     p["up"].add_argument("-v", "--verbose", action="store_true", help="print step timings")
+    p["up"].add_argument("-d", "--detach", action="store_true",
+                         help="keep the fabric up in the background and return once it is up, "
+                              "printing its run id ('fabriclab ls', 'fabriclab down ID')")
+    p["down"].add_argument("run", nargs="?", metavar="ID",
+                           help="the run id ('fabriclab ls'); none: the one running fabric")
+    p["down"].add_argument("--all", action="store_true", help="every running fabric")
     p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
                                                   "(default runs/up-<time>)")
     p["run"].add_argument("--out", type=Path, help="directory for results.json, the report "
@@ -137,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     p["top"].add_argument("--links", type=int, default=4, help="links shown per tier "
                                                                "(default 4)")
     p["top"].add_argument("--once", action="store_true", help="print one frame and exit")
+    _other_arguments(p)
+    return parser
+
+
+def _other_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
+    """The arguments of the commands after ``top``."""
     for name in ("fail", "restore"):
         p[name].add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 "
                                                        "(a switch)")
@@ -156,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
                                       "completion folder")
     p["clean"].add_argument("--all", action="store_true",
                             help="also runs whose process is still alive")
-    return parser
 
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
@@ -203,7 +216,11 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
     if name == "up":
         return rq.UpRequest(args.file, args.state_dir, args.check, args.count, args.verbose,
                             args.backend, args.cluster, args.vm_accel, args.out,
-                            telemetry_options(args, ui), args.json)
+                            telemetry_options(args, ui), args.json, args.detach)
+    if name == "ls":
+        return rq.ListRequest(args.state_dir, args.json)
+    if name == "down":
+        return rq.DownRequest(args.run, args.all, args.state_dir, args.json)
     if name == "run":
         return rq.RunRequest(args.file, args.out, args.state_dir, args.backend, args.cluster,
                              args.resume, args.force, args.parallel,

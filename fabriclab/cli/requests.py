@@ -56,6 +56,25 @@ class UpRequest:
     out: Path | None = None  # where Prometheus stores (with --telemetry)
     telemetry: TelemetryOptions = field(default_factory=TelemetryOptions)
     json: bool = False
+    detach: bool = False  # return once the fabric is up; it stays up in the background
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    """``fabriclab ls``: the running fabrics."""
+
+    state_dir: Path = DEFAULT_STATE_DIR
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class DownRequest:
+    """``fabriclab down [ID|--all]``: tear running fabrics down."""
+
+    run: str | None = None
+    all: bool = False
+    state_dir: Path = DEFAULT_STATE_DIR
+    json: bool = False
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class BuildSteps:
         live = [r for r in self.registry.runs() if r.owner_alive()]
         if live:
             raise TestbedError(f"another fabric is up (run {live[0].run_id}, pid "
-                               f"{live[0].owner_pid}); stop it or run 'fabriclab clean --all'")
+                               f"{live[0].owner_pid}); 'fabriclab down' tears it down")
         run_dir = self.registry.state_dir / "work"
         self.record = self.registry.new_run(run_dir)
         self.record.run_dir = str(run_dir / self.record.run_id)

@@ -1,0 +1,144 @@
+"""Fabrics in the background: ``fabriclab up -d`` (the fabric kept up by a detached process,
+the command back once it is up, with the run's id), ``fabriclab ls`` (the running fabrics)
+and ``fabriclab down [ID|--all]`` (SIGTERM to a fabric's process, which tears it down, waited
+for)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
+from fabriclab.cli.requests import DownRequest, ListRequest
+from testbed.errors import TestbedError
+from testbed.runs.registry import Registry, RunRecord, proc_start_time
+
+FABRIC_FILE = "fabric.json"  # what ``up`` writes into its run directory for ``ls``
+DOWN_TIMEOUT_S = 120.0
+
+
+def detach(state_dir: Path, timeout_s: float) -> int | None:
+    """Fork ``fabriclab up`` into the background: in the child (returns None) the command goes
+    on, its output in ``STATE_DIR/logs/up-<pid>.log``, and :func:`say_up` tells the parent;
+    the parent (returns an exit code) waits for that, prints the run id and returns."""
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own session, no terminal
+        os.close(read_end)
+        os.setsid()
+        log = os.open(logs / f"up-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                      0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.environ["FABRICLAB_UP_FD"] = str(write_end)
+        return None
+    os.close(write_end)
+    log = logs / f"up-{pid}.log"
+    ready, _, _ = select.select([read_end], [], [], timeout_s)
+    said = os.read(read_end, 256).decode() if ready else ""
+    os.close(read_end)
+    if said:
+        print(said.strip())
+        print(f"(its output: {log}; 'fabriclab down {said.strip()}' tears it down)",
+              file=sys.stderr)
+        return EXIT_OK
+    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+    print(f"the fabric did not come up{' in time' if not ready else ''}; its output "
+          f"({log}):\n{tail}", file=sys.stderr)
+    if not ready:  # still building: not left behind half-built
+        os.kill(pid, signal.SIGTERM)
+    return EXIT_SYSTEM
+
+
+def say_up(run_id: str) -> None:
+    """In a detached ``up``: the fabric is up; the waiting parent prints ``run_id``."""
+    fd = os.environ.pop("FABRICLAB_UP_FD", None)
+    if fd is not None:
+        os.write(int(fd), run_id.encode())
+        os.close(int(fd))
+
+
+def running(state_dir: Path) -> list[RunRecord]:
+    return [r for r in Registry(state_dir).runs() if r.owner_alive()]
+
+
+def describe(record: RunRecord, now: float) -> dict:
+    """One running fabric as ``ls`` shows it."""
+    run_dir = Path(record.run_dir)
+    info = _json(run_dir / FABRIC_FILE)
+    return {"run": record.run_id, "experiment": info.get("experiment", "-"),
+            "age_s": round(now - record.created, 1), "hosts": info.get("hosts"),
+            "controller": info.get("controller", "-"), "telemetry": info.get("telemetry"),
+            "pid": record.owner_pid, "run_dir": str(run_dir)}
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def ls(req: ListRequest, ui: Console) -> int:
+    rows = [describe(r, time.time()) for r in running(req.state_dir)]
+    if req.json:
+        emit(rows)
+        return EXIT_OK
+    if not rows:
+        ui.print("no fabric is running")
+        return EXIT_OK
+    table = Table("run", "experiment", "age", "hosts", "controller", "telemetry")
+    for row in rows:
+        table.add_row(row["run"], row["experiment"], _age(row["age_s"]), str(row["hosts"] or "-"),
+                      row["controller"], row["telemetry"] or "-")
+    ui.print(table)
+    return EXIT_OK
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def down(req: DownRequest, ui: Console) -> int:
+    """SIGTERM to each chosen fabric's process (checked by its start time), then wait for its
+    teardown. Without an id or ``--all``, the one running fabric (several: refused)."""
+    if req.all:
+        records = running(req.state_dir)
+    else:
+        records = [Registry(req.state_dir).running(req.run)]
+    done = []
+    for record in records:
+        if proc_start_time(record.owner_pid) == record.owner_start:
+            os.kill(record.owner_pid, signal.SIGTERM)
+    deadline = time.monotonic() + DOWN_TIMEOUT_S
+    for record in records:
+        while record.owner_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if record.owner_alive():
+            raise TestbedError(f"run {record.run_id} (pid {record.owner_pid}) did not end "
+                               f"within {DOWN_TIMEOUT_S:.0f} s of SIGTERM")
+        ui.print(f"run {record.run_id} torn down")
+        done.append(record.run_id)
+    if req.json:
+        emit({"down": done})
+    elif not records:
+        ui.print("no fabric is running")
+    return EXIT_OK
