@@ -1,7 +1,8 @@
-"""Fabrics in the background: ``fabriclab up -d`` (the fabric kept up by a detached process,
-the command back once it is up, with the run's id), ``fabriclab ls`` (the running fabrics)
-and ``fabriclab down [ID|--all]`` (SIGTERM to a fabric's process, which tears it down, waited
-for)."""
+"""Fabrics in the background and getting into them: ``fabriclab up -d`` (the fabric kept up by
+a detached process, the command back once it is up, with the run's id), ``fabriclab ls`` (the
+running fabrics), ``fabriclab down [ID|--all]`` (SIGTERM to a fabric's process, which tears it
+down, waited for), ``fabriclab exec HOST -- CMD`` (a command in a host's network namespace)
+and ``fabriclab ofctl SWITCH CMD`` (``ovs-ofctl`` against one switch)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
-from fabriclab.cli.requests import DownRequest, ListRequest
-from testbed.errors import TestbedError
+from fabriclab.cli.requests import DownRequest, ExecRequest, ListRequest, OfctlRequest
+from testbed.errors import ConfigError, TestbedError
 from testbed.runs.registry import Registry, RunRecord, proc_start_time
 
 FABRIC_FILE = "fabric.json"  # what ``up`` writes into its run directory for ``ls``
@@ -142,3 +143,51 @@ def down(req: DownRequest, ui: Console) -> int:
     elif not records:
         ui.print("no fabric is running")
     return EXIT_OK
+
+
+def host_pid(record: RunRecord, host: str) -> int:
+    """The PID of ``host``'s shell (its network namespace) in a running fabric.
+
+    Raises:
+        TestbedError: no such host (naming some that are).
+    """
+    hosts = {p.role.split(":", 1)[1]: p for p in record.processes if p.role.startswith("host:")}
+    proc = hosts.get(host)
+    if proc is None or not proc.alive():
+        some = ", ".join(sorted(hosts)[:6])
+        raise TestbedError(f"no host {host!r} in run {record.run_id} (hosts: {some}, ...)")
+    return proc.pid
+
+
+def exec_in(req: ExecRequest, ui: Console) -> int:
+    """Run a command (a shell by default) in a host's network namespace: this process becomes
+    it (a terminal stays a terminal), through ``nsenter``."""
+    record = Registry(req.state_dir).running(req.run)
+    pid = host_pid(record, req.host)
+    argv = list(req.command) or [os.environ.get("SHELL", "/bin/bash")]
+    sys.stdout.flush()
+    os.execvp("nsenter", ["nsenter", "-t", str(pid), "-n", "--", *argv])
+    return EXIT_OK  # not reached
+
+
+def ofctl(req: OfctlRequest, ui: Console) -> int:
+    """``ovs-ofctl`` (OpenFlow 1.5) against one switch of a running fabric: its private
+    vswitchd's management socket, or the machine's Open vSwitch bridge."""
+    import glob
+
+    record = Registry(req.state_dir).running(req.run)
+    if not req.args:
+        raise ConfigError("ofctl", "give an ovs-ofctl command: dump-flows, dump-groups, "
+                                   "dump-ports, show, ...")
+    if req.switch not in record.bridges:
+        pins = [p for p in record.bpf_pins if Path(p, "switch").is_dir()]
+        why = ("its switches are eBPF switches, which Open vSwitch's tools do not reach"
+               if pins else f"its switches: {', '.join(record.bridges[:8])}, ...")
+        raise TestbedError(f"no Open vSwitch switch {req.switch!r} in run {record.run_id}: "
+                           f"{why}")
+    mgmt = glob.glob(str(Path(record.run_dir, "ovs*", f"{req.switch}.mgmt")))
+    target = f"unix:{mgmt[0]}" if mgmt else req.switch
+    command, rest = req.args[0], list(req.args[1:])
+    sys.stdout.flush()
+    os.execvp("ovs-ofctl", ["ovs-ofctl", "-O", "OpenFlow15", command, target, *rest])
+    return EXIT_OK  # not reached

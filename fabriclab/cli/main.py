@@ -57,6 +57,10 @@ COMMANDS = {
                    json=False),
     "ls": Command("background", "ls", "list the running fabrics"),
     "down": Command("background", "down", "tear a running fabric down (one, by id, or all)"),
+    "exec": Command("background", "exec_in", "run a command (a shell by default) in a host of "
+                                             "a running fabric", json=False),
+    "ofctl": Command("background", "ofctl", "ovs-ofctl (OpenFlow 1.5) against one switch of a "
+                                            "running fabric", json=False),
     "fail": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
                                       "fabric 'fabriclab up' keeps running down"),
     "restore": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
@@ -119,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p["down"].add_argument("run", nargs="?", metavar="ID",
                            help="the run id ('fabriclab ls'); none: the one running fabric")
     p["down"].add_argument("--all", action="store_true", help="every running fabric")
+    for name, what, rest in (("exec", "host", "the command and its arguments (after --; "
+                                              "default: a shell)"),
+                             ("ofctl", "switch", "the ovs-ofctl command and its arguments "
+                                                 "(dump-flows, dump-groups, show, ...)")):
+        p[name].add_argument(what, help=f"the {what}'s name (h1_1_1, edge1_1, ...)")
+        p[name].add_argument("args", nargs=argparse.REMAINDER, help=rest)
+        p[name].add_argument("--run", help="the run id, when several fabrics are up")
     p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
                                                   "(default runs/up-<time>)")
     p["run"].add_argument("--out", type=Path, help="directory for results.json, the report "
@@ -219,6 +230,11 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
                             telemetry_options(args, ui), args.json, args.detach)
     if name == "ls":
         return rq.ListRequest(args.state_dir, args.json)
+    if name in ("exec", "ofctl"):
+        rest = tuple(args.args[1:] if args.args[:1] == ["--"] else args.args)
+        target = args.host if name == "exec" else args.switch
+        return (rq.ExecRequest if name == "exec" else rq.OfctlRequest)(
+            target, rest, args.run, args.state_dir)
     if name == "down":
         return rq.DownRequest(args.run, args.all, args.state_dir, args.json)
     if name == "run":

@@ -68,6 +68,26 @@ class ListRequest:
 
 
 @dataclass(frozen=True)
+class ExecRequest:
+    """``fabriclab exec [--run ID] HOST -- CMD...`` (no command: a shell)."""
+
+    host: str
+    command: tuple[str, ...] = ()
+    run: str | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+
+
+@dataclass(frozen=True)
+class OfctlRequest:
+    """``fabriclab ofctl [--run ID] SWITCH CMD [ARGS]``: ovs-ofctl against one switch."""
+
+    switch: str
+    args: tuple[str, ...] = ()
+    run: str | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+
+
+@dataclass(frozen=True)
 class DownRequest:
     """``fabriclab down [ID|--all]``: tear running fabrics down."""
 

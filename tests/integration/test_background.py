@@ -45,3 +45,31 @@ def test_a_fabric_kept_up_in_the_background_is_listed_and_taken_down(tmp_path):
     assert json.loads(_cli(state, "ls", "--json").stdout) == []
     gone = _cli(state, "down")
     assert gone.returncode == 3 and "no running fabric" in gone.stdout + gone.stderr
+
+
+def test_into_the_network_exec_in_a_host_and_ofctl_on_a_switch(tmp_path):
+    """On a fabric kept up in the background (Open vSwitch): ``exec h1_1 -- fping`` reaches
+    another host, ``exec`` runs in the host's namespace (its address), ``ofctl leaf1
+    dump-flows`` shows the controller's routes through the switch's private socket; a host or
+    switch that is not there is named."""
+    exp = tmp_path / "bg.yaml"
+    exp.write_text(EXPERIMENT.replace("datapath: ebpf", "datapath: ovs"))
+    state = tmp_path / "state"
+    up = _cli(state, "up", "-d", str(exp))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        ping = _cli(state, "exec", "h1_1", "--", "fping", "-c1", "-t", "2000", "10.0.2.1")
+        assert ping.returncode == 0 and "1/1/0%" in ping.stdout + ping.stderr, ping.stderr
+        addr = _cli(state, "exec", "h1_1", "--", "ip", "-br", "addr")
+        assert "10.0.1.1/" in addr.stdout and "h1_1-eth0" in addr.stdout, addr.stdout
+        flows = _cli(state, "ofctl", "leaf1", "dump-flows")
+        assert flows.returncode == 0 and "OF1.5" in flows.stdout, flows.stderr
+        assert "nw_dst=10.0.1.1 actions=output:1" in flows.stdout, flows.stdout
+        nohost = _cli(state, "exec", "h9_9", "--", "true")
+        assert nohost.returncode == 3 and "no host 'h9_9'" in nohost.stdout + nohost.stderr
+        noswitch = _cli(state, "ofctl", "spine9", "show")
+        assert noswitch.returncode == 3 and \
+            "no Open vSwitch switch 'spine9'" in noswitch.stdout + noswitch.stderr
+    finally:
+        down = _cli(state, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
