@@ -124,7 +124,7 @@ def _is(part: str, role: str) -> bool:
     return kind == part
 
 
-def _said(part: str, doc: dict, output: str) -> str:
+def _said(part: str, doc: dict) -> str:
     """What the run recorded of a fault in ``part`` (empty: nothing)."""
     if part == "controller":
         events = (doc.get("controller") or {}).get("events") or []
@@ -179,12 +179,11 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
     rnd.exit_s = round(time.monotonic() - faulted_at, 2)
     if not rnd.delivered and run.returncode != 0:
         rnd.next_run_failure = True  # it failed on its own: what an earlier round left?
-    output = (work / f"run{number}.log").read_text(errors="replace")
     try:
         doc = json.loads((out / "results.json").read_text())
     except (OSError, ValueError):
         doc = {}
-    rnd.said = _said(part, doc, output) if rnd.delivered else ""
+    rnd.said = _said(part, doc) if rnd.delivered else ""
     if rnd.delivered and not rnd.survived and run.returncode == 0 and not rnd.said:
         rnd.silent = True
     if rnd.hang or (part == "orchestrator" and sig == "KILL" and rnd.delivered):

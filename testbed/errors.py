@@ -7,6 +7,19 @@ Bad input raises :class:`ConfigError` naming the field path; a failing system co
 from __future__ import annotations
 
 
+def shown(value: object, limit: int = 120) -> str:
+    """A value as an error message quotes it: cut short (a careless paste is not echoed whole,
+    and a number of thousands of digits is not converted to text)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 60:
+        return f"a {'negative ' if value < 0 else ''}number of {len(str(abs(value)))} digits"
+    if isinstance(value, list):
+        value = value[:8]
+    elif isinstance(value, dict):
+        value = dict(list(value.items())[:8])
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class ConfigError(ValueError):
     """Invalid user input. ``str(err)`` reads ``fabric.k: must be even, got 5``."""
 

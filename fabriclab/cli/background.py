@@ -173,8 +173,6 @@ def exec_in(req: ExecRequest, ui: Console) -> int:
 def ofctl(req: OfctlRequest, ui: Console) -> int:
     """``ovs-ofctl`` (OpenFlow 1.5) against one switch of a running fabric: its private
     vswitchd's management socket, or the machine's Open vSwitch bridge."""
-    import glob
-
     record = Registry(req.state_dir).running(req.run)
     if not req.args:
         raise ConfigError("ofctl", "give an ovs-ofctl command: dump-flows, dump-groups, "
@@ -185,7 +183,7 @@ def ofctl(req: OfctlRequest, ui: Console) -> int:
                if pins else f"its switches: {', '.join(record.bridges[:8])}, ...")
         raise TestbedError(f"no Open vSwitch switch {req.switch!r} in run {record.run_id}: "
                            f"{why}")
-    mgmt = glob.glob(str(Path(record.run_dir, "ovs*", f"{req.switch}.mgmt")))
+    mgmt = sorted(Path(record.run_dir).glob(f"ovs*/{req.switch}.mgmt"))
     target = f"unix:{mgmt[0]}" if mgmt else req.switch
     command, rest = req.args[0], list(req.args[1:])
     sys.stdout.flush()

@@ -24,7 +24,7 @@ import jsonschema
 import yaml
 
 from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, frame_bytes
-from testbed.errors import ConfigError
+from testbed.errors import ConfigError, shown
 from testbed.plan.failplan import FailureEvent, plan_failures
 from testbed.model.servers import ScaleUp, ServerSpec
 from testbed.model.spec import (
@@ -461,17 +461,6 @@ def _link(raw: dict) -> LinkSpec:
         for e in entries))
 
 
-def _shown(value: object, limit: int = 120) -> str:
-    """A value as an error message quotes it: cut short (a careless paste is not echoed
-    whole, nor a 4,000-digit number converted)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 60:
-        return f"a {'negative ' if value < 0 else ''}number of {len(str(abs(value)))} digits"
-    text = repr(value) if not isinstance(value, (list, dict)) else repr(
-        type(value)(list(value)[:8]) if isinstance(value, list) else
-        {k: value[k] for k in list(value)[:8]})
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
                    for p in error.absolute_path)
@@ -486,13 +475,13 @@ def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str,
         missing = error.message.split("'")[1] if "'" in error.message else "?"
         return ".".join(filter(None, [path, missing])), "required"
     if kind == "type":
-        return path, f"must be of type {error.validator_value}, got {_shown(error.instance)}"
+        return path, f"must be of type {error.validator_value}, got {shown(error.instance)}"
     if kind == "enum":
-        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {_shown(error.instance)}"
+        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {shown(error.instance)}"
     if kind == "const":
-        return path, f"must be {error.validator_value!r}, got {_shown(error.instance)}"
+        return path, f"must be {error.validator_value!r}, got {shown(error.instance)}"
     if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
         op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
               "exclusiveMaximum": "<"}[kind]
-        return path, f"must be {op} {error.validator_value}, got {_shown(error.instance)}"
+        return path, f"must be {op} {error.validator_value}, got {shown(error.instance)}"
     return path, error.message

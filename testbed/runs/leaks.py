@@ -5,6 +5,7 @@ each test; ``bench/chaos.py`` after each fault."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -31,7 +32,6 @@ def _links(kind: str) -> set[str]:
 
 
 def _processes() -> set[str]:
-    import re
     pattern = re.compile(PROCESSES)
     return {line for line in _lines(["ps", "-ww", "-eo", "pid,args"]) if pattern.search(line)}
 

@@ -42,7 +42,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from testbed.errors import ConfigError
+from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
 from traffic.workloads import hierarchical
 from traffic.workloads import training
@@ -126,23 +126,23 @@ MAX_SIZE = 1 << 40
 
 def parse_size(value: object, path: str) -> int:
     """Bytes from an integer or a string such as ``16MiB``, at most :data:`MAX_SIZE`."""
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    quoted = shown(value, 40)
     if isinstance(value, bool):
-        raise ConfigError(path, f"must be a size in bytes, got {shown}")
+        raise ConfigError(path, f"must be a size in bytes, got {quoted}")
     if isinstance(value, int):
         size = value
     elif isinstance(value, str):
         match = re.fullmatch(r"\s*(\d{1,20}(?:\.\d{1,20})?)\s*([A-Za-z]*)\s*", value)
         if not match or match[2].upper() not in UNITS:
-            raise ConfigError(path, f"cannot read size {shown}; use e.g. 4096, 64KiB, 16MiB, "
+            raise ConfigError(path, f"cannot read size {quoted}; use e.g. 4096, 64KiB, 16MiB, "
                                     "1GiB")
         size = int(float(match[1]) * UNITS[match[2].upper()])
     else:
-        raise ConfigError(path, f"must be a size in bytes, got {shown}")
+        raise ConfigError(path, f"must be a size in bytes, got {quoted}")
     if size <= 0:
-        raise ConfigError(path, f"must be > 0, got {shown}")
+        raise ConfigError(path, f"must be > 0, got {quoted}")
     if size > MAX_SIZE:
-        raise ConfigError(path, f"{shown} is more than the {MAX_SIZE >> 40} TiB a collective "
+        raise ConfigError(path, f"{quoted} is more than the {MAX_SIZE >> 40} TiB a collective "
                                 "may move")
     return size
 
