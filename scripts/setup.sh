@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${FABRICLAB_VENV:-$ROOT/.venv}
-PACKAGES=(mininet openvswitch-switch python3-openvswitch iperf3 fping prometheus python3-venv python3-pip
+PACKAGES=(mininet openvswitch-switch python3-openvswitch iperf3 fping tcpdump prometheus python3-venv python3-pip
           iproute2 ethtool procps)
 # installed the first time an experiment needs them (testbed/linux/packages.py), by the tests'
 # set-up (scripts/test-deps.sh), and in the lab VM's box: the eBPF toolchain (ECN marker, link

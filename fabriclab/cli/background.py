@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -18,8 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
-from fabriclab.cli.requests import DownRequest, ExecRequest, ListRequest, OfctlRequest
+from fabriclab.cli.requests import (CaptureRequest, DownRequest, ExecRequest, ListRequest,
+                                    OfctlRequest)
 from testbed.errors import ConfigError, TestbedError
+from testbed.model.topology import from_dict
+from testbed.plan.capture import capture_point
 from testbed.runs.registry import Registry, RunRecord, proc_start_time
 
 FABRIC_FILE = "fabric.json"  # what ``up`` writes into its run directory for ``ls``
@@ -188,4 +192,36 @@ def ofctl(req: OfctlRequest, ui: Console) -> int:
     command, rest = req.args[0], list(req.args[1:])
     sys.stdout.flush()
     os.execvp("ovs-ofctl", ["ovs-ofctl", "-O", "OpenFlow15", command, target, *rest])
+    return EXIT_OK  # not reached
+
+
+def capture(req: CaptureRequest, ui: Console) -> int:
+    """``tcpdump`` on one interface of a running fabric: a switch port in this namespace, or a
+    host's NIC inside the host's; this process becomes tcpdump, so Ctrl-C ends it cleanly
+    (with ``-w``, the pcap is written packet by packet and complete)."""
+    if req.count is not None and req.count < 1:
+        raise ConfigError("--count", f"must be at least 1, not {req.count}")
+    record = Registry(req.state_dir).running(req.run)
+    topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
+    point = capture_point(topo, list(req.target))
+    if shutil.which("tcpdump") is None:
+        raise TestbedError("tcpdump is not installed: apt-get install tcpdump (scripts/setup.sh "
+                           "installs it)")
+    argv = ["tcpdump", "-i", point.ifname, "-n", "-Z", "root", "--immediate-mode"]
+    if req.write is not None:
+        argv += ["-U", "-w", str(req.write)]
+    else:
+        argv += ["-l"]
+    if req.count is not None:
+        argv += ["-c", str(req.count)]
+    if req.filter:
+        argv += [req.filter]
+    if point.host is not None:
+        argv = ["nsenter", "-t", str(host_pid(record, point.host)), "-n", "--", *argv]
+    elif not Path("/sys/class/net", point.ifname).exists():
+        raise TestbedError(f"{point.what} is not on this machine (a cluster's machine holds "
+                           "it: capture there)")
+    print(f"capturing on {point.what} of run {record.run_id}; Ctrl-C stops", file=sys.stderr)
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
     return EXIT_OK  # not reached

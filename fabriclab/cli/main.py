@@ -61,6 +61,9 @@ COMMANDS = {
                                              "a running fabric", json=False),
     "ofctl": Command("background", "ofctl", "ovs-ofctl (OpenFlow 1.5) against one switch of a "
                                             "running fabric", json=False),
+    "capture": Command("background", "capture", "capture packets on a link or port of a "
+                                                "running fabric (tcpdump; a pcap with -w)",
+                       json=False),
     "fail": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
                                       "fabric 'fabriclab up' keeps running down"),
     "restore": Command("fabric", "fail", "take a link (two nodes) or a switch (one) of the "
@@ -166,6 +169,16 @@ def _other_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
         p[name].add_argument("target", nargs="+", help="agg1_1 core1 (a link) or core1 "
                                                        "(a switch)")
         p[name].add_argument("--run", help="the run id, when several fabrics are up")
+    p["capture"].add_argument("target", nargs="+", metavar="LINK|PORT",
+                              help="a link as two nodes (edge1_1 agg1_1: captured at the "
+                                   "first's end), a port (edge1_1-eth3) or a host (its NIC)")
+    p["capture"].add_argument("-w", "--write", type=Path, metavar="FILE",
+                              help="write a pcap (Wireshark reads it) instead of printing")
+    p["capture"].add_argument("-c", "--count", type=int, metavar="N",
+                              help="stop after N packets (default: at Ctrl-C)")
+    p["capture"].add_argument("--filter", default="", metavar="EXPR",
+                              help="a pcap filter ('tcp port 5201')")
+    p["capture"].add_argument("--run", help="the run id, when several fabrics are up")
     p["report"].add_argument("dir", metavar="DIR", type=Path,
                              help="a run, variants or sweep directory (fabriclab run's --out)")
     p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path,
@@ -235,6 +248,9 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
         target = args.host if name == "exec" else args.switch
         return (rq.ExecRequest if name == "exec" else rq.OfctlRequest)(
             target, rest, args.run, args.state_dir)
+    if name == "capture":
+        return rq.CaptureRequest(tuple(args.target), args.write, args.count, args.filter,
+                                 args.run, args.state_dir)
     if name == "down":
         return rq.DownRequest(args.run, args.all, args.state_dir, args.json)
     if name == "run":

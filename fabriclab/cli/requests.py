@@ -88,6 +88,18 @@ class OfctlRequest:
 
 
 @dataclass(frozen=True)
+class CaptureRequest:
+    """``fabriclab capture [--run ID] LINK|PORT [-w FILE]``: tcpdump on one interface."""
+
+    target: tuple[str, ...]
+    write: Path | None = None
+    count: int | None = None
+    filter: str = ""
+    run: str | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+
+
+@dataclass(frozen=True)
 class DownRequest:
     """``fabriclab down [ID|--all]``: tear running fabrics down."""
 

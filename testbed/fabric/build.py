@@ -14,7 +14,7 @@ from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.ecn import Marker, PortMarking
 from testbed.fabric.linkfail import LinkCut
 from testbed.fabric.pfc import PfcAgent
-from testbed.linux import bpf, capabilities, ovs, packages, procfs
+from testbed.linux import bpf, capabilities, netns, ovs, packages, procfs
 from testbed.linux.hosts import Hosts
 from testbed.linux.ebpfswitch import EbpfSwitches
 from testbed.linux.netlink import Netlink
@@ -123,6 +123,19 @@ class BuildSteps:
         self.hosts = Hosts([h.name for h in topo.hosts if h.name not in nics
                             and self.here(h.name)], on_spawn=track, sysctls=sysctls,
                            aliases=nics)
+        self._name_hosts()
+
+    def _name_hosts(self) -> None:
+        """Each host's namespace under the host's name in /run/netns (``ip netns exec``); a
+        name someone else holds stays theirs, with a warning."""
+        taken = netns.named()
+        for host in self.hosts.nodes:
+            if host in taken:
+                self.warnings.append(f"network namespace name {host} is taken: 'ip netns exec "
+                                     f"{host}' is not this fabric's host ('fabriclab exec' is)")
+                continue
+            self.registry.track_netns_name(self.record, host)
+            netns.name(host, self.hosts.pid(host))
 
     def _root_ends(self, link: Link) -> list[str]:
         return [e.ifname for e in (link.a, link.b)

@@ -10,11 +10,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testbed.linux import bpf
-
-from testbed.linux import ovs
-
-from testbed.linux import procfs
+from testbed.linux import bpf, netns, ovs, procfs
 from testbed.errors import TestbedError
 from testbed.linux.netlink import Netlink
 from testbed.runs.registry import (Registry, Role, RunRecord, TrackedProcess, proc_start_time,
@@ -52,6 +48,11 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
             report.bridges += len(mine)
     except TestbedError as err:
         report.errors.append(f"{record.run_id}: bridges: {err}")
+    for name in record.netns_names:  # first: a name keeps its namespace (and veths) alive
+        try:
+            netns.unname(name)
+        except TestbedError as err:
+            report.errors.append(f"{record.run_id}: {err}")
     tracked = {p.pid for p in record.processes}
     processes = record.processes + [p for p in _daemons_by_pidfile(record)
                                     if p.pid not in tracked]

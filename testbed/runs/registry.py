@@ -106,6 +106,7 @@ class RunRecord:
     processes: list[TrackedProcess] = field(default_factory=list)
     sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
     files: list[str] = field(default_factory=list)  # outside the run directory (discovery)
+    netns_names: list[str] = field(default_factory=list)  # hosts' names in /run/netns
     netns: str = field(default_factory=current_netns)  # where its interfaces are
     link_group: int = 0  # the link group its veths are in (0: none; deleted by name)
 
@@ -215,6 +216,13 @@ class Registry:
         with self._lock:
             if path not in record.files:
                 record.files.append(path)
+        self.save(record)
+
+    def track_netns_name(self, record: RunRecord, name: str) -> None:
+        """Record a host namespace's name (before it is made)."""
+        with self._lock:
+            if name not in record.netns_names:
+                record.netns_names.append(name)
         self.save(record)
 
     def untrack_process(self, record: RunRecord, pid: int) -> None:

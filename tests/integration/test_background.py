@@ -5,6 +5,7 @@ left (root: real fabrics)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -65,6 +66,10 @@ def test_into_the_network_exec_in_a_host_and_ofctl_on_a_switch(tmp_path):
         flows = _cli(state, "ofctl", "leaf1", "dump-flows")
         assert flows.returncode == 0 and "OF1.5" in flows.stdout, flows.stderr
         assert "nw_dst=10.0.1.1 actions=output:1" in flows.stdout, flows.stdout
+        named = subprocess.run(["ip", "netns", "exec", "h2_1", "ip", "-br", "addr"],
+                               capture_output=True, text=True, check=False)
+        assert named.returncode == 0 and "10.0.2.1/" in named.stdout, named.stderr
+        _capture_a_ping(state, tmp_path / "h1.pcap")
         nohost = _cli(state, "exec", "h9_9", "--", "true")
         assert nohost.returncode == 3 and "no host 'h9_9'" in nohost.stdout + nohost.stderr
         noswitch = _cli(state, "ofctl", "spine9", "show")
@@ -73,3 +78,35 @@ def test_into_the_network_exec_in_a_host_and_ofctl_on_a_switch(tmp_path):
     finally:
         down = _cli(state, "down")
     assert down.returncode == 0, down.stdout + down.stderr
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not {"h1_1", "h1_2", "h2_1", "h2_2"} & {line.split()[0] for line in
+                                                     names.splitlines() if line.strip()}
+
+
+def _capture_a_ping(state, pcap) -> None:
+    """``capture leaf1 h1_1 -w FILE`` while h1_1 pings h2_1 three times, stopped with Ctrl-C
+    (SIGINT): the pcap holds the three requests and three replies, as ``tcpdump -r`` reads
+    them; a switch alone is refused, naming its links."""
+    cap = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
+                            "capture", "leaf1", "h1_1", "-w", str(pcap), "--filter", "icmp"],
+                           stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        seen = ""
+        while "listening on" not in seen:  # tcpdump says so once the capture is open
+            line = cap.stderr.readline()
+            assert line, f"capture ended early: {seen}"
+            seen += line
+        assert "leaf1-eth" in seen, seen
+        ping = _cli(state, "exec", "h1_1", "--", "fping", "-c3", "-p", "100", "10.0.2.1")
+        assert ping.returncode == 0, ping.stderr
+    finally:
+        cap.send_signal(signal.SIGINT)
+        rest = cap.communicate(timeout=30)[1]
+    assert cap.returncode == 0, rest
+    read = subprocess.run(["tcpdump", "-r", str(pcap), "-n"], capture_output=True, text=True)
+    assert read.returncode == 0, read.stderr
+    lines = read.stdout.splitlines()
+    assert sum("10.0.1.1 > 10.0.2.1: ICMP echo request" in l for l in lines) == 3, lines
+    assert sum("10.0.2.1 > 10.0.1.1: ICMP echo reply" in l for l in lines) == 3, lines
+    switch = _cli(state, "capture", "leaf1")
+    assert switch.returncode == 2 and "leaf1 has" in switch.stdout + switch.stderr

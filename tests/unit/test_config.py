@@ -219,6 +219,30 @@ def test_fail_targets_are_checked_against_the_running_fabric():
         assert err.value.path == "target" and text in err.value.message
 
 
+def test_capture_targets_resolve_to_one_interface_and_its_namespace():
+    from testbed.model.builders import fat_tree
+    from testbed.plan.capture import capture_point
+
+    topo = fat_tree(4)
+    uplink = capture_point(topo, ["edge1_1", "agg1_1"])
+    assert (uplink.ifname, uplink.host) == ("edge1_1-eth3", None)
+    assert capture_point(topo, ["agg1_1", "edge1_1"]).ifname == "agg1_1-eth1"
+    nic = capture_point(topo, ["h1_1_1", "edge1_1"])
+    assert (nic.ifname, nic.host) == ("h1_1_1-eth0", "h1_1_1")
+    alone = capture_point(topo, ["h1_1_2"])
+    assert (alone.ifname, alone.host) == ("h1_1_2-eth0", "h1_1_2")
+    port = capture_point(topo, ["core2-eth3"])
+    assert (port.ifname, port.host, port.what) == ("core2-eth3", None,
+                                                    "port core2-eth3 of core2 (core2-eth3)")
+    for target, text in ((["edge1_1"], "edge1_1 has 4 links: name one (edge1_1 h1_1_1"),
+                         (["core9"], "no node or port 'core9'"),
+                         (["edge1_1", "core1"], "share no link"),
+                         (["edge1_1", "x9"], "no node 'x9'"), ([], "give a link")):
+        with pytest.raises(ConfigError) as err:
+            capture_point(topo, target)
+        assert err.value.path == "target" and text in err.value.message, err.value.message
+
+
 def test_throughput_before_during_and_after_a_failure():
     from testbed.plan.failplan import SAMPLE_S, rate_mbps, throughput_around
 
