@@ -2,11 +2,14 @@
 
 Usage: ``python -m controllers.launcher --topology T.json --status S.json --port 6653``.
 Listens for OpenFlow 1.5 on 127.0.0.1 only, on native threads (no eventlet monkey-patching).
+``--user-app FILE`` runs a user's os-ken app instead of fabriclab's, with the topology's path in
+``FABRICLAB_TOPOLOGY`` and os-ken's LLDP link discovery on (``--observe-links``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
     parser.add_argument("--log", help="log file (default: stderr)")
     parser.add_argument("--app", default="controllers.app", help="os-ken app module")
+    parser.add_argument("--user-app", help="a user's os-ken app (a Python file) run instead "
+                                           "of --app, with LLDP link discovery on")
     args = parser.parse_args(argv)
 
     logging.basicConfig(filename=args.log, level=logging.INFO,
@@ -57,18 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                             ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
                              "spray_weights", "poll_interval_s", "warm_start")],
                            group="fabriclab")
-    # a placeholder port for os-ken when the OS chooses (its 0 means "the defaults", 6653 and
-    # 6633); the listening socket binds port 0 (_listen_and_say)
-    port = str(args.port or 6653)
-    listen = ["--ofp-listen-host", args.host]
-    if args.tls_dir:
-        tls = Path(args.tls_dir)
-        listen += ["--ofp-ssl-listen-port", port, "--ctl-privkey",
-                   str(tls / "controller-key.pem"), "--ctl-cert",
-                   str(tls / "controller-cert.pem"), "--ca-certs", str(tls / "ca.pem")]
-    else:
-        listen += ["--ofp-tcp-listen-port", port]
-    cfg.CONF(args=listen, project="os_ken")
+    cfg.CONF(args=_os_ken_args(args), project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
     cfg.CONF.set_override("status", args.status, group="fabriclab")
     cfg.CONF.set_override("routing", str(args.routing), group="fabriclab")
@@ -88,8 +82,30 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     _dead_when_the_connection_ends(controller.Datapath)
     _listen_and_say(controller, args.port == 0, args.port_file)
-    app_manager.AppManager.run_apps([args.app])
+    app_manager.AppManager.run_apps([args.user_app or args.app])
     return 0
+
+
+def _os_ken_args(args: argparse.Namespace) -> list[str]:
+    """os-ken's own options: where it listens (TCP or TLS), and for a user's app the LLDP
+    discovery (``--observe-links``, as ryu-manager takes it; the topology's path in
+    ``FABRICLAB_TOPOLOGY``)."""
+    # a placeholder port for os-ken when the OS chooses (its 0 means "the defaults", 6653 and
+    # 6633); the listening socket binds port 0 (_listen_and_say)
+    port = str(args.port or 6653)
+    listen = ["--ofp-listen-host", args.host]
+    if args.tls_dir:
+        tls = Path(args.tls_dir)
+        listen += ["--ofp-ssl-listen-port", port, "--ctl-privkey",
+                   str(tls / "controller-key.pem"), "--ctl-cert",
+                   str(tls / "controller-cert.pem"), "--ca-certs", str(tls / "ca.pem")]
+    else:
+        listen += ["--ofp-tcp-listen-port", port]
+    if args.user_app:
+        importlib.import_module("os_ken.topology.switches")  # registers --observe-links
+        listen += ["--observe-links"]
+        os.environ["FABRICLAB_TOPOLOGY"] = str(Path(args.topology).resolve())
+    return listen
 
 
 def _listen_and_say(controller_module, any_port: bool, port_file: str | None) -> None:

@@ -87,7 +87,9 @@ def describe(record: RunRecord, now: float) -> dict:
     info = _json(run_dir / FABRIC_FILE)
     return {"run": record.run_id, "experiment": info.get("experiment", "-"),
             "age_s": round(now - record.created, 1), "hosts": info.get("hosts"),
-            "controller": info.get("controller", "-"), "telemetry": info.get("telemetry"),
+            "controller": info.get("controller", "-"),
+            "controller_kind": info.get("controller_kind", "-"),
+            "telemetry": info.get("telemetry"),
             "pid": record.owner_pid, "run_dir": str(run_dir)}
 
 
@@ -109,7 +111,8 @@ def ls(req: ListRequest, ui: Console) -> int:
     table = Table("run", "experiment", "age", "hosts", "controller", "telemetry")
     for row in rows:
         table.add_row(row["run"], row["experiment"], _age(row["age_s"]), str(row["hosts"] or "-"),
-                      row["controller"], row["telemetry"] or "-")
+                      f"{row['controller']} ({row['controller_kind']})",
+                      row["telemetry"] or "-")
     ui.print(table)
     return EXIT_OK
 

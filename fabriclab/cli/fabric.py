@@ -76,6 +76,7 @@ def up(req: UpRequest, ui: Console) -> int:
             fabric.write_file(background.FABRIC_FILE, json.dumps({
                 "experiment": exp.name, "file": str(Path(req.file).resolve()),
                 "hosts": len(fabric.topo.hosts), "controller": fabric.controller_address,
+                "controller_kind": exp.controller.kind,
                 "telemetry": tele.prometheus.url if tele.prometheus else None}))
             ui.print("fabric is up; Ctrl-C (or SIGTERM) tears it down")
             background.say_up(fabric.record.run_id)

@@ -1,9 +1,11 @@
 """``fabriclab graph FILE``: the experiment's topology drawn before anything is built, as
-Graphviz DOT or Mermaid text, or a PNG or SVG picture (tiers from the hosts up, link width and
+Graphviz DOT or Mermaid text, the topology file a controller app reads (JSON), or a PNG or
+SVG picture (tiers from the hosts up, link width and
 colour by rate, scale-up links dotted, server GPUs labelled by server)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import matplotlib.pyplot as plt
@@ -19,8 +21,9 @@ from fabriclab.model.graph import to_dot, to_mermaid
 def graph(req: GraphRequest, ui: Console) -> int:
     exp = xp.load(req.file)
     topo = exp.topology
-    if req.format in ("dot", "mermaid"):
-        text = to_dot(topo) if req.format == "dot" else to_mermaid(topo)
+    if req.format in ("dot", "mermaid", "json"):
+        text = {"dot": to_dot, "mermaid": to_mermaid,
+                "json": lambda t: json.dumps(t.to_dict(), indent=1) + "\n"}[req.format](topo)
         if req.out is None:
             sys.stdout.write(text)
         else:

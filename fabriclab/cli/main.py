@@ -184,8 +184,9 @@ def _other_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
     p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path,
                               help="run, variants or sweep directories")
     p["graph"].add_argument("file", type=Path, metavar="FILE", help="the experiment file (YAML)")
-    p["graph"].add_argument("--format", choices=("png", "svg", "dot", "mermaid"), default="png",
-                            help="a picture, or text for Graphviz or Mermaid (default png)")
+    p["graph"].add_argument("--format", choices=("png", "svg", "dot", "mermaid", "json"),
+                            default="png", help="a picture, text for Graphviz or Mermaid, or "
+                            "the topology file a controller app reads (default png)")
     p["graph"].add_argument("-o", "--out", type=Path, metavar="PATH",
                             help="where to write it (default: text to stdout, a picture to "
                                  "NAME.FORMAT here, NAME the file's)")

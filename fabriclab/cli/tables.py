@@ -36,8 +36,10 @@ def fabric_summary(exp: xp.Experiment, fabric) -> Table:
                    else ""))
     choice = getattr(fabric, "datapath_choice", "")
     table.add_row("datapath", datapath + (f"\n{choice}" if choice.startswith("auto") else ""))
-    table.add_row("controller", f"os-ken on {fabric.controller_address}, "
-                                f"{exp.controller.routing}")
+    ctl = exp.controller
+    table.add_row("controller", f"os-ken on {fabric.controller_address}, {ctl.routing}"
+                  if ctl.own else f"the user's, at {fabric.controller_address}" if ctl.remote
+                  else f"os-ken on {fabric.controller_address}, {ctl.kind}")
     if exp.cluster is not None:
         table.add_row("cluster", "\n".join(fabric.plan.describe()))
     if fabric.fidelity is not None:

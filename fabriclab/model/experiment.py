@@ -33,21 +33,17 @@ from testbed.model.spec import (
     SHAPE_KEYS,
     Backend,
     ClusterSpec,
-    ControllerSpec,
     Datapath,
-    EcmpSeed,
-    SprayWeights,
-    EcmpSelection,
     EcnMarker,
     EmulatorSpec,
     FabricSpec,
     Fidelity,
     LinkSpec,
     Requirement,
-    Routing,
     TestbedSpec,
 )
 from fabriclab.model import sweep
+from fabriclab.model.controller import parse_controller
 from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
 from traffic.workloads.workload import Workload, parse_workload
 
@@ -290,7 +286,7 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     """One experiment (the base, or a variant), already checked against the schema."""
     spec = TestbedSpec(
         fabric=_fabric(data["fabric"]),
-        controller=ControllerSpec(**_typed(data.get("controller", {}), _CONTROLLER_TYPES)),
+        controller=parse_controller(data.get("controller", {}), source),
         emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
     for tier in ("host", "fabric"):
         spec.port_ecn(tier)  # thresholds in order, priorities in range
@@ -332,9 +328,6 @@ def _other_config(raw: dict) -> dict[str, str]:
 
 
 # schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
-_CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
-                     "spray_weights": SprayWeights, "poll_interval_s": float,
-                     "ready_timeout_s": float, "restart": bool, "tls": bool}
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
                    "ovs_other_config": _other_config, "queue_sample_ms": float,
                    "ecn_marker": EcnMarker, "datapath": Datapath}

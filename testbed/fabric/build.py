@@ -328,7 +328,7 @@ class BuildSteps:
         """Put back the sysctls raised for the build, once every switch has sent (its LLDP
         probes: its socket exists). A cluster's coordinator always waits for the probes (its
         machines put theirs back after, :meth:`settle`); a machine's part waits for nothing."""
-        if wait and (self.record.sysctls or self.part is not None):
+        if wait and self.spec.controller.own and (self.record.sysctls or self.part is not None):
             def probed() -> bool:
                 status = self.controller_status()
                 return status.get("wiring_verified", 0) >= status.get("wiring_expected", 0)
@@ -364,6 +364,9 @@ class BuildSteps:
         address, port = self.controller_at or (self.listen, self.of_port)
         target = f"{'ssl' if self.pki is not None else 'tcp'}:{address}:{port}"
         mtu = self.spec.fabric.mtu
+        # a controller of the user's may speak any version (os-ken's LLDP discovery: to 1.4)
+        protocols = ("OpenFlow15" if self.spec.controller.own
+                     else "OpenFlow10,OpenFlow13,OpenFlow14,OpenFlow15")
         if self.caps.datapath_type != "netdev":
             if self.pki is not None:
                 raise TestbedError("controller.tls: the machine's Open vSwitch (kernel "
@@ -371,7 +374,7 @@ class BuildSteps:
                                    "fabriclab does not change; use emulator.datapath ebpf, or "
                                    "leave controller.tls false")
             ovs.create_bridges(list(specs.values()), self.record.run_id, self.caps.datapath_type,
-                               target, mtu)
+                               target, mtu, protocols)
             return
         wanted = self.spec.emulator.vswitchd_instances
         shards = shard_switches(self.topo, len(specs) if wanted == "auto" else int(wanted),
@@ -392,7 +395,7 @@ class BuildSteps:
             if self.pki is not None:
                 ovs.set_ssl(self.pki.switch_key, self.pki.switch_cert, self.pki.ca, inst.db)
             ovs.create_bridges([specs[n] for n in names], self.record.run_id,
-                               ovs.PRIVATE_DATAPATH_TYPE, target, mtu, db=inst.db)
+                               ovs.PRIVATE_DATAPATH_TYPE, target, mtu, protocols, db=inst.db)
 
         # daemons start mostly asleep (vswitchd calibrates its TSC for 0.5 s): in parallel
         with ThreadPoolExecutor(max_workers=STARTUP_WORKERS) as pool:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from testbed.errors import TestbedError
+from testbed.linux import ovs
 from testbed.linux.pki import RunPki, make_run_pki
 from testbed.model.spec import TestbedSpec
 from testbed.poll import wait_for
@@ -144,7 +145,14 @@ class ControllerProcess:
         start = time.monotonic()
         if self.caps is not None:  # the workload's (a TCP congestion control)
             self._check_requirements(self.caps, spec)
+        if spec.controller.remote != self.spec.controller.remote and \
+                (spec.controller.remote or self.spec.controller.remote):
+            raise TestbedError("controller.remote: the next experiment's switches would need "
+                               "another controller address; run it on a fabric of its own")
         self.spec = spec
+        if spec.controller.remote:  # the user's controller stays; it has the switches
+            self._wait_programmed()
+            return
         if self.controller is not None:
             self._controller_ending = self.controller  # its end is no death
             self.stop(self.controller)
@@ -165,15 +173,16 @@ class ControllerProcess:
         if self.spec.controller.tls and self.pki is None:
             self.pki = make_run_pki(self.run_dir / "pki", self.record.run_id, self.listen)
         self.port_file.unlink(missing_ok=True)
+        ctl = self.spec.controller
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
                "--status", str(self.status_path), "--port", str(port),
                "--port-file", str(self.port_file), "--host", self.listen,
-               "--routing", self.spec.controller.routing,
-               "--ecmp-seed", self.spec.controller.ecmp_seed,
-               "--ecmp-selection", self.spec.controller.ecmp_selection,
-               "--spray-weights", self.spec.controller.spray_weights,
-               "--poll-interval-s", str(self.spec.controller.poll_interval_s),
                "--log", str(self.run_dir / "controller.log")] + (
+                   ["--user-app", ctl.app] if ctl.app else [
+                       "--routing", ctl.routing, "--ecmp-seed", ctl.ecmp_seed,
+                       "--ecmp-selection", ctl.ecmp_selection,
+                       "--spray-weights", ctl.spray_weights,
+                       "--poll-interval-s", str(ctl.poll_interval_s)]) + (
                    ["--warm-start"] if warm else []) + (
                    ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
@@ -228,6 +237,12 @@ class ControllerProcess:
             return {}
 
     def _wait_programmed(self, stop=None) -> None:
+        """Until every switch is programmed: by fabriclab's controller, as its status says; by
+        a user's app or remote controller, once every switch is connected and no flow table
+        has changed for ``controller.settle_s``."""
+        if not self.spec.controller.own:
+            self._wait_settled(stop)
+            return
         expected = {sw.name for sw in self.topo.switches}
         missing: list[str] = sorted(expected)
 
@@ -251,3 +266,42 @@ class ControllerProcess:
             raise TestbedError(f"{err}: {len(missing)} switch(es) are not: "
                                f"{', '.join(missing[:10])}{said}; see "
                                f"{self.run_dir / 'controller.log'}") from None
+
+    def switch_states(self) -> dict[str, tuple[bool, int]]:
+        """Each switch here: connected to its controller, and how many flows it holds."""
+        if self.switch_agent is not None:
+            return self.switch_agent.states()
+        return ovs.switch_states({name: self.switch_instance.get(name)
+                                  for name in self.record.bridges})
+
+    def _wait_settled(self, stop=None) -> None:
+        """A controller that is not fabriclab's says nothing of its progress: ready once every
+        switch is connected and the flow tables stayed as they were for ``settle_s``."""
+        ctl = self.spec.controller
+        last: dict = {}
+        since = time.monotonic()
+
+        def settled() -> bool:
+            nonlocal last, since
+            self._check_controller_alive(stop)
+            now, states = time.monotonic(), self.switch_states()
+            if states != last or not all(up for up, _ in states.values()):
+                last, since = states, now
+                return False
+            return now - since >= ctl.settle_s
+
+        try:
+            wait_for(settled, ctl.ready_timeout_s + ctl.settle_s, "every switch connected to "
+                     f"the {ctl.kind} controller, its flow tables settled", interval_s=0.25)
+        except TestbedError as err:
+            down = sorted(name for name, (up, _) in last.items() if not up)
+            agent = self.switch_agent
+            refused = [d for d in (agent.disconnects if agent is not None else [])
+                       if "speaks 1.5 (0x06) only" in d]
+            hint = (f"; {refused[-1]}: a controller of OpenFlow 1.3 (os-ken's LLDP discovery "
+                    "too) needs emulator.datapath: ovs" if down and refused else "")
+            raise TestbedError(f"{err}: " + (f"{len(down)} switch(es) not connected to "
+                               f"{self.controller_address}: {', '.join(down[:10])}" if down
+                               else "the flow tables kept changing") + hint + (
+                               f"; see {self.run_dir / 'controller.log'}" if ctl.app
+                               else "")) from None

@@ -6,14 +6,12 @@ exception by the CLI). A run killed with SIGKILL is removed by ``fabriclab clean
 fabric that comes up.
 
 Fabric services: whatever lives exactly as long as the fabric (the controller, traffic agents,
-iperf3, and the pollers, exporters and agents of later features) starts through
-:meth:`Fabric.spawn` (a process, in a host's namespace or this machine's) or
-:meth:`Fabric.start_thread` (a thread given a stop event). Both are registered like every other
-resource and ended by :meth:`Fabric.down`, processes by their recorded PID.
+iperf3, pollers, exporters) starts through :meth:`Fabric.spawn` (a process, in a host's
+namespace or this machine's) or :meth:`Fabric.start_thread` (a thread given a stop event),
+registered like every other resource and ended by :meth:`Fabric.down` (processes by PID).
 
-The build's steps are :mod:`testbed.fabric.build`'s and the controller's process
-:mod:`testbed.fabric.controller`'s (mixins of :class:`Fabric`); what every kind of fabric
-shares (a failed build torn down, teardown deferring signals) is :mod:`testbed.fabric.lifecycle`'s.
+The build's steps are :mod:`testbed.fabric.build`'s and the controller's :mod:`testbed.fabric.
+controller`'s (mixins); what every kind of fabric shares :mod:`testbed.fabric.lifecycle`'s.
 """
 
 from __future__ import annotations
@@ -143,8 +141,7 @@ class Fabric(BuildSteps, ControllerProcess):
         self.down()
 
     def up(self, wait: bool = True) -> None:
-        """Build the fabric (or this machine's part of it) and, with the controller here and
-        ``wait``, wait until it has programmed every switch (:meth:`wait_ready`)."""
+        """Build the fabric (or this machine's part) and, ``wait``: until it is ready."""
         start = time.monotonic()
         builds = self.part is None or bool(self.part.nodes)
         if builds:
@@ -153,12 +150,15 @@ class Fabric(BuildSteps, ControllerProcess):
         if self.part is None:  # a cluster's coordinator checks each machine's share
             self._check_fidelity()
         self._prepare_run()
-        if self.controller_at is None:
+        waits = self.controller_at is None and wait  # not a cluster machine's part
+        if self.controller_at is None and self.spec.controller.remote:  # none started here
+            self.controller_at = self.spec.controller.remote_address
+        elif self.controller_at is None:
             self._step("controller", self._start_controller)
             self.start_thread(self.watch_controller, "controller watch")
         if builds:
             self._build()
-        if self.controller_at is None and wait:
+        if waits:
             self.wait_ready()
         self.timings["up_total"] = time.monotonic() - start
 

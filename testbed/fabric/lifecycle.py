@@ -4,10 +4,12 @@ and a spawned process reaped."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from testbed.plan.reachability import (
     Reachability,
@@ -23,11 +25,32 @@ def up_or_down(fabric) -> None:
     try:
         fabric.up()
     except BaseException as err:
+        kept = keep_logs(fabric)
+        if kept is not None:
+            err.add_note(f"the run's logs are kept in {kept}")
         try:
             fabric.down()
         except Exception as down_err:  # noqa: BLE001 - noted on the build error
             err.add_note(f"and tearing down after it failed too: {down_err}")
         raise
+
+
+def keep_logs(fabric) -> Path | None:
+    """A failed build's logs (the controller's, the daemons'), copied out of the run directory
+    that its teardown removes, to ``STATE_DIR/logs/failed-<run id>``; None: nothing to keep."""
+    record = getattr(fabric, "record", None)
+    if record is None or not Path(record.run_dir).is_dir():
+        return None
+    run_dir = Path(record.run_dir)
+    logs = [p for p in run_dir.rglob("*") if p.suffix in (".log", ".stderr") and p.is_file()]
+    if not logs:
+        return None
+    kept = fabric.registry.state_dir / "logs" / f"failed-{record.run_id}"
+    for path in logs:
+        target = kept / path.relative_to(run_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return kept
 
 
 @contextmanager

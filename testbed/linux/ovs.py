@@ -377,3 +377,37 @@ def delete_qos(run_ids: set[str] | None = None, keep: set[str] = frozenset()) ->
         vsctl(*[a for u in uuids for a in ("--", "--if-exists", "destroy", "QoS", u)])
     return len(uuids)
 
+
+
+def switch_states(bridges: dict[str, Instance | None]) -> dict[str, tuple[bool, int]]:
+    """Whether each bridge is connected to its controller, and how many flows it holds: one
+    OVSDB transaction per database, one ``dump-aggregate`` per bridge.
+
+    Args:
+        bridges: bridge name -> its private instance (None: the machine's Open vSwitch).
+
+    Raises:
+        TestbedError: an Open vSwitch does not answer.
+    """
+    by_db: dict[str, list[str]] = {}
+    for name, inst in bridges.items():
+        by_db.setdefault(inst.db if inst is not None else SYSTEM_DB, []).append(name)
+    connected: dict[str, bool] = {}
+    for db, names in by_db.items():
+        bridge_rows, controller_rows = transact(db, [
+            {"op": "select", "table": "Bridge", "where": [], "columns": ["name", "controller"]},
+            {"op": "select", "table": "Controller", "where": [],
+             "columns": ["_uuid", "is_connected"]}], "switch states")
+        up = {row["_uuid"][1] for row in controller_rows["rows"] if row["is_connected"] is True}
+        for row in bridge_rows["rows"]:
+            if row["name"] in names:
+                ctl = row["controller"]
+                uuids = [u[1] for u in ctl[1]] if ctl[0] == "set" else [ctl[1]]
+                connected[row["name"]] = bool(uuids) and all(u in up for u in uuids)
+    states = {}
+    for name, inst in bridges.items():
+        target = f"unix:{inst.directory / f'{name}.mgmt'}" if inst is not None else name
+        out = _run(["ovs-ofctl", "-O", "OpenFlow15", "dump-aggregate", target], 10)
+        found = re.search(r"flow_count=(\d+)", out)
+        states[name] = (connected.get(name, False), int(found.group(1)) if found else 0)
+    return states

@@ -265,3 +265,8 @@ def check_cluster_spec(spec: TestbedSpec) -> None:
     if spec.pfc is not None:
         raise ConfigError("fabric.pfc", "PFC is not offered on a cluster yet (a pause would "
                                         "cross machines): run it on one machine")
+    if not spec.controller.own:
+        key = "app" if spec.controller.app else "remote"
+        raise ConfigError(f"controller.{key}", "a controller of your own is not offered on a "
+                                               "cluster yet (readiness is read from each "
+                                               "machine's switches): run it on one machine")

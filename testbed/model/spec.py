@@ -186,7 +186,9 @@ class FabricSpec:
 
 @dataclass(frozen=True)
 class ControllerSpec:
-    """How the controller routes."""
+    """How the controller routes: fabriclab's own (``routing`` and the rest), a user's os-ken
+    app run in the controller process instead (``app``: a Python file), or a controller the
+    user runs (``remote``: ``host:port``, nothing started)."""
 
     routing: Routing = Routing.ECMP
     ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH
@@ -196,6 +198,32 @@ class ControllerSpec:
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
     tls: bool = False  # OpenFlow over TLS with the run's own certificates
+    app: str = ""  # a user's os-ken app (the path of a Python file) instead of the routing
+    remote: str = ""  # host:port of a controller the user runs
+    settle_s: float = 2.0  # app or remote: every flow table unchanged this long is "ready"
+
+    @property
+    def own(self) -> bool:
+        """Whether fabriclab's own routing controls the switches (not an app or remote)."""
+        return not (self.app or self.remote)
+
+    @property
+    def remote_address(self) -> tuple[str, int] | None:
+        """``remote`` as (host, port), or None."""
+        if not self.remote:
+            return None
+        host, _, port = self.remote.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @property
+    def kind(self) -> str:
+        """What controls the switches, for people: ``fabriclab (ecmp)``, ``app shortest_path.py``
+        or ``remote 10.0.0.5:6653``."""
+        if self.app:
+            return f"app {self.app.rsplit('/', 1)[-1]}"
+        if self.remote:
+            return f"remote {self.remote}"
+        return f"fabriclab ({self.routing})"
 
 
 @dataclass(frozen=True)

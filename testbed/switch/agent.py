@@ -174,6 +174,15 @@ class SwitchAgent:
 
     close = stop  # a fabric service: closed at teardown
 
+    def states(self) -> dict[str, tuple[bool, int]]:
+        """Each switch: whether it is connected to the controller, and how many flows and
+        groups it holds (read from another thread: a snapshot)."""
+        with self.lock:
+            conns = dict(self.conns)
+        return {name: (conns[name].session.handshaken, len(conns[name].session.flows)
+                       + len(conns[name].session.groups)) if name in conns else (False, 0)
+                for name in self.switches}
+
     def set_port(self, name: str, port: int, live: bool) -> None:
         """A port's carrier changed: the datapath's groups stop (or start) using it at once,
         then the controller is told (once a change: a second call of the same is nothing).
@@ -284,6 +293,9 @@ class SwitchAgent:
             self._send_frames(conn)
             with self.lock:
                 conn.out += replies
+            if conn.session.refused:  # HELLO_FAILED said (best effort), then the end
+                conn.sock.send(conn.out)
+                raise ConnectionError(conn.session.refused)
         except (OSError, ConnectionError, ValueError, TestbedError) as err:
             self._drop(name, conn, err)
 

@@ -101,6 +101,8 @@ class SwitchSession:
         self.packets_out: list[tuple[int, bytes]] = []  # (port, frame) the agent sends
         self.desc = ofproto_protocol.ProtocolDesc(version=ofp.OFP_VERSION)
         self.errors_sent = 0
+        self.handshaken = False  # the controller asked for the features: it speaks to us
+        self.refused = ""  # why version negotiation failed (the connection is to end)
 
     def carry(self, old: SwitchSession) -> SwitchSession:
         """Take over the tables of ``old``, this switch's previous session: a switch keeps
@@ -150,12 +152,13 @@ class SwitchSession:
 
     def _handle(self, version: int, msg_type: int, length: int, xid: int, raw: bytes) -> bytes:
         if msg_type == ofp.OFPT_HELLO:
-            return b""
+            return self._hello(version, xid, raw)
         if version != ofp.OFP_VERSION:
             return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_VERSION, raw)
         if msg_type == ofp.OFPT_ECHO_REQUEST:
             return _message(ofp.OFPT_ECHO_REPLY, xid, raw[HEADER.size:])
         if msg_type == ofp.OFPT_FEATURES_REQUEST:
+            self.handshaken = True
             caps = ofp.OFPC_FLOW_STATS | ofp.OFPC_PORT_STATS | ofp.OFPC_GROUP_STATS
             return _message(ofp.OFPT_FEATURES_REPLY, xid, struct.pack(
                 ofp.OFP_SWITCH_FEATURES_PACK_STR, self.dpid, 0, 1, 0, caps, 0))
@@ -178,6 +181,30 @@ class SwitchSession:
         if msg_type == ofp.OFPT_PACKET_OUT:
             return self._packet_out(raw, xid)
         return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, raw)
+
+    def _hello(self, version: int, xid: int, raw: bytes) -> bytes:
+        """Version negotiation: the controller's highest version, or its version bitmap, must
+        include OpenFlow 1.5; otherwise the switch answers HELLO_FAILED and the connection
+        ends (:attr:`refused` says why; the agent closes it)."""
+        versions = {version}
+        at = HEADER.size
+        while at + 4 <= len(raw):  # hello elements: the version bitmap (type 1)
+            kind, length = struct.unpack_from("!HH", raw, at)
+            if length < 4:
+                break
+            if kind == ofp.OFPHET_VERSIONBITMAP:
+                for i in range((length - 4) // 4):
+                    (bits,) = struct.unpack_from("!I", raw, at + 4 + 4 * i)
+                    versions |= {32 * i + b for b in range(32) if bits >> b & 1}
+            at += (length + 7) // 8 * 8
+        if ofp.OFP_VERSION in versions or (version > ofp.OFP_VERSION and len(versions) == 1):
+            return b""
+        names = ", ".join(f"0x{v:02x}" for v in sorted(versions))
+        self.refused = (f"the controller speaks OpenFlow versions {names}; this switch "
+                        "speaks 1.5 (0x06) only")
+        return _message(ofp.OFPT_ERROR, xid, struct.pack(
+            ofp.OFP_ERROR_MSG_PACK_STR, ofp.OFPET_HELLO_FAILED, ofp.OFPHFC_INCOMPATIBLE)
+            + self.refused.encode())
 
     def _multipart(self, mp_type: int, xid: int, raw: bytes) -> bytes:
         now = time.monotonic()

@@ -219,6 +219,49 @@ def test_fail_targets_are_checked_against_the_running_fabric():
         assert err.value.path == "target" and text in err.value.message
 
 
+def test_a_controller_of_ones_own_is_an_app_file_or_a_remote_address(tmp_path):
+    app = tmp_path / "apps" / "mine.py"
+    app.parent.mkdir()
+    app.write_text("# an os-ken app\n")
+    exp_file = tmp_path / "exp.yaml"
+    exp_file.write_text("version: 1\nfabric: {topology: fat_tree, k: 4}\n"
+                        "controller: {app: apps/mine.py, settle_s: 1}\n")
+    ctl = config.load(exp_file).controller
+    assert (ctl.app, ctl.own, ctl.kind, ctl.settle_s) == (str(app), False, "app mine.py", 1.0)
+    remote = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                           "controller": {"remote": "10.0.0.5:6653"}}).controller
+    assert (remote.remote_address, remote.kind) == (("10.0.0.5", 6653), "remote 10.0.0.5:6653")
+    assert config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
+                        ).controller.kind == "fabriclab (ecmp)"
+
+
+@pytest.mark.parametrize("controller,path,text", [
+    ({"app": "nowhere.py"}, "controller.app", "no Python file"),
+    ({"app": "x.py", "remote": "h:1"}, "controller.remote", "exclude each other"),
+    ({"remote": "h:1", "routing": "dmodk"}, "controller.routing", "that controller decides"),
+    ({"remote": "h:1", "restart": True}, "controller.restart", "that controller decides"),
+    ({"remote": "6653"}, "controller.remote", "is not HOST:PORT"),
+    ({"remote": "h:99999"}, "controller.remote", "is not HOST:PORT"),
+    ({"remote": "h:1", "tls": True}, "controller.tls", "not a remote one"),
+    ({"settle_s": -1}, "controller.settle_s", ""),
+])
+def test_a_bad_controller_of_ones_own_names_the_field(controller, path, text):
+    with pytest.raises(ConfigError) as err:
+        config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                      "controller": controller})
+    assert err.value.path == path and text in err.value.message, err.value
+
+
+def test_a_cluster_refuses_a_controller_of_ones_own():
+    from testbed.model.partition import check_cluster_spec
+
+    exp = config.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                        "controller": {"remote": "10.0.0.5:6653"}})
+    with pytest.raises(ConfigError) as err:
+        check_cluster_spec(exp)
+    assert err.value.path == "controller.remote" and "cluster" in err.value.message
+
+
 def test_capture_targets_resolve_to_one_interface_and_its_namespace():
     from testbed.model.builders import fat_tree
     from testbed.plan.capture import capture_point

@@ -77,3 +77,23 @@ def test_a_runs_drawing_colours_links_by_use_and_marks_the_failed_one():
     assert len(dashed_red) == 1 and widths[-1] > 3.5 > widths[0]
     assert len(fig.axes) == 2  # the utilization colour scale
     plt.close(fig)
+
+
+def test_the_topology_file_an_app_reads_comes_out_of_graph():
+    """``graph --format json`` prints the file a controller app finds in FABRICLAB_TOPOLOGY:
+    the model's own dictionary, which reads back into the same topology."""
+    import json
+
+    from fabriclab.model import experiment as xp
+    from testbed.model.topology import from_dict
+
+    path = ROOT / "experiments" / "quickstart.yaml"
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "graph", str(path),
+                           "--format", "json"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    topo = xp.load(path).topology
+    assert doc == json.loads(json.dumps(topo.to_dict()))
+    again = from_dict(doc)
+    assert [(l.a, l.b) for l in again.links] == [(l.a, l.b) for l in topo.links]

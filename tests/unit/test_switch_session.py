@@ -72,6 +72,35 @@ def test_the_handshake_is_answered_as_a_switch_does():
     assert (status.desc.port_no, status.desc.state) == (1, ofp.OFPPS_LINK_DOWN)
 
 
+def _hello(version: int, bitmap: set[int] | None) -> bytes:
+    import struct
+
+    body = b""
+    if bitmap is not None:
+        body = struct.pack("!HHI", ofp.OFPHET_VERSIONBITMAP, 8, sum(1 << v for v in bitmap))
+    return struct.pack("!BBHI", version, ofp.OFPT_HELLO, 8 + len(body), 1) + body
+
+
+@pytest.mark.parametrize("version, bitmap, agreed", [
+    (6, None, True), (7, None, True), (6, {4, 6}, True), (4, None, False),
+    (4, {1, 4}, False), (5, {4, 5}, False)])
+def test_version_negotiation_takes_a_controller_that_speaks_1_5(version, bitmap, agreed):
+    """A controller whose hello (its version, or its version bitmap) includes OpenFlow 1.5
+    is answered; one of 1.3 only gets HELLO_FAILED, and the session says why."""
+    session = _session("edge1_1", fat_tree(4))
+    out = session.receive(_hello(version, bitmap))
+    assert session.handshaken is False
+    if agreed:
+        assert out == b"" and session.refused == ""
+        session.receive(_wire(parser.OFPFeaturesRequest(FakeDatapath()), 2))
+        assert session.handshaken is True
+        return
+    (error,) = _replies(out)
+    assert (error.type, error.code) == (ofp.OFPET_HELLO_FAILED, ofp.OFPHFC_INCOMPATIBLE)
+    assert "speaks 1.5 (0x06) only" in session.refused
+    assert f"0x{version:02x}" in session.refused
+
+
 @pytest.mark.parametrize("routing", [Routing.ECMP, Routing.DMODK, Routing.SPRAY,
                                      Routing.ADAPTIVE])
 def test_every_routing_modes_tables_arrive_whole(routing):

@@ -1,0 +1,49 @@
+"""The experiment file's ``controller`` section (pure): fabriclab's own routing, a user's os-ken
+app (a Python file, relative to the experiment file) or a remote controller (``host:port``),
+checked field by field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed.errors import ConfigError
+from testbed.model.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
+
+_CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
+                     "spray_weights": SprayWeights, "poll_interval_s": float,
+                     "ready_timeout_s": float, "restart": bool, "tls": bool, "app": str,
+                     "remote": str, "settle_s": float}
+#: fabriclab's own routing's settings: meaningless with an app or a remote controller
+_ROUTING_KEYS = ("routing", "ecmp_seed", "ecmp_selection", "spray_weights", "poll_interval_s",
+                 "restart")
+
+
+def parse_controller(raw: dict, source: str) -> ControllerSpec:
+    """The controller section: an app's path made absolute (relative to the experiment file)
+    and checked, a remote address checked, settings that do not apply refused by name."""
+    typed = {k: _CONTROLLER_TYPES[k](v) for k, v in raw.items()}
+    user = [k for k in ("app", "remote") if raw.get(k)]
+    if len(user) == 2:
+        raise ConfigError("controller.remote", "app and remote exclude each other: the app "
+                                               "runs in fabriclab's controller process")
+    if user:
+        for key in _ROUTING_KEYS:
+            if key in raw:
+                raise ConfigError(f"controller.{key}", f"fabriclab's routing; with "
+                                  f"controller.{user[0]} that controller decides")
+    if raw.get("app"):
+        base = Path(source).parent if not source.startswith("<") else Path(".")
+        path = (base / raw["app"]).resolve()
+        if not path.is_file() or path.suffix != ".py":
+            raise ConfigError("controller.app", f"no Python file {str(path)!r} (an os-ken app; "
+                                                "relative to the experiment file)")
+        typed["app"] = str(path)
+    if raw.get("remote"):
+        host, _, port = raw["remote"].rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError("controller.remote", f"{raw['remote']!r} is not HOST:PORT "
+                                                   "(10.0.0.5:6653)")
+        if raw.get("tls"):
+            raise ConfigError("controller.tls", "the run's own certificates are for its own "
+                                                "controller, not a remote one")
+    return ControllerSpec(**typed)

@@ -1,0 +1,84 @@
+"""A controller of your own: the os-ken apps in ``examples/`` (``controller.app``), run by
+fabriclab's launcher in place of its routing, and a controller the test runs itself
+(``controller.remote``), route real fabrics to every pair reachable; os-ken's LLDP discovery
+finds the links on Open vSwitch (root: real fabrics)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from testbed.poll import wait_for
+from tests.integration.conftest import ROOT
+
+QUICKSTART = (ROOT / "experiments" / "quickstart.yaml").read_text()
+
+
+def _cli(state, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
+                           *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout_s)
+
+
+def _check(tmp_path, experiment: str) -> dict:
+    path = tmp_path / "exp.yaml"
+    path.write_text(experiment)
+    done = _cli(tmp_path / "state", "up", "--check", "--json", str(path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _with_controller(text: str, controller: str) -> str:
+    """The quickstart experiment with its controller section replaced."""
+    head, _, rest = text.partition("controller:\n")
+    tail = rest.split("\nworkload:", 1)[1]
+    return f"{head}controller: {controller}\nworkload:{tail}"
+
+
+def test_an_app_from_examples_routes_the_quickstart_fabric(tmp_path):
+    app = ROOT / "examples" / "shortest_path.py"
+    doc = _check(tmp_path, _with_controller(QUICKSTART, f"{{app: {app}}}"))
+    reach = doc["reachability"]
+    assert (reach["ok"], reach["pairs"], reach["lost"]) == (240, 240, 0), reach
+
+
+def test_a_remote_controller_the_user_runs_routes_the_quickstart_fabric(tmp_path):
+    """The controller is os-ken with the same example app, started here as a user would start
+    theirs, on a port of the OS's choosing; the fabric starts no controller of its own."""
+    exp = tmp_path / "qs.yaml"
+    exp.write_text(QUICKSTART)
+    topo = tmp_path / "topology.json"
+    drawn = _cli(tmp_path / "state", "graph", str(exp), "--format", "json", "-o", str(topo))
+    assert drawn.returncode == 0, drawn.stderr
+    port_file, log = tmp_path / "port", tmp_path / "remote.log"
+    remote = subprocess.Popen([sys.executable, "-m", "controllers.launcher", "--topology",
+                               str(topo), "--status", str(tmp_path / "status.json"), "--port",
+                               "0", "--port-file", str(port_file), "--log", str(log),
+                               "--user-app", str(ROOT / "examples" / "shortest_path.py")],
+                              cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        port = wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 30,
+                        "the remote controller to listen")
+        doc = _check(tmp_path, _with_controller(QUICKSTART, f"{{remote: '127.0.0.1:{port}'}}"))
+        assert doc["controller"] == f"127.0.0.1:{port}"
+        reach = doc["reachability"]
+        assert (reach["ok"], reach["pairs"], reach["lost"]) == (240, 240, 0), reach
+        assert remote.poll() is None, remote.stderr.read()
+    finally:
+        remote.terminate()
+        remote.wait(10)
+        remote.stderr.close()
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_lldp_discovery_finds_the_links_for_an_app_on_open_vswitch(tmp_path):
+    app = ROOT / "examples" / "shortest_path_lldp.py"
+    doc = _check(tmp_path, f"""version: 1
+name: lldp
+fabric: {{topology: leaf_spine, leaves: 3, spines: 2, hosts_per_leaf: 2,
+          host_link: {{rate_mbps: 5}}, fabric_link: {{rate_mbps: 5}}}}
+emulator: {{datapath: ovs}}
+controller: {{app: {app}}}
+""")
+    reach = doc["reachability"]
+    assert (reach["ok"], reach["pairs"], reach["lost"]) == (30, 30, 0), reach
