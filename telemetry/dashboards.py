@@ -9,8 +9,12 @@ the lab VM mount); a unit test checks the committed files are what this module g
 
 from __future__ import annotations
 
+import html
 import json
+import math
 import sys
+import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +29,11 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 OUT_DIR = Path(__file__).resolve().parent / "grafana" / "dashboards"
 RATE = "$__rate_interval"
 PORT = 'switch=~"$switch", tier=~"$tier"'
-UTIL = (f"rate(fabriclab_port_transmit_bytes_total{{{PORT}}}[{RATE}]) * 8"
-        f" / fabriclab_port_speed_bits_per_second{{{PORT}}}")
+UTIL = (f"rate(fabriclab_port_transmit_bytes_total{{{PORT}}}[{RATE}])"
+        f" / fabriclab_port_speed_bytes{{{PORT}}}")
+#: a panel whose series exist only while its feature works (collectives, statistics rounds)
+#: shows 0 rather than nothing when it does not
+ZERO = " or on() vector(0)"
 JOB = 'workload_job=~"$job"'
 
 
@@ -40,6 +47,15 @@ class PanelSpec:
     kind: str = "timeseries"  # timeseries | heatmap | stat
     legend: str = ""
     description: str = ""
+
+
+def resolved(expr: str, variables: dict[str, str], rate_interval: str) -> str:
+    """``expr`` with its dashboard variables and ``$__rate_interval`` filled in, as Grafana
+    sends it to Prometheus."""
+    expr = expr.replace("$__rate_interval", rate_interval)
+    for name, value in sorted(variables.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(f"${name}", value)
+    return expr
 
 
 @dataclass(frozen=True)
@@ -81,39 +97,42 @@ DASHBOARDS = (
                   f"(rate(fabriclab_port_pfc_paused_seconds_total{{{PORT}}}[{RATE}]))",
                   "percentunit", legend="{{switch}}:{{port}} p{{priority}}"),
         PanelSpec("Queue drops", f"sum by (switch, port) "
-                  f"(rate(fabriclab_port_drops_total{{{PORT}}}[{RATE}]))", "pps",
+                  f"(rate(fabriclab_port_queue_dropped_packets_total{{{PORT}}}[{RATE}]))", "pps",
                   legend="{{switch}}:{{port}}"),
         PanelSpec("Ports down", f"count(fabriclab_port_up{{{PORT}}} == 0) or "
                   f"(count(fabriclab_port_up{{{PORT}}}) * 0)", "short", "stat",
                   description="Switch ports whose link has no carrier (failed links)."),
     )),
     DashboardSpec("fabriclab-collectives", "fabriclab / collectives", (
-        Variable("job", "fabriclab_collective_busbw_bits_per_second", "workload_job"),), (
+        Variable("job", "fabriclab_collective_busbw_bytes_per_second", "workload_job"),), (
         PanelSpec("Bus bandwidth (latest collective)",
-                  f"fabriclab_collective_busbw_bits_per_second{{{JOB}}}", "bps",
+                  f"fabriclab_collective_busbw_bytes_per_second{{{JOB}}}{ZERO}", "Bps",
                   legend="job {{workload_job}} {{label}} {{transport}} {{routing}}"),
         PanelSpec("Efficiency (busbw / link rate)",
-                  f"fabriclab_collective_efficiency_ratio{{{JOB}}}", "percentunit",
+                  f"fabriclab_collective_efficiency_ratio{{{JOB}}}{ZERO}", "percentunit",
                   legend="job {{workload_job}} {{label}} {{transport}}"),
         PanelSpec("Collective time p50", "histogram_quantile(0.5, sum by (le, label, op, "
-                  f"transport) (fabriclab_collective_duration_seconds_bucket{{{JOB}}}))", "s",
-                  legend="{{label}} {{transport}}"),
+                  f"transport) (fabriclab_collective_duration_seconds_bucket{{{JOB}}})){ZERO}",
+                  "s", legend="{{label}} {{transport}}"),
         PanelSpec("Collectives finished", f"sum by (label, transport) "
-                  f"(fabriclab_collective_duration_seconds_count{{{JOB}}})", "short",
+                  f"(fabriclab_collective_duration_seconds_count{{{JOB}}}){ZERO}", "short",
                   legend="{{label}} {{transport}}"),
         PanelSpec("Transport: sent", f"sum by (transport) "
-                  f"(rate(fabriclab_transport_sent_bytes_total{{{JOB}}}[{RATE}])) * 8", "bps",
+                  f"(rate(fabriclab_transport_sent_bytes_total{{{JOB}}}[{RATE}])){ZERO}", "Bps",
                   legend="{{transport}}"),
         PanelSpec("Transport: retransmitted share", f"sum by (transport) "
-                  f"(fabriclab_transport_retransmitted_packets_total{{{JOB}}}) / sum by "
-                  f"(transport) (fabriclab_transport_sent_packets_total{{{JOB}}})",
-                  "percentunit", legend="{{transport}}"),
+                  f"(fabriclab_transport_retransmitted_bytes_total{{{JOB}}}) / (sum by "
+                  f"(transport) (fabriclab_transport_sent_bytes_total{{{JOB}}}) > 0) or sum by "
+                  f"(transport) (fabriclab_transport_sent_bytes_total{{{JOB}}}) * 0{ZERO}",
+                  "percentunit", legend="{{transport}}",
+                  description="Retransmitted payload bytes over payload bytes sent."),
         PanelSpec("Transport: out-of-order arrivals", f"sum by (transport) "
-                  f"(fabriclab_transport_out_of_order_packets_total{{{JOB}}})", "short",
+                  f"(fabriclab_transport_out_of_order_packets_total{{{JOB}}}){ZERO}", "short",
                   legend="{{transport}}"),
         PanelSpec("Transport: rate or window cuts", f"sum by (transport) "
-                  f"(fabriclab_transport_rate_cuts_total{{{JOB}}})", "short",
-                  legend="{{transport}}"),
+                  f"(fabriclab_transport_rate_cuts_total{{{JOB}}}){ZERO}", "short",
+                  legend="{{transport}}",
+                  description="The UDP transports' cuts (TCP's are not counted: 0)."),
     )),
     DashboardSpec("fabriclab-controller", "fabriclab / controller", (), (
         PanelSpec("Switches", "fabriclab_controller_switches", "short", legend="{{state}}"),
@@ -125,10 +144,11 @@ DASHBOARDS = (
         PanelSpec("Reroutes", "fabriclab_controller_reroutes_total", "short",
                   description="Port events that changed forwarding."),
         PanelSpec("Stats poll p99", "histogram_quantile(0.99, sum by (le) "
-                  "(fabriclab_controller_stats_poll_seconds_bucket))", "s"),
+                  "(fabriclab_controller_stats_poll_seconds_bucket)) >= 0" + ZERO, "s",
+                  description="Adaptive routing's statistics rounds (0: no rounds)."),
         PanelSpec("Elephants placed", "fabriclab_controller_elephants_placed_total", "short"),
-        PanelSpec("Controller CPU", f"rate(fabriclab_controller_cpu_seconds_total[{RATE}])",
-                  "percentunit"),
+        PanelSpec("Controller CPU", 'rate(process_cpu_seconds_total{job="controller"}'
+                  f"[{RATE}])", "percentunit"),
     )),
     DashboardSpec("fabriclab-fidelity", "fabriclab / emulator fidelity", PORT_VARIABLES, (
         PanelSpec("Machine CPU busy", "1 - sum by (instance, machine) (rate("
@@ -137,15 +157,20 @@ DASHBOARDS = (
                   legend="{{machine}}",
                   description="Above ~90 % the machine, not the network, decides the result "
                               "(on a cluster, each machine's)."),
-        PanelSpec("vswitchd CPU (cores)",
-                  f"rate(fabriclab_vswitchd_cpu_seconds_total[{RATE}])", "short",
-                  legend="{{machine}} {{vswitchd}}"),
+        PanelSpec("Switching CPU (cores)", "sum by (machine, vswitchd, switches) (rate("
+                  f"fabriclab_vswitchd_cpu_seconds_total[{RATE}])) or on(machine) sum by "
+                  f"(machine) (rate(fabriclab_machine_cpu_seconds_total{{mode=\"softirq\"}}"
+                  f"[{RATE}]))", "short", legend="{{machine}} {{vswitchd}} {{switches}}",
+                  description="Open vSwitch's daemons, each with the switches it serves; "
+                              "with eBPF switches, which forward in the kernel, the machine's "
+                              "softirq time."),
         PanelSpec("Achieved / configured rate of busy ports",
                   f"({UTIL}) and on (switch, port) (sum by (switch, port) "
-                  f"(min_over_time(fabriclab_port_queue_bytes{{{PORT}}}[{RATE}])) > 0)",
+                  f"(min_over_time(fabriclab_port_queue_bytes{{{PORT}}}[{RATE}])) > 0){ZERO}",
                   "percentunit", legend="{{switch}}:{{port}}",
                   description="Ports whose queue never emptied over the window send at "
-                              "their configured rate in a faithful emulation (1.0)."),
+                              "their configured rate in a faithful emulation (1.0); 0 while "
+                              "no port's queue stayed non-empty (nothing to judge)."),
     )),
 )
 
@@ -192,6 +217,66 @@ def write(out_dir: Path = OUT_DIR) -> list[Path]:
         path.write_text(render(spec))
         paths.append(path)
     return paths
+
+
+@dataclass(frozen=True)
+class GraphLink:
+    """One panel as a link to Prometheus's own graph page, its query filled in."""
+
+    dashboard: str
+    title: str
+    expr: str
+    url: str
+    description: str = ""
+
+
+def graph_links(base_url: str, start: float, end: float,
+                rate_interval: str) -> dict[str, tuple[str, list[GraphLink]]]:
+    """Every dashboard's panels as links into Prometheus's graph page (``/graph``, as its UI
+    reads them back: ``g0.expr``, ``g0.range_input``, ``g0.end_input``), the range being the
+    run's; variables at "all" and ``$__rate_interval`` as given. Where Grafana cannot run,
+    this is the way to look at a run's data as the dashboards group it.
+
+    Returns:
+        dashboard title -> (a link showing all of its panels on one page, each panel's).
+    """
+    range_s = max(1, math.ceil(end - start))
+    end_text = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(math.ceil(end)))
+    out = {}
+    for spec in DASHBOARDS:
+        variables = {v.name: ".*" for v in spec.variables}
+        exprs = [resolved(p.expr, variables, rate_interval) for p in spec.panels]
+        links = [GraphLink(spec.title, p.title, expr,
+                           _graph_url(base_url, [expr], range_s, end_text), p.description)
+                 for p, expr in zip(spec.panels, exprs)]
+        out[spec.title] = (_graph_url(base_url, exprs, range_s, end_text), links)
+    return out
+
+
+def _graph_url(base_url: str, exprs: list[str], range_s: int, end_text: str) -> str:
+    params = {}
+    for i, expr in enumerate(exprs):
+        params |= {f"g{i}.expr": expr, f"g{i}.tab": "0", f"g{i}.range_input": f"{range_s}s",
+                   f"g{i}.end_input": end_text}
+    return f"{base_url}/graph?{urllib.parse.urlencode(params)}"
+
+
+def links_page(links: dict[str, tuple[str, list[GraphLink]]], title: str) -> str:
+    """:func:`graph_links` as one HTML page, grouped as the dashboards are."""
+    parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;max-width:70em;margin:2em auto}"
+             "li{margin:.3em 0}small{color:#555}</style>", f"<h1>{html.escape(title)}</h1>",
+             "<p>Each link opens Prometheus's graph page with the panel's query and the run's "
+             "time range (times in UTC).</p>"]
+    for board, (all_url, panels) in links.items():
+        parts.append(f"<h2>{html.escape(board)} <small>(<a href=\"{html.escape(all_url)}\">"
+                     f"all {len(panels)} panels on one page</a>)</small></h2><ul>")
+        for link in panels:
+            text = f" <small>{html.escape(link.description)}</small>" if link.description else ""
+            parts.append(f"<li><a href=\"{html.escape(link.url)}\">"
+                         f"{html.escape(link.title)}</a>{text}</li>")
+        parts.append("</ul>")
+    return "\n".join(parts) + "\n"
 
 
 if __name__ == "__main__":

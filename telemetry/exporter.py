@@ -9,14 +9,16 @@ the background. :mod:`telemetry.model.metrics` shapes the readings.
 
 from __future__ import annotations
 
+import platform
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import Metric
 
 from telemetry.model import metrics
@@ -25,6 +27,16 @@ from telemetry.prometheus import Prometheus
 from testbed.linux.files import write_json_atomic
 from testbed.linux.netlink import Netlink
 
+
+
+def _version() -> str:
+    try:
+        return version("fabriclab")
+    except PackageNotFoundError:  # a checkout never installed
+        return "unknown"
+
+
+BUILD_INFO = metrics.build_info(_version(), platform.python_version())
 
 
 class FabricCollector:
@@ -129,6 +141,16 @@ class FidelityCollector:
         yield from metrics.fidelity_families(self.fabric.cpu_times())
 
 
+def standard_registry() -> CollectorRegistry:
+    """A registry with what every exporter serves: its process (the standard
+    ``process_cpu_seconds_total``, memory, open files, start time) and its build
+    (``fabriclab_build_info``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    registry.register(CallbackCollector(lambda: [BUILD_INFO]))
+    return registry
+
+
 class Exporter:
     """A registry of collectors served over HTTP on 127.0.0.1 (port from the OS unless set);
     a context manager that stops the server on exit.
@@ -140,7 +162,7 @@ class Exporter:
     """
 
     def __init__(self, collectors: list, port: int = 0, host: str = LOOPBACK) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = standard_registry()
         for collector in collectors:
             self.registry.register(collector)
         self.collectors = collectors

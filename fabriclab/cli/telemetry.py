@@ -19,11 +19,13 @@ from rich.markup import escape
 from fabriclab.cli.output import EXIT_OK
 from fabriclab.cli.requests import ServeRequest, TopRequest
 from fabriclab.signals import Terminated, wait_until_stopped
+from telemetry import dashboards
 from telemetry.exporter import TELEMETRY_FILE
 from telemetry.model import top as topview
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_interval_of
 from telemetry.prometheus import Prometheus
 from testbed.errors import ConfigError, TestbedError
+from testbed.linux.files import write_text_atomic
 from testbed.runs.registry import Registry
 
 
@@ -68,6 +70,7 @@ def serve(req: ServeRequest, ui: Console) -> int:
     interval = _scrape_interval(source)
     with Prometheus(source, {}, interval, port=req.port) as prom:
         ui.print(f"Prometheus serving {source / 'data'} at {prom.url} (Ctrl-C stops it)")
+        _say_graph_links(prom, source, interval, ui)
         grafana = None
         if req.grafana:
             from telemetry.grafana import (
@@ -89,6 +92,21 @@ def serve(req: ServeRequest, ui: Console) -> int:
             if grafana is not None:
                 grafana.stop()
     return EXIT_OK
+
+
+def _say_graph_links(prom: Prometheus, source: Path, interval_s: float, ui: Console) -> None:
+    """The dashboards' panels as links into this Prometheus's graph page, over the data's time
+    range: one per dashboard on the console, every panel's in ``DIR/dashboards.html``."""
+    head = prom.api("status/tsdb").get("headStats", {})
+    start_ms, end_ms = head.get("minTime", 0), head.get("maxTime", 0)
+    end = end_ms / 1000 if 0 < end_ms < 1e15 else time.time()
+    start = start_ms / 1000 if 0 < start_ms <= end_ms else end - 3600
+    links = dashboards.graph_links(prom.url, start, end, f"{4 * interval_s:g}s")
+    page = source / "dashboards.html"
+    write_text_atomic(page, dashboards.links_page(links, f"fabriclab: {source.parent.name}"))
+    ui.print(f"the dashboards' panels in Prometheus's graph page: {page}")
+    for board, (url, panels) in links.items():
+        ui.print(f"  {board} ({len(panels)} panels): {url}", soft_wrap=True)
 
 
 def top(req: TopRequest, ui: Console) -> int:

@@ -1,8 +1,10 @@
 """Pure metric definitions: what the exporters expose, built from one reading of each source.
 
-Names follow node_exporter's style: one prefix ``fabriclab_``, base units (bytes, seconds,
-bits per second), ``_total`` for counters, help text on every metric, identifiers in labels and
-never in names, no per-flow labels. Every builder takes a snapshot (plain dicts, as the fabric,
+Names follow Prometheus's conventions as node_exporter does: one prefix ``fabriclab_``, base
+units (bytes, seconds; rates in bytes per second), ``_total`` for counters, ``_timestamp_seconds``
+for times, help text on every metric, identifiers in labels and never in names, no per-flow
+labels, and every series a feature could have present from the start (at 0 where the feature
+is off), so a dashboard shows 0 rather than nothing. Every builder takes a snapshot (plain dicts, as the fabric,
 the runner and ``/proc`` hand them out) and returns prometheus-client metric families, so a
 scrape reads each source once and nothing goes stale between scrapes. The adapters
 (:mod:`telemetry.exporter`) take the readings; this module only shapes them.
@@ -30,19 +32,23 @@ COLLECTIVE_LABELS = ("workload_job", "label", "op", "transport", "routing")
 DURATION_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500)
 #: Transport counters of a collective's row (``results.json``) -> metric name and help.
 TRANSPORT_COUNTERS = {
-    "tx_bytes": ("transport_sent_bytes_total", "Payload bytes the UDP transport sent "
-                                                "(retransmissions included)."),
-    "tx_packets": ("transport_sent_packets_total", "Packets the UDP transport sent."),
+    "tx_bytes": ("transport_sent_bytes_total", "Payload bytes the transport sent "
+                                                "(retransmissions included; TCP: TCP_INFO)."),
+    "tx_packets": ("transport_sent_packets_total", "Packets the UDP transport sent (0 for TCP, "
+                                                   "which counts segments, not packets)."),
     "tx_retransmitted": ("transport_retransmitted_packets_total",
-                         "Packets the UDP transport sent again (go-back-N or selective)."),
+                         "Packets the transport sent again (go-back-N, selective; TCP's "
+                         "MSS-sized retransmissions)."),
     "tx_retransmitted_bytes": ("transport_retransmitted_bytes_total",
-                               "Payload bytes the UDP transport sent again."),
+                               "Payload bytes the transport sent again."),
     "rx_out_of_order": ("transport_out_of_order_packets_total",
-                        "DATA packets that arrived out of order."),
+                        "Data packets that arrived out of order."),
     "tx_cnps": ("transport_cnps_total", "Congestion notification packets the senders "
                                         "received (rocev2)."),
-    "tx_rate_cuts": ("transport_rate_cuts_total", "Rate or window cuts the senders made."),
-    "tx_timeouts": ("transport_timeouts_total", "Retransmission timeouts."),
+    "tx_rate_cuts": ("transport_rate_cuts_total", "Rate or window cuts the senders made (the "
+                                                  "UDP transports; TCP's are not counted)."),
+    "tx_timeouts": ("transport_timeouts_total", "Retransmission timeouts (the UDP "
+                                                "transports)."),
 }
 
 
@@ -107,45 +113,43 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
     }
     up = GaugeMetricFamily(name("port_up"), "1 if the port's link is up (carrier), else 0.",
                            labels=PORT_LABELS)
-    rate = GaugeMetricFamily(name("port_speed_bits_per_second"),
-                             "The port's configured (shaped) rate.", labels=PORT_LABELS)
-    drops = CounterMetricFamily(name("port_drops"), "Packets the port's egress queue dropped "
-                                "(tail drops of a full queue, by priority).", labels=PRIO_LABELS)
+    rate = GaugeMetricFamily(name("port_speed_bytes"), "The port's configured (shaped) rate, in "
+                             "bytes per second.", labels=PORT_LABELS)
+    drops = CounterMetricFamily(name("port_queue_dropped_packets"), "Packets the port's egress "
+                                "queue dropped (tail drops of a full queue, by priority).",
+                                labels=PRIO_LABELS)
     backlog = GaugeMetricFamily(name("port_queue_bytes"),
                                 "Bytes queued at the port's egress now, by priority.",
                                 labels=PRIO_LABELS)
     marked = CounterMetricFamily(name("port_ecn_marked_packets"),
                                  "Packets the port marked CE, by priority.", labels=PRIO_LABELS)
-    loss = CounterMetricFamily(name("port_link_loss_drops"), "Packets dropped by the link's "
-                               "configured random loss, by priority.", labels=PRIO_LABELS)
+    loss = CounterMetricFamily(name("port_link_loss_dropped_packets"), "Packets dropped by the "
+                               "link's configured random loss, by priority.", labels=PRIO_LABELS)
     pauses = CounterMetricFamily(name("port_pfc_pause_events"), "PFC pauses the port received "
                                  "(its egress stopped), by priority.", labels=PRIO_LABELS)
     paused = CounterMetricFamily(name("port_pfc_paused_seconds"), "Time the port's egress was "
                                  "paused by PFC, by priority.", labels=PRIO_LABELS)
     for ifname, who in sorted(ports.items()):
         labels = who.values()
-        rate.add_metric(labels, who.rate_bps)
+        rate.add_metric(labels, who.rate_bps / 8)
         link = links.get(ifname)
         if link is not None:
             for key, family in fam.items():
                 family.add_metric(labels, link[key])
             up.add_metric(labels, 1.0 if link.get("up", True) else 0.0)
-        for prio, counts in sorted(congestion.get(ifname, {}).get("priorities", {}).items()):
+        # every priority's series, at 0 where its feature (a marker, loss, PFC) is off
+        priorities = congestion.get(ifname, {}).get("priorities") or {0: {}}
+        for prio, counts in sorted(priorities.items()):
             plabels = [*labels, str(prio)]
-            queue = counts.get("queue")
-            if queue is not None:
-                drops.add_metric(plabels, queue.get("drops", 0))
-                backlog.add_metric(plabels, queue.get("backlog_bytes", 0))
-            if "marked" in counts or (queue and "marked" in queue):
-                # the eBPF marker's marks, plus a RED leaf's where RED marks this priority
-                marked.add_metric(plabels, counts.get("marked", 0)
-                                  + (queue or {}).get("marked", 0))
-            if "loss_drops" in counts:
-                loss.add_metric(plabels, counts["loss_drops"])
-            pfc = counts.get("pfc")
-            if pfc is not None:
-                pauses.add_metric(plabels, pfc["pause_events"])
-                paused.add_metric(plabels, pfc["paused_s"])
+            queue = counts.get("queue") or {}
+            drops.add_metric(plabels, queue.get("drops", 0))
+            backlog.add_metric(plabels, queue.get("backlog_bytes", 0))
+            # the eBPF marker's marks, plus a RED leaf's where RED marks this priority
+            marked.add_metric(plabels, counts.get("marked", 0) + queue.get("marked", 0))
+            loss.add_metric(plabels, counts.get("loss_drops", 0))
+            pfc = counts.get("pfc") or {}
+            pauses.add_metric(plabels, pfc.get("pause_events", 0))
+            paused.add_metric(plabels, pfc.get("paused_s", 0.0))
     return [*fam.values(), up, rate, drops, backlog, marked, loss, pauses, paused]
 
 
@@ -162,12 +166,12 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
     duration = Histogram(name("collective_duration_seconds"),
                           "Time from a collective's start to its last rank's end.",
                           COLLECTIVE_LABELS, DURATION_BUCKETS_S)
-    busbw = GaugeMetricFamily(name("collective_busbw_bits_per_second"),
-                              "Bus bandwidth of the latest collective (NCCL-tests definition).",
-                              labels=COLLECTIVE_LABELS)
-    algbw = GaugeMetricFamily(name("collective_algbw_bits_per_second"),
-                              "Algorithm bandwidth of the latest collective (bytes / time).",
-                              labels=COLLECTIVE_LABELS)
+    busbw = GaugeMetricFamily(name("collective_busbw_bytes_per_second"),
+                              "Bus bandwidth of the latest collective (NCCL-tests definition), "
+                              "in bytes per second.", labels=COLLECTIVE_LABELS)
+    algbw = GaugeMetricFamily(name("collective_algbw_bytes_per_second"),
+                              "Algorithm bandwidth of the latest collective (bytes / time), in "
+                              "bytes per second.", labels=COLLECTIVE_LABELS)
     efficiency = GaugeMetricFamily(name("collective_efficiency_ratio"),
                                    "Bus bandwidth of the latest collective over the link rate.",
                                    labels=COLLECTIVE_LABELS)
@@ -177,27 +181,26 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
     totals: dict[tuple, dict[str, float]] = {}
     latest: dict[tuple, dict] = {}
     running = list(running)
-    for item in running:  # a UDP transport's counters exist (at 0) from its start: rates
-        key = _collective_key(item, routing)  # then see the step when it ends
-        if key[3] != "tcp":
-            totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
+    for item in running:  # a transport's counters exist (at 0) from its start: rates then
+        key = _collective_key(item, routing)  # see the step when it ends
+        totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
     for row in rows:
         key = _collective_key(row, routing)
         duration.observe(key, row["duration_s"])
         latest[key] = row
-        sums = totals.setdefault(key, {})
+        sums = totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
         for field in TRANSPORT_COUNTERS:
             value = (row.get("transport") or {}).get(field)
             if value is not None:
                 sums[field] = sums.get(field, 0) + value
     for key, row in latest.items():
-        busbw.add_metric(list(key), row["busbw_gbps"] * 1e9)
-        algbw.add_metric(list(key), row["algbw_gbps"] * 1e9)
+        busbw.add_metric(list(key), row["busbw_gbps"] * 1e9 / 8)
+        algbw.add_metric(list(key), row["algbw_gbps"] * 1e9 / 8)
         efficiency.add_metric(list(key), row.get("efficiency") or 0.0)
     for key, sums in totals.items():
         for field, value in sums.items():
             transport[field].add_metric(list(key), value)
-    started = GaugeMetricFamily(name("collective_running_since_seconds"),
+    started = GaugeMetricFamily(name("collective_started_timestamp_seconds"),
                                 "Start (Unix time) of each collective in progress.",
                                 labels=COLLECTIVE_LABELS)
     for item in running:
@@ -237,13 +240,23 @@ class Histogram:
         return fam
 
 
+def build_info(version: str, python: str) -> Metric:
+    """``fabriclab_build_info``: which fabriclab (and Python) an exporter runs, always 1."""
+    info = GaugeMetricFamily(name("build_info"), "The fabriclab version and the Python running "
+                             "this exporter (the value is always 1).",
+                             labels=("version", "python_version"))
+    info.add_metric([version, python], 1.0)
+    return info
+
+
 def fidelity_families(machines: dict[str, dict]) -> list[Metric]:
     """The emulator's own load: is a machine, not the network, deciding the result?
 
     Args:
         machines: per machine (one, or each of a cluster), ``cpu``: its CPU seconds by mode
             (``/proc/stat``: ``user``, ``system``, ``idle``, ...) summed over its cores,
-            ``cores``, and ``vswitchd``: each of its Open vSwitch daemons' CPU seconds.
+            ``cores``, ``vswitchd``: each of its Open vSwitch daemons' CPU seconds, and
+            ``vswitchd_switches``: the switches each serves (comma-separated names).
     """
     machine = CounterMetricFamily(name("machine_cpu_seconds"), "The machine's CPU time by "
                                   "mode, over all cores (/proc/stat).",
@@ -251,14 +264,15 @@ def fidelity_families(machines: dict[str, dict]) -> list[Metric]:
     count = GaugeMetricFamily(name("machine_cpu_cores"), "The machine's cores.",
                               labels=("machine",))
     vswitchd = CounterMetricFamily(name("vswitchd_cpu_seconds"), "CPU time of each Open "
-                                   "vSwitch daemon (user and system).",
-                                   labels=("machine", "vswitchd"))
+                                   "vSwitch daemon (user and system), with the switches it "
+                                   "serves.", labels=("machine", "vswitchd", "switches"))
     for host, data in sorted(machines.items()):
         for mode, seconds in sorted(data["cpu"].items()):
             machine.add_metric([host, mode], seconds)
         count.add_metric([host], data["cores"])
+        serving = data.get("vswitchd_switches", {})
         for instance, seconds in sorted(data["vswitchd"].items()):
-            vswitchd.add_metric([host, instance], seconds)
+            vswitchd.add_metric([host, instance, serving.get(instance, "")], seconds)
     return [machine, count, vswitchd]
 
 
@@ -280,7 +294,8 @@ def controller_families(stats: dict, poll: Histogram) -> list[Metric]:
         stats: ``switches_expected``, ``connected`` and ``programmed`` (counts), ``ops`` (kind
             -> OpenFlow operations sent: ``flow_add``, ``group_mod``, ...), ``port_events``,
             ``reroutes`` (port events that changed forwarding), ``links_down``,
-            ``placements`` and ``moves`` (adaptive elephants), ``cpu_s``.
+            ``placements`` and ``moves`` (adaptive elephants). The process's CPU is the
+            standard ``process_cpu_seconds_total`` every exporter serves.
         poll: :func:`poll_histogram`, observed by the controller.
     """
     switches = GaugeMetricFamily(name("controller_switches"), "Switches by state (expected, "
@@ -302,6 +317,4 @@ def controller_families(stats: dict, poll: Histogram) -> list[Metric]:
                                  "on a path (adaptive routing).", value=stats.get("placements", 0))
     moved = CounterMetricFamily(name("controller_elephants_moved"), "Placed elephants moved to "
                                 "another path (adaptive routing).", value=stats.get("moves", 0))
-    cpu = CounterMetricFamily(name("controller_cpu_seconds"), "The controller process's CPU "
-                              "time (user and system).", value=stats.get("cpu_s", 0.0))
-    return [switches, ops, events, reroutes, down, poll.family(), placed, moved, cpu]
+    return [switches, ops, events, reroutes, down, poll.family(), placed, moved]

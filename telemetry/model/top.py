@@ -64,27 +64,29 @@ def frame(before: Samples, after: Samples, seconds: float, now: float) -> Frame:
         return out
     rates = {}
     for name in ("fabriclab_port_transmit_bytes_total", "fabriclab_port_ecn_marked_packets_total",
-                 "fabriclab_port_pfc_pause_events_total", "fabriclab_port_drops_total"):
+                 "fabriclab_port_pfc_pause_events_total",
+                 "fabriclab_port_queue_dropped_packets_total"):
         b, a = _per_port(before, name), _per_port(after, name)
         rates[name] = {k: max(0.0, v - b.get(k, v)) / seconds for k, v in a.items()}
     queue = _per_port(after, "fabriclab_port_queue_bytes")
     up = _per_port(after, "fabriclab_port_up")
-    for s in after.get("fabriclab_port_speed_bits_per_second", []):
+    for s in after.get("fabriclab_port_speed_bytes", []):
         key = (s.labels["switch"], s.labels["port"])
         sent = rates["fabriclab_port_transmit_bytes_total"].get(key, 0.0)
         out.ports.append(PortRow(
-            key[0], key[1], s.labels["peer"], s.labels["tier"], sent * 8 / s.value,
+            key[0], key[1], s.labels["peer"], s.labels["tier"], sent / s.value,
             queue.get(key, 0.0), rates["fabriclab_port_ecn_marked_packets_total"].get(key, 0.0),
             rates["fabriclab_port_pfc_pause_events_total"].get(key, 0.0),
-            rates["fabriclab_port_drops_total"].get(key, 0.0), up.get(key, 1.0) > 0))
-    for s in after.get("fabriclab_collective_running_since_seconds", []):
+            rates["fabriclab_port_queue_dropped_packets_total"].get(key, 0.0),
+            up.get(key, 1.0) > 0))
+    for s in after.get("fabriclab_collective_started_timestamp_seconds", []):
         out.running.append((s.labels["label"], s.labels["op"], s.labels["transport"],
                             max(0.0, now - s.value)))
     eff = {tuple(s.labels[k] for k in ("label", "op", "transport")): s.value
            for s in after.get("fabriclab_collective_efficiency_ratio", [])}
-    for s in after.get("fabriclab_collective_busbw_bits_per_second", []):
+    for s in after.get("fabriclab_collective_busbw_bytes_per_second", []):
         key = tuple(s.labels[k] for k in ("label", "op", "transport"))
-        out.latest.append((*key, s.value, eff.get(key, 0.0)))
+        out.latest.append((*key, s.value * 8, eff.get(key, 0.0)))
     return out
 
 

@@ -363,13 +363,13 @@ class Fabric(BuildSteps, ControllerProcess):
     def cpu_times(self) -> dict[str, dict]:
         """This machine's CPU seconds by mode, its cores and each vswitchd's CPU seconds, under
         its name (the fidelity exporter's; a cluster's has every machine)."""
-        vswitchd = {}
-        for instance, pid in self.vswitchd_pids().items():
-            seconds = process_cpu_s(pid)
-            if seconds is not None:
-                vswitchd[instance] = seconds
+        cpu = {name: process_cpu_s(pid) for name, pid in self.vswitchd_pids().items()}
+        vswitchd = {name: seconds for name, seconds in cpu.items() if seconds is not None}
+        serving = {name: ",".join(sorted(s for s, i in self.switch_instance.items()
+                                         if i.name == name) or self.record.bridges)
+                   for name in vswitchd}  # the system's vswitchd: every bridge
         return {self.machine_name: {"cpu": machine_cpu_s(), "cores": os.cpu_count() or 1,
-                                    "vswitchd": vswitchd}}
+                                    "vswitchd": vswitchd, "vswitchd_switches": serving}}
 
     def switch_ports(self) -> set[str]:
         """The root-namespace interface of every switch port (a server's scale-up switch's

@@ -4,11 +4,15 @@ data answers every dashboard query."""
 
 from __future__ import annotations
 
+import calendar
+import html
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -40,10 +44,17 @@ WORKLOAD = ("workload:\n  dscp: 26\n  timeout_s: 120\n  collectives:\n"
 RATE_INTERVAL = "4s"  # Grafana's $__rate_interval at a 1 s scrape (4 x the interval)
 
 
-def _scrape(target: str) -> dict[str, list]:
+def _text(target: str) -> str:
     with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+        return resp.read().decode()
+
+
+def _parse(text: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _scrape(target: str) -> dict[str, list]:
+    return _parse(_text(target))
 
 
 def _kernel_links(names: set[str]) -> dict[str, dict]:
@@ -68,7 +79,8 @@ def test_port_counters_agree_with_the_kernel_and_the_exporter_listens_on_loopbac
         listening = subprocess.run(["ss", "-Hltn", f"sport = :{exporter.port}"],
                                    capture_output=True, text=True, check=True).stdout
         assert listening.split()[3] == f"127.0.0.1:{exporter.port}", listening
-        metrics = _scrape(exporter.target)
+        exporter_text = _text(exporter.target)
+        metrics = _parse(exporter_text)
         kernel = _kernel_links(set(collector.ports))
     ours = {s.labels["switch"] + ":" + s.labels["port"]: s.value
             for s in metrics["fabriclab_port_transmit_bytes"]}
@@ -78,15 +90,25 @@ def test_port_counters_agree_with_the_kernel_and_the_exporter_listens_on_loopbac
         theirs = kernel[ifname]["tx"]["bytes"]
         assert mine == pytest.approx(theirs, rel=0.02), (ifname, mine, theirs)
     drops = {}
-    for s in metrics["fabriclab_port_drops"]:
+    for s in metrics["fabriclab_port_queue_dropped_packets"]:
         key = s.labels["switch"] + ":" + s.labels["port"]
         drops[key] = drops.get(key, 0) + s.value
     assert drops["leaf1:1"] > 0  # the incast overflowed the receiver's port
     for ifname, who in collector.ports.items():
         assert drops.get(f"{who.switch}:{who.port}", 0) == pytest.approx(
             _kernel_qdisc_drops(ifname), rel=0.02, abs=0), ifname
-    assert metrics["fabriclab_vswitchd_cpu_seconds"], "no vswitchd CPU"
+    vswitchd = metrics["fabriclab_vswitchd_cpu_seconds"]
+    assert vswitchd, "no vswitchd CPU"
+    served = {sw for s in vswitchd for sw in s.labels["switches"].split(",")}
+    assert served == {sw.name for sw in fabric.topo.switches}  # named by their switches
     assert collector.scrape_s < 1.0
+    # Prometheus's own linter on both exporters' output: the fabric's and the controller's
+    for target in (exporter_text, _text(fabric.controller_status()["metrics"])):
+        check = subprocess.run(["promtool", "check", "metrics"], input=target,
+                               capture_output=True, text=True, check=False)
+        assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+    assert "process_cpu_seconds_total" in exporter_text
+    assert "fabriclab_build_info{" in exporter_text
 
 
 def test_a_run_with_telemetry_answers_every_dashboard_query(state_dir, tmp_path):
@@ -107,28 +129,93 @@ def test_a_run_with_telemetry_answers_every_dashboard_query(state_dir, tmp_path)
     assert config["global"]["scrape_interval"] == "1000ms"
     # the data outlives the run: served again as `fabriclab telemetry DIR` does
     with Prometheus(out / "prometheus", {}) as prom:
-        missing = []
-        for spec in dashboards.DASHBOARDS:
-            values = {v.name: ".*" for v in spec.variables}
-            for resolved in _variable_values(prom, spec, started, ended):
-                assert resolved, f"{spec.uid}: a variable resolves to nothing"
-            for panel in spec.panels:
-                expr = panel.expr.replace("$__rate_interval", RATE_INTERVAL)
-                for name, value in values.items():
-                    expr = expr.replace(f"${name}", value)
-                result = prom.api("query_range", query=expr, start=f"{started:.3f}",
-                                  end=f"{ended:.3f}", step="1")["result"]
-                if not any(series["values"] for series in result):
-                    missing.append(f"{spec.uid}: {panel.title}: {expr}")
-        assert not missing, "\n".join(missing)
-        busbw = prom.api("query_range", query="fabriclab_collective_busbw_bits_per_second",
+        assert not _panels_without_data(prom, started, ended)
+        busbw = prom.api("query_range", query="fabriclab_collective_busbw_bytes_per_second",
                          start=f"{started:.3f}", end=f"{ended:.3f}", step="1")["result"]
         labels = {s["metric"]["label"]: s["metric"] for s in busbw}
         assert labels["uet-ring"]["transport"] == "uet" and labels["uet-ring"][
             "experiment"] == "telemetry"
-        measured = {r["label"]: r["busbw_gbps"] * 1e9 for r in doc["collectives"]}
+        measured = {r["label"]: r["busbw_gbps"] * 1e9 / 8 for r in doc["collectives"]}
         assert float(next(s for s in busbw if s["metric"]["label"] == "incast")["values"][-1][
             1]) == pytest.approx(measured["incast"])
+
+
+def test_a_quickstart_run_with_telemetry_answers_every_dashboard_panel(state_dir, tmp_path):
+    """The default experiment as shipped (TCP, ECMP, eBPF switches where the machine has
+    them: no PFC, no statistics rounds, maybe no vswitchd): every panel of every dashboard
+    has data over the run, what is not in use at 0."""
+    out = tmp_path / "quickstart"
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state_dir),
+                           "run", str(ROOT / "experiments" / "quickstart.yaml"), "--out",
+                           str(out), "--telemetry", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    ended = time.time()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with Prometheus(out / "prometheus", {}) as prom:
+        missing = _panels_without_data(prom, started, ended)
+        panels = sum(len(spec.panels) for spec in dashboards.DASHBOARDS)
+        assert not missing, f"{len(missing)} of {panels} panels without data:\n" + \
+            "\n".join(missing)
+        tcp = prom.api("query", query="sum(fabriclab_transport_sent_bytes_total"
+                                      '{transport="tcp"})', time=f"{ended:.3f}")["result"]
+        # what the ranks of a ring all-reduce (2 (n-1) x size) and an all-to-all ((n-1) x
+        # size) send together
+        sent = sum({"all_reduce": 2, "all_to_all": 1}[r["op"]] * (r["communicator_size"] - 1)
+                   * r["bytes"] for r in json.loads(proc.stdout)["collectives"])
+        assert float(tcp[0]["value"][1]) >= sent  # TCP_INFO: every byte sent, and more
+    _served_links_show_data(state_dir, out)
+
+
+def _served_links_show_data(state_dir, out) -> None:
+    """``fabriclab telemetry DIR`` (no Grafana): its page of links into Prometheus's graph
+    page holds every panel, and each link's query, asked of the Prometheus it serves over the
+    link's range, has data."""
+    serve = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir",
+                              str(state_dir), "telemetry", str(out)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        said = ""
+        while "dashboards.html" not in said:
+            line = serve.stdout.readline()
+            assert line, f"fabriclab telemetry ended: {said}"
+            said += line
+        page = (out / "prometheus" / "dashboards.html").read_text()
+        urls = [html.unescape(u) for u in re.findall(r'<li><a href="([^"]+)"', page)]
+        assert len(urls) == sum(len(spec.panels) for spec in dashboards.DASHBOARDS)
+        for url in urls:
+            parts = urllib.parse.urlsplit(url)
+            query = {k: v[0] for k, v in urllib.parse.parse_qs(parts.query).items()}
+            end = calendar.timegm(time.strptime(query["g0.end_input"], "%Y-%m-%d %H:%M:%S"))
+            start = end - float(query["g0.range_input"].removesuffix("s"))
+            params = urllib.parse.urlencode({"query": query["g0.expr"], "start": start,
+                                             "end": end, "step": 1})
+            base = f"{parts.scheme}://{parts.netloc}"
+            with urllib.request.urlopen(f"{base}/api/v1/query_range?{params}",
+                                        timeout=10) as resp:
+                result = json.load(resp)["data"]["result"]
+            assert any(v != "NaN" for s in result for _, v in s["values"]), query["g0.expr"]
+            assert parts.path == "/graph"
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.communicate(timeout=30)
+
+
+def _panels_without_data(prom: Prometheus, start: float, end: float) -> list[str]:
+    """Every dashboard panel whose query (variables at "all", as Grafana opens a dashboard)
+    has no value other than NaN over the run; each variable resolves to something."""
+    missing = []
+    for spec in dashboards.DASHBOARDS:
+        for values in _variable_values(prom, spec, start, end):
+            assert values, f"{spec.uid}: a variable resolves to nothing"
+        variables = {v.name: ".*" for v in spec.variables}
+        for panel in spec.panels:
+            expr = dashboards.resolved(panel.expr, variables, RATE_INTERVAL)
+            result = prom.api("query_range", query=expr, start=f"{start:.3f}",
+                              end=f"{end:.3f}", step="1")["result"]
+            if not any(v != "NaN" for series in result for _, v in series["values"]):
+                missing.append(f"{spec.uid}: {panel.title}: {expr}")
+    return missing
 
 
 def _variable_values(prom: Prometheus, spec, start: float, end: float) -> list[list[str]]:

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from telemetry import dashboards
 
 from telemetry.model import metrics
-from telemetry.exporter import CallbackCollector, Exporter, WorkloadCollector, WorkloadState
+from telemetry.exporter import (CallbackCollector, Exporter, WorkloadCollector, WorkloadState,
+                                standard_registry)
 from telemetry.model.promconfig import (DISCOVERY_JOBS, discovery_groups, scrape_config, server_args,
                                   standing_config)
 from telemetry.model import promconfig
@@ -66,7 +67,7 @@ def _all_families() -> list:
 
 
 def _exposition() -> str:
-    registry = CollectorRegistry(auto_describe=False)
+    registry = standard_registry()
     registry.register(CallbackCollector(_all_families))
     return generate_latest(registry).decode()
 
@@ -75,7 +76,7 @@ def test_metric_names_types_labels_and_help_follow_node_exporter_style():
     families = list(text_string_to_metric_families(_exposition()))
     assert len(families) >= 35
     for fam in families:
-        assert fam.name.startswith("fabriclab_"), fam.name
+        assert fam.name.startswith(("fabriclab_", "process_")), fam.name  # ours, the standard
         assert fam.documentation, f"{fam.name} has no help"
         assert fam.type in ("counter", "gauge", "histogram"), (fam.name, fam.type)
         for sample in fam.samples:
@@ -86,7 +87,10 @@ def test_metric_names_types_labels_and_help_follow_node_exporter_style():
     units = {f.name for f in families}
     assert {"fabriclab_port_transmit_bytes", "fabriclab_port_queue_bytes",
             "fabriclab_port_pfc_paused_seconds", "fabriclab_collective_duration_seconds",
-            "fabriclab_port_speed_bits_per_second"} <= units
+            "fabriclab_port_speed_bytes", "fabriclab_collective_busbw_bytes_per_second",
+            "fabriclab_collective_started_timestamp_seconds"} <= units
+    assert not {"fabriclab_controller_cpu_seconds", "fabriclab_port_drops"} & units
+    assert not [u for u in units if "bits" in u]  # base units: bytes
 
 
 def test_port_metrics_carry_the_kernel_and_marker_counters_with_their_labels():
@@ -98,13 +102,28 @@ def test_port_metrics_carry_the_kernel_and_marker_counters_with_their_labels():
     down = [s.labels["switch"] + ":" + s.labels["port"]
             for s in fams["fabriclab_port_up"].samples if s.value == 0]
     assert down == ["spine1:1"]
-    marked = fams["fabriclab_port_ecn_marked_packets"].samples
-    assert {s.value for s in marked} == {3}  # the marker's 1 and the RED leaf's 2
+    marked = {(s.labels["priority"], s.value)
+              for s in fams["fabriclab_port_ecn_marked_packets"].samples}
+    assert marked == {("0", 3), ("3", 0)}  # the marker's 1 and the RED leaf's 2; none at 3
     pauses = fams["fabriclab_port_pfc_pause_events"].samples
-    assert {(s.labels["priority"], s.value) for s in pauses} == {("3", 7)}
-    speed = {s.labels["tier"]: s.value for s in fams["fabriclab_port_speed_bits_per_second"]
-             .samples}
-    assert speed == {"leaf->host": 10e6, "leaf->spine": 20e6, "spine->leaf": 20e6}
+    assert {(s.labels["priority"], s.value) for s in pauses} == {("0", 0), ("3", 7)}
+    drops = {(s.labels["priority"], s.value)
+             for s in fams["fabriclab_port_queue_dropped_packets"].samples}
+    assert drops == {("0", 3), ("3", 0)}
+    speed = {s.labels["tier"]: s.value for s in fams["fabriclab_port_speed_bytes"].samples}
+    assert speed == {"leaf->host": 10e6 / 8, "leaf->spine": 20e6 / 8, "spine->leaf": 20e6 / 8}
+
+
+def test_every_series_a_port_could_have_is_there_at_zero_when_its_feature_is_off():
+    """No marker, no PFC, no loss, no queue reading: the port's series still exist (0), so
+    a dashboard shows 0 and not "No data"."""
+    fams = {f.name: f for f in metrics.fabric_families(PORTS, _links(), {})}
+    for family in ("port_queue_dropped_packets", "port_queue_bytes", "port_ecn_marked_packets",
+                   "port_link_loss_dropped_packets", "port_pfc_pause_events",
+                   "port_pfc_paused_seconds"):
+        samples = fams[f"fabriclab_{family}"].samples
+        assert len(samples) == len(PORTS) and {s.value for s in samples} == {0}, family
+        assert {s.labels["priority"] for s in samples} == {"0"}
 
 
 def test_collective_metrics_are_cumulative_histograms_and_sums():
@@ -113,11 +132,15 @@ def test_collective_metrics_are_cumulative_histograms_and_sums():
                .samples if s.name.endswith("_bucket")}
     assert buckets["0.25"] == 0 and buckets["0.5"] == 1 and buckets["5"] == 2
     assert buckets["+Inf"] == 2
-    sent = fams["fabriclab_transport_sent_bytes"].samples[0]
-    assert sent.value == 200 and sent.labels["transport"] == "uet"
-    assert sent.labels["routing"] == "ecmp" and sent.labels["label"] == "all_reduce"
-    running = fams["fabriclab_collective_running_since_seconds"].samples
-    assert [(s.labels["label"], s.labels["transport"]) for s in running] == [("moe", "tcp")]
+    sent = {s.labels["transport"]: s for s in fams["fabriclab_transport_sent_bytes"].samples}
+    assert sent["uet"].value == 200 and sent["tcp"].value == 0  # tcp: running, from 0
+    assert sent["uet"].labels["routing"] == "ecmp"
+    assert sent["uet"].labels["label"] == "all_reduce"
+    running = fams["fabriclab_collective_started_timestamp_seconds"].samples
+    assert [(s.labels["label"], s.labels["transport"], s.value) for s in running] == [
+        ("moe", "tcp", 1e9)]
+    busbw = fams["fabriclab_collective_busbw_bytes_per_second"].samples
+    assert {s.value for s in busbw} == {0.004e9 / 8}
     ops = {s.labels["kind"]: s.value for s in
            fams["fabriclab_controller_openflow_operations"].samples}
     assert ops == {"flow_add": 40, "group_add": 6}
@@ -130,7 +153,9 @@ def test_the_exporter_serves_on_loopback_from_a_port_the_os_picks():
         assert exporter.host == "127.0.0.1" and exporter.port > 0
         with urllib.request.urlopen(f"http://{exporter.target}/metrics", timeout=5) as resp:
             text = resp.read().decode()
-    assert "fabriclab_collective_busbw_bits_per_second" in text
+    assert "fabriclab_collective_busbw_bytes_per_second" in text
+    # every exporter: the standard process metrics and its build
+    assert "process_cpu_seconds_total" in text and 'fabriclab_build_info{python_version="' in text
 
 
 def test_the_scrape_configuration():
@@ -222,7 +247,7 @@ def test_every_dashboard_query_uses_exported_metrics_and_resolvable_variables():
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == dashboards.DATASOURCE_UID
             for target in panel["targets"]:
-                used = set(re.findall(r"fabriclab_[a-z_]+", target["expr"]))
+                used = set(re.findall(r"(?:fabriclab|process)_[a-z_]+", target["expr"]))
                 assert used and used <= exported, (panel["title"], used - exported)
                 assert set(re.findall(r"\$(\w+)", target["expr"])) <= names | {
                     "__rate_interval"}, panel["title"]
@@ -293,3 +318,30 @@ def test_grafana_has_a_random_admin_password_kept_0600_and_anonymous_viewers_onl
     path = save_password(tmp_path, "x9Vq-3kLm_pQ2rTz")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text().strip() == "x9Vq-3kLm_pQ2rTz"
+
+
+def test_every_panel_becomes_a_link_into_prometheus_graph_page():
+    """Where Grafana cannot run: each dashboard's panels as links whose parameters Prometheus's
+    graph page reads back (the query with variables at "all", the run's range and end)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    links = dashboards.graph_links("http://127.0.0.1:9090", 1_800_000_000.2, 1_800_000_090.5,
+                                   "4s")
+    assert list(links) == [spec.title for spec in dashboards.DASHBOARDS]
+    for spec in dashboards.DASHBOARDS:
+        all_url, panels = links[spec.title]
+        assert [p.title for p in panels] == [p.title for p in spec.panels]
+        together = parse_qs(urlsplit(all_url).query)
+        assert len([k for k in together if k.endswith(".expr")]) == len(spec.panels)
+        for panel, link in zip(spec.panels, panels):
+            url = urlsplit(link.url)
+            assert (url.scheme, url.netloc, url.path) == ("http", "127.0.0.1:9090", "/graph")
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            assert query["g0.expr"] == link.expr == dashboards.resolved(
+                panel.expr, {v.name: ".*" for v in spec.variables}, "4s")
+            assert "$" not in link.expr
+            assert (query["g0.range_input"], query["g0.end_input"], query["g0.tab"]) == (
+                "91s", "2027-01-15 08:01:31", "0")
+    page = dashboards.links_page(links, "fabriclab: quickstart")
+    assert page.count("<h2>") == len(dashboards.DASHBOARDS)
+    assert page.count("<li>") == sum(len(s.panels) for s in dashboards.DASHBOARDS)

@@ -43,6 +43,7 @@ from testbed.linux.files import write_text_atomic
 from testbed.poll import wait_for
 from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
 from traffic.workloads.schedules import chunk_sizes
+from traffic.agents import tcpinfo
 from traffic.agents.engine import UdpEngine
 from traffic.transports.packet import Scale
 
@@ -220,7 +221,7 @@ class Agent:
                 if self.rank in (t.src, t.dst):
                     steps.setdefault(t.step, []).append((t.src, t.dst, t.nbytes))
             start = time.time()
-            before = self.engine.summary() if self.engine else None
+            before = self._counters()
             flows = []
             for step in sorted(steps):
                 keys = []
@@ -245,10 +246,16 @@ class Agent:
             results.append(CollectiveTiming(index, start, end, tuple(
                 FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
                 for k, n, is_send in flows if not is_send),
-                _delta(before, self.engine.summary()) if self.engine else None))
+                _delta(before, self._counters())))
         if self.engine is not None:  # a receiver's last ACK may be lost: it keeps answering
             self.barrier()  # retransmissions until every rank's sends are acknowledged
         return results
+
+    def _counters(self) -> dict:
+        """The transport's counters now: the UDP engine's, or the TCP connections' own."""
+        if self.engine is not None:
+            return self.engine.summary()
+        return tcpinfo.totals(self.socks.values())
 
     def _dispatch(self, sending: bool, queues: dict, work: Work, channel: int) -> None:
         """Hand one channel's share of a transfer to its connection's thread, or to the UDP

@@ -71,8 +71,9 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
 
 
 def transport_totals(per_rank: list[dict | None]) -> dict | None:
-    """One collective's UDP transport counters summed over its ranks, with the share of sent
-    payload that was new data (goodput / throughput)."""
+    """One collective's transport counters summed over its ranks (the UDP transports' own,
+    TCP's from ``TCP_INFO``), with the share of sent payload that was new data (goodput /
+    throughput)."""
     rows = [r for r in per_rank if r]
     if not rows:
         return None
@@ -82,8 +83,11 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
         for k, v in row.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[k] = out.get(k, 0) + v
-    sent = out.get("tx_packets", 0)
-    out["goodput_ratio"] = round(1 - out.get("tx_retransmitted", 0) / sent, 4) if sent else None
+    if "tx_packets" in out:  # the UDP transports: by packets
+        sent, again = out["tx_packets"], out.get("tx_retransmitted", 0)
+    else:  # TCP (TCP_INFO): by bytes
+        sent, again = out.get("tx_bytes", 0), out.get("tx_retransmitted_bytes", 0)
+    out["goodput_ratio"] = round(1 - again / sent, 4) if sent else None
     return out
 
 

@@ -109,7 +109,7 @@ class CollectiveTiming:
     start: float
     end: float
     flows: tuple[FlowTiming, ...]
-    transport: dict | None = None  # UDP transports: this rank's packet counters in it
+    transport: dict | None = None  # this rank's transport counters in it (TCP: TCP_INFO)
 
 
 @dataclass(frozen=True)
