@@ -137,8 +137,7 @@ def run_variants(req: RunRequest, exp: xp.Experiment, view: RunView,
                 except (ConfigError, TestbedError) as err:
                     failed += 1
                     view.warn(f"variant {variant.variant} failed: {err}")
-            rows.append(variant_row(json.loads(
-                (out / variant.variant / "results.json").read_text())))
+            rows.append(variant_row(read_document(out / variant.variant / "results.json")))
     finally:
         shared.close()
     (out / "variants.json").write_text(json.dumps(rows, indent=1))

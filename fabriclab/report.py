@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from fabriclab.drawing import draw  # noqa: E402
 from fabriclab.model import experiment as xp  # noqa: E402
 from fabriclab.model import sweep as sw  # noqa: E402
-from fabriclab.model.results import job_summaries  # noqa: E402
+from fabriclab.model.results import job_summaries, upgrade  # noqa: E402
 from testbed.errors import ConfigError  # noqa: E402
 from traffic.measure.results import row_label  # noqa: E402
 
@@ -47,7 +47,7 @@ class Run:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return upgrade(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
 
@@ -90,7 +90,7 @@ def efficiency_chart(runs: list[Run]) -> str:
     """Each job's efficiency per run group: the mean over repetitions, error bar one SD."""
     rows = []
     for run in runs:
-        jobs = [{"label": s.label or s.op, "op": s.op, "busbw_mbps": s.busbw_mbps,
+        jobs = [{"label": s.label or s.op, "op": s.op, "busbw_GBps": s.busbw_GBps,
                  "efficiency": s.efficiency} for s in job_summaries(run.doc["collectives"])]
         rows.append({"cell": run.group, "values": {}, "complete": bool(run.doc.get("complete")),
                      "error": run.doc.get("error"), "jobs": jobs})

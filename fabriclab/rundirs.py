@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fabriclab.model import sweep as sw
 from fabriclab.model.rundir import experiment_document
-from fabriclab.model.results import variant_row
+from fabriclab.model.results import upgrade, variant_row
 from testbed.errors import ConfigError
 from traffic.measure.results import row_label
 
@@ -62,7 +62,7 @@ def is_complete(path: Path, raw: dict | None = None) -> bool:
 def read_document(path: Path) -> dict | None:
     """The results document at ``path``, None when there is none (or it is unreadable)."""
     try:
-        return json.loads(path.read_text())
+        return upgrade(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
 
@@ -70,7 +70,7 @@ def read_document(path: Path) -> dict | None:
 def compare_rows(dirs: list[Path]) -> list[dict]:
     """The runs under each directory, one line each: a sweep's cells (mean over repetitions),
     a run's variants, or a single run. Lines: ``{"run", "complete", "error", "jobs": [{"label",
-    "efficiency", "busbw_mbps", "n"}]}``.
+    "efficiency", "busbw_GBps", "n"}]}``.
 
     Raises:
         ConfigError: a directory that holds no run.
@@ -78,22 +78,22 @@ def compare_rows(dirs: list[Path]) -> list[dict]:
     lines = []
     for d in dirs:
         if (d / "sweep.json").is_file():
-            doc = json.loads((d / "sweep.json").read_text())
+            doc = upgrade(json.loads((d / "sweep.json").read_text()))
             for line in sw.summarize(doc["cells"]):
                 lines.append({"run": f"{d}/{line['cell']}", "complete": line["failed"] == 0,
                               "error": "; ".join(line["errors"]) or None,
                               "jobs": [{"label": j["label"], "n": j["efficiency"]["n"],
                                         "efficiency": j["efficiency"]["mean"],
-                                        "busbw_mbps": j["busbw_mbps"]["mean"]}
+                                        "busbw_GBps": j["busbw_GBps"]["mean"]}
                                        for j in line["jobs"]]})
             continue
         docs = []
         if (d / "results.json").is_file():
-            docs.append((str(d), json.loads((d / "results.json").read_text())))
+            docs.append((str(d), upgrade(json.loads((d / "results.json").read_text()))))
         elif (d / "variants.json").is_file():
             for row in json.loads((d / "variants.json").read_text()):
                 path = d / str(row["variant"]) / "results.json"
-                docs.append((f"{d}/{row['variant']}", json.loads(path.read_text())))
+                docs.append((f"{d}/{row['variant']}", upgrade(json.loads(path.read_text()))))
         else:
             require_run(d)  # raises: neither file is there
         for name, doc in docs:
@@ -101,5 +101,5 @@ def compare_rows(dirs: list[Path]) -> list[dict]:
             lines.append({"run": name, "complete": row["complete"], "error": row["error"],
                           "jobs": [{"label": row_label(j), "n": 1,
                                     "efficiency": j["efficiency"],
-                                    "busbw_mbps": j["busbw_mbps"]} for j in row["jobs"]]})
+                                    "busbw_GBps": j["busbw_GBps"]} for j in row["jobs"]]})
     return lines

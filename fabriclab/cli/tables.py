@@ -60,7 +60,7 @@ def variants(name: str, rows: list[dict]) -> Table:
                           "(paused: their total time, s; over all ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
                           "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
-                          "Mbit/s; fct: flow completion, s")
+                          "GB/s; fct: flow completion, s")
     for col in ("variant", "fidelity", "pkts/BDP", "drops", "ce marks", "pauses", "paused s",
                 "watchdog", "deadlocks", "queue max", "queue p99", "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
@@ -84,7 +84,7 @@ def variants(name: str, rows: list[dict]) -> Table:
                  kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"]), _top_util(r)]
         for j in range(jobs):
             job = r["jobs"][j] if len(r["jobs"]) > j else None
-            cells += ([f"{job['busbw_mbps']:.2f}",
+            cells += ([gbps_text(job["busbw_GBps"]),
                        f"{job['fct_p50_s']:.2f}/{job['fct_p99_s']:.2f}"] if job else ["-", "-"])
         table.add_row(*cells)
     return table
@@ -131,7 +131,7 @@ def real_scale(doc: dict) -> Table:
     table = Table(title=f"real-equivalent at {f['real_rate_gbps']:g} Gbit/s, "
                         f"{f['real_rtt_us']:g} us RTT", box=None,
                   caption=f"scales: {f['scales']}\ndoes not scale: {f['does_not_scale']}")
-    for col in ("job", "op", "bytes", "time_us", "busbw Gbit/s", "fct p99 us"):
+    for col in ("job", "op", "bytes", "time_us", "algbw GB/s", "busbw GB/s", "fct p99 us"):
         table.add_column(col, justify="left" if col == "op" else "right")
     for row in doc["collectives"]:
         real = row.get("real")
@@ -139,17 +139,29 @@ def real_scale(doc: dict) -> Table:
             continue
         p99 = real["flow_completion_s"].get("p99")
         table.add_row(str(row["job"]), row_label(row), f"{real['bytes']:,}",
-                      f"{real['duration_s'] * 1e6:,.1f}", f"{real['busbw_gbps']:,.1f}",
+                      us_text(real["time_us"]), gbps_text(real["algbw_GBps"]),
+                      gbps_text(real["busbw_GBps"]),
                       "-" if p99 is None else f"{p99 * 1e6:,.1f}")
     return table
+
+
+def gbps_text(value: float) -> str:
+    """A bandwidth in GB/s, four significant digits (emulated rates are hundredths)."""
+    return f"{value:.4g}"
+
+
+def us_text(value: float) -> str:
+    """A time in us as NCCL-tests prints it (one decimal; none from 10,000 us)."""
+    return f"{value:.1f}" if value < 1e4 else f"{value:.0f}"
 
 
 def collectives(doc: dict) -> Table:
     """An nccl-tests-like table: one row per job, times averaged over its repetitions."""
     table = Table(title=f"{doc['experiment']}: collectives",
-                  caption="bytes: NCCL-tests size; count: float32 elements; algbw, busbw: Mbit/s;"
-                          " eff: busbw / link rate; cpu_s: all agents' CPU seconds", box=None)
-    for col in ("op", "algo", "n", "bytes", "count", "reps", "time_ms", "algbw", "busbw",
+                  caption="as NCCL-tests prints them: bytes: size; count: float32 elements; "
+                          "time: us; algbw, busbw: GB/s (10^9 bytes/s); eff: busbw / link rate; "
+                          "cpu_s: all agents' CPU seconds", box=None)
+    for col in ("op", "algo", "n", "bytes", "count", "reps", "time_us", "algbw", "busbw",
                 "eff", "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
@@ -159,8 +171,8 @@ def collectives(doc: dict) -> Table:
         table.caption += "".join(f"\n{text}" for text in constants)
     for s in job_summaries(doc["collectives"]):
         table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
-                      str(s.repetitions), f"{s.mean_s * 1e3:.0f}", f"{s.algbw_mbps:.2f}",
-                      f"{s.busbw_mbps:.2f}", f"{s.efficiency:.3f}", f"{s.agent_cpu_s:.1f}")
+                      str(s.repetitions), us_text(s.mean_us), gbps_text(s.algbw_GBps),
+                      gbps_text(s.busbw_GBps), f"{s.efficiency:.3f}", f"{s.agent_cpu_s:.1f}")
     return table
 
 
@@ -178,7 +190,7 @@ def servers_of_gpus(doc: dict) -> Table | None:
         p = phases.setdefault(label, {"runs": 0, "time_s": 0.0, "ideal_s": 0.0,
                                       "scale_out": 0, "moved": 0, "algo": row["algorithm"]})
         p["runs"] += 1
-        p["time_s"] += row["duration_s"]
+        p["time_s"] += row["time_us"] / 1e6
         p["ideal_s"] += row["ideal_s"]
         p["scale_out"] += row["scale_out_bytes"]
         p["moved"] += row.get("moved_bytes") or 0

@@ -48,8 +48,8 @@ def iteration_times(rows: list[dict]) -> list[dict]:
     totals: dict[int, float] = {}
     for row in rows:
         if row.get("iteration") is not None:
-            totals[row["iteration"]] = (totals.get(row["iteration"], 0.0) + row["duration_s"]
-                                        + row["gap_s"])
+            totals[row["iteration"]] = (totals.get(row["iteration"], 0.0)
+                                        + row["time_us"] / 1e6 + row["gap_s"])
     return [{"iteration": it, "time_s": t} for it, t in sorted(totals.items())]
 
 
@@ -62,9 +62,9 @@ class JobSummary:
     ranks: int
     bytes: int
     repetitions: int
-    mean_s: float
-    algbw_mbps: float
-    busbw_mbps: float
+    mean_us: float  # NCCL-tests' units: us and GB/s
+    algbw_GBps: float  # noqa: N815
+    busbw_GBps: float  # noqa: N815
     efficiency: float
     agent_cpu_s: float
     job: int = 0
@@ -85,11 +85,11 @@ def job_summaries(rows: list[dict]) -> list[JobSummary]:
     out = []
     for group in groups.values():
         r0 = group[0]
-        mean_s = sum(r["duration_s"] for r in group) / len(group)
-        algbw = r0["bytes"] * 8 / mean_s / 1e6
-        factor = r0["busbw_gbps"] / r0["algbw_gbps"]
+        mean_us = sum(r["time_us"] for r in group) / len(group)
+        algbw = r0["bytes"] / mean_us / 1e3
+        factor = r0["busbw_GBps"] / r0["algbw_GBps"]
         out.append(JobSummary(r0["op"], r0["algorithm"], r0["communicator_size"], r0["bytes"],
-                              len(group), mean_s, algbw, algbw * factor,
+                              len(group), mean_us, algbw, algbw * factor,
                               sum(r["efficiency"] for r in group) / len(group),
                               sum(r.get("agent_cpu_s", 0.0) for r in group), r0["job"],
                               r0.get("label", "")))
@@ -116,7 +116,8 @@ def variant_row(doc: dict) -> dict:
         fct = {q: max((r["flow_completion_s"].get(q, 0.0) for r in rows), default=0.0)
                for q in ("p50", "p99")}
         tput = [r["throughput_of_ideal"] for r in rows if r.get("throughput_of_ideal")]
-        row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks, "busbw_mbps": s.busbw_mbps,
+        row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks,
+                            "busbw_GBps": s.busbw_GBps,
                             "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
                             "fct_p99_s": fct["p99"],
                             "throughput_of_ideal": sum(tput) / len(tput) if tput else None})
@@ -134,3 +135,25 @@ def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
         out["teardown"] = round(end - marks.get("kept", marks["measured"]), 2)
     out["total"] = round(end - marks["start"], 2)
     return out
+
+
+#: results.json before one set of units (NCCL-tests': us and GB/s): old field -> new, factor
+_OLD_UNITS = {"duration_s": ("time_us", 1e6), "algbw_gbps": ("algbw_GBps", 1 / 8),
+              "busbw_gbps": ("busbw_GBps", 1 / 8), "busbw_mbps": ("busbw_GBps", 1 / 8000)}
+
+
+def upgrade(doc):
+    """A results, variants or sweep document written before the units were NCCL-tests' (rows
+    with ``duration_s``, ``*_gbps``, ``busbw_mbps``), in today's fields: runs made before
+    still report, compare and resume. Anything else is returned as it is."""
+    if isinstance(doc, dict):
+        for old, (new, factor) in _OLD_UNITS.items():
+            if isinstance(doc.get(old), (int, float)) and new not in doc and (
+                    old != "duration_s" or "bytes" in doc):  # a collective's, not a VM run's
+                doc[new] = doc.pop(old) * factor
+        for value in doc.values():
+            upgrade(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            upgrade(item)
+    return doc

@@ -20,7 +20,7 @@ import io
 import json
 
 COLLECTIVE_COLUMNS = ("job", "repetition", "label", "op", "algorithm", "communicator_size",
-                      "bytes", "duration_s", "algbw_gbps", "busbw_gbps", "ideal_s",
+                      "bytes", "time_us", "algbw_GBps", "busbw_GBps", "ideal_s",
                       "efficiency", "fct_p50_s", "fct_p99_s", "fct_max_s", "iteration",
                       "gap_s", "transport", "goodput_ratio")
 FLOW_COLUMNS = ("job", "repetition", "label", "op", "src", "dst", "step", "bytes", "done_s")
@@ -43,8 +43,8 @@ def collectives_csv(rows: list[dict]) -> str:
         transport = r.get("transport") or {}
         writer.writerow([r.get("job"), r.get("repetition"), r.get("label", ""), r.get("op"),
                          r.get("algorithm"), r.get("communicator_size"), r.get("bytes"),
-                         _num(r.get("duration_s")), _num(r.get("algbw_gbps")),
-                         _num(r.get("busbw_gbps")), _num(r.get("ideal_s")),
+                         _num(r.get("time_us")), _num(r.get("algbw_GBps")),
+                         _num(r.get("busbw_GBps")), _num(r.get("ideal_s")),
                          _num(r.get("efficiency")), _num(fct.get("p50")), _num(fct.get("p99")),
                          _num(fct.get("max")), "" if r.get("iteration") is None
                          else r["iteration"], _num(r.get("gap_s")),

@@ -66,9 +66,9 @@ class RealScale:
         """A results row's real-equivalent figures."""
         fct = row.get("flow_completion_s") or {}
         return {"bytes": round(row["bytes"] * self.size_ratio),
-                "duration_s": row["duration_s"] * self.time_ratio,
-                "algbw_gbps": row["algbw_gbps"] * self.rate_ratio,
-                "busbw_gbps": row["busbw_gbps"] * self.rate_ratio,
+                "time_us": row["time_us"] * self.time_ratio,
+                "algbw_GBps": row["algbw_GBps"] * self.rate_ratio,
+                "busbw_GBps": row["busbw_GBps"] * self.rate_ratio,
                 "flow_completion_s": {q: v * self.time_ratio for q, v in fct.items()}}
 
     def describe(self) -> str:

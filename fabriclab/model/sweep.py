@@ -114,7 +114,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     standard deviation (of the complete repetitions), and how many failed.
 
     ``rows``: per run, ``{"cell": name without the repetition, "values": {...}, "complete":
-    bool, "error": str|None, "jobs": [{"label", "op", "busbw_mbps", "efficiency"}, ...]}``.
+    bool, "error": str|None, "jobs": [{"label", "op", "busbw_GBps", "efficiency"}, ...]}``.
     """
     groups: dict[str, list[dict]] = {}
     for row in rows:
@@ -126,8 +126,8 @@ def summarize(rows: list[dict]) -> list[dict]:
         labels = [row_label(j) for j in (done[0]["jobs"] if done else [])]
         for i, label in enumerate(labels):
             eff = [r["jobs"][i]["efficiency"] for r in done if i < len(r["jobs"])]
-            bw = [r["jobs"][i]["busbw_mbps"] for r in done if i < len(r["jobs"])]
-            jobs.append({"label": label, "efficiency": _mean_sd(eff), "busbw_mbps": _mean_sd(bw)})
+            bw = [r["jobs"][i]["busbw_GBps"] for r in done if i < len(r["jobs"])]
+            jobs.append({"label": label, "efficiency": _mean_sd(eff), "busbw_GBps": _mean_sd(bw)})
         out.append({"cell": cell, "values": runs[0]["values"], "runs": len(runs),
                     "failed": len(runs) - len(done),
                     "errors": [r["error"] for r in runs if r.get("error")], "jobs": jobs})

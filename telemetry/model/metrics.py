@@ -186,7 +186,7 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
         totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
     for row in rows:
         key = _collective_key(row, routing)
-        duration.observe(key, row["duration_s"])
+        duration.observe(key, row["time_us"] / 1e6)
         latest[key] = row
         sums = totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
         for field in TRANSPORT_COUNTERS:
@@ -194,8 +194,8 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
             if value is not None:
                 sums[field] = sums.get(field, 0) + value
     for key, row in latest.items():
-        busbw.add_metric(list(key), row["busbw_gbps"] * 1e9 / 8)
-        algbw.add_metric(list(key), row["algbw_gbps"] * 1e9 / 8)
+        busbw.add_metric(list(key), row["busbw_GBps"] * 1e9)
+        algbw.add_metric(list(key), row["algbw_GBps"] * 1e9)
         efficiency.add_metric(list(key), row.get("efficiency") or 0.0)
     for key, sums in totals.items():
         for field, value in sums.items():

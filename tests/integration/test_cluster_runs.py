@@ -90,7 +90,7 @@ def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path, data
         == 2 * 2 * (RANKS - 1) * SIZE  # 2 repetitions, every rank 2(N-1)/N of the size
     for runs in (res, one):
         assert [c["bytes"] for c in runs["collectives"]] == [SIZE, SIZE]
-    busbw = [sum(c["busbw_gbps"] for c in r["collectives"]) / 2 for r in (res, one)]
+    busbw = [sum(c["busbw_GBps"] for c in r["collectives"]) / 2 for r in (res, one)]
     print(f"busbw cluster {busbw[0] * 1e3:.2f} Mbit/s, one machine {busbw[1] * 1e3:.2f}; "
           f"bring-up {res['timings_s']['bring_up']} s against {one['timings_s']['bring_up']}")
     assert abs(busbw[0] - busbw[1]) <= 0.10 * busbw[1], busbw

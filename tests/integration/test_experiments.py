@@ -76,7 +76,7 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     assert len(timeline["samples"]) >= 2 and len(timeline["ports"]) == 8
     assert run["fidelity"]["verdict"] in ("ok", "degraded") and "idle_pct" in run["fidelity"]
     real = run["collectives"][0]["real"]
-    assert real["busbw_gbps"] == pytest.approx(run["collectives"][0]["busbw_gbps"] * 4e4)
+    assert real["busbw_GBps"] == pytest.approx(run["collectives"][0]["busbw_GBps"] * 4e4)
     assert run["real_scale"]["real_rate_gbps"] == 400
 
     # the dmodk cell ran on the ecmp cell's fabric, under a controller of its own

@@ -36,8 +36,8 @@ def _run_dir(path: Path, eff: float, failed_link: str | None = None) -> None:
         {"interval_s": 1.0, "fields": [], "ports": ports, "samples": samples}))
     doc = {"experiment": "rep", "complete": True, "fabric": {"variant": path.name},
            "collectives": [{"job": 0, "repetition": 0, "op": "all_reduce", "algorithm": "ring",
-                            "bytes": 1 << 20, "communicator_size": 2, "duration_s": 1.0,
-                            "algbw_gbps": eff * 0.01, "busbw_gbps": eff * 0.01,
+                            "bytes": 1 << 20, "communicator_size": 2, "time_us": 1e6,
+                            "algbw_GBps": eff * 0.01, "busbw_GBps": eff * 0.01,
                             "efficiency": eff, "label": "ar",
                             "flow_completion_s": {"p50": 0.4, "p99": 0.9}}],
            "fidelity": {"verdict": "ok", "reasons": [], "idle_pct": {"median": 50.0}},

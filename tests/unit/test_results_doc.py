@@ -9,8 +9,8 @@ from traffic.measure.results import CollectiveResult
 
 def _row(duration_s: float, label: str = "", iteration=None, gap_s: float = 0.0,
          op: str = "all_reduce") -> CollectiveResult:
-    return CollectiveResult(op, "ring", ["a", "b"], 1_000_000, duration_s,
-                            1e6 * 8 / duration_s / 1e9, 1e6 * 8 / duration_s / 1e9, 0.8,
+    return CollectiveResult(op, "ring", ["a", "b"], 1_000_000, duration_s * 1e6,
+                            1e6 / duration_s / 1e9, 1e6 / duration_s / 1e9, 0.8,
                             0.5, label=label, gap_s=gap_s, communicator_size=2,
                             iteration=iteration)
 
@@ -44,8 +44,8 @@ def test_job_summaries_average_repetitions():
     results.add_rows(doc, 0, [_row(1.0), _row(3.0)], 1)
     results.add_rows(doc, 1, [_row(1.0, op="all_to_all")], 1)
     first, second = results.job_summaries(doc["collectives"])
-    assert (first.op, first.repetitions, first.mean_s) == ("all_reduce", 2, 2.0)
-    assert first.algbw_mbps == pytest.approx(4.0) and first.count == 250_000
+    assert (first.op, first.repetitions, first.mean_us) == ("all_reduce", 2, 2.0e6)
+    assert first.algbw_GBps == pytest.approx(0.0005) and first.count == 250_000
     assert first.efficiency == 0.5 and second.op == "all_to_all"
 
 
@@ -63,7 +63,7 @@ def test_a_variant_row_compares_queues_and_jobs():
         "ecn", True, 3, 40)
     (job,) = row["jobs"]
     assert (job["fct_p50_s"], job["fct_p99_s"]) == (0.5, 1.8)
-    assert job["busbw_mbps"] == pytest.approx(1e6 * 8 / 1.5 / 1e6)
+    assert job["busbw_GBps"] == pytest.approx(1e6 / 1.5 / 1e9)
 
 
 def test_throughput_of_ideal_counts_each_flow_for_its_own_share():
@@ -77,3 +77,25 @@ def test_throughput_of_ideal_counts_each_flow_for_its_own_share():
         pytest.approx(1.0)
     with pytest.raises(ValueError):
         throughput_of_ideal([], 8.0)
+
+
+def test_results_written_before_one_set_of_units_read_in_todays_fields():
+    """A results.json of ``duration_s``, ``*_gbps`` (Gbit/s) and a sweep's ``busbw_mbps``
+    reads as ``time_us`` and GB/s; a VM run's ``duration_s`` (no collective) stays."""
+    from fabriclab.model.results import upgrade
+
+    old = {"collectives": [{"op": "all_reduce", "bytes": 1000, "duration_s": 0.5,
+                            "algbw_gbps": 0.016, "busbw_gbps": 0.024,
+                            "real": {"bytes": 9, "duration_s": 2e-6, "busbw_gbps": 80.0}}],
+           "vm": {"exit": 0, "duration_s": 12.0},
+           "cells": [{"jobs": [{"label": "ar", "busbw_mbps": 16.0}]}]}
+    new = upgrade(old)
+    row = new["collectives"][0]
+    assert (row["time_us"], row["algbw_GBps"], row["busbw_GBps"]) == (
+        pytest.approx(5e5), pytest.approx(0.002), pytest.approx(0.003))
+    assert "duration_s" not in row and "busbw_gbps" not in row
+    assert row["real"]["time_us"] == pytest.approx(2.0) and row["real"]["busbw_GBps"] == 10.0
+    assert new["vm"] == {"exit": 0, "duration_s": 12.0}
+    assert new["cells"][0]["jobs"][0]["busbw_GBps"] == pytest.approx(0.002)
+    assert upgrade({"collectives": [{"op": "x", "bytes": 1, "time_us": 3.0}]}) == {
+        "collectives": [{"op": "x", "bytes": 1, "time_us": 3.0}]}

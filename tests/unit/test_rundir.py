@@ -37,8 +37,8 @@ def _result(label: str) -> CollectiveResult:
 
 def test_collectives_and_flows_become_csv_rows():
     row = {"job": 0, "repetition": 0, "label": "ar", "op": "all_reduce", "algorithm": "ring",
-           "communicator_size": 2, "bytes": 1024, "duration_s": 0.5, "algbw_gbps": 1e-5,
-           "busbw_gbps": 2e-5, "ideal_s": 0.4, "efficiency": 0.8,
+           "communicator_size": 2, "bytes": 1024, "time_us": 5e5, "algbw_GBps": 1e-5,
+           "busbw_GBps": 2e-5, "ideal_s": 0.4, "efficiency": 0.8,
            "flow_completion_s": {"p50": 0.3, "p99": 0.45, "max": 0.5}, "iteration": None,
            "gap_s": 0.0, "transport": {"transport": "uet", "goodput_ratio": 0.99}}
     table = list(csv.DictReader(io.StringIO(rundir.collectives_csv([row]))))
@@ -60,11 +60,11 @@ def test_real_equivalent_units_keep_the_bandwidth_delay_regime():
     s = exp.real_scale
     assert s.rate_ratio == pytest.approx(1e5) and s.real_rtt_us == 10.0
     assert s.emulated_rtt_s == pytest.approx(exp.base_rtt_s)
-    row = {"bytes": 4 << 20, "duration_s": 10.0, "algbw_gbps": 0.003, "busbw_gbps": 0.0035,
+    row = {"bytes": 4 << 20, "time_us": 10e6, "algbw_GBps": 0.003, "busbw_GBps": 0.0035,
            "flow_completion_s": {"p99": 9.0}}
     real = s.collective(row)
-    assert real["busbw_gbps"] == pytest.approx(350) and real["duration_s"] == pytest.approx(
-        10.0 * 10e-6 / exp.base_rtt_s)
+    assert real["busbw_GBps"] == pytest.approx(350) and real["time_us"] == pytest.approx(
+        10e6 * 10e-6 / exp.base_rtt_s)
     # the same number of RTTs: size / BDP is the same on both sides
     assert real["bytes"] / (400e9 / 8 * 10e-6) == pytest.approx(
         (4 << 20) / (4e6 / 8 * exp.base_rtt_s), rel=1e-6)

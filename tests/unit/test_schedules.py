@@ -118,9 +118,9 @@ def test_nccl_tests_bus_bandwidth_definitions():
     assert metrics.bus_factor("all_gather", 8) == metrics.bus_factor("all_to_all", 8) == 0.875
     assert metrics.bus_factor("broadcast", 8) == 1.0
     # 16 MiB all-reduce over 8 ranks in 2.5 s
-    algbw = metrics.algbw_gbps(16 << 20, 2.5)
-    assert algbw == pytest.approx(16 * 2**20 * 8 / 2.5 / 1e9)
-    assert metrics.busbw_gbps("all_reduce", 8, 16 << 20, 2.5) == pytest.approx(algbw * 1.75)
+    algbw = metrics.algbw_GBps(16 << 20, 2.5)
+    assert algbw == pytest.approx(16 * 2**20 / 2.5 / 1e9)  # GB/s, as NCCL-tests
+    assert metrics.busbw_GBps("all_reduce", 8, 16 << 20, 2.5) == pytest.approx(algbw * 1.75)
     ideal = metrics.ideal_time_s("all_reduce", 8, 16 << 20, 100)
     assert metrics.efficiency("all_reduce", 8, 16 << 20, ideal, 100) == pytest.approx(1.0)
     assert metrics.percentile([5, 1, 3, 2, 4], 50) == 3
@@ -170,10 +170,10 @@ def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
                    FlowTiming(0, 1, 1, 500_000, 12.0),)),), cpu_s=0.25)]
     reports = [AgentReport.from_json(r.to_json()) for r in reports]
     (res,) = summarize([coll], reports, rate_mbps=10, mtu=9000)
-    assert res.duration_s == pytest.approx(2.0)
-    assert res.algbw_gbps == pytest.approx(1_000_000 * 8 / 2.0 / 1e9)
-    assert res.busbw_gbps == pytest.approx(res.algbw_gbps)  # 2(n-1)/n = 1 for n = 2
-    assert res.efficiency == pytest.approx(res.busbw_gbps * 1e3 / 10)
+    assert res.time_us == pytest.approx(2.0e6)
+    assert res.algbw_GBps == pytest.approx(1_000_000 / 2.0 / 1e9)  # NCCL-tests: GB/s
+    assert res.busbw_GBps == pytest.approx(res.algbw_GBps)  # 2(n-1)/n = 1 for n = 2
+    assert res.efficiency == pytest.approx(res.busbw_GBps * 8e3 / 10)  # 10 Mbit/s links
     assert res.flow_completion_s == {"p50": pytest.approx(0.8), "p99": pytest.approx(2.0),
                                      "max": pytest.approx(2.0)}
     assert res.agent_cpu_s == pytest.approx(0.75)

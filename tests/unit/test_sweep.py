@@ -88,9 +88,9 @@ def test_pending_and_the_summary_over_repetitions():
     plans = sweep.plan_cells({"axes": {"x": [1, 2]}, "repetitions": 2}, [None])
     assert [p.name for p in sweep.pending(plans, {"x=1,r1", "x=2,r2"})] == ["x=1,r2", "x=2,r1"]
     rows = [{"cell": "x=1", "values": {"x": 1}, "complete": True, "error": None,
-             "jobs": [{"label": "ar", "op": "all_reduce", "busbw_mbps": 8.0, "efficiency": 0.8}]},
+             "jobs": [{"label": "ar", "op": "all_reduce", "busbw_GBps": 8.0, "efficiency": 0.8}]},
             {"cell": "x=1", "values": {"x": 1}, "complete": True, "error": None,
-             "jobs": [{"label": "ar", "op": "all_reduce", "busbw_mbps": 9.0, "efficiency": 0.9}]},
+             "jobs": [{"label": "ar", "op": "all_reduce", "busbw_GBps": 9.0, "efficiency": 0.9}]},
             {"cell": "x=2", "values": {"x": 2}, "complete": False, "error": "boom", "jobs": []}]
     one, two = sweep.summarize(rows)
     eff = one["jobs"][0]["efficiency"]
@@ -106,8 +106,8 @@ def _doc(name: str, eff: float, complete: bool = True) -> dict:
             "fabric": {"variant": None}, "congestion": {},
             "collectives": [{"job": 0, "repetition": 0, "op": "all_reduce", "algorithm": "ring",
                              "bytes": 262144, "communicator_size": 4,
-                             "ranks": ["a", "b", "c", "d"], "duration_s": 1.0,
-                             "algbw_gbps": eff * 0.01, "busbw_gbps": eff * 0.015,
+                             "ranks": ["a", "b", "c", "d"], "time_us": 1e6,
+                             "algbw_GBps": eff * 0.01, "busbw_GBps": eff * 0.015,
                              "efficiency": eff, "label": "ar",
                              "flow_completion_s": {"p50": 0.5, "p99": 0.9}}]}
 

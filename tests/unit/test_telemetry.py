@@ -44,8 +44,8 @@ def _congestion() -> dict:
             for name in PORTS}
 
 
-ROWS = [{"job": 0, "op": "all_reduce", "label": "", "duration_s": d, "busbw_gbps": 0.004,
-         "algbw_gbps": 0.002, "efficiency": 0.4,
+ROWS = [{"job": 0, "op": "all_reduce", "label": "", "time_us": d * 1e6, "busbw_GBps": 0.0005,
+         "algbw_GBps": 0.00025, "efficiency": 0.4,
          "transport": {"transport": "uet", "tx_bytes": 100, "tx_packets": 10,
                        "tx_retransmitted": 1, "rx_out_of_order": 2, "tx_cnps": 0,
                        "tx_rate_cuts": 1, "tx_timeouts": 0}} for d in (0.3, 3.0)]
@@ -140,7 +140,7 @@ def test_collective_metrics_are_cumulative_histograms_and_sums():
     assert [(s.labels["label"], s.labels["transport"], s.value) for s in running] == [
         ("moe", "tcp", 1e9)]
     busbw = fams["fabriclab_collective_busbw_bytes_per_second"].samples
-    assert {s.value for s in busbw} == {0.004e9 / 8}
+    assert {s.value for s in busbw} == {0.0005e9}
     ops = {s.labels["kind"]: s.value for s in
            fams["fabriclab_controller_openflow_operations"].samples}
     assert ops == {"flow_add": 40, "group_add": 6}

@@ -27,14 +27,14 @@ def bus_factor(op: str, ranks: int) -> float:
     return BUS_FACTOR[op](ranks)
 
 
-def algbw_gbps(size_bytes: int, duration_s: float) -> float:
-    """Algorithm bandwidth in Gbit/s."""
-    return size_bytes * 8 / duration_s / 1e9
+def algbw_GBps(size_bytes: int, duration_s: float) -> float:  # noqa: N802 - GB/s, not Gb/s
+    """Algorithm bandwidth in GB/s (10^9 bytes per second), as NCCL-tests prints it."""
+    return size_bytes / duration_s / 1e9
 
 
-def busbw_gbps(op: str, ranks: int, size_bytes: int, duration_s: float) -> float:
-    """Bus bandwidth in Gbit/s."""
-    return algbw_gbps(size_bytes, duration_s) * bus_factor(op, ranks)
+def busbw_GBps(op: str, ranks: int, size_bytes: int, duration_s: float) -> float:  # noqa: N802
+    """Bus bandwidth in GB/s (10^9 bytes per second), as NCCL-tests prints it."""
+    return algbw_GBps(size_bytes, duration_s) * bus_factor(op, ranks)
 
 
 def ideal_time_s(op: str, ranks: int, size_bytes: int, rate_mbps: float,
@@ -58,7 +58,7 @@ def throughput_of_ideal(flows: list[tuple[int, float]], rate_mbps: float,
 def efficiency(op: str, ranks: int, size_bytes: int, duration_s: float,
                rate_mbps: float) -> float:
     """busbw over the line rate."""
-    return busbw_gbps(op, ranks, size_bytes, duration_s) * 1e3 / rate_mbps
+    return busbw_GBps(op, ranks, size_bytes, duration_s) * 8e3 / rate_mbps
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -28,9 +28,9 @@ class CollectiveResult:
     algorithm: str
     ranks: list[str]
     bytes: int
-    duration_s: float
-    algbw_gbps: float
-    busbw_gbps: float
+    time_us: float  # NCCL-tests' figures in its units: time in us, bandwidths in GB/s
+    algbw_GBps: float  # noqa: N815
+    busbw_GBps: float  # noqa: N815
     ideal_s: float
     efficiency: float
     flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
@@ -39,7 +39,7 @@ class CollectiveResult:
     gap_s: float = 0.0  # compute time before it (training workloads)
     communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
     iteration: int | None = None  # training workloads: the iteration it belongs to
-    transport: dict | None = None  # UDP transports: packet counters summed over the ranks
+    transport: dict | None = None  # the transport's counters summed over the ranks
     scale_out_bytes: int | None = None  # servers of GPUs: bytes moved between servers
     moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
     throughput_of_ideal: float | None = None  # op flows: Hedera's aggregate throughput measure
@@ -111,9 +111,9 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             ideal = metrics.ideal_time_s(coll.op, n, sched.size_bytes, rate_mbps,
                                          goodput_fraction(mtu))
         out.append(CollectiveResult(
-            coll.op, sched.algorithm, list(coll.hosts), sched.size_bytes, duration,
-            metrics.algbw_gbps(sched.size_bytes, duration),
-            metrics.busbw_gbps(coll.op, n, sched.size_bytes, duration), ideal,
+            coll.op, sched.algorithm, list(coll.hosts), sched.size_bytes, duration * 1e6,
+            metrics.algbw_GBps(sched.size_bytes, duration),
+            metrics.busbw_GBps(coll.op, n, sched.size_bytes, duration), ideal,
             metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
             {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
              "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
