@@ -1,34 +1,32 @@
 """``DIR/report.html``: one self-contained page (every plot inlined as a PNG, no network) for a
 run, a run with variants or a sweep.
 
-What it shows: busbw and efficiency per run (variant or sweep cell) with error bars over
-repetitions; flow completion CDFs; per run, a heatmap of link utilization per tier over time,
-the queue, drop, ECN and PFC timelines, a drawing of the topology with hot links coloured and
-failed links marked; the fidelity verdict of every run; what the real-equivalent units mean;
-the software and machine it ran on. Plots are matplotlib's; the data are the run directory's
-files (``results.json``, ``timeline.json``, ``flows.csv``, ``environment.json``).
+What it shows: the fidelity verdict of every run; efficiency per run (variant or sweep cell)
+with error bars over repetitions; several runs overlaid (utilization over time, busbw per
+collective); flow completion CDFs with the ideal; what the real-equivalent units mean; per
+run, links to its files, its collectives as NCCL-tests prints them, the experiment file it
+ran, a drawing of the topology (hot links coloured on a scale, failed links marked), a
+labelled heatmap of link utilization per tier over time and the queue, drop, ECN and PFC
+timelines, both with each collective's start and end marked; the software and machine it ran
+on. Plots are :mod:`fabriclab.charts`'s; the data are the run directory's files.
 """
 
 from __future__ import annotations
 
-import base64
 import csv
 import html
-import io
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from fabriclab.drawing import draw  # noqa: E402
-from fabriclab.model import experiment as xp  # noqa: E402
-from fabriclab.model import sweep as sw  # noqa: E402
-from fabriclab.model.results import job_summaries, upgrade  # noqa: E402
-from testbed.errors import ConfigError  # noqa: E402
-from traffic.measure.results import row_label  # noqa: E402
+from fabriclab import charts
+from fabriclab.drawing import draw
+from fabriclab.model import experiment as xp
+from fabriclab.model.results import gbps_text, job_summaries, upgrade, us_text
+from testbed.errors import ConfigError
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
 
@@ -79,137 +77,6 @@ def load_runs(out: Path) -> list[Run]:
     return runs
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def efficiency_chart(runs: list[Run]) -> str:
-    """Each job's efficiency per run group: the mean over repetitions, error bar one SD."""
-    rows = []
-    for run in runs:
-        jobs = [{"label": s.label or s.op, "op": s.op, "busbw_GBps": s.busbw_GBps,
-                 "efficiency": s.efficiency} for s in job_summaries(run.doc["collectives"])]
-        rows.append({"cell": run.group, "values": {}, "complete": bool(run.doc.get("complete")),
-                     "error": run.doc.get("error"), "jobs": jobs})
-    summary = sw.summarize(rows)
-    labels = list(dict.fromkeys(j["label"] for line in summary for j in line["jobs"]))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(summary) * max(1, len(labels)) / 2), 3.6))
-    width = 0.8 / max(1, len(labels))
-    for i, label in enumerate(labels):
-        xs, ys, es = [], [], []
-        for x, line in enumerate(summary):
-            eff = next((j["efficiency"] for j in line["jobs"] if j["label"] == label), None)
-            if eff and eff["mean"] is not None:
-                xs.append(x + i * width)
-                ys.append(eff["mean"])
-                es.append(eff["sd"] or 0.0)
-        ax.bar(xs, ys, width, yerr=es, capsize=3, label=label)
-    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(summary))])
-    ax.set_xticklabels([line["cell"] for line in summary], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("efficiency (busbw / link rate)")
-    ax.set_ylim(0, 1.1)
-    ax.axhline(1.0, color="grey", lw=0.5)
-    ax.legend(fontsize=7, ncol=min(4, max(1, len(labels))))
-    ax.set_title("efficiency per run (mean, error bar: one SD over repetitions)")
-    return _png(fig)
-
-
-def fct_cdf_chart(runs: list[Run]) -> str | None:
-    """Flow completion CDFs: one panel per job label, one line per run."""
-    by_label: dict[str, dict[str, list[float]]] = {}
-    for run in runs:
-        for row in run.flows:
-            label = row_label(row)
-            by_label.setdefault(label, {}).setdefault(run.name, []).append(float(row["done_s"]))
-    if not by_label:
-        return None
-    labels = list(by_label)[:6]
-    fig, axes = plt.subplots(1, len(labels), figsize=(3.6 * len(labels), 3.0), squeeze=False)
-    for ax, label in zip(axes[0], labels):
-        for name, values in list(by_label[label].items())[:10]:
-            values.sort()
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name,
-                    lw=1)
-        ax.set_title(label, fontsize=9)
-        ax.set_xlabel("completion (s from the collective's start)", fontsize=8)
-        ax.set_ylim(0, 1.02)
-    axes[0][0].set_ylabel("CDF of transfers")
-    axes[0][-1].legend(fontsize=6)
-    return _png(fig)
-
-
-def _rates(timeline: dict) -> tuple[list[float], dict[str, list[float]]]:
-    """Sample times, and each port's utilization per interval."""
-    samples = timeline["samples"]
-    times = [s["t_s"] for s in samples[1:]]
-    util: dict[str, list[float]] = {}
-    for port, meta in timeline["ports"].items():
-        series = []
-        for a, b in zip(samples, samples[1:]):
-            dt = b["t_s"] - a["t_s"]
-            pa, pb = a["ports"].get(port), b["ports"].get(port)
-            series.append((pb[0] - pa[0]) * 8 / dt / meta["rate_bps"] if pa and pb and dt > 0
-                          else 0.0)
-        util[port] = series
-    return times, util
-
-
-def heatmap_chart(timeline: dict) -> str | None:
-    """Utilization of every switch port, grouped by tier, over time."""
-    if not timeline or len(timeline.get("samples", [])) < 3:
-        return None
-    times, util = _rates(timeline)
-    tiers: dict[str, list[str]] = {}
-    for port, meta in sorted(timeline["ports"].items()):
-        tiers.setdefault(meta["tier"], []).append(port)
-    fig, axes = plt.subplots(len(tiers), 1, figsize=(9, 0.5 + 0.18 * len(util) + 0.4 * len(tiers)),
-                             squeeze=False, sharex=True)
-    image = None
-    for ax, (tier, ports) in zip(axes[:, 0], sorted(tiers.items())):
-        image = ax.imshow([util[p] for p in ports], aspect="auto", vmin=0, vmax=1,
-                          cmap="inferno", interpolation="nearest",
-                          extent=(times[0] - 1, times[-1], len(ports), 0))
-        ax.set_ylabel(tier, rotation=0, ha="right", fontsize=8)
-        ax.set_yticks([])
-    axes[-1, 0].set_xlabel("s since the run's fabric came up")
-    fig.colorbar(image, ax=axes[:, 0], label="utilization", shrink=0.8)
-    fig.suptitle("link utilization per tier (rows: switch ports)", fontsize=10)
-    return _png(fig)
-
-
-def queue_chart(timeline: dict) -> str | None:
-    """Per tier the largest backlog over time; drops, ECN marks and PFC pauses per second."""
-    if not timeline or len(timeline.get("samples", [])) < 3:
-        return None
-    samples = timeline["samples"]
-    times = [s["t_s"] for s in samples[1:]]
-    tiers: dict[str, list[str]] = {}
-    for port, meta in timeline["ports"].items():
-        tiers.setdefault(meta["tier"], []).append(port)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
-    for tier, ports in sorted(tiers.items()):
-        top.plot(times, [max((s["ports"].get(p, [0, 0])[1] for p in ports), default=0) / 1024
-                         for s in samples[1:]], label=tier, lw=1)
-    top.set_ylabel("largest backlog, KiB")
-    top.legend(fontsize=7, ncol=3)
-    for index, name in ((2, "drops"), (3, "ECN marks"), (4, "PFC pauses")):
-        series = []
-        for a, b in zip(samples, samples[1:]):
-            dt = b["t_s"] - a["t_s"]
-            total = sum(b["ports"][p][index] - a["ports"].get(p, b["ports"][p])[index]
-                        for p in b["ports"])
-            series.append(total / dt if dt > 0 else 0.0)
-        bottom.plot(times, series, label=name, lw=1)
-    bottom.set_ylabel("per second, all ports")
-    bottom.set_xlabel("s since the run's fabric came up")
-    bottom.legend(fontsize=7)
-    fig.suptitle("switch queues", fontsize=10)
-    return _png(fig)
-
-
 def failed_links(doc: dict) -> set[str]:
     """Links the run took down and did not bring back."""
     down = set((doc.get("controller") or {}).get("links_down") or [])
@@ -234,12 +101,12 @@ def topology_chart(run: Run) -> str | None:
     topo = _topology(run.directory)
     if topo is None:
         return None
-    _, util = _rates(timeline)
+    _, util = charts.rates(timeline)
     load: dict[str, float] = {}
     for port, meta in timeline["ports"].items():
         series = util.get(port) or [0.0]
         load[meta["link"]] = max(load.get(meta["link"], 0.0), sum(series) / len(series))
-    return _png(draw(topo, run.name, load=load, failed=frozenset(failed_links(run.doc))))
+    return charts.png(draw(topo, run.name, load=load, failed=frozenset(failed_links(run.doc))))
 
 
 def _topology(directory: Path):
@@ -251,24 +118,69 @@ def _topology(directory: Path):
         return None
 
 
-def _img(b64: str | None, alt: str) -> str:
+def _img(b64: str | None, alt: str, kind: str = "") -> str:
     if b64 is None:
         return f"<p class='none'>{html.escape(alt)}: no data</p>"
-    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{b64}'>"
+    return (f"<img{f' class={kind}' if kind else ''} alt='{html.escape(alt)}' "
+            f"src='data:image/png;base64,{b64}'>")
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
+def _table(headers: list[str], rows: list[list], numeric_from: int | None = None) -> str:
+    """An HTML table; columns from ``numeric_from`` on are right-aligned figures."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
+    body = "".join("<tr>" + "".join(
+        f"<td{' class=n' if numeric_from is not None and i >= numeric_from else ''}>"
+        f"{html.escape(str(c))}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def numbers_table(doc: dict) -> str:
+    """The collectives as NCCL-tests prints them: per job and size, the mean over its
+    repetitions (time us, algbw and busbw GB/s), with the ideal and the efficiency."""
+    rows = []
+    for s in job_summaries(doc.get("collectives", [])):
+        same = [r for r in doc["collectives"] if (r["job"], r["op"], r["bytes"]) ==
+                (s.job, s.op, s.bytes)]
+        ideals = [r["ideal_s"] for r in same if r.get("ideal_s")]
+        ideal_us = min(ideals) * 1e6 if ideals else None
+        rows.append([s.job, s.label or s.op, s.algorithm, s.ranks, f"{s.bytes:,}",
+                     f"{s.count:,}", s.repetitions, us_text(s.mean_us), gbps_text(s.algbw_GBps),
+                     gbps_text(s.busbw_GBps), "-" if ideal_us is None else us_text(ideal_us),
+                     f"{ideal_us / s.mean_us:.2f}" if ideal_us and s.mean_us else "-",
+                     f"{s.efficiency:.3f}"])
+    return _table(["job", "collective", "algo", "ranks", "bytes", "count", "reps", "time us",
+                   "algbw GB/s", "busbw GB/s", "ideal us", "of ideal", "eff"], rows,
+                  numeric_from=3)
+
+
+def _files(out: Path, run: Run) -> str:
+    """Links to the run's own files, relative to the report."""
+    names = ("results.json", "collectives.csv", "flows.csv", "timeline.json",
+             "experiment.json", "environment.json")
+    rel = os.path.relpath(run.directory, out)
+    links = [f"<a href='{html.escape(name if rel == '.' else f'{rel}/{name}')}'>{name}</a>"
+             for name in names if (run.directory / name).is_file()]
+    return f"<p class='files'>files: {' · '.join(links)}</p>" if links else ""
+
+
+def _experiment(run: Run) -> str:
+    """The experiment file the run ran (as it kept it), folded."""
+    kept = _read_json(run.directory / "experiment.json")
+    if not kept or "experiment" not in kept:
+        return ""
+    text = yaml.safe_dump(kept["experiment"], sort_keys=False, width=100)
+    source = run.doc.get("source") or kept.get("source") or ""
+    where = f" ({html.escape(source)})" if source else ""
+    return (f"<details><summary>the experiment file{where}</summary>"
+            f"<pre>{html.escape(text)}</pre></details>")
 
 
 def render(out: Path, runs: list[Run]) -> str:
     """The page."""
     first = runs[0].doc if runs else {}
     parts = [f"<h1>{html.escape(first.get('experiment', out.name))}</h1>",
-             f"<p>{len(runs)} run(s) in {html.escape(str(out))}</p>"]
+             f"<p>{len(runs)} run(s) in {html.escape(str(out))}; units as NCCL-tests prints "
+             "them: time in us, bandwidth in GB/s (10<sup>9</sup> bytes/s)</p>"]
     verdicts = [[r.name, "complete" if r.doc.get("complete") else
                  f"failed: {r.doc.get('error') or ''}"[:200],
                  (r.doc.get("fidelity") or {}).get("verdict", "-"),
@@ -277,9 +189,13 @@ def render(out: Path, runs: list[Run]) -> str:
                 for r in runs]
     parts += ["<h2>Fidelity</h2>", _table(["run", "status", "fidelity", "reasons",
                                            "machine idle % (median)"], verdicts)]
-    parts += ["<h2>Efficiency</h2>", _img(efficiency_chart(runs) if runs else None,
+    parts += ["<h2>Efficiency</h2>", _img(charts.efficiency_chart(runs) if runs else None,
                                           "efficiency per run")]
-    parts += ["<h2>Flow completion</h2>", _img(fct_cdf_chart(runs), "flow completion CDFs")]
+    if len(runs) > 1:
+        parts += ["<h2>The runs overlaid</h2>", _img(charts.overlay_chart(runs),
+                                                     "the runs overlaid")]
+    parts += ["<h2>Flow completion</h2>", _img(charts.fct_cdf_chart(runs),
+                                               "flow completion CDFs")]
     scale = first.get("real_scale")
     if scale:
         parts += ["<h2>Real-equivalent units</h2>",
@@ -288,10 +204,13 @@ def render(out: Path, runs: list[Run]) -> str:
                   f"{scale['emulated_rtt_ms']:g} ms. Scales: {html.escape(scale['scales'])}. "
                   f"Does not scale: {html.escape(scale['does_not_scale'])}.</p>"]
     for run in runs[:DETAILED_RUNS]:
-        parts += [f"<h2>Run {html.escape(run.name)}</h2>",
-                  _img(topology_chart(run), f"{run.name} topology"),
-                  _img(heatmap_chart(run.timeline), f"{run.name} utilization heatmap"),
-                  _img(queue_chart(run.timeline), f"{run.name} queues")]
+        spans = charts.marks(run.doc, run.timeline)
+        parts += [f"<h2>Run {html.escape(run.name)}</h2>", _files(out, run),
+                  numbers_table(run.doc), _experiment(run),
+                  _img(topology_chart(run), f"{run.name} topology", "topo"),
+                  _img(charts.heatmap_chart(run.timeline, spans),
+                       f"{run.name} utilization heatmap"),
+                  _img(charts.queue_chart(run.timeline, spans), f"{run.name} queues")]
     if len(runs) > DETAILED_RUNS:
         parts.append(f"<p>{len(runs) - DETAILED_RUNS} more runs: their own directories hold "
                      "their data.</p>")
@@ -299,15 +218,24 @@ def render(out: Path, runs: list[Run]) -> str:
     if env:
         rows = [[k, v] for k, v in {**env.get("software", {}), **env.get("machine", {})}.items()]
         parts += ["<h2>Software and machine</h2>", _table(["", ""], rows)]
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "img{max-width:100%;display:block;margin:1em 0}table{border-collapse:collapse;"
-             "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}")
+    return _page(first.get("experiment", "report"), parts)
+
+
+def _page(title: str, parts: list[str]) -> str:
+    style = ("body{font-family:sans-serif;margin:1em 2em;color:#222}"
+             "img{width:100%;max-width:1400px;display:block;margin:1em 0}"
+             "img.topo{max-width:760px}"
+             "table{border-collapse:collapse;font-size:13px;margin:.5em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+             "td.n{text-align:right;font-variant-numeric:tabular-nums}"
+             "pre{background:#f6f6f6;padding:.6em;font-size:12px;overflow:auto}"
+             "p.files{font-size:13px}h2{margin-top:1.6em;border-bottom:1px solid #ddd}")
     # the page marks itself once every image has decoded (the report test reads it)
     script = ("window.addEventListener('load',()=>{const i=[...document.images];"
               "document.body.dataset.images=i.filter(x=>x.complete&&x.naturalWidth>0).length"
               "+'/'+i.length;});")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
-            f"{html.escape(first.get('experiment', 'report'))}</title><style>{style}</style>"
+            f"{html.escape(title)}</title><style>{style}</style>"
             f"</head><body>{''.join(parts)}<script>{script}</script></body></html>")
 
 

@@ -9,7 +9,7 @@ import re
 from rich.table import Table
 
 from fabriclab.model import experiment as xp
-from fabriclab.model.results import job_summaries
+from fabriclab.model.results import gbps_text, job_summaries, us_text
 from testbed.model import servers as gpu_servers
 from testbed.model.topology import SWITCH_ROLES
 from traffic.measure.results import row_label
@@ -143,16 +143,6 @@ def real_scale(doc: dict) -> Table:
                       gbps_text(real["busbw_GBps"]),
                       "-" if p99 is None else f"{p99 * 1e6:,.1f}")
     return table
-
-
-def gbps_text(value: float) -> str:
-    """A bandwidth in GB/s, four significant digits (emulated rates are hundredths)."""
-    return f"{value:.4g}"
-
-
-def us_text(value: float) -> str:
-    """A time in us as NCCL-tests prints it (one decimal; none from 10,000 us)."""
-    return f"{value:.1f}" if value < 1e4 else f"{value:.0f}"
 
 
 def collectives(doc: dict) -> Table:

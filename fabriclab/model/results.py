@@ -40,6 +40,16 @@ def finish(doc: dict) -> None:
     doc["complete"] = True
 
 
+def gbps_text(value: float) -> str:
+    """A bandwidth in GB/s, four significant digits (emulated rates are hundredths)."""
+    return f"{value:.4g}"
+
+
+def us_text(value: float) -> str:
+    """A time in us as NCCL-tests prints it (one decimal; none from 10,000 us)."""
+    return f"{value:.1f}" if value < 1e4 else f"{value:.0f}"
+
+
 def iteration_times(rows: list[dict]) -> list[dict]:
     """Training: each iteration's time, the sum of its phases and their compute gaps.
 

@@ -43,6 +43,7 @@ class RunMonitor:
         self.rows: list[dict] = []  # the timeline's samples
         self.lock = threading.Lock()
         self.started = time.monotonic()
+        self.started_unix_s = time.time()  # the samples' t_s = 0 on the wall clock
         self.vswitchds = fabric.vswitchd_pids()
         ports = fabric.switch_ports()
         self.ports: dict[str, dict] = {}
@@ -138,4 +139,5 @@ class RunMonitor:
         with self.lock:
             rows = list(self.rows)
         return {"interval_s": self.interval_s, "fields": list(PORT_FIELDS),
-                "ports": self.ports, "samples": rows}
+                "started_unix_s": round(self.started_unix_s, 6), "ports": self.ports,
+                "samples": rows}

@@ -111,8 +111,14 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
     # the report, as a person would open it: rendered from disk by headless Chromium
     page = out / "report.html"
     assert page.is_file()
-    images = len(re.findall(r"<img ", page.read_text()))
-    assert images >= 2 + 3  # efficiency, FCT CDFs, and a run's topology, heatmap and queues
+    text = page.read_text()
+    images = len(re.findall(r"<img ", text))
+    # efficiency, the runs overlaid, FCT CDFs, and a run's topology, heatmap and queues
+    assert images >= 3 + 3
+    assert "<th>busbw GB/s</th>" in text and "<th>time us</th>" in text  # NCCL-tests' table
+    assert "the experiment file" in text and "href='" in text and "results.json</a>" in text
+    for link in re.findall(r"href='([^']+)'", text):  # every file link leads to a file
+        assert (out / link).is_file(), link
     chromium = shutil.which("chromium")
     assert chromium, "chromium is installed by scripts/test-deps.sh (make test)"
     flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,4000"]

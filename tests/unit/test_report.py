@@ -33,12 +33,14 @@ def _run_dir(path: Path, eff: float, failed_link: str | None = None) -> None:
                 "ports": {p: [int(1_000_000 * t * eff), 20_000 * (t % 3), t, 2 * t, 0]
                           for p in ports}} for t in range(8)]
     (path / "timeline.json").write_text(json.dumps(
-        {"interval_s": 1.0, "fields": [], "ports": ports, "samples": samples}))
+        {"interval_s": 1.0, "fields": [], "ports": ports, "samples": samples,
+         "started_unix_s": 1000.0}))
     doc = {"experiment": "rep", "complete": True, "fabric": {"variant": path.name},
            "collectives": [{"job": 0, "repetition": 0, "op": "all_reduce", "algorithm": "ring",
                             "bytes": 1 << 20, "communicator_size": 2, "time_us": 1e6,
                             "algbw_GBps": eff * 0.01, "busbw_GBps": eff * 0.01,
-                            "efficiency": eff, "label": "ar",
+                            "efficiency": eff, "label": "ar", "ideal_s": 0.8,
+                            "start_unix_s": 1002.5,
                             "flow_completion_s": {"p50": 0.4, "p99": 0.9}}],
            "fidelity": {"verdict": "ok", "reasons": [], "idle_pct": {"median": 50.0}},
            "controller": {"links_down": [failed_link] if failed_link else []},
@@ -66,8 +68,14 @@ def test_a_variants_report_inlines_every_plot_and_the_verdicts(tmp_path):
     (out / "variants.json").write_text(json.dumps([{"variant": "a"}, {"variant": "b"}]))
     page = report.write_report(out).read_text()
     images = _images(page)
-    # efficiency, FCT CDFs, and per run: topology, heatmap, queues
-    assert len(images) == 2 + 2 * 3 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    # efficiency, the runs overlaid, FCT CDFs, and per run: topology, heatmap, queues
+    assert len(images) == 3 + 2 * 3 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    # per run: its collectives as NCCL-tests prints them, its files, its experiment file
+    assert page.count("<th>busbw GB/s</th>") == 2 and "<td class=n>1,000,000.0</td>" not in page
+    assert "<td class=n>1000000</td>" in page  # 1 s: us as NCCL-tests prints them
+    assert "<td class=n>800000</td>" in page and "<td class=n>0.80</td>" in page  # the ideal
+    assert "href='a/results.json'" in page and "href='b/flows.csv'" in page
+    assert page.count("the experiment file") == 2 and "hosts_per_leaf: 1" in page
     assert "<h2>Run a</h2>" in page and "<h2>Run b</h2>" in page and "no data" not in page
     assert "400 Gbit/s" in page and "Fidelity" in page and "6.x" in page
     assert "http" not in page.replace("http-equiv", "")  # opens from disk, no network
@@ -84,4 +92,15 @@ def test_a_sweep_report_finds_its_cells(tmp_path):
         {"name": "k=1,r1", "cell": "k=1"}, {"name": "k=1,r2", "cell": "k=1"}]}))
     runs = report.load_runs(out)
     assert [r.group for r in runs] == ["k=1", "k=1"]
-    assert len(_images(report.render(out, runs))) == 2 + 2 * 3
+    assert len(_images(report.render(out, runs))) == 3 + 2 * 3
+
+
+def test_collectives_are_marked_on_the_timelines_clock():
+    """A row's start (Unix time) and its time, on the timeline's clock (seconds since its
+    first sample); none without the timeline's origin."""
+    from fabriclab import charts
+
+    doc = {"collectives": [{"op": "all_reduce", "label": "ar", "start_unix_s": 1002.5,
+                            "time_us": 1.5e6}, {"op": "all_to_all", "time_us": 1.0}]}
+    assert charts.marks(doc, {"started_unix_s": 1000.0}) == [("ar", 2.5, 4.0)]
+    assert charts.marks(doc, {}) == [] and charts.marks(doc, None) == []

@@ -43,6 +43,7 @@ class CollectiveResult:
     scale_out_bytes: int | None = None  # servers of GPUs: bytes moved between servers
     moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
     throughput_of_ideal: float | None = None  # op flows: Hedera's aggregate throughput measure
+    start_unix_s: float = 0.0  # when its first rank started (Unix time): the report's marks
     # every transfer: (source host, destination host, step, bytes, seconds from the start to
     # its last byte); flows.csv, not results.json
     flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
@@ -125,7 +126,8 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             scale_out_bytes=coll.scale_out_bytes(),
             moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
             flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
-                          round(f.done - start, 6)) for c in per_rank for f in c.flows)))
+                          round(f.done - start, 6)) for c in per_rank for f in c.flows),
+            start_unix_s=round(start, 6)))
     if out:
         out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
     return out
