@@ -3,7 +3,7 @@ after the other, a sweep's cells in turn (consecutive cells that build the same 
 it) or at once over a cluster's machines (``--parallel``), and any of the single ones inside
 the full-kernel guest (the ``vm`` backend).
 
-Each takes a :class:`fabriclab.options.RunRequest` and a :class:`fabriclab.run.RunView`, and
+Each takes a :class:`fabriclab.options.RunRequest` and a :class:`fabriclab.runner.RunView`, and
 returns an :class:`Outcome`: the document ``--json`` prints and whether anything failed. A
 failing variant or cell is recorded and the rest go on.
 """
@@ -24,7 +24,7 @@ from fabriclab.model import experiment as xp
 from fabriclab.model import sweep as sw
 from fabriclab.model.results import variant_row
 from fabriclab.options import RunRequest
-from fabriclab.run import RunView, run_experiment
+from fabriclab.runner import RunView, run_experiment
 from fabriclab.rundirs import check_out_dir, is_complete, read_document
 from fabriclab.shared import SharedFabric
 from testbed.errors import ConfigError, TestbedError
@@ -316,7 +316,7 @@ def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: Swee
 def run_one(req: RunRequest, exp: xp.Experiment, out: Path, view: RunView,
             variant: str | None = None, shared: SharedFabric | None = None,
             then: xp.Experiment | None = None) -> dict:
-    """One run of ``exp`` into ``out`` (:func:`fabriclab.run.run_experiment`), shown."""
+    """One run of ``exp`` into ``out`` (:func:`fabriclab.runner.run_experiment`), shown."""
     try:
         doc = run_experiment(exp, out, req.state_dir, view,
                              dataclasses.replace(req.telemetry, variant=variant), shared, then)

@@ -17,7 +17,7 @@ from fabriclab.cli.output import EXIT_OK, EXIT_UNREACHABLE, emit
 from fabriclab.cli.requests import CleanRequest, FailRequest, UpRequest
 from fabriclab.model import experiment as xp
 from fabriclab.modes import in_vm, resolve_backend
-from fabriclab.run import RunView
+from fabriclab.runner import RunView
 from fabriclab.shared import make_fabric
 from telemetry.exporter import RunTelemetry
 from testbed.cluster.agent import machine_state_dirs

@@ -14,7 +14,7 @@ from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
 from fabriclab.cli.requests import CompareRequest, ReportRequest, RunRequest
 from fabriclab.modes import run_file
 from fabriclab.report import write_report
-from fabriclab.run import RunView, batch_text
+from fabriclab.runner import RunView, batch_text
 from fabriclab.rundirs import compare_rows, require_run
 
 

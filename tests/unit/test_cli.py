@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("mininet", "os_ken", "ray", "docker", "pyroute2", "matplotlib", "prometheus_client")
 ADAPTER_FOLDERS = ("testbed.linux", "testbed.fabric", "testbed.runs", "testbed.cluster",
                    "testbed.vm", "traffic.agents", "telemetry.exporter", "telemetry.prometheus",
-                   "telemetry.grafana", "controllers", "fabriclab.run", "fabriclab.modes",
+                   "telemetry.grafana", "controllers", "fabriclab.runner", "fabriclab.modes",
                    "fabriclab.shared", "fabriclab.report")
 
 PROBE = """
@@ -200,7 +200,7 @@ def test_small_things_a_user_expects(tmp_path):
 def test_run_writes_to_runs_name_unless_told_where(tmp_path, monkeypatch):
     from fabriclab import modes
     from fabriclab.options import RunRequest
-    from fabriclab.run import RunView
+    from fabriclab.runner import RunView
     from testbed.errors import ConfigError
 
     exp = tmp_path / "e.yaml"

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from fabriclab.model import experiment as xp
-from fabriclab.run import run_experiment
+from fabriclab.runner import run_experiment
 from fabriclab.shared import SharedFabric
 from fabriclab.signals import Terminated
 from testbed.cluster.coordinator import ClusterFabric

@@ -12,7 +12,7 @@ import pytest
 
 from fabriclab.modes import run_sweep
 from fabriclab.options import RunRequest
-from fabriclab.run import RunView
+from fabriclab.runner import RunView
 from fabriclab.rundirs import check_out_dir, compare_rows
 from testbed.errors import TestbedError
 
