@@ -53,7 +53,7 @@ class Frame:
     running: list[tuple[str, str, str, float]] = field(default_factory=list)  # label, op,
     # transport, seconds so far
     latest: list[tuple[str, str, str, float, float]] = field(default_factory=list)  # label,
-    # op, transport, busbw bit/s, efficiency
+    # op, transport, busbw GB/s (NCCL-tests' unit), efficiency
 
 
 def frame(before: Samples, after: Samples, seconds: float, now: float) -> Frame:
@@ -86,7 +86,7 @@ def frame(before: Samples, after: Samples, seconds: float, now: float) -> Frame:
            for s in after.get("fabriclab_collective_efficiency_ratio", [])}
     for s in after.get("fabriclab_collective_busbw_bytes_per_second", []):
         key = tuple(s.labels[k] for k in ("label", "op", "transport"))
-        out.latest.append((*key, s.value * 8, eff.get(key, 0.0)))
+        out.latest.append((*key, s.value / 1e9, eff.get(key, 0.0)))
     return out
 
 
@@ -106,13 +106,13 @@ def render(fr: Frame, per_tier: int = 4, title: str = "fabriclab top") -> Group:
                           f"{r.marks_per_s:.0f}", f"{r.pauses_per_s:.1f}",
                           f"{r.drops_per_s:.0f}")
     work = Table(title="collectives", box=None, header_style="bold")
-    for col in ("collective", "op", "transport", "state", "busbw Mbit/s", "eff"):
+    for col in ("collective", "op", "transport", "state", "busbw GB/s", "eff"):
         work.add_column(col, justify="left" if col in ("collective", "op", "transport", "state")
                         else "right")
     for label, op, transport, elapsed in fr.running:
         work.add_row(label, op, transport, f"running {elapsed:.0f} s", "-", "-")
     for label, op, transport, busbw, eff in fr.latest:
-        work.add_row(label, op, transport, "latest", f"{busbw / 1e6:.2f}", f"{eff:.2f}")
+        work.add_row(label, op, transport, "latest", f"{busbw:.4g}", f"{eff:.2f}")
     if not fr.running and not fr.latest:
         work.add_row("(none yet)", "", "", "", "", "")
     return Group(links, work)
