@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError
 from testbed.model.topology import Topology
+from testbed.plan.failplan import target_link
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,7 @@ def capture_point(topo: Topology, target: list[str]) -> CapturePoint:
     """
     if len(target) == 2:
         a, b = target
-        for node in (a, b):
-            if node not in topo.nodes:
-                raise ConfigError("target", f"no node {node!r} in the running fabric")
-        try:
-            link = topo.find_link(a, b)
-        except KeyError:
-            raise ConfigError("target", f"{a} and {b} share no link") from None
+        link = target_link(topo, a, b)
         return _at(topo, link.end(a).ifname, a, f"link {a}-{b} at {a}")
     if len(target) != 1:
         raise ConfigError("target", "give a link (two nodes: edge1_1 agg1_1) or a port "

@@ -62,6 +62,21 @@ def plan_failures(topo: Topology, raw: list[dict]) -> tuple[FailureEvent, ...]:
     return tuple(sorted(events, key=lambda e: e.at_s))
 
 
+def target_link(topo: Topology, a: str, b: str):
+    """The link between nodes ``a`` and ``b`` of a running fabric, as a user names it.
+
+    Raises:
+        ConfigError: naming ``target``: an unknown node, or no link between them.
+    """
+    for node in (a, b):
+        if node not in topo.nodes:
+            raise ConfigError("target", f"no node {node!r} in the running fabric")
+    try:
+        return topo.find_link(a, b)
+    except KeyError:
+        raise ConfigError("target", f"{a} and {b} share no link") from None
+
+
 def live_links(topo: Topology, target: list[str]) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``[node, node]`` (a link) or ``[switch]`` (all its links) as a target and node pairs.
 
@@ -70,13 +85,7 @@ def live_links(topo: Topology, target: list[str]) -> tuple[str, tuple[tuple[str,
     """
     if len(target) == 2:
         a, b = target
-        for node in (a, b):
-            if node not in topo.nodes:
-                raise ConfigError("target", f"no node {node!r} in the running fabric")
-        try:
-            topo.find_link(a, b)
-        except KeyError:
-            raise ConfigError("target", f"{a} and {b} share no link") from None
+        target_link(topo, a, b)
         return f"link {a}-{b}", ((a, b),)
     if len(target) == 1:
         name = target[0]
