@@ -64,13 +64,25 @@ def roce(**kw):
 
 
 def test_packet_header_round_trips():
-    pkt = Packet(Kind.ACK, (7, 3), psn=9, ack=5, entropy=77, sack=0b101, sent_ns=123,
-                 flags=Flag.CE)
+    pkt = Packet(Kind.DATA, (7, 3), psn=9, ack=5, entropy=77, sack=0b101, sent_ns=123,
+                 flags=Flag.CE, length=100)
     back = Packet.decode(pkt.encode() + bytes(100))
     assert (back.kind, back.qp, back.psn, back.ack, back.entropy, back.sack, back.sent_ns,
-            back.ce, back.length) == (Kind.ACK, (7, 3), 9, 5, 77, 0b101, 123, True, 100)
+            back.ce, back.length, back.trimmed) == (Kind.DATA, (7, 3), 9, 5, 77, 0b101, 123,
+                                                    True, 100, False)
     with pytest.raises(ValueError):
         Packet.decode(b"short")
+    with pytest.raises(ValueError, match="says 100"):  # longer than it says: not ours
+        Packet.decode(pkt.encode() + bytes(101))
+
+
+def test_a_trimmed_packet_is_known_by_what_it_says_it_carried():
+    """A switch kept the first bytes only: the header says 8,000 payload bytes, 45 came."""
+    pkt = Packet(Kind.DATA, (1, 0), psn=42, length=8000)
+    back = Packet.decode(pkt.encode() + bytes(45))
+    assert (back.psn, back.length, back.trimmed) == (42, 8000, True)
+    assert Packet.decode(pkt.encode()).trimmed  # the header alone
+    assert not Packet.decode(Packet(Kind.ACK, (1, 0)).encode()).trimmed
 
 
 def test_scale_brings_published_constants_to_the_emulated_fabric():
@@ -223,6 +235,62 @@ def test_uet_retransmits_only_what_was_lost():
     assert tx.una == 40 and rx.delivered == 40 * MSS
     assert tx.summary()["retransmitted"] == 2  # selective: the two lost, nothing else
     assert tx.summary()["retransmitted_bytes"] == 2 * MSS
+
+
+def _trim(which):
+    """A mangle: data packets ``which`` arrive as a trimming switch leaves them."""
+    def mangle(pkt, n):
+        if n in which:
+            pkt.trimmed = True
+        return [0.0]
+    return mangle
+
+
+def test_uet_resends_a_trimmed_packet_at_once_where_a_drop_waits():
+    """Trimmed, the receiver NACKs the packet as it arrives and the sender resends it first:
+    no timeout, no reordering window, the window cut once; the same packets dropped are
+    recovered later."""
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    tx.offer(40 * MSS)
+    trimmed_s = run(tx, rx, mangle=_trim({5, 17}))
+    st = tx.summary()
+    assert tx.una == 40 and rx.delivered == 40 * MSS
+    assert (st["trim_naks"], st["retransmitted"], st["timeouts"]) == (2, 2, 0)
+    assert rx.stats["trimmed"] == 2 and rx.stats["naks"] == 0
+    assert st["rate_cuts"] >= 1
+    ends = {}
+    for how, mangle in (("trimmed", _trim({39})), ("dropped", lambda p, n: [] if n == 39
+                                                    else [0.0])):  # the tail packet
+        tx2, rx2 = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+        tx2.offer(40 * MSS)
+        ends[how] = run(tx2, rx2, mangle=mangle)
+        assert tx2.una == 40 and tx2.summary()["timeouts"] == 0
+    clean = UetSender(QP, cfg, 0.0)
+    clean.offer(40 * MSS)
+    ends["clean"] = run(clean, UetReceiver(QP, cfg))
+    # trimmed: one round trip (2 ms) and a resend late; dropped: a probe's wait besides
+    assert ends["trimmed"] - ends["clean"] < 0.006 < ends["dropped"] - ends["clean"], ends
+    assert trimmed_s > 0
+
+
+def test_a_trimmed_nack_for_a_packet_acknowledged_since_changes_nothing():
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05)
+    tx = UetSender(QP, cfg, 0.0)
+    tx.offer(2 * MSS)
+    first = tx.poll(0.0)
+    tx.on_packet(Packet(Kind.ACK, QP, psn=first.psn, ack=1, sent_ns=0), 0.01)
+    tx.on_packet(Packet(Kind.NAK, QP, psn=first.psn, flags=Flag.TRIMMED), 0.02)
+    assert tx.summary()["trim_naks"] == 1 and tx.summary()["retransmitted"] == 0
+    assert tx.una == 1
+
+
+def test_rocev2_discards_a_trimmed_packet_and_goes_back_n():
+    tx, rx = roce()
+    tx.offer(20 * MSS)
+    run(tx, rx, mangle=_trim({5}))
+    assert tx.una == 20 and rx.delivered == 20 * MSS
+    assert rx.stats["trimmed"] == 1 and tx.summary()["retransmitted"] >= 1
 
 
 def test_uet_rod_mode_orders_like_roce():

@@ -3,7 +3,9 @@
 One header, big-endian, before a zero payload: kind, flags, queue pair (sender rank, channel),
 packet sequence number, cumulative ACK, entropy, up to three more echoed entropies and which of
 the echoed packets carried CE (an ACK that covers several packets echoes each one's entropy),
-a 64-bit SACK bitmap and the sender's send time (echoed in ACKs, for delay).
+a 64-bit SACK bitmap, the sender's send time (echoed in ACKs, for delay) and the payload's
+length as sent: a packet a switch trimmed (:mod:`testbed.plan.trim`) arrives shorter than it
+says, and the receiver knows which packet it lost.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-HEADER = struct.Struct("!BBHHHIIH3HBQQ")
+HEADER = struct.Struct("!BBHHHIIH3HBQQI")
 MAX_ECHO = 4  # entropies an ACK can echo (its own and three more)
 NO_ENTROPY = 0xFFFF
-VERSION = 2
+VERSION = 3
 ROCEV2_PORT = 4791  # the IANA port of RoCEv2
 UET_PORT = 4793  # Ultra Ethernet's
 SACK_BITS = 64
@@ -34,6 +36,7 @@ class Flag(IntEnum):
     LAST = 4  # the last packet of a message
     NACK = 8  # the ACK also names a missing PSN (``ack``): evidence of loss
     DUP = 16  # the ACK answers a duplicate: a retransmission was not needed
+    TRIMMED = 32  # a NAK for a packet a switch trimmed (``psn``): resend it now
 
 
 @dataclass(slots=True)
@@ -51,6 +54,7 @@ class Packet:
     flags: int = 0
     echo: tuple[int, ...] = ()  # an ACK's further entropies (the packets before the latest)
     ce_mask: int = 0  # an ACK: bit i set if echoed packet i carried CE (0: ``entropy``)
+    trimmed: bool = False  # DATA that arrived shorter than sent: a switch trimmed it
 
     @property
     def ce(self) -> bool:
@@ -65,19 +69,24 @@ class Packet:
         """The header (the engine appends ``length`` payload bytes to DATA)."""
         echo = (*self.echo, NO_ENTROPY, NO_ENTROPY, NO_ENTROPY)[:MAX_ECHO - 1]
         return HEADER.pack(self.kind, self.flags, VERSION, self.qp[0], self.qp[1], self.psn,
-                           self.ack, self.entropy, *echo, self.ce_mask, self.sack, self.sent_ns)
+                           self.ack, self.entropy, *echo, self.ce_mask, self.sack, self.sent_ns,
+                           self.length)
 
     @classmethod
     def decode(cls, data: bytes) -> Packet:
         """Raises ValueError for a short or foreign datagram."""
         if len(data) < HEADER.size:
             raise ValueError(f"datagram of {len(data)} bytes is shorter than the header")
-        kind, flags, version, src, ch, psn, ack, entropy, e2, e3, e4, ce_mask, sack, sent = \
-            HEADER.unpack_from(data)
+        kind, flags, version, src, ch, psn, ack, entropy, e2, e3, e4, ce_mask, sack, sent, \
+            length = HEADER.unpack_from(data)
         if version != VERSION or kind not in Kind.__members__.values():
             raise ValueError(f"not a transport packet (version {version}, kind {kind})")
-        return cls(Kind(kind), (src, ch), psn, ack, len(data) - HEADER.size, entropy, sack, sent,
-                   flags, tuple(e for e in (e2, e3, e4) if e != NO_ENTROPY), ce_mask)
+        carried = len(data) - HEADER.size
+        if carried > length:
+            raise ValueError(f"a datagram of {carried} payload bytes says {length}")
+        return cls(Kind(kind), (src, ch), psn, ack, length, entropy, sack, sent, flags,
+                   tuple(e for e in (e2, e3, e4) if e != NO_ENTROPY), ce_mask,
+                   trimmed=carried < length)
 
 
 FRAME_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4 and UDP headers around a transport packet

@@ -340,13 +340,16 @@ class RoceReceiver:
         self.nak_for = -1
         self.last_cnp = -INF
         self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "cnps": 0,
-                      "ce": 0}
+                      "ce": 0, "trimmed": 0}
 
     def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
         """A DATA packet arrived; returns the ACK, NAK or CNP to send back."""
         st = self.stats
         st["packets"] += 1
         out = []
+        if pkt.trimmed:  # RoCE knows nothing of trimming: a packet cut short is a bad one,
+            st["trimmed"] += 1  # discarded (go back N recovers it, as a loss)
+            return out
         if pkt.ce:
             st["ce"] += 1
             if now - self.last_cnp >= self.cfg.cnp_interval_s:

@@ -94,7 +94,7 @@ class UetSender:
         self.window = Window(self.cfg)
         self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "retransmitted_bytes": 0,
                       "naks": 0, "timeouts": 0, "sack_losses": 0, "spurious": 0, "ce_acks": 0,
-                      "probes": 0,
+                      "probes": 0, "trim_naks": 0,
                       "entropies": set()}
 
     # -- the application's side ------------------------------------------------------------
@@ -171,12 +171,25 @@ class UetSender:
     def on_packet(self, pkt: Packet, now: float) -> None:
         if pkt.kind == Kind.ACK:
             self._on_ack(pkt, now)
+        elif pkt.kind == Kind.NAK and pkt.flags & Flag.TRIMMED:
+            self._on_trimmed(pkt.psn, now)
         elif pkt.kind == Kind.NAK:
             self.stats["naks"] += 1
             if self.cfg.ordered:  # ROD: go back to the receiver's next expected PSN
                 for psn in range(max(pkt.ack, self.una), self.nxt):
                     self._forget(psn)
                     self._queue_retx(psn)
+
+    def _on_trimmed(self, psn: int, now: float) -> None:
+        """A switch trimmed ``psn`` and the receiver says so: it is lost, for certain and now
+        (no reordering window, no timeout): resent first, and the window cut as on CE with a
+        high delay."""
+        self.stats["trim_naks"] += 1
+        if psn in self.outstanding:
+            self._forget(psn)
+            self._queue_retx(psn)
+            self.progress_at = now  # the receiver answers: the path is alive
+        self.window.on_trim(self.srtt if self.srtt is not None else self.cfg.base_rtt_s, now)
 
     def _overdue(self, psn: int, now: float) -> bool:
         """A NACKed packet is lost if it has been out for longer than an RTT and the
@@ -342,13 +355,17 @@ class UetReceiver:
         self.pending: list[Packet] = []  # received, not yet acknowledged
         self.ack_due: float | None = None
         self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "ce": 0,
-                      "acks": 0}
+                      "acks": 0, "trimmed": 0}
 
     def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
         st = self.stats
         st["packets"] += 1
         st["ce"] += 1 if pkt.ce else 0
         out = []
+        if pkt.trimmed:  # its header only: NACK it at once (nothing placed)
+            st["trimmed"] += 1
+            return [Packet(Kind.NAK, self.qp, psn=pkt.psn, ack=self.cum, entropy=pkt.entropy,
+                           sent_ns=pkt.sent_ns, flags=Flag.TRIMMED)]
         if self.cfg.ordered and pkt.psn > self.cum:
             st["out_of_order"] += 1
             if self.nacked != self.cum:

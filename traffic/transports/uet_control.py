@@ -111,6 +111,14 @@ class Window:
                 self.cwnd += max(1, cfg.mss * acked_bytes // self.cwnd)
         self.cwnd = min(self.cwnd, self.ceiling)
 
+    def on_trim(self, rtt_s: float, now: float) -> None:
+        """A packet of ours was trimmed: a full queue on its path, as clear a signal as CE
+        with a high delay (the same cut, once per RTT)."""
+        if now >= self.cut_until:
+            self.cwnd = max(self.cfg.mss, int(self.cwnd * (1 - self.cfg.md)))
+            self.cut_until = now + rtt_s
+            self.cuts += 1
+
     def on_timeout(self) -> None:
         self.cwnd = max(self.cfg.mss, self.cwnd // 2)
         self.cuts += 1
