@@ -20,7 +20,7 @@ from testbed.errors import ConfigError
 
 ETH_IP_UDP_BYTES = 14 + 20 + 8
 #: the transports' own header (traffic.transports.packet.HEADER): a trimmed packet keeps it whole
-TRANSPORT_HEADER_BYTES = 41
+TRANSPORT_HEADER_BYTES = 45
 DEFAULT_SIZE_B = 128
 #: DSCP 46 (expedited forwarding): where switches put trimmed headers by default
 DEFAULT_TRIM_DSCP = 46
