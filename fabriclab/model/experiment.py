@@ -26,6 +26,7 @@ import yaml
 from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, frame_bytes
 from testbed.errors import ConfigError, shown
 from testbed.plan.failplan import FailureEvent, plan_failures
+from testbed.plan.trim import TrimSpec
 from testbed.model.servers import ScaleUp, ServerSpec
 from testbed.model.spec import (
     DEFAULT_QUEUE_KB,
@@ -290,6 +291,7 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
     for tier in ("host", "fabric"):
         spec.port_ecn(tier)  # thresholds in order, priorities in range
+        spec.port_trim(tier)  # sizes, DSCP and threshold within the queue
     _ = spec.pfc  # thresholds in order, headroom enough
     workload = None
     if data.get("workload"):  # checked against the model: all before anything is built
@@ -448,10 +450,13 @@ def _pfc(raw: dict) -> PfcSpec:
 def _link(raw: dict) -> LinkSpec:
     ecn = raw.get("ecn", ())
     entries = [ecn] if isinstance(ecn, dict) else list(ecn)
-    return LinkSpec(**{k: v for k, v in raw.items() if k != "ecn"}, ecn=tuple(
+    trim = raw.get("trim")
+    return LinkSpec(**{k: v for k, v in raw.items() if k not in ("ecn", "trim")}, ecn=tuple(
         EcnSpec(**{**e, "mode": EcnMode(e["mode"]),
                    "priorities": tuple(e["priorities"]) if "priorities" in e else None})
-        for e in entries))
+        for e in entries), trim=None if trim is None else TrimSpec(
+            **{**trim, "priorities": tuple(trim["priorities"]) if "priorities" in trim
+               else None}))
 
 
 def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:

@@ -125,6 +125,9 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
                                  "Packets the port marked CE, by priority.", labels=PRIO_LABELS)
     loss = CounterMetricFamily(name("port_link_loss_dropped_packets"), "Packets dropped by the "
                                "link's configured random loss, by priority.", labels=PRIO_LABELS)
+    trimmed = CounterMetricFamily(name("port_trimmed_packets"), "Packets the port forwarded as "
+                                  "their headers only (trimmed) instead of dropping or queueing "
+                                  "them, by priority.", labels=PRIO_LABELS)
     pauses = CounterMetricFamily(name("port_pfc_pause_events"), "PFC pauses the port received "
                                  "(its egress stopped), by priority.", labels=PRIO_LABELS)
     paused = CounterMetricFamily(name("port_pfc_paused_seconds"), "Time the port's egress was "
@@ -147,10 +150,11 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
             # the eBPF marker's marks, plus a RED leaf's where RED marks this priority
             marked.add_metric(plabels, counts.get("marked", 0) + queue.get("marked", 0))
             loss.add_metric(plabels, counts.get("loss_drops", 0))
+            trimmed.add_metric(plabels, counts.get("trimmed", 0))
             pfc = counts.get("pfc") or {}
             pauses.add_metric(plabels, pfc.get("pause_events", 0))
             paused.add_metric(plabels, pfc.get("paused_s", 0.0))
-    return [*fam.values(), up, rate, drops, backlog, marked, loss, pauses, paused]
+    return [*fam.values(), up, rate, drops, backlog, marked, loss, trimmed, pauses, paused]
 
 
 def collective_families(rows: list[dict], routing: str, running: Iterable[dict] = ()

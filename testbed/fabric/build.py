@@ -291,7 +291,8 @@ class BuildSteps:
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
                     link.rate_mbps, plan.burst_bytes, limit, table, marking,
-                    classes=bool(plan.classes), loss_percent=loss), count_rx=pfc)
+                    classes=bool(plan.classes), loss_percent=loss,
+                    trim=self.spec.port_trim(link.tier)), count_rx=pfc)
             if link.tier == "host" and (plan.classes or loss):
                 host = link.a.node
                 self.marker.classify_host(self.netlink, host, self.hosts.pid(host),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from testbed.linux import bpf
 from testbed.model.congestion import PRIORITIES, EcnMode, EcnThresholds
+from testbed.plan.trim import TrimSpec
 from testbed.errors import TestbedError
 from testbed.linux.netlink import Netlink
 
@@ -35,7 +36,10 @@ class _EcnCfg(ctypes.Structure):
 class _PortCfg(ctypes.Structure):
     _fields_ = [("rate_bytes_s", ctypes.c_uint64), ("burst_bytes", ctypes.c_uint64),
                 ("limit_bytes", ctypes.c_uint64), ("flags", ctypes.c_uint32),
-                ("drop_ppm", ctypes.c_uint32), ("dscp_prio", ctypes.c_uint8 * 64), ("ecn", _EcnCfg * PRIORITIES)]
+                ("drop_ppm", ctypes.c_uint32), ("dscp_prio", ctypes.c_uint8 * 64),
+                ("ecn", _EcnCfg * PRIORITIES), ("trim_threshold", ctypes.c_uint32),
+                ("trim_size", ctypes.c_uint16), ("trim_dscp", ctypes.c_uint8),
+                ("trim_prios", ctypes.c_uint8)]
 
 
 class _VQueue(ctypes.Structure):
@@ -48,7 +52,8 @@ class _CountKey(ctypes.Structure):
     _fields_ = [("ifindex", ctypes.c_uint32), ("prio", ctypes.c_uint32)]
 
 
-COUNTER_FIELDS = ("packets", "bytes", "ect", "marked", "ce_seen", "vq_drops", "loss_drops")
+COUNTER_FIELDS = ("packets", "bytes", "ect", "marked", "ce_seen", "vq_drops", "loss_drops",
+                  "trimmed")
 
 
 class _Counters(ctypes.Structure):
@@ -59,7 +64,7 @@ class _RxCounters(ctypes.Structure):
     _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
 
-assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (256, 32, 56)
+assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (264, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class PortMarking:
     thresholds: tuple[EcnThresholds, ...]  # one per priority
     classes: bool = False  # steer IP packets into one HTB class per priority
     loss_percent: float = 0.0  # the link's random loss, dropped here
+    trim: TrimSpec | None = None  # packet trimming at this port
 
 
 def _port_cfg(marking: PortMarking) -> _PortCfg:
@@ -85,6 +91,11 @@ def _port_cfg(marking: PortMarking) -> _PortCfg:
     for prio, th in enumerate(marking.thresholds):
         cfg.ecn[prio] = _EcnCfg(_MODES[th.mode], th.k_bytes, th.kmin_bytes, th.kmax_bytes,
                                 int(th.pmax * PROB_SCALE))
+    trim = marking.trim
+    if trim is not None and marking.limit_bytes:  # trimming needs the mirrored byte queue
+        cfg.trim_threshold = max(1, trim.threshold_bytes(marking.limit_bytes))
+        cfg.trim_size, cfg.trim_dscp = trim.size_b, trim.dscp
+        cfg.trim_prios = sum(1 << p for p in range(PRIORITIES) if trim.trims(p))
     return cfg
 
 

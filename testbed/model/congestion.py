@@ -316,7 +316,7 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
     """
     ports, all_samples, drift = {}, [], []
     totals = {"drops": 0, "ect": 0, "ecn_marked": 0, "pfc_pause_events": 0, "pfc_paused_s": 0.0,
-              "pfc_watchdog_events": 0, "lossless_drops": 0, "link_loss_drops": 0}
+              "pfc_watchdog_events": 0, "lossless_drops": 0, "link_loss_drops": 0, "trimmed": 0}
     for name, now in sorted(after.items()):
         then = before.get(name, {})
         q0, q1 = then.get("queue", {}), now.get("queue", {})
@@ -328,14 +328,15 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
         for prio, c1 in now.get("priorities", {}).items():
             c0 = then.get("priorities", {}).get(prio, {})
             row = {}
-            lost = c1.get("loss_drops", 0) - c0.get("loss_drops", 0)
-            if lost:  # the link's random loss, dropped by the eBPF program
-                row["link_loss_drops"] = lost
-                totals["link_loss_drops"] += lost
+            for key, total in (("loss_drops", "link_loss_drops"), ("trimmed", "trimmed")):
+                n = c1.get(key, 0) - c0.get(key, 0)
+                if n:  # the link's random loss dropped, packets trimmed, by the eBPF program
+                    row[total] = n
+                    totals[total] += n
             delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("packets", "ect", "marked")}
             if delta["packets"]:
-                row = {"packets": delta["packets"], "ect": delta["ect"],
-                       "ecn_marked": delta["marked"]}
+                row.update(packets=delta["packets"], ect=delta["ect"],
+                           ecn_marked=delta["marked"])
                 totals["ect"] += delta["ect"]
                 totals["ecn_marked"] += delta["marked"]
             if "queue" in c1:

@@ -23,6 +23,7 @@ from testbed.model.congestion import (
     resolve_ecn,
     resolve_pfc,
 )
+from testbed.plan.trim import TrimSpec
 from testbed.model.servers import ServerSpec, place_servers, rail_optimized
 from testbed.model.topology import Topology, feeds
 
@@ -131,6 +132,7 @@ class LinkSpec:
     delay_us: float = 0.0
     loss_percent: float = 0.0
     ecn: tuple[EcnSpec, ...] = ()
+    trim: TrimSpec | None = None  # packet trimming at the switch ports' egress
 
     def describe(self) -> str:
         """``10 Mbit/s 100 us 1 % loss``."""
@@ -169,7 +171,8 @@ class FabricSpec:
         """Whether the eBPF program runs at the ports: to mark ECN, to steer packets into
         per-priority classes (and count them for PFC), or to drop a link's random loss."""
         return (self.marks_ecn or len(self.priorities()) > 1
-                or any(self.link(t).loss_percent for t in ("host", "fabric")))
+                or any(self.link(t).loss_percent or self.link(t).trim
+                       for t in ("host", "fabric")))
 
     @property
     def marks_ecn(self) -> bool:
@@ -328,6 +331,17 @@ class TestbedSpec:
         links = [topo.find_link(a, b) for a, b in zip(far, far[1:])]
         return base_rtt_s([l.rate_mbps for l in links],
                           [self.fabric.link(l.tier).delay_us for l in links], self.fabric.mtu)
+
+    def port_trim(self, tier: str) -> TrimSpec | None:
+        """The trimming at the switch ports of a link tier, checked against their queue."""
+        trim = self.fabric.link(tier).trim
+        if trim is not None:
+            fab = self.fabric
+            if fab.queue_packets:
+                raise ConfigError(f"fabric.{tier}_link.trim", "trimming decides on the queue's "
+                                  "bytes: give fabric.queue.size_kb, not size_packets")
+            trim.check(f"fabric.{tier}_link.trim", int(fab.queue_kb * 1024))
+        return trim
 
     def port_ecn(self, tier: str) -> list[EcnThresholds]:
         """The marking of each priority at the switch ports of a link tier."""

@@ -79,3 +79,30 @@ def test_random_loss_on_the_fabric_links_is_recovered(make_fabric, transport):
     print(transport, lost, t)
     assert lost > 0 and t["tx_retransmitted"] >= 1, (lost, t)  # lost, then resent
     assert t["tx_bytes"] >= 2 * 1024 * 1024 and result.efficiency > 0.3
+
+
+def test_a_trimming_switch_turns_an_incasts_overflow_into_nacks_uet_answers(make_fabric):
+    """Eight uet senders into one 10 Mbit/s host port that trims above 16 KiB: the ports trim
+    (the headers overtake in a strict class), every trimmed header reaches its receiver,
+    which NACKs it, and the sender resends it (each NACK answered); rocev2's receiver would
+    discard them (unit-tested)."""
+    exp = experiment(
+        "version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 1\n"
+        "  hosts_per_leaf: 5\n  host_link: {rate_mbps: 10, trim: {threshold_kb: 16}}\n"
+        "  fabric_link: {rate_mbps: 20, trim: {threshold_kb: 16}}\n  queue: {size_kb: 64}\n"
+        "  traffic_classes: {dscp_to_priority: {46: 7}, strict: [7]}\n"
+        "emulator: {datapath: ebpf, queue_sample_ms: 0}\nworkload:\n  collectives:\n"
+        "    - {op: flows, size: 512KiB, pairs: [[h2_1, h1_1], [h2_2, h1_1], [h2_3, h1_1], "
+        "[h2_4, h1_1], [h1_2, h1_1], [h1_3, h1_1]]}\n")
+    fabric = make_fabric(exp)
+    (job,) = exp.workload.jobs
+    before = fabric.congestion()
+    (result,) = run_job(fabric, list(job.collectives), timeout_s=120, transport="uet")
+    from testbed.model.congestion import summarize_congestion
+    trimmed = summarize_congestion(before, fabric.congestion(), {})["trimmed"]
+    t = result.transport
+    assert trimmed > 0, t
+    # a trimmed header is lost only if even it finds no room: (almost) all reach a receiver
+    assert trimmed * 0.9 <= t["rx_trimmed"] <= trimmed, (trimmed, t)
+    assert t["tx_trim_naks"] == t["rx_trimmed"] and t["tx_retransmitted"] >= t["tx_trim_naks"]
+    assert t["tx_bytes"] >= 6 * 512 * 1024

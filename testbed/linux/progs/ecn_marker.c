@@ -24,10 +24,13 @@
  * rx_count runs at a switch port's ingress and counts packets per priority (fl_rx): the PFC
  * agent pauses the upstream ends whose packets of a lossless priority still arrive.
  */
+#include <stddef.h>
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/pkt_cls.h>
+#include <linux/udp.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
@@ -58,6 +61,10 @@ struct port_cfg {
 	__u32 drop_ppm;		/* random loss of the link, parts per million */
 	__u8 dscp_prio[64];
 	struct ecn_cfg ecn[MAX_PRIO];
+	__u32 trim_threshold;	/* trim above this backlog, bytes (0: the port does not trim) */
+	__u16 trim_size;	/* a trimmed frame's length, Ethernet header included */
+	__u8 trim_dscp;		/* the DSCP a trimmed packet carries */
+	__u8 trim_prios;	/* bit p: priority p is trimmable */
 };
 
 struct vqueue {
@@ -80,6 +87,7 @@ struct counters {
 	__u64 ce_seen;		/* already CE when they arrived */
 	__u64 vq_drops;		/* the mirrored bfifo would have dropped them */
 	__u64 loss_drops;	/* dropped here: the link's random loss */
+	__u64 trimmed;		/* forwarded as their first trim_size bytes instead of dropped */
 };
 
 struct {
@@ -141,6 +149,53 @@ static __always_inline int ip_priority(struct __sk_buff *skb, const struct port_
 	return cfg->dscp_prio[(ip->tos >> 2) & 63] & (MAX_PRIO - 1);
 }
 
+/* Packet trimming (testbed/plan/trim.py is the reference): a UDP packet of a trimmable
+ * priority longer than trim_size, joining a backlog above the threshold (or a full queue),
+ * is cut to its first trim_size bytes, its IP and UDP lengths, DSCP and IP checksum rewritten
+ * (the UDP checksum cleared: IPv4 allows none), and steered into the trim DSCP's class. */
+static __always_inline int trimmable(struct __sk_buff *skb, const struct port_cfg *cfg,
+				     int ip_prio, __u64 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+
+	if (!cfg->trim_threshold || ip_prio < 0 || !((cfg->trim_prios >> ip_prio) & 1) ||
+	    len <= cfg->trim_size || skb->gso_segs > 1)
+		return 0;
+	if ((void *)(ip + 1) > data_end || ip->ihl != 5 || ip->protocol != IPPROTO_UDP)
+		return 0;
+	return 1;
+}
+
+static __always_inline int trim(struct __sk_buff *skb, const struct port_cfg *cfg)
+{
+	__u32 size = cfg->trim_size;
+	__u32 ip_off = sizeof(struct ethhdr);
+	__u32 udp_off = ip_off + sizeof(struct iphdr);
+	__be16 old_len, new_len, old_word, new_word, udp_len, zero = 0;
+	__u8 tos;
+
+	if (size < udp_off + sizeof(struct udphdr) || bpf_skb_change_tail(skb, size, 0))
+		return 0;
+	if (bpf_skb_load_bytes(skb, ip_off + offsetof(struct iphdr, tot_len), &old_len, 2) ||
+	    bpf_skb_load_bytes(skb, ip_off, &old_word, 2))
+		return 0;
+	new_len = bpf_htons(size - ip_off);
+	tos = ((__u8 *)&old_word)[1];
+	new_word = old_word;
+	((__u8 *)&new_word)[1] = (cfg->trim_dscp << 2) | (tos & 0x3);
+	udp_len = bpf_htons(size - udp_off);
+	if (bpf_l3_csum_replace(skb, ip_off + offsetof(struct iphdr, check), old_len, new_len, 2) ||
+	    bpf_l3_csum_replace(skb, ip_off + offsetof(struct iphdr, check), old_word, new_word, 2) ||
+	    bpf_skb_store_bytes(skb, ip_off + offsetof(struct iphdr, tot_len), &new_len, 2, 0) ||
+	    bpf_skb_store_bytes(skb, ip_off, &new_word, 2, 0) ||
+	    bpf_skb_store_bytes(skb, udp_off + offsetof(struct udphdr, len), &udp_len, 2, 0) ||
+	    bpf_skb_store_bytes(skb, udp_off + offsetof(struct udphdr, check), &zero, 2, 0))
+		return 0;
+	return 1;
+}
+
 static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
 {
 	__u64 prob;
@@ -168,7 +223,7 @@ int ecn_marker(struct __sk_buff *skb)
 	__s64 level;
 	__u8 ecn = 0;
 	__u32 prio;
-	int ip_prio, drop = 0;
+	int ip_prio, drop = 0, can_trim, cut = 0;
 
 	if (!cfg)
 		return TC_ACT_OK;
@@ -187,6 +242,7 @@ int ecn_marker(struct __sk_buff *skb)
 	}
 	if (cfg->flags & PORT_CLASSIFY)
 		return TC_ACT_OK;
+	can_trim = trimmable(skb, cfg, ip_prio, len);
 	q = bpf_map_lookup_elem(&fl_queue, &ifindex);
 	if (!q)
 		return TC_ACT_OK;
@@ -200,10 +256,16 @@ int ecn_marker(struct __sk_buff *skb)
 	if (level < -(__s64)cfg->burst_bytes)
 		level = -(__s64)cfg->burst_bytes;
 	backlog = level > 0 ? level : 0;
-	if (cfg->limit_bytes && backlog + len > cfg->limit_bytes)
-		drop = 1;
-	else
+	drop = cfg->limit_bytes && backlog + len > cfg->limit_bytes;
+	if (can_trim && (drop || backlog > cfg->trim_threshold)) {
+		/* trimmed instead: its header joins the queue, if even that fits */
+		drop = cfg->limit_bytes && backlog + cfg->trim_size > cfg->limit_bytes;
+		cut = !drop;
+		if (cut)
+			level += cfg->trim_size;
+	} else if (!drop) {
 		level += len;
+	}
 	q->level_bytes = level;
 	q->last_ns = now;
 	backlog = level > 0 ? level : 0;
@@ -211,6 +273,18 @@ int ecn_marker(struct __sk_buff *skb)
 		q->max_bytes = backlog;
 	bpf_spin_unlock(&q->lock);
 
+	if (cut && trim(skb, cfg)) {
+		prio = cfg->dscp_prio[cfg->trim_dscp & 63] & (MAX_PRIO - 1);
+		if (cfg->flags & PORT_CLASSES)
+			skb->priority = HTB_MAJOR | (CLASS_BASE + prio);
+		c = counter(&fl_count, &key, &zero);
+		if (c) {
+			__sync_fetch_and_add(&c->packets, 1);
+			__sync_fetch_and_add(&c->bytes, cfg->trim_size);
+			__sync_fetch_and_add(&c->trimmed, 1);
+		}
+		return TC_ACT_OK;
+	}
 	c = counter(&fl_count, &key, &zero);
 	if (!c)
 		return TC_ACT_OK;
