@@ -258,11 +258,10 @@ int ecn_marker(struct __sk_buff *skb)
 	backlog = level > 0 ? level : 0;
 	drop = cfg->limit_bytes && backlog + len > cfg->limit_bytes;
 	if (can_trim && (drop || backlog > cfg->trim_threshold)) {
-		/* trimmed instead: its header joins the queue, if even that fits */
+		/* trimmed instead, if even its header fits: the header joins the queue when it
+		 * passes here again (below) */
 		drop = cfg->limit_bytes && backlog + cfg->trim_size > cfg->limit_bytes;
 		cut = !drop;
-		if (cut)
-			level += cfg->trim_size;
 	} else if (!drop) {
 		level += len;
 	}
@@ -274,16 +273,15 @@ int ecn_marker(struct __sk_buff *skb)
 	bpf_spin_unlock(&q->lock);
 
 	if (cut && trim(skb, cfg)) {
-		prio = cfg->dscp_prio[cfg->trim_dscp & 63] & (MAX_PRIO - 1);
-		if (cfg->flags & PORT_CLASSES)
-			skb->priority = HTB_MAJOR | (CLASS_BASE + prio);
+		/* The qdisc took the packet's length before this hook ran (qdisc_pkt_len_init in
+		 * __dev_queue_xmit): queued now, the header would cost the shaper a whole packet's
+		 * time. Sent through the port again, it is measured at its new length, passes
+		 * here as a short packet of the trim DSCP's priority (counted, queued, steered into
+		 * its class) and is not trimmed again. */
 		c = counter(&fl_count, &key, &zero);
-		if (c) {
-			__sync_fetch_and_add(&c->packets, 1);
-			__sync_fetch_and_add(&c->bytes, cfg->trim_size);
+		if (c)
 			__sync_fetch_and_add(&c->trimmed, 1);
-		}
-		return TC_ACT_OK;
+		return bpf_redirect(skb->ifindex, 0);
 	}
 	c = counter(&fl_count, &key, &zero);
 	if (!c)
