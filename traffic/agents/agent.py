@@ -211,7 +211,11 @@ class Agent:
             threading.Thread(target=target, args=(sock, q), daemon=True).start()
 
     def run(self) -> list[CollectiveTiming]:
-        results = []
+        """Every collective in turn; each one's transport counters run from its start to the
+        next one's (the last one's to after the final barrier), so the job's rows add up to
+        everything its queue pairs did (a NACK that comes after a collective's last flow
+        completed is counted too)."""
+        timings, snapshots = [], []
         for index, coll in enumerate(self.spec.collectives):
             if self.spec.barrier:
                 self.barrier()  # every collective starts together, as NCCL-tests times them
@@ -221,7 +225,7 @@ class Agent:
                 if self.rank in (t.src, t.dst):
                     steps.setdefault(t.step, []).append((t.src, t.dst, t.nbytes))
             start = time.time()
-            before = self._counters()
+            snapshots.append(self._counters())
             flows = []
             for step in sorted(steps):
                 keys = []
@@ -243,13 +247,14 @@ class Agent:
                 self._wait(keys)  # the next step's sends depend on this step's receives
             self._wait([k for k, _n, _is_send in flows])  # and our own sends to drain
             end = time.time()
-            results.append(CollectiveTiming(index, start, end, tuple(
+            timings.append((index, start, end, tuple(
                 FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
-                for k, n, is_send in flows if not is_send),
-                _delta(before, self._counters())))
+                for k, n, is_send in flows if not is_send)))
         if self.engine is not None:  # a receiver's last ACK may be lost: it keeps answering
             self.barrier()  # retransmissions until every rank's sends are acknowledged
-        return results
+        snapshots.append(self._counters())
+        return [CollectiveTiming(*timing, _delta(before, after))
+                for timing, before, after in zip(timings, snapshots, snapshots[1:])]
 
     def _counters(self) -> dict:
         """The transport's counters now: the UDP engine's, or the TCP connections' own."""
