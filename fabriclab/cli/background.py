@@ -1,8 +1,9 @@
 """Fabrics in the background and getting into them: ``fabriclab up -d`` (the fabric kept up by
 a detached process, the command back once it is up, with the run's id), ``fabriclab ls`` (the
 running fabrics), ``fabriclab down [ID|--all]`` (SIGTERM to a fabric's process, which tears it
-down, waited for), ``fabriclab exec HOST -- CMD`` (a command in a host's network namespace)
-and ``fabriclab ofctl SWITCH CMD`` (``ovs-ofctl`` against one switch)."""
+down, waited for), ``fabriclab exec HOST -- CMD`` (a command in a host's network namespace),
+``fabriclab ofctl SWITCH CMD`` (``ovs-ofctl`` against one switch) and ``fabriclab capture
+LINK|PORT`` (``tcpdump`` on one interface)."""
 
 from __future__ import annotations
 
