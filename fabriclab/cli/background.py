@@ -23,7 +23,6 @@ from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
 from fabriclab.cli.requests import (CaptureRequest, DownRequest, ExecRequest, ListRequest,
                                     OfctlRequest)
 from testbed.errors import ConfigError, TestbedError
-from testbed.model.topology import from_dict
 from testbed.plan.capture import capture_point
 from testbed.runs.registry import Registry, RunRecord, proc_start_time
 
@@ -206,8 +205,7 @@ def capture(req: CaptureRequest, ui: Console) -> int:
     if req.count is not None and req.count < 1:
         raise ConfigError("--count", f"must be at least 1, not {req.count}")
     record = Registry(req.state_dir).running(req.run)
-    topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
-    point = capture_point(topo, list(req.target))
+    point = capture_point(record.topology(), list(req.target))
     if shutil.which("tcpdump") is None:
         raise TestbedError("tcpdump is not installed: apt-get install tcpdump (scripts/setup.sh "
                            "installs it)")

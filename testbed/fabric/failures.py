@@ -9,7 +9,6 @@ what it applied and when, with the throughput before, during and after, for ``re
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -119,10 +118,8 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         TestbedError: no running fabric (or several and no ``run_id``).
         ConfigError: a bad target.
     """
-    from testbed.model.topology import from_dict
-
     record = registry.running(run_id)
-    topo = from_dict(json.loads((Path(record.run_dir) / "topology.json").read_text()))
+    topo = record.topology()
     what, links = live_links(topo, target)
     done = f"{what} {'up' if up else 'down'} ({len(links)} link(s), run {record.run_id}"
     from testbed.cluster.coordinator import CLUSTER_FILE, set_links_of_running_cluster

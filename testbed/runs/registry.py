@@ -118,6 +118,13 @@ class RunRecord:
     def owner_alive(self) -> bool:
         return proc_start_time(self.owner_pid) == self.owner_start
 
+    def topology(self):
+        """The topology the run built (its run directory's ``topology.json``), for the
+        commands that act on a running fabric (``fail``, ``capture``)."""
+        from testbed.model.topology import from_dict
+
+        return from_dict(json.loads((Path(self.run_dir) / "topology.json").read_text()))
+
 
 def run_file_name(name: str) -> str:
     """``name`` if it is a plain file name for a run directory (one path component, not hidden,
