@@ -9,7 +9,7 @@ from pathlib import Path
 
 from traffic.workloads.protocol import AgentReport
 from traffic.measure.results import job_spec, summarize
-from traffic.workloads.schedules import build
+from traffic.workloads.schedules import build, flows
 from traffic.workloads.workload import Collective
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +101,25 @@ def test_the_udp_transports_move_every_byte_over_loopback(tmp_path):
         if transport == "uet":
             assert results[0].transport["tx_entropies"] > 4  # sprayed over several ports
         assert results[0].transport["goodput_ratio"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_uet_with_receiver_credits_and_each_delivery_mode_moves_every_byte(tmp_path):
+    incast = flows([(1, 0), (2, 0), (3, 0)], 4, 512 << 10)
+    colls = [Collective("flows", HOSTS, incast)]
+    scale = {"rate_bps": 100e6, "base_rtt_s": 0.002, "mss": 8936}
+    for options in ({"rccc": True}, {"delivery": "rod"}, {"delivery": "uud", "nscc": False}):
+        reports = _run_agents(tmp_path, colls, 1, transport="uet", scale=scale,
+                              options={**{"rccc": False, "nscc": True, "delivery": "rud"},
+                                       **options})
+        results = summarize(colls, reports, rate_mbps=100, mtu=9000)
+        t = results[0].transport
+        assert sum(f.bytes for f in reports[0].collectives[0].flows) == 3 * (512 << 10)
+        assert t["delivery"] == options.get("delivery", "rud")
+        assert t["rccc"] == options.get("rccc", False) and t["nscc"] == options.get("nscc", True)
+        if options.get("rccc"):  # the receiver granted: every sender asked, and spent it
+            assert t["rx_grants"] > 0 and t["tx_grants"] > 0 and t["tx_credit_requests"] >= 3
+        if options.get("delivery") == "uud":  # loopback loses nothing
+            assert t["rx_lost"] == 0 and t["tx_retransmitted"] == 0
 
 
 def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate():

@@ -11,7 +11,7 @@ import pytest
 from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rocev2 import Dcqcn, DcqcnConfig, RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import UetReceiver, UetSender
-from traffic.transports.uet_control import Reps, UetConfig, Window
+from traffic.transports.uet_control import Reps, UetConfig
 
 MSS = 1000
 QP = (1, 0)
@@ -294,7 +294,7 @@ def test_rocev2_discards_a_trimmed_packet_and_goes_back_n():
 
 
 def test_uet_rod_mode_orders_like_roce():
-    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, ordered=True, init_bdps=4)
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, delivery="rod", init_bdps=4)
     tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
     tx.offer(20 * MSS)
     run(tx, rx, mangle=lambda pkt, n: [0.0015] if n == 3 else [0.0])
@@ -356,24 +356,6 @@ def test_uet_recovers_a_lost_tail_packet_without_a_timeout(lost):
     assert tx.una == 50 and rx.delivered == 50 * MSS
     assert s["timeouts"] == 0 and s["retransmitted"] == 1 and end < 0.2, (s, end)
     assert s["probes"] == (1 if lost == 49 else 0) and s["spurious"] == 0
-
-
-def test_the_window_cuts_only_when_ce_and_delay_agree():
-    cfg = UetConfig(MSS, 8e6, 0.010, rto_s=0.05)  # delay target 25 ms
-    w = Window(cfg)
-    start = w.cwnd
-    w.on_ack(MSS, 0.010, ce=True, now=0.0)  # CE at the base RTT: another path is congested
-    assert w.cwnd == start and w.cuts == 0
-    w.on_ack(MSS, 0.030, ce=False, now=0.0)  # delay over the target without CE: grow gently
-    assert start < w.cwnd <= start + MSS
-    start = w.cwnd
-    w.on_ack(MSS, 0.030, ce=True, now=0.0)  # both: cut
-    assert w.cwnd == int(start * (1 - cfg.md)) and w.cuts == 1
-    w.on_ack(MSS, 0.030, ce=True, now=0.01)  # within the same RTT: once
-    assert w.cuts == 1
-    cut = w.cwnd
-    w.on_ack(2 * MSS, 0.020, ce=False, now=0.1)  # under the target: the bytes acknowledged
-    assert w.cwnd == cut + 2 * MSS
 
 
 def test_an_ack_covers_up_to_four_packets_in_any_order_and_echoes_each_entropy():

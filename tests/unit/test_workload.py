@@ -65,6 +65,12 @@ def test_a_workload_becomes_jobs_with_repetitions():
      "unknown key"),
     ({"op": "all_reduce", "size": 8, "transport": "rocev2", "dcqcn": "cx9"},
      "workload.collectives[0].dcqcn", "cx9"),
+    ({"op": "all_reduce", "size": 8, "transport": {"kind": "rocev2", "rccc": True}},
+     "workload.collectives[0].transport.rccc", "not a setting of rocev2"),
+    ({"op": "all_reduce", "size": 8, "transport": {"kind": "uet", "delivery": "xyz"}},
+     "workload.collectives[0].transport.delivery", "xyz"),
+    ({"op": "all_reduce", "size": 8, "transport": {"rccc": True}},
+     "workload.collectives[0].transport.kind", "required"),
 ])
 def test_bad_workloads_name_the_field(entry, path, text):
     with pytest.raises(ConfigError) as err:
@@ -78,6 +84,22 @@ def test_the_dcqcn_profile_is_workload_wide_and_overridable_per_entry():
                {"op": "all_reduce", "size": 64, "ranks": 2, "transport": "rocev2",
                 "dcqcn": "connectx"})
     assert [j.dcqcn for j in exp.workload.jobs] == ["paper", "connectx"]
+
+
+def test_a_transport_object_carries_its_kinds_settings_and_the_workloads_is_the_default():
+    from traffic.transports.options import TransportOptions
+
+    exp = _exp({"op": "all_reduce", "size": 64, "ranks": 2},
+               {"op": "all_reduce", "size": 64, "ranks": 2,
+                "transport": {"kind": "uet", "rccc": True, "nscc": False, "delivery": "rod"}},
+               {"op": "all_reduce", "size": 64, "ranks": 2, "transport": "rocev2"},
+               transport={"kind": "uet", "rccc": True, "spray": False})
+    jobs = exp.workload.jobs
+    assert [j.transport for j in jobs] == ["uet", "uet", "rocev2"]
+    assert jobs[0].transport_options == TransportOptions(rccc=True) and jobs[0].spray is False
+    assert jobs[1].transport_options == TransportOptions(rccc=True, nscc=False, delivery="rod")
+    assert jobs[1].transport_options.label("uet") == "uet ROD+RCCC, no NSCC"
+    assert jobs[2].transport_options == TransportOptions()
 
 
 def test_concurrent_entries_form_batches():

@@ -86,6 +86,7 @@ class Agent:
             scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
             self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
                                     scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn,
+                                    options=spec.transport_options,
                                     ranks=spec.ranks)
 
     # -- connections ---------------------------------------------------------------------

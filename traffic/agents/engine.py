@@ -39,8 +39,10 @@ import time
 from collections.abc import Callable
 
 from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
+from traffic.transports.rccc import CreditReceiver
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import UetReceiver, UetSender
+from traffic.transports.options import TransportOptions
 from traffic.transports.uet_control import UetConfig
 
 ZERO = memoryview(bytearray(65536))
@@ -77,11 +79,13 @@ class UdpEngine:
             on for uet, off for rocev2).
         entropies: the size of the entropy (source port) pool.
         dcqcn: rocev2's DCQCN profile (``DcqcnConfig.PROFILES``).
+        options: the transport's further settings (:class:`TransportOptions` as a dict).
     """
 
     def __init__(self, transport: str, rank: int, ips: list[str], port: int, scale: Scale,
                  dscp: int = 0, spray: bool | None = None, entropies: int = 64,
-                 dcqcn: str = "paper", ranks: tuple | None = None) -> None:
+                 dcqcn: str = "paper", ranks: tuple | None = None,
+                 options: dict | None = None) -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
@@ -91,11 +95,15 @@ class UdpEngine:
         self.scale = scale
         self.spray = (transport == "uet") if spray is None else spray
         self.entropies = entropies
+        self.options = TransportOptions.from_dict(options)
+        self.credit: CreditReceiver | None = None
         if transport == "rocev2":
             self.cfg = RoceConfig.scaled(scale, dcqcn, spray=self.spray,
                                          entropies=entropies)
         else:
-            self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies)
+            opt = self.options
+            self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies,
+                                        delivery=opt.delivery, rccc=opt.rccc, nscc=opt.nscc)
         cnp_dscp = self.cfg.cnp_dscp if transport == "rocev2" else dscp
         self.cnp_tos = (socket.IPPROTO_IP, socket.IP_TOS, bytes([cnp_dscp << 2]))
         self.rng = random.Random(rank)
@@ -120,6 +128,10 @@ class UdpEngine:
         self.nic_free_at = 0.0  # when the NIC has sent everything handed to it so far
         # a multi-plane NIC's ports together (each is shaped at the link rate by the kernel)
         self.nic_rate_bps = scale.rate_bps * (1 + len(ranks[rank].planes) if ranks else 1)
+        if transport == "uet" and self.cfg.rccc:  # grants at the rate the NIC takes payload
+            payload_rate = self.nic_rate_bps / 8 * scale.mss / wire_bytes(scale.mss)
+            self.credit = CreditReceiver(payload_rate, self.cfg.rccc_window_bytes, scale.mss,
+                                         self.cfg.rccc_initial_bytes)
         self.nic_slack_s = max(NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / self.nic_rate_bps,
                                NIC_AHEAD_S)
         self.turn = 0  # round robin over the queue pairs
@@ -193,6 +205,10 @@ class UdpEngine:
                      "local_drops": self.local_drops, "constants": self.cfg.describe()}
         if self.transport == "rocev2" and self.cfg.dcqcn:
             out["dcqcn"] = self.cfg.dcqcn.profile
+        if self.transport == "uet":
+            out.update(delivery=self.cfg.delivery, rccc=self.cfg.rccc, nscc=self.cfg.nscc)
+        if self.credit is not None:
+            out["rx_grants"] = self.credit.grants
         for s in list(self.senders.values()):
             for k, v in s.summary().items():
                 if isinstance(v, (int, float)) and k != "cwnd_bytes":
@@ -242,6 +258,7 @@ class UdpEngine:
                 now = time.monotonic()
                 self._check_stalls(now)
                 self._timers(now)
+                self._grants(now)
                 self._refresh()
                 self._transmit(now)
                 self._refresh()
@@ -299,6 +316,13 @@ class UdpEngine:
             for reply in self.receivers[qp].on_timer(now):
                 self._reply(reply, self.reply_to.get(qp), now)
             self.touched_rx.add(qp)
+
+    def _grants(self, now: float) -> None:
+        """Receiver credits due now, each to its queue pair's sender."""
+        if self.credit is None:
+            return
+        for qp, total in self.credit.poll(now):
+            self._reply(Packet(Kind.GRANT, qp, sack=total), self.reply_to.get(qp), now)
 
     def _refresh(self) -> None:
         """Recompute the cached times of the touched queue pairs and call the callbacks of
@@ -399,9 +423,15 @@ class UdpEngine:
                     pkt.flags |= Flag.CE
                 rx = self._receiver(pkt.qp)
                 self.reply_to[pkt.qp] = addr
+                before = getattr(rx, "received_bytes", 0)
                 for reply in rx.on_packet(pkt, now):
                     self._reply(reply, addr, now)
+                if self.credit is not None:
+                    self.credit.on_data(pkt.qp, rx.received_bytes - before)
                 self.touched_rx.add(pkt.qp)
+            elif data_socket and pkt.kind == Kind.REQ and self.credit is not None:
+                self.reply_to[pkt.qp] = addr
+                self.credit.on_request(pkt.qp, pkt.sack)
             elif not data_socket and pkt.kind != Kind.DATA:
                 key = (self._peer_of(addr), pkt.qp[1])
                 sender = self.senders.get(key)
@@ -422,6 +452,9 @@ class UdpEngine:
             wake = min(wake, min(self.timer_at.values()))
         if self.rtimer_at:
             wake = min(wake, min(self.rtimer_at.values()))
+        grant = self.credit.next_time() if self.credit is not None else None
+        if grant is not None:
+            wake = min(wake, grant)
         return wake - now
 
 

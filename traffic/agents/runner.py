@@ -90,7 +90,8 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
         try:
             results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
                               AGENT_PORT + i, start_at, job.congestion_control, job.dscp,
-                              job.transport, job.spray, job.dcqcn)
+                              job.transport, job.spray, job.dcqcn,
+                              job.transport_options.to_dict())
             outcomes[i] = JobOutcome(job, tuple(results))
         except TestbedError as err:
             outcomes[i] = JobOutcome(job, error=err)
@@ -171,7 +172,8 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
             timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
             start_at: float | None = None, congestion_control: str | None = None,
             dscp: int = 0, transport: str = "tcp",
-            spray: bool | None = None, dcqcn: str = "paper") -> list[CollectiveResult]:
+            spray: bool | None = None, dcqcn: str = "paper",
+            options: dict | None = None) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 
     Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
@@ -192,7 +194,7 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
     planes = {h: tuple(topo.nodes[n].ip for n in topo.nics(h)[1:]) for h in hosts}
     servers = {h: topo.server_of(h).index for h in hosts if topo.server_of(h)}
     spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
-                    transport, spray, scale, dcqcn, planes, servers)
+                    transport, spray, scale, dcqcn, planes, servers, options)
     name = f"job-{port}-{time.time_ns()}.json"  # in the run directory (each machine's)
     fabric.write_file(name, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}

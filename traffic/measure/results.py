@@ -54,7 +54,8 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
              congestion_control: str | None = None, dscp: int = 0, transport: str = "tcp",
              spray: bool | None = None, scale: dict | None = None,
              dcqcn: str = "paper", planes: dict[str, tuple[str, ...]] | None = None,
-             servers: dict[str, int] | None = None) -> AgentSpec:
+             servers: dict[str, int] | None = None,
+             options: dict | None = None) -> AgentSpec:
     """The spec every agent reads. All collectives must use the same rank hosts (one job).
     ``planes``: a multi-plane fabric's other NIC addresses per host; ``servers``: each GPU's
     server."""
@@ -68,7 +69,7 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
                      tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
                            for c in collectives), congestion_control=congestion_control,
                      dscp=dscp, transport=transport, spray=spray, scale=scale,
-                     dcqcn=dcqcn)
+                     dcqcn=dcqcn, transport_options=options)
 
 
 def transport_totals(per_rank: list[dict | None]) -> dict | None:
@@ -78,7 +79,8 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
     rows = [r for r in per_rank if r]
     if not rows:
         return None
-    out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants")
+    out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants",
+                                         "delivery", "rccc", "nscc")
                  if k in rows[0]}
     for row in rows:
         for k, v in row.items():

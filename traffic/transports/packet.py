@@ -3,7 +3,8 @@
 One header, big-endian, before a zero payload: kind, flags, queue pair (sender rank, channel),
 packet sequence number, cumulative ACK, entropy, up to three more echoed entropies and which of
 the echoed packets carried CE (an ACK that covers several packets echoes each one's entropy),
-a 64-bit SACK bitmap, the sender's send time (echoed in ACKs, for delay) and the payload's
+a 64-bit SACK bitmap (a credit request's or grant's running total; an unreliable DATA packet's
+message end as a byte offset, with its end PSN in the ACK field), the sender's send time (echoed in ACKs, for delay) and the payload's
 length as sent: a packet a switch trimmed (:mod:`testbed.plan.trim`) arrives shorter than it
 says, and the receiver knows which packet it lost.
 """
@@ -28,6 +29,8 @@ class Kind(IntEnum):
     ACK = 2
     NAK = 3  # RoCE: out of sequence, resend from ``ack`` (go back N); UET: ``psn`` is lost
     CNP = 4  # RoCE: congestion notification (a CE mark was seen)
+    REQ = 5  # UET with receiver credits: ``sack`` is the bytes the sender has to send, in all
+    GRANT = 6  # UET with receiver credits: ``sack`` is the credit granted so far, in all
 
 
 class Flag(IntEnum):

@@ -95,8 +95,11 @@ class CreditReceiver:
                    for d in self.demand.values())
 
     def next_time(self) -> float | None:
-        """When the next grant is due (None: nobody needs one)."""
-        return self.next_grant_at if self._needy() else None
+        """When the next grant is due (None: nobody needs one, or the window is full: data
+        arriving opens it)."""
+        if self.outstanding + self.grant_bytes > self.window or not self._needy():
+            return None
+        return self.next_grant_at
 
     def _needy(self) -> list[tuple[int, int]]:
         return [qp for qp, d in self.demand.items() if d.granted < d.wanted]

@@ -1,5 +1,6 @@
 """Ultra-Ethernet-like transport: packet spraying with recycled entropy (REPS), out-of-order
-placement, SACK and selective retransmission, and an NSCC-like window.
+placement, SACK and selective retransmission, the NSCC window, receiver credits (RCCC) and
+UET's three delivery modes (RUD, ROD, UUD).
 
 Sender (one per queue pair):
 
@@ -20,18 +21,18 @@ Sender (one per queue pair):
   time rule; a retransmission timeout (the configured one, or SRTT + 4 RTTVAR when queues make
   that longer; it runs from the last progress or from the first packet after an idle spell)
   counts everything in flight as lost, resends it oldest first and halves the window;
-* window (NSCC in spirit, constants below): an ACK with CE *and* a delay over the target cuts the
-  window (once per RTT, by ``md``); CE with a low delay means a congested path, not a congested
-  receiver: the window holds and that entropy is not reused; no CE grows it (by the bytes
-  acknowledged under the delay target, else by one packet per window). Sending is paced at the
-  line rate within the window.
+* window: NSCC (:class:`traffic.transports.uet_control.Nscc`: ECN and delay read together,
+  quick adapt on a trim or a loss), or fixed with ``nscc=False``. Sending is paced at the line
+  rate within the window;
+* receiver credits (``rccc=True``, :mod:`traffic.transports.rccc`): new data also waits for
+  credit. A queue pair starts with half a BDP unasked, tells its receiver what it has to send
+  (a REQ, again after a timeout without a grant: a credit stall) and spends the GRANTs that
+  come back; retransmissions need none;
+* delivery (``delivery``): RUD as above; ROD keeps one entropy and goes back N on the
+  receiver's NAK; UUD never resends: a packet declared lost is given up, and each packet says
+  where its message ends, so the receiver ends the message without it.
 
-Receiver: places packets in any order and acknowledges up to ``ack_every`` of them with one
-ACK, in or out of order (echoing each one's entropy and CE bit, up to ``MAX_ECHO``, CE if any
-carried it, and the latest send time), at once for a duplicate (flagged, for the sender's reordering window), a filled gap
-or a message's end, else after ``ack_delay_s``; once ``reorder_threshold`` later packets have
-arrived it NACKs the first missing PSN on its next ACK (a flag: no packet of its own).
-``ordered=True`` (ROD) accepts only the next PSN, as RoCE does, and NAKs the gap (go back N).
+Receiver: :mod:`traffic.transports.uet_receiver`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from traffic.transports.packet import (
-    MAX_ECHO,
     SACK_BITS,
     Flag,
     Kind,
@@ -50,9 +50,12 @@ from traffic.transports.packet import (
     packetize,
     wire_bytes,
 )
-from traffic.transports.uet_control import Reps, UetConfig, Window
+from traffic.transports.rccc import CreditSender
+from traffic.transports.uet_control import Reps, UetConfig, window_for
+from traffic.transports.uet_receiver import UetReceiver
 
 INF = float("inf")
+__all__ = ["UetReceiver", "UetSender"]
 
 
 @dataclass
@@ -91,16 +94,31 @@ class UetSender:
         self.probed = False  # a tail probe went out since the last progress
         self.probe_psn = -1  # the latest probe's PSN (its duplicate is no spurious resend)
         self.reps = Reps(self.cfg.entropies, self.rng)
-        self.window = Window(self.cfg)
+        self.window = window_for(self.cfg)
+        # receiver credits: new data waits for them; the receiver hears how much there is to
+        # send from a request (REQ) whenever that grows
+        self.credit = CreditSender(self.cfg.rccc_initial_bytes) if self.cfg.rccc else None
+        self.wanted = 0  # bytes offered in all
+        self.announced = 0  # the total the receiver was last told
+        self.asked_at = -INF  # when the latest request or grant passed
+        self.message_end: dict[int, tuple[int, int]] = {}  # UUD: PSN -> its message's end
         self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "retransmitted_bytes": 0,
                       "naks": 0, "timeouts": 0, "sack_losses": 0, "spurious": 0, "ce_acks": 0,
-                      "probes": 0, "trim_naks": 0,
+                      "probes": 0, "trim_naks": 0, "credit_requests": 0, "grants": 0,
+                      "credit_stalls": 0, "lost": 0, "lost_bytes": 0,
                       "entropies": set()}
 
     # -- the application's side ------------------------------------------------------------
     def offer(self, nbytes: int) -> int:
-        """Queue a message; returns the PSN its last packet ends before (done when acked)."""
-        return packetize(self.lengths, self.last_of_message, nbytes, self.cfg.mss)
+        """Queue a message; returns the PSN its last packet ends before (done when acked, or
+        given up on in UUD)."""
+        first = len(self.lengths)
+        end = packetize(self.lengths, self.last_of_message, nbytes, self.cfg.mss)
+        self.wanted += nbytes
+        if not self.cfg.reliable:  # each packet says where its message ends (PSN, byte)
+            for psn in range(first, end):
+                self.message_end[psn] = (end, self.wanted)
+        return end
 
     def inflight_bytes(self) -> int:
         return self.inflight
@@ -113,18 +131,37 @@ class UetSender:
             return self.retx[0]
         return self.nxt if self.nxt < len(self.lengths) else None
 
-    def next_send_time(self) -> float | None:
+    def _request_due(self) -> float | None:
+        """RCCC: when a credit request must leave (None: none needed): at once when there is
+        more to send than the receiver was told, again after a timeout without a grant while
+        credit holds the data back."""
+        if self.credit is None or self.announced >= self.wanted and not self._credit_blocked():
+            return None
+        if self.announced < self.wanted:
+            return self.next_send
+        return self.asked_at + self.rto_s
+
+    def _credit_blocked(self) -> bool:
         psn = self._candidate()
-        if psn is None:
-            return None
+        return (self.credit is not None and psn is not None and psn not in self.queued
+                and not self.credit.may_send(self.lengths[psn]))
+
+    def next_send_time(self) -> float | None:
+        request = self._request_due()
+        psn = self._candidate()
+        if psn is None or self._credit_blocked():
+            return request
         if self.inflight_bytes() + self.lengths[psn] > self.window.cwnd and self.outstanding:
-            return None
-        return self.next_send
+            return request
+        return self.next_send if request is None else min(request, self.next_send)
 
     def poll(self, now: float) -> Packet | None:
         due = self.next_send_time()
         if due is None or due > now:
             return None
+        request = self._request_due()
+        if request is not None and request <= now:
+            return self._request(now)
         psn = self._candidate()
         if not self.outstanding:  # the timeout runs from this packet, not from the last
             self.progress_at = now  # acknowledgement (maybe a collective ago)
@@ -138,6 +175,8 @@ class UetSender:
             entropy = self.entropy
         else:
             entropy = self.reps.choose()
+        if self.credit is not None and not retx:
+            self.credit.on_send(self.lengths[psn])
         self.outstanding[psn] = entropy
         self.inflight += self.lengths[psn]
         self.tsn_of[psn] = self.tsn
@@ -154,8 +193,19 @@ class UetSender:
         st["retransmitted_bytes"] += length if retx else 0
         st["entropies"].add(entropy)
         flags = (Flag.RETX if retx else 0) | (Flag.LAST if psn in self.last_of_message else 0)
-        return Packet(Kind.DATA, self.qp, psn, 0, length, entropy, flags=flags,
-                      sent_ns=int(now * 1e9))
+        end_psn, end_byte = self.message_end.get(psn, (0, 0))
+        return Packet(Kind.DATA, self.qp, psn, end_psn, length, entropy, sack=end_byte,
+                      flags=flags, sent_ns=int(now * 1e9))
+
+    def _request(self, now: float) -> Packet:
+        """A credit request: the bytes there are to send, in all."""
+        if self.announced >= self.wanted:
+            self.stats["credit_stalls"] += 1  # asked again: no grant came for a timeout
+        self.announced = self.wanted
+        self.asked_at = now
+        self.stats["credit_requests"] += 1
+        self.next_send = next_send(now, self.next_send, wire_bytes(0) * 8 / self.cfg.line_rate_bps)
+        return Packet(Kind.REQ, self.qp, sack=self.wanted, sent_ns=int(now * 1e9))
 
     def _forget(self, psn: int) -> None:
         """``psn`` is no longer in flight (acknowledged, or declared lost)."""
@@ -163,14 +213,30 @@ class UetSender:
             self.inflight -= self.lengths[psn]
 
     def _queue_retx(self, psn: int) -> None:
-        if psn not in self.queued and psn not in self.acked and psn >= self.una:
-            self.queued.add(psn)
-            self.retx.append(psn)
+        if psn in self.queued or psn in self.acked or psn < self.una:
+            return
+        if not self.cfg.reliable:  # UUD: lost for good; the message goes on without it
+            self.stats["lost"] += 1
+            self.stats["lost_bytes"] += self.lengths[psn]
+            self.acked.add(psn)
+            self._advance()
+            return
+        self.queued.add(psn)
+        self.retx.append(psn)
+
+    def _advance(self) -> None:
+        while self.una in self.acked:
+            self.acked.discard(self.una)
+            self.una += 1
 
     # -- feedback --------------------------------------------------------------------------
     def on_packet(self, pkt: Packet, now: float) -> None:
         if pkt.kind == Kind.ACK:
             self._on_ack(pkt, now)
+        elif pkt.kind == Kind.GRANT and self.credit is not None:
+            self.stats["grants"] += 1
+            self.credit.on_grant(pkt.sack)
+            self.asked_at = now
         elif pkt.kind == Kind.NAK and pkt.flags & Flag.TRIMMED:
             self._on_trimmed(pkt.psn, now)
         elif pkt.kind == Kind.NAK:
@@ -226,9 +292,7 @@ class UetSender:
         if pkt.flags & Flag.DUP and pkt.psn != self.probe_psn:  # a resend arrived after its
             self.stats["spurious"] += 1  # original: too eager (a tail probe may well)
             self.reo_wnd = min(self.reo_wnd * 2, self.cfg.rto_s / 2)
-        while self.una in self.acked:
-            self.acked.discard(self.una)
-            self.una += 1
+        self._advance()
         if acked_bytes:
             self.progress_at = now
             self.probed = False
@@ -277,6 +341,7 @@ class UetSender:
                 self.stats["sack_losses"] += 1
                 self._forget(psn)
                 self._queue_retx(psn)
+                self.window.on_trim(rtt, now)  # a loss: quick adapt, as a trim
 
     @property
     def rto_s(self) -> float:
@@ -289,7 +354,8 @@ class UetSender:
     def _probe_due(self) -> float | None:
         """When to probe the tail (RACK-TLP's idea): two SRTTs without progress while nothing
         new may leave, once per stall."""
-        if self.probed or not self.outstanding or self.srtt is None or self.retx:
+        if (self.probed or not self.outstanding or self.srtt is None or self.retx
+                or not self.cfg.reliable):
             return None
         if self.next_send_time() is not None:
             return None
@@ -337,94 +403,3 @@ class UetSender:
                    entropies_reused=self.reps.reused, entropies_explored=self.reps.explored,
                    cwnd_bytes=self.window.cwnd)
         return out
-
-
-@dataclass
-class UetReceiver:
-    """The receiving side of a queue pair."""
-
-    qp: tuple[int, int]
-    cfg: UetConfig
-
-    def __post_init__(self) -> None:
-        self.cum = 0  # every PSN below is placed
-        self.placed: dict[int, int] = {}  # PSN above cum -> its length
-        self.delivered = 0  # bytes of the contiguous prefix
-        self.nacked = -1
-        self.nack_due = False  # the next ACK carries a NACK for ``cum``
-        self.pending: list[Packet] = []  # received, not yet acknowledged
-        self.ack_due: float | None = None
-        self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "ce": 0,
-                      "acks": 0, "trimmed": 0}
-
-    def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
-        st = self.stats
-        st["packets"] += 1
-        st["ce"] += 1 if pkt.ce else 0
-        out = []
-        if pkt.trimmed:  # its header only: NACK it at once (nothing placed)
-            st["trimmed"] += 1
-            return [Packet(Kind.NAK, self.qp, psn=pkt.psn, ack=self.cum, entropy=pkt.entropy,
-                           sent_ns=pkt.sent_ns, flags=Flag.TRIMMED)]
-        if self.cfg.ordered and pkt.psn > self.cum:
-            st["out_of_order"] += 1
-            if self.nacked != self.cum:
-                self.nacked = self.cum
-                st["naks"] += 1
-                out.append(Packet(Kind.NAK, self.qp, psn=self.cum, ack=self.cum))
-            return out
-        cum_before = self.cum
-        duplicate = pkt.psn < self.cum or pkt.psn in self.placed
-        if duplicate:
-            st["duplicates"] += 1
-        else:
-            if pkt.psn != self.cum:
-                st["out_of_order"] += 1
-            self.placed[pkt.psn] = pkt.length
-            while self.cum in self.placed:
-                self.delivered += self.placed.pop(self.cum)
-                self.cum += 1
-        self.pending.append(pkt)
-        if len(self.placed) >= self.cfg.reorder_threshold and self.nacked != self.cum:
-            self.nacked = self.cum  # rides on the next ACK: no packet of its own
-            self.nack_due = True
-            st["naks"] += 1
-        filled = self.cum > cum_before + 1  # a gap closed: tell the sender at once
-        if (not duplicate and not filled and len(self.pending) < self.cfg.ack_every
-                and not pkt.flags & Flag.LAST):
-            if self.ack_due is None:
-                self.ack_due = now + self.cfg.ack_delay_s
-        else:  # a duplicate, a gap filled, a message's end, or enough: at once
-            out.append(self._ack(dup=duplicate))
-        return out
-
-    def _ack(self, dup: bool = False) -> Packet:
-        """One ACK for the pending packets: the cumulative PSN, the SACK map, the latest
-        packet's send time, every pending packet's entropy (latest first) and which carried
-        CE, CE if any did, DUP if the latest was a duplicate, NACK with a new gap."""
-        last = self.pending[-1]
-        covered = self.pending[::-1][:MAX_ECHO]
-        ce_mask = sum(1 << i for i, p in enumerate(covered) if p.ce)
-        ce = any(p.ce for p in self.pending)  # also those beyond the echoed ones
-        flags = (Flag.CE if ce else 0) | (Flag.DUP if dup else 0)
-        if self.nack_due:
-            flags |= Flag.NACK
-            self.nack_due = False
-        self.pending = []
-        self.ack_due = None
-        sack = 0
-        for psn in self.placed:
-            if self.cum < psn <= self.cum + SACK_BITS:
-                sack |= 1 << (psn - self.cum - 1)
-        self.stats["acks"] += 1
-        return Packet(Kind.ACK, self.qp, psn=last.psn, ack=self.cum, entropy=last.entropy,
-                      sack=sack, sent_ns=last.sent_ns, flags=flags,
-                      echo=tuple(p.entropy for p in covered[1:]), ce_mask=ce_mask)
-
-    def timer(self) -> float | None:
-        return self.ack_due
-
-    def on_timer(self, now: float) -> list[Packet]:
-        if self.ack_due is not None and now >= self.ack_due and self.pending:
-            return [self._ack()]
-        return []

@@ -66,6 +66,7 @@ class AgentSpec:
     spray: bool | None = None  # UDP transports: spread packets over entropies (None: default)
     scale: dict | None = None  # UDP transports: rate_bps, base_rtt_s, mss of the fabric
     dcqcn: str = "paper"  # rocev2: DCQCN's profile
+    transport_options: dict | None = None  # traffic.transports.options.TransportOptions
 
     def rank_of(self, host: str) -> int:
         for i, rank in enumerate(self.ranks):
@@ -87,7 +88,7 @@ class AgentSpec:
                          for c in d["collectives"]),
                    d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0),
                    d.get("transport", "tcp"), d.get("spray"), d.get("scale"),
-                   d.get("dcqcn", "paper"))
+                   d.get("dcqcn", "paper"), d.get("transport_options"))
 
 
 @dataclass(frozen=True)

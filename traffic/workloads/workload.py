@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
+from traffic.transports.options import PER_KIND, TransportOptions
 from traffic.workloads import hierarchical
 from traffic.workloads import training
 from traffic.workloads.nccl_log import ImportedCollective, import_log
@@ -100,6 +101,7 @@ class Job:
     transport: str = "tcp"  # tcp, rocev2 or uet
     spray: bool | None = None  # UDP transports: spread packets over paths (None: default)
     dcqcn: str = "paper"  # rocev2: DCQCN's profile (traffic.transports.rocev2)
+    transport_options: TransportOptions = TransportOptions()  # uet's and rocev2's further
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     defaults = {"congestion_control": raw.get("congestion_control"), "dscp": raw.get("dscp", 0),
                 "transport": raw.get("transport", "tcp"), "spray": raw.get("spray"),
                 "dcqcn": raw.get("dcqcn", "paper")}
+    job_settings(defaults, "workload")  # its errors named there, not in the first entry
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     if raw.get("trace"):
@@ -296,9 +299,34 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
         raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
                                                 "run with")
     return Job(index, (coll,) * entry.get("repetitions", 1), connections, timeout_s,
-               concurrent, float(entry.get("t_s", 0)), entry.get("congestion_control"),
-               entry.get("dscp", 0), entry.get("transport", "tcp"), entry.get("spray"),
-               entry.get("dcqcn", "paper"))
+               concurrent, float(entry.get("t_s", 0)), **job_settings(entry, path))
+
+
+def job_settings(entry: dict, path: str) -> dict:
+    """A workload entry's (or the workload's defaults') transport settings as :class:`Job`
+    takes them: ``transport`` a kind (``uet``) or an object (``{kind: uet, rccc: true}``), and
+    ``spray``, ``dcqcn`` beside it or in it."""
+    value = entry.get("transport", "tcp")
+    spray, dcqcn, options = entry.get("spray"), entry.get("dcqcn", "paper"), {}
+    kind = value
+    if isinstance(value, dict):
+        kind = value.get("kind", "tcp")
+        spray, dcqcn = value.get("spray", spray), value.get("dcqcn", dcqcn)
+        for key, v in value.items():
+            allowed = PER_KIND.get(kind, ())
+            if key in ("kind", "spray") or key == "dcqcn" and kind == "rocev2":
+                continue
+            if key not in allowed:
+                raise ConfigError(f"{path}.transport.{key}",
+                                  f"{key} is not a setting of {kind} (its settings: "
+                                  f"{', '.join(('kind', 'spray', *allowed)) if kind != 'tcp' else 'kind'})")
+            options[key] = v
+    try:
+        opts = TransportOptions(**options)
+    except ValueError as err:
+        raise ConfigError(f"{path}.transport", str(err)) from None
+    return {"congestion_control": entry.get("congestion_control"), "dscp": entry.get("dscp", 0),
+            "transport": kind, "spray": spray, "dcqcn": dcqcn, "transport_options": opts}
 
 
 def training_spec(raw: dict) -> training.TrainingSpec:
@@ -327,7 +355,7 @@ def _training_job(topo: Topology, raw: dict, index: int, connections: int,
     servers = rank_servers(topo, ranks)
     colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
                              ph.iteration, servers) for ph in training.phases(spec))
-    return Job(index, colls, connections, timeout_s, **defaults)
+    return Job(index, colls, connections, timeout_s, **job_settings(defaults, "workload"))
 
 
 def _pattern_flows(topo: Topology, entry: dict, size: int,

@@ -1,0 +1,51 @@
+"""A UDP transport's settings beyond its kind, as an experiment file gives them
+(``transport: {kind: uet, rccc: true, nscc: false, delivery: rod}``) and as the agents carry
+them: uet's receiver credits, its NSCC window and its delivery mode; rocev2's congestion
+control."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from traffic.transports.uet_control import DELIVERY_MODES
+
+#: rocev2's congestion controls: DCQCN (its profile from ``dcqcn``), none
+ROCE_CONGESTION_CONTROLS = ("dcqcn",)
+#: the settings each transport takes (besides ``kind``, ``spray`` and, for rocev2, ``dcqcn``)
+PER_KIND = {"uet": ("rccc", "nscc", "delivery"), "rocev2": ("congestion_control",),
+            "tcp": ()}
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """Defaults: uet reliable unordered with NSCC and no receiver credits; rocev2 with
+    DCQCN."""
+
+    rccc: bool = False
+    nscc: bool = True
+    delivery: str = "rud"
+    congestion_control: str = "dcqcn"
+
+    def __post_init__(self) -> None:
+        if self.delivery not in DELIVERY_MODES:
+            raise ValueError(f"delivery {self.delivery!r}: one of {', '.join(DELIVERY_MODES)}")
+        if self.congestion_control not in ROCE_CONGESTION_CONTROLS:
+            raise ValueError(f"congestion_control {self.congestion_control!r}: one of "
+                             f"{', '.join(ROCE_CONGESTION_CONTROLS)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> TransportOptions:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+    def label(self, kind: str) -> str:
+        """What a results table says: ``uet RUD+RCCC``, ``uet ROD, no NSCC``, ``rocev2``."""
+        if kind == "uet":
+            return (f"uet {self.delivery.upper()}" + ("+RCCC" if self.rccc else "")
+                    + ("" if self.nscc else ", no NSCC"))
+        if kind == "rocev2" and self.congestion_control != "dcqcn":
+            return f"rocev2 {self.congestion_control.upper()}"
+        return kind
