@@ -50,15 +50,37 @@ def test_no_grant_beyond_what_a_sender_asked_for():
     assert totals == [2000, 2500] and rx.next_time() is None
 
 
-def test_a_sender_sends_within_its_credit_and_a_lost_grant_is_made_good():
-    tx = CreditSender(initial_bytes=MSS)
-    assert tx.may_send(MSS) and not tx.may_send(MSS + 1)
+def test_a_sender_sends_on_any_credit_and_a_lost_grant_is_made_good():
+    tx = CreditSender(initial_bytes=MSS // 2)
+    assert tx.may_send(MSS)  # half a packet's credit lets a whole packet go (UET's rule)
     tx.on_send(MSS)
-    assert not tx.may_send(1)
+    assert not tx.may_send(1) and tx.available == -MSS // 2
     tx.on_grant(3 * MSS)  # the grant for 2 * MSS was lost: the total says it all
     assert tx.available == 2 * MSS
     tx.on_grant(2 * MSS)  # a late, older grant takes nothing back
     assert tx.available == 2 * MSS
+
+
+def test_partial_credits_are_not_stranded_and_a_repeated_request_is_told_the_total():
+    """Credit in packet-sized grants against an initial credit of a packet and a half: every
+    sender's leftover half packet would fill the window for good if it could not be spent."""
+    rx = CreditReceiver(RATE, window_bytes=4 * MSS, grant_bytes=MSS, initial_bytes=MSS * 3 // 2)
+    txs = {(i, 0): CreditSender(MSS * 3 // 2) for i in range(8)}
+    for qp in txs:
+        rx.on_request(qp, 20 * MSS)
+    sent = dict.fromkeys(txs, 0)
+    now = 0.0
+    while now < 1.0 and any(v < 20 * MSS for v in sent.values()):
+        for qp, tx in txs.items():
+            while sent[qp] < 20 * MSS and tx.may_send(MSS):
+                tx.on_send(MSS)
+                sent[qp] += MSS
+                rx.on_data(qp, MSS)
+        for qp, total in rx.poll(now):
+            txs[qp].on_grant(total)
+        now += 0.0005
+    assert all(v == 20 * MSS for v in sent.values()), sent  # nobody stuck
+    assert rx.granted((0, 0)) > 19 * MSS and rx.granted((99, 0)) is None
 
 
 def test_bad_settings_are_refused():

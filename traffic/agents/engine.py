@@ -432,6 +432,9 @@ class UdpEngine:
             elif data_socket and pkt.kind == Kind.REQ and self.credit is not None:
                 self.reply_to[pkt.qp] = addr
                 self.credit.on_request(pkt.qp, pkt.sack)
+                total = self.credit.granted(pkt.qp)
+                if total is not None:  # asked again: its grants may have been lost
+                    self._reply(Packet(Kind.GRANT, pkt.qp, sack=total), addr, now)
             elif not data_socket and pkt.kind != Kind.DATA:
                 key = (self._peer_of(addr), pkt.qp[1])
                 sender = self.senders.get(key)

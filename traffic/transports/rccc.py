@@ -34,10 +34,12 @@ class CreditSender:
 
     @property
     def available(self) -> int:
-        return max(0, self.granted - self.sent)
+        """Credit left; below zero after a packet larger than what was left (UET's rule: a
+        packet may leave on *any* credit, so no remainder smaller than a packet is stranded)."""
+        return self.granted - self.sent
 
     def may_send(self, nbytes: int) -> bool:
-        return nbytes <= self.available
+        return self.available > 0
 
     def on_send(self, nbytes: int) -> None:
         self.sent += nbytes
@@ -93,6 +95,12 @@ class CreditReceiver:
         initial credit first)."""
         return sum(max(0, d.granted - max(d.arrived, self.initial))
                    for d in self.demand.values())
+
+    def granted(self, qp: tuple[int, int]) -> int | None:
+        """The credit granted to ``qp`` so far beyond its initial (None: none): what a sender
+        that asks again is told again (its grants may have been lost)."""
+        d = self.demand.get(qp)
+        return d.granted if d is not None and d.granted > self.initial else None
 
     def next_time(self) -> float | None:
         """When the next grant is due (None: nobody needs one, or the window is full: data

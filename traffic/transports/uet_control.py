@@ -42,7 +42,7 @@ class UetConfig:
     ack_every: int = 4  # an ACK covers up to this many packets (echoing up to MAX_ECHO entropies)
     ack_delay_s: float = 0.001
     path_slack: float = 1.0  # a path is slow past the flow's least RTT + this x base RTT (0: off)
-    rccc_initial_bdps: float = 0.5  # RCCC: credit a queue pair starts with, unasked
+    rccc_initial_bdps: float = 0.0  # RCCC: credit a queue pair starts with, unasked
     rccc_window_bdps: float = 2.0  # RCCC: a receiver's most credit outstanding
 
     def __post_init__(self) -> None:
@@ -71,7 +71,8 @@ class UetConfig:
 
     @property
     def rccc_initial_bytes(self) -> int:
-        return max(self.mss, int(self.rccc_initial_bdps * self.bdp_bytes))
+        """Unasked credit (0: the first packet waits for a grant)."""
+        return int(self.rccc_initial_bdps * self.bdp_bytes)
 
     @property
     def rccc_window_bytes(self) -> int:
