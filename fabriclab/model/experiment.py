@@ -299,6 +299,13 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry)
     else:
         _ = spec.topology  # semantic checks of the shape happen in the model
+    if workload is not None and any(j.transport == "rocev2" and
+                                    j.transport_options.congestion_control == "hpcc"
+                                    for j in workload.jobs):
+        cached = {k: v for k, v in spec.__dict__.items() if k in ("topology", "base_rtt_s")}
+        spec = dataclasses.replace(spec, fabric=dataclasses.replace(spec.fabric,
+                                                                    int_telemetry=True))
+        spec.__dict__.update(cached)  # the same shape: not built again
     failures = plan_failures(spec.topology, data.get("failures", []))
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "

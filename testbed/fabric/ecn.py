@@ -45,7 +45,7 @@ class _PortCfg(ctypes.Structure):
 class _VQueue(ctypes.Structure):
     _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("level_bytes", ctypes.c_int64), ("last_ns", ctypes.c_uint64),
-                ("max_bytes", ctypes.c_uint64)]
+                ("max_bytes", ctypes.c_uint64), ("tx_bytes", ctypes.c_uint64)]
 
 
 class _CountKey(ctypes.Structure):
@@ -64,7 +64,7 @@ class _RxCounters(ctypes.Structure):
     _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
 
 
-assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (264, 32, 64)
+assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (264, 40, 64)
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,16 @@ class Marker:
             if q is not None:
                 drained = max(0, now - q.last_ns) * rate / 1e9
                 out[name] = (max(0, int(q.level_bytes - drained)), q.max_bytes)
+        return out
+
+    def tx_bytes(self) -> dict[str, int]:
+        """Port -> the bytes that joined its queue so far (what its INT stamps say, modulo
+        2^32)."""
+        out = {}
+        for ifindex, (name, _rate) in self.ports.items():
+            q = self.queue.lookup(ctypes.c_uint32(ifindex))
+            if q is not None:
+                out[name] = q.tx_bytes
         return out
 
     def close(self) -> None:

@@ -159,6 +159,7 @@ class FabricSpec:
     host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
     pfc: PfcSpec = field(default_factory=PfcSpec)
     servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
+    int_telemetry: bool = False  # the ports stamp INT on packets that ask (a job uses HPCC)
 
     def priorities(self) -> tuple[int, ...]:
         """The traffic classes in use: 0 (unlisted DSCP), the mapped ones and the lossless
@@ -169,8 +170,9 @@ class FabricSpec:
     @property
     def needs_marker(self) -> bool:
         """Whether the eBPF program runs at the ports: to mark ECN, to steer packets into
-        per-priority classes (and count them for PFC), or to drop a link's random loss."""
-        return (self.marks_ecn or len(self.priorities()) > 1
+        per-priority classes (and count them for PFC), to drop a link's random loss, to trim
+        or to stamp INT."""
+        return (self.marks_ecn or len(self.priorities()) > 1 or self.int_telemetry
                 or any(self.link(t).loss_percent or self.link(t).trim
                        for t in ("host", "fabric")))
 

@@ -108,3 +108,55 @@ def test_a_trimming_switch_turns_an_incasts_overflow_into_nacks_uet_answers(make
     assert t["tx_trim_naks"] == t["rx_trimmed"] and t["tx_retransmitted"] >= t["tx_trim_naks"]
     assert t["tx_timeouts"] == 0, t
     assert t["tx_bytes"] >= 6 * 512 * 1024
+
+
+_INT_RECEIVER = """
+import socket, sys
+from traffic.transports.packet import Packet
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 4799))
+s.settimeout(20)
+print("ready", flush=True)
+pkt = Packet.decode(s.recv(65536))
+print(";".join(f"{h.ts_ns},{h.tx_bytes},{h.qlen_bytes},{h.rate_kbps}" for h in pkt.hops))
+"""
+
+_INT_SENDER = """
+import socket, sys
+from traffic.transports.packet import Flag, Kind, Packet
+pkt = Packet(Kind.DATA, (0, 0), psn=1, length=2000, flags=Flag.INT)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.sendto(pkt.encode() + bytes(pkt.filler), (sys.argv[1], 4799))
+"""
+
+
+def test_the_switches_stamp_int_that_matches_their_own_counters(make_fabric):
+    """One INT-flagged DATA packet across a leaf-spine (eBPF): three hops stamped in path
+    order (leaf1's uplink, the spine's port to leaf2, leaf2's port to the host), each with
+    its port's rate, an empty queue, the port's own byte count and a later time than the
+    hop before."""
+    import sys
+    import time
+
+    exp = experiment(LS.replace("spines: 2", "spines: 1")
+                     .replace("fabric_link: {rate_mbps: 10}", "fabric_link: {rate_mbps: 20}")
+                     + "workload:\n  collectives:\n    - {op: send_recv, size: 1KiB, "
+                       "ranks: [h1_1, h2_1], transport: rocev2, congestion_control: hpcc}\n",
+                     "ebpf")
+    fabric = make_fabric(exp)
+    ip = {h.name: h.ip for h in fabric.topo.hosts}
+    rx = fabric.spawn("h2_1", [sys.executable, "-c", _INT_RECEIVER, ip["h2_1"]], "int-rx")
+    assert rx.stdout.readline().strip() == "ready"
+    start = time.monotonic_ns()
+    tx = fabric.spawn("h1_1", [sys.executable, "-c", _INT_SENDER, ip["h2_1"]], "int-tx")
+    tx.communicate(timeout=20)
+    out, err = rx.communicate(timeout=20)
+    hops = [tuple(int(x) for x in h.split(",")) for h in out.strip().split(";")]
+    assert len(hops) == 3, (out, err)
+    ports = ("leaf1-eth3", "spine1-eth2", "leaf2-eth1")
+    tx_bytes = fabric.marker.tx_bytes()
+    for (ts, sent, qlen, kbps), port, rate in zip(hops, ports, (20_000, 20_000, 10_000)):
+        assert kbps == rate and qlen == 0, (port, hops)
+        assert sent == tx_bytes[port] % (1 << 32), (port, sent, tx_bytes[port])
+    times = [h[0] for h in hops]
+    assert start < times[0] < times[1] < times[2] < time.monotonic_ns()

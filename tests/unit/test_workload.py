@@ -100,6 +100,14 @@ def test_a_transport_object_carries_its_kinds_settings_and_the_workloads_is_the_
     assert jobs[1].transport_options == TransportOptions(rccc=True, nscc=False, delivery="rod")
     assert jobs[1].transport_options.label("uet") == "uet ROD+RCCC, no NSCC"
     assert jobs[2].transport_options == TransportOptions()
+    hpcc = _exp({"op": "all_reduce", "size": 64, "ranks": 2, "transport": "rocev2",
+                 "congestion_control": "hpcc"}).workload.jobs[0]
+    assert hpcc.transport_options.congestion_control == "hpcc"
+    assert hpcc.congestion_control is None and hpcc.transport_options.label("rocev2") == \
+        "rocev2 HPCC"
+    with pytest.raises(ConfigError) as err:
+        _exp({"op": "all_reduce", "size": 64, "ranks": 2, "congestion_control": "swift"})
+    assert err.value.path == "workload.collectives[0].congestion_control"
 
 
 def test_concurrent_entries_form_batches():
@@ -341,3 +349,11 @@ def test_a_size_past_reason_is_refused_by_field(size, says):
         parse_size(size, "workload.collectives[1].size")
     assert err.value.path == "workload.collectives[1].size" and says in err.value.message
     assert len(err.value.message) < 200
+
+
+def test_a_job_on_hpcc_has_the_switches_stamp_int():
+    plain = _exp({"op": "all_reduce", "size": 64, "ranks": 2, "transport": "rocev2"})
+    hpcc = _exp({"op": "all_reduce", "size": 64, "ranks": 2,
+                 "transport": {"kind": "rocev2", "congestion_control": "hpcc"}})
+    assert not plain.fabric.int_telemetry and hpcc.fabric.int_telemetry
+    assert hpcc.fabric.needs_marker and hpcc.topology is not None

@@ -98,8 +98,8 @@ class UdpEngine:
         self.options = TransportOptions.from_dict(options)
         self.credit: CreditReceiver | None = None
         if transport == "rocev2":
-            self.cfg = RoceConfig.scaled(scale, dcqcn, spray=self.spray,
-                                         entropies=entropies)
+            self.cfg = RoceConfig.scaled(scale, dcqcn, self.options.congestion_control,
+                                         spray=self.spray, entropies=entropies)
         else:
             opt = self.options
             self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies,
@@ -203,6 +203,8 @@ class UdpEngine:
         """Totals over the queue pairs so far (the agent diffs them per collective)."""
         out: dict = {"transport": self.transport, "spray": self.spray,
                      "local_drops": self.local_drops, "constants": self.cfg.describe()}
+        if self.transport == "rocev2":
+            out["congestion_control"] = self.cfg.congestion_control
         if self.transport == "rocev2" and self.cfg.dcqcn:
             out["dcqcn"] = self.cfg.dcqcn.profile
         if self.transport == "uet":
@@ -375,7 +377,7 @@ class UdpEngine:
                 self.touched_tx.add(key)
                 sock = self.pool[pkt.entropy % self.entropies]
                 try:
-                    sock.sendmsg([pkt.encode(), ZERO[:pkt.length]], [], 0,
+                    sock.sendmsg([pkt.encode(), ZERO[:pkt.filler]], [], 0,
                                  (self.address(peer, ch), self.port))
                 except OSError as err:
                     if err.errno not in (errno.EAGAIN, errno.ENOBUFS):

@@ -80,7 +80,7 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
     if not rows:
         return None
     out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants",
-                                         "delivery", "rccc", "nscc")
+                                         "delivery", "rccc", "nscc", "congestion_control")
                  if k in rows[0]}
     for row in rows:
         for k, v in row.items():

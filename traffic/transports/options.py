@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass, fields
 
 from traffic.transports.uet_control import DELIVERY_MODES
 
-#: rocev2's congestion controls: DCQCN (its profile from ``dcqcn``), none
-ROCE_CONGESTION_CONTROLS = ("dcqcn",)
+#: rocev2's congestion controls: DCQCN (its profile from ``dcqcn``), HPCC (INT), Swift (delay)
+ROCE_CONGESTION_CONTROLS = ("dcqcn", "hpcc", "swift")
 #: the settings each transport takes (besides ``kind``, ``spray`` and, for rocev2, ``dcqcn``)
 PER_KIND = {"uet": ("rccc", "nscc", "delivery"), "rocev2": ("congestion_control",),
             "tcp": ()}

@@ -7,6 +7,14 @@ a 64-bit SACK bitmap (a credit request's or grant's running total; an unreliable
 message end as a byte offset, with its end PSN in the ACK field), the sender's send time (echoed in ACKs, for delay) and the payload's
 length as sent: a packet a switch trimmed (:mod:`testbed.plan.trim`) arrives shorter than it
 says, and the receiver knows which packet it lost.
+
+In-band network telemetry (HPCC's INT): a packet flagged ``INT`` begins its payload with
+:data:`INT_SIZE` bytes for the switches to stamp: a hop count, then per hop (up to
+:data:`INT_HOPS`) the egress port's time (ns, the kernel's monotonic clock, which the hosts'
+``time.monotonic`` shares), its bytes sent so far (modulo 2^32), the queue the packet waits
+behind (bytes) and its rate (kbit/s). The switches' eBPF egress program
+(``testbed/linux/progs/ecn_marker.c``) writes them; an ACK echoes them back in its own
+payload.
 """
 
 from __future__ import annotations
@@ -18,7 +26,11 @@ from enum import IntEnum
 HEADER = struct.Struct("!BBHHHIIH3HBQQI")
 MAX_ECHO = 4  # entropies an ACK can echo (its own and three more)
 NO_ENTROPY = 0xFFFF
-VERSION = 3
+VERSION = 4
+INT_HOPS = 5
+INT_HOP = struct.Struct("!QIII")  # time (ns), bytes sent (mod 2^32), queue (bytes), kbit/s
+INT_HEAD = struct.Struct("!B3x")  # hops stamped
+INT_SIZE = INT_HEAD.size + INT_HOPS * INT_HOP.size
 ROCEV2_PORT = 4791  # the IANA port of RoCEv2
 UET_PORT = 4793  # Ultra Ethernet's
 SACK_BITS = 64
@@ -40,6 +52,40 @@ class Flag(IntEnum):
     NACK = 8  # the ACK also names a missing PSN (``ack``): evidence of loss
     DUP = 16  # the ACK answers a duplicate: a retransmission was not needed
     TRIMMED = 32  # a NAK for a packet a switch trimmed (``psn``): resend it now
+    INT = 64  # the payload begins with INT_SIZE bytes of in-band telemetry (see the module)
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """One switch port's INT record."""
+
+    ts_ns: int
+    tx_bytes: int  # modulo 2^32
+    qlen_bytes: int
+    rate_kbps: int
+
+    @property
+    def rate_bytes_s(self) -> float:
+        return self.rate_kbps * 1000 / 8
+
+
+def int_bytes(hops: tuple[Hop, ...] = ()) -> bytes:
+    """An INT area holding ``hops`` (empty for a packet leaving its sender)."""
+    out = bytearray(INT_SIZE)
+    INT_HEAD.pack_into(out, 0, len(hops))
+    for i, h in enumerate(hops[:INT_HOPS]):
+        INT_HOP.pack_into(out, INT_HEAD.size + i * INT_HOP.size, h.ts_ns, h.tx_bytes,
+                          h.qlen_bytes, h.rate_kbps)
+    return bytes(out)
+
+
+def parse_int(data: bytes, offset: int = 0) -> tuple[Hop, ...]:
+    """The hops an INT area at ``offset`` holds (ValueError if it is cut short)."""
+    if len(data) < offset + INT_SIZE:
+        raise ValueError("INT area cut short")
+    (n,) = INT_HEAD.unpack_from(data, offset)
+    return tuple(Hop(*INT_HOP.unpack_from(data, offset + INT_HEAD.size + i * INT_HOP.size))
+                 for i in range(min(n, INT_HOPS)))
 
 
 @dataclass(slots=True)
@@ -58,6 +104,7 @@ class Packet:
     echo: tuple[int, ...] = ()  # an ACK's further entropies (the packets before the latest)
     ce_mask: int = 0  # an ACK: bit i set if echoed packet i carried CE (0: ``entropy``)
     trimmed: bool = False  # DATA that arrived shorter than sent: a switch trimmed it
+    hops: tuple[Hop, ...] = ()  # INT: the switches' stamps (flag INT; ``length`` covers them)
 
     @property
     def ce(self) -> bool:
@@ -69,11 +116,18 @@ class Packet:
                 for i, e in enumerate((self.entropy, *self.echo))]
 
     def encode(self) -> bytes:
-        """The header (the engine appends ``length`` payload bytes to DATA)."""
+        """The header, and the INT area if flagged (the engine appends the rest of
+        ``length``: :meth:`filler` bytes)."""
         echo = (*self.echo, NO_ENTROPY, NO_ENTROPY, NO_ENTROPY)[:MAX_ECHO - 1]
-        return HEADER.pack(self.kind, self.flags, VERSION, self.qp[0], self.qp[1], self.psn,
+        head = HEADER.pack(self.kind, self.flags, VERSION, self.qp[0], self.qp[1], self.psn,
                            self.ack, self.entropy, *echo, self.ce_mask, self.sack, self.sent_ns,
                            self.length)
+        return head + int_bytes(self.hops) if self.flags & Flag.INT else head
+
+    @property
+    def filler(self) -> int:
+        """Payload bytes after what :meth:`encode` returns."""
+        return self.length - (INT_SIZE if self.flags & Flag.INT else 0)
 
     @classmethod
     def decode(cls, data: bytes) -> Packet:
@@ -87,9 +141,12 @@ class Packet:
         carried = len(data) - HEADER.size
         if carried > length:
             raise ValueError(f"a datagram of {carried} payload bytes says {length}")
+        hops: tuple[Hop, ...] = ()
+        if flags & Flag.INT and carried >= INT_SIZE:
+            hops = parse_int(data, HEADER.size)
         return cls(Kind(kind), (src, ch), psn, ack, length, entropy, sack, sent, flags,
                    tuple(e for e in (e2, e3, e4) if e != NO_ENTROPY), ce_mask,
-                   trimmed=carried < length)
+                   trimmed=carried < length, hops=hops)
 
 
 FRAME_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4 and UDP headers around a transport packet

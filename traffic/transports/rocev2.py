@@ -39,8 +39,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from traffic.transports.packet import (Flag, Kind, Packet, Scale, next_send, packetize,
-                                       wire_bytes)
+from traffic.transports.packet import (INT_SIZE, Flag, Kind, Packet, Scale, next_send,
+                                       packetize, wire_bytes)
+from traffic.transports.rate_control import Hpcc, HpccConfig, Swift, SwiftConfig
 
 INF = float("inf")
 #: ConnectX NICs send CNPs in DSCP 48 (priority 6), which switches serve from a strict-priority
@@ -184,6 +185,13 @@ class RoceConfig:
     spray: bool = False  # a fresh entropy per packet (to show go-back-N's collapse)
     entropies: int = 256
     line_rate_bps: float = INF  # the pace without DCQCN
+    hpcc: HpccConfig | None = None  # instead of DCQCN: HPCC (INT on every DATA packet)
+    swift: SwiftConfig | None = None  # instead of DCQCN: Swift (delay)
+
+    @property
+    def congestion_control(self) -> str:
+        return ("hpcc" if self.hpcc else "swift" if self.swift else "dcqcn" if self.dcqcn
+                else "off")
 
     def describe(self) -> str:
         """The constants at the emulated scale, for the run's output."""
@@ -191,10 +199,12 @@ class RoceConfig:
         return (f"RoCEv2 go-back-N{paths}, up to {self.max_outstanding} packets outstanding, ACK per {self.ack_every} "
                 f"packets or {self.ack_delay_s * 1e3:.0f} ms, RTO {self.rto_s:.2f} s, CNPs in "
                 f"DSCP {self.cnp_dscp}; "
-                + (self.dcqcn.describe() if self.dcqcn else "no rate control"))
+                + (self.dcqcn.describe() if self.dcqcn else self.hpcc.describe() if self.hpcc
+                   else self.swift.describe() if self.swift else "no rate control"))
 
     @classmethod
-    def scaled(cls, scale: Scale, profile: str = "paper", **kw) -> RoceConfig:
+    def scaled(cls, scale: Scale, profile: str = "paper", cc: str = "dcqcn",
+               **kw) -> RoceConfig:
         """Timers at the emulated RTT: the RTO of :attr:`Scale.rto_s`, DCQCN's ``profile``
         (with its CNP interval; ``off``: none, paced at the line rate), outstanding packets up to
         4 bandwidth-delay products."""
@@ -202,6 +212,13 @@ class RoceConfig:
         if profile not in DcqcnConfig.PROFILES:
             raise ValueError(f"dcqcn: unknown profile {profile!r} (one of "
                              f"{', '.join(DcqcnConfig.PROFILES)})")
+        if cc == "hpcc":
+            kw.update(dcqcn=None, hpcc=HpccConfig(scale.rate_bps, scale.base_rtt_s, scale.mss))
+        elif cc == "swift":
+            kw.update(dcqcn=None, swift=SwiftConfig(scale.rate_bps, scale.base_rtt_s,
+                                                    scale.mss))
+        elif cc != "dcqcn":
+            raise ValueError(f"rocev2: unknown congestion control {cc!r}")
         kw.setdefault("dcqcn", None if profile == "off" else DcqcnConfig.scaled(scale, profile))
         return cls(scale.mss, scale.rto_s, outstanding,
                    cnp_interval_s=(kw["dcqcn"].cnp_interval_s if kw["dcqcn"]
@@ -225,9 +242,17 @@ class RoceSender:
         self.una = 0  # oldest unacknowledged PSN
         self.nxt = 0  # next PSN to send
         self.high = 0  # PSNs below were sent at least once
-        self.next_send = self.now
+        # the pace: the previous packet's scheduled time and size; the gap after it is taken
+        # at the rate of the moment (a rate that rises ends a long gap early: HPCC and Swift
+        # windows of a fraction of a packet make gaps of many round trips)
+        self.pace_from = self.now
+        self.pace_bits = 0
         self.progress_at = self.now
-        self.cc = Dcqcn(self.cfg.dcqcn, self.now) if self.cfg.dcqcn else None
+        cfg = self.cfg
+        self.cc: Dcqcn | Hpcc | Swift | None = (
+            Dcqcn(cfg.dcqcn, self.now) if cfg.dcqcn else Hpcc(cfg.hpcc, self.now) if cfg.hpcc
+            else Swift(cfg.swift, self.now) if cfg.swift else None)
+        self.window_cc = isinstance(self.cc, (Hpcc, Swift))  # a window besides the pace
         self.stats = {"packets": 0, "bytes": 0, "retransmitted": 0, "retransmitted_bytes": 0,
                       "naks": 0, "cnps": 0, "timeouts": 0, "entropies": set()}
 
@@ -250,7 +275,15 @@ class RoceSender:
         """When the next packet may leave (None: nothing to send, or the window is full)."""
         if self.nxt >= len(self.lengths) or self.nxt - self.una >= self.cfg.max_outstanding:
             return None
+        if self.window_cc and self.nxt > self.una and \
+                (self.nxt - self.una + 1) * self.cfg.mss > self.cc.window:
+            return None
         return self.next_send
+
+    @property
+    def next_send(self) -> float:
+        rate = self.rate_bps
+        return self.pace_from + (self.pace_bits / rate if rate < INF else 0.0)
 
     def poll(self, now: float) -> Packet | None:
         """The packet to send now, if one may leave."""
@@ -263,12 +296,15 @@ class RoceSender:
         length = self.lengths[psn]
         flags = (Flag.RETX if psn < self.high else 0) | (
             Flag.LAST if psn in self.last_of_message else 0)
+        if self.cfg.hpcc and length >= INT_SIZE:
+            flags |= Flag.INT  # the switches stamp it; the ACK brings it back
         entropy = self.rng.randrange(self.cfg.entropies) if self.cfg.spray else self.entropy
         self.nxt += 1
         self.high = max(self.high, self.nxt)
         wire = wire_bytes(length)
         rate = self.rate_bps
-        self.next_send = next_send(now, self.next_send, wire * 8 / rate if rate < INF else 0.0)
+        self.pace_from = next_send(now, self.next_send, 0.0)
+        self.pace_bits = wire * 8
         if self.cc:
             self.cc.on_sent(wire)
         st = self.stats
@@ -287,6 +323,8 @@ class RoceSender:
                 self.una = min(pkt.ack, self.high)
                 self.progress_at = now
                 self.nxt = max(self.nxt, self.una)
+            if self.window_cc and pkt.sent_ns:
+                self.cc.on_ack(pkt.ack, self.nxt, pkt.hops, now - pkt.sent_ns / 1e9, now)
         elif pkt.kind == Kind.NAK:
             self.stats["naks"] += 1
             if pkt.ack > self.una:
@@ -322,6 +360,8 @@ class RoceSender:
         out = {k: v for k, v in self.stats.items() if k != "entropies"}
         out["entropies"] = len(self.stats["entropies"])
         out["rate_cuts"] = self.cc.cuts if self.cc else 0
+        if self.window_cc:
+            out["cwnd_bytes"] = int(self.cc.window)
         return out
 
 
@@ -339,6 +379,8 @@ class RoceReceiver:
         self.ack_due: float | None = None
         self.nak_for = -1
         self.last_cnp = -INF
+        self.latest: Packet | None = None  # the latest DATA accepted: its ACK echoes its send
+        # time (Swift's delay) and INT (HPCC)
         self.stats = {"packets": 0, "out_of_order": 0, "duplicates": 0, "naks": 0, "cnps": 0,
                       "ce": 0, "trimmed": 0}
 
@@ -356,6 +398,8 @@ class RoceReceiver:
                 self.last_cnp = now
                 st["cnps"] += 1
                 out.append(Packet(Kind.CNP, self.qp, ack=self.expected))
+        if pkt.psn <= self.expected:
+            self.latest = pkt
         if pkt.psn == self.expected:
             self.expected += 1
             self.delivered += pkt.length
@@ -378,7 +422,15 @@ class RoceReceiver:
     def _ack(self) -> Packet:
         self.unacked = 0
         self.ack_due = None
-        return Packet(Kind.ACK, self.qp, ack=self.expected)
+        last = self.latest
+        if last is None:
+            return Packet(Kind.ACK, self.qp, ack=self.expected)
+        if last.flags & Flag.INT:  # the switches' stamps go back in the ACK's payload
+            return Packet(Kind.ACK, self.qp, psn=last.psn, ack=self.expected,
+                          length=INT_SIZE, sent_ns=last.sent_ns, flags=Flag.INT,
+                          hops=last.hops)
+        return Packet(Kind.ACK, self.qp, psn=last.psn, ack=self.expected,
+                      sent_ns=last.sent_ns)
 
     def timer(self) -> float | None:
         return self.ack_due

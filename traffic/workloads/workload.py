@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
-from traffic.transports.options import PER_KIND, TransportOptions
+from traffic.transports.options import PER_KIND, ROCE_CONGESTION_CONTROLS, TransportOptions
 from traffic.workloads import hierarchical
 from traffic.workloads import training
 from traffic.workloads.nccl_log import ImportedCollective, import_log
@@ -321,11 +321,18 @@ def job_settings(entry: dict, path: str) -> dict:
                                   f"{key} is not a setting of {kind} (its settings: "
                                   f"{', '.join(('kind', 'spray', *allowed)) if kind != 'tcp' else 'kind'})")
             options[key] = v
+    cc = entry.get("congestion_control")
+    if cc in ROCE_CONGESTION_CONTROLS:  # rocev2's, named as TCP's are
+        if kind != "rocev2":
+            raise ConfigError(f"{path}.congestion_control",
+                              f"{cc} is a congestion control of rocev2, not of {kind}")
+        options.setdefault("congestion_control", cc)
+        cc = None
     try:
         opts = TransportOptions(**options)
     except ValueError as err:
         raise ConfigError(f"{path}.transport", str(err)) from None
-    return {"congestion_control": entry.get("congestion_control"), "dscp": entry.get("dscp", 0),
+    return {"congestion_control": cc, "dscp": entry.get("dscp", 0),
             "transport": kind, "spray": spray, "dcqcn": dcqcn, "transport_options": opts}
 
 

@@ -72,7 +72,30 @@ struct vqueue {
 	__s64 level_bytes;	/* backlog when > 0, unused burst credit when < 0 */
 	__u64 last_ns;
 	__u64 max_bytes;
+	__u64 tx_bytes;		/* bytes that joined the queue (sent, or being sent) */
 };
+
+/* In-band network telemetry (HPCC's INT; traffic/transports/packet.py is the reference): a
+ * fabriclab transport DATA packet flagged INT begins its payload with a hop count and room for
+ * INT_HOPS records; each switch port it leaves appends its own: the time, its bytes sent so
+ * far, the backlog the packet waits behind and its rate. */
+#define INT_HOPS 5
+#define TP_HEADER 45		/* the transport's header (packet.py HEADER) */
+#define TP_VERSION 4
+#define TP_DATA 1
+#define TP_FLAG_INT 64
+#define UDP_PAYLOAD (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr))
+#define INT_OFF (UDP_PAYLOAD + TP_HEADER)
+#define INT_HOP_OFF (INT_OFF + 4)
+#define INT_HOP_SIZE 20
+#define INT_SIZE (4 + INT_HOPS * INT_HOP_SIZE)
+
+struct int_hop {
+	__be64 ts_ns;
+	__be32 tx_bytes;
+	__be32 qlen_bytes;
+	__be32 rate_kbps;
+} __attribute__((packed));
 
 struct count_key {
 	__u32 ifindex;
@@ -196,6 +219,50 @@ static __always_inline int trim(struct __sk_buff *skb, const struct port_cfg *cf
 	return 1;
 }
 
+/* The packet's INT hop count, if it is a transport DATA packet asking for INT with room left
+ * (-1: not one). */
+static __always_inline int int_hops(struct __sk_buff *skb, __u64 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u8 head[4], hops;
+
+	if (len < INT_OFF + INT_SIZE || skb->gso_segs > 1)
+		return -1;
+	if ((void *)(ip + 1) > data_end || ip->ihl != 5 || ip->protocol != IPPROTO_UDP)
+		return -1;
+	if (bpf_skb_load_bytes(skb, UDP_PAYLOAD, head, 4) ||
+	    bpf_skb_load_bytes(skb, INT_OFF, &hops, 1))
+		return -1;
+	if (head[0] != TP_DATA || !(head[1] & TP_FLAG_INT) || head[2] != 0 ||
+	    head[3] != TP_VERSION || hops >= INT_HOPS)
+		return -1;
+	return hops;
+}
+
+static __always_inline void int_stamp(struct __sk_buff *skb, __u8 hops, __u64 now,
+				      __u64 tx_bytes, __u64 backlog, __u64 rate_bytes_s)
+{
+	struct int_hop hop = {
+		.ts_ns = bpf_cpu_to_be64(now),
+		.tx_bytes = bpf_htonl((__u32)tx_bytes),
+		.qlen_bytes = bpf_htonl((__u32)backlog),
+		.rate_kbps = bpf_htonl((__u32)(rate_bytes_s * 8 / 1000)),
+	};
+	__u8 next = hops + 1;
+	__be16 zero = 0;
+
+	if (hops >= INT_HOPS)
+		return;
+	if (bpf_skb_store_bytes(skb, INT_HOP_OFF + hops * INT_HOP_SIZE, &hop, sizeof(hop), 0) ||
+	    bpf_skb_store_bytes(skb, INT_OFF, &next, 1, 0))
+		return;
+	/* the payload changed: the UDP checksum is cleared (IPv4 allows none), as trimming does */
+	bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + sizeof(struct iphdr) +
+			    offsetof(struct udphdr, check), &zero, 2, 0);
+}
+
 static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
 {
 	__u64 prob;
@@ -223,7 +290,8 @@ int ecn_marker(struct __sk_buff *skb)
 	__s64 level;
 	__u8 ecn = 0;
 	__u32 prio;
-	int ip_prio, drop = 0, can_trim, cut = 0;
+	int ip_prio, drop = 0, can_trim, cut = 0, hops;
+	__u64 tx_bytes = 0, waits_behind;
 
 	if (!cfg)
 		return TC_ACT_OK;
@@ -243,6 +311,7 @@ int ecn_marker(struct __sk_buff *skb)
 	if (cfg->flags & PORT_CLASSIFY)
 		return TC_ACT_OK;
 	can_trim = trimmable(skb, cfg, ip_prio, len);
+	hops = ip_prio >= 0 ? int_hops(skb, len) : -1;
 	q = bpf_map_lookup_elem(&fl_queue, &ifindex);
 	if (!q)
 		return TC_ACT_OK;
@@ -256,6 +325,7 @@ int ecn_marker(struct __sk_buff *skb)
 	if (level < -(__s64)cfg->burst_bytes)
 		level = -(__s64)cfg->burst_bytes;
 	backlog = level > 0 ? level : 0;
+	waits_behind = backlog;
 	drop = cfg->limit_bytes && backlog + len > cfg->limit_bytes;
 	if (can_trim && (drop || backlog > cfg->trim_threshold)) {
 		/* trimmed instead, if even its header fits: the header joins the queue when it
@@ -264,7 +334,9 @@ int ecn_marker(struct __sk_buff *skb)
 		cut = !drop;
 	} else if (!drop) {
 		level += len;
+		q->tx_bytes += len;
 	}
+	tx_bytes = q->tx_bytes;
 	q->level_bytes = level;
 	q->last_ns = now;
 	backlog = level > 0 ? level : 0;
@@ -283,6 +355,8 @@ int ecn_marker(struct __sk_buff *skb)
 			__sync_fetch_and_add(&c->trimmed, 1);
 		return bpf_redirect(skb->ifindex, 0);
 	}
+	if (hops >= 0 && !drop)
+		int_stamp(skb, hops, now, tx_bytes, waits_behind, cfg->rate_bytes_s);
 	c = counter(&fl_count, &key, &zero);
 	if (!c)
 		return TC_ACT_OK;
