@@ -38,6 +38,7 @@ from testbed.model.spec import (
     EcnMarker,
     EmulatorSpec,
     FabricSpec,
+    ImpairSpec,
     Fidelity,
     LinkSpec,
     Requirement,
@@ -430,8 +431,8 @@ def _fabric(raw: dict) -> FabricSpec:
         topology=kind,
         shape={key: raw[key] for key in (*SHAPE_KEYS[kind], *OPTIONAL_SHAPE_KEYS.get(kind, ()))
                if key in raw},
-        host_link=_link(raw.get("host_link", {})),
-        fabric_link=_link(raw.get("fabric_link", {})),
+        host_link=_link(raw.get("host_link", {}), "fabric.host_link"),
+        fabric_link=_link(raw.get("fabric_link", {}), "fabric.fabric_link"),
         queue_kb=None if "size_packets" in queue else queue.get("size_kb", DEFAULT_QUEUE_KB),
         queue_packets=queue.get("size_packets"),
         traffic_classes=TrafficClasses(
@@ -454,11 +455,13 @@ def _pfc(raw: dict) -> PfcSpec:
     return PfcSpec(**{**raw, "priorities": tuple(raw.get("priorities", ()))})
 
 
-def _link(raw: dict) -> LinkSpec:
+def _link(raw: dict, path: str) -> LinkSpec:
     ecn = raw.get("ecn", ())
     entries = [ecn] if isinstance(ecn, dict) else list(ecn)
-    trim = raw.get("trim")
-    return LinkSpec(**{k: v for k, v in raw.items() if k not in ("ecn", "trim")}, ecn=tuple(
+    trim, impair = raw.get("trim"), raw.get("impair")
+    return LinkSpec(**{k: v for k, v in raw.items() if k not in ("ecn", "trim", "impair")},
+                    impair=None if impair is None else ImpairSpec(**impair).check(
+                        f"{path}.impair"), ecn=tuple(
         EcnSpec(**{**e, "mode": EcnMode(e["mode"]),
                    "priorities": tuple(e["priorities"]) if "priorities" in e else None})
         for e in entries), trim=None if trim is None else TrimSpec(

@@ -288,15 +288,18 @@ class BuildSteps:
             limit = plan.queue_limit if plan.queue_kind == "bfifo" else 0  # bytes only
             marking = marker_thresholds(self.spec, link, plan)
             loss = fab.link(link.tier).loss_percent
+            impair = fab.link(link.tier).impair
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
                     link.rate_mbps, plan.burst_bytes, limit, table, marking,
                     classes=bool(plan.classes), loss_percent=loss,
-                    trim=self.spec.port_trim(link.tier)), count_rx=pfc)
-            if link.tier == "host" and (plan.classes or loss):
+                    trim=self.spec.port_trim(link.tier), impair=impair),
+                    count_rx=pfc or impair is not None)
+            if link.tier == "host" and (plan.classes or loss or impair):
                 host = link.a.node
                 self.marker.classify_host(self.netlink, host, self.hosts.pid(host),
-                                          link.a.ifname, table, bool(plan.classes), loss)
+                                          link.a.ifname, table, bool(plan.classes), loss,
+                                          impair)
 
     def _raise_send_buffer(self) -> None:
         """Let the switches' sockets hold every queue full at once, while they are created.

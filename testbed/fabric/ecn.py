@@ -15,6 +15,7 @@ from pathlib import Path
 from testbed.linux import bpf
 from testbed.model.congestion import PRIORITIES, EcnMode, EcnThresholds
 from testbed.plan.trim import TrimSpec
+from testbed.model.spec import ImpairSpec
 from testbed.errors import TestbedError
 from testbed.linux.netlink import Netlink
 
@@ -39,7 +40,8 @@ class _PortCfg(ctypes.Structure):
                 ("drop_ppm", ctypes.c_uint32), ("dscp_prio", ctypes.c_uint8 * 64),
                 ("ecn", _EcnCfg * PRIORITIES), ("trim_threshold", ctypes.c_uint32),
                 ("trim_size", ctypes.c_uint16), ("trim_dscp", ctypes.c_uint8),
-                ("trim_prios", ctypes.c_uint8)]
+                ("trim_prios", ctypes.c_uint8), ("ber_fe", ctypes.c_uint64),
+                ("llr", ctypes.c_uint32), ("pad2", ctypes.c_uint32)]
 
 
 class _VQueue(ctypes.Structure):
@@ -53,7 +55,7 @@ class _CountKey(ctypes.Structure):
 
 
 COUNTER_FIELDS = ("packets", "bytes", "ect", "marked", "ce_seen", "vq_drops", "loss_drops",
-                  "trimmed")
+                  "trimmed", "corrupted", "llr_replays")
 
 
 class _Counters(ctypes.Structure):
@@ -61,10 +63,11 @@ class _Counters(ctypes.Structure):
 
 
 class _RxCounters(ctypes.Structure):
-    _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+    _fields_ = [("packets", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("bad_fcs", ctypes.c_uint64)]
 
 
-assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (264, 40, 64)
+assert (ctypes.sizeof(_PortCfg), ctypes.sizeof(_VQueue), ctypes.sizeof(_Counters)) == (280, 40, 80)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class PortMarking:
     classes: bool = False  # steer IP packets into one HTB class per priority
     loss_percent: float = 0.0  # the link's random loss, dropped here
     trim: TrimSpec | None = None  # packet trimming at this port
+    impair: ImpairSpec | None = None  # the link's bit errors (and LLR), at this end
 
 
 def _port_cfg(marking: PortMarking) -> _PortCfg:
@@ -86,6 +90,7 @@ def _port_cfg(marking: PortMarking) -> _PortCfg:
                    burst_bytes=marking.burst_bytes, limit_bytes=marking.limit_bytes,
                    flags=PORT_CLASSES if marking.classes else 0,
                    drop_ppm=_ppm(marking.loss_percent))
+    _impair(cfg, marking.impair)
     for dscp, prio in enumerate(marking.dscp_priority):
         cfg.dscp_prio[dscp] = prio
     for prio, th in enumerate(marking.thresholds):
@@ -97,6 +102,12 @@ def _port_cfg(marking: PortMarking) -> _PortCfg:
         cfg.trim_size, cfg.trim_dscp = trim.size_b, trim.dscp
         cfg.trim_prios = sum(1 << p for p in range(PRIORITIES) if trim.trims(p))
     return cfg
+
+
+def _impair(cfg: _PortCfg, impair: ImpairSpec | None) -> None:
+    if impair is not None:
+        cfg.ber_fe = max(1, int(round(impair.ber * 1e15)))
+        cfg.llr = int(impair.llr)
 
 
 def _ppm(loss_percent: float) -> int:
@@ -145,7 +156,7 @@ class Marker:
 
     def classify_host(self, netlink: Netlink, host: str, pid: int, ifname: str,
                       dscp_priority: tuple[int, ...], classes: bool = True,
-                      loss_percent: float = 0.0) -> None:
+                      loss_percent: float = 0.0, impair: ImpairSpec | None = None) -> None:
         """At a host NIC (in the host's namespace): steer its IP packets into their priority's
         class, and drop the link's random loss in its direction. Host NICs are made in the
         root namespace and moved, so their indexes are unique (checked)."""
@@ -156,12 +167,15 @@ class Marker:
                                "marker's settings would collide")
         cfg = _PortCfg(flags=PORT_CLASSIFY | (PORT_CLASSES if classes else 0),
                        drop_ppm=_ppm(loss_percent))
+        _impair(cfg, impair)
         for dscp, prio in enumerate(dscp_priority):
             cfg.dscp_prio[dscp] = prio
         self.cfg.update(ctypes.c_uint32(ifindex), cfg)
         self.host_keys.setdefault(ifindex, set()).add(host)
         self.hosts[ifindex] = ifname
         netlink.attach_bpf(ifname, self.prog_fd, EGRESS_PROGRAM, pid=pid)
+        if impair is not None:  # corrupted frames from the switch die here (a bad FCS)
+            netlink.attach_bpf(ifname, self.rx_fd, INGRESS_PROGRAM, pid=pid, ingress=True)
 
     def arrivals(self, keys: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
         """(switch port, priority) -> packets received so far (ports with ``count_rx``): all of
@@ -179,8 +193,12 @@ class Marker:
         """(port, priority) -> packets, bytes, ect, marked, ce_seen, vq_drops, loss_drops,
         read now (host NICs count only their loss drops)."""
         names = {**self.hosts, **{i: p[0] for i, p in self.ports.items()}}
-        return {(names[k.ifindex], k.prio): {f: getattr(v, f) for f in COUNTER_FIELDS}
-                for k, v in self.count.items() if k.ifindex in names}
+        out = {(names[k.ifindex], k.prio): {f: getattr(v, f) for f in COUNTER_FIELDS}
+               for k, v in self.count.items() if k.ifindex in names}
+        for k, v in self.rx.items():  # frames that arrived corrupted, dropped there
+            if k.ifindex in names and v.bad_fcs:
+                out.setdefault((names[k.ifindex], k.prio), {})["bad_fcs"] = v.bad_fcs
+        return out
 
     def queues(self) -> dict[str, tuple[int, int]]:
         """Port -> (virtual backlog now, its maximum so far), in bytes. The program updates a

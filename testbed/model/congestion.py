@@ -316,7 +316,8 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
     """
     ports, all_samples, drift = {}, [], []
     totals = {"drops": 0, "ect": 0, "ecn_marked": 0, "pfc_pause_events": 0, "pfc_paused_s": 0.0,
-              "pfc_watchdog_events": 0, "lossless_drops": 0, "link_loss_drops": 0, "trimmed": 0}
+              "pfc_watchdog_events": 0, "lossless_drops": 0, "link_loss_drops": 0, "trimmed": 0,
+              "corrupted": 0, "llr_replays": 0, "bad_fcs_drops": 0}
     for name, now in sorted(after.items()):
         then = before.get(name, {})
         q0, q1 = then.get("queue", {}), now.get("queue", {})
@@ -328,7 +329,9 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
         for prio, c1 in now.get("priorities", {}).items():
             c0 = then.get("priorities", {}).get(prio, {})
             row = {}
-            for key, total in (("loss_drops", "link_loss_drops"), ("trimmed", "trimmed")):
+            for key, total in (("loss_drops", "link_loss_drops"), ("trimmed", "trimmed"),
+                               ("corrupted", "corrupted"), ("llr_replays", "llr_replays"),
+                               ("bad_fcs", "bad_fcs_drops")):
                 n = c1.get(key, 0) - c0.get(key, 0)
                 if n:  # the link's random loss dropped, packets trimmed, by the eBPF program
                     row[total] = n

@@ -125,6 +125,26 @@ class Requirement:
 
 
 @dataclass(frozen=True)
+class ImpairSpec:
+    """Bit errors on a link (``fabric.*_link.impair``): each frame of L bytes is corrupted with
+    probability ``ber`` x 8L, at each end of the link, and dropped on arrival (a bad FCS);
+    with ``llr`` the sending port replays it (link-level retry: nothing lost end to end)."""
+
+    ber: float
+    llr: bool = False
+
+    def check(self, path: str) -> ImpairSpec:
+        if not 0 < self.ber <= 1e-3:
+            raise ConfigError(f"{path}.ber", f"{self.ber:g}: a bit-error rate is over 0 and at "
+                                             "most 1e-3 (beyond, most frames are corrupted)")
+        return self
+
+    def frame_error(self, frame_bytes: int) -> float:
+        """The chance a frame of ``frame_bytes`` is corrupted (as the eBPF program draws it)."""
+        return min(1.0, self.ber * 8 * frame_bytes)
+
+
+@dataclass(frozen=True)
 class LinkSpec:
     """One link class (host links or fabric links); ``ecn`` marks at the switch ports' egress."""
 
@@ -133,6 +153,7 @@ class LinkSpec:
     loss_percent: float = 0.0
     ecn: tuple[EcnSpec, ...] = ()
     trim: TrimSpec | None = None  # packet trimming at the switch ports' egress
+    impair: ImpairSpec | None = None  # bit errors (and link-level retry)
 
     def describe(self) -> str:
         """``10 Mbit/s 100 us 1 % loss``."""
@@ -141,6 +162,8 @@ class LinkSpec:
             text += f" {self.delay_us:g} us"
         if self.loss_percent:
             text += f" {self.loss_percent:g} % loss"
+        if self.impair:
+            text += f" BER {self.impair.ber:g}" + (" with LLR" if self.impair.llr else "")
         return text
 
 
@@ -173,7 +196,7 @@ class FabricSpec:
         per-priority classes (and count them for PFC), to drop a link's random loss, to trim
         or to stamp INT."""
         return (self.marks_ecn or len(self.priorities()) > 1 or self.int_telemetry
-                or any(self.link(t).loss_percent or self.link(t).trim
+                or any(self.link(t).loss_percent or self.link(t).trim or self.link(t).impair
                        for t in ("host", "fabric")))
 
     @property
@@ -284,6 +307,8 @@ class TestbedSpec:
                 needs.append(q(f"fabric.{tier}_link.delay_us", "netem"))
             if link.loss_percent:  # dropped by the eBPF program at the link's ends
                 needs.append(q(f"fabric.{tier}_link.loss_percent", "clsact"))
+            if link.impair:  # corrupted and dropped by it too
+                needs.append(q(f"fabric.{tier}_link.impair", "clsact"))
             if any(e.mode != "off" for e in link.ecn):
                 needs.append(q(f"fabric.{tier}_link.ecn", "clsact"))
         if self.emulator.ecn_marker == EcnMarker.RED and self.fabric.marks_ecn:

@@ -160,3 +160,34 @@ def test_the_switches_stamp_int_that_matches_their_own_counters(make_fabric):
         assert sent == tx_bytes[port] % (1 << 32), (port, sent, tx_bytes[port])
     times = [h[0] for h in hops]
     assert start < times[0] < times[1] < times[2] < time.monotonic_ns()
+
+
+@pytest.mark.parametrize("llr", [False, True])
+def test_bit_errors_are_dropped_on_arrival_and_link_level_retry_replays_them(make_fabric, llr):
+    """BER 1e-6 on every link (a 4 KB frame: 1 in 30 corrupted): each corrupted frame is dropped
+    by the port it reaches, as a bad FCS is; uet resends them end to end, unless the links
+    replay them (LLR): then not one retransmission."""
+    from testbed.model.congestion import summarize_congestion
+
+    impair = f"impair: {{ber: 1.0e-6, llr: {str(llr).lower()}}}"
+    exp = experiment(LS.replace("spines: 2", "spines: 1")
+                     .replace("host_link: {rate_mbps: 10}", f"host_link: {{rate_mbps: 10, {impair}}}")
+                     .replace("fabric_link: {rate_mbps: 10}",
+                              f"fabric_link: {{rate_mbps: 20, {impair}}}")
+                     .replace("fabric:\n", "fabric:\n  mtu: 4200\n")
+                     + "workload:\n  collectives:\n    - {op: send_recv, size: 1MiB, "
+                       "ranks: [h1_1, h2_1]}\n", "ebpf")
+    fabric = make_fabric(exp)
+    (job,) = exp.workload.jobs
+    before = fabric.congestion()
+    (result,) = run_job(fabric, list(job.collectives), connections=1, timeout_s=120,
+                        transport="uet")
+    c = summarize_congestion(before, fabric.congestion(), {})
+    t = result.transport
+    print(llr, {k: c[k] for k in ("corrupted", "llr_replays", "bad_fcs_drops")}, t)
+    assert c["corrupted"] > 10 and c["bad_fcs_drops"] == c["corrupted"], c
+    if llr:
+        assert c["llr_replays"] == c["corrupted"] and t["tx_retransmitted"] == 0, (c, t)
+    else:
+        assert c["llr_replays"] == 0 and t["tx_retransmitted"] > 0, (c, t)
+    assert t["tx_bytes"] >= 1 << 20

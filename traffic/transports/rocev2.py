@@ -302,7 +302,6 @@ class RoceSender:
         self.nxt += 1
         self.high = max(self.high, self.nxt)
         wire = wire_bytes(length)
-        rate = self.rate_bps
         self.pace_from = next_send(now, self.next_send, 0.0)
         self.pace_bits = wire * 8
         if self.cc:

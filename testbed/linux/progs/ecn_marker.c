@@ -23,6 +23,13 @@
  *
  * rx_count runs at a switch port's ingress and counts packets per priority (fl_rx): the PFC
  * agent pauses the upstream ends whose packets of a lossless priority still arrive.
+ *
+ * An impaired link (ber_fe) corrupts frames at its bit-error rate, at every end of it: a
+ * frame of L bytes is hit with probability BER x 8L. A corrupted frame still takes the link's
+ * time; it carries the IPv4 header's reserved flag (with a valid checksum) and rx_count at the
+ * other end drops it, as a receiver drops a frame whose FCS is bad (counted in bad_fcs). With
+ * link-level retry (llr) the port replays it: the corrupted copy leaves first, the frame
+ * itself right behind it (one more frame time on the link, nothing lost end to end).
  */
 #include <stddef.h>
 #include <linux/bpf.h>
@@ -65,6 +72,9 @@ struct port_cfg {
 	__u16 trim_size;	/* a trimmed frame's length, Ethernet header included */
 	__u8 trim_dscp;		/* the DSCP a trimmed packet carries */
 	__u8 trim_prios;	/* bit p: priority p is trimmable */
+	__u64 ber_fe;		/* the link's bit-error rate, x 1e15 (0: a clean link) */
+	__u32 llr;		/* link-level retry: a corrupted frame is replayed here */
+	__u32 pad;
 };
 
 struct vqueue {
@@ -111,6 +121,8 @@ struct counters {
 	__u64 vq_drops;		/* the mirrored bfifo would have dropped them */
 	__u64 loss_drops;	/* dropped here: the link's random loss */
 	__u64 trimmed;		/* forwarded as their first trim_size bytes instead of dropped */
+	__u64 corrupted;	/* sent corrupted (bit errors): the other end drops them */
+	__u64 llr_replays;	/* corrupted, and replayed by link-level retry */
 };
 
 struct {
@@ -137,6 +149,7 @@ struct {
 struct rx_counters {
 	__u64 packets;
 	__u64 bytes;
+	__u64 bad_fcs;		/* corrupted frames dropped on arrival, as a bad FCS is */
 };
 
 struct {
@@ -263,6 +276,64 @@ static __always_inline void int_stamp(struct __sk_buff *skb, __u8 hops, __u64 no
 			    offsetof(struct udphdr, check), &zero, 2, 0);
 }
 
+#define IP_RESERVED_FLAG 0x8000	/* frag_off's reserved bit: "this frame is corrupted" */
+
+static __always_inline int corrupted(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return 0;
+	return (ip->frag_off & bpf_htons(IP_RESERVED_FLAG)) != 0;
+}
+
+/* Set or clear the corrupted mark, the IP checksum kept valid. */
+static __always_inline int mark_corrupted(struct __sk_buff *skb, int on)
+{
+	__u32 off = sizeof(struct ethhdr) + offsetof(struct iphdr, frag_off);
+	__be16 old, new;
+
+	if (bpf_skb_load_bytes(skb, off, &old, 2))
+		return -1;
+	new = on ? old | bpf_htons(IP_RESERVED_FLAG) : old & ~bpf_htons(IP_RESERVED_FLAG);
+	if (bpf_l3_csum_replace(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, check),
+				old, new, 2) || bpf_skb_store_bytes(skb, off, &new, 2, 0))
+		return -1;
+	return 0;
+}
+
+/* Bit errors on the way out: 1 when the frame goes out corrupted (no LLR), 0 otherwise (clean,
+ * or replayed by LLR: its corrupted copy is already sent). */
+static __always_inline int impair(struct __sk_buff *skb, const struct port_cfg *cfg, __u64 len,
+				  struct count_key *key)
+{
+	struct counters *c, zero = {};
+	__u64 ppm;
+
+	if (!cfg->ber_fe || corrupted(skb))
+		return 0;
+	ppm = cfg->ber_fe * 8 * len / 1000000000ULL;
+	if (ppm > PROB_SCALE)
+		ppm = PROB_SCALE;
+	if (bpf_get_prandom_u32() % PROB_SCALE >= ppm || mark_corrupted(skb, 1))
+		return 0;
+	c = counter(&fl_count, key, &zero);
+	if (c)
+		__sync_fetch_and_add(&c->corrupted, 1);
+	if (!cfg->llr)
+		return 1;
+	/* the corrupted copy goes out first (it passes here again, marked: left alone) */
+	bpf_clone_redirect(skb, skb->ifindex, 0);
+	if (mark_corrupted(skb, 0))
+		return 1;
+	if (c)
+		__sync_fetch_and_add(&c->llr_replays, 1);
+	return 0;
+}
+
 static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
 {
 	__u64 prob;
@@ -308,6 +379,8 @@ int ecn_marker(struct __sk_buff *skb)
 			__sync_fetch_and_add(&c->loss_drops, 1);
 		return TC_ACT_SHOT;
 	}
+	if (ip_prio >= 0)
+		impair(skb, cfg, len, &key);
 	if (cfg->flags & PORT_CLASSIFY)
 		return TC_ACT_OK;
 	can_trim = trimmable(skb, cfg, ip_prio, len);
@@ -389,11 +462,19 @@ int rx_count(struct __sk_buff *skb)
 	__u8 ecn = 0;
 	int ip_prio;
 
-	if (!cfg || (cfg->flags & PORT_CLASSIFY))
+	if (!cfg)
 		return TC_ACT_UNSPEC;
 	ip_prio = ip_priority(skb, cfg, &ecn);
 	if (ip_prio > 0)
 		key.prio = ip_prio;
+	if (ip_prio >= 0 && corrupted(skb)) {	/* a bad FCS: dropped on arrival */
+		c = counter(&fl_rx, &key, &zero);
+		if (c)
+			__sync_fetch_and_add(&c->bad_fcs, 1);
+		return TC_ACT_SHOT;
+	}
+	if (cfg->flags & PORT_CLASSIFY)
+		return TC_ACT_UNSPEC;
 	c = counter(&fl_rx, &key, &zero);
 	if (!c)
 		return TC_ACT_UNSPEC;
