@@ -106,6 +106,9 @@ class TerminalView(RunView):
     def variants_done(self, name: str, rows: list[dict]) -> None:
         self.console.print(tables.variants(name, rows))
         self.console.print(tables.efficiency(name, rows))
+        transports = tables.transports(name, rows)
+        if transports is not None:
+            self.console.print(transports)
 
     def sweep_done(self, name: str, summary: list[dict]) -> None:
         self.console.print(tables.sweep(name, summary))

@@ -90,6 +90,35 @@ def variants(name: str, rows: list[dict]) -> Table:
     return table
 
 
+def transports(name: str, rows: list[dict]) -> Table | None:
+    """Variants by what their UDP transports did (None: no variant used one)."""
+    if not any(r.get("transport") for r in rows):
+        return None
+    table = Table(title=f"{name}: transports", box=None,
+                  caption="retx: packets resent; RTOs: retransmission timeouts; trims: packets "
+                          "the switches trimmed (NACKed: the senders' trim NACKs); stalls: "
+                          "credit requests repeated without a grant; lost: UUD packets given "
+                          "up; corrupt/LLR: frames hit by bit errors, and replayed by the "
+                          "link; bneck q99: the busiest port's queue p99, KiB")
+    cols = ("variant", "transport", "retx", "RTOs", "trims", "NACKed", "grants", "stalls",
+            "lost", "corrupt", "LLR", "bneck q99")
+    for col in cols:
+        table.add_column(col, justify="left" if col in cols[:2] else "right")
+    for r in rows:
+        t = r.get("transport")
+        if not t:
+            table.add_row(r["variant"] or "-", "tcp", *["-"] * (len(cols) - 2))
+            continue
+        num = lambda v: "-" if not v else str(v)  # noqa: E731
+        q99 = t.get("bottleneck_queue_p99_bytes")
+        table.add_row(r["variant"] or "-", t["label"], num(t["tx_retransmitted"]),
+                      num(t["tx_timeouts"]), num(t.get("trimmed")), num(t["tx_trim_naks"]),
+                      num(t["tx_grants"]), num(t["tx_credit_stalls"]), num(t["rx_lost"]),
+                      num(t.get("corrupted")), num(t.get("llr_replays")),
+                      "-" if q99 is None else f"{q99 / 1024:.0f}")
+    return table
+
+
 def efficiency(name: str, rows: list[dict]) -> Table:
     """Variants by job, compact: efficiency (busbw over the link rate: the last flow decides),
     and for patterns of flows their throughput as a fraction of ideal (Hedera's aggregate

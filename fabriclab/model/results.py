@@ -119,6 +119,7 @@ def variant_row(doc: dict) -> dict:
                                              "queue_max_bytes", "queue_p99_bytes")},
            "pfc_deadlocks": len((congestion.get("pfc") or {}).get("deadlocks", [])),
            "utilization": congestion.get("utilization") or {},
+           "transport": transport_row(doc),
            "jobs": []}
     for s in job_summaries(doc["collectives"]):
         rows = [r for r in doc["collectives"]
@@ -132,6 +133,40 @@ def variant_row(doc: dict) -> dict:
                             "fct_p99_s": fct["p99"],
                             "throughput_of_ideal": sum(tput) / len(tput) if tput else None})
     return row
+
+
+#: what a variant's transports did, summed over its collectives (the UDP transports' counters)
+TRANSPORT_COUNTERS = ("tx_retransmitted", "tx_timeouts", "tx_trim_naks", "tx_credit_stalls",
+                      "tx_grants", "rx_lost", "tx_naks", "tx_cnps", "tx_rate_cuts")
+
+
+def transport_row(doc: dict) -> dict | None:
+    """A variant's transport at a glance: which (``uet RUD+RCCC``, ``rocev2 HPCC``), its
+    counters summed over the collectives, the switches' trims, corrupted frames and LLR
+    replays, and the busiest port's queue p99 (an incast's bottleneck). None: TCP only."""
+    rows = [r["transport"] for r in doc["collectives"] if (r.get("transport") or {})
+            .get("transport") in ("uet", "rocev2")]
+    if not rows:
+        return None
+    congestion = doc.get("congestion") or {}
+    ports = congestion.get("ports") or {}
+    first = rows[0]
+    return {"label": transport_label(first),
+            **{k: sum(r.get(k, 0) for r in rows) for k in TRANSPORT_COUNTERS},
+            **{k: congestion.get(k) for k in ("trimmed", "corrupted", "llr_replays",
+                                              "bad_fcs_drops")},
+            "bottleneck_queue_p99_bytes": max((p.get("queue_p99_bytes", 0)
+                                               for p in ports.values()), default=None)}
+
+
+def transport_label(t: dict) -> str:
+    """``uet RUD+RCCC``, ``uet ROD, no NSCC``, ``rocev2 HPCC``, ``rocev2 DCQCN (connectx)``."""
+    if t.get("transport") == "uet":
+        return (f"uet {str(t.get('delivery', 'rud')).upper()}" + ("+RCCC" if t.get("rccc") else "")
+                + ("" if t.get("nscc", True) else ", no NSCC"))
+    cc = t.get("congestion_control") or ("dcqcn" if t.get("dcqcn") else "off")
+    return f"rocev2 {cc.upper()}" + (f" ({t['dcqcn']})" if cc == "dcqcn" and t.get("dcqcn")
+                                     else "")
 
 
 def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:

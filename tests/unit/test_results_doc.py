@@ -99,3 +99,27 @@ def test_results_written_before_one_set_of_units_read_in_todays_fields():
     assert new["cells"][0]["jobs"][0]["busbw_GBps"] == pytest.approx(0.002)
     assert upgrade({"collectives": [{"op": "x", "bytes": 1, "time_us": 3.0}]}) == {
         "collectives": [{"op": "x", "bytes": 1, "time_us": 3.0}]}
+
+
+def test_a_variant_row_says_which_transport_and_what_it_did():
+    from fabriclab.model.results import transport_label, variant_row
+
+    assert transport_label({"transport": "uet", "delivery": "rod", "rccc": True,
+                            "nscc": False}) == "uet ROD+RCCC, no NSCC"
+    assert transport_label({"transport": "rocev2", "congestion_control": "dcqcn",
+                            "dcqcn": "connectx"}) == "rocev2 DCQCN (connectx)"
+    assert transport_label({"transport": "rocev2", "congestion_control": "hpcc"}) == \
+        "rocev2 HPCC"
+    t = {"transport": "uet", "delivery": "rud", "rccc": True, "nscc": True,
+         "tx_retransmitted": 3, "tx_grants": 40}
+    doc = {"fabric": {"variant": "rccc"}, "complete": True,
+           "congestion": {"trimmed": 5, "ports": {"leaf1-eth1": {"queue_p99_bytes": 2048},
+                                                  "leaf1-eth2": {"queue_p99_bytes": 0}}},
+           "collectives": [{"job": 0, "op": "flows", "algorithm": "direct", "bytes": 8,
+                            "time_us": 10.0, "algbw_GBps": 1.0, "busbw_GBps": 1.0,
+                            "efficiency": 0.5, "communicator_size": 2, "transport": t,
+                            "flow_completion_s": {"p50": 1.0, "p99": 2.0}}] * 2}
+    row = variant_row(doc)["transport"]
+    assert row["label"] == "uet RUD+RCCC" and row["tx_retransmitted"] == 6
+    assert row["tx_grants"] == 80 and row["trimmed"] == 5
+    assert row["bottleneck_queue_p99_bytes"] == 2048

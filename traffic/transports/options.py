@@ -40,12 +40,3 @@ class TransportOptions:
     def from_dict(cls, d: dict | None) -> TransportOptions:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (d or {}).items() if k in names})
-
-    def label(self, kind: str) -> str:
-        """What a results table says: ``uet RUD+RCCC``, ``uet ROD, no NSCC``, ``rocev2``."""
-        if kind == "uet":
-            return (f"uet {self.delivery.upper()}" + ("+RCCC" if self.rccc else "")
-                    + ("" if self.nscc else ", no NSCC"))
-        if kind == "rocev2" and self.congestion_control != "dcqcn":
-            return f"rocev2 {self.congestion_control.upper()}"
-        return kind
