@@ -327,42 +327,8 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
                 "queue_max_bytes": max(real, default=0),
                 "queue_p99_bytes": _percentile(real, 99), "priorities": {}}
         for prio, c1 in now.get("priorities", {}).items():
-            c0 = then.get("priorities", {}).get(prio, {})
-            row = {}
-            for key, total in (("loss_drops", "link_loss_drops"), ("trimmed", "trimmed"),
-                               ("corrupted", "corrupted"), ("llr_replays", "llr_replays"),
-                               ("bad_fcs", "bad_fcs_drops")):
-                n = c1.get(key, 0) - c0.get(key, 0)
-                if n:  # the link's random loss dropped, packets trimmed, by the eBPF program
-                    row[total] = n
-                    totals[total] += n
-            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("packets", "ect", "marked")}
-            if delta["packets"]:
-                row.update(packets=delta["packets"], ect=delta["ect"],
-                           ecn_marked=delta["marked"])
-                totals["ect"] += delta["ect"]
-                totals["ecn_marked"] += delta["marked"]
-            if "queue" in c1:
-                red = c1["queue"].get("marked", 0) - c0.get("queue", {}).get("marked", 0)
-                if red:  # marked by a RED leaf (the marker, off there, only counted ECT)
-                    row["ecn_marked"] = row.get("ecn_marked", 0) + red
-                    totals["ecn_marked"] += red
-                drops = c1["queue"].get("drops", 0) - c0.get("queue", {}).get("drops", 0)
-                if drops or row:
-                    row["drops"] = drops
-                if prio in lossless:
-                    totals["lossless_drops"] += drops
-            p1, p0 = c1.get("pfc"), c0.get("pfc", {})
-            if p1 is not None:
-                pfc = {"pause_events": p1["pause_events"] - p0.get("pause_events", 0),
-                       "paused_s": round(p1["paused_s"] - p0.get("paused_s", 0.0), 4),
-                       "watchdog_events": p1["watchdog_events"] - p0.get("watchdog_events", 0),
-                       "xoff_events": p1.get("xoff_events", 0) - p0.get("xoff_events", 0)}
-                if pfc["pause_events"] or pfc["paused_s"] or pfc["xoff_events"]:
-                    row["pfc"] = pfc
-                    totals["pfc_pause_events"] += pfc["pause_events"]
-                    totals["pfc_paused_s"] += pfc["paused_s"]
-                    totals["pfc_watchdog_events"] += pfc["watchdog_events"]
+            row = _priority_row(then.get("priorities", {}).get(prio, {}), c1,
+                                prio in lossless, totals)
             if row:
                 port["priorities"][str(prio)] = row
         if not sent and not port["priorities"]:
@@ -378,6 +344,46 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
             "virtual_queue_drift_bytes": {"mean": sum(drift) / len(drift) if drift else 0.0,
                                           "p99": _percentile(drift, 99)} if drift else None,
             "ports": ports}
+
+
+def _priority_row(c0: dict, c1: dict, lossless: bool, totals: dict) -> dict:
+    """One port priority's counters between two readings (added to ``totals``)."""
+    row: dict = {}
+    for key, total in (("loss_drops", "link_loss_drops"), ("trimmed", "trimmed"),
+                       ("corrupted", "corrupted"), ("llr_replays", "llr_replays"),
+                       ("bad_fcs", "bad_fcs_drops")):
+        n = c1.get(key, 0) - c0.get(key, 0)
+        if n:  # the link's random loss dropped, packets trimmed, by the eBPF program
+            row[total] = n
+            totals[total] += n
+    delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("packets", "ect", "marked")}
+    if delta["packets"]:
+        row.update(packets=delta["packets"], ect=delta["ect"],
+                   ecn_marked=delta["marked"])
+        totals["ect"] += delta["ect"]
+        totals["ecn_marked"] += delta["marked"]
+    if "queue" in c1:
+        red = c1["queue"].get("marked", 0) - c0.get("queue", {}).get("marked", 0)
+        if red:  # marked by a RED leaf (the marker, off there, only counted ECT)
+            row["ecn_marked"] = row.get("ecn_marked", 0) + red
+            totals["ecn_marked"] += red
+        drops = c1["queue"].get("drops", 0) - c0.get("queue", {}).get("drops", 0)
+        if drops or row:
+            row["drops"] = drops
+        if lossless:
+            totals["lossless_drops"] += drops
+    p1, p0 = c1.get("pfc"), c0.get("pfc", {})
+    if p1 is not None:
+        pfc = {"pause_events": p1["pause_events"] - p0.get("pause_events", 0),
+               "paused_s": round(p1["paused_s"] - p0.get("paused_s", 0.0), 4),
+               "watchdog_events": p1["watchdog_events"] - p0.get("watchdog_events", 0),
+               "xoff_events": p1.get("xoff_events", 0) - p0.get("xoff_events", 0)}
+        if pfc["pause_events"] or pfc["paused_s"] or pfc["xoff_events"]:
+            row["pfc"] = pfc
+            totals["pfc_pause_events"] += pfc["pause_events"]
+            totals["pfc_paused_s"] += pfc["paused_s"]
+            totals["pfc_watchdog_events"] += pfc["watchdog_events"]
+    return row
 
 
 # -- PFC deadlock: a cycle of pauses -------------------------------------------------------------

@@ -98,7 +98,11 @@ def test_the_schema_and_the_typed_specs_agree():
     assert defs["emulator"]["properties"]["backend"]["enum"] == list(Backend)
     assert defs["ecn_entry"]["properties"]["mode"]["enum"] == list(EcnMode)
     entry = defs["workload"]["properties"]["collectives"]["items"]["properties"]
-    assert entry["congestion_control"]["enum"] == list(TcpCongestion)
+    from traffic.transports.options import DELIVERY_MODES, ROCE_CONGESTION_CONTROLS
+    assert entry["congestion_control"]["enum"] == [*TcpCongestion, *ROCE_CONGESTION_CONTROLS]
+    transport = defs["transport"]["else"]["properties"]
+    assert transport["congestion_control"]["enum"] == list(ROCE_CONGESTION_CONTROLS)
+    assert transport["delivery"]["enum"] == list(DELIVERY_MODES)
     training = defs["workload"]["properties"]["training"]["properties"]
     assert set(training) == set(TrainingSpec.keys()) | {"ranks"}
     for name in PATTERNS:

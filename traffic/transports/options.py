@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, fields
 
 from traffic.transports.uet_control import DELIVERY_MODES
 
+__all__ = ["DELIVERY_MODES", "PER_KIND", "ROCE_CONGESTION_CONTROLS", "TransportOptions"]
+
 #: rocev2's congestion controls: DCQCN (its profile from ``dcqcn``), HPCC (INT), Swift (delay)
 ROCE_CONGESTION_CONTROLS = ("dcqcn", "hpcc", "swift")
 #: the settings each transport takes (besides ``kind``, ``spray`` and, for rocev2, ``dcqcn``)
