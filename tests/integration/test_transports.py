@@ -191,3 +191,42 @@ def test_bit_errors_are_dropped_on_arrival_and_link_level_retry_replays_them(mak
     else:
         assert c["llr_replays"] == 0 and t["tx_retransmitted"] > 0, (c, t)
     assert t["tx_bytes"] >= 1 << 20
+
+
+INCAST4 = ("version: 1\nfabric:\n  topology: leaf_spine\n  leaves: 2\n  spines: 1\n"
+           "  hosts_per_leaf: 3\n  host_link: {rate_mbps: 10, ecn: {mode: step}}\n"
+           "  fabric_link: {rate_mbps: 20, ecn: {mode: step}}\n  queue: {size_kb: 256}\n"
+           "emulator: {queue_sample_ms: 0}\n"
+           "workload:\n  collectives:\n    - {op: flows, size: 512KiB, pairs: [[h1_2, h1_1], "
+           "[h1_3, h1_1], [h2_1, h1_1], [h2_2, h1_1], [h2_3, h1_1]]}\n")
+
+
+@pytest.mark.parametrize("transport,options", [
+    ("uet", {"rccc": True}), ("uet", {"delivery": "rod"}), ("uet", {"delivery": "uud"}),
+    ("rocev2", {"congestion_control": "hpcc"}), ("rocev2", {"congestion_control": "swift"})])
+def test_uets_credits_and_modes_and_rocev2s_hpcc_and_swift_carry_an_incast(make_fabric,
+                                                                         transport, options):
+    """A 5-to-1 incast on eBPF switches: every byte arrives (UUD: what was not lost, and it
+    says how much was), and each variant shows its mechanism at work."""
+    from testbed.model.congestion import summarize_congestion
+
+    settings = ", ".join(f"{k}: {str(v).lower()}" for k, v in options.items())
+    exp = experiment(INCAST4.replace("pairs:", f"transport: {{kind: {transport}, {settings}}}, "
+                                               "pairs:"), "ebpf")
+    fabric = make_fabric(exp)
+    (job,) = exp.workload.jobs
+    before = fabric.congestion()
+    (result,) = run_job(fabric, list(job.collectives), connections=1, timeout_s=180,
+                        transport=transport, options=job.transport_options.to_dict())
+    c = summarize_congestion(before, fabric.congestion(), {})
+    t = result.transport
+    print(transport, options, c["drops"], t)
+    for key, value in options.items():
+        assert t[key] == value, t
+    assert t["tx_bytes"] >= 5 * 512 * 1024 or t.get("rx_lost", 0) > 0
+    if options.get("rccc"):  # the receiver paced them: no queue overflow, no timeout
+        assert t["rx_grants"] > 0 and c["drops"] == 0 and t["tx_timeouts"] == 0, (c, t)
+    if options.get("congestion_control") == "hpcc":  # INT drove the windows down
+        assert t["tx_rate_cuts"] > 0 and fabric.spec.fabric.int_telemetry, t
+    if options.get("delivery") == "uud":
+        assert t["tx_retransmitted"] == 0 and t["rx_lost"] >= 0
