@@ -57,8 +57,9 @@ def variants(name: str, rows: list[dict]) -> Table:
     table = Table(title=f"{name}: variants", box=None,
                   caption="pkts/BDP: full frames per bandwidth-delay product (host rate x "
                           "the longest path's unloaded RTT); pauses: PFC pause events "
-                          "(paused: their total time, s; over all ports); watchdog: pauses the storm watchdog broke; deadlocks: cycles "
-                          "of pauses seen; queue: sampled switch backlog, KiB; top util: max/mean "
+                          "(paused: their total time, s; over all ports; with CBFC: credit "
+                          "stalls, marked c); watchdog: pauses the storm watchdog broke; "
+                          "deadlocks: cycles of pauses (or of credit stalls) seen; queue: sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
                           "GB/s; fct: flow completion, s")
     for col in ("variant", "fidelity", "pkts/BDP", "drops", "ce marks", "pauses", "paused s",
@@ -77,8 +78,10 @@ def variants(name: str, rows: list[dict]) -> Table:
                  f"{r['bdp_packets']:g}" if r.get("bdp_packets") is not None else "-",
                  str(r["drops"]) if r["drops"] is not None else "-",
                  str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
-                 str(r["pfc_pause_events"]) if r.get("pfc_pause_events") else "-",
-                 f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s") else "-",
+                 str(r["pfc_pause_events"]) if r.get("pfc_pause_events")
+                 else f"{r['credit_stall_events']}c" if r.get("credit_stall_events") else "-",
+                 f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s")
+                 else f"{r['credit_stalled_s']:.1f}c" if r.get("credit_stalled_s") else "-",
                  str(r["pfc_watchdog_events"]) if r.get("pfc_watchdog_events") else "-",
                  str(r["pfc_deadlocks"]) if r.get("pfc_deadlocks") else "-",
                  kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"]), _top_util(r)]

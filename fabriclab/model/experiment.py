@@ -439,7 +439,7 @@ def _fabric(raw: dict) -> FabricSpec:
             {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
             tuple(classes.get("strict", ()))).check(),
         host_ecn=raw.get("hosts", {}).get("ecn", False),
-        pfc=_pfc(raw.get("pfc", {})),
+        pfc=_pfc(raw.get("pfc", {}), classes.get("lossless", {})),
         servers=_servers(raw["servers"]) if "servers" in raw else None,
         **optional,
     )
@@ -451,8 +451,11 @@ def _servers(raw: dict) -> ServerSpec:
                       float(up["rate_mbps"]))
 
 
-def _pfc(raw: dict) -> PfcSpec:
-    return PfcSpec(**{**raw, "priorities": tuple(raw.get("priorities", ()))})
+def _pfc(raw: dict, lossless: dict) -> PfcSpec:
+    if lossless and not raw.get("priorities"):
+        raise ConfigError("fabric.traffic_classes.lossless", "no lossless priorities: name "
+                                                             "them in fabric.pfc.priorities")
+    return PfcSpec(**{**raw, "priorities": tuple(raw.get("priorities", ())), **lossless})
 
 
 def _link(raw: dict, path: str) -> LinkSpec:

@@ -13,6 +13,7 @@ from pathlib import Path
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.ecn import Marker, PortMarking
 from testbed.fabric.linkfail import LinkCut
+from testbed.fabric.cbfc import CbfcAgent
 from testbed.fabric.pfc import PfcAgent
 from testbed.linux import bpf, capabilities, netns, ovs, packages, procfs
 from testbed.linux.hosts import Hosts
@@ -289,11 +290,13 @@ class BuildSteps:
             marking = marker_thresholds(self.spec, link, plan)
             loss = fab.link(link.tier).loss_percent
             impair = fab.link(link.tier).impair
+            credits = self.spec.pfc.priorities if pfc and self.spec.pfc.mode == "cbfc" else ()
             for ifname in self._root_ends(link):
                 self.marker.attach(self.netlink, ifname, PortMarking(
                     link.rate_mbps, plan.burst_bytes, limit, table, marking,
                     classes=bool(plan.classes), loss_percent=loss,
-                    trim=self.spec.port_trim(link.tier), impair=impair),
+                    trim=self.spec.port_trim(link.tier), impair=impair,
+                    cbfc_priorities=credits),
                     count_rx=pfc or impair is not None)
             if link.tier == "host" and (plan.classes or loss or impair):
                 host = link.a.node
@@ -346,7 +349,15 @@ class BuildSteps:
             self.registry.save(self.record)
 
     def _start_pfc(self) -> None:
-        self.pfc_agent = PfcAgent(self, self.spec.pfc)
+        if self.spec.pfc.mode == "cbfc":
+            if not (self.datapath_type or "").startswith("ebpf"):
+                raise TestbedError("fabric.traffic_classes.lossless.mode: cbfc needs the eBPF "
+                                   "switches (emulator.datapath: ebpf): its credit accounting "
+                                   "reads each packet's ingress port at the egress, which "
+                                   "Open vSwitch's userspace datapath does not keep")
+            self.pfc_agent = CbfcAgent(self, self.spec.pfc)
+        else:
+            self.pfc_agent = PfcAgent(self, self.spec.pfc)
         self.start_thread(self.pfc_agent, "pfc agent")
 
     def _create_switches(self) -> None:

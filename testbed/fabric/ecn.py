@@ -41,13 +41,18 @@ class _PortCfg(ctypes.Structure):
                 ("ecn", _EcnCfg * PRIORITIES), ("trim_threshold", ctypes.c_uint32),
                 ("trim_size", ctypes.c_uint16), ("trim_dscp", ctypes.c_uint8),
                 ("trim_prios", ctypes.c_uint8), ("ber_fe", ctypes.c_uint64),
-                ("llr", ctypes.c_uint32), ("pad2", ctypes.c_uint32)]
+                ("llr", ctypes.c_uint32), ("cbfc_prios", ctypes.c_uint32)]
 
 
 class _VQueue(ctypes.Structure):
     _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("level_bytes", ctypes.c_int64), ("last_ns", ctypes.c_uint64),
                 ("max_bytes", ctypes.c_uint64), ("tx_bytes", ctypes.c_uint64)]
+
+
+class _EnqKey(ctypes.Structure):
+    _fields_ = [("ifindex", ctypes.c_uint32), ("ingress", ctypes.c_uint32),
+                ("prio", ctypes.c_uint32)]
 
 
 class _CountKey(ctypes.Structure):
@@ -83,6 +88,7 @@ class PortMarking:
     loss_percent: float = 0.0  # the link's random loss, dropped here
     trim: TrimSpec | None = None  # packet trimming at this port
     impair: ImpairSpec | None = None  # the link's bit errors (and LLR), at this end
+    cbfc_priorities: tuple[int, ...] = ()  # count these priorities' bytes by ingress
 
 
 def _port_cfg(marking: PortMarking) -> _PortCfg:
@@ -91,6 +97,7 @@ def _port_cfg(marking: PortMarking) -> _PortCfg:
                    flags=PORT_CLASSES if marking.classes else 0,
                    drop_ppm=_ppm(marking.loss_percent))
     _impair(cfg, marking.impair)
+    cfg.cbfc_prios = sum(1 << p for p in marking.cbfc_priorities)
     for dscp, prio in enumerate(marking.dscp_priority):
         cfg.dscp_prio[dscp] = prio
     for prio, th in enumerate(marking.thresholds):
@@ -131,6 +138,7 @@ class Marker:
         self.queue = bpf.Map(pin_dir / "fl_queue", ctypes.c_uint32, _VQueue)
         self.count = bpf.Map(pin_dir / "fl_count", _CountKey, _Counters)
         self.rx = bpf.Map(pin_dir / "fl_rx", _CountKey, _RxCounters)
+        self.enq = bpf.Map(pin_dir / "fl_enq", _EnqKey, ctypes.c_uint64)
         self.ports: dict[int, tuple[str, float]] = {}  # ifindex -> (name, rate in bytes/s)
         self.host_keys: dict[int, set[str]] = {}  # host NICs' indexes (in their namespaces)
         self.index: dict[str, int] = {}  # switch port -> its index
@@ -213,6 +221,14 @@ class Marker:
                 out[name] = (max(0, int(q.level_bytes - drained)), q.max_bytes)
         return out
 
+    def enqueued(self) -> dict[tuple[str, str, int], int]:
+        """(switch port, ingress port of its switch, priority) -> bytes it enqueued from there
+        so far (the priorities counted for credit-based flow control)."""
+        names = {i: p[0] for i, p in self.ports.items()}
+        return {(names[k.ifindex], names[k.ingress], k.prio): v.value if hasattr(v, "value")
+                else int(v) for k, v in self.enq.items()
+                if k.ifindex in names and k.ingress in names}
+
     def tx_bytes(self) -> dict[str, int]:
         """Port -> the bytes that joined its queue so far (what its INT stamps say, modulo
         2^32)."""
@@ -224,7 +240,7 @@ class Marker:
         return out
 
     def close(self) -> None:
-        for m in (self.cfg, self.queue, self.count, self.rx):
+        for m in (self.cfg, self.queue, self.count, self.rx, self.enq):
             m.close()
         for attr in ("prog_fd", "rx_fd"):
             if getattr(self, attr) >= 0:

@@ -146,7 +146,7 @@ class PfcAgent:
             if action.pause and len(self.reactions_s) < REACTIONS_KEPT:
                 self.reactions_s.append(t1 - sampled_at)
 
-    def _kick_port(self, port: str, pid: int | None) -> None:
+    def _kick_port(self, port: str, pid: int | None, frame: bytes = KICK_FRAME) -> None:
         sock = self._kick.get(port)
         if sock is None:
             if pid is None:
@@ -157,7 +157,7 @@ class PfcAgent:
             self._kick[port] = sock
         for _ in range(KICK_TRIES):
             try:
-                sock.send(KICK_FRAME)
+                sock.send(frame)
                 return
             except OSError as err:  # ENOBUFS: the port's egress dropped it (a full queue)
                 failure = err

@@ -207,6 +207,8 @@ class PfcSpec:
     headroom_kb: float | None = None
     watchdog_ms: float = PFC_WATCHDOG_MS
     poll_ms: float = PFC_POLL_MS
+    mode: str = "pfc"  # or "cbfc": credit-based flow control (fabric.traffic_classes.lossless)
+    credit_kb: float | None = None  # cbfc: each link's buffer (None: derived)
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,8 @@ class PfcThresholds:
     reaction_s: float
     watchdog_s: float
     poll_s: float
+    mode: str = "pfc"
+    credit_bytes: int = 0  # cbfc: each link's buffer per lossless priority
 
     @property
     def limit_bytes(self) -> int:
@@ -284,8 +288,19 @@ def resolve_pfc(spec: PfcSpec, fan_in: dict[str, list[tuple[float, float]]], que
     if xon >= xoff:
         raise ConfigError(f"{path}.xon_kb", f"must be under xoff_kb ({xoff / 1024:g}), got "
                                             f"{xon / 1024:g}")
+    credit = 0
+    if spec.mode == "cbfc":  # each feeder's share of XOFF (the headroom above takes what a
+        # link sends between a sample and its new credit), at least two frames
+        fan = max((len(v) for v in fan_in.values()), default=1)
+        credit = (int(spec.credit_kb * 1024) if spec.credit_kb is not None
+                  else max(2 * frame_bytes(mtu), xoff // max(1, fan)))
+        if credit < frame_bytes(mtu):
+            raise ConfigError("fabric.traffic_classes.lossless.credit_kb",
+                              f"{credit / 1024:g} KiB is less than a frame "
+                              f"({frame_bytes(mtu)} bytes): no link could ever send")
     return PfcThresholds(tuple(sorted(set(spec.priorities))), xoff, xon, headroom, need, worst,
-                         reaction, spec.watchdog_ms / 1000, spec.poll_ms / 1000)
+                         reaction, spec.watchdog_ms / 1000, spec.poll_ms / 1000, spec.mode,
+                         credit)
 
 
 # -- what a run's switch queues did ------------------------------------------------------------
@@ -317,7 +332,8 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
     ports, all_samples, drift = {}, [], []
     totals = {"drops": 0, "ect": 0, "ecn_marked": 0, "pfc_pause_events": 0, "pfc_paused_s": 0.0,
               "pfc_watchdog_events": 0, "lossless_drops": 0, "link_loss_drops": 0, "trimmed": 0,
-              "corrupted": 0, "llr_replays": 0, "bad_fcs_drops": 0}
+              "corrupted": 0, "llr_replays": 0, "bad_fcs_drops": 0,
+              "credit_stall_events": 0, "credit_stalled_s": 0.0}
     for name, now in sorted(after.items()):
         then = before.get(name, {})
         q0, q1 = then.get("queue", {}), now.get("queue", {})
@@ -338,6 +354,7 @@ def summarize_congestion(before: dict[str, dict], after: dict[str, dict],
         drift += [abs(v - r) for r, v in samples.get(name, []) if v is not None and (r or v)]
         ports[name] = port
     totals["pfc_paused_s"] = round(totals["pfc_paused_s"], 4)
+    totals["credit_stalled_s"] = round(totals["credit_stalled_s"], 4)
     return {**totals, "queue_max_bytes": max(all_samples, default=0),
             "queue_p99_bytes": _percentile(all_samples, 99),
             "samples": len(all_samples),
@@ -373,7 +390,14 @@ def _priority_row(c0: dict, c1: dict, lossless: bool, totals: dict) -> dict:
         if lossless:
             totals["lossless_drops"] += drops
     p1, p0 = c1.get("pfc"), c0.get("pfc", {})
-    if p1 is not None:
+    if p1 is not None and "stall_events" in p1:  # credit-based flow control's stalls
+        events = p1["stall_events"] - p0.get("stall_events", 0)
+        stalled = round(p1["stalled_s"] - p0.get("stalled_s", 0.0), 4)
+        if events or stalled:
+            row["cbfc"] = {"stall_events": events, "stalled_s": stalled}
+            totals["credit_stall_events"] += events
+            totals["credit_stalled_s"] += stalled
+    elif p1 is not None:
         pfc = {"pause_events": p1["pause_events"] - p0.get("pause_events", 0),
                "paused_s": round(p1["paused_s"] - p0.get("paused_s", 0.0), 4),
                "watchdog_events": p1["watchdog_events"] - p0.get("watchdog_events", 0),

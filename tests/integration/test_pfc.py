@@ -86,3 +86,24 @@ def test_a_strict_class_gets_htb_priority_0_at_every_link_end(make_fabric):
         prio = dict(re.findall(r"class htb (1:1\w) parent 1:1 leaf \w+: prio (\d)", text))
         assert prio == {"1:10": "1", "1:13": "1", "1:16": "0"}, (ifname, text)
     assert fabric.spec.fabric.traffic_classes.strict == (6,)
+
+
+CBFC = "  pfc: {priorities: [3]}\n"
+
+
+def test_credit_based_flow_control_loses_nothing_without_a_pause_frame(make_fabric):
+    """The same incast with the lossless class under CBFC (eBPF switches): nothing lost, no PFC
+    pause, and the links upstream of the congested queue stall on credit instead."""
+    fabric = make_fabric(experiment(
+        FABRIC.replace("traffic_classes: {dscp_to_priority: {26: 3}}",
+                       "traffic_classes: {dscp_to_priority: {26: 3}, lossless: {mode: cbfc}}")
+        + CBFC + EMULATOR, "ebpf"))
+    result, congestion = _blast(fabric)
+    assert result["lost"] == 0, result
+    assert congestion["drops"] == 0 and congestion["lossless_drops"] == 0, congestion
+    assert congestion["pfc_pause_events"] == 0, congestion
+    stalled = {port for port, p in congestion["ports"].items()
+               if p["priorities"].get("3", {}).get("cbfc", {}).get("stall_events")}
+    assert stalled and "leaf1-eth1" not in stalled, congestion
+    report = fabric.pfc_agent.report()
+    assert report["mode"] == "cbfc" and report["credit_changes"] > 0 and not report["errors"]

@@ -74,7 +74,7 @@ struct port_cfg {
 	__u8 trim_prios;	/* bit p: priority p is trimmable */
 	__u64 ber_fe;		/* the link's bit-error rate, x 1e15 (0: a clean link) */
 	__u32 llr;		/* link-level retry: a corrupted frame is replayed here */
-	__u32 pad;
+	__u32 cbfc_prios;	/* bit p: count priority p's bytes by ingress (credit-based flow control) */
 };
 
 struct vqueue {
@@ -145,6 +145,21 @@ struct {
 	__type(key, struct count_key);
 	__type(value, struct counters);
 } fl_count SEC(".maps");
+
+/* Bytes a switch port enqueued from each ingress port of its switch, per priority (the CBFC
+ * agent's credit accounting: testbed/plan/credits.py). */
+struct enq_key {
+	__u32 ifindex;
+	__u32 ingress;
+	__u32 prio;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct enq_key);
+	__type(value, __u64);
+} fl_enq SEC(".maps");
 
 struct rx_counters {
 	__u64 packets;
@@ -430,6 +445,16 @@ int ecn_marker(struct __sk_buff *skb)
 	}
 	if (hops >= 0 && !drop)
 		int_stamp(skb, hops, now, tx_bytes, waits_behind, cfg->rate_bytes_s);
+	if (!drop && ip_prio >= 0 && ((cfg->cbfc_prios >> key.prio) & 1)) {
+		struct enq_key ek = { .ifindex = ifindex, .ingress = skb->ingress_ifindex,
+				      .prio = key.prio };
+		__u64 *n = bpf_map_lookup_elem(&fl_enq, &ek), first = len;
+
+		if (n)
+			__sync_fetch_and_add(n, len);
+		else
+			bpf_map_update_elem(&fl_enq, &ek, &first, BPF_NOEXIST);
+	}
 	c = counter(&fl_count, &key, &zero);
 	if (!c)
 		return TC_ACT_OK;
