@@ -39,8 +39,11 @@ class FifoShare:
         self.history: deque[tuple[int, dict[str, int]]] = deque()  # (total, per ingress)
 
     def record(self, enqueued: dict[str, int]) -> None:
-        """A sample of the running bytes enqueued from each ingress (never decreasing)."""
-        self.history.append((sum(enqueued.values()), dict(enqueued)))
+        """A sample of the running bytes enqueued from each ingress (never decreasing; a
+        sample like the last one is not kept: a queue that stands still keeps no history)."""
+        total = sum(enqueued.values())
+        if not self.history or total != self.history[-1][0]:
+            self.history.append((total, dict(enqueued)))
 
     def held(self, backlog: int) -> dict[str, int]:
         """Bytes from each ingress in the queue now, given its ``backlog``."""

@@ -107,3 +107,34 @@ def test_credit_based_flow_control_loses_nothing_without_a_pause_frame(make_fabr
     assert stalled and "leaf1-eth1" not in stalled, congestion
     report = fabric.pfc_agent.report()
     assert report["mode"] == "cbfc" and report["credit_changes"] > 0 and not report["errors"]
+
+
+def test_credits_on_the_ring_deadlock_as_pauses_do_and_nothing_breaks_them(make_fabric):
+    """The PFC deadlock ring under CBFC: each clockwise link waits for credit its downstream
+    cannot return (its buffer holds bytes that wait for the next link's credit), round the
+    ring. The agent sees the cycle and it holds: CBFC has no watchdog. Only stopping the agent
+    (every link free again) lets the flows finish."""
+    import threading
+    import time
+
+    from testbed.poll import wait_for
+
+    ring = RING.replace("traffic_classes: {dscp_to_priority: {26: 3}}",
+                        "traffic_classes: {dscp_to_priority: {26: 3}, lossless: {mode: cbfc}}")
+    fabric = make_fabric(experiment(ring, "ebpf"))
+    pairs = [(f"h{i}_1", f"h{(i + 1) % 5 + 1}_1") for i in range(1, 6)]
+    out: dict = {}
+    blast = threading.Thread(target=lambda: out.update(
+        run_flows(fabric, pairs, 120, dscp=26, idle_s=3.0)), daemon=True)
+    blast.start()
+    agent = fabric.pfc_agent
+    wait_for(lambda: agent.report()["deadlocks"], 60, "a credit cycle round the ring")
+    clockwise = [f"leaf{i}-eth2" for i in range(1, 6)]
+    assert [d["ports"] for d in agent.report()["deadlocks"]] == [clockwise]
+    time.sleep(3.0)  # it holds: every clockwise link still stalled
+    stalled = {port for (port, prio), c in agent.counters().items() if c["stalled"]}
+    assert set(clockwise) <= stalled, stalled
+    (thread,) = [t for t, _ in fabric._threads if t.name == "pfc agent"]
+    fabric.stop_thread(thread)  # every link runs again
+    blast.join(120)
+    assert not blast.is_alive() and all(out["flows"][str(i)]["unique"] > 0 for i in range(5))
