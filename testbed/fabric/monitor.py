@@ -100,7 +100,9 @@ class RunMonitor:
             counters[name] = (q.get("bytes", 0), q.get("backlog_bytes", 0), q.get("drops", 0),
                               sum(p.get("marked", 0) for p in prios),
                               sum((p.get("pfc") or {}).get("pause_events", 0) for p in prios))
-            paused[name] = sum((p.get("pfc") or {}).get("paused_s", 0.0) for p in prios)
+            # told to stop: paused by PFC, or stalled on credit (CBFC)
+            paused[name] = sum((p.get("pfc") or {}).get("paused_s", 0.0)
+                               + (p.get("pfc") or {}).get("stalled_s", 0.0) for p in prios)
             if "queue" in port:
                 real[name] = q.get("backlog_bytes", 0)
             if "virtual_queue" in port:

@@ -445,7 +445,9 @@ int ecn_marker(struct __sk_buff *skb)
 	}
 	if (hops >= 0 && !drop)
 		int_stamp(skb, hops, now, tx_bytes, waits_behind, cfg->rate_bytes_s);
-	if (!drop && ip_prio >= 0 && ((cfg->cbfc_prios >> key.prio) & 1)) {
+	/* every byte the qdisc gets: a lossless leaf holds more than the mirrored queue, whose
+	 * "drop" the real queue does not make */
+	if (ip_prio >= 0 && ((cfg->cbfc_prios >> key.prio) & 1)) {
 		struct enq_key ek = { .ifindex = ifindex, .ingress = skb->ingress_ifindex,
 				      .prio = key.prio };
 		__u64 *n = bpf_map_lookup_elem(&fl_enq, &ek), first = len;
