@@ -113,7 +113,7 @@ def _port_cfg(marking: PortMarking) -> _PortCfg:
 
 def _impair(cfg: _PortCfg, impair: ImpairSpec | None) -> None:
     if impair is not None:
-        cfg.ber_fe = max(1, int(round(impair.ber * 1e15)))
+        cfg.ber_fe = impair.ber_fe
         cfg.llr = int(impair.llr)
 
 

@@ -124,6 +124,9 @@ class Requirement:
     name: str
 
 
+PROB_PPM = 1_000_000  # the eBPF program's probability scale
+
+
 @dataclass(frozen=True)
 class ImpairSpec:
     """Bit errors on a link (``fabric.*_link.impair``): each frame of L bytes is corrupted with
@@ -142,6 +145,20 @@ class ImpairSpec:
     def frame_error(self, frame_bytes: int) -> float:
         """The chance a frame of ``frame_bytes`` is corrupted (as the eBPF program draws it)."""
         return min(1.0, self.ber * 8 * frame_bytes)
+
+    @property
+    def ber_fe(self) -> int:
+        """The rate as the eBPF program holds it: x 1e15, at least 1."""
+        return max(1, int(round(self.ber * 1e15)))
+
+    def outcome(self, frame_bytes: int, draw: int) -> str:
+        """What the eBPF program does with a frame, given its random ``draw`` (0..999,999, the
+        program's ``bpf_get_prandom_u32() % 1,000,000``): ``clean``; ``corrupted`` (sent
+        marked, dropped on arrival); ``replayed`` (LLR: its corrupted copy first, then it)."""
+        ppm = min(PROB_PPM, self.ber_fe * 8 * frame_bytes // 1_000_000_000)
+        if draw >= ppm:
+            return "clean"
+        return "replayed" if self.llr else "corrupted"
 
 
 @dataclass(frozen=True)

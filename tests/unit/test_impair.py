@@ -44,3 +44,17 @@ def test_the_summary_counts_corrupted_frames_their_replays_and_their_drops_on_ar
              "spine1-eth1": {"priorities": {0: {"bad_fcs": 7}}}}
     c = summarize_congestion(before, after, {})
     assert (c["corrupted"], c["llr_replays"], c["bad_fcs_drops"]) == (5, 5, 5)
+
+
+@pytest.mark.parametrize("llr", [False, True])
+def test_a_frame_is_clean_corrupted_or_replayed_by_its_draw_as_the_program_decides(llr):
+    impair = ImpairSpec(1e-6, llr=llr)
+    assert impair.ber_fe == 10 ** 9
+    # 4,200 bytes: 33,600 bits at 1e-6: 33,600 parts per million
+    assert impair.outcome(4200, 0) == ("replayed" if llr else "corrupted")
+    assert impair.outcome(4200, 33_599) == ("replayed" if llr else "corrupted")
+    assert impair.outcome(4200, 33_600) == "clean"
+    hits = sum(impair.outcome(1500, d) != "clean" for d in range(0, 1_000_000, 100))
+    assert hits / 10_000 == pytest.approx(impair.frame_error(1500), abs=1e-4)
+    assert ImpairSpec(1e-3).outcome(9000, 999_999) == "corrupted"  # every frame
+

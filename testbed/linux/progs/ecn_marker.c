@@ -30,6 +30,7 @@
  * other end drops it, as a receiver drops a frame whose FCS is bad (counted in bad_fcs). With
  * link-level retry (llr) the port replays it: the corrupted copy leaves first, the frame
  * itself right behind it (one more frame time on the link, nothing lost end to end).
+ * testbed/model/spec.py (ImpairSpec.outcome) is the decision's reference.
  */
 #include <stddef.h>
 #include <linux/bpf.h>
