@@ -17,10 +17,8 @@ the local experimental EtherType 0x88B5, not a PFC frame, and the switches drop 
 from __future__ import annotations
 
 import struct
-import threading
 import time
 
-from testbed.linux.netlink import Netlink
 from testbed.linux.rawnl import RawTc
 from testbed.model.congestion import PfcThresholds, frame_bytes
 from testbed.plan.credits import CreditState, Grant
@@ -55,39 +53,13 @@ class CbfcAgent(PfcAgent):
                       for port, (pid, plan) in self.upstream.items()}
         self.credits_given = 0
 
-    def __call__(self, stop: threading.Event) -> None:
-        cpu0 = time.thread_time()
-        prev = time.monotonic()
-        changer = RawTc()
-        with Netlink() as nl:  # its own sockets: pyroute2 sockets are not shared across threads
-            try:
-                while not stop.wait(max(0.0, self.th.poll_s - (time.monotonic() - prev))):
-                    now = time.monotonic()
-                    backlog = {key: q["backlog_bytes"] for key, q in
-                               nl.leaf_queues(self.ports, self.th.priorities).items()}
-                    enqueued = self.fabric.marker.enqueued()
-                    with self.lock:
-                        grants = self.state.step(now, enqueued, backlog)
-                        self.samples += 1
-                        self.cpu_s = time.thread_time() - cpu0
-                    for grant in grants:
-                        self._give(changer, grant, prev)
-                    prev = now
-            finally:
-                with self.lock:
-                    grants = self.state.close(time.monotonic())
-                for grant in grants:
-                    try:
-                        self._give(changer, grant, prev)
-                    except Exception as err:  # the fabric is going down: its links may be gone
-                        self.errors.append(f"releasing {grant.port}: {err}")
-                for sock in self._kick.values():
-                    sock.close()
-                self._kick.clear()
-                changer.close()
-                self.cpu_s = time.thread_time() - cpu0
+    def _decide(self, now: float, backlog: dict[tuple[str, int], int]) -> list:
+        """This sample's credits (the loop is the PFC agent's)."""
+        enqueued = self.fabric.marker.enqueued()
+        with self.lock:
+            return self.state.step(now, enqueued, backlog)
 
-    def _give(self, changer: RawTc, grant: Grant, sampled_at: float) -> None:
+    def _apply(self, changer: RawTc, grant: Grant, sampled_at: float) -> None:
         pid, index, plan = self.where[grant.port]
         cls = _class(plan, grant.priority)
         if grant.credit is None:

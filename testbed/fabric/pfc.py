@@ -88,11 +88,11 @@ class PfcAgent:
         self._kick: dict[str, socket.socket] = {}
         self.kicks_lost = 0
         self.started = time.monotonic()
+        self._last_rx: dict[tuple[str, int], int] = {}
 
     # -- the loop -------------------------------------------------------------------------------
     def __call__(self, stop: threading.Event) -> None:
         cpu0 = time.thread_time()
-        last_rx: dict[tuple[str, int], int] = {}
         prev = time.monotonic()
         changer = RawTc()
         with Netlink() as nl:  # its own sockets: pyroute2 sockets are not shared across threads
@@ -101,17 +101,8 @@ class PfcAgent:
                     now = time.monotonic()
                     backlog = {key: q["backlog_bytes"] for key, q in
                                nl.leaf_queues(self.ports, self.th.priorities).items()}
-                    arrived: set[tuple[str, int]] = set()
-                    hot = [k for k, v in backlog.items() if v >= self.th.xoff_bytes
-                           or k in self.state.xoff]
-                    if hot:  # the ingress counters of the ports that feed them
-                        rx = self.fabric.marker.arrivals(
-                            {(f.ingress, prio) for port, prio in hot
-                             for f in self.feeders[port]})
-                        arrived = {k for k, n in rx.items() if n > last_rx.get(k, 0)}
-                        last_rx.update(rx)
+                    actions = self._decide(now, backlog)
                     with self.lock:
-                        actions = self.state.step(now, backlog, arrived)
                         self.samples += 1
                         self.cpu_s = time.thread_time() - cpu0
                     for action in actions:
@@ -130,6 +121,19 @@ class PfcAgent:
                 self._kick.clear()
                 changer.close()
                 self.cpu_s = time.thread_time() - cpu0
+
+    def _decide(self, now: float, backlog: dict[tuple[str, int], int]) -> list:
+        """This sample's actions: pauses and resumes (with the arrival counters of the
+        ingress ports that feed a queue over XOFF)."""
+        arrived: set[tuple[str, int]] = set()
+        hot = [k for k, v in backlog.items() if v >= self.th.xoff_bytes or k in self.state.xoff]
+        if hot:  # the ingress counters of the ports that feed them
+            rx = self.fabric.marker.arrivals({(f.ingress, prio) for port, prio in hot
+                                              for f in self.feeders[port]})
+            arrived = {k for k, n in rx.items() if n > self._last_rx.get(k, 0)}
+            self._last_rx.update(rx)
+        with self.lock:
+            return self.state.step(now, backlog, arrived)
 
     def _apply(self, changer: RawTc, action: Action, sampled_at: float) -> None:
         pid, pause, resume = self.requests[(action.port, action.priority)]

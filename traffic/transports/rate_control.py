@@ -26,6 +26,25 @@ from traffic.transports.packet import Hop
 INF = float("inf")
 
 
+class WindowControl:
+    """What rocev2's sender asks of a rate control (DCQCN's names), for the window-based ones:
+    they read ACKs, not CNPs, and keep no timer."""
+
+    window: float
+
+    def on_cnp(self, now: float) -> None:
+        pass
+
+    def on_sent(self, nbytes: int) -> None:
+        pass
+
+    def timer(self) -> float:
+        return INF
+
+    def on_timer(self, now: float) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class HpccConfig:
     line_rate_bps: float
@@ -50,7 +69,7 @@ class HpccConfig:
                 f"{self.additive_bytes} B, T {self.base_rtt_s * 1e3:.1f} ms")
 
 
-class Hpcc:
+class Hpcc(WindowControl):
     """HPCC's sender state of one queue pair."""
 
     def __init__(self, cfg: HpccConfig, now: float) -> None:
@@ -119,19 +138,6 @@ class Hpcc:
         # fall under the bottleneck's rate (a quarter packet each let 16 overrun 20 Mbit/s)
         self.window = max(float(cfg.additive_bytes), min(w, 4.0 * cfg.bdp_bytes))
 
-    # the interface rocev2's sender drives (DCQCN's names)
-    def on_cnp(self, now: float) -> None:
-        pass  # HPCC reads INT, not ECN
-
-    def on_sent(self, nbytes: int) -> None:
-        pass
-
-    def timer(self) -> float:
-        return INF
-
-    def on_timer(self, now: float) -> None:
-        pass
-
 
 @dataclass(frozen=True)
 class SwiftConfig:
@@ -153,7 +159,7 @@ class SwiftConfig:
                 f"packet per window, beta {self.beta:g}, cut at most {self.max_mdf:g}")
 
 
-class Swift:
+class Swift(WindowControl):
     """Swift's sender state of one queue pair (window in bytes; the delay is the RTT the ACK
     echoes: fabric and host together, one target)."""
 
@@ -186,15 +192,3 @@ class Swift:
             self.cut_until = now + rtt_s
             self.cuts += 1
         self.window = max(cfg.mss / 16, min(self.window, 4.0 * cfg.bdp_bytes))
-
-    def on_cnp(self, now: float) -> None:
-        pass
-
-    def on_sent(self, nbytes: int) -> None:
-        pass
-
-    def timer(self) -> float:
-        return INF
-
-    def on_timer(self, now: float) -> None:
-        pass
