@@ -87,6 +87,43 @@ def port_labels(topo) -> dict[str, PortLabels]:
     return out
 
 
+#: every priority's series of a switch port: (family, name, help, its value from the port
+#: priority's counters, its queue leaf's and its PFC agent's (PFC's pauses, or CBFC's credit
+#: stalls)); at 0 where its feature is off
+PRIORITY_SERIES = {
+    "drops": (CounterMetricFamily, "port_queue_dropped_packets", "Packets the port's egress "
+              "queue dropped (tail drops of a full queue, by priority).",
+              lambda c, q, p: q.get("drops", 0)),
+    "backlog": (GaugeMetricFamily, "port_queue_bytes", "Bytes queued at the port's egress "
+                "now, by priority.", lambda c, q, p: q.get("backlog_bytes", 0)),
+    # the eBPF marker's marks, plus a RED leaf's where RED marks this priority
+    "marked": (CounterMetricFamily, "port_ecn_marked_packets", "Packets the port marked CE, "
+               "by priority.", lambda c, q, p: c.get("marked", 0) + q.get("marked", 0)),
+    "loss": (CounterMetricFamily, "port_link_loss_dropped_packets", "Packets dropped by the "
+             "link's configured random loss, by priority.", lambda c, q, p: c.get("loss_drops", 0)),
+    "trimmed": (CounterMetricFamily, "port_trimmed_packets", "Packets the port forwarded as "
+                "their headers only (trimmed) instead of dropping or queueing them, by "
+                "priority.", lambda c, q, p: c.get("trimmed", 0)),
+    "corrupted": (CounterMetricFamily, "port_corrupted_frames", "Frames the port sent "
+                  "corrupted (the link's bit errors), by priority.",
+                  lambda c, q, p: c.get("corrupted", 0)),
+    "replayed": (CounterMetricFamily, "port_llr_replayed_frames", "Corrupted frames the port "
+                 "replayed (link-level retry), by priority.",
+                 lambda c, q, p: c.get("llr_replays", 0)),
+    "bad_fcs": (CounterMetricFamily, "port_bad_fcs_dropped_packets", "Corrupted frames "
+                "dropped on arrival at the port (a bad FCS), by priority.",
+                lambda c, q, p: c.get("bad_fcs", 0)),
+    "pauses": (CounterMetricFamily, "port_pfc_pause_events", "PFC pauses the port received "
+               "(its egress stopped), by priority.", lambda c, q, p: p.get("pause_events", 0)),
+    "paused": (CounterMetricFamily, "port_pfc_paused_seconds", "Time the port's egress was "
+               "paused by PFC, by priority.", lambda c, q, p: p.get("paused_s", 0.0)),
+    "stalls": (CounterMetricFamily, "port_cbfc_stall_events", "Times the port ran out of "
+               "credit (CBFC), by priority.", lambda c, q, p: p.get("stall_events", 0)),
+    "stalled": (CounterMetricFamily, "port_cbfc_stalled_seconds", "Time the port waited for "
+                "credit (CBFC), by priority.", lambda c, q, p: p.get("stalled_s", 0.0)),
+}
+
+
 def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
                     congestion: dict[str, dict]) -> list[Metric]:
     """The switch ports' metrics from one reading.
@@ -115,23 +152,8 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
                            labels=PORT_LABELS)
     rate = GaugeMetricFamily(name("port_speed_bytes"), "The port's configured (shaped) rate, in "
                              "bytes per second.", labels=PORT_LABELS)
-    drops = CounterMetricFamily(name("port_queue_dropped_packets"), "Packets the port's egress "
-                                "queue dropped (tail drops of a full queue, by priority).",
-                                labels=PRIO_LABELS)
-    backlog = GaugeMetricFamily(name("port_queue_bytes"),
-                                "Bytes queued at the port's egress now, by priority.",
-                                labels=PRIO_LABELS)
-    marked = CounterMetricFamily(name("port_ecn_marked_packets"),
-                                 "Packets the port marked CE, by priority.", labels=PRIO_LABELS)
-    loss = CounterMetricFamily(name("port_link_loss_dropped_packets"), "Packets dropped by the "
-                               "link's configured random loss, by priority.", labels=PRIO_LABELS)
-    trimmed = CounterMetricFamily(name("port_trimmed_packets"), "Packets the port forwarded as "
-                                  "their headers only (trimmed) instead of dropping or queueing "
-                                  "them, by priority.", labels=PRIO_LABELS)
-    pauses = CounterMetricFamily(name("port_pfc_pause_events"), "PFC pauses the port received "
-                                 "(its egress stopped), by priority.", labels=PRIO_LABELS)
-    paused = CounterMetricFamily(name("port_pfc_paused_seconds"), "Time the port's egress was "
-                                 "paused by PFC, by priority.", labels=PRIO_LABELS)
+    per_prio = {key: cls(name(metric), text, labels=PRIO_LABELS)
+                for key, (cls, metric, text, _) in PRIORITY_SERIES.items()}
     for ifname, who in sorted(ports.items()):
         labels = who.values()
         rate.add_metric(labels, who.rate_bps / 8)
@@ -144,17 +166,10 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
         priorities = congestion.get(ifname, {}).get("priorities") or {0: {}}
         for prio, counts in sorted(priorities.items()):
             plabels = [*labels, str(prio)]
-            queue = counts.get("queue") or {}
-            drops.add_metric(plabels, queue.get("drops", 0))
-            backlog.add_metric(plabels, queue.get("backlog_bytes", 0))
-            # the eBPF marker's marks, plus a RED leaf's where RED marks this priority
-            marked.add_metric(plabels, counts.get("marked", 0) + queue.get("marked", 0))
-            loss.add_metric(plabels, counts.get("loss_drops", 0))
-            trimmed.add_metric(plabels, counts.get("trimmed", 0))
-            pfc = counts.get("pfc") or {}
-            pauses.add_metric(plabels, pfc.get("pause_events", 0))
-            paused.add_metric(plabels, pfc.get("paused_s", 0.0))
-    return [*fam.values(), up, rate, drops, backlog, marked, loss, trimmed, pauses, paused]
+            for key, (*_, value) in PRIORITY_SERIES.items():
+                per_prio[key].add_metric(plabels, value(counts, counts.get("queue") or {},
+                                                        counts.get("pfc") or {}))
+    return [*fam.values(), up, rate, *per_prio.values()]
 
 
 def collective_families(rows: list[dict], routing: str, running: Iterable[dict] = ()

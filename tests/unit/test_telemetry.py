@@ -120,8 +120,10 @@ def test_every_series_a_port_could_have_is_there_at_zero_when_its_feature_is_off
     fams = {f.name: f for f in metrics.fabric_families(PORTS, _links(), {})}
     for family in ("port_queue_dropped_packets", "port_queue_bytes", "port_ecn_marked_packets",
                    "port_link_loss_dropped_packets", "port_trimmed_packets",
-                   "port_pfc_pause_events",
-                   "port_pfc_paused_seconds"):
+                   "port_corrupted_frames", "port_llr_replayed_frames",
+                   "port_bad_fcs_dropped_packets", "port_pfc_pause_events",
+                   "port_pfc_paused_seconds", "port_cbfc_stall_events",
+                   "port_cbfc_stalled_seconds"):
         samples = fams[f"fabriclab_{family}"].samples
         assert len(samples) == len(PORTS) and {s.value for s in samples} == {0}, family
         assert {s.labels["priority"] for s in samples} == {"0"}
