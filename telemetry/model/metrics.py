@@ -87,40 +87,37 @@ def port_labels(topo) -> dict[str, PortLabels]:
     return out
 
 
-#: every priority's series of a switch port: (family, name, help, its value from the port
-#: priority's counters, its queue leaf's and its PFC agent's (PFC's pauses, or CBFC's credit
-#: stalls)); at 0 where its feature is off
+#: every priority's series of a switch port: (family, name, help, where its value is: the sum
+#: of (source, key) with source ``c`` the port priority's counters (the eBPF marker's), ``q``
+#: its queue leaf's, ``p`` its flow-control agent's (PFC's pauses, or CBFC's credit stalls));
+#: at 0 where its feature is off
 PRIORITY_SERIES = {
     "drops": (CounterMetricFamily, "port_queue_dropped_packets", "Packets the port's egress "
-              "queue dropped (tail drops of a full queue, by priority).",
-              lambda c, q, p: q.get("drops", 0)),
+              "queue dropped (tail drops of a full queue, by priority).", (("q", "drops"),)),
     "backlog": (GaugeMetricFamily, "port_queue_bytes", "Bytes queued at the port's egress "
-                "now, by priority.", lambda c, q, p: q.get("backlog_bytes", 0)),
+                "now, by priority.", (("q", "backlog_bytes"),)),
     # the eBPF marker's marks, plus a RED leaf's where RED marks this priority
     "marked": (CounterMetricFamily, "port_ecn_marked_packets", "Packets the port marked CE, "
-               "by priority.", lambda c, q, p: c.get("marked", 0) + q.get("marked", 0)),
+               "by priority.", (("c", "marked"), ("q", "marked"))),
     "loss": (CounterMetricFamily, "port_link_loss_dropped_packets", "Packets dropped by the "
-             "link's configured random loss, by priority.", lambda c, q, p: c.get("loss_drops", 0)),
+             "link's configured random loss, by priority.", (("c", "loss_drops"),)),
     "trimmed": (CounterMetricFamily, "port_trimmed_packets", "Packets the port forwarded as "
                 "their headers only (trimmed) instead of dropping or queueing them, by "
-                "priority.", lambda c, q, p: c.get("trimmed", 0)),
+                "priority.", (("c", "trimmed"),)),
     "corrupted": (CounterMetricFamily, "port_corrupted_frames", "Frames the port sent "
-                  "corrupted (the link's bit errors), by priority.",
-                  lambda c, q, p: c.get("corrupted", 0)),
+                  "corrupted (the link's bit errors), by priority.", (("c", "corrupted"),)),
     "replayed": (CounterMetricFamily, "port_llr_replayed_frames", "Corrupted frames the port "
-                 "replayed (link-level retry), by priority.",
-                 lambda c, q, p: c.get("llr_replays", 0)),
+                 "replayed (link-level retry), by priority.", (("c", "llr_replays"),)),
     "bad_fcs": (CounterMetricFamily, "port_bad_fcs_dropped_packets", "Corrupted frames "
-                "dropped on arrival at the port (a bad FCS), by priority.",
-                lambda c, q, p: c.get("bad_fcs", 0)),
+                "dropped on arrival at the port (a bad FCS), by priority.", (("c", "bad_fcs"),)),
     "pauses": (CounterMetricFamily, "port_pfc_pause_events", "PFC pauses the port received "
-               "(its egress stopped), by priority.", lambda c, q, p: p.get("pause_events", 0)),
+               "(its egress stopped), by priority.", (("p", "pause_events"),)),
     "paused": (CounterMetricFamily, "port_pfc_paused_seconds", "Time the port's egress was "
-               "paused by PFC, by priority.", lambda c, q, p: p.get("paused_s", 0.0)),
+               "paused by PFC, by priority.", (("p", "paused_s"),)),
     "stalls": (CounterMetricFamily, "port_cbfc_stall_events", "Times the port ran out of "
-               "credit (CBFC), by priority.", lambda c, q, p: p.get("stall_events", 0)),
+               "credit (CBFC), by priority.", (("p", "stall_events"),)),
     "stalled": (CounterMetricFamily, "port_cbfc_stalled_seconds", "Time the port waited for "
-                "credit (CBFC), by priority.", lambda c, q, p: p.get("stalled_s", 0.0)),
+                "credit (CBFC), by priority.", (("p", "stalled_s"),)),
 }
 
 
@@ -166,9 +163,9 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
         priorities = congestion.get(ifname, {}).get("priorities") or {0: {}}
         for prio, counts in sorted(priorities.items()):
             plabels = [*labels, str(prio)]
-            for key, (*_, value) in PRIORITY_SERIES.items():
-                per_prio[key].add_metric(plabels, value(counts, counts.get("queue") or {},
-                                                        counts.get("pfc") or {}))
+            sources = {"c": counts, "q": counts.get("queue") or {}, "p": counts.get("pfc") or {}}
+            for key, (*_, where) in PRIORITY_SERIES.items():
+                per_prio[key].add_metric(plabels, sum(sources[src].get(k, 0) for src, k in where))
     return [*fam.values(), up, rate, *per_prio.values()]
 
 
