@@ -131,12 +131,15 @@ class BuildSteps:
         name someone else holds stays theirs, with a warning."""
         taken = netns.named()
         for host in self.hosts.nodes:
-            if host in taken:
-                self.warnings.append(f"network namespace name {host} is taken: 'ip netns exec "
-                                     f"{host}' is not this fabric's host ('fabriclab exec' is)")
-                continue
-            self.registry.track_netns_name(self.record, host)
-            netns.name(host, self.hosts.pid(host))
+            if host not in taken:
+                self.registry.track_netns_name(self.record, host)
+                try:
+                    netns.name(host, self.hosts.pid(host))
+                    continue
+                except netns.NameTaken:  # taken since the look (another fabric naming it)
+                    self.registry.untrack_netns_name(self.record, host)
+            self.warnings.append(f"network namespace name {host} is taken: 'ip netns exec "
+                                 f"{host}' is not this fabric's host ('fabriclab exec' is)")
 
     def _root_ends(self, link: Link) -> list[str]:
         return [e.ifname for e in (link.a, link.b)

@@ -6,6 +6,7 @@ fabric is up. A name is a bind mount of the host shell's ``/proc/PID/ns/net``; r
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -21,17 +22,26 @@ def named() -> set[str]:
     return set(pyroute2_netns.listnetns()) if RUN_DIR.is_dir() else set()
 
 
+class NameTaken(TestbedError):
+    """The name is someone else's (found taken, or taken between the look and the naming)."""
+
+
 def name(netns_name: str, pid: int) -> None:
-    """Give the network namespace of process ``pid`` the name ``netns_name``.
+    """Give the network namespace of process ``pid`` the name ``netns_name``. The name's file
+    is made exclusively, so of two fabrics naming the same host at once (two machines of a
+    cluster sharing one ``/run/netns``) exactly one gets it.
 
     Raises:
-        TestbedError: the name is taken, or the bind mount failed.
+        NameTaken: the name is taken.
+        TestbedError: the bind mount failed.
     """
     if netns_name in named():
-        raise TestbedError(f"network namespace name {netns_name!r} is taken")
+        raise NameTaken(f"network namespace name {netns_name!r} is taken")
     try:
         pyroute2_netns.attach(netns_name, pid)
     except OSError as err:
+        if err.errno == errno.EEXIST:
+            raise NameTaken(f"network namespace name {netns_name!r} is taken") from err
         raise TestbedError(f"naming the namespace of pid {pid} {netns_name!r}: {err}") from err
     if not (RUN_DIR / netns_name).exists():
         raise TestbedError(f"naming the namespace of pid {pid} {netns_name!r}: "

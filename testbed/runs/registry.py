@@ -232,6 +232,12 @@ class Registry:
                 record.netns_names.append(name)
         self.save(record)
 
+    def untrack_netns_name(self, record: RunRecord, name: str) -> None:
+        """Forget a name that turned out to be someone else's (cleanup must not remove it)."""
+        with self._lock:
+            record.netns_names = [n for n in record.netns_names if n != name]
+        self.save(record)
+
     def untrack_process(self, record: RunRecord, pid: int) -> None:
         """Forget a process that has ended (reaped by its owner)."""
         with self._lock:
