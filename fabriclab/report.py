@@ -147,10 +147,12 @@ def numbers_table(doc: dict) -> str:
                      f"{s.count:,}", s.repetitions, us_text(s.mean_us), gbps_text(s.algbw_GBps),
                      gbps_text(s.busbw_GBps), "-" if ideal_us is None else us_text(ideal_us),
                      f"{ideal_us / s.mean_us:.2f}" if ideal_us and s.mean_us else "-",
-                     f"{s.efficiency:.3f}"])
+                     f"{s.efficiency:.3f}",
+                     "-" if s.predicted_us is None else us_text(s.predicted_us),
+                     "-" if s.of_predicted is None else f"{s.of_predicted:.2f}"])
     return _table(["job", "collective", "algo", "ranks", "bytes", "count", "reps", "time us",
-                   "algbw GB/s", "busbw GB/s", "ideal us", "of ideal", "eff"], rows,
-                  numeric_from=3)
+                   "algbw GB/s", "busbw GB/s", "ideal us", "of ideal", "eff", "predicted us",
+                   "measured / predicted"], rows, numeric_from=3)
 
 
 def _files(out: Path, run: Run) -> str:

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabriclab.model import results, rundir
+from fabriclab.model import prediction, results, rundir
 from fabriclab.model.experiment import Experiment
 from fabriclab.options import TelemetryOptions
 from fabriclab.shared import SharedFabric
@@ -147,6 +147,7 @@ class ExperimentRun:
         write_json_atomic(self.path, self.doc)
         if exp.real_scale is not None:
             self.doc["real_scale"] = exp.real_scale.factors()
+        self.doc["prediction"] = prediction.document(exp)  # beside what is measured
         expanded = rundir.experiment_document(exp.raw)
         self.doc["experiment_sha256"] = expanded["sha256"]
         write_json_atomic(self.out_dir / "experiment.json", expanded)
@@ -213,6 +214,7 @@ class ExperimentRun:
                 continue
             known = len(self.doc["collectives"])
             results.add_rows(self.doc, outcome.job.index, outcome.results, len(batch))
+            prediction.attach(self.doc["collectives"][known:], self.doc.get("prediction"))
             if self.exp.real_scale is not None:
                 for row in self.doc["collectives"][known:]:
                     row["real"] = self.exp.real_scale.collective(row)

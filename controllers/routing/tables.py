@@ -41,8 +41,6 @@ difference, which in practice modifies the buckets of the affected groups only.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -54,7 +52,8 @@ from testbed.model.openflow import (
     GroupEntry,
 )
 from testbed.model.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
-from testbed.model.topology import ACCESS_ROLES, ROLE_TIER, Link, Node, Topology
+from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
+from testbed.model.topology import ACCESS_ROLES, Node, Topology
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_ARP = 0x0806
@@ -207,13 +206,13 @@ def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
 def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: str,
               tables: dict[str, SwitchTables], weighted: bool = False) -> None:
     for gid, dst in enumerate(topo.access_switches, start=1):
-        dist = _distances_to(topo, dst.name, link_up)
-        plane = _distances_to(topo, dst.name, {})  # a multi-plane fabric's: its own switches
+        dist = distances_to(topo, dst.name, link_up)
+        plane = distances_to(topo, dst.name, {})  # a multi-plane fabric's: its own switches
         shares = capacity_shares(topo, dst.name, dist, link_up) if weighted else {}
         for sw in topo.switches:
             if sw.name == dst.name or sw.name not in plane:
                 continue
-            ports = tuple(sorted(_next_hops(topo, sw.name, dist, link_up)))
+            ports = tuple(sorted(next_hops(topo, sw.name, dist, link_up)))
             weights = bucket_weights([shares.get((sw.name, p), 0.0) for p in ports])
             tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed), str(selection),
                                                  weights))
@@ -284,7 +283,7 @@ def capacity_shares(topo: Topology, target: str, dist: dict[str, int],
     aggregation switch that lost it gets 1/3 of the pod's traffic instead of 1/2.
     """
     order = sorted((n for n in dist if topo.nodes[n].is_switch), key=lambda n: dist[n])
-    hops = {n: list(_next_hops(topo, n, dist, link_up)) for n in order}
+    hops = {n: list(next_hops(topo, n, dist, link_up)) for n in order}
     fan_in: dict[str, int] = {}
     for n in order:
         for port in hops[n]:
@@ -318,7 +317,7 @@ DMODK_GROUP_BASE = 1000  # fast-failover group ids (below: the ECMP groups, one 
 
 def _add_dmodk(topo: Topology, link_up: dict[str, bool],
                tables: dict[str, SwitchTables]) -> None:
-    number = {h.name: d for d, h in enumerate(topo.hosts)}
+    number = host_numbers(topo)
     failover: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def group_for(switch: str, first: int, live: list[int]) -> int:
@@ -330,54 +329,24 @@ def _add_dmodk(topo: Topology, link_up: dict[str, bool],
         return failover[key]
 
     for dst in topo.access_switches:
-        dist = _distances_to(topo, dst.name, link_up)
-        intact = _distances_to(topo, dst.name, {})
+        dist = distances_to(topo, dst.name, link_up)
+        intact = distances_to(topo, dst.name, {})
         local = [l.other(dst.name).node for l in topo.ports(dst.name).values() if l.tier == "host"]
         for sw in topo.switches:
             if sw.name == dst.name:
                 continue
-            live = sorted(_next_hops(topo, sw.name, dist, link_up))
-            choices = max(1, len(list(_next_hops(topo, sw.name, intact, {}))))
+            live = sorted(next_hops(topo, sw.name, dist, link_up))
+            choices = max(1, len(list(next_hops(topo, sw.name, intact, {}))))
             for host in local:
                 if not live:
                     continue
-                d = number[host] // choices ** ROLE_TIER[sw.role]
-                port = live[(d % choices) % len(live)]
+                port = dmodk_port(topo, sw.name, number[host], live, choices)
                 action = (("group", group_for(sw.name, port, live)),) if len(live) > 1 else (
                     ("output", port),)
                 tables[sw.name].add_flow(FlowEntry(
                     PRIORITY_REMOTE_HOST, (("eth_type", ETH_TYPE_IPV4),
                                            ("ipv4_dst", (topo.nodes[host].ip, "255.255.255.255"))),
                     action))
-
-
-def _is_up(link: Link, link_up: dict[str, bool]) -> bool:
-    return link_up.get(link.name, True)
-
-
-def _distances_to(topo: Topology, target: str, link_up: dict[str, bool]) -> dict[str, int]:
-    """Hop distances from every switch to ``target`` over live fabric links (BFS)."""
-    dist = {target: 0}
-    queue = deque([target])
-    while queue:
-        node = queue.popleft()
-        for link in topo.ports(node).values():
-            if link.tier != "fabric" or not _is_up(link, link_up):
-                continue
-            peer = link.other(node).node
-            if peer not in dist:
-                dist[peer] = dist[node] + 1
-                queue.append(peer)
-    return dist
-
-
-def _next_hops(topo: Topology, node: str, dist: dict[str, int],
-               link_up: dict[str, bool]) -> Iterable[int]:
-    if node not in dist:
-        return []
-    return [port for port, link in topo.ports(node).items()
-            if link.tier == "fabric" and _is_up(link, link_up)
-            and dist.get(link.other(node).node) == dist[node] - 1]
 
 
 def diff_tables(old: SwitchTables | None, new: SwitchTables) -> list[Op]:

@@ -47,6 +47,8 @@ class Command:
 COMMANDS = {
     "validate": Command("experiments", "validate",
                         "check experiment files without building anything"),
+    "predict": Command("predict", "predict", "estimate every collective's time on the fabric "
+                                             "as routed, without building it"),
     "up": Command("fabric", "up", "build a fabric and keep it up until Ctrl-C"),
     "run": Command("runs", "run", "build the fabric, run the workload, write results, "
                                   "tear down"),
@@ -114,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                                help="also show how the fabric would be partitioned over N "
                                     "machines like this one (each at the fidelity model's "
                                     "headroom)")
+    p["predict"].add_argument("files", nargs="+", type=Path, metavar="FILE",
+                              help="experiment files (YAML)")
+    p["predict"].add_argument("--draws", type=int, default=16, metavar="N",
+                              help="ECMP hash draws averaged (default %(default)s)")
     for name in ("up", "run"):
         _run_arguments(p[name])
     p["up"].add_argument("--check", action="store_true",
@@ -238,6 +244,10 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
         return rq.ValidateRequest(args.files, args.machines, args.json)
     if name == "schema":
         return rq.SchemaRequest()
+    if name == "predict":
+        if args.draws < 1:
+            raise ConfigError("--draws", f"must be at least 1, got {args.draws}")
+        return rq.PredictRequest(args.files, args.draws, args.json)
     if name == "up":
         return rq.UpRequest(args.file, args.state_dir, args.check, args.count, args.verbose,
                             args.backend, args.cluster, args.vm_accel, args.out,

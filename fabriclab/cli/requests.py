@@ -22,6 +22,15 @@ class ValidateRequest:
 
 
 @dataclass(frozen=True)
+class PredictRequest:
+    """``fabriclab predict FILE...``: each file's collectives predicted, nothing built."""
+
+    files: list[Path]
+    draws: int = 16  # ECMP hash draws averaged
+    json: bool = False
+
+
+@dataclass(frozen=True)
 class SchemaRequest:
     pass
 

@@ -182,9 +182,10 @@ def collectives(doc: dict) -> Table:
     table = Table(title=f"{doc['experiment']}: collectives",
                   caption="as NCCL-tests prints them: bytes: size; count: float32 elements; "
                           "time: us; algbw, busbw: GB/s (10^9 bytes/s); eff: busbw / link rate; "
-                          "cpu_s: all agents' CPU seconds", box=None)
+                          "cpu_s: all agents' CPU seconds; x pred: time over fabriclab "
+                          "predict's", box=None)
     for col in ("op", "algo", "n", "bytes", "count", "reps", "time_us", "algbw", "busbw",
-                "eff", "cpu_s"):
+                "eff", "x pred", "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
     constants = sorted({c["transport"]["constants"] for c in doc["collectives"]
@@ -194,7 +195,9 @@ def collectives(doc: dict) -> Table:
     for s in job_summaries(doc["collectives"]):
         table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
                       str(s.repetitions), us_text(s.mean_us), gbps_text(s.algbw_GBps),
-                      gbps_text(s.busbw_GBps), f"{s.efficiency:.3f}", f"{s.agent_cpu_s:.1f}")
+                      gbps_text(s.busbw_GBps), f"{s.efficiency:.3f}",
+                      "-" if s.of_predicted is None else f"{s.of_predicted:.2f}",
+                      f"{s.agent_cpu_s:.1f}")
     return table
 
 

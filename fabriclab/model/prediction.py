@@ -1,0 +1,71 @@
+"""An experiment's prediction (pure): every collective of the base experiment, of each variant
+or of each sweep cell, estimated on the fabric as built and routed, with no fabric built
+(:mod:`traffic.measure.predict`). ``fabriclab predict FILE`` prints it; ``fabriclab run``
+stores each run's beside its measurement (``results.json`` ``prediction``, and per collective
+row ``predicted_s``).
+"""
+
+from __future__ import annotations
+
+from fabriclab.model import experiment as xp
+from traffic.measure import metrics
+from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor
+from traffic.measure.transport import goodput_fraction
+
+WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
+        "switches give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed "
+        "transports evenly split, adaptive placed on the least loaded path), at the link "
+        "rates times the payload share at the MTU, plus the compute before each collective; "
+        "no queues, losses or slow start")
+
+
+def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:
+    """One experiment's collectives (a variant's or a cell's: not its variants)."""
+    if exp.workload is None:
+        return []
+    ctl = exp.controller
+    routing = str(ctl.routing) if ctl.own else "ecmp"  # an app's or remote's routes: unknown
+    predictor = Predictor(exp.topology, routing, str(ctl.ecmp_seed),
+                          goodput_fraction(exp.fabric.mtu), draws)
+    return predictor.workload(exp.workload)
+
+
+def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> dict:
+    """What ``results.json`` stores and ``predict --json`` prints for one experiment: the
+    routing it assumed, how, and per collective the prediction and its busbw."""
+    rows = []
+    colls = [c for job in (exp.workload.jobs if exp.workload else ()) for c in job.collectives]
+    for p, coll in zip(predict(exp, draws), colls):
+        comm = max(p.seconds, 1e-12)
+        n = coll.schedule.communicator_size
+        row = p.to_dict()
+        row["busbw_GBps"] = round(metrics.busbw_GBps(coll.op, n, coll.schedule.size_bytes, comm)
+                                  if coll.op in metrics.BUS_FACTOR else 0.0, 6)
+        rows.append(row)
+    return {"routing": str(exp.controller.routing) if exp.controller.own else "ecmp",
+            "draws": draws, "model": WHAT, "collectives": rows}
+
+
+def targets(exp: xp.Experiment) -> list[tuple[str, xp.Experiment]]:
+    """What a run of ``exp`` measures, by name: its variants, its sweep's cells (one per
+    cell, not per repetition), or itself."""
+    if exp.variants:
+        return [(v.variant or "", v) for v in exp.variants]
+    if exp.cells:
+        seen: dict[str, xp.Experiment] = {}
+        for cell in exp.cells:
+            seen.setdefault(cell.plan.group, cell.experiment)
+        return list(seen.items())
+    return [("", exp)]
+
+
+def attach(rows: list[dict], prediction: dict | None) -> None:
+    """Each measured collective row's prediction (``predicted_s``), matched by job and place
+    in the job (``repetition``)."""
+    if not prediction:
+        return
+    by_key = {(p["job"], p["index"]): p["predicted_s"] for p in prediction["collectives"]}
+    for row in rows:
+        predicted = by_key.get((row.get("job"), row.get("repetition")))
+        if predicted:
+            row["predicted_s"] = predicted

@@ -1,0 +1,285 @@
+"""What a workload should take on a fabric, from its schedules and the fabric as routed (pure):
+the prediction that ``fabriclab predict`` prints and ``fabriclab run`` stores beside each
+measurement.
+
+Every transfer is split over its connections (``chunk_sizes``, as the agents split it; on a
+multi-plane fabric connection ``c`` takes plane ``c % planes``), and every connection follows
+the path the switches give it:
+
+* ``dmodk``: exactly the controller's D-mod-k up-ports (:mod:`testbed.model.routes`);
+* ``ecmp``: a hash draw per connection and switch among the equal-cost next hops (with a
+  ``shared`` hash basis, one draw per connection that every switch reduces the same way: the
+  polarization the switches show), fixed for the job as a connection's 5-tuple is; the
+  prediction is the mean over ``draws`` seeded draws, with their range;
+* ``spray`` (or a sprayed transport, uet by default): each connection split evenly over the
+  next hops at every switch (ideal per-link sharing);
+* ``adaptive``: each connection placed, largest first, on the path whose busiest link it
+  loads least (what a load-aware router at best reaches).
+
+A step's flows start together and share links max-min fairly (:mod:`traffic.measure.flowsim`);
+the next step starts when the slowest has ended (every rank at once: a ring's ranks wait for
+the slowest link anyway); a collective takes the sum of its steps plus the compute before it.
+Jobs that run at once (``concurrent``) share links step by step (step ``i`` of each job's
+current collective together), each job's step lasting until its own flows have ended. Link
+capacity is the rate times the wire's payload share (TCP/IP headers at the fabric's MTU).
+Queues, losses, retransmissions, slow start and CPU limits are not in it: the measured time
+over the predicted one is what they cost.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
+from testbed.model.topology import Topology
+from traffic.measure.flowsim import finish_times
+from traffic.measure.ideal import FluidModel
+from traffic.workloads.schedules import chunk_sizes
+from traffic.workloads.workload import Collective, Job, Workload
+
+DEFAULT_DRAWS = 16
+Link = tuple[str, str]  # a directed link: (from node, to node)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """One collective's predicted time (seconds, from its start to its end as the agents time
+    it: the compute before it, ``gap_s``, apart): the mean over hash draws, and their range."""
+
+    job: int
+    index: int  # the collective's place in its job
+    label: str
+    op: str
+    seconds: float
+    low_s: float
+    high_s: float
+    gap_s: float  # the compute before the collective
+    draws: int
+    busiest: str  # the link whose bytes over capacity bound the collective most
+
+    def to_dict(self) -> dict:
+        return {"job": self.job, "index": self.index, "label": self.label, "op": self.op,
+                "predicted_s": round(self.seconds, 6), "low_s": round(self.low_s, 6),
+                "high_s": round(self.high_s, 6), "gap_s": self.gap_s, "draws": self.draws,
+                "busiest_link": self.busiest}
+
+
+class Router:
+    """The paths of a fabric's connections under one routing mode."""
+
+    def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
+                 goodput: float = 1.0) -> None:
+        self.topo = topo
+        self.routing = routing
+        self.shared_hash = ecmp_seed == "shared"
+        self.fluid = FluidModel(topo)
+        self.number = host_numbers(topo)
+        self.index: dict[Link, int] = {}
+        self.capacity: list[float] = []
+        for link, mbps in self.fluid.rate.items():
+            self.index[link] = len(self.capacity)
+            self.capacity.append(mbps * 1e6 / 8 * goodput)
+        self.names = {i: f"{a}->{b}" for (a, b), i in self.index.items()}
+        self._hops = lru_cache(maxsize=None)(self._next)
+
+    def _next(self, node: str, target: str) -> tuple[str, ...]:
+        """The next switches from ``node`` towards access switch ``target`` (port order)."""
+        dist = distances_to(self.topo, target, {})
+        ports = sorted(next_hops(self.topo, node, dist, {}))
+        return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
+
+    def random_paths(self, spray: bool) -> bool:
+        """Whether paths depend on hash draws (ECMP, not sprayed)."""
+        return not spray and self.routing == "ecmp"
+
+    def path(self, src: str, dst: str, channel: int, rng: random.Random,
+             spray: bool = False) -> tuple[tuple[int, float], ...]:
+        """The links (index, share of the bytes) of one connection from host ``src`` to
+        ``dst``."""
+        if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
+            return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
+        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
+        plane = channel % len(nics_s)
+        s, d = nics_s[plane], nics_d[plane]
+        a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+        hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
+        if spray or self.routing in ("spray",):
+            hops |= self._split(a, b)
+        elif a != b:
+            draw = rng.getrandbits(32)
+            node = a
+            while node != b:
+                nxt = self._hops(node, b)
+                if self.routing == "dmodk":
+                    pick = nxt[dmodk_port(self.topo, node, self.number[d], list(range(len(nxt))),
+                                          len(nxt))]
+                elif self.shared_hash:
+                    pick = nxt[draw % len(nxt)]
+                else:
+                    pick = nxt[rng.randrange(len(nxt))]
+                hops[(node, pick)] = 1.0
+                node = pick
+        return tuple(sorted((self.index[link], w) for link, w in hops.items()))
+
+    def _split(self, a: str, b: str) -> dict[Link, float]:
+        """An even split at every switch from ``a`` to ``b`` (packet spraying's shares)."""
+        weight = {a: 1.0}
+        out: dict[Link, float] = {}
+        dist = distances_to(self.topo, b, {})
+        frontier = [a] if a != b else []
+        while frontier:
+            node = max(frontier, key=lambda n: dist[n])  # all its weight is in
+            frontier.remove(node)
+            nxt = self._hops(node, b)
+            for peer in nxt:
+                share = weight[node] / len(nxt)
+                out[(node, peer)] = out.get((node, peer), 0.0) + share
+                if peer != b:
+                    if peer not in weight:
+                        frontier.append(peer)
+                    weight[peer] = weight.get(peer, 0.0) + share
+        return out
+
+    def candidates(self, src: str, dst: str, channel: int) -> list[tuple[tuple[int, float], ...]]:
+        """Every single path a connection may take (adaptive routing's choices)."""
+        if self.fluid.routes.get(src, {}).get(dst) is not None:
+            return [self.path(src, dst, channel, random.Random(0))]
+        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
+        plane = channel % len(nics_s)
+        s, d = nics_s[plane], nics_d[plane]
+        a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+        walks = [[a]]
+        done = []
+        while walks:
+            walk = walks.pop()
+            if walk[-1] == b:
+                done.append(walk)
+                continue
+            walks += [walk + [n] for n in self._hops(walk[-1], b)]
+        ends = [(s, a), (b, d)]
+        return [tuple(sorted((self.index[link], 1.0) for link in
+                             ends + list(zip(walk, walk[1:])))) for walk in done]
+
+
+def sprayed(job: Job) -> bool:
+    """Whether a job's transport sprays its packets over paths (uet does unless told not)."""
+    return (job.transport == "uet") if job.spray is None else bool(job.spray)
+
+
+class Predictor:
+    """Predicted times of a workload's collectives on one fabric (see the module docstring).
+
+    Args:
+        topo: the fabric.
+        routing: the controller's routing mode.
+        ecmp_seed: ``per_switch`` or ``shared``.
+        goodput: the payload share of a link's bits (``goodput_fraction(mtu)``).
+        draws: ECMP hash draws to average over.
+        seed: the draws' seed.
+    """
+
+    def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
+                 goodput: float = 1.0, draws: int = DEFAULT_DRAWS, seed: int = 1) -> None:
+        self.router = Router(topo, routing, ecmp_seed, goodput)
+        self.draws = draws
+        self.seed = seed
+
+    def workload(self, workload: Workload) -> list[Predicted]:
+        """Every collective of every job, batch by batch."""
+        return [p for batch in workload.batches() for p in self.batch(batch)]
+
+    def batch(self, jobs: list[Job]) -> list[Predicted]:
+        """The collectives of jobs that run at once."""
+        router = self.router
+        draws = self.draws if any(router.random_paths(sprayed(j)) for j in jobs) else 1
+        times: dict[tuple[int, int], list[float]] = {}
+        loads: dict[tuple[int, int], dict[int, float]] = {}
+        for draw in range(draws):
+            rng = random.Random(self.seed * 100_003 + draw)
+            fixed = self._adaptive(jobs) if router.routing == "adaptive" else {}
+            for key, seconds in self._run(jobs, rng, fixed, loads if draw == 0 else None).items():
+                times.setdefault(key, []).append(seconds)
+        out = []
+        for job in jobs:
+            for k, coll in enumerate(job.collectives):
+                t = times[(job.index, k)]
+                load = loads.get((job.index, k), {})
+                worst = max(load, key=lambda i: load[i] / router.capacity[i], default=None)
+                out.append(Predicted(job.index, k, coll.label or coll.op, coll.op,
+                                     sum(t) / len(t), min(t), max(t), coll.gap_s, draws,
+                                     router.names.get(worst, "")))
+        return out
+
+    def _connections(self, job: Job, coll: Collective, step: int) -> list[tuple]:
+        """(src host, dst host, channel, bytes) of one step of a collective."""
+        out = []
+        for t in coll.schedule.transfers:
+            if t.step == step:
+                for ch, share in enumerate(chunk_sizes(t.nbytes, job.connections)):
+                    if share:
+                        out.append((coll.hosts[t.src], coll.hosts[t.dst], ch, share))
+        return out
+
+    def _run(self, jobs: list[Job], rng: random.Random, fixed: dict,
+             loads: dict | None) -> dict[tuple[int, int], float]:
+        """One draw: each (job, collective)'s seconds; ``loads`` gets each collective's
+        bytes per link."""
+        router = self.router
+        paths: dict[tuple, tuple] = dict(fixed)
+        cache: dict[tuple, list[float]] = {}
+        out: dict[tuple[int, int], float] = {}
+        for k in range(max(len(j.collectives) for j in jobs)):
+            now = [j for j in jobs if k < len(j.collectives)]
+            steps = {j.index: j.collectives[k].schedule.steps for j in now}
+            for j in now:
+                out[(j.index, k)] = 0.0
+            for step in range(max(steps.values())):
+                flows, owner = [], []
+                for j in now:
+                    coll = j.collectives[k]
+                    for src, dst, ch, nbytes in self._connections(j, coll, step):
+                        key = (j.index, src, dst, ch)
+                        if key not in paths:
+                            paths[key] = router.path(src, dst, ch, rng, sprayed(j))
+                        flows.append((nbytes, paths[key]))
+                        owner.append(j.index)
+                        if loads is not None:
+                            load = loads.setdefault((j.index, k), {})
+                            for link, w in paths[key]:
+                                load[link] = load.get(link, 0.0) + w * nbytes
+                if not flows:
+                    continue
+                scale = max(n for n, _p in flows)
+                shape = tuple((o, round(n / scale, 6), p) for o, (n, p) in zip(owner, flows))
+                if shape not in cache:
+                    cache[shape] = finish_times([(n / scale, p) for n, p in flows],
+                                                router.capacity)
+                ends = cache[shape]
+                for j in now:
+                    mine = [e for o, e in zip(owner, ends) if o == j.index]
+                    out[(j.index, k)] += max(mine, default=0.0) * scale
+        return out
+
+    def _adaptive(self, jobs: list[Job]) -> dict[tuple, tuple]:
+        """Adaptive routing's paths: each connection (largest first, by its bytes over the
+        jobs) on the candidate path whose busiest link it loads least."""
+        router = self.router
+        total: dict[tuple, int] = {}
+        for j in jobs:
+            for coll in j.collectives:
+                for step in range(coll.schedule.steps):
+                    for src, dst, ch, nbytes in self._connections(j, coll, step):
+                        key = (j.index, src, dst, ch)
+                        total[key] = total.get(key, 0) + nbytes
+        load = [0.0] * len(router.capacity)
+        out = {}
+        for key in sorted(total, key=lambda k: (-total[k], k)):
+            _job, src, dst, ch = key
+            best = min(router.candidates(src, dst, ch), key=lambda p: max(
+                (load[i] + w * total[key]) / router.capacity[i] for i, w in p))
+            for i, w in best:
+                load[i] += w * total[key]
+            out[key] = best
+        return out
