@@ -10,13 +10,13 @@ from __future__ import annotations
 from fabriclab.model import experiment as xp
 from traffic.measure import metrics
 from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor
-from traffic.measure.transport import goodput_fraction
+from traffic.measure.transport import ETH_HEADER_BYTES, goodput_fraction
 
 WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
         "switches give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed "
         "transports evenly split, adaptive placed on the least loaded path), at the link "
-        "rates times the payload share at the MTU, plus the compute before each collective; "
-        "no queues, losses or slow start")
+        "rates times the payload share at the MTU, a frame's time per hop and step; no "
+        "queues, losses or slow start")
 
 
 def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:
@@ -26,7 +26,8 @@ def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:
     ctl = exp.controller
     routing = str(ctl.routing) if ctl.own else "ecmp"  # an app's or remote's routes: unknown
     predictor = Predictor(exp.topology, routing, str(ctl.ecmp_seed),
-                          goodput_fraction(exp.fabric.mtu), draws)
+                          goodput_fraction(exp.fabric.mtu), draws,
+                          frame_bytes=exp.fabric.mtu + ETH_HEADER_BYTES)
     return predictor.workload(exp.workload)
 
 

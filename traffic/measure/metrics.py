@@ -16,6 +16,7 @@ BUS_FACTOR = {
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
+    "all_to_allv": lambda n: 1.0,  # size is the most loaded rank's network bytes
     "broadcast": lambda n: 1.0,
     "send_recv": lambda n: 1.0,
     "flows": lambda n: 1.0,  # size is per flow: busbw is the slowest flow's rate

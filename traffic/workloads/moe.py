@@ -17,8 +17,7 @@ rank, not the mean (:func:`most_loaded`).
 
 from __future__ import annotations
 
-import bisect
-import random
+import numpy as np
 
 from testbed.errors import ConfigError
 from traffic.workloads.schedules import Schedule
@@ -44,23 +43,21 @@ def token_routing(ranks: int, tokens_per_rank: int, experts: int, top_k: int,
         raise ConfigError(f"{field_path}.tokens", "tokens must be >= 0 and their size > 0")
     if skew < 0:
         raise ConfigError(f"{field_path}.skew", f"must be >= 0, got {skew:g}")
-    rng = random.Random(seed)
-    popularity = list(range(experts))
-    rng.shuffle(popularity)  # which expert is the most popular: seeded, not always expert 0
-    weights = [1.0 / (popularity[e] + 1) ** skew for e in range(experts)]
-    cumulative, total = [], 0.0
-    for w in weights:
-        total += w
-        cumulative.append(total)
+    rng = np.random.default_rng(seed)
+    popularity = rng.permutation(experts)  # the most popular expert: seeded, not always 0
+    log_weight = -skew * np.log(popularity + 1.0)
     per_rank = experts // ranks
     out = [[0] * ranks for _ in range(ranks)]
     for src in range(ranks):
-        for _ in range(tokens_per_rank):
-            chosen: set[int] = set()
-            while len(chosen) < top_k:  # top-k distinct experts
-                chosen.add(bisect.bisect_left(cumulative, rng.random() * total))
-            for e in chosen:
-                out[src][min(e, experts - 1) // per_rank] += token_bytes
+        if not tokens_per_rank:
+            continue
+        # top-k distinct experts per token, each drawn in proportion to its weight among the
+        # experts not yet drawn: the k largest of log weight + Gumbel noise (the Gumbel top-k
+        # trick), every token at once
+        keys = log_weight + rng.gumbel(size=(tokens_per_rank, experts))
+        chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k]
+        counts = np.bincount(chosen.ravel() // per_rank, minlength=ranks)
+        out[src] = [int(c) * token_bytes for c in counts]
     return out
 
 
@@ -90,10 +87,11 @@ def check_matrix(rows: object, field_path: str) -> Matrix:
 
 
 def all_to_allv(matrix: Matrix, field_path: str = "all_to_allv") -> Schedule:
-    """Every off-diagonal entry as one transfer, all in one step. ``size_bytes`` is the most
-    any rank sends (NCCL-tests' size of an uneven all-to-all: the largest send buffer)."""
+    """Every off-diagonal entry as one transfer, all in one step. ``size_bytes`` is what the
+    most loaded rank moves over the network (:func:`most_loaded`): the bytes its link must
+    carry, so that busbw (factor 1) and the ideal time follow it, not the mean."""
     n = len(matrix)
-    sched = Schedule("all_to_allv", "direct", n, max(sum(r) for r in matrix),
+    sched = Schedule("all_to_allv", "direct", n, max(1, most_loaded(matrix)[1]),
                      field_path=field_path)
     for src, row in enumerate(matrix):
         for dst, nbytes in enumerate(row):
@@ -109,3 +107,35 @@ def most_loaded(matrix: Matrix) -> tuple[int, int]:
                  sum(matrix[s][r] for s in range(n) if s != r)) for r in range(n)]
     rank = max(range(n), key=lambda r: (loads[r], -r))
     return rank, loads[rank]
+
+
+#: the keys of an all_to_allv entry's ``moe`` object, with their defaults
+MOE_DEFAULTS = {"experts": None, "top_k": 2, "tokens": 1024, "token_bytes": 4096, "skew": 0.0,
+                "seed": 1}
+
+
+def entry_matrix(entry: dict, ranks: int, path: str, read_json) -> Matrix:
+    """An ``all_to_allv`` workload entry's dispatch matrix: from ``moe`` (token routing:
+    experts default one per rank) or ``matrix`` (rows inline, or a JSON file of rows read by
+    ``read_json(path, field)``).
+
+    Raises:
+        ConfigError: naming the field.
+    """
+    if ("moe" in entry) == ("matrix" in entry):
+        raise ConfigError(f"{path}.moe", "all_to_allv takes its sizes from moe (a token-routing "
+                                         "model) or from matrix (bytes per rank pair): one of "
+                                         "them")
+    if "moe" in entry:
+        m = {**MOE_DEFAULTS, **entry["moe"]}
+        return token_routing(ranks, m["tokens"], m["experts"] or ranks, m["top_k"],
+                             m["token_bytes"], float(m["skew"]), m["seed"], f"{path}.moe")
+    rows = entry["matrix"]
+    where = f"{path}.matrix"
+    if isinstance(rows, str):
+        rows = read_json(rows, where)
+    matrix = check_matrix(rows, where)
+    if len(matrix) != ranks:
+        raise ConfigError(where, f"a {len(matrix)} x {len(matrix)} matrix for {ranks} ranks: "
+                                 "one row and one column per rank")
+    return matrix

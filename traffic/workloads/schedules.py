@@ -281,8 +281,8 @@ def merge(parts: list[tuple[Schedule, list[int]]], ranks: int) -> Schedule:
         parts: (schedule of one communicator, the global rank of each of its ranks).
         ranks: the global rank count.
     """
-    first = parts[0][0]
-    merged = Schedule(first.op, first.algorithm, ranks, first.size_bytes,
+    first = parts[0][0]  # uneven parts (all_to_allv): the largest's size
+    merged = Schedule(first.op, first.algorithm, ranks, max(s.size_bytes for s, _m in parts),
                       group_ranks=first.ranks)
     for sched, members in parts:
         for t in sched.transfers:

@@ -7,8 +7,12 @@ iteration, for each micro-batch, forward through the stages then backward throug
 
 * tensor parallelism: 2 all-reduces of the activations (``seq * micro_batch * hidden *
   dtype`` bytes) per layer of the stage, forward and backward, in every TP group at once;
-* expert parallelism (``ep > 1``, ``moe_every`` > 0): 2 all-to-alls of ``top_k`` times the
-  activations per MoE layer, forward and backward, within groups of ``ep`` data-parallel ranks;
+* expert parallelism (``ep > 1``, ``moe_every`` > 0): per MoE layer a dispatch and a combine
+  all-to-all, forward and backward, within groups of ``ep`` data-parallel ranks; uneven
+  (``all_to_allv``): each rank's ``seq_len * micro_batch`` tokens go to ``top_k`` of
+  ``experts`` experts drawn under a Zipf skew ``moe_skew`` (:mod:`traffic.workloads.moe`;
+  the combine is the dispatch transposed; backward, the same two in reverse), a fresh
+  seeded routing per layer, micro-batch and group;
 * pipeline parallelism: a send/recv of the activations between consecutive stages;
 * then the data-parallel gradient all-reduce of ``params / (tp * pp) * grad_dtype`` bytes in
   every DP group at once.
@@ -19,9 +23,11 @@ the number of the iteration it belongs to.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, fields
 
 from testbed.errors import ConfigError
+from traffic.workloads import moe
 from traffic.workloads.schedules import Schedule, build, merge
 
 FIELD = "workload.training"
@@ -49,6 +55,9 @@ class TrainingSpec:
     ep: int = 1
     moe_every: int = 0
     top_k: int = 2
+    experts: int = 0  # experts per MoE layer (0: one per expert-parallel rank)
+    moe_skew: float = 0.0  # Zipf exponent of the experts' popularity (0: uniform)
+    moe_seed: int = 1
     compute_ms: float = 10.0
     iterations: int = 1
 
@@ -59,6 +68,10 @@ class TrainingSpec:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def expert_count(self) -> int:
+        return self.experts or self.ep
 
     def check(self) -> TrainingSpec:
         """Cross-field rules; returns self.
@@ -71,6 +84,13 @@ class TrainingSpec:
                                              f"{self.pp} stages")
         if self.dp % self.ep:
             raise ConfigError(f"{FIELD}.ep", f"ep {self.ep} must divide dp {self.dp}")
+        if self.moe_every and self.ep > 1:
+            if self.expert_count % self.ep:
+                raise ConfigError(f"{FIELD}.experts", f"{self.expert_count} experts do not "
+                                                      f"spread evenly over ep {self.ep} ranks")
+            if self.top_k > self.expert_count:
+                raise ConfigError(f"{FIELD}.top_k", f"top_k {self.top_k} is more than the "
+                                                    f"{self.expert_count} experts")
         if self.world_size < 2:
             raise ConfigError(FIELD, "tp * pp * dp must be at least 2 ranks")
         return self
@@ -116,9 +136,10 @@ def phases(spec: TrainingSpec) -> list[Phase]:
                                gap / (2 * layers), it)
                     ep_groups = [[rank(t, g * ep + e, p) for e in range(ep)]
                                  for t in range(tp) for g in range(dp // ep)]
-                    for _ in range(2 * moe_layers):
-                        groups("all_to_all", act * c.top_k, ep_groups,
-                               f"{tag} ep all_to_all", 0.0, it)
+                    for layer in range(moe_layers if ep > 1 else 0):
+                        seed = (c.moe_seed, it, mb, p, layer)
+                        out += _moe_layer(c, ep_groups, world, f"{tag} ep", it, seed,
+                                          direction == "bwd")
                     nxt = p + 1 if direction == "fwd" else p - 1
                     if 0 <= nxt < pp:
                         groups("send_recv", act,
@@ -127,4 +148,25 @@ def phases(spec: TrainingSpec) -> list[Phase]:
         grad = c.params // (tp * pp) * c.grad_dtype_bytes
         dp_groups = [[rank(t, d, p) for d in range(dp)] for t in range(tp) for p in range(pp)]
         groups("all_reduce", grad, dp_groups, f"iter {it} dp all_reduce", 0.0, it)
+    return out
+
+
+def _moe_layer(c: TrainingSpec, ep_groups: list[list[int]], world: int, tag: str, it: int,
+               seed: tuple, backward: bool) -> list[Phase]:
+    """One MoE layer's two all_to_allv phases (every expert-parallel group at once, each
+    with its own routing): dispatch then combine, or backward their gradients (combine's
+    first: the dispatch matrix again, then its transpose)."""
+    tokens = c.seq_len * c.micro_batch
+    token_bytes = c.hidden * c.dtype_bytes
+    dispatch = []
+    for g, members in enumerate(ep_groups):
+        draw = int.from_bytes(hashlib.sha256(repr((*seed, g)).encode()).digest()[:8], "big")
+        dispatch.append((moe.token_routing(len(members), tokens, c.expert_count, c.top_k,
+                                           token_bytes, c.moe_skew, draw, FIELD), members))
+    names = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
+    out = []
+    for name, flip in zip(names, (backward, not backward)):
+        parts = [(moe.all_to_allv(moe.transpose(m) if flip else m), members)
+                 for m, members in dispatch]
+        out.append(Phase(f"{tag} {name} all_to_allv", merge(parts, world), 0.0, it))
     return out

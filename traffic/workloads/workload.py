@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
 from traffic.transports.options import PER_KIND, ROCE_CONGESTION_CONTROLS, TransportOptions
-from traffic.workloads import hierarchical
+from traffic.workloads import hierarchical, moe
 from traffic.workloads import training
 from traffic.workloads.nccl_log import ImportedCollective, import_log
 from traffic.workloads.patterns import PATTERNS, pattern_pairs
@@ -268,7 +268,8 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if raw.get("nccl_log"):
         entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
                                                  "workload.nccl_log")))
-    jobs = [_entry_job(topo, i, {**defaults, **entry}, path, connections, timeout_s)
+    read_json = lambda name, field: _json(_read(base_dir, name, field), field)  # noqa: E731
+    jobs = [_entry_job(topo, i, {**defaults, **entry}, path, connections, timeout_s, read_json)
             for i, (entry, path) in enumerate(entries)]
     if raw.get("training"):
         jobs.append(_training_job(topo, raw["training"], len(jobs), connections, timeout_s,
@@ -278,12 +279,26 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     return Workload(tuple(jobs), connections, timeout_s)
 
 
+def _json(text: str, field: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise ConfigError(field, f"not JSON: {err}") from None
+
+
 def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: int,
-               timeout_s: float) -> Job:
-    size = parse_size(entry.get("size"), f"{path}.size")
-    if entry.get("op") == "flows":
+               timeout_s: float, read_json: Callable[[str, str], object]) -> Job:
+    if entry.get("op") == "all_to_allv":
+        if "size" in entry:
+            raise ConfigError(f"{path}.size", "all_to_allv takes its sizes from moe or matrix, "
+                                              "not size")
+        ranks = place_ranks(topo, entry.get("ranks", len(topo.rank_hosts())), f"{path}.ranks")
+        sched = moe.all_to_allv(moe.entry_matrix(entry, len(ranks), path, read_json), path)
+    elif entry.get("op") == "flows":
+        size = parse_size(entry.get("size"), f"{path}.size")
         ranks, sched = _pattern_flows(topo, entry, size, path)
     else:
+        size = parse_size(entry.get("size"), f"{path}.size")
         ranks = place_ranks(topo, entry.get("ranks", len(topo.rank_hosts())), f"{path}.ranks")
         key = (entry.get("op"), entry.get("algorithm"))
         if key in hierarchical.BUILDERS:

@@ -1,0 +1,142 @@
+"""The prediction (traffic.measure.flowsim, traffic.measure.predict, fabriclab predict): max-min
+fair sharing checked by hand, D-mod-k's predicted paths against the controller's own tables,
+ECMP's draws, spraying's even split, jobs at once sharing links, and every shipped file
+predicted within the time a user waits."""
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from controllers.routing.tables import PRIORITY_REMOTE_HOST, compute_tables
+from fabriclab.model import experiment as xp
+from fabriclab.model.prediction import attach, document, targets
+from testbed.model.builders import fat_tree, leaf_spine
+from traffic.measure.flowsim import finish_times, makespan
+from traffic.measure.predict import Predictor, Router
+from traffic.workloads.schedules import build, flows
+from traffic.workloads.workload import Collective, Job, Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_max_min_sharing_and_its_finish_times_by_hand():
+    one = ((0, 1.0),)
+    assert makespan([(10, one), (10, one)], [10]) == pytest.approx(2.0)
+    # the short flow ends at 2 s (5 B/s each), then the long one has the link: 3 s
+    assert finish_times([(10, one), (20, one)], [10]) == pytest.approx([2.0, 3.0])
+    # A crosses both links, B and C one each: 5 B/s all round
+    assert makespan([(10, ((0, 1.0), (1, 1.0))), (10, ((0, 1.0),)), (10, ((1, 1.0),))],
+                    [10, 10]) == pytest.approx(2.0)
+    # A is held to 2 B/s by link 1: B gets the rest of link 0 (8 B/s), not half of it
+    assert finish_times([(4, ((0, 1.0), (1, 1.0))), (16, ((0, 1.0),))],
+                        [10, 2]) == pytest.approx([2.0, 2.0])
+    # a sprayed flow, half on each of two links, one of them shared: link 1 carries half of
+    # A's rate and all of B's, so both run at 10 / 1.5; B ends at 0.75 s, then A (15 B
+    # left) runs at 20 B/s, 10 on each link: 1.5 s
+    assert finish_times([(20, ((0, 0.5), (1, 0.5))), (5, ((1, 1.0),))],
+                        [10, 10]) == pytest.approx([1.5, 0.75])
+    with pytest.raises(ValueError, match="no capacity"):
+        makespan([(1, one)], [0.0])
+
+
+def _walk(topo, tables, src, dst):
+    """The switches a packet from host src to dst crosses, by the controller's tables."""
+    ip = topo.nodes[dst].ip
+    node, out = topo.attachment(src).node, []
+    while True:
+        out.append(node)
+        last = topo.attachment(dst)
+        if node == last.node:
+            return out
+        entry = next(f for f in tables[node].flows.values() if f.priority == PRIORITY_REMOTE_HOST
+                     and dict(f.match).get("ipv4_dst", (None,))[0] == ip)
+        kind, value = entry.actions[0]
+        port = tables[node].groups[value].ports[0] if kind == "group" else value
+        node = topo.ports(node)[port].other(node).node
+
+
+@pytest.mark.parametrize("topo", [fat_tree(4), leaf_spine(4, 3, 2)], ids=["fat_tree", "leaf_spine"])
+def test_dmodk_predicted_paths_are_the_controllers_own(topo):
+    tables = compute_tables(topo, {}, routing="dmodk")
+    router = Router(topo, "dmodk")
+    names = {i: link for link, i in router.index.items()}
+    hosts = [h.name for h in topo.hosts]
+    for src in hosts:
+        for dst in hosts:
+            if src == dst:
+                continue
+            links = {names[i] for i, _w in router.path(src, dst, 0, random.Random(0))}
+            switches = _walk(topo, tables, src, dst)
+            assert links == {(src, switches[0]), *zip(switches, switches[1:]),
+                             (switches[-1], dst)}, (src, dst)
+
+
+def _job(topo, sched, hosts, index=0, concurrent=False, connections=1):
+    coll = Collective(sched.op, tuple(hosts), sched)
+    return Job(index, (coll,), connections, 60.0, concurrent)
+
+
+def test_ecmp_draws_collide_dmodk_does_not_and_spraying_splits():
+    """A shift permutation across a k=4 fat-tree: D-mod-k gives it disjoint paths (line rate),
+    ECMP's hash draws collide on average (slower, a range), spraying reaches line rate."""
+    topo = fat_tree(4)
+    hosts = [h.name for h in topo.hosts]
+    n = len(hosts)
+    sched = flows([(i, (i + 4) % n) for i in range(n)], n, 12_500_000)
+    alone = 12_500_000 * 8 / 100e6  # 1 s at 100 Mbit/s
+    wl = Workload((_job(topo, sched, hosts),))
+    dmodk = Predictor(topo, "dmodk").workload(wl)[0]
+    assert dmodk.seconds == pytest.approx(alone) and dmodk.draws == 1
+    ecmp = Predictor(topo, "ecmp", draws=32).workload(wl)[0]
+    assert ecmp.draws == 32 and ecmp.low_s <= ecmp.seconds <= ecmp.high_s
+    assert 1.3 * alone < ecmp.seconds < 4 * alone and ecmp.high_s > ecmp.low_s
+    again = Predictor(topo, "ecmp", draws=32).workload(wl)[0]
+    assert again == ecmp  # seeded
+    spray = Predictor(topo, "spray").workload(wl)[0]
+    assert spray.seconds == pytest.approx(alone, rel=1e-6)
+    # the shared hash basis polarizes: never better than per-switch draws on average
+    shared = Predictor(topo, "ecmp", "shared", draws=32).workload(wl)[0]
+    assert shared.seconds >= 0.95 * ecmp.seconds
+
+
+def test_ring_all_reduce_and_concurrent_jobs_share_links():
+    """A 4-rank ring all-reduce under one leaf takes 2(n-1)/n size at line rate; two such rings
+    on the same hosts at once (concurrent) take twice as long each."""
+    topo = leaf_spine(2, 2, 4)
+    hosts = [h.name for h in topo.hosts][:4]
+    size = 10_000_000
+    ring = build("all_reduce", 4, size)
+    alone = Predictor(topo, "dmodk").workload(Workload((_job(topo, ring, hosts),)))[0]
+    assert alone.seconds == pytest.approx(2 * 3 / 4 * size * 8 / 100e6)
+    both = Predictor(topo, "dmodk").workload(Workload(
+        (_job(topo, ring, hosts), _job(topo, ring, hosts, 1, True))))
+    assert [p.seconds for p in both] == pytest.approx([2 * alone.seconds] * 2)
+
+
+def test_adaptive_places_connections_on_the_least_loaded_paths():
+    topo = leaf_spine(2, 2, 2)
+    hosts = [h.name for h in topo.hosts]
+    sched = flows([(0, 2), (1, 3)], 4, 12_500_000)  # two flows from leaf 1 to leaf 2
+    wl = Workload((_job(topo, sched, hosts),))
+    adaptive = Predictor(topo, "adaptive").workload(wl)[0]
+    assert adaptive.seconds == pytest.approx(1.0)  # one per spine
+
+
+SHIPPED = ["quickstart.yaml", "rails.yaml", "sweep-oversubscription.yaml", "routing-compare.yaml",
+           "transports.yaml", "incast.yaml"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_file_is_predicted_in_under_five_seconds(name):
+    began = time.monotonic()
+    exp = xp.load(ROOT / "experiments" / name)
+    docs = [document(x) for _n, x in targets(exp)]
+    assert time.monotonic() - began < 5.0
+    for doc in docs:
+        rows = doc["collectives"]
+        assert rows and all(r["predicted_s"] > 0 and r["busiest_link"] for r in rows), rows
+        measured = [{"job": r["job"], "repetition": r["index"]} for r in rows]
+        attach(measured, doc)
+        assert [m["predicted_s"] for m in measured] == [r["predicted_s"] for r in rows]
