@@ -239,3 +239,32 @@ def overlay_chart(runs) -> str | None:
     right.legend(fontsize=6)
     fig.suptitle("the runs overlaid", fontsize=10)
     return png(fig)
+
+
+def matrix_chart(traffic: dict | None) -> str | None:
+    """The traffic matrix (MB from each host to each), in total and, with 2 to 4 jobs, per
+    job beside it (``traffic.json``)."""
+    if not traffic or not traffic.get("hosts"):
+        return None
+    hosts = traffic["hosts"]
+    panels = [("all jobs", traffic["total"])]
+    if 2 <= len(traffic["jobs"]) <= 4:
+        panels += [(f"job {j}", rows) for j, rows in traffic["jobs"].items()]
+    size = min(WIDTH_IN / len(panels), 6.0)
+    fig, axes = plt.subplots(1, len(panels), figsize=(size * len(panels), size),
+                             squeeze=False, layout="constrained")
+    top = max(max(max(r) for r in rows) for _t, rows in panels) / 1e6 or 1.0
+    image = None
+    ticks = range(0, len(hosts), max(1, len(hosts) // 16))
+    for ax, (title, rows) in zip(axes[0], panels):
+        image = ax.imshow([[v / 1e6 for v in r] for r in rows], cmap="viridis", vmin=0,
+                          vmax=top, interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(list(ticks))
+        ax.set_xticklabels([hosts[i] for i in ticks], rotation=90, fontsize=6)
+        ax.set_yticks(list(ticks))
+        ax.set_yticklabels([hosts[i] for i in ticks], fontsize=6)
+        ax.set_xlabel("to", fontsize=8)
+    axes[0, 0].set_ylabel("from", fontsize=8)
+    fig.colorbar(image, ax=axes[0, :], label="MB", shrink=0.8, pad=0.01)
+    return png(fig)

@@ -118,6 +118,12 @@ def _topology(directory: Path):
         return None
 
 
+def _matrix(run: Run) -> str:
+    """The run's traffic matrix (nothing for runs made before ``traffic.json``)."""
+    chart = charts.matrix_chart((_read_json(run.directory / "traffic.json") or {}).get("matrix"))
+    return "" if chart is None else _img(chart, f"{run.name} traffic matrix")
+
+
 def _img(b64: str | None, alt: str, kind: str = "") -> str:
     if b64 is None:
         return f"<p class='none'>{html.escape(alt)}: no data</p>"
@@ -212,6 +218,7 @@ def render(out: Path, runs: list[Run]) -> str:
                   _img(topology_chart(run), f"{run.name} topology", "topo"),
                   _img(charts.heatmap_chart(run.timeline, spans),
                        f"{run.name} utilization heatmap"),
+                  _matrix(run),
                   _img(charts.queue_chart(run.timeline, spans), f"{run.name} queues")]
     if len(runs) > DETAILED_RUNS:
         parts.append(f"<p>{len(runs) - DETAILED_RUNS} more runs: their own directories hold "

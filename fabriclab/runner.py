@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabriclab.model import prediction, results, rundir
+from fabriclab.model import traffic as traffic_out
 from fabriclab.model.experiment import Experiment
 from fabriclab.options import TelemetryOptions
 from fabriclab.shared import SharedFabric
@@ -130,6 +131,8 @@ class ExperimentRun:
     marks: dict[str, float] = field(default_factory=dict)  # bring-up, measurement, teardown
     injector: FailureInjector | None = None
     lost_switches: list[str] = field(default_factory=list)  # their vswitchd died under the run
+    traffic: dict = field(default_factory=dict)  # traffic.json: matrix, links per phase, batch
+    reading: dict = field(default_factory=dict)  # the switches' counters when a batch began
 
     @property
     def path(self) -> Path:
@@ -148,6 +151,8 @@ class ExperimentRun:
         if exp.real_scale is not None:
             self.doc["real_scale"] = exp.real_scale.factors()
         self.doc["prediction"] = prediction.document(exp)  # beside what is measured
+        self.traffic = prediction.traffic_document(exp)
+        write_json_atomic(self.out_dir / "traffic.json", self.traffic, indent=None)
         expanded = rundir.experiment_document(exp.raw)
         self.doc["experiment_sha256"] = expanded["sha256"]
         write_json_atomic(self.out_dir / "experiment.json", expanded)
@@ -186,12 +191,13 @@ class ExperimentRun:
         began = time.monotonic()
         if services.injector is not None:
             services.injector.begin()
-        for batch in self.exp.workload.batches():
+        self.reading = before
+        for index, batch in enumerate(self.exp.workload.batches()):
             wait_s = batch[0].not_before_s - (time.monotonic() - began)
             if wait_s > 0:  # a replayed trace's timestamp
                 time.sleep(wait_s)
             errors = self.run_batch(fabric, services, batch, runner)
-            errors += self.record(fabric, services, before, began)
+            errors += self.record(fabric, services, before, began, (index, batch))
             errors += [f"fabric service failed: {e}"
                        for e in fabric.service_errors[errors_before:]]
             if errors:
@@ -224,12 +230,17 @@ class ExperimentRun:
         return errors
 
     def record(self, fabric: RunningFabric, services: Services, before: dict,
-               began: float) -> list[str]:
+               began: float, batch: tuple[int, list[Job]] | None = None) -> list[str]:
         """The fabric since the workload began (queues, marks, pauses, utilization, routing,
         failures, fidelity) into the document, and every file of the run directory written.
         Returns the failures' errors."""
         exp, doc = self.exp, self.doc
         now = fabric.congestion()  # one reading for the summary and the utilization
+        if batch is not None and self.traffic:  # what the batch sent, port by port
+            self.traffic["batches"].append(traffic_out.batch_entry(
+                batch[0], batch[1], traffic_out.measured_links(fabric.topo, self.reading, now)))
+            self.reading = now
+            write_json_atomic(self.out_dir / "traffic.json", self.traffic, indent=None)
         doc["congestion"] = summarize_congestion(before, now, services.monitor.snapshot(),
                                                  exp.fabric.pfc.priorities)
         doc["congestion"]["utilization"] = link_utilization(fabric.topo, before, now,

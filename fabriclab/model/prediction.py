@@ -8,8 +8,9 @@ row ``predicted_s``).
 from __future__ import annotations
 
 from fabriclab.model import experiment as xp
+from fabriclab.model import traffic as traffic_out
 from traffic.measure import metrics
-from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor
+from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor, Router
 from traffic.measure.transport import ETH_HEADER_BYTES, goodput_fraction
 
 WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
@@ -70,3 +71,19 @@ def attach(rows: list[dict], prediction: dict | None) -> None:
         predicted = by_key.get((row.get("job"), row.get("repetition")))
         if predicted:
             row["predicted_s"] = predicted
+
+
+def router(exp: xp.Experiment) -> Router:
+    """The paths of ``exp``'s fabric under its routing."""
+    ctl = exp.controller
+    return Router(exp.topology, str(ctl.routing) if ctl.own else "ecmp", str(ctl.ecmp_seed),
+                  goodput_fraction(exp.fabric.mtu), exp.fabric.mtu + ETH_HEADER_BYTES)
+
+
+def traffic_document(exp: xp.Experiment) -> dict:
+    """``traffic.json`` before the run: the matrix and each collective's links as routed
+    (:mod:`fabriclab.model.traffic`); the run adds its batches' measured links."""
+    if exp.workload is None:
+        return {}
+    return {"matrix": traffic_out.matrix(exp.workload),
+            "phases": traffic_out.phase_links(router(exp), exp.workload), "batches": []}

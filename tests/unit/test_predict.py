@@ -140,3 +140,29 @@ def test_a_shipped_file_is_predicted_in_under_five_seconds(name):
         measured = [{"job": r["job"], "repetition": r["index"]} for r in rows]
         attach(measured, doc)
         assert [m["predicted_s"] for m in measured] == [r["predicted_s"] for r in rows]
+
+
+def test_traffic_out_matrix_links_as_routed_and_measured_ports():
+    from fabriclab.model import traffic
+
+    topo = leaf_spine(2, 2, 2)
+    hosts = [h.name for h in topo.hosts]
+    ring = build("all_reduce", 4, 4_000_000)
+    wl = Workload((_job(topo, ring, hosts), _job(topo, flows([(0, 3)], 4, 1000), hosts, 1)))
+    doc = traffic.matrix(wl)
+    assert doc["hosts"] == hosts
+    # the ring: each rank sends its successor 2(n-1)/n of 4 MB; job 1: 1000 B from h0 to h3
+    assert doc["jobs"]["0"][0][1] == 6_000_000 and doc["jobs"]["1"][0][3] == 1000
+    assert doc["total"][0][3] == 1000 and doc["total"][3][0] == 6_000_000
+    phases = traffic.phase_links(Router(topo, "ecmp"), wl)
+    ring_links = phases[0]["links"]
+    # leaf 2's hosts to leaf 1's: the ring's one crossing each way, split over two spines
+    up = {k: v for k, v in ring_links.items() if k.startswith("leaf2->spine")}
+    assert sorted(up.values()) == [3_000_000, 3_000_000]
+    exact = traffic.phase_links(Router(topo, "dmodk"), wl)[0]["links"]
+    assert sorted(v for k, v in exact.items() if k.startswith("leaf2->spine")) == [6_000_000]
+    before = {"leaf1-eth3": {"queue": {"bytes": 100}}}
+    after = {"leaf1-eth3": {"queue": {"bytes": 1100}}, "leaf1-eth1": {"queue": {"bytes": 0}}}
+    port = topo.ports("leaf1")[3]
+    assert traffic.measured_links(topo, before, after) == {
+        f"leaf1->{port.other('leaf1').node}": 1000}

@@ -104,3 +104,22 @@ def test_collectives_are_marked_on_the_timelines_clock():
                             "time_us": 1.5e6}, {"op": "all_to_all", "time_us": 1.0}]}
     assert charts.marks(doc, {"started_unix_s": 1000.0}) == [("ar", 2.5, 4.0)]
     assert charts.marks(doc, {}) == [] and charts.marks(doc, None) == []
+
+
+def test_a_run_with_its_traffic_and_prediction_shows_the_matrix_and_the_ratio(tmp_path):
+    """traffic.json's matrix drawn (per job beside the total), and each collective's measured
+    time over fabriclab predict's."""
+    out = tmp_path / "run"
+    _run_dir(out, 0.9)
+    doc = json.loads((out / "results.json").read_text())
+    doc["collectives"][0]["predicted_s"] = 0.8  # measured 1 s
+    (out / "results.json").write_text(json.dumps(doc))
+    rows = lambda k: [[0, k, 0], [0, 0, k], [k, 0, 0]]  # noqa: E731
+    (out / "traffic.json").write_text(json.dumps({
+        "matrix": {"hosts": ["h1", "h2", "h3"], "total": rows(3_000_000),
+                   "jobs": {"0": rows(1_000_000), "1": rows(2_000_000)}},
+        "phases": [], "batches": []}))
+    page = report.write_report(out).read_text()
+    assert "alt='run traffic matrix'" in page
+    assert "<th>measured / predicted</th>" in page and "<td class=n>1.25</td>" in page
+    assert "<td class=n>800000</td>" in page  # predicted us

@@ -1,0 +1,89 @@
+"""Traffic out (pure): what a run's workload moved, as ``traffic.json`` holds it.
+
+* ``matrix``: bytes per source and destination host, per job and in total, from the jobs'
+  schedules (every transfer of every collective and repetition; a rank's own host excluded);
+* ``phases``: per collective, the bytes each directed link carries as routed
+  (:class:`traffic.measure.predict.Router`: D-mod-k's paths exactly; ECMP's and adaptive
+  routing's as the expectation, split evenly over the equal-cost paths; sprayed evenly);
+  host links included;
+* ``batches``: per batch of jobs run at once, the bytes each switch port measured it send
+  (``node->peer``), from the switches' own counters before and after it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from traffic.measure.predict import Router, sprayed
+from traffic.workloads.schedules import chunk_sizes
+from traffic.workloads.workload import Job, Workload
+
+
+def matrix(workload: Workload) -> dict:
+    """``{"hosts": [...], "total": rows, "jobs": {"0": rows, ...}}``: rows[i][j] the bytes
+    host i sent host j (hosts in first-seen order)."""
+    hosts: dict[str, int] = {}
+    per_job: dict[int, dict[tuple[int, int], int]] = {}
+    for job in workload.jobs:
+        cells = per_job.setdefault(job.index, {})
+        for coll in job.collectives:
+            for t in coll.schedule.transfers:
+                src, dst = coll.hosts[t.src], coll.hosts[t.dst]
+                if src == dst:
+                    continue
+                key = (hosts.setdefault(src, len(hosts)), hosts.setdefault(dst, len(hosts)))
+                cells[key] = cells.get(key, 0) + t.nbytes
+    n = len(hosts)
+
+    def rows(cells: dict[tuple[int, int], int]) -> list[list[int]]:
+        out = [[0] * n for _ in range(n)]
+        for (i, j), nbytes in cells.items():
+            out[i][j] += nbytes
+        return out
+
+    total: dict[tuple[int, int], int] = {}
+    for cells in per_job.values():
+        for key, nbytes in cells.items():
+            total[key] = total.get(key, 0) + nbytes
+    return {"hosts": list(hosts), "total": rows(total),
+            "jobs": {str(j): rows(cells) for j, cells in per_job.items()}}
+
+
+def phase_links(router: Router, workload: Workload) -> list[dict]:
+    """Per collective, the bytes on each directed link as routed (see the module docstring)."""
+    out = []
+    expected = router.routing in ("ecmp", "adaptive")
+    for job in workload.jobs:
+        for k, coll in enumerate(job.collectives):
+            links: dict[str, float] = {}
+            for t in coll.schedule.transfers:
+                for ch, share in enumerate(chunk_sizes(t.nbytes, job.connections)):
+                    if not share:
+                        continue
+                    path = router.path(coll.hosts[t.src], coll.hosts[t.dst], ch,
+                                       random.Random(0), expected or sprayed(job))
+                    for i, w in path:
+                        name = router.names[i]
+                        links[name] = links.get(name, 0.0) + w * share
+            out.append({"job": job.index, "index": k, "label": coll.label or coll.op,
+                        "links": {name: round(v) for name, v in sorted(links.items())}})
+    return out
+
+
+def measured_links(topo, before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:
+    """The bytes each switch port sent between two congestion readings, as ``node->peer``."""
+    out = {}
+    for link in topo.links:
+        for end in (link.a, link.b):
+            if not topo.nodes[end.node].is_switch or end.ifname not in after:
+                continue
+            sent = (after[end.ifname].get("queue", {}).get("bytes", 0)
+                    - before.get(end.ifname, {}).get("queue", {}).get("bytes", 0))
+            if sent > 0:
+                out[f"{end.node}->{link.other(end.node).node}"] = sent
+    return out
+
+
+def batch_entry(index: int, jobs: list[Job], links: dict[str, int]) -> dict:
+    """One batch's line of ``batches``."""
+    return {"batch": index, "jobs": [j.index for j in jobs], "links": links}
