@@ -10,7 +10,7 @@ from __future__ import annotations
 from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
 from traffic.measure import metrics
-from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor, Router
+from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor, Router, iterations
 from traffic.measure.transport import ETH_HEADER_BYTES, goodput_fraction
 
 WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
@@ -37,15 +37,21 @@ def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> dict:
     routing it assumed, how, and per collective the prediction and its busbw."""
     rows = []
     colls = [c for job in (exp.workload.jobs if exp.workload else ()) for c in job.collectives]
-    for p, coll in zip(predict(exp, draws), colls):
+    predicted = predict(exp, draws)
+    for p, coll in zip(predicted, colls):
         comm = max(p.seconds, 1e-12)
         n = coll.schedule.communicator_size
         row = p.to_dict()
         row["busbw_GBps"] = round(metrics.busbw_GBps(coll.op, n, coll.schedule.size_bytes, comm)
                                   if coll.op in metrics.BUS_FACTOR else 0.0, 6)
         rows.append(row)
-    return {"routing": str(exp.controller.routing) if exp.controller.own else "ecmp",
-            "draws": draws, "model": WHAT, "collectives": rows}
+    out = {"routing": str(exp.controller.routing) if exp.controller.own else "ecmp",
+           "draws": draws, "model": WHAT, "collectives": rows}
+    if exp.workload is not None:
+        its = iterations(exp.workload, predicted)
+        if its:
+            out["iterations"] = its
+    return out
 
 
 def targets(exp: xp.Experiment) -> list[tuple[str, xp.Experiment]]:

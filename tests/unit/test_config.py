@@ -104,7 +104,7 @@ def test_the_schema_and_the_typed_specs_agree():
     assert transport["congestion_control"]["enum"] == list(ROCE_CONGESTION_CONTROLS)
     assert transport["delivery"]["enum"] == list(DELIVERY_MODES)
     training = defs["workload"]["properties"]["training"]["properties"]
-    assert set(training) == set(TrainingSpec.keys()) | {"ranks"}
+    assert set(training) == set(TrainingSpec.keys()) | {"ranks", "preset"}
     for name in PATTERNS:
         assert name in defs["workload"]["properties"]["collectives"]["items"]["properties"][
             "pattern"]["description"]

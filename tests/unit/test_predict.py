@@ -166,3 +166,33 @@ def test_traffic_out_matrix_links_as_routed_and_measured_ports():
     port = topo.ports("leaf1")[3]
     assert traffic.measured_links(topo, before, after) == {
         f"leaf1->{port.other('leaf1').node}": 1000}
+
+
+def test_iterations_predicted_with_stragglers_and_overlapped_buckets():
+    from traffic.measure.predict import iterations
+
+    base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 1, "spines": 1,
+                                      "hosts_per_leaf": 4, "host_link": {"rate_mbps": 100},
+                                      "mtu": 9000},
+            "controller": {"routing": "dmodk"}}
+    ddp = {"layers": 4, "hidden": 256, "seq_len": 128, "micro_batches": 1, "tp": 1, "pp": 1,
+           "dp": 4, "params": 3_125_000, "compute_ms": 4000}  # 12.5 MB of gradients
+    plain = xp.parse({**base, "workload": {"training": ddp}})
+    (it,) = document(plain)["iterations"]
+    comm = 2 * 3 / 4 * 12_500_000 * 8 / 100e6 / 0.993  # a ring all-reduce at line rate
+    assert it["compute_s"] == pytest.approx(8.0)
+    assert it["predicted_s"] == pytest.approx(8.0 + comm, rel=0.01)
+    assert it["exposed_comm_s"] == pytest.approx(it["comm_s"])
+    slow = xp.parse({**base, "workload": {"training": {
+        **ddp, "stragglers": [{"rank": 1, "slowdown": 1.5}]}}})
+    (it_slow,) = document(slow)["iterations"]
+    assert it_slow["predicted_s"] == pytest.approx(it["predicted_s"] + 4.0, rel=1e-3)
+    over = xp.parse({**base, "workload": {"training": {**ddp, "overlap": True,
+                                                       "bucket_mb": 3.125}}})
+    (it_over,) = document(over)["iterations"]
+    # four buckets of 0.38 s, released every second of the 4 s backward pass: only the last
+    # is exposed
+    assert it_over["comm_s"] == pytest.approx(it["comm_s"], rel=0.05)
+    assert it_over["exposed_comm_s"] == pytest.approx(it["comm_s"] / 4, rel=0.1)
+    assert iterations(xp.parse({**base, "workload": {"collectives": [
+        {"op": "all_reduce", "size": 1000, "ranks": 2}]}}).workload, []) == []

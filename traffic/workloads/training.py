@@ -24,6 +24,8 @@ the number of the iteration it belongs to.
 from __future__ import annotations
 
 import hashlib
+import math
+import random
 from dataclasses import dataclass, fields
 
 from testbed.errors import ConfigError
@@ -58,6 +60,13 @@ class TrainingSpec:
     experts: int = 0  # experts per MoE layer (0: one per expert-parallel rank)
     moe_skew: float = 0.0  # Zipf exponent of the experts' popularity (0: uniform)
     moe_seed: int = 1
+    compute_jitter: float = 0.0  # sigma of each rank's log-normal compute factor per phase
+    stragglers: tuple[tuple[int, float], ...] = ()  # (rank, slowdown)
+    jitter_seed: int = 1
+    overlap: bool = False  # DDP: gradient buckets all-reduced beside the backward pass
+    bucket_mb: float = 25.0  # DDP's default bucket (MB of gradients)
+    bucket_order: str = "reverse"  # reverse (DDP: the last layers' first) or forward
+    size_scale: float = 1.0  # every byte the iteration moves, times this
     compute_ms: float = 10.0
     iterations: int = 1
 
@@ -68,6 +77,10 @@ class TrainingSpec:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    def scaled(self, nbytes: float) -> int:
+        """Bytes times ``size_scale``, at least 1."""
+        return max(1, round(nbytes * self.size_scale))
 
     @property
     def expert_count(self) -> int:
@@ -93,17 +106,77 @@ class TrainingSpec:
                                                     f"{self.expert_count} experts")
         if self.world_size < 2:
             raise ConfigError(FIELD, "tp * pp * dp must be at least 2 ranks")
+        for i, (rank, slowdown) in enumerate(self.stragglers):
+            if not 0 <= rank < self.world_size:
+                raise ConfigError(f"{FIELD}.stragglers[{i}].rank",
+                                  f"no rank {rank} among tp * pp * dp = {self.world_size}")
+        if self.overlap and (self.tp > 1 or self.pp > 1 or (self.ep > 1 and self.moe_every)):
+            raise ConfigError(f"{FIELD}.overlap", "gradient buckets overlap a backward pass "
+                                                  "without other collectives (tp 1, pp 1, no "
+                                                  "MoE layers): a rank runs one collective at "
+                                                  "a time")
         return self
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One communication phase of an iteration."""
+    """One communication phase of an iteration. ``gaps``: each global rank's compute before
+    it (None: ``gap_s`` on every rank); ``barrier`` False: an overlapped gradient bucket,
+    whose gap counts from the last barrier (its release), not from the previous phase."""
 
     label: str
     schedule: Schedule
     gap_s: float
     iteration: int
+    gaps: tuple[float, ...] | None = None
+    barrier: bool = True
+
+
+class _Iteration:
+    """Phases in issue order; compute that no phase of its own carries (tensor parallelism
+    off: no all-reduce between the layers) waits for the next phase."""
+
+    def __init__(self, c: TrainingSpec) -> None:
+        self.c = c
+        self.out: list[Phase] = []
+        self.pending = 0.0
+        self.factors = _rank_factors(c)
+
+    def add(self, op: str, size: int, members: list[list[int]], label: str, gap_s: float,
+            it: int) -> None:
+        self.pending += gap_s
+        if len(members[0]) < 2 or size <= 0:
+            return
+        parts = [(build(op, len(m), size), m) for m in members]
+        self.phase(Phase(label, merge(parts, self.c.world_size), 0.0, it))
+
+    def phase(self, ph: Phase, release_s: float | None = None) -> None:
+        """Append ``ph`` with the pending compute before it (or, overlapped, released at
+        ``release_s`` after the last barrier), per rank as the stragglers and jitter say."""
+        gap = self.pending if release_s is None else release_s
+        self.pending = 0.0 if release_s is None or ph.barrier else self.pending
+        gaps = None
+        if self.factors is not None:
+            draw = self.factors(len(self.out))
+            gaps = tuple(round(gap * f, 9) for f in draw)
+        self.out.append(Phase(ph.label, ph.schedule, gap, ph.iteration, gaps, ph.barrier))
+
+
+def _rank_factors(c: TrainingSpec):
+    """Each rank's compute factor for phase ``n`` (stragglers' slowdown times a seeded
+    log-normal jitter of mean 1), or None when every rank computes alike."""
+    slow = [1.0] * c.world_size
+    for rank, slowdown in c.stragglers:
+        slow[rank] = slowdown
+    if not c.compute_jitter and all(f == 1.0 for f in slow):
+        return None
+    sigma = c.compute_jitter
+
+    def factors(n: int) -> list[float]:
+        rng = random.Random(c.jitter_seed * 1_000_003 + n)
+        return [s * (math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2) if sigma else 1.0)
+                for s in slow]
+    return factors
 
 
 def phases(spec: TrainingSpec) -> list[Phase]:
@@ -111,19 +184,11 @@ def phases(spec: TrainingSpec) -> list[Phase]:
     c = spec.check()
     tp, pp, dp, ep = c.tp, c.pp, c.dp, c.ep
     world = c.world_size
-    rank = lambda t, d, p: t + tp * (d + dp * p)
-    act = c.seq_len * c.micro_batch * c.hidden * c.dtype_bytes
+    rank = lambda t, d, p: t + tp * (d + dp * p)  # noqa: E731
+    act = c.scaled(c.seq_len * c.micro_batch * c.hidden * c.dtype_bytes)
     layers = c.layers // pp
     gap = c.compute_ms / 1e3
-    out: list[Phase] = []
-
-    def groups(op: str, size: int, members: list[list[int]], label: str, gap_s: float,
-               it: int) -> None:
-        if len(members[0]) < 2 or size <= 0:
-            return
-        parts = [(build(op, len(m), size), m) for m in members]
-        out.append(Phase(label, merge(parts, world), gap_s, it))
-
+    b = _Iteration(c)
     moe_layers = layers // c.moe_every if c.moe_every else 0
     for it in range(c.iterations):
         for mb in range(c.micro_batches):
@@ -132,23 +197,57 @@ def phases(spec: TrainingSpec) -> list[Phase]:
                     tp_groups = [[rank(t, d, p) for t in range(tp)] for d in range(dp)]
                     tag = f"iter {it} mb {mb} {direction} stage {p}"
                     for _ in range(2 * layers):
-                        groups("all_reduce", act, tp_groups, f"{tag} tp all_reduce",
-                               gap / (2 * layers), it)
+                        b.add("all_reduce", act, tp_groups, f"{tag} tp all_reduce",
+                              gap / (2 * layers), it)
                     ep_groups = [[rank(t, g * ep + e, p) for e in range(ep)]
                                  for t in range(tp) for g in range(dp // ep)]
                     for layer in range(moe_layers if ep > 1 else 0):
                         seed = (c.moe_seed, it, mb, p, layer)
-                        out += _moe_layer(c, ep_groups, world, f"{tag} ep", it, seed,
-                                          direction == "bwd")
+                        for ph in _moe_layer(c, ep_groups, world, f"{tag} ep", it, seed,
+                                             direction == "bwd"):
+                            b.phase(ph)
                     nxt = p + 1 if direction == "fwd" else p - 1
                     if 0 <= nxt < pp:
-                        groups("send_recv", act,
-                               [[rank(t, d, p), rank(t, d, nxt)] for t in range(tp)
-                                for d in range(dp)], f"{tag} pp send_recv", 0.0, it)
-        grad = c.params // (tp * pp) * c.grad_dtype_bytes
+                        b.add("send_recv", act, [[rank(t, d, p), rank(t, d, nxt)]
+                                                 for t in range(tp) for d in range(dp)],
+                              f"{tag} pp send_recv", 0.0, it)
+        grad = c.scaled(c.params // (tp * pp) * c.grad_dtype_bytes)
         dp_groups = [[rank(t, d, p) for d in range(dp)] for t in range(tp) for p in range(pp)]
-        groups("all_reduce", grad, dp_groups, f"iter {it} dp all_reduce", 0.0, it)
-    return out
+        if c.overlap:
+            _buckets(b, c, grad, dp_groups, it)
+        else:
+            b.add("all_reduce", grad, dp_groups, f"iter {it} dp all_reduce", 0.0, it)
+    return b.out
+
+
+def _buckets(b: _Iteration, c: TrainingSpec, grad: int, dp_groups: list[list[int]],
+             it: int) -> None:
+    """DDP's gradient buckets: each all-reduced once the backward pass has produced its
+    layers' gradients (``bucket_order`` reverse: the last layers' first, as DDP registers
+    them), beside the rest of the backward pass. The iteration's compute so far is pending;
+    the last micro-batch's backward (``compute_ms``) produces a layer's gradients every
+    ``compute_ms / layers``."""
+    layers = c.layers
+    per_layer = grad / layers
+    backward = c.compute_ms / 1e3
+    before = b.pending - backward  # the forward passes and the earlier backward passes
+    order = list(range(layers))  # backward order: the last layer's gradients come first
+    if c.bucket_order == "forward":
+        order = list(reversed(order))
+    bucket_bytes = c.scaled(c.bucket_mb * 1e6)  # scaled as the gradients are
+    buckets: list[list[int]] = [[]]
+    for i in order:  # i: the i-th layer the backward reaches
+        if buckets[-1] and len(buckets[-1]) * per_layer >= bucket_bytes:
+            buckets.append([])
+        buckets[-1].append(i)
+    ready = 0.0
+    for k, members in enumerate(buckets):  # launched in order: none before the one ahead
+        ready = max(ready, before + backward * (max(members) + 1) / layers)
+        size = max(1, round(per_layer * len(members)))
+        parts = [(build("all_reduce", len(m), size), m) for m in dp_groups]
+        b.phase(Phase(f"iter {it} dp bucket {k} all_reduce", merge(parts, c.world_size), 0.0,
+                      it, barrier=k == 0), release_s=ready)
+    b.pending = 0.0
 
 
 def _moe_layer(c: TrainingSpec, ep_groups: list[list[int]], world: int, tag: str, it: int,
@@ -157,7 +256,7 @@ def _moe_layer(c: TrainingSpec, ep_groups: list[list[int]], world: int, tag: str
     with its own routing): dispatch then combine, or backward their gradients (combine's
     first: the dispatch matrix again, then its transpose)."""
     tokens = c.seq_len * c.micro_batch
-    token_bytes = c.hidden * c.dtype_bytes
+    token_bytes = c.scaled(c.hidden * c.dtype_bytes)
     dispatch = []
     for g, members in enumerate(ep_groups):
         draw = int.from_bytes(hashlib.sha256(repr((*seed, g)).encode()).digest()[:8], "big")

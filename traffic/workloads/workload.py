@@ -34,9 +34,9 @@ experiment is parsed once: trace and NCCL log files are read here and never agai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import random
 import re
 import stat
 from collections.abc import Callable
@@ -45,21 +45,19 @@ from dataclasses import dataclass
 from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
 from traffic.transports.options import PER_KIND, ROCE_CONGESTION_CONTROLS, TransportOptions
-from traffic.workloads import hierarchical, moe
-from traffic.workloads import training
-from traffic.workloads.nccl_log import ImportedCollective, import_log
+from traffic.workloads import hierarchical, jobs, moe
+from traffic.workloads.jobs import place_ranks, rank_servers, whole_servers
+from traffic.workloads import presets, training
+from traffic.workloads.nccl_log import import_log
+from traffic.workloads.replay import EntryCheck, nccl_entries, parse_trace
 from traffic.workloads.patterns import PATTERNS, pattern_pairs
 from traffic.workloads.schedules import Schedule, build, flows
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
-PLACEMENTS = ("contiguous", "strided", "random")
 DEFAULT_CONNECTIONS = 1
 DEFAULT_TIMEOUT_S = 600.0
 
-#: Checks one workload entry (a trace line's object) against the experiment schema; raises
-#: ConfigError under the given field path. Supplied by the experiment layer.
-EntryCheck = Callable[[dict, str], None]
 
 
 @dataclass(frozen=True)
@@ -73,6 +71,8 @@ class Collective:
     gap_s: float = 0.0  # compute time before it starts (after the barrier)
     iteration: int | None = None  # training workloads: the iteration it belongs to
     servers: tuple[int, ...] | None = None  # servers of GPUs: each rank's server
+    gaps: tuple[float, ...] | None = None  # each rank's compute before it (None: gap_s)
+    barrier: bool = True  # False: an overlapped bucket, released gap after the last barrier
 
     def moved_bytes(self) -> int:
         """Bytes the collective moves in all (every transfer)."""
@@ -102,6 +102,9 @@ class Job:
     spray: bool | None = None  # UDP transports: spread packets over paths (None: default)
     dcqcn: str = "paper"  # rocev2: DCQCN's profile (traffic.transports.rocev2)
     transport_options: TransportOptions = TransportOptions()  # uet's and rocev2's further
+    name: str = ""  # workload.jobs: the job's name
+    offset_s: float = 0.0  # workload.jobs: its start after the batch's
+    alone_of: str = ""  # the named job this one runs alone (its slowdown's baseline)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class Workload:
     jobs: tuple[Job, ...]
     connections: int = DEFAULT_CONNECTIONS
     timeout_s: float = DEFAULT_TIMEOUT_S
+    baseline: str = ""  # workload.jobs: alone, none, or a run directory
 
     @property
     def collective_count(self) -> int:
@@ -147,77 +151,6 @@ def parse_size(value: object, path: str) -> int:
         raise ConfigError(path, f"{quoted} is more than the {MAX_SIZE >> 40} TiB a collective "
                                 "may move")
     return size
-
-
-def rank_servers(topo: Topology, ranks: tuple[str, ...]) -> tuple[int, ...] | None:
-    """Each rank's server (None when the hosts are not servers' GPUs)."""
-    if not topo.servers:
-        return None
-    return tuple(topo.server_of(h).index for h in ranks)
-
-
-def whole_servers(topo: Topology, ranks: tuple[str, ...], path: str,
-                  algorithm: str) -> tuple[int, int]:
-    """(servers, GPUs each) of ranks that are whole servers in NCCL's order (every server's
-    GPUs in local order, one server after the other), as a hierarchical schedule needs.
-
-    Raises:
-        ConfigError: at ``path`` otherwise.
-    """
-    if not topo.servers:
-        raise ConfigError(path, f"the {algorithm} algorithm runs on servers of GPUs "
-                                "(fabric.servers)")
-    gpus = len(topo.servers[0].gpus)
-    blocks = [ranks[i:i + gpus] for i in range(0, len(ranks), gpus)]
-    for block in blocks:
-        server = topo.server_of(block[0])
-        if len(block) != gpus or server is None or tuple(block) != server.gpus:
-            raise ConfigError(path, f"the {algorithm} algorithm needs whole servers in rank "
-                                    f"order ({gpus} GPUs each, e.g. ranks: {2 * gpus}), got "
-                                    f"{', '.join(block)}")
-    return len(blocks), gpus
-
-
-def place_ranks(topo: Topology, spec: object, path: str) -> tuple[str, ...]:
-    """Rank hosts from a count, a host list, or ``{count, placement, seed}`` (a count takes the
-    hosts in :meth:`Topology.rank_hosts` order: GPUs as NCCL numbers them)."""
-    hosts = topo.rank_hosts()
-    if isinstance(spec, list):
-        for i, name in enumerate(spec):
-            if not isinstance(name, str):
-                raise ConfigError(f"{path}[{i}]", f"a host name, got {name!r}")
-            if name not in topo.nodes or topo.nodes[name].is_switch:
-                raise ConfigError(f"{path}[{i}]", f"no host {name!r} in this fabric "
-                                                  f"(hosts: {hosts[0]} .. {hosts[-1]})")
-            if topo.nic_owner(name) != name:
-                raise ConfigError(f"{path}[{i}]", f"{name} is the plane-{topo.plane_of(name)} "
-                                                  f"NIC of {topo.nic_owner(name)}: name the GPU")
-        if len(set(spec)) != len(spec):
-            raise ConfigError(path, "a host appears twice; one rank per host")
-        chosen = list(spec)
-    else:
-        if isinstance(spec, int) and not isinstance(spec, bool):
-            spec = {"count": spec}
-        if not isinstance(spec, dict) or "count" not in spec:
-            raise ConfigError(path, "give a rank count, a list of hosts, or "
-                                    "{count, placement, seed}")
-        count, placement = spec["count"], spec.get("placement", "contiguous")
-        if placement not in PLACEMENTS:
-            raise ConfigError(f"{path}.placement", f"unknown placement {placement!r}; expected "
-                                                   f"one of {', '.join(PLACEMENTS)}")
-        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= len(hosts):
-            raise ConfigError(f"{path}.count", f"must be between 2 and {len(hosts)} "
-                                               f"(the fabric's hosts), got {count!r}")
-        if placement == "contiguous":
-            chosen = hosts[:count]
-        elif placement == "strided":
-            stride = len(hosts) // count
-            chosen = hosts[::stride][:count]
-        else:
-            chosen = random.Random(spec.get("seed", 1)).sample(hosts, count)
-    if len(chosen) < 2:
-        raise ConfigError(path, f"a communicator needs at least 2 ranks, got {len(chosen)}")
-    return tuple(chosen)
 
 
 def batches(jobs: list[Job]) -> list[list[Job]]:
@@ -260,6 +193,8 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
                 "transport": raw.get("transport", "tcp"), "spray": raw.get("spray"),
                 "dcqcn": raw.get("dcqcn", "paper")}
     job_settings(defaults, "workload")  # its errors named there, not in the first entry
+    if raw.get("jobs"):
+        return _named_jobs(topo, raw, base_dir, connections, timeout_s, defaults)
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     if raw.get("trace"):
@@ -277,6 +212,65 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return Workload(tuple(jobs), connections, timeout_s)
+
+
+def _named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int,
+                timeout_s: float, defaults: dict) -> Workload:
+    """``workload.jobs``: each named job on its own hosts, all at once (each at its
+    ``start_s``), then (baseline ``alone``) each alone."""
+    for key in ("collectives", "training", "trace", "nccl_log"):
+        if key in raw:
+            raise ConfigError(f"workload.{key}", "give jobs, or collectives, training, trace "
+                                                 "and nccl_log: not both")
+    baseline = raw.get("baseline", "alone")
+    out: list[Job] = []
+    taken: set[str] = set()
+    for i, spec in enumerate(raw["jobs"]):
+        path = f"workload.jobs[{i}]"
+        kinds = [k for k in ("training", "collective", "nccl_log") if k in spec]
+        if len(kinds) != 1:
+            raise ConfigError(path, "a job is one workload: training, collective or nccl_log")
+        settings = {**defaults, **{k: spec[k] for k in ("dscp", "transport",
+                                                        "congestion_control") if k in spec}}
+        job = _named_job(topo, spec, kinds[0], path, len(out), taken, base_dir, connections,
+                         timeout_s, settings)
+        taken |= set(job.collectives[0].hosts)
+        out.append(dataclasses.replace(job, name=spec["name"], concurrent=i > 0,
+                                       offset_s=float(spec.get("start_s", 0.0))))
+    names = [j.name for j in out]
+    if len(set(names)) != len(names):
+        raise ConfigError("workload.jobs", f"job names repeat: {', '.join(names)}")
+    if baseline == "alone":
+        out += [dataclasses.replace(j, index=len(out) + k, concurrent=False, offset_s=0.0,
+                                    alone_of=j.name) for k, j in enumerate(list(out))]
+    return Workload(tuple(out), connections, timeout_s, baseline)
+
+
+def _named_job(topo: Topology, spec: dict, kind: str, path: str, index: int, taken: set[str],
+               base_dir: str, connections: int, timeout_s: float, settings: dict) -> Job:
+    """One named job of ``workload.jobs`` on hosts its placement gives."""
+    if kind == "training":
+        world = training_spec(spec["training"]).world_size
+        hosts = jobs.job_hosts(topo, spec.get("ranks"), world, taken, f"{path}.ranks")
+        return _training_job(topo, {**spec["training"], "ranks": list(hosts)}, index,
+                             connections, timeout_s, settings, f"{path}.training")
+    if kind == "collective":
+        entry = spec["collective"]
+        need = entry.get("ranks", 2) if isinstance(entry.get("ranks", 2), int) else 2
+        hosts = jobs.job_hosts(topo, spec.get("ranks", entry.get("ranks")), need, taken,
+                               f"{path}.ranks")
+        read_json = lambda name, field: _json(_read(base_dir, name, field), field)  # noqa: E731
+        return _entry_job(topo, index, {**settings, **entry, "ranks": list(hosts)},
+                          f"{path}.collective", connections, timeout_s, read_json)
+    entries = nccl_entries(import_log(_read(base_dir, spec["nccl_log"], f"{path}.nccl_log")))
+    need = max(e["ranks"] for e, _w in entries)
+    hosts = jobs.job_hosts(topo, spec.get("ranks"), need, taken, f"{path}.ranks")
+    built = jobs.log_schedules(entries, len(hosts), lambda e, n, where: build(
+        e["op"], n, parse_size(e["size"], f"{where}.size"), field_path=where))
+    servers = rank_servers(topo, hosts)
+    colls = tuple(Collective(s.op, hosts, s, e.get("label", ""), servers=servers)
+                  for e, s in built)
+    return Job(index, colls, connections, timeout_s, **job_settings(settings, path))
 
 
 def _json(text: str, field: str) -> object:
@@ -352,19 +346,23 @@ def job_settings(entry: dict, path: str) -> dict:
 
 
 def training_spec(raw: dict) -> training.TrainingSpec:
-    """The typed training settings of a ``workload.training`` section (schema-checked)."""
-    return training.TrainingSpec(**{k: v for k, v in raw.items() if k != "ranks"}).check()
+    """The typed training settings of a ``workload.training`` section (schema-checked; a
+    ``preset``'s model fields under the section's own)."""
+    fields = {k: v for k, v in presets.resolve(raw).items() if k != "ranks"}
+    fields["stragglers"] = tuple((s["rank"], float(s["slowdown"]))
+                                 for s in fields.get("stragglers", ()))
+    return training.TrainingSpec(**fields).check()
 
 
 def _training_job(topo: Topology, raw: dict, index: int, connections: int,
-                  timeout_s: float, defaults: dict) -> Job:
+                  timeout_s: float, defaults: dict, field: str = "workload.training") -> Job:
     """One job running every phase of the training iterations on one set of rank hosts."""
     spec = training_spec(raw)
     world = spec.world_size
-    ranks = place_ranks(topo, raw.get("ranks", world), "workload.training.ranks")
+    ranks = place_ranks(topo, raw.get("ranks", world), f"{field}.ranks")
     if len(ranks) != world:
-        raise ConfigError("workload.training.ranks", f"tp * pp * dp = {world} ranks, but "
-                                                     f"{len(ranks)} hosts were given")
+        raise ConfigError(f"{field}.ranks", f"tp * pp * dp = {world} ranks, but "
+                                            f"{len(ranks)} hosts were given")
     if topo.servers:  # rank order is NCCL's: tensor-parallel groups fill servers first
         gpus = len(topo.servers[0].gpus)
         for name, width in (("tp", spec.tp), ("ep", spec.tp * spec.ep if spec.ep > 1 else 1)):
@@ -376,7 +374,8 @@ def _training_job(topo: Topology, raw: dict, index: int, connections: int,
                                   "the scale-up domain)")
     servers = rank_servers(topo, ranks)
     colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
-                             ph.iteration, servers) for ph in training.phases(spec))
+                             ph.iteration, servers, ph.gaps, ph.barrier)
+                  for ph in training.phases(spec))
     return Job(index, colls, connections, timeout_s, **job_settings(defaults, "workload"))
 
 
@@ -433,66 +432,3 @@ def _read(base_dir: str, path: str, field: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
-
-
-# -- traces -------------------------------------------------------------------------------------
-#
-# A trace is JSON lines, one collective per line, replayed in file order:
-#
-#   {"op": "all_reduce", "size": "16MiB", "ranks": 8, "algorithm": "ring"}
-#   {"op": "all_to_all", "size": 4194304, "ranks": [...], "concurrent": true, "t_s": 1.5}
-#
-# A line is a workload entry (its keys and types are the experiment schema's), whose ``t_s``
-# says: do not start before t_s seconds after the replay began (the runner waits; a collective
-# still follows the one before it, as NCCL's stream order does). Blank lines and lines starting
-# with # are skipped.
-
-def parse_trace(text: str, source: str = "trace",
-                check_entry: EntryCheck | None = None) -> list[tuple[dict, str]]:
-    """Workload entries from a JSON-lines trace, each with its field path (``source line N``).
-
-    Raises:
-        ConfigError: ``<source> line N`` for malformed JSON or an entry the schema refuses.
-    """
-    entries = []
-    for no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        where = f"{source} line {no}"
-        try:
-            entry = json.loads(line)
-        except ValueError as err:
-            raise ConfigError(where, f"not JSON: {err}") from err
-        if not isinstance(entry, dict):
-            raise ConfigError(where, "each line is one JSON object")
-        if check_entry is not None:
-            check_entry(entry, where)
-        entries.append((entry, where))
-    if not entries:
-        raise ConfigError(source, "the trace has no collectives")
-    return entries
-
-
-def nccl_entries(collectives: list[ImportedCollective]) -> list[tuple[dict, str]]:
-    """Workload entries replaying imported NCCL collectives on the first ``nranks`` hosts.
-
-    Send/Recv pairs of one opCount become one ``send_recv``; collectives keep NCCL's order.
-    """
-    entries = []
-    seen_p2p = set()
-    for coll in collectives:
-        where = f"workload.nccl_log line {coll.first_line}"
-        if coll.op in ("send", "recv"):
-            if coll.op_count in seen_p2p:
-                continue
-            seen_p2p.add(coll.op_count)
-            entry = {"op": "send_recv", "size": coll.size_bytes, "ranks": 2,
-                     "label": f"nccl opCount {coll.op_count:x}"}
-        elif coll.op == "reduce":
-            entry = {"op": "all_reduce", "size": coll.size_bytes, "ranks": coll.nranks,
-                     "label": f"nccl Reduce opCount {coll.op_count:x} (as all_reduce)"}
-        else:
-            entry = {"op": coll.op, "size": coll.size_bytes, "ranks": coll.nranks,
-                     "label": f"nccl opCount {coll.op_count:x}"}
-        entries.append((entry, where))
-    return entries
