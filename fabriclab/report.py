@@ -161,6 +161,32 @@ def numbers_table(doc: dict) -> str:
                    "measured / predicted"], rows, numeric_from=3)
 
 
+def jobs_table(doc: dict) -> str:
+    """Several jobs at once: each one's time together and alone, the slowdown measured and
+    predicted, and the links it shared."""
+    rows = [[j["name"], len(j["hosts"]), j["time_s"], j["alone_s"], j["slowdown"],
+             j["predicted_slowdown"], ", ".join(j["shared_links"][:8])
+             + (" ..." if len(j["shared_links"]) > 8 else "")] for j in doc.get("jobs", [])]
+    if not rows:
+        return ""
+    return _table(["job", "ranks", "together s", "alone s", "slowdown", "predicted slowdown",
+                   "shared links"], rows, numeric_from=1)
+
+
+def iterations_table(doc: dict) -> str:
+    """Training iterations: time, compute, exposed and hidden communication, predicted."""
+    predicted = {(p["job"], p["iteration"]): p["predicted_s"]
+                 for p in (doc.get("prediction") or {}).get("iterations", [])}
+    rows = [[i.get("job", 0), i["iteration"], i["time_s"], i.get("compute_s", "-"),
+             i.get("exposed_comm_s", "-"), i.get("comm_s", "-"), i.get("overlap_fraction", "-"),
+             predicted.get((i.get("job", 0), i["iteration"]), "-")]
+            for i in doc.get("iterations", [])]
+    if not rows:
+        return ""
+    return _table(["job", "iteration", "time s", "compute s", "exposed comm s", "comm s",
+                   "hidden", "predicted s"], rows, numeric_from=1)
+
+
 def _files(out: Path, run: Run) -> str:
     """Links to the run's own files, relative to the report."""
     names = ("results.json", "collectives.csv", "flows.csv", "timeline.json",
@@ -214,7 +240,8 @@ def render(out: Path, runs: list[Run]) -> str:
     for run in runs[:DETAILED_RUNS]:
         spans = charts.marks(run.doc, run.timeline)
         parts += [f"<h2>Run {html.escape(run.name)}</h2>", _files(out, run),
-                  numbers_table(run.doc), _experiment(run),
+                  numbers_table(run.doc), jobs_table(run.doc), iterations_table(run.doc),
+                  _experiment(run),
                   _img(topology_chart(run), f"{run.name} topology", "topo"),
                   _img(charts.heatmap_chart(run.timeline, spans),
                        f"{run.name} utilization heatmap"),

@@ -11,6 +11,7 @@ hands in a :class:`RunView`.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabriclab.model import prediction, results, rundir
+from fabriclab.model import jobs as jobs_out
 from fabriclab.model import traffic as traffic_out
 from fabriclab.model.experiment import Experiment
 from fabriclab.options import TelemetryOptions
@@ -116,6 +118,21 @@ class Services:
     telemetry: RunTelemetry
     monitor: object  # testbed.fabric.monitor.RunMonitor or a cluster's
     injector: FailureInjector | None = None
+
+
+def named_jobs(workload) -> list[dict]:
+    """``workload.jobs``: each named job's index, name, hosts and its alone copy's index."""
+    alone = {j.alone_of: j.index for j in workload.jobs if j.alone_of}
+    return [{"index": j.index, "name": j.name, "hosts": list(j.collectives[0].hosts),
+             "alone_index": alone.get(j.name)}
+            for j in workload.jobs if j.name and not j.alone_of]
+
+
+def _baseline(baseline: str) -> dict[str, float] | None:
+    """A baseline run directory's jobs alone, by name (None: alone copies, or none)."""
+    if baseline in ("", "alone", "none"):
+        return None
+    return jobs_out.baseline_times(json.loads((Path(baseline) / "results.json").read_text()))
 
 
 @dataclass
@@ -221,6 +238,9 @@ class ExperimentRun:
             known = len(self.doc["collectives"])
             results.add_rows(self.doc, outcome.job.index, outcome.results, len(batch))
             prediction.attach(self.doc["collectives"][known:], self.doc.get("prediction"))
+            for row in self.doc["collectives"][known:]:
+                if outcome.job.name:
+                    row["job_name"] = outcome.job.name
             if self.exp.real_scale is not None:
                 for row in self.doc["collectives"][known:]:
                     row["real"] = self.exp.real_scale.collective(row)
@@ -294,6 +314,10 @@ class ExperimentRun:
         write_json_atomic(self.out_dir / "timeline.json", services.monitor.timeline(),
                           indent=None)
         results.finish(self.doc)
+        named = named_jobs(self.exp.workload)
+        if named:
+            self.doc["jobs"] = jobs_out.summary(self.doc, named, self.traffic.get("phases", []),
+                                                _baseline(self.exp.workload.baseline))
         write_json_atomic(self.path, self.doc)
         self.marks["measured"] = time.monotonic()
         if self.telemetry.keep is not None:

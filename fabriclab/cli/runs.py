@@ -77,8 +77,10 @@ class TerminalView(RunView):
     def run_done(self, doc: dict, out: Path) -> None:
         ui = self.console
         for item in doc.get("iterations", []):
-            ui.print(f"training iteration {item['iteration']}: {item['time_s']:.2f} s")
+            ui.print(tables.iteration_text(item, doc.get("prediction")))
         ui.print(tables.collectives(doc))
+        if doc.get("jobs"):
+            ui.print(tables.named_jobs(doc))
         gpus_table = tables.servers_of_gpus(doc)
         if gpus_table is not None:
             ui.print(gpus_table)

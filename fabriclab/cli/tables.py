@@ -201,6 +201,40 @@ def collectives(doc: dict) -> Table:
     return table
 
 
+def iteration_text(item: dict, prediction: dict | None) -> str:
+    """One training iteration: its time, compute, exposed communication and the share
+    hidden, and the prediction's time."""
+    text = f"training job {item.get('job', 0)} iteration {item['iteration']}: " \
+           f"{item['time_s']:.2f} s"
+    if item.get("compute_s") is not None:
+        text += (f" (compute {item['compute_s']:.2f} s, exposed communication "
+                 f"{item['exposed_comm_s']:.2f} s of {item['comm_s']:.2f} s, "
+                 f"{100 * (item['overlap_fraction'] or 0):.0f} % hidden)")
+    predicted = [p for p in (prediction or {}).get("iterations", [])
+                 if p["job"] == item.get("job", 0) and p["iteration"] == item["iteration"]]
+    if predicted:
+        text += f"; predicted {predicted[0]['predicted_s']:.2f} s"
+    return text
+
+
+def named_jobs(doc: dict) -> Table:
+    """Several jobs at once: each one's time with the others and alone, and the slowdown,
+    measured and predicted."""
+    table = Table(title=f"{doc['experiment']}: jobs", box=None,
+                  caption="together: with the other jobs; alone: the same job on the same "
+                          "fabric by itself; shared: links (as routed) that carried another "
+                          "job's bytes too")
+    for col in ("job", "hosts", "together s", "alone s", "slowdown", "predicted", "shared"):
+        table.add_column(col, justify="left" if col in ("job", "hosts") else "right")
+    for j in doc["jobs"]:
+        num = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
+        hosts = j["hosts"]
+        table.add_row(j["name"], f"{hosts[0]}..{hosts[-1]} ({len(hosts)})", num(j["time_s"]),
+                      num(j["alone_s"]), num(j["slowdown"], "{:.3f}"),
+                      num(j["predicted_slowdown"], "{:.3f}"), str(len(j["shared_links"])))
+    return table
+
+
 def servers_of_gpus(doc: dict) -> Table | None:
     """Servers of GPUs: per collective (a training phase summed over its runs) its time, the
     time its byte counts predict on the fabric, and the bytes that crossed the scale-out

@@ -51,16 +51,41 @@ def us_text(value: float) -> str:
 
 
 def iteration_times(rows: list[dict]) -> list[dict]:
-    """Training: each iteration's time, the sum of its phases and their compute gaps.
+    """Training: each job's iterations, from the barrier before the first phase to the last
+    phase's end (``time_s``), with the compute on the way (each barrier segment's slowest
+    rank's; an overlapped bucket's compute counts from the same barrier), the communication
+    that did not hide behind it (``exposed_comm_s = time - compute``), all communication
+    (``comm_s``) and the share of it hidden (``overlap_fraction``). Rows without timings of
+    their own (runs made before) add their phases and gaps.
 
     Rows without an ``iteration`` (collectives, traces, background flows) count for none.
     """
-    totals: dict[int, float] = {}
+    groups: dict[tuple, list[dict]] = {}
     for row in rows:
         if row.get("iteration") is not None:
-            totals[row["iteration"]] = (totals.get(row["iteration"], 0.0)
-                                        + row["time_us"] / 1e6 + row["gap_s"])
-    return [{"iteration": it, "time_s": t} for it, t in sorted(totals.items())]
+            groups.setdefault((row.get("job", 0), row["iteration"]), []).append(row)
+    out = []
+    for (job, it), group in sorted(groups.items()):
+        comm = sum(r["time_us"] / 1e6 for r in group)
+        if any(r.get("released_unix_s") is None for r in group):
+            out.append({"job": job, "iteration": it,
+                        "time_s": comm + sum(r["gap_s"] for r in group)})
+            continue
+        end = max(r["start_unix_s"] + r["time_us"] / 1e6 for r in group)
+        total = end - group[0]["released_unix_s"]
+        compute, segment = 0.0, 0.0
+        for r in group:
+            if r.get("barrier", True):
+                compute, segment = compute + segment, 0.0
+            segment = max(segment, r["compute_s"])
+        compute += segment
+        exposed = max(0.0, total - compute)
+        out.append({"job": job, "iteration": it, "time_s": round(total, 6),
+                    "compute_s": round(compute, 6), "comm_s": round(comm, 6),
+                    "exposed_comm_s": round(exposed, 6),
+                    "overlap_fraction": round(min(1.0, max(0.0, 1 - exposed / comm)), 4)
+                    if comm else None})
+    return out
 
 
 @dataclass(frozen=True)

@@ -259,3 +259,23 @@ def test_a_queue_pair_to_a_peer_gone_ends_with_a_named_error(monkeypatch):
             e.close()
         assert e.errors and f"{transport} to rank 1 channel 0: nothing acknowledged" in \
             e.errors[0], e.errors
+
+
+def test_a_straggler_computes_longer_and_an_overlapped_bucket_is_released_not_queued(tmp_path):
+    """Per-rank gaps: rank 2 computes 0.6 s where the others compute 0.3 s, and the
+    collective waits for it; then two buckets, the first after 0.2 s of compute behind its
+    barrier, the second released 0.4 s after that same barrier (not 0.4 s after the first
+    ended): the agents' clocks and the results say so."""
+    ring = build("all_reduce", 4, 64 << 10)
+    colls = [Collective("all_reduce", HOSTS, ring, gap_s=0.3, gaps=(0.3, 0.3, 0.6, 0.3)),
+             Collective("all_reduce", HOSTS, ring, gap_s=0.2),
+             Collective("all_reduce", HOSTS, ring, gap_s=0.4, barrier=False)]
+    reports = _run_agents(tmp_path, colls)
+    results = summarize(colls, reports, rate_mbps=10_000, mtu=9000)
+    first, bucket0, bucket1 = results
+    assert 0.58 < first.compute_s < 0.75  # the straggler's
+    assert first.time_us / 1e6 > 0.28  # the others waited for its data
+    assert bucket0.barrier and not bucket1.barrier
+    assert bucket1.released_unix_s == bucket0.released_unix_s  # one barrier for both
+    assert 0.39 < bucket1.compute_s < 0.5
+    assert bucket1.start_unix_s - bucket0.released_unix_s < 0.5

@@ -24,9 +24,27 @@ def test_iterations_come_from_the_phases_numbers_not_from_labels():
                               _row(0.75, "iter 1 tp", 1, 0.2)], 1)
     results.finish(doc)
     assert doc["complete"] is True
-    assert doc["iterations"] == [{"iteration": 0, "time_s": pytest.approx(0.85)},
-                                 {"iteration": 1, "time_s": pytest.approx(0.95)}]
+    assert doc["iterations"] == [{"job": 1, "iteration": 0, "time_s": pytest.approx(0.85)},
+                                 {"job": 1, "iteration": 1, "time_s": pytest.approx(0.95)}]
     assert [r["repetition"] for r in doc["collectives"]] == [0, 1, 0, 1, 2]
+
+
+def test_an_iteration_from_the_agents_clocks_compute_exposed_and_hidden_communication():
+    """Rows timed by the agents: the barrier, each phase's slowest compute and its end. An
+    all-reduce after 4 s of compute; then the same gradients as two buckets, the first
+    released at 3 s and run beside the rest of the backward pass."""
+    def timed(start: float, seconds: float, released: float, compute: float,
+              barrier: bool = True) -> dict:
+        return {"job": 0, "iteration": 0, "time_us": seconds * 1e6, "gap_s": 0.0,
+                "start_unix_s": start, "released_unix_s": released, "compute_s": compute,
+                "barrier": barrier}
+    (plain,) = results.iteration_times([timed(104.0, 2.0, 100.0, 4.0)])
+    assert plain == {"job": 0, "iteration": 0, "time_s": 6.0, "compute_s": 4.0, "comm_s": 2.0,
+                     "exposed_comm_s": 2.0, "overlap_fraction": 0.0}
+    (over,) = results.iteration_times([timed(103.0, 1.0, 100.0, 3.0),
+                                        timed(104.0, 1.0, 100.0, 4.0, barrier=False)])
+    assert over["time_s"] == 5.0 and over["compute_s"] == 4.0
+    assert over["exposed_comm_s"] == 1.0 and over["overlap_fraction"] == 0.5
 
 
 def test_no_training_no_iterations_and_a_failure_keeps_the_rows():

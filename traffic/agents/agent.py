@@ -217,10 +217,15 @@ class Agent:
         everything its queue pairs did (a NACK that comes after a collective's last flow
         completed is counted too)."""
         timings, snapshots = [], []
+        released = time.time()
         for index, coll in enumerate(self.spec.collectives):
-            if self.spec.barrier:
-                self.barrier()  # every collective starts together, as NCCL-tests times them
-            time.sleep(coll.gap_s)  # the compute before it (training workloads)
+            if coll.barrier:
+                if self.spec.barrier:
+                    self.barrier()  # every collective starts together, as NCCL-tests times them
+                released = time.time()
+                time.sleep(coll.gap_for(self.rank))  # the compute before it (training)
+            else:  # an overlapped bucket: released its gap after the last barrier
+                time.sleep(max(0.0, released + coll.gap_for(self.rank) - time.time()))
             steps: dict[int, list] = {}
             for t in coll.transfers:
                 if self.rank in (t.src, t.dst):
@@ -250,11 +255,11 @@ class Agent:
             end = time.time()
             timings.append((index, start, end, tuple(
                 FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
-                for k, n, is_send in flows if not is_send)))
+                for k, n, is_send in flows if not is_send), released))
         if self.engine is not None:  # a receiver's last ACK may be lost: it keeps answering
             self.barrier()  # retransmissions until every rank's sends are acknowledged
         snapshots.append(self._counters())
-        return [CollectiveTiming(*timing, _delta(before, after))
+        return [CollectiveTiming(*timing[:4], _delta(before, after), timing[4])
                 for timing, before, after in zip(timings, snapshots, snapshots[1:])]
 
     def _counters(self) -> dict:

@@ -89,7 +89,8 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
         job = jobs[i]
         try:
             results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
-                              AGENT_PORT + i, start_at, job.congestion_control, job.dscp,
+                              AGENT_PORT + i, start_at + job.offset_s, job.congestion_control,
+                              job.dscp,
                               job.transport, job.spray, job.dcqcn,
                               job.transport_options.to_dict())
             outcomes[i] = JobOutcome(job, tuple(results))

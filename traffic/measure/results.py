@@ -44,6 +44,9 @@ class CollectiveResult:
     moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
     throughput_of_ideal: float | None = None  # op flows: Hedera's aggregate throughput measure
     start_unix_s: float = 0.0  # when its first rank started (Unix time): the report's marks
+    released_unix_s: float | None = None  # when the ranks left the barrier its gap counts from
+    compute_s: float | None = None  # the slowest rank's compute from that barrier to its start
+    barrier: bool = True  # False: an overlapped bucket (released, not after the previous one)
     # every transfer: (source host, destination host, step, bytes, seconds from the start to
     # its last byte); flows.csv, not results.json
     flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
@@ -66,8 +69,8 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
     ranks = tuple(RankSpec(h, ips[h], tuple(planes.get(h, ())), servers.get(h, 0))
                   for h in hosts)
     return AgentSpec(port, connections, start_at, ranks,
-                     tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers))
-                           for c in collectives), congestion_control=congestion_control,
+                     tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers),
+                                          c.gaps, c.barrier) for c in collectives), congestion_control=congestion_control,
                      dscp=dscp, transport=transport, spray=spray, scale=scale,
                      dcqcn=dcqcn, transport_options=options)
 
@@ -92,6 +95,17 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
         sent, again = out.get("tx_bytes", 0), out.get("tx_retransmitted_bytes", 0)
     out["goodput_ratio"] = round(1 - again / sent, 4) if sent else None
     return out
+
+
+def _compute(coll: Collective, per_rank: list) -> dict:
+    """A collective's measured compute: from the barrier its gap counts from to each rank's
+    start, the slowest rank's (the agents' own clocks; one machine, one clock)."""
+    released = [c.released for c in per_rank if c.released is not None]
+    if not released:
+        return {}
+    return {"released_unix_s": round(max(released), 6), "barrier": coll.barrier,
+            "compute_s": round(max(c.start - c.released for c in per_rank
+                                   if c.released is not None), 6)}
 
 
 def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
@@ -129,7 +143,7 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
             flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
                           round(f.done - start, 6)) for c in per_rank for f in c.flows),
-            start_unix_s=round(start, 6)))
+            start_unix_s=round(start, 6), **_compute(coll, per_rank)))
     if out:
         out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
     return out

@@ -36,11 +36,19 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class CollectiveSpec:
-    """One collective as an agent runs it: the compute gap before it, then its transfers."""
+    """One collective as an agent runs it: the compute gap before it, then its transfers.
+    ``gaps``: each rank's own gap (stragglers, jitter; None: ``gap_s`` for all); ``barrier``
+    False: no barrier first, and the gap counts from the last barrier (an overlapped
+    gradient bucket's release), not from the previous collective's end."""
 
     op: str
     gap_s: float
     transfers: tuple[Transfer, ...]
+    gaps: tuple[float, ...] | None = None
+    barrier: bool = True
+
+    def gap_for(self, rank: int) -> float:
+        return self.gaps[rank] if self.gaps is not None else self.gap_s
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,9 @@ class AgentSpec:
                    tuple(RankSpec(**{**r, "planes": tuple(r.get("planes", ()))})
                          for r in d["ranks"]),
                    tuple(CollectiveSpec(c["op"], c["gap_s"],
-                                        tuple(Transfer(**t) for t in c["transfers"]))
+                                        tuple(Transfer(**t) for t in c["transfers"]),
+                                        tuple(c["gaps"]) if c.get("gaps") is not None
+                                        else None, c.get("barrier", True))
                          for c in d["collectives"]),
                    d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0),
                    d.get("transport", "tcp"), d.get("spray"), d.get("scale"),
@@ -111,6 +121,7 @@ class CollectiveTiming:
     end: float
     flows: tuple[FlowTiming, ...]
     transport: dict | None = None  # this rank's transport counters in it (TCP: TCP_INFO)
+    released: float | None = None  # when the rank left the barrier its gap counts from
 
 
 @dataclass(frozen=True)
@@ -131,6 +142,6 @@ class AgentReport:
         return cls(d["rank"], d["host"],
                    tuple(CollectiveTiming(c["index"], c["start"], c["end"],
                                           tuple(FlowTiming(**f) for f in c["flows"]),
-                                          c.get("transport"))
+                                          c.get("transport"), c.get("released"))
                          for c in d["collectives"]),
                    d.get("cpu_s", 0.0))

@@ -223,6 +223,12 @@ def _named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int,
             raise ConfigError(f"workload.{key}", "give jobs, or collectives, training, trace "
                                                  "and nccl_log: not both")
     baseline = raw.get("baseline", "alone")
+    if baseline not in jobs.BASELINES:  # a run directory, relative to the experiment's
+        baseline = os.path.join(base_dir, baseline)
+        if not os.path.isfile(os.path.join(baseline, "results.json")):
+            raise ConfigError("workload.baseline", f"{raw['baseline']!r} is neither alone, "
+                                                   "none, nor a run directory (no "
+                                                   "results.json in it)")
     out: list[Job] = []
     taken: set[str] = set()
     for i, spec in enumerate(raw["jobs"]):
@@ -252,6 +258,9 @@ def _named_job(topo: Topology, spec: dict, kind: str, path: str, index: int, tak
     if kind == "training":
         world = training_spec(spec["training"]).world_size
         hosts = jobs.job_hosts(topo, spec.get("ranks"), world, taken, f"{path}.ranks")
+        if len(hosts) != world:
+            raise ConfigError(f"{path}.ranks", f"tp * pp * dp = {world} ranks, but "
+                                               f"{len(hosts)} hosts were given")
         return _training_job(topo, {**spec["training"], "ranks": list(hosts)}, index,
                              connections, timeout_s, settings, f"{path}.training")
     if kind == "collective":
