@@ -168,6 +168,8 @@ class ExperimentRun:
         if exp.real_scale is not None:
             self.doc["real_scale"] = exp.real_scale.factors()
         self.doc["prediction"] = prediction.document(exp)  # beside what is measured
+        if exp.workload is not None and exp.workload.replay:
+            self.doc["replay"] = exp.workload.replay  # what a trace's or log's replay scaled
         self.traffic = prediction.traffic_document(exp)
         write_json_atomic(self.out_dir / "traffic.json", self.traffic, indent=None)
         expanded = rundir.experiment_document(exp.raw)

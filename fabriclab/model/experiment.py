@@ -297,7 +297,8 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     workload = None
     if data.get("workload"):  # checked against the model: all before anything is built
         base = str(Path(source).parent) if source != MEMORY else "."
-        workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry)
+        workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry,
+                                  real_rate_gbps=(data.get("scale") or {}).get("real_rate_gbps"))
     else:
         _ = spec.topology  # semantic checks of the shape happen in the model
     if workload is not None and any(j.transport == "rocev2" and

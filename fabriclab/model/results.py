@@ -55,7 +55,8 @@ def iteration_times(rows: list[dict]) -> list[dict]:
     phase's end (``time_s``), with the compute on the way (each barrier segment's slowest
     rank's; an overlapped bucket's compute counts from the same barrier), the communication
     that did not hide behind it (``exposed_comm_s = time - compute``), all communication
-    (``comm_s``) and the share of it hidden (``overlap_fraction``). Rows without timings of
+    (``comm_s``: each phase from its last rank's start to its end) and the share of it
+    hidden (``overlap_fraction``). Rows without timings of
     their own (runs made before) add their phases and gaps.
 
     Rows without an ``iteration`` (collectives, traces, background flows) count for none.
@@ -71,6 +72,11 @@ def iteration_times(rows: list[dict]) -> list[dict]:
             out.append({"job": job, "iteration": it,
                         "time_s": comm + sum(r["gap_s"] for r in group)})
             continue
+        # communication: from the last rank's start (its compute done) to the end; the time
+        # the others waited for a straggler is not the network's
+        comm = sum(r["start_unix_s"] + r["time_us"] / 1e6 - r.get("ready_unix_s",
+                                                                   r["start_unix_s"])
+                   for r in group)
         end = max(r["start_unix_s"] + r["time_us"] / 1e6 for r in group)
         total = end - group[0]["released_unix_s"]
         compute, segment = 0.0, 0.0

@@ -46,6 +46,7 @@ class CollectiveResult:
     start_unix_s: float = 0.0  # when its first rank started (Unix time): the report's marks
     released_unix_s: float | None = None  # when the ranks left the barrier its gap counts from
     compute_s: float | None = None  # the slowest rank's compute from that barrier to its start
+    ready_unix_s: float | None = None  # when the last rank started it (its compute done)
     barrier: bool = True  # False: an overlapped bucket (released, not after the previous one)
     # every transfer: (source host, destination host, step, bytes, seconds from the start to
     # its last byte); flows.csv, not results.json
@@ -104,6 +105,7 @@ def _compute(coll: Collective, per_rank: list) -> dict:
     if not released:
         return {}
     return {"released_unix_s": round(max(released), 6), "barrier": coll.barrier,
+            "ready_unix_s": round(max(c.start for c in per_rank), 6),
             "compute_s": round(max(c.start - c.released for c in per_rank
                                    if c.released is not None), 6)}
 

@@ -76,3 +76,42 @@ def nccl_entries(collectives: list[ImportedCollective]) -> list[tuple[dict, str]
                      "label": f"nccl opCount {coll.op_count:x}"}
         entries.append((entry, where))
     return entries
+
+
+def scale_entries(entries: list[tuple[dict, str]], raw: dict | None, host_rate_mbps: float,
+                  real_rate_gbps: float | None, parse_size) -> tuple[list[tuple[dict, str]],
+                                                                     dict | None]:
+    """A replay at emulation scale (``workload.replay: {size_scale, time_scale}``): every
+    entry's size times ``size_scale`` (at least a byte), its ``t_s`` times ``time_scale``.
+    ``size_scale: real`` derives it from the experiment's ``scale.real_rate_gbps``: the host
+    rate over the real one, so a collective takes on the emulated fabric what it took on
+    the real one (and ``time_scale`` 1 keeps the gaps as they were).
+
+    Returns:
+        The entries, and what was scaled (None when nothing was asked).
+
+    Raises:
+        ConfigError: ``real`` without ``scale.real_rate_gbps``.
+    """
+    if not raw or not entries:
+        return entries, None
+    size_scale = raw.get("size_scale", 1.0)
+    mode = "factor"
+    if size_scale == "real":
+        if not real_rate_gbps:
+            raise ConfigError("workload.replay.size_scale", "real needs scale.real_rate_gbps "
+                                                            "(the rate the log was taken at)")
+        size_scale, mode = host_rate_mbps / (real_rate_gbps * 1e3), "real"
+    time_scale = float(raw.get("time_scale", 1.0))
+    out, before, after = [], 0, 0
+    for entry, where in entries:
+        entry = dict(entry)
+        if "size" in entry:
+            size = parse_size(entry["size"], f"{where}.size")
+            entry["size"] = max(1, round(size * size_scale))
+            before, after = before + size, after + entry["size"]
+        if "t_s" in entry:
+            entry["t_s"] = float(entry["t_s"]) * time_scale
+        out.append((entry, where))
+    return out, {"mode": mode, "size_scale": size_scale, "time_scale": time_scale,
+                 "entries": len(out), "bytes_as_logged": before, "bytes_replayed": after}

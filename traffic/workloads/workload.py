@@ -49,7 +49,7 @@ from traffic.workloads import hierarchical, jobs, moe
 from traffic.workloads.jobs import place_ranks, rank_servers, whole_servers
 from traffic.workloads import presets, training
 from traffic.workloads.nccl_log import import_log
-from traffic.workloads.replay import EntryCheck, nccl_entries, parse_trace
+from traffic.workloads.replay import EntryCheck, nccl_entries, parse_trace, scale_entries
 from traffic.workloads.patterns import PATTERNS, pattern_pairs
 from traffic.workloads.schedules import Schedule, build, flows
 
@@ -115,6 +115,7 @@ class Workload:
     connections: int = DEFAULT_CONNECTIONS
     timeout_s: float = DEFAULT_TIMEOUT_S
     baseline: str = ""  # workload.jobs: alone, none, or a run directory
+    replay: dict | None = None  # what a trace's or log's replay scaled (replay.scale_entries)
 
     @property
     def collective_count(self) -> int:
@@ -165,7 +166,8 @@ def batches(jobs: list[Job]) -> list[list[Job]]:
 
 
 def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
-                   check_entry: EntryCheck | None = None) -> Workload:
+                   check_entry: EntryCheck | None = None,
+                   real_rate_gbps: float | None = None) -> Workload:
     """The typed workload of a ``workload`` section (already schema-checked for shape).
 
     Args:
@@ -173,6 +175,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
         raw: the section.
         base_dir: ``trace`` and ``nccl_log`` paths are relative to it (the experiment's folder).
         check_entry: checks each trace line's object as the schema checks an entry.
+        real_rate_gbps: the real fabric's rate (``scale``), for ``replay.size_scale: real``.
 
     Returns:
         The workload.
@@ -197,12 +200,17 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
         return _named_jobs(topo, raw, base_dir, connections, timeout_s, defaults)
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
+    replayed: list[tuple[dict, str]] = []
     if raw.get("trace"):
-        entries += parse_trace(_read(base_dir, raw["trace"], "workload.trace"),
-                               str(raw["trace"]), check_entry)
+        replayed += parse_trace(_read(base_dir, raw["trace"], "workload.trace"),
+                                str(raw["trace"]), check_entry)
     if raw.get("nccl_log"):
-        entries += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
-                                                 "workload.nccl_log")))
+        replayed += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
+                                                  "workload.nccl_log")))
+    host_rate = min((lk.rate_mbps for lk in topo.links if lk.tier == "host"), default=1.0)
+    replayed, replay = scale_entries(replayed, raw.get("replay"), host_rate, real_rate_gbps,
+                                     parse_size)
+    entries += replayed
     read_json = lambda name, field: _json(_read(base_dir, name, field), field)  # noqa: E731
     jobs = [_entry_job(topo, i, {**defaults, **entry}, path, connections, timeout_s, read_json)
             for i, (entry, path) in enumerate(entries)]
@@ -211,7 +219,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
                                   defaults))
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
-    return Workload(tuple(jobs), connections, timeout_s)
+    return Workload(tuple(jobs), connections, timeout_s, replay=replay)
 
 
 def _named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int,
@@ -374,13 +382,11 @@ def _training_job(topo: Topology, raw: dict, index: int, connections: int,
                                             f"{len(ranks)} hosts were given")
     if topo.servers:  # rank order is NCCL's: tensor-parallel groups fill servers first
         gpus = len(topo.servers[0].gpus)
-        for name, width in (("tp", spec.tp), ("ep", spec.tp * spec.ep if spec.ep > 1 else 1)):
-            if gpus % width:
-                raise ConfigError(f"workload.training.{name}",
-                                  f"{'tp' if name == 'tp' else 'tp * ep'} = {width} does not "
-                                  f"divide the {gpus} GPUs of a server: its groups would "
-                                  "straddle servers (tensor and expert parallelism stay inside "
-                                  "the scale-up domain)")
+        if gpus % spec.tp:  # expert parallelism may span servers (one rail each, tp = gpus)
+            raise ConfigError(f"{field}.tp", f"tp = {spec.tp} does not divide the {gpus} GPUs "
+                                             "of a server: its groups would straddle servers "
+                                             "(tensor parallelism stays inside the scale-up "
+                                             "domain)")
     servers = rank_servers(topo, ranks)
     colls = tuple(Collective(ph.schedule.op, ranks, ph.schedule, ph.label, ph.gap_s,
                              ph.iteration, servers, ph.gaps, ph.barrier)
