@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
 from traffic.transports.options import PER_KIND, ROCE_CONGESTION_CONTROLS, TransportOptions
-from traffic.workloads import hierarchical, jobs, moe
+from traffic.workloads import chakra, hierarchical, jobs, moe
 from traffic.workloads.jobs import place_ranks, rank_servers, whole_servers
 from traffic.workloads import presets, training
 from traffic.workloads.nccl_log import import_log
@@ -207,6 +207,8 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if raw.get("nccl_log"):
         replayed += nccl_entries(import_log(_read(base_dir, raw["nccl_log"],
                                                   "workload.nccl_log")))
+    if raw.get("chakra"):
+        replayed += _chakra(topo, base_dir, raw["chakra"])
     host_rate = min((lk.rate_mbps for lk in topo.links if lk.tier == "host"), default=1.0)
     replayed, replay = scale_entries(replayed, raw.get("replay"), host_rate, real_rate_gbps,
                                      parse_size)
@@ -226,7 +228,7 @@ def _named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int,
                 timeout_s: float, defaults: dict) -> Workload:
     """``workload.jobs``: each named job on its own hosts, all at once (each at its
     ``start_s``), then (baseline ``alone``) each alone."""
-    for key in ("collectives", "training", "trace", "nccl_log"):
+    for key in ("collectives", "training", "trace", "nccl_log", "chakra"):
         if key in raw:
             raise ConfigError(f"workload.{key}", "give jobs, or collectives, training, trace "
                                                  "and nccl_log: not both")
@@ -290,6 +292,30 @@ def _named_job(topo: Topology, spec: dict, kind: str, path: str, index: int, tak
     return Job(index, colls, connections, timeout_s, **job_settings(settings, path))
 
 
+def _chakra(topo: Topology, base_dir: str, prefix: str) -> list[tuple[dict, str]]:
+    """A Chakra trace set's entries (``PREFIX.0.et``, ``PREFIX.1.et``, ...: rank r on the
+    r-th rank host, as NCCL numbers GPUs)."""
+    traces, rank = [], 0
+    while os.path.isfile(os.path.join(base_dir, f"{prefix}.{rank}.et")):
+        name = f"{prefix}.{rank}.et"
+        traces.append(chakra.read_trace(_read_bytes(base_dir, name, "workload.chakra"), name))
+        rank += 1
+    if not traces:
+        raise ConfigError("workload.chakra", f"no {prefix}.0.et (a Chakra trace is one file "
+                                             "per rank: PREFIX.0.et, PREFIX.1.et, ...)")
+    hosts = topo.rank_hosts()
+    if len(traces) > len(hosts):
+        raise ConfigError("workload.chakra", f"{len(traces)} ranks, but the fabric has "
+                                             f"{len(hosts)} hosts")
+    out = []
+    for entry, where in chakra.entries(traces, prefix):
+        if "rank_ids" in entry:
+            entry = {**{k: v for k, v in entry.items() if k != "rank_ids"},
+                     "ranks": [hosts[r] for r in entry["rank_ids"]]}
+        out.append((entry, where))
+    return out
+
+
 def _json(text: str, field: str) -> object:
     try:
         return json.loads(text)
@@ -319,7 +345,7 @@ def _entry_job(topo: Topology, index: int, entry: dict, path: str, connections: 
             sched = build(entry.get("op"), len(ranks), size, entry.get("algorithm"),
                           field_path=path)
     coll = Collective(sched.op, ranks, sched, entry.get("label", ""),
-                      servers=rank_servers(topo, ranks))
+                      float(entry.get("gap_s", 0.0)), servers=rank_servers(topo, ranks))
     concurrent = bool(entry.get("concurrent", False))
     if concurrent and index == 0:
         raise ConfigError(f"{path}.concurrent", "the first entry has no previous one to "
@@ -427,8 +453,17 @@ MAX_INPUT_BYTES = 64 << 20
 
 
 def _read(base_dir: str, path: str, field: str) -> str:
-    """A trace's or log's text: a regular file (a FIFO or a device would block or never end),
-    at most :data:`MAX_INPUT_BYTES`."""
+    """A trace's or log's text (see :func:`_read_bytes`)."""
+    data = _read_bytes(base_dir, path, field)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
+
+
+def _read_bytes(base_dir: str, path: str, field: str) -> bytes:
+    """A workload file's bytes: a regular file (a FIFO or a device would block or never
+    end), at most :data:`MAX_INPUT_BYTES`."""
     full = os.path.join(base_dir, path)
     try:  # non-blocking: opening a FIFO with no writer would wait forever
         fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
@@ -442,8 +477,4 @@ def _read(base_dir: str, path: str, field: str) -> str:
             raise ConfigError(field, f"{path} is {st.st_size / 2**20:,.0f} MiB, over the "
                                      f"{MAX_INPUT_BYTES >> 20} MiB a workload file may have "
                                      "(fabriclab --max-input-mb N raises it)")
-        data = fh.read(MAX_INPUT_BYTES + 1)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(field, f"{path} is not UTF-8 text (byte {err.start})") from None
+        return fh.read(MAX_INPUT_BYTES + 1)
