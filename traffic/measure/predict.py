@@ -41,6 +41,7 @@ from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
 
 DEFAULT_DRAWS = 16
+HEADER_BYTES = 66  # Ethernet, IPv4 and TCP (with timestamps) around a segment
 Link = tuple[str, str]  # a directed link: (from node, to node)
 
 
@@ -94,10 +95,12 @@ class Router:
         ports = sorted(next_hops(self.topo, node, dist, {}))
         return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
 
-    def latency(self, path: tuple[tuple[int, float], ...]) -> float:
+    def latency(self, path: tuple[tuple[int, float], ...], nbytes: float) -> float:
         """Store and forward: one frame's time on every link of the path (the pipeline's
-        fill before the bottleneck's rate is reached, and the last frame's way out)."""
-        return sum(w * self.frame_bytes / self.wire[i] for i, w in path)
+        fill before the bottleneck's rate is reached, and the last frame's way out); a
+        transfer smaller than a frame is one frame of its own size and headers."""
+        frame = min(self.frame_bytes, nbytes + HEADER_BYTES)
+        return sum(w * frame / self.wire[i] for i, w in path)
 
     def random_paths(self, spray: bool) -> bool:
         """Whether paths depend on hash draws (ECMP, not sprayed)."""
@@ -269,8 +272,8 @@ class Predictor:
                                                 router.capacity)
                 ends = cache[shape]
                 for j in now:
-                    mine = [e * scale + router.latency(p)
-                            for o, e, (_n, p) in zip(owner, ends, flows) if o == j.index]
+                    mine = [e * scale + router.latency(p, n)
+                            for o, e, (n, p) in zip(owner, ends, flows) if o == j.index]
                     out[(j.index, k)] += max(mine, default=0.0)
         return out
 
