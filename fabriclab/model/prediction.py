@@ -11,13 +11,13 @@ from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
 from traffic.measure import metrics
 from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor, Router, iterations
-from traffic.measure.transport import ETH_HEADER_BYTES, goodput_fraction
+from traffic.measure.transport import goodput_fraction
 
 WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
         "switches give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed "
         "transports evenly split, adaptive placed on the least loaded path), at the link "
-        "rates times the payload share at the MTU, a frame's time per hop and step; no "
-        "queues, losses or slow start")
+        "rates times the payload share at the MTU, 1 ms per step for the agents' hand-off; "
+        "no queues, losses or slow start")
 
 
 def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:
@@ -27,8 +27,7 @@ def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:
     ctl = exp.controller
     routing = str(ctl.routing) if ctl.own else "ecmp"  # an app's or remote's routes: unknown
     predictor = Predictor(exp.topology, routing, str(ctl.ecmp_seed),
-                          goodput_fraction(exp.fabric.mtu), draws,
-                          frame_bytes=exp.fabric.mtu + ETH_HEADER_BYTES)
+                          goodput_fraction(exp.fabric.mtu), draws)
     return predictor.workload(exp.workload)
 
 
@@ -83,7 +82,7 @@ def router(exp: xp.Experiment) -> Router:
     """The paths of ``exp``'s fabric under its routing."""
     ctl = exp.controller
     return Router(exp.topology, str(ctl.routing) if ctl.own else "ecmp", str(ctl.ecmp_seed),
-                  goodput_fraction(exp.fabric.mtu), exp.fabric.mtu + ETH_HEADER_BYTES)
+                  goodput_fraction(exp.fabric.mtu))
 
 
 def traffic_document(exp: xp.Experiment) -> dict:

@@ -87,14 +87,14 @@ def test_ecmp_draws_collide_dmodk_does_not_and_spraying_splits():
     sched = flows([(i, (i + 4) % n) for i in range(n)], n, 12_500_000)
     alone = 12_500_000 * 8 / 100e6  # 1 s at 100 Mbit/s
     wl = Workload((_job(topo, sched, hosts),))
-    dmodk = Predictor(topo, "dmodk").workload(wl)[0]
+    dmodk = Predictor(topo, "dmodk", step_overhead_s=0.0).workload(wl)[0]
     assert dmodk.seconds == pytest.approx(alone) and dmodk.draws == 1
-    ecmp = Predictor(topo, "ecmp", draws=32).workload(wl)[0]
+    ecmp = Predictor(topo, "ecmp", draws=32, step_overhead_s=0.0).workload(wl)[0]
     assert ecmp.draws == 32 and ecmp.low_s <= ecmp.seconds <= ecmp.high_s
     assert 1.3 * alone < ecmp.seconds < 4 * alone and ecmp.high_s > ecmp.low_s
-    again = Predictor(topo, "ecmp", draws=32).workload(wl)[0]
+    again = Predictor(topo, "ecmp", draws=32, step_overhead_s=0.0).workload(wl)[0]
     assert again == ecmp  # seeded
-    spray = Predictor(topo, "spray").workload(wl)[0]
+    spray = Predictor(topo, "spray", step_overhead_s=0.0).workload(wl)[0]
     assert spray.seconds == pytest.approx(alone, rel=1e-6)
     # the shared hash basis polarizes: never better than per-switch draws on average
     shared = Predictor(topo, "ecmp", "shared", draws=32).workload(wl)[0]
@@ -108,9 +108,9 @@ def test_ring_all_reduce_and_concurrent_jobs_share_links():
     hosts = [h.name for h in topo.hosts][:4]
     size = 10_000_000
     ring = build("all_reduce", 4, size)
-    alone = Predictor(topo, "dmodk").workload(Workload((_job(topo, ring, hosts),)))[0]
+    alone = Predictor(topo, "dmodk", step_overhead_s=0.0).workload(Workload((_job(topo, ring, hosts),)))[0]
     assert alone.seconds == pytest.approx(2 * 3 / 4 * size * 8 / 100e6)
-    both = Predictor(topo, "dmodk").workload(Workload(
+    both = Predictor(topo, "dmodk", step_overhead_s=0.0).workload(Workload(
         (_job(topo, ring, hosts), _job(topo, ring, hosts, 1, True))))
     assert [p.seconds for p in both] == pytest.approx([2 * alone.seconds] * 2)
 
@@ -120,7 +120,7 @@ def test_adaptive_places_connections_on_the_least_loaded_paths():
     hosts = [h.name for h in topo.hosts]
     sched = flows([(0, 2), (1, 3)], 4, 12_500_000)  # two flows from leaf 1 to leaf 2
     wl = Workload((_job(topo, sched, hosts),))
-    adaptive = Predictor(topo, "adaptive").workload(wl)[0]
+    adaptive = Predictor(topo, "adaptive", step_overhead_s=0.0).workload(wl)[0]
     assert adaptive.seconds == pytest.approx(1.0)  # one per spine
 
 

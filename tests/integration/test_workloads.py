@@ -1,0 +1,130 @@
+"""Workloads as clusters run them, on real fabrics (issue 34's parts end to end): two jobs
+placed packed and spread with their slowdowns and the prediction's ordering; a straggler and
+DDP's overlapped buckets in the iteration's compute and exposed communication; an uneven
+all-to-all, a Chakra trace and a scaled NCCL log replayed, with the run's traffic matrix and
+per-link bytes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.integration.conftest import ROOT
+
+FABRIC = """version: 1
+name: {name}
+fabric: {{topology: leaf_spine, leaves: 4, spines: 2, hosts_per_leaf: 2,
+         host_link: {{rate_mbps: 20}}, fabric_link: {{rate_mbps: 20}}, mtu: 9000,
+         queue: {{size_kb: 1024}}}}
+emulator: {{datapath: ebpf}}
+controller: {{routing: dmodk}}
+"""
+
+
+def _run(state_dir, tmp_path, name: str, text: str) -> dict[str, dict]:
+    """``fabriclab run`` of an experiment; each variant's results (or the run's as "")."""
+    exp = tmp_path / f"{name}.yaml"
+    exp.write_text(text)
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "--state-dir",
+                           str(state_dir), "run", str(exp), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if (out / "variants.json").is_file():
+        return {v["variant"]: json.loads((out / v["variant"] / "results.json").read_text())
+                for v in json.loads((out / "variants.json").read_text())}
+    return {"": json.loads((out / "results.json").read_text())}
+
+
+JOB = ("{tp: 1, dp: 4, pp: 1, layers: 2, hidden: 256, seq_len: 64, micro_batches: 1, "
+       "params: 750000, compute_ms: 100}")
+
+
+def test_two_jobs_slow_each_other_down_spread_and_not_packed(state_dir, tmp_path):
+    """Two 4-rank data-parallel jobs on a 2:1 leaf-spine: packed (two leaves each) they share
+    no link and run as fast as alone; spread (a host of every leaf each) they share every
+    uplink and slow down; the prediction orders the placements the same way."""
+    text = FABRIC.format(name="jobs") + f"""workload:
+  jobs:
+    - {{name: a, training: {JOB}, ranks: {{count: 4, placement: packed}}}}
+    - {{name: b, training: {JOB}, ranks: {{count: 4, placement: packed}}}}
+variants:
+  - {{name: packed, set: {{}}}}
+  - name: spread
+    set:
+      "workload.jobs[0].ranks.placement": spread
+      "workload.jobs[1].ranks.placement": spread
+"""
+    docs = _run(state_dir, tmp_path, "jobs", text)
+    packed, spread = docs["packed"]["jobs"], docs["spread"]["jobs"]
+    assert [j["name"] for j in packed] == ["a", "b"]
+    assert all(not j["shared_links"] and j["slowdown"] < 1.2 for j in packed), packed
+    assert all(j["shared_links"] and j["slowdown"] > 1.25 for j in spread), spread
+    assert all(j["predicted_slowdown"] == 1.0 for j in packed)
+    assert min(j["predicted_slowdown"] for j in spread) > 1.25
+    assert not set(spread[0]["hosts"]) & set(spread[1]["hosts"])
+
+
+def test_a_straggler_and_overlapped_buckets_in_the_iteration(state_dir, tmp_path):
+    """A 4-rank data-parallel iteration after 1 s of compute; a 1.5x straggler adds half a
+    second, as predicted; DDP's buckets during the backward pass hide most of the
+    communication, and the results say how much."""
+    text = FABRIC.format(name="training") + """workload:
+  training: {tp: 1, dp: 4, pp: 1, layers: 4, hidden: 256, seq_len: 64, micro_batches: 1,
+             params: 2000000, bucket_mb: 2, compute_ms: 500}
+variants:
+  - {name: base, set: {}}
+  - {name: straggler, set: {workload.training.stragglers: [{rank: 2, slowdown: 1.5}]}}
+  - {name: overlap, set: {workload.training.overlap: true}}
+"""
+    docs = _run(state_dir, tmp_path, "training", text)
+    (base,), (slow,), (over,) = (docs[v]["iterations"] for v in ("base", "straggler", "overlap"))
+    predicted = {v: docs[v]["prediction"]["iterations"][0] for v in docs}
+    assert 0.95 < base["compute_s"] < 1.1 and 1.45 < slow["compute_s"] < 1.6
+    grew = slow["time_s"] - base["time_s"]
+    expected = predicted["straggler"]["predicted_s"] - predicted["base"]["predicted_s"]
+    assert abs(grew - expected) < 0.1 * expected, (grew, expected)
+    assert over["exposed_comm_s"] < 0.6 * base["exposed_comm_s"], (over, base)
+    assert over["overlap_fraction"] > 0.4 and base["overlap_fraction"] < 0.1
+    assert abs(over["time_s"] / predicted["overlap"]["predicted_s"] - 1) < 0.25
+
+
+def test_uneven_all_to_all_chakra_and_a_scaled_nccl_log_with_the_traffic_out(state_dir,
+                                                                             tmp_path):
+    """An all_to_allv skewed onto one rank (measured against its prediction), a generated
+    Chakra trace and an NCCL log replayed at a tenth of their sizes; traffic.json's matrix
+    holds every byte of the schedules, and its batches the switch ports' own counts."""
+    from fabriclab.model import experiment as xp
+    from tests.unit.test_chakra import sample
+    from traffic.workloads.chakra import encode_trace
+
+    for r in range(4):
+        (tmp_path / f"step.{r}.et").write_bytes(encode_trace(sample(r)))
+    nccl = ROOT / "tests" / "unit" / "data" / "nccl" / "allreduce-2ranks.log"
+    (tmp_path / "nccl.log").write_text(nccl.read_text())
+    text = FABRIC.format(name="replay") + """workload:
+  collectives:
+    - {op: all_to_allv, ranks: 8, moe: {experts: 16, top_k: 2, tokens: 600,
+                                         token_bytes: 2048, skew: 1.5, seed: 3}}
+  chakra: step
+  nccl_log: nccl.log
+  replay: {size_scale: 0.1}
+"""
+    (doc,) = _run(state_dir, tmp_path, "replay", text).values()
+    rows = doc["collectives"]
+    assert [r["op"] for r in rows[:4]] == ["all_to_allv", "all_reduce", "send_recv",
+                                           "all_to_all"]
+    a2av = rows[0]
+    assert 0.85 < a2av["time_us"] / 1e6 / a2av["predicted_s"] < 1.3, a2av
+    assert rows[1]["bytes"] == (4 << 20) // 10 and rows[1]["compute_s"] > 0.0029
+    assert doc["replay"]["size_scale"] == 0.1 and doc["replay"]["entries"] == 6
+    traffic = json.loads((tmp_path / "replay" / "traffic.json").read_text())
+    wl = xp.load(tmp_path / "replay.yaml").workload
+    assert sum(sum(row) for row in traffic["matrix"]["total"]) == sum(
+        t.nbytes for j in wl.jobs for c in j.collectives for t in c.schedule.transfers)
+    assert len(traffic["phases"]) == len(rows)
+    sent = sum(traffic["batches"][0]["links"].values())  # the all_to_allv's batch
+    routed = sum(v for k, v in traffic["phases"][0]["links"].items()
+                 if not k.startswith("h"))  # switch ports only: what the counters count
+    assert 0.95 * routed < sent < 1.2 * routed, (sent, routed)
