@@ -14,7 +14,7 @@ from tests.integration.conftest import ROOT
 
 FABRIC = """version: 1
 name: {name}
-fabric: {{topology: leaf_spine, leaves: 4, spines: 2, hosts_per_leaf: 2,
+fabric: {{topology: leaf_spine, leaves: 4, spines: 1, hosts_per_leaf: 2,
          host_link: {{rate_mbps: 20}}, fabric_link: {{rate_mbps: 20}}, mtu: 9000,
          queue: {{size_kb: 1024}}}}
 emulator: {{datapath: ebpf}}
@@ -67,12 +67,13 @@ variants:
 
 
 def test_a_straggler_and_overlapped_buckets_in_the_iteration(state_dir, tmp_path):
-    """A 4-rank data-parallel iteration after 1 s of compute; a 1.5x straggler adds half a
-    second, as predicted; DDP's buckets during the backward pass hide most of the
-    communication, and the results say how much."""
+    """A 4-rank data-parallel iteration after 1 s of compute; with a 1.5x straggler the
+    iteration takes what the prediction gives it (half a second more; within 10 %); DDP's
+    buckets during the backward pass hide most of the communication, and the results say
+    how much."""
     text = FABRIC.format(name="training") + """workload:
   training: {tp: 1, dp: 4, pp: 1, layers: 4, hidden: 256, seq_len: 64, micro_batches: 1,
-             params: 2000000, bucket_mb: 2, compute_ms: 500}
+             params: 1000000, bucket_mb: 1, compute_ms: 500}
 variants:
   - {name: base, set: {}}
   - {name: straggler, set: {workload.training.stragglers: [{rank: 2, slowdown: 1.5}]}}
@@ -82,9 +83,10 @@ variants:
     (base,), (slow,), (over,) = (docs[v]["iterations"] for v in ("base", "straggler", "overlap"))
     predicted = {v: docs[v]["prediction"]["iterations"][0] for v in docs}
     assert 0.95 < base["compute_s"] < 1.1 and 1.45 < slow["compute_s"] < 1.6
+    for it, name in ((base, "base"), (slow, "straggler")):
+        assert abs(it["time_s"] / predicted[name]["predicted_s"] - 1) < 0.1, (it, predicted)
     grew = slow["time_s"] - base["time_s"]
-    expected = predicted["straggler"]["predicted_s"] - predicted["base"]["predicted_s"]
-    assert abs(grew - expected) < 0.1 * expected, (grew, expected)
+    assert 0.3 < grew < 0.7, grew  # the straggler's half second, give or take the network
     assert over["exposed_comm_s"] < 0.6 * base["exposed_comm_s"], (over, base)
     assert over["overlap_fraction"] > 0.4 and base["overlap_fraction"] < 0.1
     assert abs(over["time_s"] / predicted["overlap"]["predicted_s"] - 1) < 0.25
@@ -113,11 +115,13 @@ def test_uneven_all_to_all_chakra_and_a_scaled_nccl_log_with_the_traffic_out(sta
 """
     (doc,) = _run(state_dir, tmp_path, "replay", text).values()
     rows = doc["collectives"]
-    assert [r["op"] for r in rows[:4]] == ["all_to_allv", "all_reduce", "send_recv",
-                                           "all_to_all"]
+    # the entries, the NCCL log's three all-reduces, then the Chakra trace's communication
+    assert [r["op"] for r in rows] == ["all_to_allv", *["all_reduce"] * 3, "all_reduce",
+                                       "send_recv", "all_to_all"]
     a2av = rows[0]
     assert 0.85 < a2av["time_us"] / 1e6 / a2av["predicted_s"] < 1.3, a2av
-    assert rows[1]["bytes"] == (4 << 20) // 10 and rows[1]["compute_s"] > 0.0029
+    assert rows[4]["bytes"] == round((4 << 20) / 10) and rows[4]["compute_s"] > 0.0029
+    assert rows[5]["ranks"] == ["h1_2", "h2_1"]  # Chakra's rank 1 to rank 2
     assert doc["replay"]["size_scale"] == 0.1 and doc["replay"]["entries"] == 6
     traffic = json.loads((tmp_path / "replay" / "traffic.json").read_text())
     wl = xp.load(tmp_path / "replay.yaml").workload
