@@ -33,8 +33,10 @@ def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
         fd = os.pidfd_open(proc.pid)
     except OSError:  # gone already (reaped elsewhere)
         return proc.poll() is not None
-    try:
-        select.select([fd], [], [], timeout_s)
+    try:  # poll, not select: a run with hundreds of agents holds descriptors past 1024
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(timeout_s * 1000)
     finally:
         os.close(fd)
     return proc.poll() is not None

@@ -23,6 +23,7 @@ the number of the iteration it belongs to.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -250,6 +251,14 @@ def _buckets(b: _Iteration, c: TrainingSpec, grad: int, dp_groups: list[list[int
     b.pending = 0.0
 
 
+@functools.lru_cache(maxsize=4096)
+def _routing(ranks: int, tokens: int, experts: int, top_k: int, token_bytes: int, skew: float,
+             draw: int) -> tuple[tuple[int, ...], ...]:
+    """A layer's routing, drawn once for its forward and its backward pass."""
+    return tuple(tuple(row) for row in moe.token_routing(ranks, tokens, experts, top_k,
+                                                         token_bytes, skew, draw, FIELD))
+
+
 def _moe_layer(c: TrainingSpec, ep_groups: list[list[int]], world: int, tag: str, it: int,
                seed: tuple, backward: bool) -> list[Phase]:
     """One MoE layer's two all_to_allv phases (every expert-parallel group at once, each
@@ -260,12 +269,13 @@ def _moe_layer(c: TrainingSpec, ep_groups: list[list[int]], world: int, tag: str
     dispatch = []
     for g, members in enumerate(ep_groups):
         draw = int.from_bytes(hashlib.sha256(repr((*seed, g)).encode()).digest()[:8], "big")
-        dispatch.append((moe.token_routing(len(members), tokens, c.expert_count, c.top_k,
-                                           token_bytes, c.moe_skew, draw, FIELD), members))
+        dispatch.append((_routing(len(members), tokens, c.expert_count, c.top_k, token_bytes,
+                                  c.moe_skew, draw), members))
     names = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
     out = []
     for name, flip in zip(names, (backward, not backward)):
-        parts = [(moe.all_to_allv(moe.transpose(m) if flip else m), members)
+        parts = [(moe.all_to_allv(moe.transpose(m) if flip else [list(r) for r in m]),
+                  members)
                  for m, members in dispatch]
         out.append(Phase(f"{tag} {name} all_to_allv", merge(parts, world), 0.0, it))
     return out

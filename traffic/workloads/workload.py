@@ -51,7 +51,7 @@ from traffic.workloads import presets, training
 from traffic.workloads.nccl_log import import_log
 from traffic.workloads.replay import EntryCheck, nccl_entries, parse_trace, scale_entries
 from traffic.workloads.patterns import PATTERNS, pattern_pairs
-from traffic.workloads.schedules import Schedule, build, flows
+from traffic.workloads.schedules import ALGORITHMS, Schedule, build, flows
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
          "GIB": 2**30}
@@ -212,6 +212,7 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     host_rate = min((lk.rate_mbps for lk in topo.links if lk.tier == "host"), default=1.0)
     replayed, replay = scale_entries(replayed, raw.get("replay"), host_rate, real_rate_gbps,
                                      parse_size)
+    replayed = _replay_algorithm(replayed, (raw.get("replay") or {}).get("algorithm"), replay)
     entries += replayed
     read_json = lambda name, field: _json(_read(base_dir, name, field), field)  # noqa: E731
     jobs = [_entry_job(topo, i, {**defaults, **entry}, path, connections, timeout_s, read_json)
@@ -290,6 +291,23 @@ def _named_job(topo: Topology, spec: dict, kind: str, path: str, index: int, tak
     colls = tuple(Collective(s.op, hosts, s, e.get("label", ""), servers=servers)
                   for e, s in built)
     return Job(index, colls, connections, timeout_s, **job_settings(settings, path))
+
+
+def _replay_algorithm(entries: list[tuple[dict, str]], algorithm: str | None,
+                      replay: dict | None) -> list[tuple[dict, str]]:
+    """``replay.algorithm``: the algorithm of every replayed collective that has it (a log
+    does not say which NCCL chose)."""
+    if not algorithm:
+        return entries
+    ops = {op for op, algos in ALGORITHMS.items() if algorithm in algos}
+    ops |= {op for op, algo in hierarchical.BUILDERS if algo == algorithm}
+    if not ops:
+        raise ConfigError("workload.replay.algorithm", f"no collective has an algorithm "
+                                                       f"{algorithm!r}")
+    if replay is not None:
+        replay["algorithm"] = algorithm
+    return [({**e, "algorithm": algorithm} if e.get("op") in ops else e, where)
+            for e, where in entries]
 
 
 def _chakra(topo: Topology, base_dir: str, prefix: str) -> list[tuple[dict, str]]:
