@@ -256,8 +256,11 @@ class Agent:
             timings.append((index, start, end, tuple(
                 FlowTiming(k[2], k[3], k[1], n, self.done_at[k])
                 for k, n, is_send in flows if not is_send), released))
-        if self.engine is not None:  # a receiver's last ACK may be lost: it keeps answering
-            self.barrier()  # retransmissions until every rank's sends are acknowledged
+        if self.engine is not None or self.spec.barrier:
+            # every rank's receives are in: every byte of ours has left its socket (TCP's
+            # counters count it), and a UDP receiver whose last ACK was lost keeps answering
+            # retransmissions until every rank's sends are acknowledged
+            self.barrier()
         snapshots.append(self._counters())
         return [CollectiveTiming(*timing[:4], _delta(before, after), timing[4])
                 for timing, before, after in zip(timings, snapshots, snapshots[1:])]
