@@ -34,6 +34,7 @@ from testbed.errors import ConfigError, TestbedError
 from testbed.paths import DEFAULT_STATE_DIR
 from testbed.plan.failplan import live_links
 from testbed.plan.reachability import Reachability
+from testbed.poll import wait_for
 
 __all__ = ["Collective", "Fabric", "Results", "load", "run", "up"]
 
@@ -126,8 +127,24 @@ class Fabric:
         self._set(node, other, up=True)
 
     def _set(self, node: str, other: str | None, up: bool) -> None:
-        _, pairs = live_links(self.running.topo, [node] + ([other] if other else []))
+        topo = self.running.topo
+        _, pairs = live_links(topo, [node] + ([other] if other else []))
         self.running.set_links(list(pairs), up)
+        names = {topo.find_link(a, b).name for a, b in pairs}
+        self._await_controller(names, up)
+
+    def _await_controller(self, names: set[str], up: bool, timeout_s: float = 10.0) -> None:
+        """Return once fabriclab's controller has these links in the new state in its routes
+        (its status lists the links down after it sent the changes), so that what runs next
+        sees the fabric rerouted. A user's controller says nothing of it: not awaited."""
+        if "links_down" not in self.running.controller_status():
+            return
+
+        def seen() -> bool:
+            down = set(self.running.controller_status().get("links_down", []))
+            return not (names & down) if up else names <= down
+        wait_for(seen, timeout_s, f"the controller to see {', '.join(sorted(names))} "
+                 f"{'up' if up else 'down'}")
 
 
 def up(experiment: xp.Experiment | str | Path,

@@ -16,8 +16,8 @@ from traffic.measure.transport import goodput_fraction
 WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
         "switches give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed "
         "transports evenly split, adaptive placed on the least loaded path), at the link "
-        "rates times the payload share at the MTU, 1 ms per step for the agents' hand-off; "
-        "no queues, losses or slow start")
+        "rates times the payload share at the MTU, 1 ms per step and connection to a peer "
+        "for the agents' hand-off; no queues, losses or slow start")
 
 
 def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:

@@ -86,7 +86,12 @@ variants:
     for it, name in ((base, "base"), (slow, "straggler")):
         assert abs(it["time_s"] / predicted[name]["predicted_s"] - 1) < 0.1, (it, predicted)
     grew = slow["time_s"] - base["time_s"]
-    assert 0.3 < grew < 0.7, grew  # the straggler's half second, give or take the network
+    # the straggler's half second, within the same 10 % of its iteration as above (the two
+    # iterations' network parts vary apart by that much on two loaded cores)
+    predicted_grew = predicted["straggler"]["predicted_s"] - predicted["base"]["predicted_s"]
+    assert 0.45 < predicted_grew < 0.55, predicted
+    assert abs(grew - predicted_grew) < 0.1 * predicted["straggler"]["predicted_s"], (grew, slow)
+    assert grew > 0.3, grew
     assert over["exposed_comm_s"] < 0.6 * base["exposed_comm_s"], (over, base)
     assert over["overlap_fraction"] > 0.4 and base["overlap_fraction"] < 0.1
     assert abs(over["time_s"] / predicted["overlap"]["predicted_s"] - 1) < 0.25
@@ -132,3 +137,38 @@ def test_uneven_all_to_all_chakra_and_a_scaled_nccl_log_with_the_traffic_out(sta
     routed = sum(v for k, v in traffic["phases"][0]["links"].items()
                  if not k.startswith("h"))  # switch ports only: what the counters count
     assert 0.95 * routed < sent < 1.2 * routed, (sent, routed)
+
+
+def test_named_jobs_of_several_collectives_and_of_a_trace(state_dir, tmp_path):
+    """A job of two collectives (one on half its ranks) and a job replaying a trace run side
+    by side, each entry in order on its own hosts, then each alone: every row carries its
+    job, the jobs' lines their times and slowdowns."""
+    (tmp_path / "t.jsonl").write_text('{"op": "all_gather", "size": 262144}\n'
+                                      '{"op": "all_reduce", "size": 262144, "gap_s": 0.2}\n')
+    text = FABRIC.format(name="named") + """workload:
+  jobs:
+    - name: multi
+      collectives:
+        - {op: all_reduce, size: 512KiB, repetitions: 2}
+        - {op: all_to_all, size: 256KiB, ranks: 2}
+      ranks: {count: 4, placement: spread}
+    - {name: traced, trace: t.jsonl, ranks: {count: 4, placement: spread}}
+"""
+    (doc,) = _run(state_dir, tmp_path, "named", text).values()
+    rows = doc["collectives"]
+    by_job = {}
+    for r in rows:
+        by_job.setdefault(r["job"], []).append(r["op"])
+    # together (jobs 0 and 1), then each alone (2 and 3)
+    assert by_job == {0: ["all_reduce", "all_reduce", "all_to_all"],
+                      1: ["all_gather", "all_reduce"],
+                      2: ["all_reduce", "all_reduce", "all_to_all"],
+                      3: ["all_gather", "all_reduce"]}, by_job
+    a2a = next(r for r in rows if r["job"] == 0 and r["op"] == "all_to_all")
+    assert len(a2a["ranks"]) == 4 and a2a["bytes"] == 256 * 1024  # on the first two of them
+    gap = next(r for r in rows if r["job"] == 1 and r["op"] == "all_reduce")
+    assert gap["compute_s"] > 0.19, gap
+    multi, traced = doc["jobs"]
+    assert (multi["name"], traced["name"]) == ("multi", "traced")
+    assert multi["slowdown"] > 0.8 and traced["slowdown"] > 0.8, doc["jobs"]
+    assert multi["predicted_s"] and traced["predicted_s"]

@@ -1,6 +1,8 @@
 """Several jobs on one fabric: placements (traffic/workloads/jobs.py), the jobs section parsed
 into concurrent jobs and their alone copies, and the per-job results (fabriclab/model/jobs.py)."""
 
+from pathlib import Path
+
 import pytest
 
 from fabriclab.model import experiment as config
@@ -11,6 +13,7 @@ from traffic.workloads.jobs import place
 
 TRAIN = {"tp": 1, "dp": 8, "pp": 1, "layers": 2, "hidden": 64, "seq_len": 64,
          "micro_batches": 1, "params": 100_000, "compute_ms": 10}
+ROOT = Path(__file__).resolve().parents[2]
 FABRIC = {"topology": "leaf_spine", "leaves": 4, "spines": 2, "hosts_per_leaf": 4}
 
 
@@ -92,3 +95,53 @@ def test_a_jobs_line_has_its_slowdown_measured_and_predicted_and_its_shared_link
     assert (a["time_s"], a["alone_s"], a["slowdown"]) == (4.0, 2.0, 2.0)
     assert a["predicted_slowdown"] == 1.5 and a["shared_links"] == ["l1->s1"]
     assert (b["alone_s"], b["slowdown"]) == (1.5, 2.0)  # from the baseline run
+
+
+def test_a_job_of_several_collectives_a_trace_and_a_scaled_log(tmp_path):
+    """collectives, trace and nccl_log jobs: their entries one after another on the job's
+    hosts (one of fewer ranks on the first of them), a log's scaled by workload.replay."""
+    (tmp_path / "t.jsonl").write_text('{"op": "all_gather", "size": 4096, "ranks": 2}\n'
+                                      '{"op": "all_reduce", "size": 8192, "gap_s": 0.5}\n')
+    log = ROOT / "tests" / "unit" / "data" / "nccl" / "allreduce-2ranks.log"
+    (tmp_path / "r.log").write_text(log.read_text())
+    exp = config.parse({"version": 1, "fabric": FABRIC, "workload": {
+        "replay": {"size_scale": 0.5},
+        "jobs": [
+            {"name": "c", "collectives": [
+                {"op": "all_reduce", "size": "1MiB", "repetitions": 2},
+                {"op": "all_to_all", "size": 65536, "ranks": 2}],
+             "ranks": {"count": 4, "placement": "spread"}, "dscp": 8},
+            {"name": "t", "trace": "t.jsonl", "ranks": 4},
+            {"name": "n", "nccl_log": "r.log"}]}}, source=str(tmp_path / "x.yaml"))
+    c, t, n = exp.workload.jobs[:3]
+    assert [x.op for x in c.collectives] == ["all_reduce", "all_reduce", "all_to_all"]
+    assert all(x.hosts == c.collectives[0].hosts for x in c.collectives) and c.dscp == 8
+    a2a = c.collectives[2].schedule
+    assert {(tr.src, tr.dst) for tr in a2a.transfers} == {(0, 1), (1, 0)}
+    assert a2a.group_ranks == 2 and a2a.ranks == 4
+    assert [x.gap_s for x in t.collectives] == [0.0, 0.5] and len(t.collectives[0].hosts) == 4
+    assert not set(c.collectives[0].hosts) & set(t.collectives[0].hosts)
+    replay = exp.workload.replay
+    assert replay["size_scale"] == 0.5 and replay["bytes_replayed"] * 2 == pytest.approx(
+        replay["bytes_as_logged"], abs=replay["entries"])
+    assert len(t.collectives) + len(n.collectives) == replay["entries"]  # both scaled
+
+
+@pytest.mark.parametrize("job,path,text", [
+    ({"collectives": [{"op": "all_reduce", "size": 64, "t_s": 1.0}], "ranks": 2},
+     "workload.jobs[0].collectives[0].t_s", "one after another"),
+    ({"collectives": [{"op": "all_reduce", "size": 64, "dscp": 8}], "ranks": 2},
+     "workload.jobs[0].collectives[0].dscp", "set it on workload.jobs[0]"),
+    ({"collectives": [{"op": "all_reduce", "size": 64, "ranks": ["h1_1", "h1_2"]}]},
+     "workload.jobs[0].collectives[0].ranks", "rank count"),
+    ({"collectives": [{"op": "all_reduce", "size": 64}]}, "workload.jobs[0].ranks",
+     "give the job's ranks"),
+    ({"collectives": [{"op": "all_reduce", "size": 64, "ranks": 4}], "ranks": 2},
+     "workload.jobs[0].collectives[0].ranks", "4 ranks in a job of 2"),
+])
+def test_a_bad_entry_of_a_named_job_names_its_field(job, path, text):
+    with pytest.raises(ConfigError) as err:
+        config.parse({"version": 1, "fabric": FABRIC,
+                      "workload": {"jobs": [{"name": "a", **job}]}})
+    assert err.value.path == path, err.value
+    assert text in err.value.message, err.value

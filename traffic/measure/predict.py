@@ -17,8 +17,8 @@ the path the switches give it:
   loads least (what a load-aware router at best reaches).
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.measure.flowsim`);
-the next step starts a fixed hand-off (:data:`STEP_OVERHEAD_S`) after the slowest has ended (every rank at once: a ring's ranks wait for
-the slowest link anyway); a collective takes the sum of its steps plus the compute before it.
+the next step starts a hand-off after the slowest has ended (:data:`STEP_OVERHEAD_S` per
+connection per peer: every rank at once, a ring's ranks wait for the slowest link anyway); a collective takes the sum of its steps plus the compute before it.
 Jobs that run at once (``concurrent``) share links step by step (step ``i`` of each job's
 current collective together), each job's step lasting until its own flows have ended. Link
 capacity is the rate times the wire's payload share (TCP/IP headers at the fabric's MTU).
@@ -40,9 +40,10 @@ from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
 
 DEFAULT_DRAWS = 16
-#: what a step costs beyond its bytes: the agents hand the next step's sends over once the
-#: last receive is in (0.5-3 ms measured on a 2-core machine; the emulated links' token
-#: buckets let a small transfer through at once, so no store-and-forward time is added)
+#: what a step costs beyond its bytes, per connection to a peer: the agents hand the next
+#: step's sends over once the last receive is in (0.5-3 ms measured on a 2-core machine with
+#: one connection, about twice that with two; the emulated links' token buckets let a small
+#: transfer through at once, so no store-and-forward time is added)
 STEP_OVERHEAD_S = 1e-3
 Link = tuple[str, str]  # a directed link: (from node, to node)
 
@@ -182,7 +183,8 @@ class Predictor:
         goodput: the payload share of a link's bits (``goodput_fraction(mtu)``).
         draws: ECMP hash draws to average over.
         seed: the draws' seed.
-        step_overhead_s: added to every step (the agents' hand-off between steps).
+        step_overhead_s: added to every step per connection to a peer (the agents'
+            hand-off between steps).
     """
 
     def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
@@ -267,7 +269,8 @@ class Predictor:
                 for j in now:
                     mine = [e for o, e in zip(owner, ends) if o == j.index]
                     if mine:
-                        out[(j.index, k)] += max(mine) * scale + self.step_overhead_s
+                        out[(j.index, k)] += (max(mine) * scale
+                                               + self.step_overhead_s * j.connections)
         return out
 
     def _adaptive(self, jobs: list[Job]) -> dict[tuple, tuple]:

@@ -82,7 +82,8 @@ def scale_entries(entries: list[tuple[dict, str]], raw: dict | None, host_rate_m
                   real_rate_gbps: float | None, parse_size) -> tuple[list[tuple[dict, str]],
                                                                      dict | None]:
     """A replay at emulation scale (``workload.replay: {size_scale, time_scale}``): every
-    entry's size times ``size_scale`` (at least a byte), its ``t_s`` times ``time_scale``.
+    entry's size times ``size_scale`` (at least a byte), its ``t_s`` and ``gap_s`` times
+    ``time_scale``.
     ``size_scale: real`` derives it from the experiment's ``scale.real_rate_gbps``: the host
     rate over the real one, so a collective takes on the emulated fabric what it took on
     the real one (and ``time_scale`` 1 keeps the gaps as they were).
@@ -110,8 +111,9 @@ def scale_entries(entries: list[tuple[dict, str]], raw: dict | None, host_rate_m
             size = parse_size(entry["size"], f"{where}.size")
             entry["size"] = max(1, round(size * size_scale))
             before, after = before + size, after + entry["size"]
-        if "t_s" in entry:
-            entry["t_s"] = float(entry["t_s"]) * time_scale
+        for key in ("t_s", "gap_s"):  # the trace's times: its start times and its gaps
+            if key in entry:
+                entry[key] = float(entry[key]) * time_scale
         out.append((entry, where))
     return out, {"mode": mode, "size_scale": size_scale, "time_scale": time_scale,
                  "entries": len(out), "bytes_as_logged": before, "bytes_replayed": after}

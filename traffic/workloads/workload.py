@@ -34,7 +34,6 @@ experiment is parsed once: trace and NCCL log files are read here and never agai
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -45,7 +44,7 @@ from dataclasses import dataclass
 from testbed.errors import ConfigError, shown
 from testbed.model.topology import Topology
 from traffic.transports.options import PER_KIND, ROCE_CONGESTION_CONTROLS, TransportOptions
-from traffic.workloads import chakra, hierarchical, jobs, moe
+from traffic.workloads import chakra, hierarchical, moe
 from traffic.workloads.jobs import place_ranks, rank_servers, whole_servers
 from traffic.workloads import presets, training
 from traffic.workloads.nccl_log import import_log
@@ -197,7 +196,10 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
                 "dcqcn": raw.get("dcqcn", "paper")}
     job_settings(defaults, "workload")  # its errors named there, not in the first entry
     if raw.get("jobs"):
-        return _named_jobs(topo, raw, base_dir, connections, timeout_s, defaults)
+        from traffic.workloads.named import named_jobs  # it builds on this module's entries
+
+        return named_jobs(topo, raw, base_dir, connections, timeout_s, defaults, check_entry,
+                          real_rate_gbps)
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     replayed: list[tuple[dict, str]] = []
@@ -223,74 +225,6 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if not jobs:
         raise ConfigError("workload.collectives", "the workload lists no collectives")
     return Workload(tuple(jobs), connections, timeout_s, replay=replay)
-
-
-def _named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int,
-                timeout_s: float, defaults: dict) -> Workload:
-    """``workload.jobs``: each named job on its own hosts, all at once (each at its
-    ``start_s``), then (baseline ``alone``) each alone."""
-    for key in ("collectives", "training", "trace", "nccl_log", "chakra"):
-        if key in raw:
-            raise ConfigError(f"workload.{key}", "give jobs, or collectives, training, trace "
-                                                 "and nccl_log: not both")
-    baseline = raw.get("baseline", "alone")
-    if baseline not in jobs.BASELINES:  # a run directory, relative to the experiment's
-        baseline = os.path.join(base_dir, baseline)
-        if not os.path.isfile(os.path.join(baseline, "results.json")):
-            raise ConfigError("workload.baseline", f"{raw['baseline']!r} is neither alone, "
-                                                   "none, nor a run directory (no "
-                                                   "results.json in it)")
-    out: list[Job] = []
-    taken: set[str] = set()
-    for i, spec in enumerate(raw["jobs"]):
-        path = f"workload.jobs[{i}]"
-        kinds = [k for k in ("training", "collective", "nccl_log") if k in spec]
-        if len(kinds) != 1:
-            raise ConfigError(path, "a job is one workload: training, collective or nccl_log")
-        settings = {**defaults, **{k: spec[k] for k in ("dscp", "transport",
-                                                        "congestion_control") if k in spec}}
-        job = _named_job(topo, spec, kinds[0], path, len(out), taken, base_dir, connections,
-                         timeout_s, settings)
-        taken |= set(job.collectives[0].hosts)
-        out.append(dataclasses.replace(job, name=spec["name"], concurrent=i > 0,
-                                       offset_s=float(spec.get("start_s", 0.0))))
-    names = [j.name for j in out]
-    if len(set(names)) != len(names):
-        raise ConfigError("workload.jobs", f"job names repeat: {', '.join(names)}")
-    if baseline == "alone":
-        out += [dataclasses.replace(j, index=len(out) + k, concurrent=False, offset_s=0.0,
-                                    alone_of=j.name) for k, j in enumerate(list(out))]
-    return Workload(tuple(out), connections, timeout_s, baseline)
-
-
-def _named_job(topo: Topology, spec: dict, kind: str, path: str, index: int, taken: set[str],
-               base_dir: str, connections: int, timeout_s: float, settings: dict) -> Job:
-    """One named job of ``workload.jobs`` on hosts its placement gives."""
-    if kind == "training":
-        world = training_spec(spec["training"]).world_size
-        hosts = jobs.job_hosts(topo, spec.get("ranks"), world, taken, f"{path}.ranks")
-        if len(hosts) != world:
-            raise ConfigError(f"{path}.ranks", f"tp * pp * dp = {world} ranks, but "
-                                               f"{len(hosts)} hosts were given")
-        return _training_job(topo, {**spec["training"], "ranks": list(hosts)}, index,
-                             connections, timeout_s, settings, f"{path}.training")
-    if kind == "collective":
-        entry = spec["collective"]
-        need = entry.get("ranks", 2) if isinstance(entry.get("ranks", 2), int) else 2
-        hosts = jobs.job_hosts(topo, spec.get("ranks", entry.get("ranks")), need, taken,
-                               f"{path}.ranks")
-        read_json = lambda name, field: _json(_read(base_dir, name, field), field)  # noqa: E731
-        return _entry_job(topo, index, {**settings, **entry, "ranks": list(hosts)},
-                          f"{path}.collective", connections, timeout_s, read_json)
-    entries = nccl_entries(import_log(_read(base_dir, spec["nccl_log"], f"{path}.nccl_log")))
-    need = max(e["ranks"] for e, _w in entries)
-    hosts = jobs.job_hosts(topo, spec.get("ranks"), need, taken, f"{path}.ranks")
-    built = jobs.log_schedules(entries, len(hosts), lambda e, n, where: build(
-        e["op"], n, parse_size(e["size"], f"{where}.size"), field_path=where))
-    servers = rank_servers(topo, hosts)
-    colls = tuple(Collective(s.op, hosts, s, e.get("label", ""), servers=servers)
-                  for e, s in built)
-    return Job(index, colls, connections, timeout_s, **job_settings(settings, path))
 
 
 def _replay_algorithm(entries: list[tuple[dict, str]], algorithm: str | None,
