@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                               help="experiment files (YAML)")
     p["predict"].add_argument("--draws", type=int, default=16, metavar="N",
                               help="ECMP hash draws averaged (default %(default)s)")
+    p["predict"].add_argument("--share-cv", type=float, default=None, metavar="CV",
+                              help="how unevenly TCP's flows share a link: the spread of a "
+                                   "flow's share around the fair one (default 0.6, measured; "
+                                   "0: every flow its fair share)")
     for name in ("up", "run"):
         _run_arguments(p[name])
     p["up"].add_argument("--check", action="store_true",
@@ -247,7 +251,9 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
     if name == "predict":
         if args.draws < 1:
             raise ConfigError("--draws", f"must be at least 1, got {args.draws}")
-        return rq.PredictRequest(args.files, args.draws, args.json)
+        if args.share_cv is not None and not 0 <= args.share_cv <= 3:
+            raise ConfigError("--share-cv", f"must be between 0 and 3, got {args.share_cv}")
+        return rq.PredictRequest(args.files, args.draws, args.json, args.share_cv)
     if name == "up":
         return rq.UpRequest(args.file, args.state_dir, args.check, args.count, args.verbose,
                             args.backend, args.cluster, args.vm_accel, args.out,

@@ -20,7 +20,7 @@ def predict(req: PredictRequest, ui: Console) -> int:
     for path in req.files:
         began = time.monotonic()
         exp = xp.load(path)
-        runs = [(name, document(x, req.draws)) for name, x in targets(exp)]
+        runs = [(name, document(x, req.draws, req.share_cv)) for name, x in targets(exp)]
         took = time.monotonic() - began
         for name, doc in runs:
             ui.print(_table(exp.name, name, doc))

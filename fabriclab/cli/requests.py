@@ -28,6 +28,7 @@ class PredictRequest:
     files: list[Path]
     draws: int = 16  # ECMP hash draws averaged
     json: bool = False
+    share_cv: float | None = None  # TCP's uneven link shares (None: the model's default)
 
 
 @dataclass(frozen=True)

@@ -10,33 +10,39 @@ from __future__ import annotations
 from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
 from traffic.measure import metrics
-from traffic.measure.predict import DEFAULT_DRAWS, Predicted, Predictor, Router, iterations
+from traffic.measure.predict import (DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor, Router,
+                                     iterations)
 from traffic.measure.transport import goodput_fraction
 
-WHAT = ("max-min fair sharing of the links by each step's connections on the paths the "
-        "switches give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed "
-        "transports evenly split, adaptive placed on the least loaded path), at the link "
-        "rates times the payload share at the MTU, 1 ms per step and connection to a peer "
-        "for the agents' hand-off; no queues, losses or slow start")
+WHAT = ("max-min sharing of the links by each step's connections on the paths the switches "
+        "give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed transports "
+        "evenly split, adaptive placed on the least loaded path), at the link rates times the "
+        "payload share at the MTU; where several shared links bound a step, TCP's uneven "
+        "shares drawn (share_cv); 1 ms per step and connection to a peer for the agents' "
+        "hand-off; no queues, losses or slow start")
 
 
-def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> list[Predicted]:
-    """One experiment's collectives (a variant's or a cell's: not its variants)."""
+def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
+            share_cv: float | None = None) -> list[Predicted]:
+    """One experiment's collectives (a variant's or a cell's: not its variants);
+    ``share_cv`` how unevenly TCP's flows share a link (None: :data:`SHARE_CV`)."""
     if exp.workload is None:
         return []
     ctl = exp.controller
     routing = str(ctl.routing) if ctl.own else "ecmp"  # an app's or remote's routes: unknown
     predictor = Predictor(exp.topology, routing, str(ctl.ecmp_seed),
-                          goodput_fraction(exp.fabric.mtu), draws)
+                          goodput_fraction(exp.fabric.mtu), draws,
+                          share_cv=SHARE_CV if share_cv is None else share_cv)
     return predictor.workload(exp.workload)
 
 
-def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> dict:
+def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
+             share_cv: float | None = None) -> dict:
     """What ``results.json`` stores and ``predict --json`` prints for one experiment: the
     routing it assumed, how, and per collective the prediction and its busbw."""
     rows = []
     colls = [c for job in (exp.workload.jobs if exp.workload else ()) for c in job.collectives]
-    predicted = predict(exp, draws)
+    predicted = predict(exp, draws, share_cv)
     for p, coll in zip(predicted, colls):
         comm = max(p.seconds, 1e-12)
         n = coll.schedule.communicator_size
@@ -45,7 +51,8 @@ def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS) -> dict:
                                   if coll.op in metrics.BUS_FACTOR else 0.0, 6)
         rows.append(row)
     out = {"routing": str(exp.controller.routing) if exp.controller.own else "ecmp",
-           "draws": draws, "model": WHAT, "collectives": rows}
+           "draws": draws, "share_cv": SHARE_CV if share_cv is None else share_cv,
+           "model": WHAT, "collectives": rows}
     if exp.workload is not None:
         its = iterations(exp.workload, predicted)
         if its:

@@ -41,6 +41,41 @@ def test_max_min_sharing_and_its_finish_times_by_hand():
         makespan([(1, one)], [0.0])
 
 
+def test_shares_weight_a_links_split_and_flows_due_together_end_midway():
+    one = ((0, 1.0),)
+    # claims 2:1 on one link: 2/3 and 1/3 of it; A ends at 1.5 s, B then has it all
+    assert finish_times([(10, one), (10, one)], [10], [2.0, 1.0]) == pytest.approx([1.5, 2.0])
+    # a lone flow's rate is its link's, whatever its claim
+    assert finish_times([(10, one)], [10], [0.2]) == pytest.approx([1.0])
+    # due at 1.0 and 1.02 s: within 5 %, both end at 1.01 s
+    assert finish_times([(10, ((0, 1.0),)), (10.2, ((1, 1.0),))], [10, 10],
+                        together=0.05) == pytest.approx([1.01, 1.01])
+
+
+def test_uneven_shares_lengthen_a_step_that_many_shared_links_bound_and_no_other():
+    """An all-to-all with every link loaded alike waits for its unluckiest link when TCP's
+    shares are uneven; one bound by a single hot link, or a ring (a flow per link), does
+    not; with share_cv 0 every flow has its fair share."""
+    topo = leaf_spine(1, 1, 4)
+    hosts = [h.name for h in topo.hosts]
+    even = build("all_to_all", 4, 3_000_000, "direct")
+    fair = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(
+        Workload((_job(topo, even, hosts),)))[0]
+    uneven = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.6).workload(
+        Workload((_job(topo, even, hosts),)))[0]
+    assert fair.seconds == pytest.approx(3 * 750_000 * 8 / 100e6)  # a quarter to each peer
+    assert 1.03 * fair.seconds < uneven.seconds < 1.3 * fair.seconds
+    assert uneven.draws == 4 and uneven.high_s > uneven.low_s
+    hot = flows([(0, 3), (1, 3), (2, 3), (0, 1)], 4, 1_000_000)  # host 4's link bounds it
+    a, b = (Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=cv).workload(
+        Workload((_job(topo, hot, hosts),)))[0] for cv in (0.0, 0.6))
+    assert a.seconds == pytest.approx(b.seconds)  # the hot link stays busy, whoever sends
+    ring = build("all_reduce", 4, 4_000_000)
+    r = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.6).workload(
+        Workload((_job(topo, ring, hosts),)))[0]
+    assert r.seconds == pytest.approx(2 * 3 / 4 * 4_000_000 * 8 / 100e6) and r.draws == 1
+
+
 def _walk(topo, tables, src, dst):
     """The switches a packet from host src to dst crosses, by the controller's tables."""
     ip = topo.nodes[dst].ip
@@ -87,7 +122,7 @@ def test_ecmp_draws_collide_dmodk_does_not_and_spraying_splits():
     sched = flows([(i, (i + 4) % n) for i in range(n)], n, 12_500_000)
     alone = 12_500_000 * 8 / 100e6  # 1 s at 100 Mbit/s
     wl = Workload((_job(topo, sched, hosts),))
-    dmodk = Predictor(topo, "dmodk", step_overhead_s=0.0).workload(wl)[0]
+    dmodk = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(wl)[0]
     assert dmodk.seconds == pytest.approx(alone) and dmodk.draws == 1
     ecmp = Predictor(topo, "ecmp", draws=32, step_overhead_s=0.0).workload(wl)[0]
     assert ecmp.draws == 32 and ecmp.low_s <= ecmp.seconds <= ecmp.high_s
@@ -108,9 +143,9 @@ def test_ring_all_reduce_and_concurrent_jobs_share_links():
     hosts = [h.name for h in topo.hosts][:4]
     size = 10_000_000
     ring = build("all_reduce", 4, size)
-    alone = Predictor(topo, "dmodk", step_overhead_s=0.0).workload(Workload((_job(topo, ring, hosts),)))[0]
+    alone = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(Workload((_job(topo, ring, hosts),)))[0]
     assert alone.seconds == pytest.approx(2 * 3 / 4 * size * 8 / 100e6)
-    both = Predictor(topo, "dmodk", step_overhead_s=0.0).workload(Workload(
+    both = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(Workload(
         (_job(topo, ring, hosts), _job(topo, ring, hosts, 1, True))))
     assert [p.seconds for p in both] == pytest.approx([2 * alone.seconds] * 2)
 

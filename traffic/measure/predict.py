@@ -28,6 +28,7 @@ over the predicted one is what they cost.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -45,6 +46,16 @@ DEFAULT_DRAWS = 16
 #: one connection, about twice that with two; the emulated links' token buckets let a small
 #: transfer through at once, so no store-and-forward time is added)
 STEP_OVERHEAD_S = 1e-3
+#: how unevenly TCP's flows share a link: the coefficient of variation of a flow's share
+#: around the fair one (see :class:`_Shares`)
+SHARE_CV = 0.6
+#: draws of those shares where the paths are fixed (D-mod-k): a step bound by many links
+#: averages its own unevenness, a few draws give its mean
+SHARE_DRAWS = 4
+#: flows of uneven shares due within 5 % of the next to end end with it, midway (the
+#: simulation's re-sharings a few per step instead of one per flow; the predictions move by
+#: under 0.5 % against 0.2 %)
+TOGETHER = 0.05
 Link = tuple[str, str]  # a directed link: (from node, to node)
 
 
@@ -189,11 +200,13 @@ class Predictor:
 
     def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
                  goodput: float = 1.0, draws: int = DEFAULT_DRAWS, seed: int = 1,
-                 step_overhead_s: float = STEP_OVERHEAD_S) -> None:
+                 step_overhead_s: float = STEP_OVERHEAD_S,
+                 share_cv: float = SHARE_CV) -> None:
         self.router = Router(topo, routing, ecmp_seed, goodput)
         self.draws = draws
         self.seed = seed
         self.step_overhead_s = step_overhead_s
+        self.share_cv = share_cv
 
     def workload(self, workload: Workload) -> list[Predicted]:
         """Every collective of every job, batch by batch."""
@@ -202,14 +215,23 @@ class Predictor:
     def batch(self, jobs: list[Job]) -> list[Predicted]:
         """The collectives of jobs that run at once."""
         router = self.router
-        draws = self.draws if any(router.random_paths(sprayed(j)) for j in jobs) else 1
+        random_paths = any(router.random_paths(sprayed(j)) for j in jobs)
+        draws = (self.draws if random_paths else min(self.draws, SHARE_DRAWS)
+                 if self.share_cv > 0 else 1)
         times: dict[tuple[int, int], list[float]] = {}
         loads: dict[tuple[int, int], dict[int, float]] = {}
+        self._shared_steps = False
+        self._fair: dict[tuple, list[float]] = {}  # a step's finish times at fair shares
         for draw in range(draws):
             rng = random.Random(self.seed * 100_003 + draw)
+            shares = _Shares(self.share_cv, self.seed * 7_919 + draw)
             fixed = self._adaptive(jobs) if router.routing == "adaptive" else {}
-            for key, seconds in self._run(jobs, rng, fixed, loads if draw == 0 else None).items():
+            for key, seconds in self._run(jobs, rng, fixed, loads if draw == 0 else None,
+                                          shares).items():
                 times.setdefault(key, []).append(seconds)
+            if draw == 0 and not random_paths and not self._shared_steps:
+                draws = 1  # every link carried one flow at a time: no draw can differ
+                break
         out = []
         for job in jobs:
             for k, coll in enumerate(job.collectives):
@@ -232,7 +254,7 @@ class Predictor:
         return out
 
     def _run(self, jobs: list[Job], rng: random.Random, fixed: dict,
-             loads: dict | None) -> dict[tuple[int, int], float]:
+             loads: dict | None, shares: _Shares) -> dict[tuple[int, int], float]:
         """One draw: each (job, collective)'s seconds; ``loads`` gets each collective's
         bytes per link."""
         router = self.router
@@ -245,7 +267,7 @@ class Predictor:
             for j in now:
                 out[(j.index, k)] = 0.0
             for step in range(max(steps.values())):
-                flows, owner = [], []
+                flows, owner, keys = [], [], []
                 for j in now:
                     coll = j.collectives[k]
                     for src, dst, ch, nbytes in self._connections(j, coll, step):
@@ -254,6 +276,7 @@ class Predictor:
                             paths[key] = router.path(src, dst, ch, rng, sprayed(j))
                         flows.append((nbytes, paths[key]))
                         owner.append(j.index)
+                        keys.append(key)
                         if loads is not None:
                             load = loads.setdefault((j.index, k), {})
                             for link, w in paths[key]:
@@ -262,10 +285,18 @@ class Predictor:
                     continue
                 scale = max(n for n, _p in flows)
                 shape = tuple((o, round(n / scale, 6), p) for o, (n, p) in zip(owner, flows))
-                if shape not in cache:
-                    cache[shape] = finish_times([(n / scale, p) for n, p in flows],
-                                                router.capacity)
-                ends = cache[shape]
+                if shape not in self._fair:
+                    self._fair[shape] = finish_times([(n / scale, p) for n, p in flows],
+                                                     router.capacity)
+                ends = self._fair[shape]
+                claims = shares.of(keys, flows, ends)
+                if claims is not None:  # several shared links bound the step: TCP's unevenness
+                    self._shared_steps = True
+                    shape += (tuple(claims),)
+                    if shape not in cache:
+                        cache[shape] = finish_times([(n / scale, p) for n, p in flows],
+                                                    router.capacity, claims, TOGETHER)
+                    ends = cache[shape]
                 for j in now:
                     mine = [e for o, e in zip(owner, ends) if o == j.index]
                     if mine:
@@ -294,6 +325,45 @@ class Predictor:
                 load[i] += w * total[key]
             out[key] = best
         return out
+
+
+class _Shares:
+    """Each connection's claim on the links it shares, drawn once per draw: TCP's flows do
+    not split a link evenly (per-connection rates vary by ``cv`` around the fair share,
+    log-normally). Where one link bounds a step, that costs nothing (the link stays busy
+    whoever sends); where several shared links bound it at once (an all-to-all with every
+    link loaded alike), some flows end early and the last ones leave links idle: the step
+    waits for the unluckiest link. Only such steps are drawn."""
+
+    def __init__(self, cv: float, seed: int) -> None:
+        self.sigma = math.sqrt(math.log(1 + cv * cv)) if cv > 0 else 0.0
+        self.rng = random.Random(seed)
+        self.claims: dict[tuple, float] = {}
+
+    def of(self, keys: list[tuple], flows: list[tuple[int, tuple]],
+           fair: list[float]) -> list[float] | None:
+        """The flows' claims (mean 1), or None unless two links that carry several of
+        ``flows`` are busy until the step's end at fair shares (``fair``: when each ends)."""
+        if not self.sigma or _critical_shared_links(flows, fair) < 2:
+            return None
+        for key in keys:
+            if key not in self.claims:
+                self.claims[key] = round(self.rng.lognormvariate(-self.sigma ** 2 / 2,
+                                                                 self.sigma), 4)
+        return [self.claims[key] for key in keys]
+
+
+def _critical_shared_links(flows: list[tuple[int, tuple]], ends: list[float]) -> int:
+    """How many links carry two or more of ``flows`` and are busy until the last ends (within
+    1 %)."""
+    makespan = max(ends, default=0.0)
+    count: dict[int, int] = {}
+    busy: dict[int, float] = {}
+    for (_n, path), end in zip(flows, ends):
+        for link, _w in path:
+            count[link] = count.get(link, 0) + 1
+            busy[link] = max(busy.get(link, 0.0), end)
+    return sum(1 for link, n in count.items() if n > 1 and busy[link] >= 0.99 * makespan)
 
 
 def iterations(workload: Workload, predicted: list[Predicted]) -> list[dict]:
