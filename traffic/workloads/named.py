@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 from testbed.errors import ConfigError
 from testbed.model.topology import Topology
@@ -32,9 +33,12 @@ from traffic.workloads import jobs
 from traffic.workloads.nccl_log import import_log
 from traffic.workloads.replay import EntryCheck, nccl_entries, parse_trace, scale_entries
 from traffic.workloads.schedules import merge
-from traffic.workloads.workload import (Collective, Job, Workload, _entry_job, _json, _read,
-                                        _replay_algorithm, _training_job, job_settings,
-                                        parse_size, rank_servers, training_spec)
+from traffic.workloads.entries import (Collective, Job, Workload, entry_job, job_settings,
+                                       json_value, parse_size, rank_servers, replay_algorithm,
+                                       training_job, training_spec)
+
+#: a workload file's text: (the experiment's folder, the file, the field naming it)
+Reader = Callable[[str, str, str], str]
 
 #: what a named job runs: exactly one of these
 KINDS = ("training", "collective", "collectives", "trace", "nccl_log")
@@ -43,10 +47,11 @@ JOB_SETTINGS = ("dscp", "transport", "congestion_control", "spray", "dcqcn")
 
 
 def named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int, timeout_s: float,
-               defaults: dict, check_entry: EntryCheck | None = None,
+               defaults: dict, read: Reader, check_entry: EntryCheck | None = None,
                real_rate_gbps: float | None = None) -> Workload:
     """``workload.jobs``: each named job on its own hosts, all at once (each at its
-    ``start_s``), then (baseline ``alone``) each alone."""
+    ``start_s``), then (baseline ``alone``) each alone; ``read`` reads a trace or a log (the
+    workload's reader, with its size cap)."""
     for key in ("collectives", "training", "trace", "nccl_log", "chakra"):
         if key in raw:
             raise ConfigError(f"workload.{key}", "give jobs, or collectives, training, trace "
@@ -70,7 +75,7 @@ def named_jobs(topo: Topology, raw: dict, base_dir: str, connections: int, timeo
         settings = {**defaults, **{k: spec[k] for k in ("dscp", "transport",
                                                         "congestion_control") if k in spec}}
         ctx = _Context(topo, base_dir, connections, timeout_s, check_entry, real_rate_gbps,
-                       raw.get("replay"), replays)
+                       raw.get("replay"), replays, read)
         job = _named_job(ctx, spec, kinds[0], path, len(out), taken,
                          job_settings(settings, path), settings)
         taken |= set(job.collectives[0].hosts)
@@ -95,6 +100,7 @@ class _Context:
     real_rate_gbps: float | None
     replay: dict | None
     replays: list[dict]  # what each scaled trace or log reported
+    read: Reader
 
 
 def _named_job(ctx: _Context, spec: dict, kind: str, path: str, index: int, taken: set[str],
@@ -107,16 +113,16 @@ def _named_job(ctx: _Context, spec: dict, kind: str, path: str, index: int, take
         if len(hosts) != world:
             raise ConfigError(f"{path}.ranks", f"tp * pp * dp = {world} ranks, but "
                                                f"{len(hosts)} hosts were given")
-        return _training_job(topo, {**spec["training"], "ranks": list(hosts)}, index,
+        return training_job(topo, {**spec["training"], "ranks": list(hosts)}, index,
                              ctx.connections, ctx.timeout_s, settings, f"{path}.training")
     if kind == "collective":  # one entry (repetitions): its ranks may place the job
         entry = spec["collective"]
         need = entry.get("ranks", 2) if isinstance(entry.get("ranks", 2), int) else 2
         hosts = jobs.job_hosts(topo, spec.get("ranks", entry.get("ranks")), need, taken,
                                f"{path}.ranks")
-        return _entry_job(topo, index, {**settings, **entry, "ranks": list(hosts)},
+        return entry_job(topo, index, {**settings, **entry, "ranks": list(hosts)},
                           f"{path}.collective", ctx.connections, ctx.timeout_s,
-                          _reader(ctx.base_dir))
+                          _reader(ctx))
     entries = _entries(ctx, spec, kind, path)
     counts = [_rank_count(entry, where) for entry, where in entries]
     need = max((n for n in counts if n is not None), default=None)
@@ -129,8 +135,8 @@ def _named_job(ctx: _Context, spec: dict, kind: str, path: str, index: int, take
         if n > len(hosts):
             raise ConfigError(f"{where}.ranks", f"a collective of {n} ranks in a job of "
                                                 f"{len(hosts)}")
-        one = _entry_job(topo, index, {**settings, **entry, "ranks": list(hosts[:n])}, where,
-                         ctx.connections, ctx.timeout_s, _reader(ctx.base_dir))
+        one = entry_job(topo, index, {**settings, **entry, "ranks": list(hosts[:n])}, where,
+                         ctx.connections, ctx.timeout_s, _reader(ctx))
         colls += [_widen(topo, c, hosts) for c in one.collectives]
     return Job(index, tuple(colls), ctx.connections, ctx.timeout_s, **typed)
 
@@ -143,11 +149,11 @@ def _entries(ctx: _Context, spec: dict, kind: str, path: str) -> list[tuple[dict
         if not entries:
             raise ConfigError(f"{path}.collectives", "the job lists no collectives")
     elif kind == "trace":
-        entries = parse_trace(_read(ctx.base_dir, spec["trace"], f"{path}.trace"),
+        entries = parse_trace(ctx.read(ctx.base_dir, spec["trace"], f"{path}.trace"),
                               f"{path}.trace {spec['trace']}", ctx.check_entry)
     else:
-        entries = nccl_entries(import_log(_read(ctx.base_dir, spec["nccl_log"],
-                                                f"{path}.nccl_log")))
+        entries = nccl_entries(import_log(ctx.read(ctx.base_dir, spec["nccl_log"],
+                                                   f"{path}.nccl_log")))
     for entry, where in entries:
         for key in ("t_s", "concurrent"):
             if key in entry:
@@ -163,7 +169,7 @@ def _entries(ctx: _Context, spec: dict, kind: str, path: str) -> list[tuple[dict
                         default=1.0)
         entries, report = scale_entries(entries, ctx.replay, host_rate, ctx.real_rate_gbps,
                                         parse_size)
-        entries = _replay_algorithm(entries, (ctx.replay or {}).get("algorithm"), report)
+        entries = replay_algorithm(entries, (ctx.replay or {}).get("algorithm"), report)
         if report is not None:
             ctx.replays.append(report)
     return entries
@@ -189,8 +195,9 @@ def _widen(topo: Topology, coll: Collective, hosts: tuple[str, ...]) -> Collecti
                                servers=rank_servers(topo, hosts))
 
 
-def _reader(base_dir: str):
-    return lambda name, field: _json(_read(base_dir, name, field), field)
+def _reader(ctx: _Context) -> Callable[[str, str], object]:
+    """A JSON file's value (a matrix), read relative to the experiment's folder."""
+    return lambda name, field: json_value(ctx.read(ctx.base_dir, name, field), field)
 
 
 def _replay_report(reports: list[dict]) -> dict | None:
