@@ -90,3 +90,36 @@ def test_the_fixture_without_an_experiment_says_how_to_name_one(tmp_path):
     assert done.returncode != 0
     assert "@pytest.mark.fabriclab('FILE'), --fabriclab-experiment FILE" in done.stdout + \
         done.stderr
+
+
+def test_fail_returns_once_the_controller_lists_the_link_down_and_restore_once_it_does_not():
+    """Fabric.fail/restore wait for fabriclab's controller to take the link into its routes
+    (its status's links_down), time out naming the link, and do not wait on a controller
+    that keeps no such status (a user's app)."""
+    from testbed.model.builders import leaf_spine
+
+    class Running:
+        def __init__(self, statuses):
+            self.topo = leaf_spine(2, 2, 1)
+            self.statuses, self.reads, self.sets = list(statuses), 0, []
+
+        def set_links(self, pairs, up):
+            self.sets.append((sorted(pairs), up))
+
+        def controller_status(self):
+            self.reads += 1
+            return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    fabric = api.Fabric.__new__(api.Fabric)
+    name = leaf_spine(2, 2, 1).find_link("leaf1", "spine1").name
+    fabric.running = Running([{"links_down": []}, {"links_down": []}, {"links_down": [name]}])
+    fabric.fail("leaf1", "spine1")
+    assert fabric.running.reads == 3 and fabric.running.sets == [([("leaf1", "spine1")], False)]
+    fabric.running = Running([{"links_down": [name]}, {"links_down": []}])
+    fabric.restore("leaf1", "spine1")
+    fabric.running = Running([{}])  # a user's controller: nothing to wait for
+    fabric.fail("leaf1", "spine1")
+    assert fabric.running.reads == 1
+    fabric.running = Running([{"links_down": []}])
+    with pytest.raises(api.TestbedError, match=f"controller to see {name} down"):
+        fabric._await_controller({name}, up=False, timeout_s=0.2)
