@@ -49,7 +49,6 @@ class BuildSteps:
     fabric's state; :meth:`Fabric.up` runs them in order)."""
 
     def _check_machine(self) -> capabilities.Capabilities:
-        ovs.check_running()
         caps = capabilities.probe(self.registry.state_dir)
         self._check_requirements(caps)
         return caps
@@ -70,6 +69,8 @@ class BuildSteps:
         if chosen != self.spec.emulator.datapath:
             self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))
             self.log(f"datapath {self.datapath_choice}")
+        if caps is not None and chosen != "ebpf":  # the eBPF switches need no Open vSwitch
+            ovs.check_running()
 
     def _check_fidelity(self) -> None:
         """Refuse (or warn about) a fabric whose full load exceeds this machine's budget, as

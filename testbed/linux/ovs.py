@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -288,6 +289,19 @@ def _read_pid(path: Path, timeout_s: float = 5.0) -> int:
 def _short(cmd: list[str]) -> str:
     text = shlex.join(cmd)
     return text if len(text) < 400 else text[:400] + " ..."
+
+
+def db_answers(path: str = "/var/run/openvswitch/db.sock") -> bool:
+    """Whether the system's ovsdb-server takes connections: when it does not, its database
+    holds no fabric's bridge now (an eBPF fabric builds with Open vSwitch stopped, and a
+    stopped server may leave its socket file behind)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def check_running() -> None:

@@ -127,7 +127,7 @@ def clean(registry: Registry, include_live: bool = False, orphans: bool = True) 
             report.skipped.append(f"{record.run_id} (pid {record.owner_pid} still running)")
             continue
         clean_record(record, registry, report)
-    if not orphans:
+    if not orphans or not ovs.db_answers():
         return report
     try:
         orphans = [b for b, run in ovs.bridges_by_run().items() if run not in live_ids]
