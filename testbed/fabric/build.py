@@ -172,7 +172,8 @@ class BuildSteps:
                 pid = self.hosts.pid(host.name)
                 nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=pid, peer_mac=host.mac,
                                mtu=mtu, group=self.record.link_group)
-                nl.shape(link.a.ifname, self.shaping(link, host_end=True), pid=pid)
+                self._note_acks(nl.shape(link.a.ifname, self.shaping(link, host_end=True),
+                                         pid=pid))
             else:
                 nl.create_veth(link.b.ifname, link.a.ifname, mtu=mtu,
                                group=self.record.link_group)
@@ -200,6 +201,14 @@ class BuildSteps:
             nl.shape(ifname, self.shaping(cut.link))
             nl.set_state(ifname, True)
 
+    def _note_acks(self, classified: bool) -> None:
+        """Warn once when the host NICs cannot send TCP's acknowledgements first."""
+        warning = ("this kernel has no bpf classifier (cls_bpf): host NICs send TCP's "
+                   "acknowledgements behind their queued data, which slows BBR senders "
+                   "whose hosts also receive")
+        if not classified and warning not in self.warnings:
+            self.warnings.append(warning)
+
     def _create_scale_up(self) -> None:
         """Every server's scale-up domain: veths between its GPUs' namespaces (meshes) or from
         each GPU to the server's Linux bridge (switch), shaped at both ends, and in every GPU
@@ -216,11 +225,12 @@ class BuildSteps:
         mac = {}  # a GPU's scale-up interface -> its MAC
         for link in scale_up:
             plan = scale_up_plan(self.spec, link)
+            gpu_plan = scale_up_plan(self.spec, link, gpu_end=True)
             a = topo.nodes[link.a.node]
             mac[link.a.ifname] = scale_up_mac(a.ip, link.a.port)
             nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=self.hosts.pid(a.name),
                            peer_mac=mac[link.a.ifname], mtu=mtu, group=self.record.link_group)
-            nl.shape(link.a.ifname, plan, pid=self.hosts.pid(a.name))
+            self._note_acks(nl.shape(link.a.ifname, gpu_plan, pid=self.hosts.pid(a.name)))
             if link.b.node in bridges:
                 nl.shape(link.b.ifname, plan)
                 nl.set_master(link.b.ifname, link.b.node)
@@ -229,7 +239,7 @@ class BuildSteps:
             b = topo.nodes[link.b.node]
             mac[link.b.ifname] = scale_up_mac(b.ip, link.b.port)
             nl.move(link.b.ifname, self.hosts.pid(b.name), mac[link.b.ifname])
-            nl.shape(link.b.ifname, plan, pid=self.hosts.pid(b.name))
+            self._note_acks(nl.shape(link.b.ifname, gpu_plan, pid=self.hosts.pid(b.name)))
         # where each GPU's scale-up interfaces lead: the peer GPU (mesh) or the bridge
         ends: dict[str, str] = {}  # a GPU's interface -> the peer GPU's interface on that link
         for link in scale_up:

@@ -25,12 +25,22 @@ from testbed.linux.rawnl import (
     QdiscDump,
     RawTc,
     add_neighbours,
+    cbpf_filter_request,
     delete_link_group,
     in_netns,
     qdisc_request,
     red_options,
 )
-from testbed.plan.tcplan import Shaping, TbfSetting, class_id, leaf_handle, priority_of_leaf
+from testbed.plan.tcplan import (
+    ACK_CLASS_MINOR,
+    ACK_QUEUE_PACKETS,
+    TCP_ACK_FILTER,
+    Shaping,
+    TbfSetting,
+    class_id,
+    leaf_handle,
+    priority_of_leaf,
+)
 
 # bfifo takes the same options as pfifo (struct tc_fifo_qopt) but pyroute2 does not list it.
 _tc_plugins.setdefault("bfifo", sched_pfifo)
@@ -261,27 +271,31 @@ class Netlink:
         return out
 
     # -- traffic control --------------------------------------------------------------------
-    def shape(self, ifname: str, plan: Shaping, pid: int | None = None) -> None:
+    def shape(self, ifname: str, plan: Shaping, pid: int | None = None) -> bool:
         """Install ``htb 1: / class 1:1 / {b,p}fifo|netem 10:`` on the egress of ``ifname``, or
-        with traffic classes one child class and leaf per priority (:mod:`testbed.plan.tcplan`)."""
+        with traffic classes one child class and leaf per priority (:mod:`testbed.plan.tcplan`);
+        False where the plan sends acknowledgements first and this kernel cannot classify
+        them."""
         ipr = self.ns(pid)
         idx = self.index(ifname, pid)
         rate = f"{plan.rate_kbit}kbit"
         with _request(f"tc htb on {ifname}"):
             ipr.tc("replace", "htb", index=idx, handle=HTB_HANDLE,
-                   default=0x10 if plan.classes else 1)
+                   default=0x10 if plan.classes or plan.acks_first else 1)
             ipr.tc("add-class", "htb", index=idx, handle=HTB_CLASS, parent=HTB_HANDLE,
                    rate=rate, ceil=rate, burst=plan.burst_bytes, cburst=plan.burst_bytes,
                    quantum=plan.quantum_bytes)
+        if plan.acks_first and not plan.classes:
+            return self._acks_first(ifname, idx, plan, pid)
         if not plan.classes:
             if plan.red is not None:
                 self.add_red(ifname, idx, LEAF_HANDLE, HTB_CLASS, plan.red, pid)
-                return
+                return True
             extra = {"delay": int(plan.delay_us)} if plan.queue_kind == "netem" else {}
             with _request(f"tc {plan.queue_kind} on {ifname}"):
                 ipr.tc("add", plan.queue_kind, index=idx, handle=LEAF_HANDLE, parent=HTB_CLASS,
                        limit=plan.queue_limit, **extra)
-            return
+            return True
         for cls in plan.classes:
             with _request(f"tc class for priority {cls.priority} on {ifname}"):
                 ipr.tc("add-class", "htb", index=idx, handle=class_id(cls.priority),
@@ -297,6 +311,37 @@ class Netlink:
                 with _request(f"tc {plan.queue_kind} for priority {cls.priority} on {ifname}"):
                     ipr.tc("add", plan.queue_kind, index=idx, handle=leaf_handle(cls.priority),
                            parent=class_id(cls.priority), limit=cls.limit_bytes)
+        return True
+
+    def _acks_first(self, ifname: str, idx: int, plan: Shaping, pid: int | None) -> bool:
+        """Under ``1:1``: the data's class ``1:10`` (leaf ``10:``) and the acknowledgements'
+        ``1:20`` served first (leaf ``20:``), filled by the classic-BPF filter on ``1:``;
+        False when the kernel has no ``bpf`` classifier (the acknowledgements then wait with
+        the data)."""
+        ipr = self.ns(pid)
+        rate, acks = plan.rate_kbit, plan.ack_rate_kbit
+        ack_class = HTB_HANDLE | ACK_CLASS_MINOR
+        with _request(f"tc classes on {ifname}"):
+            ipr.tc("add-class", "htb", index=idx, handle=class_id(0), parent=HTB_CLASS,
+                   rate=f"{rate - acks}kbit", ceil=f"{rate}kbit", burst=plan.burst_bytes,
+                   cburst=plan.burst_bytes, quantum=plan.quantum_bytes, prio=1)
+            ipr.tc("add-class", "htb", index=idx, handle=ack_class, parent=HTB_CLASS,
+                   rate=f"{acks}kbit", ceil=f"{rate}kbit", burst=plan.burst_bytes,
+                   cburst=plan.burst_bytes, quantum=plan.quantum_bytes, prio=0)
+        with _request(f"tc {plan.queue_kind} on {ifname}"):
+            ipr.tc("add", plan.queue_kind, index=idx, handle=leaf_handle(0),
+                   parent=class_id(0), limit=plan.queue_limit)
+            ipr.tc("add", "pfifo", index=idx, handle=ACK_CLASS_MINOR << 16, parent=ack_class,
+                   limit=ACK_QUEUE_PACKETS)
+        if self._raw is None:
+            self._raw = RawTc()
+        try:
+            self._raw.send(pid, cbpf_filter_request(idx, HTB_HANDLE, 1, ack_class,
+                                                    TCP_ACK_FILTER),
+                           f"tc filter for acknowledgements on {ifname}")
+        except TestbedError:  # no cls_bpf in this kernel: everything in 1:10, as one class
+            return False
+        return True
 
     def add_red(self, ifname: str, index: int, handle: int, parent: int, plan,
                 pid: int | None = None) -> None:

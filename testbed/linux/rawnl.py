@@ -71,6 +71,27 @@ def qdisc_request(kind: str, ifindex: int, handle: int, parent: int, options: by
     return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), RTM_NEWQDISC, flags, 0, 0) + body
 
 
+RTM_NEWTFILTER = 44
+TCA_BPF_CLASSID, TCA_BPF_OPS_LEN, TCA_BPF_OPS = 3, 4, 5
+ETH_P_ALL = 0x0003
+
+
+def cbpf_filter_request(ifindex: int, parent: int, prio: int, classid: int,
+                        program: tuple[tuple[int, int, int, int], ...]) -> bytes:
+    """An RTM_NEWTFILTER request creating a ``bpf`` classifier that runs a classic BPF
+    ``program`` ((code, jt, jf, k) each) and puts a packet it matches into ``classid``
+    (``tc filter add ... bpf bytecode ... classid``; pyroute2 encodes eBPF descriptors only)."""
+    ops = b"".join(struct.pack("=HBBI", *insn) for insn in program)
+    options = (nlattr(TCA_BPF_CLASSID, struct.pack("=I", classid))
+               + nlattr(TCA_BPF_OPS_LEN, struct.pack("=H", len(program)))
+               + nlattr(TCA_BPF_OPS, ops))
+    info = (prio << 16) | socket.htons(ETH_P_ALL)
+    body = (_TCMSG_HDR.pack(0, ifindex, 0, parent, info)
+            + nlattr(1, b"bpf\0") + nlattr(2, options))
+    return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), RTM_NEWTFILTER,
+                           NLM_F_REQUEST_ACK | NLM_F_CREATE_EXCL, 0, 0) + body
+
+
 _RED_STAB = bytes([0] + [31] * 255)  # EWMA weight 1: an idle queue's average is 0 at once
 TC_RED_ECN, TC_RED_NODROP = 1, 8
 

@@ -44,6 +44,7 @@ class CollectiveResult:
     moved_bytes: int | None = None  # servers of GPUs: bytes moved in all (scale-up too)
     throughput_of_ideal: float | None = None  # op flows: Hedera's aggregate throughput measure
     start_unix_s: float = 0.0  # when its first rank started (Unix time): the report's marks
+    start_skew_s: float = 0.0  # from its first rank's start to its last's (a barrier's spread)
     released_unix_s: float | None = None  # when the ranks left the barrier its gap counts from
     compute_s: float | None = None  # the slowest rank's compute from that barrier to its start
     ready_unix_s: float | None = None  # when the last rank started it (its compute done)
@@ -145,7 +146,9 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
             flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
                           round(f.done - start, 6)) for c in per_rank for f in c.flows),
-            start_unix_s=round(start, 6), **_compute(coll, per_rank)))
+            start_unix_s=round(start, 6),
+            start_skew_s=round(max(c.start for c in per_rank) - start, 6),
+            **_compute(coll, per_rank)))
     if out:
         out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
     return out
