@@ -23,8 +23,8 @@ fabric:
   mtu: 9000
   queue: {size_kb: 2048}
 """
-#: one host's side: a receiver on PORT, and a sender of ROUNDS transfers of SIZE bytes to the
-#: peer, each acknowledged by one byte, printing each transfer's seconds
+#: one host's side: a receiver on port 7001, and a sender of ``rounds`` transfers of ``size``
+#: bytes to the peer, each acknowledged by one byte, printing each transfer's seconds
 PROGRAM = """
 import socket, sys, threading, time
 peer, size, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -37,7 +37,8 @@ def receive():
         while left:
             left -= conn.recv_into(buf, min(left, len(buf)))
         conn.sendall(b"k")
-threading.Thread(target=receive, daemon=True).start()
+receiver = threading.Thread(target=receive)
+receiver.start()
 for _ in range(100):
     try:
         s = socket.create_connection((peer, 7001)); break
@@ -53,6 +54,7 @@ for _ in range(rounds):
     s.recv(1)
     times.append(time.monotonic() - t)
     time.sleep(0.05)
+receiver.join()  # the peer's last transfer acknowledged before this process ends
 print(" ".join(f"{x:.4f}" for x in times))
 """
 
