@@ -279,3 +279,27 @@ def test_a_straggler_computes_longer_and_an_overlapped_bucket_is_released_not_qu
     assert bucket1.released_unix_s == bucket0.released_unix_s  # one barrier for both
     assert 0.39 < bucket1.compute_s < 0.5
     assert bucket1.start_unix_s - bucket0.released_unix_s < 0.5
+
+
+def test_connections_inside_a_scale_up_domain_are_cubic_unless_the_job_pins_one():
+    """A GPU's connections to a GPU of its own server run cubic (NVLink moves data on credits,
+    unpaced), its connections across the fabric the kernel's default; a job's own choice
+    holds for both."""
+    from traffic.agents.agent import SCALE_UP_CONGESTION, Agent
+    from traffic.workloads.protocol import RankSpec
+
+    def chosen(congestion_control, peer):
+        ranks = {h: f"10.0.0.{i + 1}" for i, h in enumerate(HOSTS)}
+        spec = job_spec([Collective("all_reduce", HOSTS, build("all_reduce", 4, 1 << 10))],
+                        ranks, 1, time.time(), congestion_control=congestion_control,
+                        servers={"r0": 1, "r1": 1, "r2": 2, "r3": 2})
+        with socket.socket() as sock:
+            Agent(spec, 0)._congestion_control(sock, peer)
+            return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+
+    with socket.socket() as sock:
+        default = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+    assert chosen(None, 1) == SCALE_UP_CONGESTION.encode()
+    assert chosen(None, 2) == default
+    assert chosen("reno", 1) == chosen("reno", 2) == b"reno"
+    assert RankSpec("a", "1", (), 0).same_server(RankSpec("b", "2", (), 0)) is False

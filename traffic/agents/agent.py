@@ -52,6 +52,12 @@ HELLO = struct.Struct("!II")  # sender rank, channel
 CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
 CONNECT_TIMEOUT_S = 30.0
 HELLO_TIMEOUT_S = 2.0  # a connection that has not said its rank by then is not a peer
+#: the congestion control of connections inside a server's scale-up domain when the job pins
+#: none: NVLink moves data on credits, without pacing, and a window-based sender is its nearer
+#: model; BBR paces at its last share of the link, so where two connections share a scale-up
+#: link and one ends, the other runs on at half the rate for some round trips (a 4-rank ring of
+#: 1 MiB steps, two connections per peer: 1.09 of its prediction under BBR, 1.01 under cubic)
+SCALE_UP_CONGESTION = "cubic"
 
 
 @dataclass
@@ -129,9 +135,7 @@ class Agent:
             self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
                 sock = _connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port)
-                if self.spec.congestion_control:  # the sender's choice is what counts
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
-                                    self.spec.congestion_control.encode())
+                self._congestion_control(sock, peer)
                 if self.spec.dscp:  # the traffic class; TCP keeps the ECN bits itself
                     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.spec.dscp << 2)
                 sock.sendall(HELLO.pack(self.rank, ch))
@@ -153,6 +157,20 @@ class Agent:
                 self.control.append(sock)
             else:
                 self.socks[("recv", peer, ch)] = sock
+
+    def _congestion_control(self, sock: socket.socket, peer: int) -> None:
+        """The sender's choice is what counts: the job's, else cubic to a GPU of the same
+        scale-up domain (:data:`SCALE_UP_CONGESTION`; the kernel's default where it has no
+        cubic), else the kernel's default."""
+        if self.spec.congestion_control:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                            self.spec.congestion_control.encode())
+        elif self.spec.ranks[peer].same_server(self.spec.ranks[self.rank]):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                                SCALE_UP_CONGESTION.encode())
+            except OSError:  # a kernel without cubic: its default
+                pass
 
     def barrier(self) -> None:
         """All ranks wait here until every rank has arrived (rank 0 gathers, then releases)."""

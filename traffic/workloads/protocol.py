@@ -23,12 +23,16 @@ class RankSpec:
     planes: tuple[str, ...] = ()
     server: int = 0
 
+    def same_server(self, other: RankSpec) -> bool:
+        """Whether ``other`` is a GPU of this GPU's server (its scale-up domain joins them)."""
+        return bool(self.server) and self.server == other.server
+
     def address_for(self, sender: RankSpec, channel: int) -> str:
         """Where ``sender``'s connection (or queue pair) ``channel`` to this rank goes: the
         planes in turn (channel ``c`` on plane ``c % planes + 1``: NCCL spreads its channels
         over a NIC's ports), except from a GPU of the same server (its scale-up domain
         carries that, to the plane-1 address)."""
-        if not self.planes or (self.server and self.server == sender.server):
+        if not self.planes or self.same_server(sender):
             return self.ip
         addresses = (self.ip, *self.planes)
         return addresses[channel % len(addresses)]
@@ -58,7 +62,8 @@ class AgentSpec:
     ``port`` is where every agent listens (on its own address), ``connections`` the sockets per
     peer (NCCL channels), ``start_at`` a wall-clock time shared by all agents (one machine, one
     clock), ``barrier`` whether each collective waits for every rank first,
-    ``congestion_control`` the TCP congestion control of the data sockets (None: the kernel's),
+    ``congestion_control`` the TCP congestion control of the data sockets (None: the kernel's,
+    and cubic inside a server's scale-up domain: :data:`traffic.agents.agent.SCALE_UP_CONGESTION`),
     ``dscp`` the DSCP they mark their packets with.
     """
 
