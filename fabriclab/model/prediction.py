@@ -19,7 +19,8 @@ WHAT = ("max-min sharing of the links by each step's connections on the paths th
         "evenly split, adaptive placed on the least loaded path), at the link rates times the "
         "payload share at the MTU; where several shared links bound a step, TCP's uneven "
         "shares drawn (share_cv); 1 ms per step and connection to a peer for the agents' "
-        "hand-off; no queues, losses or slow start")
+        "hand-off and 0.4 ms per rank for the spread of a barrier's release; no queues, "
+        "losses or slow start")
 
 
 def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,

@@ -19,6 +19,7 @@ from traffic.workloads.schedules import build, flows
 from traffic.workloads.workload import Collective, Job, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_OVERHEAD = {"step_overhead_s": 0.0, "release_s_per_rank": 0.0}  # the fluid model alone
 
 
 def test_max_min_sharing_and_its_finish_times_by_hand():
@@ -59,19 +60,19 @@ def test_uneven_shares_lengthen_a_step_that_many_shared_links_bound_and_no_other
     topo = leaf_spine(1, 1, 4)
     hosts = [h.name for h in topo.hosts]
     even = build("all_to_all", 4, 3_000_000, "direct")
-    fair = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(
+    fair = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.0).workload(
         Workload((_job(topo, even, hosts),)))[0]
-    uneven = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.6).workload(
+    uneven = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.6).workload(
         Workload((_job(topo, even, hosts),)))[0]
     assert fair.seconds == pytest.approx(3 * 750_000 * 8 / 100e6)  # a quarter to each peer
     assert 1.03 * fair.seconds < uneven.seconds < 1.3 * fair.seconds
     assert uneven.draws == 4 and uneven.high_s > uneven.low_s
     hot = flows([(0, 3), (1, 3), (2, 3), (0, 1)], 4, 1_000_000)  # host 4's link bounds it
-    a, b = (Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=cv).workload(
+    a, b = (Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=cv).workload(
         Workload((_job(topo, hot, hosts),)))[0] for cv in (0.0, 0.6))
     assert a.seconds == pytest.approx(b.seconds)  # the hot link stays busy, whoever sends
     ring = build("all_reduce", 4, 4_000_000)
-    r = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.6).workload(
+    r = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.6).workload(
         Workload((_job(topo, ring, hosts),)))[0]
     assert r.seconds == pytest.approx(2 * 3 / 4 * 4_000_000 * 8 / 100e6) and r.draws == 1
 
@@ -122,17 +123,17 @@ def test_ecmp_draws_collide_dmodk_does_not_and_spraying_splits():
     sched = flows([(i, (i + 4) % n) for i in range(n)], n, 12_500_000)
     alone = 12_500_000 * 8 / 100e6  # 1 s at 100 Mbit/s
     wl = Workload((_job(topo, sched, hosts),))
-    dmodk = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(wl)[0]
+    dmodk = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.0).workload(wl)[0]
     assert dmodk.seconds == pytest.approx(alone) and dmodk.draws == 1
-    ecmp = Predictor(topo, "ecmp", draws=32, step_overhead_s=0.0).workload(wl)[0]
+    ecmp = Predictor(topo, "ecmp", draws=32, **NO_OVERHEAD).workload(wl)[0]
     assert ecmp.draws == 32 and ecmp.low_s <= ecmp.seconds <= ecmp.high_s
     assert 1.3 * alone < ecmp.seconds < 4 * alone and ecmp.high_s > ecmp.low_s
-    again = Predictor(topo, "ecmp", draws=32, step_overhead_s=0.0).workload(wl)[0]
+    again = Predictor(topo, "ecmp", draws=32, **NO_OVERHEAD).workload(wl)[0]
     assert again == ecmp  # seeded
-    spray = Predictor(topo, "spray", step_overhead_s=0.0).workload(wl)[0]
+    spray = Predictor(topo, "spray", **NO_OVERHEAD).workload(wl)[0]
     assert spray.seconds == pytest.approx(alone, rel=1e-6)
     # the shared hash basis polarizes: never better than per-switch draws on average
-    shared = Predictor(topo, "ecmp", "shared", draws=32).workload(wl)[0]
+    shared = Predictor(topo, "ecmp", "shared", draws=32, release_s_per_rank=0.0).workload(wl)[0]
     assert shared.seconds >= 0.95 * ecmp.seconds
 
 
@@ -143,9 +144,9 @@ def test_ring_all_reduce_and_concurrent_jobs_share_links():
     hosts = [h.name for h in topo.hosts][:4]
     size = 10_000_000
     ring = build("all_reduce", 4, size)
-    alone = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(Workload((_job(topo, ring, hosts),)))[0]
+    alone = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.0).workload(Workload((_job(topo, ring, hosts),)))[0]
     assert alone.seconds == pytest.approx(2 * 3 / 4 * size * 8 / 100e6)
-    both = Predictor(topo, "dmodk", step_overhead_s=0.0, share_cv=0.0).workload(Workload(
+    both = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.0).workload(Workload(
         (_job(topo, ring, hosts), _job(topo, ring, hosts, 1, True))))
     assert [p.seconds for p in both] == pytest.approx([2 * alone.seconds] * 2)
 
@@ -155,7 +156,7 @@ def test_adaptive_places_connections_on_the_least_loaded_paths():
     hosts = [h.name for h in topo.hosts]
     sched = flows([(0, 2), (1, 3)], 4, 12_500_000)  # two flows from leaf 1 to leaf 2
     wl = Workload((_job(topo, sched, hosts),))
-    adaptive = Predictor(topo, "adaptive", step_overhead_s=0.0).workload(wl)[0]
+    adaptive = Predictor(topo, "adaptive", **NO_OVERHEAD).workload(wl)[0]
     assert adaptive.seconds == pytest.approx(1.0)  # one per spine
 
 
@@ -231,3 +232,21 @@ def test_iterations_predicted_with_stragglers_and_overlapped_buckets():
     assert it_over["exposed_comm_s"] == pytest.approx(it["comm_s"] / 4, rel=0.1)
     assert iterations(xp.parse({**base, "workload": {"collectives": [
         {"op": "all_reduce", "size": 1000, "ranks": 2}]}}).workload, []) == []
+
+
+def test_a_collective_behind_a_barrier_adds_its_release_spread_an_overlapped_bucket_none():
+    """The agents time a collective from its first rank's start to its last's end: one behind
+    the barrier adds the release's spread per rank after the first; an overlapped gradient
+    bucket (no barrier) adds none."""
+    topo = leaf_spine(2, 2, 4)
+    hosts = [h.name for h in topo.hosts][:4]
+    ring = build("all_reduce", 4, 10_000_000)
+    bare = Predictor(topo, "dmodk", **NO_OVERHEAD, share_cv=0.0)
+    timed = Predictor(topo, "dmodk", step_overhead_s=0.0, release_s_per_rank=0.5e-3,
+                      share_cv=0.0)
+    wl = Workload((_job(topo, ring, hosts),))
+    assert timed.workload(wl)[0].seconds == pytest.approx(bare.workload(wl)[0].seconds
+                                                          + 3 * 0.5e-3)
+    bucket = Collective("all_reduce", tuple(hosts), ring, barrier=False)
+    wl = Workload((Job(0, (bucket,), 1, 60.0),))
+    assert timed.workload(wl)[0].seconds == pytest.approx(bare.workload(wl)[0].seconds)

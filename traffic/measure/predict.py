@@ -18,7 +18,10 @@ the path the switches give it:
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.measure.flowsim`);
 the next step starts a hand-off after the slowest has ended (:data:`STEP_OVERHEAD_S` per
-connection per peer: every rank at once, a ring's ranks wait for the slowest link anyway); a collective takes the sum of its steps plus the compute before it.
+connection per peer: every rank at once, a ring's ranks wait for the slowest link anyway); a
+collective takes the sum of its steps plus the compute before it, and one that starts behind
+the agents' barrier the spread of its release over its ranks (:data:`RELEASE_S_PER_RANK`:
+the agents time a collective from its first rank's start to its last rank's end).
 Jobs that run at once (``concurrent``) share links step by step (step ``i`` of each job's
 current collective together), each job's step lasting until its own flows have ended. Link
 capacity is the rate times the wire's payload share (TCP/IP headers at the fabric's MTU).
@@ -46,6 +49,11 @@ DEFAULT_DRAWS = 16
 #: one connection, about twice that with two; the emulated links' token buckets let a small
 #: transfer through at once, so no store-and-forward time is added)
 STEP_OVERHEAD_S = 1e-3
+#: how far apart the barrier's release starts a collective's ranks, per rank after the first:
+#: rank 0 answers them one by one and each wakes behind the others on the cores (measured on
+#: a 2-core machine: 8 ranks 1-5.5 ms, 16 ranks 4-11 ms; 128 ranks 0.24-0.38 s, where the
+#: agents crowd the cores: the few seconds' collectives of so many ranks barely notice)
+RELEASE_S_PER_RANK = 0.4e-3
 #: how unevenly TCP's flows share a link: the coefficient of variation of a flow's share
 #: around the fair one (see :class:`_Shares`)
 SHARE_CV = 0.6
@@ -196,17 +204,21 @@ class Predictor:
         seed: the draws' seed.
         step_overhead_s: added to every step per connection to a peer (the agents'
             hand-off between steps).
+        release_s_per_rank: added to a collective behind a barrier per rank after the first
+            (the spread of the barrier's release).
     """
 
     def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
                  goodput: float = 1.0, draws: int = DEFAULT_DRAWS, seed: int = 1,
                  step_overhead_s: float = STEP_OVERHEAD_S,
-                 share_cv: float = SHARE_CV) -> None:
+                 share_cv: float = SHARE_CV,
+                 release_s_per_rank: float = RELEASE_S_PER_RANK) -> None:
         self.router = Router(topo, routing, ecmp_seed, goodput)
         self.draws = draws
         self.seed = seed
         self.step_overhead_s = step_overhead_s
         self.share_cv = share_cv
+        self.release_s_per_rank = release_s_per_rank
 
     def workload(self, workload: Workload) -> list[Predicted]:
         """Every collective of every job, batch by batch."""
@@ -265,7 +277,9 @@ class Predictor:
             now = [j for j in jobs if k < len(j.collectives)]
             steps = {j.index: j.collectives[k].schedule.steps for j in now}
             for j in now:
-                out[(j.index, k)] = 0.0
+                coll = j.collectives[k]
+                out[(j.index, k)] = (self.release_s_per_rank * (len(coll.hosts) - 1)
+                                     if coll.barrier else 0.0)
             for step in range(max(steps.values())):
                 flows, owner, keys = [], [], []
                 for j in now:
