@@ -440,6 +440,7 @@ def _fabric(raw: dict) -> FabricSpec:
             {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
             tuple(classes.get("strict", ()))).check(),
         host_ecn=raw.get("hosts", {}).get("ecn", False),
+        acks_first=queue.get("acks_first", False),
         pfc=_pfc(raw.get("pfc", {}), classes.get("lossless", {})),
         servers=_servers(raw["servers"]) if "servers" in raw else None,
         **optional,

@@ -197,6 +197,7 @@ class FabricSpec:
     mtu: int = DEFAULT_MTU
     traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
     host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
+    acks_first: bool = False  # switch ports serve TCP's pure acknowledgements first, too
     pfc: PfcSpec = field(default_factory=PfcSpec)
     servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
     int_telemetry: bool = False  # the ports stamp INT on packets that ask (a job uses HPCC)

@@ -26,7 +26,7 @@ def link_plan(spec: TestbedSpec, link: Link, host_end: bool = False,
         link: the link.
         host_end: plan the host NIC's end (no RED; a lossless queue larger than any socket
             buffer, so it back-pressures its senders and never drops; TCP's acknowledgements
-            sent first).
+            sent first; a switch's end sends them first with ``queue.acks_first`` and no RED).
         red_marking: the switch ports' lossy classes mark ECN with RED leaves.
     """
     fab = spec.fabric
@@ -42,7 +42,8 @@ def link_plan(spec: TestbedSpec, link: Link, host_end: bool = False,
                for p, th in enumerate(spec.port_ecn(link.tier))}
     return plan_shaping(link.rate_mbps, fab.mtu, fab.queue_kb, fab.queue_packets,
                         tier.delay_us, fab.priorities(), lossless, red,
-                        fab.traffic_classes.strict, acks_first=host_end)
+                        fab.traffic_classes.strict,
+                        acks_first=host_end or (fab.acks_first and red is None))
 
 
 def red_priorities(plan: Shaping) -> list[int]:
@@ -85,9 +86,10 @@ def send_buffer_bytes(queue_bytes: int) -> int:
 def scale_up_plan(spec: TestbedSpec, link: Link, gpu_end: bool = False) -> Shaping:
     """The tc plan of either end of a scale-up link: its rate, one class, and a queue as large
     as a host NIC's lossless one (NVLink is credit-based: it back-pressures and never drops);
-    a GPU's end sends TCP's acknowledgements first, as a host NIC does."""
+    a GPU's end sends TCP's acknowledgements first, as a host NIC does (the switch's end too
+    with ``queue.acks_first``)."""
     return plan_shaping(link.rate_mbps, spec.fabric.mtu, HOST_LOSSLESS_BYTES // 1024,
-                        acks_first=gpu_end)
+                        acks_first=gpu_end or spec.fabric.acks_first)
 
 
 def scale_up_mac(ip: str, port: int) -> str:

@@ -1,10 +1,13 @@
 """Host NICs send TCP's acknowledgements first: two hosts that send to each other at once
 with BBR both keep their link's rate, and the acknowledgements' class carries only short
+frames. With ``queue.acks_first`` the switch ports do too: two hosts on two leaves that send
+to each other keep the rate, and the uplinks' acknowledgement classes carry only short
 frames."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,32 +62,47 @@ print(" ".join(f"{x:.4f}" for x in times))
 """
 
 
-def _classes(fabric, host: str) -> dict[str, dict]:
-    """Each HTB class's bytes and packets sent (``tc -s class show``: no JSON for classes in
-    Debian 12's iproute2)."""
-    (code, out, err), = fabric.hosts.run_parallel(
-        {host: ["tc", "-s", "class", "show", "dev", f"{host}-eth0"]}, timeout_s=10).values()
+def _classes(fabric, host: str, dev: str | None = None) -> dict[str, dict]:
+    """Each HTB class's bytes and packets sent on a host's NIC (or a switch port ``dev`` in
+    the root namespace): ``tc -s class show``, no JSON for classes in Debian 12's iproute2."""
+    argv = ["tc", "-s", "class", "show", "dev", dev or f"{host}-eth0"]
+    if dev is None:
+        (code, out, err), = fabric.hosts.run_parallel({host: argv}, timeout_s=10).values()
+    else:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        code, out, err = done.returncode, done.stdout, done.stderr
     assert code == 0, err
     return {m[1]: {"bytes": int(m[2]), "packets": int(m[3])} for m in re.finditer(
         r"class htb (\S+) [^\n]*\n Sent (\d+) bytes (\d+) pkt", out)}
 
 
-def test_both_directions_keep_the_rate_with_bbr(make_fabric, tmp_path):
-    if "bbr" not in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text():
-        pytest.skip("no bbr in this kernel")
-    fabric = make_fabric(experiment(FABRIC, "ebpf"))
-    a, b = [h.name for h in fabric.topo.hosts]
+def _both_ways(fabric, tmp_path, a: str, b: str, size: int, rounds: int) -> dict:
+    """Each host's transfer times (seconds) while both send to each other at once."""
     ip = {h.name: h.ip for h in fabric.topo.hosts}
     script = tmp_path / "both.py"
     script.write_text(PROGRAM)
-    size, rounds = 1_000_000, 8
     results = fabric.hosts.run_parallel(
         {h: [sys.executable, str(script), ip[peer], str(size), str(rounds)]
          for h, peer in ((a, b), (b, a))}, timeout_s=60)
-    line = size * 8 / 50e6 / (8948 / 9038)  # at the link's payload rate
-    for host, (code, out, err) in results.items():
+    out = {}
+    for host, (code, text, err) in results.items():
         assert code == 0, err
-        times = [float(x) for x in out.split()]
+        out[host] = [float(x) for x in text.split()]
+    return out
+
+
+def _needs_bbr() -> None:
+    if "bbr" not in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text():
+        pytest.skip("no bbr in this kernel")
+
+
+def test_both_directions_keep_the_rate_with_bbr(make_fabric, tmp_path):
+    _needs_bbr()
+    fabric = make_fabric(experiment(FABRIC, "ebpf"))
+    a, b = [h.name for h in fabric.topo.hosts]
+    size, rounds = 1_000_000, 8
+    line = size * 8 / 50e6 / (8948 / 9038)  # at the link's payload rate
+    for host, times in _both_ways(fabric, tmp_path, a, b, size, rounds).items():
         # without acknowledgements first: up to 1.6 x line (measured); with: within 10 %
         assert len(times) == rounds and max(times) < 1.1 * line, (host, times, line)
     for host in (a, b):
@@ -93,3 +111,27 @@ def test_both_directions_keep_the_rate_with_bbr(make_fabric, tmp_path):
         assert acks["packets"] >= 10 * rounds, stats  # GRO: an ACK per several frames
         assert acks["bytes"] <= 128 * acks["packets"], stats
         assert data["bytes"] >= rounds * size, stats
+
+
+def test_switch_ports_send_acknowledgements_first_when_asked(make_fabric, tmp_path):
+    """Two hosts on two leaves send to each other: each uplink carries one direction's data
+    and the other's acknowledgements, which go first."""
+    _needs_bbr()
+    text = FABRIC.replace("leaves: 1", "leaves: 2").replace(
+        "size_kb: 2048}", "size_kb: 2048, acks_first: true}")
+    fabric = make_fabric(experiment(text, "ebpf"))
+    topo = fabric.topo
+    a, b = topo.hosts[0].name, topo.hosts[-1].name  # one under each leaf
+    size, rounds = 1_000_000, 8
+    line = size * 8 / 50e6 / (8948 / 9038)
+    for host, times in _both_ways(fabric, tmp_path, a, b, size, rounds).items():
+        assert len(times) == rounds and max(times) < 1.1 * line, (host, times, line)
+    uplinks = [f"{leaf}-eth{port}" for leaf in ("leaf1", "leaf2")
+               for port, link in topo.ports(leaf).items() if link.other(leaf).node == "spine1"]
+    assert len(uplinks) == 2
+    for dev in uplinks:
+        stats = _classes(fabric, "", dev)
+        acks, data = stats["1:20"], stats["1:10"]
+        assert acks["packets"] >= 10 * rounds, (dev, stats)
+        assert acks["bytes"] <= 128 * acks["packets"], (dev, stats)
+        assert data["bytes"] >= rounds * size, (dev, stats)

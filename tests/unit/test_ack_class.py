@@ -4,6 +4,8 @@ the netlink request that installs it."""
 import struct
 from pathlib import Path
 
+import yaml
+
 from fabriclab.model import experiment as xp
 from testbed.linux.rawnl import TCA_BPF_OPS, cbpf_filter_request
 from testbed.plan.portplan import link_plan, scale_up_plan
@@ -57,14 +59,22 @@ def test_the_request_carries_the_program_and_the_class():
     assert struct.pack("=HH", 4 + len(ops), TCA_BPF_OPS) + ops in req
 
 
-def test_a_fabric_plans_acknowledgements_first_at_nics_and_gpus_only():
-    spec = xp.load(Path(__file__).resolve().parents[2] / "experiments" / "rails.yaml")
+def test_a_fabric_plans_acknowledgements_first_at_nics_and_gpus_and_switches_when_asked():
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments"
+                          / "rails.yaml").read_text())
+    raw.pop("variants")
+    raw["fabric"]["queue"].pop("acks_first", None)
+    spec = xp.parse(raw)
     link = next(l for l in spec.topology.links if l.tier == "host")
     assert link_plan(spec, link, host_end=True).acks_first
-    assert not link_plan(spec, link).acks_first  # the switch's port
+    assert not link_plan(spec, link).acks_first  # the switch's port: one FIFO by default
     up = spec.topology.scale_up[0]
     assert scale_up_plan(spec, up, gpu_end=True).acks_first
     assert not scale_up_plan(spec, up).acks_first  # the NVSwitch's (bridge's) port
+    raw["fabric"]["queue"]["acks_first"] = True
+    spec = xp.parse(raw)
+    assert link_plan(spec, link).acks_first and scale_up_plan(spec, up).acks_first
+    assert not link_plan(spec, link, red_marking=True).acks_first  # RED leaves: one class
 
 
 def test_host_nics_of_one_class_send_acknowledgements_first():
