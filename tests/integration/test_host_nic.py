@@ -62,7 +62,7 @@ print(" ".join(f"{x:.4f}" for x in times))
 """
 
 
-def _classes(fabric, host: str, dev: str | None = None) -> dict[str, dict]:
+def _classes(fabric, host: str = "", dev: str | None = None) -> dict[str, dict]:
     """Each HTB class's bytes and packets sent on a host's NIC (or a switch port ``dev`` in
     the root namespace): ``tc -s class show``, no JSON for classes in Debian 12's iproute2."""
     argv = ["tc", "-s", "class", "show", "dev", dev or f"{host}-eth0"]
@@ -130,7 +130,7 @@ def test_switch_ports_send_acknowledgements_first_when_asked(make_fabric, tmp_pa
                for port, link in topo.ports(leaf).items() if link.other(leaf).node == "spine1"]
     assert len(uplinks) == 2
     for dev in uplinks:
-        stats = _classes(fabric, "", dev)
+        stats = _classes(fabric, dev=dev)
         acks, data = stats["1:20"], stats["1:10"]
         assert acks["packets"] >= 10 * rounds, (dev, stats)
         assert acks["bytes"] <= 128 * acks["packets"], (dev, stats)
