@@ -16,6 +16,8 @@ line rate and a host's fq qdisc serves each flow in turn, so an acknowledgement 
 behind another flow's bulk data; behind the emulated NIC's megabytes of queue it would (80 ms
 at 100 Mbit/s), and a delay-based sender (BBR) whose acknowledgements wait there runs short of
 window: ring steps measured 10-60 % slow with both directions busy, at line rate with this.
+A switch port of one class without RED does the same when the experiment asks
+(``queue.acks_first``): its emulated queue holds as long as a NIC's.
 
 With more than one traffic class, class ``1:1`` holds the port's rate and one child class per
 priority ``p``, ``1:(0x10 + p)`` (guaranteed an equal share, borrowing up to the port's rate; a
@@ -134,7 +136,7 @@ class Shaping:
     classes: tuple[ClassPlan, ...] = ()  # one per priority; empty: one class (1:1 -> 10:)
     mtu: int = 1500
     red: RedPlan | None = None  # one class: a RED leaf 10: instead of the fifo
-    acks_first: bool = False  # one class: TCP's acknowledgements in 1:20 first (a host NIC)
+    acks_first: bool = False  # one class: TCP's acknowledgements in 1:20 first
 
     @property
     def ack_rate_kbit(self) -> int:
@@ -187,8 +189,8 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
         red: priority -> (mode, k, kmin, kmax, pmax) of the ECN marking a RED leaf does (a
             byte queue's lossy classes only; the others keep the eBPF marker).
         strict: priorities served before the others (strict priority).
-        acks_first: a host NIC's end: with one class and no delay line, TCP's
-            acknowledgements go first (see the module's text).
+        acks_first: with one class and no delay line, TCP's acknowledgements go first (a
+            host NIC's end; a switch's with ``queue.acks_first``; see the module's text).
 
     Returns:
         The plan.
