@@ -51,6 +51,10 @@ echo '/dev/vda / ext4 errors=remount-ro 0 1' > "$TREE/etc/fstab"
 echo fabriclab-lab > "$TREE/etc/hostname"
 rm -f "$TREE/etc/machine-id" && : > "$TREE/etc/machine-id"
 rm -f "$TREE"/etc/ssh/ssh_host_*  # each VM makes its own at first boot
+# Ed25519 and ECDSA only: an RSA-3072 key's prime search takes 17 s and more under an emulated
+# CPU, and longer as the host is loaded, all before sshd answers (Vagrant's net-ssh speaks ECDSA).
+printf 'HostKey /etc/ssh/ssh_host_ed25519_key\nHostKey /etc/ssh/ssh_host_ecdsa_key\n' \
+  > "$TREE/etc/ssh/sshd_config.d/host-keys.conf"
 cat > "$TREE/etc/systemd/system/ssh-host-keys.service" <<'EOF'
 [Unit]
 Description=Generate SSH host keys on first boot
@@ -59,7 +63,8 @@ ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
 
 [Service]
 Type=oneshot
-ExecStart=/usr/bin/ssh-keygen -A
+ExecStart=/usr/bin/ssh-keygen -q -N "" -t ed25519 -f /etc/ssh/ssh_host_ed25519_key
+ExecStart=/usr/bin/ssh-keygen -q -N "" -t ecdsa -f /etc/ssh/ssh_host_ecdsa_key
 
 [Install]
 WantedBy=multi-user.target

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -79,6 +80,19 @@ def ensure_box(cache_dir: Path = DEFAULT_BOX_CACHE,
 
     build_once(box.is_file, build, cache_dir)
     return box
+
+
+def console_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a guest's console log (terminal escape sequences dropped,
+    systemd's status line redrawn after a carriage return as a line of its own), or why there
+    are none."""
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except OSError as err:
+        return f"(no console log at {path}: {err.strerror})"
+    text = re.sub(r"\x1b(\[[0-9;?]*[A-Za-z]|.)", "", text).replace("\r", "\n")
+    kept = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept) if kept else f"(the console log {path} is empty)"
 
 
 class LibvirtDaemons:
@@ -170,12 +184,14 @@ class Vagrant:
         if shutil.which("vagrant") is None:
             raise TestbedError("the lab needs Vagrant: apt-get install " + " ".join(APT_PACKAGES))
         self.home, self.ports = home, ports
+        self.console_log = dotfile / "console.log"
         self.env = {**os.environ, "VAGRANT_HOME": str(home), "VAGRANT_DOTFILE_PATH": str(dotfile),
                     "VAGRANT_CWD": str(ROOT), "FABRICLAB_BOX": "local",
                     "VAGRANT_DEFAULT_PROVIDER": "libvirt", "VAGRANT_CHECKPOINT_DISABLE": "1",
                     "FABRICLAB_VM_SSH_PORT": str(ports["ssh"]),
                     "FABRICLAB_VM_GRAFANA_PORT": str(ports["grafana"]),
                     "FABRICLAB_VM_PROMETHEUS_PORT": str(ports["prometheus"]),
+                    "FABRICLAB_VM_CONSOLE_LOG": str(self.console_log),
                     **(settings or {})}
 
     def run(self, *args: str, timeout_s: float = 600, check: bool = True,
@@ -195,7 +211,13 @@ class Vagrant:
         return True
 
     def up(self, *flags: str, timeout_s: float = 3600) -> str:
-        return self.run("up", "--provider", "libvirt", *flags, timeout_s=timeout_s).stdout
+        """``vagrant up``; when it fails, the error carries the guest console's last lines
+        (what the guest was doing when SSH did not answer)."""
+        try:
+            return self.run("up", "--provider", "libvirt", *flags, timeout_s=timeout_s).stdout
+        except TestbedError as err:
+            raise TestbedError(str(err), None, "the guest's console, last lines:\n"
+                               + console_tail(self.console_log)) from err
 
     def ssh(self, command: str, timeout_s: float = 600,
             check: bool = True) -> subprocess.CompletedProcess:

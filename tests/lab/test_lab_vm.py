@@ -87,6 +87,8 @@ def test_bad_settings_and_faults_each_give_one_clear_message(lab, tmp_path):
     assert "FABRICLAB_VM_CPUS=\"two\" is not a whole number" in refused(
         "up", FABRICLAB_VM_CPUS="two")
     assert "VirtualBox is not installed" in refused("up", "--provider", "virtualbox")
+    assert "FABRICLAB_VM_BOOT_TIMEOUT=10: must be 30 seconds or more" in refused(
+        "up", FABRICLAB_VM_BOOT_TIMEOUT="10")
     assert "FABRICLAB_VM_CA_CERTS: /nonexistent.crt is not a readable file" in refused(
         "up", FABRICLAB_VM_CA_CERTS="/nonexistent.crt")
     message = refused("up", VAGRANT_HOME=str(tmp_path / "empty-home"))
@@ -150,6 +152,12 @@ def test_vagrant_up_gives_a_ready_lab(lab):
     config = yaml.safe_load(_prometheus_api(vagrant.ports["prometheus"], "status/config")["yaml"])
     assert promconfig.scrape_interval_of(config) == int(said.group(1)), config["global"]
     assert daemons.domains(), "no libvirt domain runs the VM"
+    # the guest's console is on the host (what a boot that times out shows), its entropy comes
+    # from the host's through virtio-rng, and its first boot made only the fast host keys
+    assert "fabriclab-lab login:" in labvm.console_tail(vagrant.console_log, lines=400)
+    assert vagrant.ssh("cat /sys/class/misc/hw_random/rng_current").stdout.startswith("virtio")
+    assert vagrant.ssh("ls /etc/ssh/ | grep '^ssh_host_.*_key$'").stdout.split() == [
+        "ssh_host_ecdsa_key", "ssh_host_ed25519_key"]
     # every forward listens on the host's loopback only, and no libvirt network is active
     # (Debian defines one, "default", which is never started here)
     for name, port in vagrant.ports.items():

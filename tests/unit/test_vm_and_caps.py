@@ -9,6 +9,7 @@ import tarfile
 from testbed.linux import capabilities
 
 from testbed.vm import guest as vm
+from testbed.vm import labvm
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes = b"x", **fields) -> None:
@@ -92,3 +93,18 @@ def test_a_congestion_control_this_kernel_lacks_moves_auto_to_the_vm(tmp_path, m
     assert need in dctcp.requirements() and not caps.has(need)
     assert "'dctcp'" in caps.explain_missing(need) and "reno, cubic, bbr" in \
         caps.explain_missing(need)
+
+
+def test_the_lab_vms_console_tail_is_plain_text_and_says_when_there_is_none(tmp_path):
+    log = tmp_path / "console.log"
+    assert "no console log at" in labvm.console_tail(log)
+    log.write_bytes(b"")
+    assert "is empty" in labvm.console_tail(log)
+    log.write_bytes(b"[    1.0] kernel line\n\x1b[0;32m  OK  \x1b[0m] Started ssh\r\n"
+                    b"\x1bM\x1b[K[ \x1b[0;31m*\x1b[0m] (1 of 2) Job ssh-host-keys.service/start "
+                    b"running (250s / no limit)\r\xff\n\n")
+    assert labvm.console_tail(log).splitlines() == [
+        "[    1.0] kernel line", "  OK  ] Started ssh",
+        "[ *] (1 of 2) Job ssh-host-keys.service/start running (250s / no limit)", "\ufffd"]
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert labvm.console_tail(log, lines=3).splitlines() == ["line 97", "line 98", "line 99"]
