@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -210,14 +211,21 @@ class Vagrant:
         stamp.write_text(source)
         return True
 
-    def up(self, *flags: str, timeout_s: float = 3600) -> str:
-        """``vagrant up``; when it fails, the error carries the guest console's last lines
-        (what the guest was doing when SSH did not answer)."""
+    def up(self, *flags: str, timeout_s: float = 3600, env: dict[str, str] | None = None) -> str:
+        """``vagrant up`` (``env``: more settings); when it fails, the error carries the guest
+        console's last lines (what the guest was doing when SSH did not answer)."""
+        started = time.time()
         try:
-            return self.run("up", "--provider", "libvirt", *flags, timeout_s=timeout_s).stdout
+            return self.run("up", "--provider", "libvirt", *flags, timeout_s=timeout_s,
+                            env=env).stdout
         except TestbedError as err:
-            raise TestbedError(str(err), None, "the guest's console, last lines:\n"
-                               + console_tail(self.console_log)) from err
+            try:  # libvirt truncates the log as it starts a guest: an older log is another boot's
+                fresh = self.console_log.stat().st_mtime >= started - 1
+            except OSError:
+                fresh = False
+            tail = (console_tail(self.console_log) if fresh else
+                    f"(no guest wrote {self.console_log} during this up)")
+            raise TestbedError(str(err), None, "the guest's console, last lines:\n" + tail) from err
 
     def ssh(self, command: str, timeout_s: float = 600,
             check: bool = True) -> subprocess.CompletedProcess:
