@@ -144,7 +144,9 @@ def numbers_table(doc: dict) -> str:
     """The collectives as NCCL-tests prints them: per job and size, the mean over its
     repetitions (time us, algbw and busbw GB/s), with the ideal and the efficiency."""
     rows = []
-    for s in job_summaries(doc.get("collectives", [])):
+    summaries = job_summaries(doc.get("collectives", []))
+    hashed = any(s.hashed_us for s in summaries)  # the paths as hashed are known
+    for s in summaries:
         same = [r for r in doc["collectives"] if (r["job"], r["op"], r["bytes"]) ==
                 (s.job, s.op, s.bytes)]
         ideals = [r["ideal_s"] for r in same if r.get("ideal_s")]
@@ -155,10 +157,15 @@ def numbers_table(doc: dict) -> str:
                      f"{ideal_us / s.mean_us:.2f}" if ideal_us and s.mean_us else "-",
                      f"{s.efficiency:.3f}",
                      "-" if s.predicted_us is None else us_text(s.predicted_us),
-                     "-" if s.of_predicted is None else f"{s.of_predicted:.2f}"])
+                     "-" if s.of_predicted is None else f"{s.of_predicted:.2f}",
+                     *(["-" if s.hashed_us is None else us_text(s.hashed_us),
+                        "-" if s.of_hashed is None else f"{s.of_hashed:.2f}"] if hashed
+                       else [])])
     return _table(["job", "collective", "algo", "ranks", "bytes", "count", "reps", "time us",
                    "algbw GB/s", "busbw GB/s", "ideal us", "of ideal", "eff", "predicted us",
-                   "measured / predicted"], rows, numeric_from=3)
+                   "measured / predicted",
+                   *(["as hashed us", "measured / as hashed"] if hashed else [])],
+                  rows, numeric_from=3)
 
 
 def jobs_table(doc: dict) -> str:

@@ -150,6 +150,7 @@ class ExperimentRun:
     lost_switches: list[str] = field(default_factory=list)  # their vswitchd died under the run
     traffic: dict = field(default_factory=dict)  # traffic.json: matrix, links per phase, batch
     reading: dict = field(default_factory=dict)  # the switches' counters when a batch began
+    hashing: prediction.AsHashed | None = None  # the paths as hashed (ECMP, eBPF switches)
 
     @property
     def path(self) -> Path:
@@ -231,7 +232,9 @@ class ExperimentRun:
             first = job.collectives[0]
             workload.started(job.index, first.label or first.op, first.op, job.transport)
         errors = []
-        for outcome in runner(fabric, batch):
+        first_row = len(self.doc["collectives"])
+        outcomes = runner(fabric, batch)
+        for outcome in outcomes:
             if outcome.error is not None:
                 errors.append(f"job {outcome.job.index} ({batch_text([outcome.job])}): "
                               f"{outcome.error}")
@@ -249,7 +252,34 @@ class ExperimentRun:
             self.flows += rundir.flow_rows(outcome.job.index, outcome.results)
             workload.measured(outcome.job.index, self.doc["collectives"][known:])
             self.view.measured(len(outcome.results))
+        self.predict_as_hashed(fabric, batch, outcomes, self.doc["collectives"][first_row:])
         return errors
+
+    def predict_as_hashed(self, fabric: RunningFabric, batch: list[Job], outcomes: list,
+                          rows: list[dict]) -> None:
+        """Beside the prediction over hash draws, the batch's collectives predicted on the
+        paths its connections took (ECMP on eBPF switches, whose hash is known):
+        ``predicted_hashed_s`` per row and ``links_as_hashed`` per phase of ``traffic.json``,
+        or why not (``prediction.as_hashed_missing``)."""
+        doc = self.doc.get("prediction")
+        if not doc or any(o.error is not None for o in outcomes):
+            return
+        why = prediction.hashing_known(self.exp, fabric.datapath_type)
+        paths = None
+        if why is None:
+            if self.hashing is None:
+                self.hashing = prediction.AsHashed(self.exp)
+            paths = self.hashing.paths(batch, {o.job.index: o.connections for o in outcomes})
+            if paths is None:
+                why = "a connection of the batch is not known (not TCP, or not reported)"
+        if paths is None:  # the first batch's reason (they share the fabric)
+            doc.setdefault("as_hashed_missing", why)
+            return
+        prediction.attach_hashed(rows, self.hashing.predict(batch, paths))
+        links = self.hashing.links(batch, paths)
+        for phase in self.traffic.get("phases", []):
+            if (phase["job"], phase["index"]) in links:
+                phase["links_as_hashed"] = links[(phase["job"], phase["index"])]
 
     def record(self, fabric: RunningFabric, services: Services, before: dict,
                began: float, batch: tuple[int, list[Job]] | None = None) -> list[str]:

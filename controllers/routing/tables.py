@@ -54,6 +54,7 @@ from testbed.model.openflow import (
 from testbed.model.spec import EcmpSeed, EcmpSelection, Routing, SprayWeights
 from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
 from testbed.model.topology import ACCESS_ROLES, Node, Topology
+from testbed.plan.groups import hash_basis
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_ARP = 0x0806
@@ -126,15 +127,6 @@ def _prefix_match(subnet: str) -> tuple[tuple[str, object], ...]:
     addr, plen = subnet.split("/")
     mask = ".".join(str((0xFFFFFFFF << (32 - int(plen)) >> (24 - 8 * i)) & 0xFF) for i in range(4))
     return (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", (addr, mask)))
-
-
-def hash_basis(switch: Node, seed: str) -> int:
-    """The 32-bit ECMP hash basis of ``switch``: derived from its datapath id (reproducible from
-    run to run) for ``per_switch``, the same everywhere for ``shared``."""
-    if seed == EcmpSeed.SHARED:
-        return SHARED_HASH_BASIS
-    x = (switch.dpid or 0) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
-    return (x ^ (x >> 29)) & 0xFFFFFFFF or 1
 
 
 def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = Routing.ECMP,

@@ -184,19 +184,25 @@ def collectives(doc: dict) -> Table:
                           "time: us; algbw, busbw: GB/s (10^9 bytes/s); eff: busbw / link rate; "
                           "cpu_s: all agents' CPU seconds; x pred: time over fabriclab "
                           "predict's", box=None)
+    summaries = job_summaries(doc["collectives"])
+    hashed = any(s.hashed_us for s in summaries)
+    if hashed:
+        table.caption += "; x hashed: over the prediction on the paths the connections took"
     for col in ("op", "algo", "n", "bytes", "count", "reps", "time_us", "algbw", "busbw",
-                "eff", "x pred", "cpu_s"):
+                "eff", "x pred", *(("x hashed",) if hashed else ()), "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
     constants = sorted({c["transport"]["constants"] for c in doc["collectives"]
                         if (c.get("transport") or {}).get("constants")})
     if constants:  # the transports' constants at the emulated scale
         table.caption += "".join(f"\n{text}" for text in constants)
-    for s in job_summaries(doc["collectives"]):
+    for s in summaries:
         table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
                       str(s.repetitions), us_text(s.mean_us), gbps_text(s.algbw_GBps),
                       gbps_text(s.busbw_GBps), f"{s.efficiency:.3f}",
                       "-" if s.of_predicted is None else f"{s.of_predicted:.2f}",
+                      *(("-" if s.of_hashed is None else f"{s.of_hashed:.2f}",)
+                        if hashed else ()),
                       f"{s.agent_cpu_s:.1f}")
     return table
 

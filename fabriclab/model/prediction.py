@@ -13,6 +13,8 @@ from traffic.measure import metrics
 from traffic.measure.predict import (DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor, Router,
                                      iterations)
 from traffic.measure.transport import goodput_fraction
+from traffic.workloads.protocol import Connection
+from traffic.workloads.workload import Job
 
 WHAT = ("max-min sharing of the links by each step's connections on the paths the switches "
         "give them (dmodk exact, ecmp the mean over hash draws, spray and sprayed transports "
@@ -84,6 +86,70 @@ def attach(rows: list[dict], prediction: dict | None) -> None:
         predicted = by_key.get((row.get("job"), row.get("repetition")))
         if predicted:
             row["predicted_s"] = predicted
+
+
+def hashing_known(exp: xp.Experiment, datapath: str | None) -> str | None:
+    """Why a run of ``exp`` cannot have a prediction of the paths as its switches hashed
+    them, or None when it can: the fabric's own ECMP routing on eBPF switches (whose hash
+    :func:`testbed.plan.groups.flow_hash` reproduces), links that stay up, TCP."""
+    ctl = exp.controller
+    if not ctl.own or str(ctl.routing) != "ecmp":
+        return "the routing is not the controller's ecmp"
+    if datapath != "ebpf":
+        return f"the {datapath or 'unknown'} datapath hashes with a function of its own"
+    if exp.failures:
+        return "link failures change the groups during the run"
+    return None
+
+
+class AsHashed:
+    """A run's collectives predicted on the paths their connections took, where the
+    switches' hash is known (:func:`hashing_known`), instead of the mean over hash draws
+    (TCP's uneven shares still drawn)."""
+
+    def __init__(self, exp: xp.Experiment) -> None:
+        self.predictor = Predictor(exp.topology, "ecmp", str(exp.controller.ecmp_seed),
+                                   goodput_fraction(exp.fabric.mtu), share_cv=SHARE_CV)
+        self.router = self.predictor.router
+
+    def paths(self, jobs: list[Job],
+              seen: dict[int, tuple[Connection, ...]]) -> dict[tuple, tuple] | None:
+        """Every connection of ``jobs`` (a batch that ran at once) on the path the switches'
+        hash gave it (``seen``: job index -> the TCP connections its ranks sent on):
+        ``(job, src host, dst host, channel)`` -> its links; None unless every connection
+        the jobs' schedules use is known."""
+        paths: dict[tuple, tuple] = {}
+        for job in jobs:
+            if job.transport != "tcp" or not seen.get(job.index):
+                return None
+            hosts = job.collectives[0].hosts
+            for c in seen[job.index]:
+                key = (job.index, hosts[c.src], hosts[c.dst], c.channel)
+                paths.setdefault(key, self.router.hashed_path(
+                    hosts[c.src], hosts[c.dst], c.channel, c.five_tuple))
+            needed = {(job.index, src, dst, ch) for coll in job.collectives
+                      for step in range(coll.schedule.steps)
+                      for src, dst, ch, _n in self.predictor.connections(job, coll, step)}
+            if not needed <= set(paths):
+                return None
+        return paths
+
+    def predict(self, jobs: list[Job], paths: dict[tuple, tuple]) -> list[Predicted]:
+        """The collectives of ``jobs`` on ``paths``."""
+        return self.predictor.batch(jobs, paths)
+
+    def links(self, jobs: list[Job], paths: dict[tuple, tuple]) -> dict[tuple, dict]:
+        """Per collective, the bytes each directed link carried on ``paths``."""
+        return traffic_out.hashed_links(self.router, jobs, paths)
+
+
+def attach_hashed(rows: list[dict], predicted: list[Predicted]) -> None:
+    """Each measured row's prediction on its paths as hashed (``predicted_hashed_s``)."""
+    by_key = {(p.job, p.index): p.seconds for p in predicted}
+    for row in rows:
+        seconds = by_key.get((row.get("job"), row.get("repetition")))
+        if seconds:
+            row["predicted_hashed_s"] = round(seconds, 6)
 
 
 def router(exp: xp.Experiment) -> Router:

@@ -111,11 +111,17 @@ class JobSummary:
     job: int = 0
     label: str = ""
     predicted_us: float | None = None  # fabriclab predict's, averaged the same way
+    hashed_us: float | None = None  # predicted on the paths as hashed, averaged the same way
 
     @property
     def of_predicted(self) -> float | None:
         """Measured over predicted time (1.0: as predicted; 1.3: 30 % slower)."""
         return self.mean_us / self.predicted_us if self.predicted_us else None
+
+    @property
+    def of_hashed(self) -> float | None:
+        """Measured over the time predicted on the paths the connections took."""
+        return self.mean_us / self.hashed_us if self.hashed_us else None
 
     @property
     def count(self) -> int:
@@ -136,13 +142,16 @@ def job_summaries(rows: list[dict]) -> list[JobSummary]:
         algbw = r0["bytes"] / mean_us / 1e3
         factor = r0["busbw_GBps"] / r0["algbw_GBps"]
         predicted = [r["predicted_s"] for r in group if r.get("predicted_s")]
+        hashed = [r["predicted_hashed_s"] for r in group if r.get("predicted_hashed_s")]
         out.append(JobSummary(r0["op"], r0["algorithm"], r0["communicator_size"], r0["bytes"],
                               len(group), mean_us, algbw, algbw * factor,
                               sum(r["efficiency"] for r in group) / len(group),
                               sum(r.get("agent_cpu_s", 0.0) for r in group), r0["job"],
                               r0.get("label", ""),
                               sum(predicted) / len(predicted) * 1e6
-                              if len(predicted) == len(group) else None))
+                              if len(predicted) == len(group) else None,
+                              sum(hashed) / len(hashed) * 1e6
+                              if len(hashed) == len(group) else None))
     return out
 
 

@@ -5,7 +5,8 @@
 * ``phases``: per collective, the bytes each directed link carries as routed
   (:class:`traffic.measure.predict.Router`: D-mod-k's paths exactly; ECMP's and adaptive
   routing's as the expectation, split evenly over the equal-cost paths; sprayed evenly);
-  host links included;
+  host links included; on a run whose paths are known as hashed (ECMP on eBPF switches),
+  also ``links_as_hashed``: the same on the paths the connections took;
 * ``batches``: per batch of jobs run at once, the bytes each switch port measured it send
   (``node->peer``), from the switches' own counters before and after it.
 """
@@ -55,19 +56,35 @@ def phase_links(router: Router, workload: Workload) -> list[dict]:
     expected = router.routing in ("ecmp", "adaptive")
     for job in workload.jobs:
         for k, coll in enumerate(job.collectives):
-            links: dict[str, float] = {}
-            for t in coll.schedule.transfers:
-                for ch, share in enumerate(chunk_sizes(t.nbytes, job.connections)):
-                    if not share:
-                        continue
-                    path = router.path(coll.hosts[t.src], coll.hosts[t.dst], ch,
-                                       random.Random(0), expected or sprayed(job))
-                    for i, w in path:
-                        name = router.names[i]
-                        links[name] = links.get(name, 0.0) + w * share
+            links = _links(router, job, k, lambda src, dst, ch, j=job: router.path(
+                src, dst, ch, random.Random(0), expected or sprayed(j)))
             out.append({"job": job.index, "index": k, "label": coll.label or coll.op,
-                        "links": {name: round(v) for name, v in sorted(links.items())}})
+                        "links": links})
     return out
+
+
+def hashed_links(router: Router, jobs: list[Job], paths: dict[tuple, tuple]) -> dict:
+    """Per collective of ``jobs``, ``(job, index)`` -> the bytes on each directed link on the
+    paths its connections took (``paths``: ``(job, src, dst, channel)`` -> links, as
+    :func:`fabriclab.model.prediction.hashed_paths` gives them)."""
+    return {(job.index, k): _links(router, job, k,
+                                   lambda src, dst, ch, j=job: paths[(j.index, src, dst, ch)])
+            for job in jobs for k in range(len(job.collectives))}
+
+
+def _links(router: Router, job: Job, k: int, path_of) -> dict[str, int]:
+    """The bytes each directed link carries of collective ``k`` of ``job``, each connection
+    on ``path_of(src host, dst host, channel)``."""
+    coll = job.collectives[k]
+    links: dict[str, float] = {}
+    for t in coll.schedule.transfers:
+        for ch, share in enumerate(chunk_sizes(t.nbytes, job.connections)):
+            if not share:
+                continue
+            for i, w in path_of(coll.hosts[t.src], coll.hosts[t.dst], ch):
+                name = router.names[i]
+                links[name] = links.get(name, 0.0) + w * share
+    return {name: round(v) for name, v in sorted(links.items())}
 
 
 def measured_links(topo, before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:

@@ -13,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from testbed.errors import TestbedError
@@ -151,7 +152,9 @@ class ControllerProcess:
                 (spec.controller.remote or self.spec.controller.remote):
             raise TestbedError("controller.remote: the next experiment's switches would need "
                                "another controller address; run it on a fabric of its own")
-        self.spec = spec
+        # the datapath stays the one built (``auto`` was resolved when the fabric came up)
+        self.spec = replace(spec, emulator=replace(spec.emulator,
+                                                   datapath=self.spec.emulator.datapath))
         if spec.controller.remote:  # the user's controller stays; it has the switches
             self._wait_programmed()
             return

@@ -15,6 +15,8 @@ import ipaddress
 import struct
 from collections.abc import Callable, Sequence
 
+from testbed.model.openflow import SHARED_HASH_BASIS
+from testbed.model.spec import EcmpSeed
 from testbed.plan import tss
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
@@ -34,6 +36,15 @@ def flow_hash(basis: int, src: str, dst: str, proto: int, sport: int = 0, dport:
     h ^= h >> 13
     h = (h * 0xC2B2AE35) & 0xFFFFFFFF
     return h ^ (h >> 16)
+
+
+def hash_basis(switch, seed: str) -> int:
+    """The 32-bit ECMP hash basis of ``switch`` (a topology node): derived from its datapath
+    id (reproducible from run to run) for ``per_switch``, the same everywhere for ``shared``."""
+    if seed == EcmpSeed.SHARED:
+        return SHARED_HASH_BASIS
+    x = (switch.dpid or 0) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 29)) & 0xFFFFFFFF or 1
 
 
 def select_bucket(weights: Sequence[int], h: int) -> int | None:

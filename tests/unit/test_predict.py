@@ -13,6 +13,7 @@ from controllers.routing.tables import PRIORITY_REMOTE_HOST, compute_tables
 from fabriclab.model import experiment as xp
 from fabriclab.model.prediction import attach, document, targets
 from testbed.model.builders import fat_tree, leaf_spine
+from testbed.plan.groups import forward
 from traffic.measure.flowsim import finish_times, makespan
 from traffic.measure.predict import Predictor, Router
 from traffic.workloads.schedules import build, flows
@@ -107,6 +108,60 @@ def test_dmodk_predicted_paths_are_the_controllers_own(topo):
             switches = _walk(topo, tables, src, dst)
             assert links == {(src, switches[0]), *zip(switches, switches[1:]),
                              (switches[-1], dst)}, (src, dst)
+
+
+@pytest.mark.parametrize("seed", ["per_switch", "shared"])
+@pytest.mark.parametrize("topo", [fat_tree(4), leaf_spine(4, 3, 2)], ids=["fat_tree", "leaf_spine"])
+def test_paths_as_hashed_are_where_the_ebpf_switches_send_each_5_tuple(topo, seed):
+    """For random TCP 5-tuples, the path the prediction computes from the hash is the one the
+    datapath's own decision (groups.forward over the controller's ECMP tables) gives, hop
+    by hop; and the ports change the path (else the hash would not be what decides)."""
+    tables = compute_tables(topo, {}, routing="ecmp", ecmp_seed=seed)
+    router = Router(topo, "ecmp", seed)
+    names = {i: link for link, i in router.index.items()}
+    hosts = [h.name for h in topo.hosts]
+    rng = random.Random(7)
+    spread = set()
+    for _ in range(300):
+        src, dst = rng.sample(hosts, 2)
+        five = (topo.nodes[src].ip, topo.nodes[dst].ip, 6, rng.randrange(32768, 61000), 5201)
+        links = {names[i] for i, _w in router.hashed_path(src, dst, 0, five)}
+        packet = {"eth_type": 0x0800, "ipv4_src": five[0], "ipv4_dst": five[1], "ip_proto": 6,
+                  "tcp_src": five[3], "tcp_dst": five[4]}
+        node, walked = topo.attachment(src).node, [(src, topo.attachment(src).node)]
+        while node != dst:
+            t = tables[node]
+            port = forward(t.flows.values(), t.groups, lambda p: True,
+                           {**packet, "in_port": topo.attachment(src).port
+                            if node == topo.attachment(src).node else 0})
+            nxt = topo.ports(node)[port].other(node).node
+            walked.append((node, nxt))
+            node = nxt
+        assert links == set(walked), (src, dst, five)
+        spread.add((src, dst, frozenset(links)))
+    pairs = {(s, d) for s, d, _l in spread}
+    assert len(spread) > len(pairs)  # some pair took more than one path
+
+
+def test_a_prediction_on_the_paths_as_hashed_has_no_draws_and_lies_in_the_range():
+    """Given every connection's path, the ECMP prediction is that one case: inside the
+    range over hash draws, and the same again for the same paths."""
+    topo = leaf_spine(4, 4, 4)
+    hosts = [h.name for h in topo.hosts]
+    sched = build("all_to_all", len(hosts), 16 * 2**20)
+    job = _job(topo, sched, hosts)
+    pred = Predictor(topo, "ecmp", draws=16)
+    over_draws = pred.batch([job])[0]
+    rng = random.Random(3)
+    paths = {}
+    for step in range(sched.steps):
+        for src, dst, ch, _n in pred.connections(job, job.collectives[0], step):
+            five = (topo.nodes[src].ip, topo.nodes[dst].ip, 6, rng.randrange(32768, 61000), 5201)
+            paths[(0, src, dst, ch)] = pred.router.hashed_path(src, dst, ch, five)
+    hashed = pred.batch([job], paths)[0]
+    assert hashed.draws <= 4  # TCP's share draws only: the paths are given
+    assert over_draws.low_s * 0.9 <= hashed.seconds <= over_draws.high_s * 1.1
+    assert pred.batch([job], paths)[0] == hashed
 
 
 def _job(topo, sched, hosts, index=0, concurrent=False, connections=1):

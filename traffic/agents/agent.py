@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from testbed.errors import TestbedError
 from testbed.linux.files import write_text_atomic
 from testbed.poll import wait_for
-from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
+from traffic.workloads.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connection,
+                                       FlowTiming)
 from traffic.workloads.schedules import chunk_sizes
 from traffic.agents import tcpinfo
 from traffic.agents.engine import UdpEngine
@@ -86,6 +87,7 @@ class Agent:
         self.recv_q: dict[tuple[int, int], queue.Queue] = {}
         self.socks: dict[tuple[str, int, int], socket.socket] = {}
         self.control: list[socket.socket] = []
+        self.connections: list[Connection] = []  # the send connections' 5-tuples
         self.state = "starting"  # what it is waiting for, published for a stuck-job report
         self.engine: UdpEngine | None = None
         if spec.transport != "tcp":
@@ -140,6 +142,9 @@ class Agent:
                     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.spec.dscp << 2)
                 sock.sendall(HELLO.pack(self.rank, ch))
                 self.socks[("send", peer, ch)] = sock
+                (src_ip, sport), (dst_ip, dport) = sock.getsockname()[:2], sock.getpeername()[:2]
+                self.connections.append(Connection(self.rank, peer, ch, src_ip, sport, dst_ip,
+                                                   dport))
         if self.rank != 0:
             self.state = "connecting to rank 0 (barrier)"
             sock = _connect(ranks[0].ip, self.spec.port)
@@ -400,8 +405,8 @@ def main(argv: list[str]) -> int:
         agent.close()
         listener.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    sys.stdout.write(AgentReport(rank, host, tuple(results),
-                                 usage.ru_utime + usage.ru_stime).to_json())
+    sys.stdout.write(AgentReport(rank, host, tuple(results), usage.ru_utime + usage.ru_stime,
+                                 tuple(agent.connections)).to_json())
     return 0
 
 

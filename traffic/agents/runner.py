@@ -18,7 +18,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from traffic.measure.ideal import FluidModel
-from traffic.workloads.protocol import AgentReport
+from traffic.workloads.protocol import AgentReport, Connection
 from traffic.measure.results import AGENT_PORT, CollectiveResult, job_spec, summarize
 from traffic.transports.packet import mss_for
 from traffic.workloads.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job
@@ -33,6 +33,7 @@ class JobOutcome:
     job: Job
     results: tuple[CollectiveResult, ...] = ()
     error: TestbedError | None = None
+    connections: tuple[Connection, ...] = ()  # the TCP connections its ranks sent on
 
 
 #: While a job runs, whether its ranks still reach each other is checked this often; cut off
@@ -88,12 +89,13 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
     def one(i: int) -> None:
         job = jobs[i]
         try:
+            seen: list[Connection] = []
             results = run_job(fabric, list(job.collectives), job.connections, job.timeout_s,
                               AGENT_PORT + i, start_at + job.offset_s, job.congestion_control,
                               job.dscp,
                               job.transport, job.spray, job.dcqcn,
-                              job.transport_options.to_dict())
-            outcomes[i] = JobOutcome(job, tuple(results))
+                              job.transport_options.to_dict(), seen)
+            outcomes[i] = JobOutcome(job, tuple(results), connections=tuple(seen))
         except TestbedError as err:
             outcomes[i] = JobOutcome(job, error=err)
         except BaseException as err:  # noqa: BLE001 - re-raised below, in the caller's thread
@@ -174,11 +176,13 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
             start_at: float | None = None, congestion_control: str | None = None,
             dscp: int = 0, transport: str = "tcp",
             spray: bool | None = None, dcqcn: str = "paper",
-            options: dict | None = None) -> list[CollectiveResult]:
+            options: dict | None = None,
+            connections_seen: list[Connection] | None = None) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 
     Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
-    ``start_at`` wall-clock time.
+    ``start_at`` wall-clock time. ``connections_seen`` gets the TCP connections the ranks sent
+    on (their 5-tuples: the paths an ECMP fabric gave them follow from those).
 
     Raises:
         TestbedError: when an agent fails or the job outlives ``timeout_s`` (naming the ranks).
@@ -207,6 +211,9 @@ def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CO
     finally:
         for proc in procs.values():
             fabric.stop(proc)
+    if connections_seen is not None:
+        connections_seen.extend(c for r in sorted(reports, key=lambda r: r.rank)
+                                for c in r.connections)
     # a rank's scale-out rate: its NIC's, times the planes its ports are on
     rate = sum(topo.host_link(nic).rate_mbps for nic in topo.nics(hosts[0]))
     return summarize(collectives, sorted(reports, key=lambda r: r.rank), rate,

@@ -38,6 +38,7 @@ from functools import lru_cache
 
 from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
 from testbed.model.topology import Topology
+from testbed.plan.groups import flow_hash, hash_basis, select_bucket
 from traffic.measure.flowsim import finish_times
 from traffic.measure.ideal import FluidModel
 from traffic.workloads.schedules import chunk_sizes
@@ -98,6 +99,7 @@ class Router:
         self.topo = topo
         self.routing = routing
         self.shared_hash = ecmp_seed == "shared"
+        self.ecmp_seed = ecmp_seed
         self.fluid = FluidModel(topo)
         self.number = host_numbers(topo)
         self.index: dict[Link, int] = {}
@@ -145,6 +147,30 @@ class Router:
                     pick = nxt[rng.randrange(len(nxt))]
                 hops[(node, pick)] = 1.0
                 node = pick
+        return tuple(sorted((self.index[link], w) for link, w in hops.items()))
+
+    def hashed_path(self, src: str, dst: str, channel: int,
+                    five_tuple: tuple[str, str, int, int, int]) -> tuple[tuple[int, float], ...]:
+        """The links of one connection as an eBPF switch hashes it: at every switch with a
+        choice, the bucket :func:`~testbed.plan.groups.flow_hash` of ``five_tuple`` (source and
+        destination address, protocol, ports) with the switch's own basis picks among the
+        next hops in port order, as the ECMP groups list them (ECMP routing only)."""
+        if self.routing != "ecmp":
+            raise ValueError(f"paths as hashed need ecmp routing, not {self.routing}")
+        if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
+            return self.path(src, dst, channel, random.Random(0))
+        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
+        plane = channel % len(nics_s)
+        s, d = nics_s[plane], nics_d[plane]
+        a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+        hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
+        node = a
+        while node != b:
+            nxt = self._hops(node, b)
+            basis = hash_basis(self.topo.nodes[node], self.ecmp_seed)
+            pick = nxt[select_bucket([1] * len(nxt), flow_hash(basis, *five_tuple))]
+            hops[(node, pick)] = 1.0
+            node = pick
         return tuple(sorted((self.index[link], w) for link, w in hops.items()))
 
     def _split(self, a: str, b: str) -> dict[Link, float]:
@@ -224,10 +250,12 @@ class Predictor:
         """Every collective of every job, batch by batch."""
         return [p for batch in workload.batches() for p in self.batch(batch)]
 
-    def batch(self, jobs: list[Job]) -> list[Predicted]:
-        """The collectives of jobs that run at once."""
+    def batch(self, jobs: list[Job], paths: dict[tuple, tuple] | None = None) -> list[Predicted]:
+        """The collectives of jobs that run at once; ``paths``: every connection's path as
+        the switches gave it (``(job, src host, dst host, channel)`` -> the links of
+        :meth:`Router.hashed_path`), which then replaces the hash draws."""
         router = self.router
-        random_paths = any(router.random_paths(sprayed(j)) for j in jobs)
+        random_paths = not paths and any(router.random_paths(sprayed(j)) for j in jobs)
         draws = (self.draws if random_paths else min(self.draws, SHARE_DRAWS)
                  if self.share_cv > 0 else 1)
         times: dict[tuple[int, int], list[float]] = {}
@@ -237,7 +265,7 @@ class Predictor:
         for draw in range(draws):
             rng = random.Random(self.seed * 100_003 + draw)
             shares = _Shares(self.share_cv, self.seed * 7_919 + draw)
-            fixed = self._adaptive(jobs) if router.routing == "adaptive" else {}
+            fixed = self._adaptive(jobs) if router.routing == "adaptive" else dict(paths or {})
             for key, seconds in self._run(jobs, rng, fixed, loads if draw == 0 else None,
                                           shares).items():
                 times.setdefault(key, []).append(seconds)
@@ -255,7 +283,7 @@ class Predictor:
                                      router.names.get(worst, "")))
         return out
 
-    def _connections(self, job: Job, coll: Collective, step: int) -> list[tuple]:
+    def connections(self, job: Job, coll: Collective, step: int) -> list[tuple]:
         """(src host, dst host, channel, bytes) of one step of a collective."""
         out = []
         for t in coll.schedule.transfers:
@@ -284,7 +312,7 @@ class Predictor:
                 flows, owner, keys = [], [], []
                 for j in now:
                     coll = j.collectives[k]
-                    for src, dst, ch, nbytes in self._connections(j, coll, step):
+                    for src, dst, ch, nbytes in self.connections(j, coll, step):
                         key = (j.index, src, dst, ch)
                         if key not in paths:
                             paths[key] = router.path(src, dst, ch, rng, sprayed(j))
@@ -326,7 +354,7 @@ class Predictor:
         for j in jobs:
             for coll in j.collectives:
                 for step in range(coll.schedule.steps):
-                    for src, dst, ch, nbytes in self._connections(j, coll, step):
+                    for src, dst, ch, nbytes in self.connections(j, coll, step):
                         key = (j.index, src, dst, ch)
                         total[key] = total.get(key, 0) + nbytes
         load = [0.0] * len(router.capacity)

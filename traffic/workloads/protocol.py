@@ -130,6 +130,25 @@ class CollectiveTiming:
 
 
 @dataclass(frozen=True)
+class Connection:
+    """One TCP connection a rank sent on, as its data packets' headers name it: the 5-tuple
+    an ECMP switch hashes (protocol TCP)."""
+
+    src: int  # the sending rank
+    dst: int
+    channel: int
+    src_ip: str
+    sport: int
+    dst_ip: str
+    dport: int
+
+    @property
+    def five_tuple(self) -> tuple[str, str, int, int, int]:
+        """(source, destination, protocol, source port, destination port)."""
+        return (self.src_ip, self.dst_ip, 6, self.sport, self.dport)
+
+
+@dataclass(frozen=True)
 class AgentReport:
     """What an agent prints when its job is done."""
 
@@ -137,6 +156,7 @@ class AgentReport:
     host: str
     collectives: tuple[CollectiveTiming, ...]
     cpu_s: float = 0.0
+    connections: tuple[Connection, ...] = ()  # the TCP connections it sent on
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -149,4 +169,5 @@ class AgentReport:
                                           tuple(FlowTiming(**f) for f in c["flows"]),
                                           c.get("transport"), c.get("released"))
                          for c in d["collectives"]),
-                   d.get("cpu_s", 0.0))
+                   d.get("cpu_s", 0.0),
+                   tuple(Connection(**c) for c in d.get("connections", ())))
