@@ -172,3 +172,36 @@ def test_named_jobs_of_several_collectives_and_of_a_trace(state_dir, tmp_path):
     assert (multi["name"], traced["name"]) == ("multi", "traced")
     assert multi["slowdown"] > 0.8 and traced["slowdown"] > 0.8, doc["jobs"]
     assert multi["predicted_s"] and traced["predicted_s"]
+
+
+def test_ecmp_paths_as_hashed_carry_what_the_switch_ports_counted(state_dir, tmp_path):
+    """ECMP on eBPF switches: the agents' connections, hashed as the switches hash them, put
+    on every switch port the bytes its counters measured (within the headers' share), and
+    the collective is predicted on those paths beside the mean over hash draws."""
+    text = """version: 1
+name: hashed
+fabric: {topology: leaf_spine, leaves: 4, spines: 2, hosts_per_leaf: 2,
+         host_link: {rate_mbps: 40}, fabric_link: {rate_mbps: 20}, mtu: 9000,
+         queue: {size_kb: 4096, acks_first: true}}
+emulator: {datapath: ebpf}
+controller: {routing: ecmp}
+workload:
+  connections: 1
+  congestion_control: cubic
+  collectives:
+    - {op: all_to_all, size: 8MiB, ranks: 8, algorithm: direct}
+"""
+    (doc,) = _run(state_dir, tmp_path, "hashed", text).values()
+    assert "as_hashed_missing" not in doc["prediction"], doc["prediction"]
+    (row,) = doc["collectives"]
+    measured = row["time_us"] / 1e6
+    assert 0.85 < measured / row["predicted_hashed_s"] < 1.3, row
+    traffic = json.loads((tmp_path / "hashed" / "traffic.json").read_text())
+    hashed, counted = traffic["phases"][0]["links_as_hashed"], traffic["batches"][0]["links"]
+    top = max(hashed.values())
+    # a connection on another spine would move its 1 MiB: a quarter of the busiest link's
+    for link, nbytes in counted.items():  # every switch port
+        expected = hashed.get(link, 0)
+        # headers, the acknowledgements of connections the other way, retransmissions
+        assert expected <= nbytes < 1.02 * expected + 0.01 * top, (link, nbytes, expected)
+    assert {k for k, v in hashed.items() if v and not k.startswith("h")} <= set(counted)

@@ -73,6 +73,17 @@ def test_ring_all_reduce_and_all_to_all_over_loopback(tmp_path):
     # every collective starts behind a barrier: ranks start within a few ms of each other
     starts = [r.collectives[1].start for r in reports]
     assert max(starts) - min(starts) < 0.25
+    # each rank names the TCP connections it sent on, as their packets carry them: one per
+    # peer it sends to and channel, from its own address to the peer's agent port
+    for rank, report in enumerate(reports):
+        assert {(c.dst, c.channel) for c in report.connections} == {
+            (peer, ch) for peer in range(4) if peer != rank for ch in range(2)}
+        for c in report.connections:
+            # (the source address is the kernel's choice: on loopback 127.0.0.1 for all)
+            assert (c.src, c.dst_ip) == (rank, f"127.0.0.{c.dst + 1}")
+            assert c.src_ip.startswith("127.")
+            assert c.five_tuple == (c.src_ip, c.dst_ip, 6, c.sport, c.dport) and c.sport > 0
+        assert len({c.dport for c in report.connections}) == 1  # the agents' port
     results = summarize(colls, reports, rate_mbps=10_000, mtu=9000)
     assert [r.op for r in results] == ["all_reduce", "all_to_all"]
     assert all(r.time_us > 0 and r.flow_completion_s["max"] <= r.time_us / 1e6 + 1e-6

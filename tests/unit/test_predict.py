@@ -143,6 +143,44 @@ def test_paths_as_hashed_are_where_the_ebpf_switches_send_each_5_tuple(topo, see
     assert len(spread) > len(pairs)  # some pair took more than one path
 
 
+def test_paths_as_hashed_are_known_for_the_controllers_ecmp_on_ebpf_switches_only():
+    """A run predicts on its paths as hashed where the hash is the eBPF switches' and the
+    groups hold still; the reason otherwise names what is in the way. The connections the
+    agents report give every schedule's connection its path, or nothing when one is
+    missing."""
+    from fabriclab.model.prediction import AsHashed, attach_hashed, hashing_known
+    from traffic.workloads.protocol import Connection
+
+    base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 2,
+                                      "hosts_per_leaf": 2, "host_link": {"rate_mbps": 100}},
+            "workload": {"collectives": [{"op": "all_to_all", "size": "4MiB", "ranks": 4}]}}
+    ecmp = xp.parse(base)
+    assert hashing_known(ecmp, "ebpf") is None
+    assert "netdev datapath" in hashing_known(ecmp, "netdev")
+    assert "not the controller's ecmp" in hashing_known(
+        xp.parse({**base, "controller": {"routing": "dmodk"}}), "ebpf")
+    failing = xp.parse({**base, "failures": [{"at_s": 1, "link": ["leaf1", "spine1"],
+                                              "action": "down"}]})
+    assert "link failures" in hashing_known(failing, "ebpf")
+    (job,) = ecmp.workload.jobs
+    hosts = job.collectives[0].hosts
+    ip = {h.name: h.ip for h in ecmp.topology.hosts}
+    seen = tuple(Connection(s, d, 0, ip[hosts[s]], 40000 + 4 * s + d, ip[hosts[d]], 5201)
+                 for s in range(4) for d in range(4) if s != d)
+    hashing = AsHashed(ecmp)
+    paths = hashing.paths([job], {0: seen})
+    assert len(paths) == 12
+    (p,) = hashing.predict([job], paths)
+    rows = [{"job": 0, "repetition": 0}]
+    attach_hashed(rows, [p])
+    assert rows[0]["predicted_hashed_s"] == pytest.approx(p.seconds, abs=1e-6)
+    links = hashing.links([job], paths)[(0, 0)]
+    # leaf 1's two hosts send 1 MiB to each of leaf 2's two, over the spines as hashed
+    up = [v for k, v in links.items() if k.startswith("leaf1->spine")]
+    assert sum(up) == 4 << 20 and all(v % (1 << 20) == 0 for v in up)
+    assert hashing.paths([job], {0: seen[1:]}) is None  # one connection not reported
+
+
 def test_a_prediction_on_the_paths_as_hashed_has_no_draws_and_lies_in_the_range():
     """Given every connection's path, the ECMP prediction is that one case: inside the
     range over hash draws, and the same again for the same paths."""
