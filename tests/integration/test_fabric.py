@@ -224,3 +224,19 @@ def test_fabriclab_fail_and_restore_act_on_the_running_fabric(state_dir, tmp_pat
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=120)
+
+
+def test_a_fabric_reused_under_a_new_controller_keeps_the_datapath_it_was_built_on(
+        make_fabric):
+    """``emulator.datapath: auto`` is resolved when the fabric comes up; the next experiment
+    on the same fabric (a sweep's next cell) says ``auto`` again, and the fabric must go on
+    knowing what it built (the prediction on the paths as hashed, the vswitchd list and the
+    probes depend on it)."""
+    fabric = make_fabric(experiment(LEAF_SPINE, datapath="auto"))
+    built = fabric.datapath_type
+    assert built in ("ebpf", "netdev", "system") and fabric.spec.emulator.datapath != "auto"
+    fabric.restart_controller(experiment(LEAF_SPINE + "controller: {routing: dmodk}\n",
+                                         datapath="auto"))
+    assert fabric.datapath_type == built
+    assert str(fabric.spec.controller.routing) == "dmodk"
+    assert fabric.reachability(count=1).lost == 0
