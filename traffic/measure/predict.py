@@ -116,6 +116,14 @@ class Router:
         ports = sorted(next_hops(self.topo, node, dist, {}))
         return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
 
+    def _ends(self, src: str, dst: str, channel: int) -> tuple[str, str, str, str]:
+        """A connection's NICs (channel ``c`` on plane ``c % planes``) and the access
+        switches they hang off: (source NIC, destination NIC, their switches)."""
+        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
+        plane = channel % len(nics_s)
+        s, d = nics_s[plane], nics_d[plane]
+        return s, d, self.topo.attachment(s).node, self.topo.attachment(d).node
+
     def random_paths(self, spray: bool) -> bool:
         """Whether paths depend on hash draws (ECMP, not sprayed)."""
         return not spray and self.routing == "ecmp"
@@ -126,10 +134,7 @@ class Router:
         ``dst``."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
-        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
-        plane = channel % len(nics_s)
-        s, d = nics_s[plane], nics_d[plane]
-        a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+        s, d, a, b = self._ends(src, dst, channel)
         hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
         if spray or self.routing in ("spray",):
             hops |= self._split(a, b)
@@ -159,10 +164,7 @@ class Router:
             raise ValueError(f"paths as hashed need ecmp routing, not {self.routing}")
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return self.path(src, dst, channel, random.Random(0))
-        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
-        plane = channel % len(nics_s)
-        s, d = nics_s[plane], nics_d[plane]
-        a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+        s, d, a, b = self._ends(src, dst, channel)
         hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
         node = a
         while node != b:
@@ -196,10 +198,7 @@ class Router:
         """Every single path a connection may take (adaptive routing's choices)."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:
             return [self.path(src, dst, channel, random.Random(0))]
-        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
-        plane = channel % len(nics_s)
-        s, d = nics_s[plane], nics_d[plane]
-        a, b = self.topo.attachment(s).node, self.topo.attachment(d).node
+        s, d, a, b = self._ends(src, dst, channel)
         walks = [[a]]
         done = []
         while walks:
