@@ -426,7 +426,7 @@ def _fabric(raw: dict) -> FabricSpec:
     queue = raw.get("queue", {})
     if "size_kb" in queue and "size_packets" in queue:
         raise ConfigError("fabric.queue", "give size_kb or size_packets, not both")
-    optional = {k: raw[k] for k in ("mtu",) if k in raw}
+    optional, host = {k: raw[k] for k in ("mtu",) if k in raw}, raw.get("hosts", {})
     classes = raw.get("traffic_classes", {})
     return FabricSpec(
         topology=kind,
@@ -439,7 +439,7 @@ def _fabric(raw: dict) -> FabricSpec:
         traffic_classes=TrafficClasses(
             {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
             tuple(classes.get("strict", ()))).check(),
-        host_ecn=raw.get("hosts", {}).get("ecn", False),
+        host_ecn=host.get("ecn", False), host_rmem_max_kb=host.get("tcp_rmem_max_kb"),
         acks_first=queue.get("acks_first", False),
         pfc=_pfc(raw.get("pfc", {}), classes.get("lossless", {})),
         servers=_servers(raw["servers"]) if "servers" in raw else None,

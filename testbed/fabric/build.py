@@ -113,7 +113,7 @@ class BuildSteps:
         def track(name: str, pid: int) -> None:
             self.registry.track_process(self.record, pid, Role.host(name))
 
-        sysctls = {"net.ipv4.tcp_ecn": "1"} if self.spec.fabric.host_ecn else {}
+        sysctls = self.spec.fabric.host_sysctls(procfs.read_sysctl("net.ipv4.tcp_rmem"))
         if self.topo.servers:  # a GPU's scale-up peers answer on other interfaces than its NIC
             sysctls |= {"net.ipv4.conf.all.rp_filter": "0",
                         "net.ipv4.conf.default.rp_filter": "0"}

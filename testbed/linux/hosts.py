@@ -8,6 +8,7 @@ owns the host namespaces and the processes run in them.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import time
 from collections.abc import Callable
@@ -28,7 +29,8 @@ class Hosts:
         names: host names from the topology model.
         on_spawn: called with (name, pid) as soon as each host's shell exists, so that the
             caller can register it for cleanup before anything else happens.
-        sysctls: extra settings of every host's namespace (``net.ipv4.tcp_ecn``: ``1``).
+        sysctls: extra settings of every host's namespace (``net.ipv4.tcp_ecn``: ``1``;
+            values with spaces, ``net.ipv4.tcp_rmem``, are quoted).
     """
 
     def __init__(self, names: list[str], on_spawn: Callable[[str, int], None],
@@ -40,7 +42,8 @@ class Hosts:
             node = Host(name)
             self.nodes[name] = node
             on_spawn(name, node.pid)
-        init = _HOST_INIT + "".join(f" {k}={v}" for k, v in sorted((sysctls or {}).items()))
+        init = _HOST_INIT + "".join(f" {shlex.quote(f'{k}={v}')}"
+                                    for k, v in sorted((sysctls or {}).items()))
         for node in self.nodes.values():
             node.sendCmd(init)
         for node in self.nodes.values():

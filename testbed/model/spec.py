@@ -197,10 +197,22 @@ class FabricSpec:
     mtu: int = DEFAULT_MTU
     traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
     host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
+    host_rmem_max_kb: int | None = None  # hosts' TCP receive buffer limit (net.ipv4.tcp_rmem[2])
     acks_first: bool = False  # switch ports serve TCP's pure acknowledgements first, too
     pfc: PfcSpec = field(default_factory=PfcSpec)
     servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
     int_telemetry: bool = False  # the ports stamp INT on packets that ask (a job uses HPCC)
+
+    def host_sysctls(self, machine_tcp_rmem: str) -> dict[str, str]:
+        """The transport settings every host's namespace gets; ``machine_tcp_rmem``: the
+        machine's ``net.ipv4.tcp_rmem`` (min, default, max), whose first two values a receive
+        buffer limit keeps (the default lowered to the limit where it is above)."""
+        out = {"net.ipv4.tcp_ecn": "1"} if self.host_ecn else {}
+        if self.host_rmem_max_kb is not None:
+            low, default, _max = (int(v) for v in machine_tcp_rmem.split())
+            limit = self.host_rmem_max_kb * 1024
+            out["net.ipv4.tcp_rmem"] = f"{min(low, limit)} {min(default, limit)} {limit}"
+        return out
 
     def priorities(self) -> tuple[int, ...]:
         """The traffic classes in use: 0 (unlisted DSCP), the mapped ones and the lossless

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from testbed.linux import capabilities
+from testbed.linux import capabilities, procfs
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.fabric import Fabric
 from testbed.poll import wait_for
@@ -240,3 +240,17 @@ def test_a_fabric_reused_under_a_new_controller_keeps_the_datapath_it_was_built_
     assert fabric.datapath_type == built
     assert str(fabric.spec.controller.routing) == "dmodk"
     assert fabric.reachability(count=1).lost == 0
+
+
+def test_hosts_get_the_receive_buffer_limit_and_ecn_the_file_asks_for(make_fabric):
+    machine = procfs.read_sysctl("net.ipv4.tcp_rmem")
+    fabric = make_fabric(experiment(
+        "version: 1\nfabric: {topology: leaf_spine, leaves: 2, spines: 1, hosts_per_leaf: 2,"
+        " hosts: {ecn: true, tcp_rmem_max_kb: 256}}\n"))
+    low = machine.split()[0]
+    for host in fabric.topo.hosts:
+        node = fabric.hosts.node(host.name)
+        rmem = node.cmd("sysctl -n net.ipv4.tcp_rmem").split()
+        assert rmem == [low, "131072", "262144"], f"{host.name}: tcp_rmem {rmem}"
+        assert node.cmd("sysctl -n net.ipv4.tcp_ecn").strip() == "1", host.name
+    assert procfs.read_sysctl("net.ipv4.tcp_rmem") == machine  # the machine's own: untouched

@@ -87,6 +87,18 @@ def test_the_experiment_file_carries_ecn_classes_hosts_and_congestion_control():
     assert not plain.fabric.marks_ecn and not plain.fabric.host_ecn
 
 
+def test_a_receive_buffer_limit_keeps_the_machines_other_values():
+    exp = xp.parse({"version": 1, "fabric": {**LS, "hosts": {"tcp_rmem_max_kb": 256}}})
+    assert exp.fabric.host_rmem_max_kb == 256
+    assert exp.fabric.host_sysctls("4096 131072 6291456") == {
+        "net.ipv4.tcp_rmem": "4096 131072 262144"}
+    small = xp.parse({"version": 1, "fabric": {**LS, "hosts": {"tcp_rmem_max_kb": 64,
+                                                                "ecn": True}}})
+    assert small.fabric.host_sysctls("4096 131072 6291456") == {  # the default lowered to it
+        "net.ipv4.tcp_ecn": "1", "net.ipv4.tcp_rmem": "4096 65536 65536"}
+    assert xp.parse({"version": 1, "fabric": LS}).fabric.host_sysctls("4096 87380 6291456") == {}
+
+
 @pytest.mark.parametrize("fabric,path,text", [
     ({"host_link": {"ecn": {"mode": "wred"}}}, "fabric.host_link.ecn", "is not valid"),
     ({"host_link": {"ecn": {"mode": "red", "pmax": 2}}}, "fabric.host_link.ecn", ""),
@@ -97,6 +109,8 @@ def test_the_experiment_file_carries_ecn_classes_hosts_and_congestion_control():
     ({"traffic_classes": {"dscp_to_priority": {"70": 1}}},
      "fabric.traffic_classes.dscp_to_priority.70", "DSCP is 0..63"),
     ({"hosts": {"ecn": "yes"}}, "fabric.hosts.ecn", "boolean"),
+    ({"hosts": {"tcp_rmem_max_kb": 8}}, "fabric.hosts.tcp_rmem_max_kb", ">= 16"),
+    ({"hosts": {"tcp_rmem_max_kb": "256k"}}, "fabric.hosts.tcp_rmem_max_kb", "integer"),
 ])
 def test_bad_congestion_settings_name_the_field(fabric, path, text):
     with pytest.raises(ConfigError) as err:
