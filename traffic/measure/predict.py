@@ -10,7 +10,9 @@ the path the switches give it:
 * ``ecmp``: a hash draw per connection and switch among the equal-cost next hops (with a
   ``shared`` hash basis, one draw per connection that every switch reduces the same way: the
   polarization the switches show), fixed for the job as a connection's 5-tuple is; the
-  prediction is the mean over ``draws`` seeded draws, with their range;
+  prediction is the expectation over the draws: the mean of ``draws`` seeded ones, with
+  their range, corrected by their busiest-link bounds against the mean bound of many more
+  path draws (:mod:`traffic.measure.pathdraws`, a control variate);
 * ``spray`` (or a sprayed transport, uet by default): each connection split evenly over the
   next hops at every switch (ideal per-link sharing);
 * ``adaptive``: each connection placed, largest first, on the path whose busiest link it
@@ -41,6 +43,7 @@ from testbed.model.topology import Topology
 from testbed.plan.groups import flow_hash, hash_basis, select_bucket
 from traffic.measure.flowsim import finish_times
 from traffic.measure.ideal import FluidModel
+from traffic.measure.pathdraws import BoundDraws, step_bound
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
 
@@ -83,12 +86,13 @@ class Predicted:
     gap_s: float  # the compute before the collective
     draws: int
     busiest: str  # the link whose bytes over capacity bound the collective most
+    path_draws: int = 0  # the path draws of the busiest-link bound's mean (0: none)
 
     def to_dict(self) -> dict:
         return {"job": self.job, "index": self.index, "label": self.label, "op": self.op,
                 "predicted_s": round(self.seconds, 6), "low_s": round(self.low_s, 6),
                 "high_s": round(self.high_s, 6), "gap_s": self.gap_s, "draws": self.draws,
-                "busiest_link": self.busiest}
+                "busiest_link": self.busiest, "path_draws": self.path_draws}
 
 
 class Router:
@@ -258,6 +262,7 @@ class Predictor:
         draws = (self.draws if random_paths else min(self.draws, SHARE_DRAWS)
                  if self.share_cv > 0 else 1)
         times: dict[tuple[int, int], list[float]] = {}
+        bounds: dict[tuple[int, int], list[float]] = {}
         loads: dict[tuple[int, int], dict[int, float]] = {}
         self._shared_steps = False
         self._fair: dict[tuple, list[float]] = {}  # a step's finish times at fair shares
@@ -265,21 +270,42 @@ class Predictor:
             rng = random.Random(self.seed * 100_003 + draw)
             shares = _Shares(self.share_cv, self.seed * 7_919 + draw)
             fixed = self._adaptive(jobs) if router.routing == "adaptive" else dict(paths or {})
+            bound: dict[tuple[int, int], float] = {}
             for key, seconds in self._run(jobs, rng, fixed, loads if draw == 0 else None,
-                                          shares).items():
+                                          shares, bound).items():
                 times.setdefault(key, []).append(seconds)
+                bounds.setdefault(key, []).append(bound.get(key, 0.0))
             if draw == 0 and not random_paths and not self._shared_steps:
                 draws = 1  # every link carried one flow at a time: no draw can differ
                 break
+        many = (BoundDraws(router, self.seed).means(self._steps(jobs))
+                if random_paths and draws > 1 else None)
         out = []
         for job in jobs:
             for k, coll in enumerate(job.collectives):
                 t = times[(job.index, k)]
+                mean = sum(t) / len(t)
+                if many:
+                    mean = _controlled(t, bounds[(job.index, k)], many[0][(job.index, k)])
                 load = loads.get((job.index, k), {})
                 worst = max(load, key=lambda i: load[i] / router.capacity[i], default=None)
                 out.append(Predicted(job.index, k, coll.label or coll.op, coll.op,
-                                     sum(t) / len(t), min(t), max(t), coll.gap_s, draws,
-                                     router.names.get(worst, "")))
+                                     mean, min(t), max(t), coll.gap_s, draws,
+                                     router.names.get(worst, ""),
+                                     many[1] if many else 0))
+        return out
+
+    def _steps(self, jobs: list[Job]) -> list[tuple[int, list[tuple[tuple, int, float]]]]:
+        """Every step of a batch as its collective's place and its flows (connection key,
+        job, bytes), in the order :meth:`_run` takes them."""
+        out = []
+        for k in range(max(len(j.collectives) for j in jobs)):
+            now = [j for j in jobs if k < len(j.collectives)]
+            for step in range(max(j.collectives[k].schedule.steps for j in now)):
+                flows = [((j.index, src, dst, ch), j.index, float(nbytes)) for j in now
+                         for src, dst, ch, nbytes in self.connections(j, j.collectives[k], step)]
+                if flows:
+                    out.append((k, flows))
         return out
 
     def connections(self, job: Job, coll: Collective, step: int) -> list[tuple]:
@@ -293,9 +319,11 @@ class Predictor:
         return out
 
     def _run(self, jobs: list[Job], rng: random.Random, fixed: dict,
-             loads: dict | None, shares: _Shares) -> dict[tuple[int, int], float]:
+             loads: dict | None, shares: _Shares,
+             bound: dict[tuple[int, int], float]) -> dict[tuple[int, int], float]:
         """One draw: each (job, collective)'s seconds; ``loads`` gets each collective's
-        bytes per link."""
+        bytes per link, ``bound`` its steps' summed busiest-link bounds
+        (:func:`~traffic.measure.pathdraws.step_bound`)."""
         router = self.router
         paths: dict[tuple, tuple] = dict(fixed)
         cache: dict[tuple, list[float]] = {}
@@ -324,6 +352,9 @@ class Predictor:
                                 load[link] = load.get(link, 0.0) + w * nbytes
                 if not flows:
                     continue
+                for j in now:
+                    bound[(j.index, k)] = bound.get((j.index, k), 0.0) + step_bound(
+                        flows, router.capacity, [o == j.index for o in owner])
                 scale = max(n for n, _p in flows)
                 shape = tuple((o, round(n / scale, 6), p) for o, (n, p) in zip(owner, flows))
                 if shape not in self._fair:
@@ -366,6 +397,19 @@ class Predictor:
                 load[i] += w * total[key]
             out[key] = best
         return out
+
+
+def _controlled(times: list[float], bounds: list[float], expected_bound: float) -> float:
+    """The mean of ``times`` corrected by their bounds (a control variate): the draws'
+    mean plus ``b`` times how far the bounds' expectation (from many more draws) is from
+    their mean over these draws, ``b`` the times' regression on the bounds (0 to 2)."""
+    n = len(times)
+    mean_t, mean_b = sum(times) / n, sum(bounds) / n
+    var = sum((b - mean_b) ** 2 for b in bounds)
+    if var <= 1e-18 * max(mean_b * mean_b, 1e-30) * n:
+        return mean_t
+    slope = sum((t - mean_t) * (b - mean_b) for t, b in zip(times, bounds)) / var
+    return mean_t + min(max(slope, 0.0), 2.0) * (expected_bound - mean_b)
 
 
 class _Shares:
