@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p["predict"].add_argument("files", nargs="+", type=Path, metavar="FILE",
                               help="experiment files (YAML)")
     p["predict"].add_argument("--draws", type=int, default=16, metavar="N",
-                              help="ECMP hash draws averaged (default %(default)s)")
+                              help="ECMP hash draws simulated (default %(default)s; their "
+                              "busiest-link bounds draw 1,024 more)")
     p["predict"].add_argument("--share-cv", type=float, default=None, metavar="CV",
                               help="how unevenly TCP's flows share a link: the spread of a "
                                    "flow's share around the fair one (default 0.6, measured; "

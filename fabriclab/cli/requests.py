@@ -26,7 +26,7 @@ class PredictRequest:
     """``fabriclab predict FILE...``: each file's collectives predicted, nothing built."""
 
     files: list[Path]
-    draws: int = 16  # ECMP hash draws averaged
+    draws: int = 16  # ECMP hash draws simulated
     json: bool = False
     share_cv: float | None = None  # TCP's uneven link shares (None: the model's default)
 

@@ -38,9 +38,9 @@ def choices(router, src: str, dst: str, channel: int) -> tuple[list[Path], list[
     walks = router.candidates(src, dst, channel)
     if len(walks) == 1:
         return walks, [1.0]
-    s, d, a, b = router._ends(src, dst, channel)
+    s, d, a, b = router.ends(src, dst, channel)
     if router.shared_hash:
-        fans = {len(router._hops(n, b)) for n in _switches(router, a, b)}
+        fans = {len(router.hops(n, b)) for n in _switches(router, a, b)}
         period = math.lcm(*fans)
         count: dict[Path, int] = {}
         for draw in range(period):
@@ -57,7 +57,7 @@ def choices(router, src: str, dst: str, channel: int) -> tuple[list[Path], list[
                                 for link in [(s, a), (b, d)] + hops))
             prob[path] = prob.get(path, 0.0) + p
             continue
-        nxt = router._hops(node, b)
+        nxt = router.hops(node, b)
         stack += [(peer, p / len(nxt), hops + [(node, peer)]) for peer in nxt]
     paths = sorted(prob)
     return paths, [prob[p] for p in paths]
@@ -70,7 +70,7 @@ def _switches(router, a: str, b: str) -> set[str]:
         node = todo.pop()
         if node != b and node not in seen:
             seen.add(node)
-            todo += list(router._hops(node, b))
+            todo += list(router.hops(node, b))
     return seen
 
 
@@ -78,7 +78,7 @@ def _walk(router, s: str, d: str, a: str, b: str, pick) -> Path:
     hops = [(s, a), (b, d)]
     node = a
     while node != b:
-        nxt = router._hops(node, b)
+        nxt = router.hops(node, b)
         peer = pick(nxt)
         hops.append((node, peer))
         node = peer

@@ -74,7 +74,8 @@ Link = tuple[str, str]  # a directed link: (from node, to node)
 @dataclass(frozen=True)
 class Predicted:
     """One collective's predicted time (seconds, from its start to its end as the agents time
-    it: the compute before it, ``gap_s``, apart): the mean over hash draws, and their range."""
+    it: the compute before it, ``gap_s``, apart): the expectation over hash draws (see the
+    module docstring), and the simulated draws' range."""
 
     job: int
     index: int  # the collective's place in its job
@@ -112,7 +113,7 @@ class Router:
             self.index[link] = len(self.capacity)
             self.capacity.append(mbps * 1e6 / 8 * goodput)
         self.names = {i: f"{a}->{b}" for (a, b), i in self.index.items()}
-        self._hops = lru_cache(maxsize=None)(self._next)
+        self.hops = lru_cache(maxsize=None)(self._next)  # (node, target) -> next switches
 
     def _next(self, node: str, target: str) -> tuple[str, ...]:
         """The next switches from ``node`` towards access switch ``target`` (port order)."""
@@ -120,7 +121,7 @@ class Router:
         ports = sorted(next_hops(self.topo, node, dist, {}))
         return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
 
-    def _ends(self, src: str, dst: str, channel: int) -> tuple[str, str, str, str]:
+    def ends(self, src: str, dst: str, channel: int) -> tuple[str, str, str, str]:
         """A connection's NICs (channel ``c`` on plane ``c % planes``) and the access
         switches they hang off: (source NIC, destination NIC, their switches)."""
         nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
@@ -138,7 +139,7 @@ class Router:
         ``dst``."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
-        s, d, a, b = self._ends(src, dst, channel)
+        s, d, a, b = self.ends(src, dst, channel)
         hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
         if spray or self.routing in ("spray",):
             hops |= self._split(a, b)
@@ -146,7 +147,7 @@ class Router:
             draw = rng.getrandbits(32)
             node = a
             while node != b:
-                nxt = self._hops(node, b)
+                nxt = self.hops(node, b)
                 if self.routing == "dmodk":
                     pick = nxt[dmodk_port(self.topo, node, self.number[d], list(range(len(nxt))),
                                           len(nxt))]
@@ -168,11 +169,11 @@ class Router:
             raise ValueError(f"paths as hashed need ecmp routing, not {self.routing}")
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return self.path(src, dst, channel, random.Random(0))
-        s, d, a, b = self._ends(src, dst, channel)
+        s, d, a, b = self.ends(src, dst, channel)
         hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
         node = a
         while node != b:
-            nxt = self._hops(node, b)
+            nxt = self.hops(node, b)
             basis = hash_basis(self.topo.nodes[node], self.ecmp_seed)
             pick = nxt[select_bucket([1] * len(nxt), flow_hash(basis, *five_tuple))]
             hops[(node, pick)] = 1.0
@@ -188,7 +189,7 @@ class Router:
         while frontier:
             node = max(frontier, key=lambda n: dist[n])  # all its weight is in
             frontier.remove(node)
-            nxt = self._hops(node, b)
+            nxt = self.hops(node, b)
             for peer in nxt:
                 share = weight[node] / len(nxt)
                 out[(node, peer)] = out.get((node, peer), 0.0) + share
@@ -202,7 +203,7 @@ class Router:
         """Every single path a connection may take (adaptive routing's choices)."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:
             return [self.path(src, dst, channel, random.Random(0))]
-        s, d, a, b = self._ends(src, dst, channel)
+        s, d, a, b = self.ends(src, dst, channel)
         walks = [[a]]
         done = []
         while walks:
@@ -210,7 +211,7 @@ class Router:
             if walk[-1] == b:
                 done.append(walk)
                 continue
-            walks += [walk + [n] for n in self._hops(walk[-1], b)]
+            walks += [walk + [n] for n in self.hops(walk[-1], b)]
         ends = [(s, a), (b, d)]
         return [tuple(sorted((self.index[link], 1.0) for link in
                              ends + list(zip(walk, walk[1:])))) for walk in done]
