@@ -64,7 +64,8 @@ def choices(router, src: str, dst: str, channel: int) -> tuple[list[Path], list[
 
 
 def _switches(router, a: str, b: str) -> set[str]:
-    """Every switch on a shortest walk from ``a`` to ``b`` that picks a next hop."""
+    """Every switch on a shortest walk from ``a`` to ``b``, ``b`` left out (the switches
+    whose fan-outs a shared draw is reduced by)."""
     seen, todo = set(), [a]
     while todo:
         node = todo.pop()
@@ -75,6 +76,8 @@ def _switches(router, a: str, b: str) -> set[str]:
 
 
 def _walk(router, s: str, d: str, a: str, b: str, pick) -> Path:
+    """The links from NIC ``s`` through switches ``a`` .. ``b`` to NIC ``d``, ``pick``
+    choosing each switch's next hop among its equal-cost ones."""
     hops = [(s, a), (b, d)]
     node = a
     while node != b:
