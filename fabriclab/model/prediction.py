@@ -10,8 +10,8 @@ from __future__ import annotations
 from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
 from traffic.measure import metrics
-from traffic.measure.predict import (DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor, Router,
-                                     iterations)
+from traffic.measure.iterations import iterations
+from traffic.measure.predict import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor, Router
 from traffic.measure.transport import goodput_fraction
 from traffic.workloads.protocol import Connection
 from traffic.workloads.workload import Job

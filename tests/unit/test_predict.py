@@ -298,7 +298,7 @@ def test_traffic_out_matrix_links_as_routed_and_measured_ports():
 
 
 def test_iterations_predicted_with_stragglers_and_overlapped_buckets():
-    from traffic.measure.predict import iterations
+    from traffic.measure.iterations import iterations
 
     base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 1, "spines": 1,
                                       "hosts_per_leaf": 4, "host_link": {"rate_mbps": 100},

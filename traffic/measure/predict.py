@@ -44,6 +44,7 @@ from testbed.plan.groups import flow_hash, hash_basis, select_bucket
 from traffic.measure.flowsim import finish_times
 from traffic.measure.ideal import FluidModel
 from traffic.measure.pathdraws import BoundDraws, step_bound
+from traffic.measure.progress import completion, own_connections
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
 
@@ -267,6 +268,7 @@ class Predictor:
         loads: dict[tuple[int, int], dict[int, float]] = {}
         self._shared_steps = False
         self._fair: dict[tuple, list[float]] = {}  # a step's finish times at fair shares
+        self._own: dict[tuple[int, int], bool] = {}  # collectives paced by their ranks
         for draw in range(draws):
             rng = random.Random(self.seed * 100_003 + draw)
             shares = _Shares(self.share_cv, self.seed * 7_919 + draw)
@@ -336,6 +338,9 @@ class Predictor:
                 coll = j.collectives[k]
                 out[(j.index, k)] = (self.release_s_per_rank * (len(coll.hosts) - 1)
                                      if coll.barrier else 0.0)
+            if len(now) == 1 and self._paced(now[0], k):
+                out[(now[0].index, k)] += self._progress(now[0], k, rng, paths, loads, bound)
+                continue
             for step in range(max(steps.values())):
                 flows, owner, keys = [], [], []
                 for j in now:
@@ -376,6 +381,45 @@ class Predictor:
                         out[(j.index, k)] += (max(mine) * scale
                                                + self.step_overhead_s * j.connections)
         return out
+
+    def _paced(self, job: Job, k: int) -> bool:
+        """Whether collective ``k`` of ``job`` runs at its ranks' own pace when alone
+        (:func:`~traffic.measure.progress.own_connections`)."""
+        key = (job.index, k)
+        if key not in self._own:
+            self._own[key] = own_connections([(t.step, t.src, t.dst)
+                                              for t in job.collectives[k].schedule.transfers])
+        return self._own[key]
+
+    def _progress(self, job: Job, k: int, rng: random.Random, paths: dict,
+                  loads: dict | None, bound: dict[tuple[int, int], float]) -> float:
+        """One draw of a collective whose ranks each move on at their own pace
+        (:func:`~traffic.measure.progress.completion`, shares fair): its seconds; its loads
+        and busiest-link bounds as :meth:`_run` keeps them."""
+        router, coll = self.router, job.collectives[k]
+        flows = []
+        for step in range(coll.schedule.steps):
+            mine = []
+            for t in coll.schedule.transfers:
+                if t.step != step:
+                    continue
+                src, dst = coll.hosts[t.src], coll.hosts[t.dst]
+                for ch, nbytes in enumerate(chunk_sizes(t.nbytes, job.connections)):
+                    key = (job.index, src, dst, ch)
+                    if not nbytes:
+                        continue
+                    if key not in paths:
+                        paths[key] = router.path(src, dst, ch, rng, sprayed(job))
+                    mine.append((nbytes, paths[key]))
+                    flows.append((step, t.src, t.dst, float(nbytes), paths[key]))
+                    if loads is not None:
+                        load = loads.setdefault((job.index, k), {})
+                        for link, w in paths[key]:
+                            load[link] = load.get(link, 0.0) + w * nbytes
+            if mine:
+                bound[(job.index, k)] = bound.get((job.index, k), 0.0) + step_bound(
+                    mine, router.capacity, [True] * len(mine))
+        return completion(flows, router.capacity, self.step_overhead_s * job.connections)
 
     def _adaptive(self, jobs: list[Job]) -> dict[tuple, tuple]:
         """Adaptive routing's paths: each connection (largest first, by its bytes over the
@@ -450,40 +494,3 @@ def _critical_shared_links(flows: list[tuple[int, tuple]], ends: list[float]) ->
             count[link] = count.get(link, 0) + 1
             busy[link] = max(busy.get(link, 0.0), end)
     return sum(1 for link, n in count.items() if n > 1 and busy[link] >= 0.99 * makespan)
-
-
-def iterations(workload: Workload, predicted: list[Predicted]) -> list[dict]:
-    """Each training iteration's predicted time, compute and exposed communication: the
-    collectives in stream order, each after the compute before it (the slowest rank's), an
-    overlapped bucket (``barrier`` False) not before its release after the last barrier."""
-    seconds = {(p.job, p.index): p.seconds for p in predicted}
-    out = []
-    for job in workload.jobs:
-        rows: dict[int, dict] = {}
-        now = seg_start = seg_release = 0.0
-        for k, coll in enumerate(job.collectives):
-            if coll.iteration is None:
-                continue
-            row = rows.get(coll.iteration)
-            if row is None:
-                row = rows[coll.iteration] = {"job": job.index, "iteration": coll.iteration,
-                                              "start": now, "compute_s": 0.0, "comm_s": 0.0}
-            gap = max(coll.gaps) if coll.gaps else coll.gap_s
-            if coll.barrier:
-                row["compute_s"] += gap
-                seg_start, seg_release = now, gap
-                begin = now + gap
-            else:
-                row["compute_s"] += max(0.0, gap - seg_release)
-                seg_release = max(seg_release, gap)
-                begin = max(now, seg_start + gap)
-            now = begin + seconds[(job.index, k)]
-            row["comm_s"] += seconds[(job.index, k)]
-            row["end"] = now
-        for row in rows.values():
-            total = row.pop("end") - row.pop("start")
-            out.append({**row, "predicted_s": round(total, 6),
-                        "compute_s": round(row["compute_s"], 6),
-                        "comm_s": round(row["comm_s"], 6),
-                        "exposed_comm_s": round(total - row["compute_s"], 6)})
-    return out
