@@ -19,9 +19,10 @@ from traffic.workloads.workload import Job
 WHAT = ("max-min sharing of the links by each step's connections on the paths the switches "
         "give them (dmodk exact, ecmp the expectation over hash draws: the draws' mean "
         "corrected by their busiest-link bounds against those of 1024 path draws, spray and "
-        "sprayed transports "
-        "evenly split, adaptive placed on the least loaded path), at the link rates times the "
-        "payload share at the MTU; where several shared links bound a step, TCP's uneven "
+        "sprayed transports evenly split, adaptive placed on the least loaded path), at the "
+        "link rates times the payload share at the MTU; a pairwise all-to-all alone at each "
+        "rank's own pace (a sender held to a 64 KiB receive window until its receiver "
+        "reaches the step); elsewhere, where several shared links bound a step, TCP's uneven "
         "shares drawn (share_cv); 1 ms per step and connection to a peer for the agents' "
         "hand-off and 0.4 ms per rank for the spread of a barrier's release; no queues, "
         "losses or slow start")

@@ -24,7 +24,10 @@ connection per peer: every rank at once, a ring's ranks wait for the slowest lin
 collective takes the sum of its steps plus the compute before it, and one that starts behind
 the agents' barrier the spread of its release over its ranks (:data:`RELEASE_S_PER_RANK`:
 the agents time a collective from its first rank's start to its last rank's end).
-Jobs that run at once (``concurrent``) share links step by step (step ``i`` of each job's
+A pairwise all-to-all (every transfer on a connection of its own) that runs alone is
+simulated rank by rank instead (:mod:`traffic.measure.progress`): each rank moves on once its
+own receives are in, as the agents do. Jobs that run at once (``concurrent``) share links
+step by step (step ``i`` of each job's
 current collective together), each job's step lasting until its own flows have ended. Link
 capacity is the rate times the wire's payload share (TCP/IP headers at the fabric's MTU).
 Queues, losses, retransmissions, slow start and CPU limits are not in it: the measured time
