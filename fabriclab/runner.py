@@ -276,6 +276,8 @@ class ExperimentRun:
             doc.setdefault("as_hashed_missing", why)
             return
         prediction.attach_hashed(rows, self.hashing.predict(batch, paths))
+        self.traffic.setdefault("connections", []).extend(traffic_out.hashed_connections(
+            self.hashing.router, batch, {o.job.index: o.connections for o in outcomes}, paths))
         links = self.hashing.links(batch, paths)
         for phase in self.traffic.get("phases", []):
             if (phase["job"], phase["index"]) in links:

@@ -7,6 +7,8 @@
   routing's as the expectation, split evenly over the equal-cost paths; sprayed evenly);
   host links included; on a run whose paths are known as hashed (ECMP on eBPF switches),
   also ``links_as_hashed``: the same on the paths the connections took;
+* ``connections`` (such runs only): every TCP connection a job sent on, its ports and the
+  links it took, hop by hop;
 * ``batches``: per batch of jobs run at once, the bytes each switch port measured it send
   (``node->peer``), from the switches' own counters before and after it.
 """
@@ -70,6 +72,36 @@ def hashed_links(router: Router, jobs: list[Job], paths: dict[tuple, tuple]) -> 
     return {(job.index, k): _links(router, job, k,
                                    lambda src, dst, ch, j=job: paths[(j.index, src, dst, ch)])
             for job in jobs for k in range(len(job.collectives))}
+
+
+def hashed_connections(router: Router, jobs: list[Job], seen: dict[int, tuple],
+                       paths: dict[tuple, tuple]) -> list[dict]:
+    """One row per connection of ``jobs`` (``seen``: job index -> its
+    :class:`~traffic.workloads.protocol.Connection` s): job, ranks, hosts, channel, ports and
+    ``path``, the links from the sending NIC to the receiving one in order."""
+    out = []
+    for job in jobs:
+        hosts = job.collectives[0].hosts
+        for c in sorted(seen.get(job.index, ()), key=lambda c: (c.src, c.dst, c.channel)):
+            links = paths.get((job.index, hosts[c.src], hosts[c.dst], c.channel))
+            if links is None:
+                continue
+            out.append({"job": job.index, "src": hosts[c.src], "dst": hosts[c.dst],
+                        "src_rank": c.src, "dst_rank": c.dst, "channel": c.channel,
+                        "sport": c.sport, "dport": c.dport,
+                        "path": _in_order([router.names[i] for i, _w in links])})
+    return out
+
+
+def _in_order(names: list[str]) -> list[str]:
+    """Links ``a->b`` of one path from its first node to its last."""
+    step = dict(name.split("->", 1) for name in names)
+    node = next(iter(set(step) - set(step.values())), None)
+    out = []
+    while node in step and len(out) < len(names):
+        out.append(f"{node}->{step[node]}")
+        node = step[node]
+    return out if len(out) == len(names) else sorted(names)
 
 
 def _links(router: Router, job: Job, k: int, path_of) -> dict[str, int]:

@@ -205,3 +205,10 @@ workload:
         # headers, the acknowledgements of connections the other way, retransmissions
         assert expected <= nbytes < 1.02 * expected + 0.01 * top, (link, nbytes, expected)
     assert {k for k, v in hashed.items() if v and not k.startswith("h")} <= set(counted)
+    # every connection's path, hop by hop from its sender to its receiver, on ports that sent
+    conns = traffic["connections"]
+    assert len(conns) == 8 * 7 and len({(c["sport"], c["src"]) for c in conns}) == 56
+    for c in conns:
+        assert c["path"][0].startswith(c["src"]) and c["path"][-1].endswith(c["dst"]), c
+        assert all(a.split("->")[1] == b.split("->")[0] for a, b in zip(c["path"], c["path"][1:]))
+        assert all(counted.get(link, 0) > 0 for link in c["path"][1:]), c

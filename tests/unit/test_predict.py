@@ -297,6 +297,35 @@ def test_traffic_out_matrix_links_as_routed_and_measured_ports():
         f"leaf1->{port.other('leaf1').node}": 1000}
 
 
+def test_traffic_out_connections_hop_by_hop_as_hashed():
+    """Each connection's row in traffic.json: its ports, and the links the switches' hash
+    gives its 5-tuple, in order from the sending host to the receiving one."""
+    from fabriclab.model import traffic
+    from fabriclab.model.prediction import AsHashed
+    from traffic.workloads.protocol import Connection
+
+    topo = fat_tree(4)
+    hosts = [h.name for h in topo.hosts]
+    sched = build("all_to_all", len(hosts), 1_600_000, "direct")
+    job = _job(topo, sched, hosts)
+    conns = tuple(Connection(s, d, 0, topo.nodes[hosts[s]].ip, 40000 + 2 * (16 * s + d),
+                             topo.nodes[hosts[d]].ip, 5201)
+                  for s in range(16) for d in range(16) if s != d)
+    exp = xp.parse({"version": 1, "name": "t", "fabric": {"topology": "fat_tree", "k": 4}})
+    hashing = AsHashed(exp)
+    paths = hashing.paths([job], {0: conns})
+    rows = traffic.hashed_connections(hashing.router, [job], {0: conns}, paths)
+    assert len(rows) == 240
+    for row, c in zip(rows, sorted(conns, key=lambda c: (c.src, c.dst))):
+        assert (row["src"], row["dst"], row["sport"]) == (hosts[c.src], hosts[c.dst], c.sport)
+        hops = [link.split("->") for link in row["path"]]
+        assert hops[0][0] == row["src"] and hops[-1][1] == row["dst"]
+        assert all(a[1] == b[0] for a, b in zip(hops, hops[1:]))
+        expected = hashing.router.hashed_path(row["src"], row["dst"], 0, c.five_tuple)
+        assert sorted(row["path"]) == sorted(hashing.router.names[i] for i, _w in expected)
+    assert {len(r["path"]) for r in rows} == {2, 4, 6}  # same edge, same pod, across pods
+
+
 def test_iterations_predicted_with_stragglers_and_overlapped_buckets():
     from traffic.measure.iterations import iterations
 
