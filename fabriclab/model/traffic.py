@@ -94,7 +94,8 @@ def hashed_connections(router: Router, jobs: list[Job], seen: dict[int, tuple],
 
 
 def _in_order(names: list[str]) -> list[str]:
-    """Links ``a->b`` of one path from its first node to its last."""
+    """Links ``a->b`` of one path from its first node to its last (sorted by name where
+    they form no single chain: a path split over several links inside a server)."""
     step = dict(name.split("->", 1) for name in names)
     node = next(iter(set(step) - set(step.values())), None)
     out = []

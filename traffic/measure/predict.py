@@ -27,9 +27,9 @@ the agents time a collective from its first rank's start to its last rank's end)
 A pairwise all-to-all (every transfer on a connection of its own) that runs alone is
 simulated rank by rank instead (:mod:`traffic.measure.progress`): each rank moves on once its
 own receives are in, as the agents do. Jobs that run at once (``concurrent``) share links
-step by step (step ``i`` of each job's
-current collective together), each job's step lasting until its own flows have ended. Link
-capacity is the rate times the wire's payload share (TCP/IP headers at the fabric's MTU).
+step by step (step ``i`` of each job's current collective together), each job's step lasting
+until its own flows have ended. Link capacity is the rate times the wire's payload share
+(TCP/IP headers at the fabric's MTU).
 Queues, losses, retransmissions, slow start and CPU limits are not in it: the measured time
 over the predicted one is what they cost.
 """
@@ -408,9 +408,9 @@ class Predictor:
                     continue
                 src, dst = coll.hosts[t.src], coll.hosts[t.dst]
                 for ch, nbytes in enumerate(chunk_sizes(t.nbytes, job.connections)):
-                    key = (job.index, src, dst, ch)
                     if not nbytes:
                         continue
+                    key = (job.index, src, dst, ch)
                     if key not in paths:
                         paths[key] = router.path(src, dst, ch, rng, sprayed(job))
                     mine.append((nbytes, paths[key]))
