@@ -23,15 +23,20 @@ def shown(value: object, limit: int = 120) -> str:
 class ConfigError(ValueError):
     """Invalid user input. ``str(err)`` reads ``fabric.k: must be even, got 5``."""
 
-    def __init__(self, path: str, message: str) -> None:
+    def __init__(self, path: str, message: str,
+                 problems: list[tuple[str, str]] | None = None) -> None:
         self.path = path
         self.message = message
+        #: every problem found at once, as (field path, message), the first being this one's
+        self.problems = problems or [(path, message)]
         super().__init__(f"{path}: {message}" if path else message)
 
     def under(self, prefix: str) -> ConfigError:
         """Return the same error with ``prefix`` prepended to its field path."""
-        path = f"{prefix}.{self.path}" if self.path else prefix
-        return ConfigError(path, self.message)
+        def joined(path: str) -> str:
+            return f"{prefix}.{path}" if path else prefix
+        return ConfigError(joined(self.path), self.message,
+                           [(joined(p), m) for p, m in self.problems])
 
 
 class TestbedError(RuntimeError):

@@ -4,12 +4,13 @@ nothing built. Imports only pure modules: fast, and no root needed."""
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
-from fabriclab.cli.output import EXIT_CONFIG, EXIT_OK, emit
+from fabriclab.cli.output import EXIT_CONFIG, EXIT_OK, emit, error_console
 from fabriclab.cli.requests import SchemaRequest, ValidateRequest
 from fabriclab.model import experiment as xp
 from testbed.errors import ConfigError
@@ -27,9 +28,11 @@ def validate(req: ValidateRequest, ui: Console) -> int:
             exp = xp.load(path)
         except ConfigError as err:
             failed += 1
-            ui.print(f"[red]{escape(str(path))}: config error:[/red] {escape(str(err))}")
+            error_console().print(f"[red]{escape(str(path))}: config error:[/red] "
+                                  f"{escape(str(err))}")
             docs.append({"file": str(path), "ok": False, "field": err.path,
-                         "error": err.message})
+                         "error": err.message,
+                         "errors": [{"field": f, "message": m} for f, m in err.problems]})
             continue
         doc, ok = _explain(exp, path, req.machines, ui)
         failed += not ok
@@ -44,7 +47,7 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
     counts = exp.topology.counts()
     # the kernel's Open vSwitch module, as far as validate looks (no netlink probe here)
     ovs_kernel = Path("/sys/module/openvswitch").is_dir()
-    datapath = expected_datapath(exp, ovs_kernel=ovs_kernel)
+    datapath = expected_datapath(exp, ovs_kernel, platform.machine())
     verdict = assess(exp.topology, exp.fabric.mtu, saturation_table(datapath))
     ui.print(f"{path}: ok ({exp.topology.kind}, {counts['switches']} switches, "
              f"{counts['hosts']} hosts, {counts['links']} links)")
@@ -69,7 +72,8 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
                                             for i in range(count)])
         except ConfigError as err:
             ok = False
-            ui.print(f"[red]{escape(str(path))}: over {count} machines:[/red] {escape(str(err))}")
+            error_console().print(f"[red]{escape(str(path))}: over {count} machines:[/red] "
+                                  f"{escape(str(err))}")
         else:
             ui.print(f"  over {count} machines like this one:")
             for line in plan.describe():

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from fabriclab.cli import requests as rq
-from fabriclab.cli.output import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console
+from fabriclab.cli.output import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console,
+                                  error_console)
 from fabriclab.options import TelemetryOptions, parse_exporter
 from fabriclab.signals import Terminated, raise_on_stop_signals
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
@@ -303,16 +304,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_input_mb is not None:
         from traffic.workloads import workload
         workload.MAX_INPUT_BYTES = max(1, args.max_input_mb) << 20
+    errors = error_console()
     try:
         request = to_request(args, ui)
         return COMMANDS[args.command].handler()(request, ui)
     except ConfigError as err:
-        ui.print(f"[red]config error:[/red] {escape(str(err))}")
+        errors.print(f"[red]config error:[/red] {escape(str(err))}")
         return EXIT_CONFIG
     except TestbedError as err:
-        ui.print(f"[red]testbed error:[/red] {escape(str(err))}")
+        errors.print(f"[red]testbed error:[/red] {escape(str(err))}")
         for note in getattr(err, "__notes__", []):
-            ui.print(f"  {escape(note)}")
+            errors.print(f"  {escape(note)}")
         return EXIT_SYSTEM
     except (KeyboardInterrupt, Terminated) as err:
         if verbose:
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Exception as err:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         where = _save_traceback(args.state_dir)
-        ui.print(f"[red]internal error:[/red] {escape(type(err).__name__)}: {escape(str(err))}"
+        errors.print(f"[red]internal error:[/red] {escape(type(err).__name__)}: {escape(str(err))}"
                  f" (a bug in fabriclab; the traceback: {where})")
         return EXIT_SYSTEM
 

@@ -1,7 +1,8 @@
 """What every command shares: its exit codes, its console and its one JSON document.
 
 Every command that reports something takes ``--json``: stdout then carries exactly one JSON
-document (what benchmarks and tests read) and the human output goes to stderr.
+document (what benchmarks and tests read) and the human output goes to stderr. Errors go to
+stderr always, so that stdout holds only what the command produces.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def console(to_stderr: bool) -> Console:
     if not out.is_terminal:
         out.width = max(out.width, 120)  # tables in logs and CI output stay whole
     return out
+
+
+def error_console() -> Console:
+    """Where errors go, whatever the command prints on stdout (a document, a table, DOT)."""
+    return console(to_stderr=True)
 
 
 def emit(doc: object) -> None:

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import re
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from pathlib import Path
 
-import jsonschema
 import yaml
 
 from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, frame_bytes
-from testbed.errors import ConfigError, shown
+from testbed.errors import ConfigError
 from testbed.plan.failplan import FailureEvent, plan_failures
 from testbed.plan.trim import TrimSpec
 from testbed.model.servers import ScaleUp, ServerSpec
@@ -47,16 +43,10 @@ from testbed.model.spec import (
 from fabriclab.model import sweep
 from fabriclab.model.controller import parse_controller
 from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
+from fabriclab.model.schema import check, check_entry, schema
 from traffic.workloads.workload import Workload, parse_workload
 
 MEMORY = "<memory>"
-
-
-@cache
-def schema() -> dict:
-    """The experiment file's JSON Schema (``fabriclab/schema/experiment.schema.json``)."""
-    text = resources.files("fabriclab").joinpath("schema/experiment.schema.json").read_text()
-    return json.loads(text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,7 +204,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
     if not isinstance(data, dict):
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
     _finite(data)
-    _check(data, schema())
+    check(data, schema())
     base = {k: v for k, v in data.items() if k not in ("variants", "sweep")}
     experiment = _parse_one(base, source, None)  # the base's own errors come first
     variants, raws = [], {None: base}
@@ -223,7 +213,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
         for path, value in variant["set"].items():
             _set_path(raw, path, value, f"variants[{i}].set.{path}")
         try:
-            _check(raw, schema())
+            check(raw, schema())
             variants.append(_parse_one(raw, source, variant["name"]))
         except ConfigError as err:
             raise ConfigError(err.path, f"{err.message} (in variant {variant['name']!r}, "
@@ -243,7 +233,7 @@ def parse(data: object, source: str = MEMORY) -> Experiment:
             for path, value in plan.values.items():
                 _set_path(raw, path, value, f"sweep.axes.{path}")
             try:
-                _check(raw, schema())
+                check(raw, schema())
                 cells.append(Cell(plan, _parse_one(raw, source, plan.variant)))
             except ConfigError as err:
                 raise ConfigError(err.path, f"{err.message} (in {where})") from None
@@ -346,21 +336,6 @@ _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "bac
 
 def _typed(raw: dict, types: dict) -> dict:
     return {key: types[key](value) for key, value in raw.items()}
-
-
-def check_entry(entry: dict, where: str) -> None:
-    """Check one workload entry (a replayed trace line) as the schema checks ``collectives``."""
-    _check(entry, schema()["$defs"]["workload"]["properties"]["collectives"]["items"], where)
-
-
-def _check(data: object, sub_schema: dict, prefix: str = "") -> None:
-    validator = jsonschema.Draft202012Validator(sub_schema)
-    problems = sorted((_describe(e, prefix) for e in validator.iter_errors(data)),
-                      key=lambda p: p[0])
-    if problems:
-        first_path, first_msg = problems[0]
-        more = "".join(f"\n  {p}: {m}" if p else f"\n  {m}" for p, m in problems[1:])
-        raise ConfigError(first_path, first_msg + more)
 
 
 #: the most hosts a fabric may have, checked from the shape before the model is built: a k=32
@@ -472,29 +447,3 @@ def _link(raw: dict, path: str) -> LinkSpec:
         for e in entries), trim=None if trim is None else TrimSpec(
             **{**trim, "priorities": tuple(trim["priorities"]) if "priorities" in trim
                else None}))
-
-
-def _describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, str]:
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
-                   for p in error.absolute_path)
-    path = (prefix + path) if prefix else path.lstrip(".")
-    kind = error.validator
-    if kind == "additionalProperties":
-        allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(error.instance) - set(allowed), key=str)
-        key = ".".join(filter(None, [path, str(extra[0]) if extra else ""]))
-        return key, f"unknown key (allowed: {', '.join(allowed)})"
-    if kind == "required":
-        missing = error.message.split("'")[1] if "'" in error.message else "?"
-        return ".".join(filter(None, [path, missing])), "required"
-    if kind == "type":
-        return path, f"must be of type {error.validator_value}, got {shown(error.instance)}"
-    if kind == "enum":
-        return path, f"must be one of {', '.join(map(str, error.validator_value))}, got {shown(error.instance)}"
-    if kind == "const":
-        return path, f"must be {error.validator_value!r}, got {shown(error.instance)}"
-    if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
-              "exclusiveMaximum": "<"}[kind]
-        return path, f"must be {op} {error.validator_value}, got {shown(error.instance)}"
-    return path, error.message

@@ -1,6 +1,6 @@
 """An experiment's prediction (pure): every collective of the base experiment, of each variant
 or of each sweep cell, estimated on the fabric as built and routed, with no fabric built
-(:mod:`traffic.measure.predict`). ``fabriclab predict FILE`` prints it; ``fabriclab run``
+(:mod:`traffic.predict`). ``fabriclab predict FILE`` prints it; ``fabriclab run``
 stores each run's beside its measurement (``results.json`` ``prediction``, and per collective
 row ``predicted_s``).
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
 from traffic.measure import metrics
-from traffic.measure.iterations import iterations
-from traffic.measure.predict import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor, Router
+from traffic.predict.iterations import iterations
+from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor
+from traffic.predict.router import Router
 from traffic.measure.transport import goodput_fraction
 from traffic.workloads.protocol import Connection
 from traffic.workloads.workload import Job

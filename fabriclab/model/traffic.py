@@ -3,7 +3,7 @@
 * ``matrix``: bytes per source and destination host, per job and in total, from the jobs'
   schedules (every transfer of every collective and repetition; a rank's own host excluded);
 * ``phases``: per collective, the bytes each directed link carries as routed
-  (:class:`traffic.measure.predict.Router`: D-mod-k's paths exactly; ECMP's and adaptive
+  (:class:`traffic.predict.router.Router`: D-mod-k's paths exactly; ECMP's and adaptive
   routing's as the expectation, split evenly over the equal-cost paths; sprayed evenly);
   host links included; on a run whose paths are known as hashed (ECMP on eBPF switches),
   also ``links_as_hashed``: the same on the paths the connections took;
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from traffic.measure.predict import Router, sprayed
+from traffic.predict.router import Router, sprayed
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Job, Workload
 

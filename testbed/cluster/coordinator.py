@@ -222,7 +222,7 @@ class ClusterFabric:
         kernel stands for the cluster's): the machines build on the datapath named."""
         caps = capabilities.probe(self.state_dir)
         chosen, self.datapath_choice = datapaths.choose(
-            self.spec, caps.has_qdisc("clsact"), ovs_kernel=caps.ovs_kernel_datapath)
+            self.spec, caps.has_qdisc("clsact"), caps.ovs_kernel_datapath, caps.machine)
         if chosen != self.spec.emulator.datapath:
             self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))
             self.log(f"datapath {self.datapath_choice}")

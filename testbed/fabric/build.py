@@ -6,6 +6,7 @@ themselves; the sysctls raised for the build put back; the PFC agent started."""
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,7 +66,8 @@ class BuildSteps:
         caps = self.caps
         chosen, self.datapath_choice = datapaths.choose(
             self.spec, caps is None or caps.has_qdisc("clsact"),
-            ovs_kernel=caps is not None and caps.ovs_kernel_datapath)
+            caps is not None and caps.ovs_kernel_datapath,
+            caps.machine if caps is not None else platform.machine())
         if chosen != self.spec.emulator.datapath:
             self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))
             self.log(f"datapath {self.datapath_choice}")

@@ -1,6 +1,7 @@
 """eBPF adapter: build the project's BPF programs (from source, with Debian's clang and
-libbpf-dev), load and pin them with ``bpftool``, and read or write their maps through the
-``bpf()`` system call (ctypes). Attaching to an interface is netlink's job
+libbpf-dev), load and pin them with ``bpftool``, and read or write their maps through libbpf
+(Debian's ``libbpf1``, by ctypes), which knows the ``bpf()`` system call's number and argument
+layout on every architecture. Attaching to an interface is netlink's job
 (:meth:`testbed.linux.netlink.Netlink.attach_bpf_egress`).
 
 Objects are built once per source version into ``state_dir/bpf/<hash>/``; nothing built is
@@ -11,11 +12,12 @@ in the run record, removed at teardown).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
+import functools
 import hashlib
 import mmap
 import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -23,18 +25,39 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from testbed.linux import packages
+from testbed.plan.platforms import multiarch
 
 SOURCE_DIR = Path(__file__).resolve().parent / "progs"
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "fabriclab"
-INCLUDE = "/usr/include/x86_64-linux-gnu"
+LIBBPF = "libbpf.so.1"
 
-_SYS_BPF = 321  # x86_64
-_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_MAP_DELETE_ELEM = 1, 2, 3
-_BPF_MAP_GET_NEXT_KEY, _BPF_OBJ_GET = 4, 7
-_ATTR_SIZE = 128
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.syscall.restype = ctypes.c_long
+
+def include_dir(machine: str | None = None) -> str:
+    """The architecture's own kernel headers (``asm/types.h``) that the programs' includes
+    reach, on Debian under its multiarch triplet."""
+    try:
+        return f"/usr/include/{multiarch(machine or platform.machine())}"
+    except ValueError as err:
+        raise TestbedError(f"building the eBPF programs: {err}") from None
+
+
+@functools.cache
+def _libbpf() -> ctypes.CDLL:
+    """libbpf's map and object calls (each returns 0 or a file descriptor, or ``-errno``)."""
+    try:
+        lib = ctypes.CDLL(LIBBPF, use_errno=True)
+    except OSError as err:
+        raise TestbedError(f"cannot load {LIBBPF} ({err}): apt-get install libbpf1") from None
+    ptr, fd = ctypes.c_void_p, ctypes.c_int
+    for name, args in (("bpf_obj_get", [ctypes.c_char_p]),
+                       ("bpf_map_lookup_elem", [fd, ptr, ptr]),
+                       ("bpf_map_update_elem", [fd, ptr, ptr, ctypes.c_uint64]),
+                       ("bpf_map_delete_elem", [fd, ptr]),
+                       ("bpf_map_get_next_key", [fd, ptr, ptr])):
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
 
 
 def _need(tool: str, package: str) -> str:
@@ -61,8 +84,8 @@ def build(name: str, state_dir: Path) -> Path:
     clang = _need("clang", "clang")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [clang, "-O2", "-g", "-target", "bpf", f"-I{INCLUDE}", "-c", str(source), "-o",
-           str(tmp)]
+    cmd = [clang, "-O2", "-g", "-target", "bpf", f"-I{include_dir()}", "-c", str(source),
+           "-o", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
     if proc.returncode != 0:
         raise TestbedError(f"building {source.name} failed", " ".join(cmd), proc.stderr)
@@ -106,22 +129,17 @@ def unpin(pin_dir: str | Path) -> None:
     shutil.rmtree(pin_dir, ignore_errors=True)
 
 
-def _syscall(cmd: int, attr: ctypes.Array) -> int:
-    ret = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), _ATTR_SIZE)
+def _checked(ret: int) -> int:
+    """A libbpf call's result; its negative errno raised as OSError."""
     if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise OSError(-ret, os.strerror(-ret))
     return ret
 
 
 def obj_get(path: str | Path) -> int:
     """A new file descriptor for a pinned program or map (close it with ``os.close``)."""
-    raw = os.fsencode(str(path)) + b"\0"
-    buf = ctypes.create_string_buffer(raw)
-    attr = (ctypes.c_uint8 * _ATTR_SIZE)()
-    ctypes.memmove(attr, ctypes.byref(ctypes.c_uint64(ctypes.addressof(buf))), 8)
     try:
-        return _syscall(_BPF_OBJ_GET, attr)
+        return _checked(_libbpf().bpf_obj_get(os.fsencode(str(path))))
     except OSError as err:
         raise TestbedError(f"cannot open pinned BPF object {path}: {err.strerror}") from None
 
@@ -145,20 +163,11 @@ class Map:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _attr(self, key, value_or_next, flags: int = 0) -> ctypes.Array:
-        attr = (ctypes.c_uint8 * _ATTR_SIZE)()
-        fields = (ctypes.c_uint32 * 2)(self.fd, 0)
-        ctypes.memmove(attr, fields, 8)
-        ptrs = (ctypes.c_uint64 * 3)(ctypes.addressof(key) if key is not None else 0,
-                                     ctypes.addressof(value_or_next)
-                                     if value_or_next is not None else 0, flags)
-        ctypes.memmove(ctypes.addressof(attr) + 8, ptrs, 24)
-        return attr
-
-    def _op(self, cmd: int, key, target, what: str) -> bool:
-        """One map command; False when the key is not there (ENOENT), TestbedError otherwise."""
+    def _op(self, ret: int, what: str) -> bool:
+        """A map call's result: False when the key is not there (ENOENT), TestbedError for
+        any other error."""
         try:
-            _syscall(cmd, self._attr(key, target))
+            _checked(ret)
         except OSError as err:
             if err.errno == errno.ENOENT:
                 return False
@@ -167,21 +176,26 @@ class Map:
         return True
 
     def update(self, key, value) -> None:
-        if not self._op(_BPF_MAP_UPDATE_ELEM, key, value, "update"):
+        ret = _libbpf().bpf_map_update_elem(self.fd, ctypes.byref(key), ctypes.byref(value), 0)
+        if not self._op(ret, "update"):
             raise TestbedError(f"BPF map {self.path.name}: update failed: no such entry")
 
     def delete(self, key) -> bool:
         """Remove ``key``; False when it was not there."""
-        return self._op(_BPF_MAP_DELETE_ELEM, key, None, "delete")  # no value: it must be 0
+        return self._op(_libbpf().bpf_map_delete_elem(self.fd, ctypes.byref(key)), "delete")
 
     def lookup(self, key):
         value = self.value_type()
-        return value if self._op(_BPF_MAP_LOOKUP_ELEM, key, value, "lookup") else None
+        ret = _libbpf().bpf_map_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(value))
+        return value if self._op(ret, "lookup") else None
 
     def items(self) -> list[tuple]:
         """Every (key, value), read now."""
         out, key = [], None
-        while self._op(_BPF_MAP_GET_NEXT_KEY, key, nxt := self.key_type(), "iteration"):
+        lib = _libbpf()
+        while self._op(lib.bpf_map_get_next_key(
+                self.fd, None if key is None else ctypes.byref(key),
+                ctypes.byref(nxt := self.key_type())), "iteration"):
             value = self.lookup(nxt)
             if value is not None:
                 out.append((nxt, value))

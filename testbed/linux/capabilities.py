@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class Capabilities:
     ovs_kernel_datapath: bool
     qdiscs: dict[str, bool] = field(default_factory=dict)
     tcp_congestion: list[str] = field(default_factory=list)  # available TCP congestion controls
+    machine: str = field(default_factory=platform.machine)  # the CPU architecture (uname -m)
 
     @property
     def datapath_type(self) -> str:

@@ -1,6 +1,6 @@
 """Where a fabric's routes go (pure): the shortest-path next hops towards an access switch over
 the live links, and D-mod-k's choice among them. The controller's tables
-(:mod:`controllers.routing.tables`) and the prediction (:mod:`traffic.measure.predict`) both
+(:mod:`controllers.routing.tables`) and the prediction (:mod:`traffic.predict.router`) both
 route with these, so a predicted path is the path the switches are given.
 """
 

@@ -3,10 +3,13 @@ what the machine has, with the reason said."""
 
 from __future__ import annotations
 
+from testbed.errors import ConfigError
 from testbed.model.spec import Datapath, TestbedSpec
+from testbed.plan.platforms import ebpf_supported, unsupported
 
 
-def choose(spec: TestbedSpec, has_clsact: bool, ovs_kernel: bool = False) -> tuple[Datapath, str]:
+def choose(spec: TestbedSpec, has_clsact: bool, ovs_kernel: bool,
+           machine: str) -> tuple[Datapath, str]:
     """The datapath of ``spec`` (``auto`` resolved) and why: the fastest the machine has
     (bench/datapath.py, every datapath side by side in the full-kernel guest: Open vSwitch's
     kernel datapath 41 us per TCP packet-hop against the eBPF switches' 66, both 10 to 20
@@ -17,8 +20,15 @@ def choose(spec: TestbedSpec, has_clsact: bool, ovs_kernel: bool = False) -> tup
         spec: the testbed.
         has_clsact: whether this kernel has the clsact qdisc the eBPF switch hangs on.
         ovs_kernel: whether this kernel has Open vSwitch's datapath module.
+        machine: the CPU architecture (``uname -m``).
+
+    Raises:
+        ConfigError: ``ebpf`` asked for on an architecture it does not run on.
     """
     asked = spec.emulator.datapath
+    if asked == Datapath.EBPF and not ebpf_supported(machine):
+        raise ConfigError("emulator.datapath", f"ebpf: {unsupported(machine)} (auto or ovs "
+                          "run here)")
     if asked != Datapath.AUTO:
         return Datapath(asked), f"emulator.datapath: {asked}"
     if ovs_kernel:
@@ -27,10 +37,12 @@ def choose(spec: TestbedSpec, has_clsact: bool, ovs_kernel: bool = False) -> tup
                               "bench/datapath.py)")
     if not has_clsact:
         return Datapath.OVS, "auto: ovs, since this kernel has no clsact qdisc for eBPF switches"
+    if not ebpf_supported(machine):
+        return Datapath.OVS, f"auto: ovs, since {unsupported(machine)}"
     return Datapath.EBPF, ("auto: ebpf, the fastest here (about 30 times the packets per CPU "
                            "second of the userspace Open vSwitch, bench/datapath.py)")
 
 
-def expected(spec: TestbedSpec, ovs_kernel: bool = False) -> Datapath:
+def expected(spec: TestbedSpec, ovs_kernel: bool, machine: str) -> Datapath:
     """The datapath ``auto`` would pick on a machine with clsact (``validate``'s estimate)."""
-    return choose(spec, True, ovs_kernel)[0]
+    return choose(spec, True, ovs_kernel, machine)[0]

@@ -7,6 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.privileges import may_set_congestion_control
 from traffic.workloads.protocol import AgentReport
 from traffic.measure.results import job_spec, summarize
 from traffic.workloads.schedules import build, flows
@@ -292,6 +295,9 @@ def test_a_straggler_computes_longer_and_an_overlapped_bucket_is_released_not_qu
     assert bucket1.start_unix_s - bucket0.released_unix_s < 0.5
 
 
+@pytest.mark.skipif(not may_set_congestion_control("cubic"), reason="needs root or cubic in "
+                    "net.ipv4.tcp_allowed_congestion_control: a socket's congestion control "
+                    "outside that list is root's to choose")
 def test_connections_inside_a_scale_up_domain_are_cubic_unless_the_job_pins_one():
     """A GPU's connections to a GPU of its own server run cubic (NVLink moves data on credits,
     unpaced), its connections across the fabric the kernel's default; a job's own choice

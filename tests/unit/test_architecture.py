@@ -22,7 +22,7 @@ FOLDERS = {
     "testbed/model": PURE, "testbed/plan": PURE,
     "testbed/linux": ADAPTER, "testbed/fabric": ADAPTER, "testbed/runs": ADAPTER,
     "testbed/cluster": ADAPTER, "testbed/vm": ADAPTER, "testbed/switch": ADAPTER,
-    "traffic": PURE, "traffic/workloads": PURE, "traffic/measure": PURE,
+    "traffic": PURE, "traffic/workloads": PURE, "traffic/measure": PURE, "traffic/predict": PURE,
     "traffic/transports": PURE, "traffic/agents": ADAPTER,
     "controllers": ADAPTER, "controllers/routing": PURE,
     "telemetry": ADAPTER, "telemetry/model": PURE,

@@ -132,7 +132,9 @@ def test_an_internal_error_exits_3_with_one_line_and_the_traceback_in_a_file(tmp
         raise OverflowError("int too large to convert")
     monkeypatch.setattr(experiments, "validate", boom)
     code = cli.main(["--state-dir", str(tmp_path), "validate", "x.yaml"])
-    out = capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert not printed.out  # errors go to stderr
+    out = printed.err
     assert code == 3, out
     assert "internal error: OverflowError: int too large to convert" in out
     saved = list((tmp_path / "errors").glob("*.txt"))

@@ -6,8 +6,10 @@ import os
 import pytest
 
 from testbed.linux import netns
+from tests.privileges import needs_root
 
 
+@needs_root("a namespace name is a bind mount under /run/netns")
 def test_a_name_taken_between_the_look_and_the_naming_is_taken_not_a_failure(monkeypatch):
     name = f"fltest-{os.getpid()}"
     netns.name(name, os.getpid())

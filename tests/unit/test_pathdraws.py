@@ -1,4 +1,4 @@
-"""ECMP's path draws in bulk (traffic.measure.pathdraws) and the control variate they give the
+"""ECMP's path draws in bulk (traffic.predict.pathdraws) and the control variate they give the
 prediction: each connection's paths with the probabilities the router draws them, the
 busiest-link bound by hand and its expectation where it is known exactly, and the few full
 simulations' mean made precise (seed to seed, and against many plain draws)."""
@@ -9,8 +9,9 @@ from collections import Counter
 import pytest
 
 from testbed.model.builders import fat_tree, leaf_spine
-from traffic.measure.pathdraws import BoundDraws, choices, step_bound
-from traffic.measure.predict import Predictor, Router, _controlled
+from traffic.predict.pathdraws import BoundDraws, choices, step_bound
+from traffic.predict.predictor import Predictor, _controlled
+from traffic.predict.router import Router
 from traffic.workloads.schedules import build, flows
 from traffic.workloads.workload import Collective, Job, Workload
 

@@ -1,4 +1,4 @@
-"""The prediction (traffic.measure.flowsim, traffic.measure.predict, fabriclab predict): max-min
+"""The prediction (traffic.predict.flowsim, traffic.predict.predictor, fabriclab predict): max-min
 fair sharing checked by hand, D-mod-k's predicted paths against the controller's own tables,
 ECMP's draws, spraying's even split, jobs at once sharing links, and every shipped file
 predicted within the time a user waits."""
@@ -15,8 +15,9 @@ from fabriclab.model import experiment as xp
 from fabriclab.model.prediction import attach, document, targets
 from testbed.model.builders import fat_tree, leaf_spine
 from testbed.plan.groups import forward
-from traffic.measure.flowsim import finish_times, makespan, maxmin_rates
-from traffic.measure.predict import Predictor, Router
+from traffic.predict.flowsim import finish_times, makespan, maxmin_rates
+from traffic.predict.predictor import Predictor
+from traffic.predict.router import Router
 from traffic.workloads.schedules import build, flows
 from traffic.workloads.workload import Collective, Job, Workload
 
@@ -356,7 +357,7 @@ def test_traffic_out_connections_hop_by_hop_as_hashed():
 
 
 def test_iterations_predicted_with_stragglers_and_overlapped_buckets():
-    from traffic.measure.iterations import iterations
+    from traffic.predict.iterations import iterations
 
     base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 1, "spines": 1,
                                       "hosts_per_leaf": 4, "host_link": {"rate_mbps": 100},

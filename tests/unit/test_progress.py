@@ -1,4 +1,4 @@
-"""Ranks that move on each at their own pace (traffic.measure.progress): which schedules it
+"""Ranks that move on each at their own pace (traffic.predict.progress): which schedules it
 applies to, even steps as the step-by-step model times them, a rank that runs ahead of a slow
 peer, a sender held to a receive window until its receiver reaches the step, and the
 predictor's pairwise all-to-alls."""
@@ -6,8 +6,8 @@ predictor's pairwise all-to-alls."""
 import pytest
 
 from testbed.model.builders import fat_tree
-from traffic.measure.predict import Predictor
-from traffic.measure.progress import completion, own_connections
+from traffic.predict.predictor import Predictor
+from traffic.predict.progress import completion, own_connections
 from traffic.workloads.schedules import build
 from traffic.workloads.workload import Collective, Job, Workload
 

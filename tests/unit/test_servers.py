@@ -165,7 +165,7 @@ def test_servers_fields_are_checked_by_name():
 
 
 def test_the_byte_counts_predict_each_schedule_link_by_link():
-    from traffic.measure.ideal import FluidModel
+    from traffic.predict.ideal import FluidModel
 
     colls = ({"op": "all_reduce", "size": "4MiB", "ranks": 16, "algorithm": "hierarchical"},
              {"op": "all_reduce", "size": "4MiB", "ranks": 16},

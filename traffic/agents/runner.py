@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.errors import TestbedError
-from traffic.measure.ideal import FluidModel
+from traffic.predict.ideal import FluidModel
 from traffic.workloads.protocol import AgentReport, Connection
 from traffic.measure.results import AGENT_PORT, CollectiveResult, job_spec, summarize
 from traffic.transports.packet import mss_for

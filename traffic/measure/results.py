@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from traffic.measure import metrics
-from traffic.measure.ideal import FluidModel
+from traffic.predict.ideal import FluidModel
 from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
 from traffic.measure.transport import goodput_fraction
 from traffic.workloads.workload import Collective
@@ -115,7 +115,7 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
               mtu: int, fluid: FluidModel | None = None) -> list[CollectiveResult]:
     """Per-collective results from the agents' reports (pure). With ``fluid`` (servers of
     GPUs: their collectives cross two domains at two rates) the ideal time is what the
-    schedule's byte counts predict on the fabric, link by link (:mod:`traffic.measure.ideal`)."""
+    schedule's byte counts predict on the fabric, link by link (:mod:`traffic.predict.ideal`)."""
     out = []
     for index, coll in enumerate(collectives):
         per_rank = [r.collectives[index] for r in reports]

@@ -4,7 +4,7 @@ predicted time, compute and exposed communication, as ``fabriclab predict`` prin
 
 from __future__ import annotations
 
-from traffic.measure.predict import Predicted
+from traffic.predict.predictor import Predicted
 from traffic.workloads.workload import Workload
 
 

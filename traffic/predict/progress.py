@@ -2,7 +2,7 @@
 simulation of the agents' step engine for schedules whose every transfer has a connection to
 itself (a pairwise all-to-all: rank ``r`` sends to ``r + s`` in step ``s``).
 
-The step-by-step model (:mod:`traffic.measure.predict`) starts a step when the slowest
+The step-by-step model (:mod:`traffic.predict.predictor`) starts a step when the slowest
 transfer of the one before has ended. The agents do not wait for it: a rank hands its next
 step's sends over once its own receives of the step are in, so a rank whose transfers drew
 good paths moves on while others still wait for a congested link. What holds it back is the
@@ -14,7 +14,7 @@ second: ``docs/measurements/workloads.md``).
 
 Time moves from event to event (a flow's last byte delivered, a flow filling its window, a
 rank handing its next step over); flows due within :data:`TOGETHER` of the next event reach
-it with that event, midway, as :func:`traffic.measure.flowsim.finish_times` groups them.
+it with that event, midway, as :func:`traffic.predict.flowsim.finish_times` groups them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from traffic.measure.flowsim import Path, maxmin_rates
+from traffic.predict.flowsim import Path, maxmin_rates
 
 #: what a sender gets into a receiver that has not reached its transfer's step: a fresh
 #: connection's receive window (half of the 128 KiB ``tcp_rmem`` default buffer; autotuning

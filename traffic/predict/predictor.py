@@ -12,20 +12,20 @@ the path the switches give it:
   polarization the switches show), fixed for the job as a connection's 5-tuple is; the
   prediction is the expectation over the draws: the mean of ``draws`` seeded ones, with
   their range, corrected by their busiest-link bounds against the mean bound of many more
-  path draws (:mod:`traffic.measure.pathdraws`, a control variate);
+  path draws (:mod:`traffic.predict.pathdraws`, a control variate);
 * ``spray`` (or a sprayed transport, uet by default): each connection split evenly over the
   next hops at every switch (ideal per-link sharing);
 * ``adaptive``: each connection placed, largest first, on the path whose busiest link it
   loads least (what a load-aware router at best reaches).
 
-A step's flows start together and share links max-min fairly (:mod:`traffic.measure.flowsim`);
+A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);
 the next step starts a hand-off after the slowest has ended (:data:`STEP_OVERHEAD_S` per
 connection per peer: every rank at once, a ring's ranks wait for the slowest link anyway); a
 collective takes the sum of its steps plus the compute before it, and one that starts behind
 the agents' barrier the spread of its release over its ranks (:data:`RELEASE_S_PER_RANK`:
 the agents time a collective from its first rank's start to its last rank's end).
 A pairwise all-to-all (every transfer on a connection of its own) that runs alone is
-simulated rank by rank instead (:mod:`traffic.measure.progress`): each rank moves on once its
+simulated rank by rank instead (:mod:`traffic.predict.progress`): each rank moves on once its
 own receives are in, as the agents do. Jobs that run at once (``concurrent``) share links
 step by step (step ``i`` of each job's current collective together), each job's step lasting
 until its own flows have ended. Link capacity is the rate times the wire's payload share
@@ -36,18 +36,15 @@ over the predicted one is what they cost.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
-from functools import lru_cache
 
-from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
 from testbed.model.topology import Topology
-from testbed.plan.groups import flow_hash, hash_basis, select_bucket
-from traffic.measure.flowsim import finish_times
-from traffic.measure.ideal import FluidModel
-from traffic.measure.pathdraws import BoundDraws, step_bound
-from traffic.measure.progress import completion, own_connections
+from traffic.predict.flowsim import finish_times
+from traffic.predict.pathdraws import BoundDraws, step_bound
+from traffic.predict.progress import completion, own_connections
+from traffic.predict.router import Router, sprayed
+from traffic.predict.shares import Shares
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
 
@@ -63,7 +60,7 @@ STEP_OVERHEAD_S = 1e-3
 #: agents crowd the cores: the few seconds' collectives of so many ranks barely notice)
 RELEASE_S_PER_RANK = 0.4e-3
 #: how unevenly TCP's flows share a link: the coefficient of variation of a flow's share
-#: around the fair one (see :class:`_Shares`)
+#: around the fair one (see :class:`~traffic.predict.shares.Shares`)
 SHARE_CV = 0.6
 #: draws of those shares where the paths are fixed (D-mod-k): a step bound by many links
 #: averages its own unevenness, a few draws give its mean
@@ -72,7 +69,6 @@ SHARE_DRAWS = 4
 #: simulation's re-sharings a few per step instead of one per flow; the predictions move by
 #: under 0.5 % against 0.2 %)
 TOGETHER = 0.05
-Link = tuple[str, str]  # a directed link: (from node, to node)
 
 
 @dataclass(frozen=True)
@@ -98,132 +94,6 @@ class Predicted:
                 "predicted_s": round(self.seconds, 6), "low_s": round(self.low_s, 6),
                 "high_s": round(self.high_s, 6), "gap_s": self.gap_s, "draws": self.draws,
                 "busiest_link": self.busiest, "path_draws": self.path_draws}
-
-
-class Router:
-    """The paths of a fabric's connections under one routing mode."""
-
-    def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
-                 goodput: float = 1.0) -> None:
-        self.topo = topo
-        self.routing = routing
-        self.shared_hash = ecmp_seed == "shared"
-        self.ecmp_seed = ecmp_seed
-        self.fluid = FluidModel(topo)
-        self.number = host_numbers(topo)
-        self.index: dict[Link, int] = {}
-        self.capacity: list[float] = []
-        for link, mbps in self.fluid.rate.items():
-            self.index[link] = len(self.capacity)
-            self.capacity.append(mbps * 1e6 / 8 * goodput)
-        self.names = {i: f"{a}->{b}" for (a, b), i in self.index.items()}
-        self.hops = lru_cache(maxsize=None)(self._next)  # (node, target) -> next switches
-
-    def _next(self, node: str, target: str) -> tuple[str, ...]:
-        """The next switches from ``node`` towards access switch ``target`` (port order)."""
-        dist = distances_to(self.topo, target, {})
-        ports = sorted(next_hops(self.topo, node, dist, {}))
-        return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
-
-    def ends(self, src: str, dst: str, channel: int) -> tuple[str, str, str, str]:
-        """A connection's NICs (channel ``c`` on plane ``c % planes``) and the access
-        switches they hang off: (source NIC, destination NIC, their switches)."""
-        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
-        plane = channel % len(nics_s)
-        s, d = nics_s[plane], nics_d[plane]
-        return s, d, self.topo.attachment(s).node, self.topo.attachment(d).node
-
-    def random_paths(self, spray: bool) -> bool:
-        """Whether paths depend on hash draws (ECMP, not sprayed)."""
-        return not spray and self.routing == "ecmp"
-
-    def path(self, src: str, dst: str, channel: int, rng: random.Random,
-             spray: bool = False) -> tuple[tuple[int, float], ...]:
-        """The links (index, share of the bytes) of one connection from host ``src`` to
-        ``dst``."""
-        if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
-            return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
-        s, d, a, b = self.ends(src, dst, channel)
-        hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
-        if spray or self.routing in ("spray",):
-            hops |= self._split(a, b)
-        elif a != b:
-            draw = rng.getrandbits(32)
-            node = a
-            while node != b:
-                nxt = self.hops(node, b)
-                if self.routing == "dmodk":
-                    pick = nxt[dmodk_port(self.topo, node, self.number[d], list(range(len(nxt))),
-                                          len(nxt))]
-                elif self.shared_hash:
-                    pick = nxt[draw % len(nxt)]
-                else:
-                    pick = nxt[rng.randrange(len(nxt))]
-                hops[(node, pick)] = 1.0
-                node = pick
-        return tuple(sorted((self.index[link], w) for link, w in hops.items()))
-
-    def hashed_path(self, src: str, dst: str, channel: int,
-                    five_tuple: tuple[str, str, int, int, int]) -> tuple[tuple[int, float], ...]:
-        """The links of one connection as an eBPF switch hashes it: at every switch with a
-        choice, the bucket :func:`~testbed.plan.groups.flow_hash` of ``five_tuple`` (source and
-        destination address, protocol, ports) with the switch's own basis picks among the
-        next hops in port order, as the ECMP groups list them (ECMP routing only)."""
-        if self.routing != "ecmp":
-            raise ValueError(f"paths as hashed need ecmp routing, not {self.routing}")
-        if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
-            return self.path(src, dst, channel, random.Random(0))
-        s, d, a, b = self.ends(src, dst, channel)
-        hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
-        node = a
-        while node != b:
-            nxt = self.hops(node, b)
-            basis = hash_basis(self.topo.nodes[node], self.ecmp_seed)
-            pick = nxt[select_bucket([1] * len(nxt), flow_hash(basis, *five_tuple))]
-            hops[(node, pick)] = 1.0
-            node = pick
-        return tuple(sorted((self.index[link], w) for link, w in hops.items()))
-
-    def _split(self, a: str, b: str) -> dict[Link, float]:
-        """An even split at every switch from ``a`` to ``b`` (packet spraying's shares)."""
-        weight = {a: 1.0}
-        out: dict[Link, float] = {}
-        dist = distances_to(self.topo, b, {})
-        frontier = [a] if a != b else []
-        while frontier:
-            node = max(frontier, key=lambda n: dist[n])  # all its weight is in
-            frontier.remove(node)
-            nxt = self.hops(node, b)
-            for peer in nxt:
-                share = weight[node] / len(nxt)
-                out[(node, peer)] = out.get((node, peer), 0.0) + share
-                if peer != b:
-                    if peer not in weight:
-                        frontier.append(peer)
-                    weight[peer] = weight.get(peer, 0.0) + share
-        return out
-
-    def candidates(self, src: str, dst: str, channel: int) -> list[tuple[tuple[int, float], ...]]:
-        """Every single path a connection may take (adaptive routing's choices)."""
-        if self.fluid.routes.get(src, {}).get(dst) is not None:
-            return [self.path(src, dst, channel, random.Random(0))]
-        s, d, a, b = self.ends(src, dst, channel)
-        walks = [[a]]
-        done = []
-        while walks:
-            walk = walks.pop()
-            if walk[-1] == b:
-                done.append(walk)
-                continue
-            walks += [walk + [n] for n in self.hops(walk[-1], b)]
-        ends = [(s, a), (b, d)]
-        return [tuple(sorted((self.index[link], 1.0) for link in
-                             ends + list(zip(walk, walk[1:])))) for walk in done]
-
-
-def sprayed(job: Job) -> bool:
-    """Whether a job's transport sprays its packets over paths (uet does unless told not)."""
-    return (job.transport == "uet") if job.spray is None else bool(job.spray)
 
 
 class Predictor:
@@ -277,7 +147,7 @@ class Predictor:
         self._own: dict[tuple[int, int], bool] = {}  # collectives paced by their ranks
         for draw in range(draws):
             rng = random.Random(self.seed * 100_003 + draw)
-            shares = _Shares(self.share_cv, self.seed * 7_919 + draw)
+            shares = Shares(self.share_cv, self.seed * 7_919 + draw)
             fixed = self._adaptive(jobs) if router.routing == "adaptive" else dict(paths or {})
             bound: dict[tuple[int, int], float] = {}
             for key, seconds in self._run(jobs, rng, fixed, loads if draw == 0 else None,
@@ -328,11 +198,11 @@ class Predictor:
         return out
 
     def _run(self, jobs: list[Job], rng: random.Random, fixed: dict,
-             loads: dict | None, shares: _Shares,
+             loads: dict | None, shares: Shares,
              bound: dict[tuple[int, int], float]) -> dict[tuple[int, int], float]:
         """One draw: each (job, collective)'s seconds; ``loads`` gets each collective's
         bytes per link, ``bound`` its steps' summed busiest-link bounds
-        (:func:`~traffic.measure.pathdraws.step_bound`)."""
+        (:func:`~traffic.predict.pathdraws.step_bound`)."""
         router = self.router
         paths: dict[tuple, tuple] = dict(fixed)
         cache: dict[tuple, list[float]] = {}
@@ -390,7 +260,7 @@ class Predictor:
 
     def _paced(self, job: Job, k: int) -> bool:
         """Whether collective ``k`` of ``job`` runs at its ranks' own pace when alone
-        (:func:`~traffic.measure.progress.own_connections`)."""
+        (:func:`~traffic.predict.progress.own_connections`)."""
         key = (job.index, k)
         if key not in self._own:
             self._own[key] = own_connections([(t.step, t.src, t.dst)
@@ -400,7 +270,7 @@ class Predictor:
     def _progress(self, job: Job, k: int, rng: random.Random, paths: dict,
                   loads: dict | None, bound: dict[tuple[int, int], float]) -> float:
         """One draw of a collective whose ranks each move on at their own pace
-        (:func:`~traffic.measure.progress.completion`, shares fair): its seconds; its loads
+        (:func:`~traffic.predict.progress.completion`, shares fair): its seconds; its loads
         and busiest-link bounds as :meth:`_run` keeps them."""
         router, coll = self.router, job.collectives[k]
         flows = []
@@ -464,42 +334,3 @@ def _controlled(times: list[float], bounds: list[float], expected_bound: float) 
         return mean_t
     slope = sum((t - mean_t) * (b - mean_b) for t, b in zip(times, bounds)) / var
     return mean_t + min(max(slope, 0.0), 2.0) * (expected_bound - mean_b)
-
-
-class _Shares:
-    """Each connection's claim on the links it shares, drawn once per draw: TCP's flows do
-    not split a link evenly (per-connection rates vary by ``cv`` around the fair share,
-    log-normally). Where one link bounds a step, that costs nothing (the link stays busy
-    whoever sends); where several shared links bound it at once (an all-to-all with every
-    link loaded alike), some flows end early and the last ones leave links idle: the step
-    waits for the unluckiest link. Only such steps are drawn."""
-
-    def __init__(self, cv: float, seed: int) -> None:
-        self.sigma = math.sqrt(math.log(1 + cv * cv)) if cv > 0 else 0.0
-        self.rng = random.Random(seed)
-        self.claims: dict[tuple, float] = {}
-
-    def of(self, keys: list[tuple], flows: list[tuple[int, tuple]],
-           fair: list[float]) -> list[float] | None:
-        """The flows' claims (mean 1), or None unless two links that carry several of
-        ``flows`` are busy until the step's end at fair shares (``fair``: when each ends)."""
-        if not self.sigma or _critical_shared_links(flows, fair) < 2:
-            return None
-        for key in keys:
-            if key not in self.claims:
-                self.claims[key] = round(self.rng.lognormvariate(-self.sigma ** 2 / 2,
-                                                                 self.sigma), 4)
-        return [self.claims[key] for key in keys]
-
-
-def _critical_shared_links(flows: list[tuple[int, tuple]], ends: list[float]) -> int:
-    """How many links carry two or more of ``flows`` and are busy until the last ends (within
-    1 %)."""
-    makespan = max(ends, default=0.0)
-    count: dict[int, int] = {}
-    busy: dict[int, float] = {}
-    for (_n, path), end in zip(flows, ends):
-        for link, _w in path:
-            count[link] = count.get(link, 0) + 1
-            busy[link] = max(busy.get(link, 0.0), end)
-    return sum(1 for link, n in count.items() if n > 1 and busy[link] >= 0.99 * makespan)

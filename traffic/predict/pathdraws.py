@@ -1,8 +1,8 @@
 """Many ECMP hash draws at once (pure): each collective's busiest-link bound, averaged over
 hundreds of draws of every connection's path, as the control variate that makes a few full
-simulations' mean precise (:class:`traffic.measure.predict.Predictor`).
+simulations' mean precise (:class:`traffic.predict.predictor.Predictor`).
 
-Under ECMP a connection's path is a draw (:meth:`~traffic.measure.predict.Router.path`): at
+Under ECMP a connection's path is a draw (:meth:`~traffic.predict.router.Router.path`): at
 every switch with a choice, a next hop uniformly (``per_switch`` hash bases) or one draw that
 every switch reduces the same way (``shared``). A step of a collective takes at least its
 busiest link's bytes over that link's capacity, and on a fabric where hashing decides the
@@ -108,7 +108,7 @@ class BoundDraws:
     (:func:`step_bound` on every draw's paths).
 
     Args:
-        router: the fabric's paths (:class:`~traffic.measure.predict.Router`).
+        router: the fabric's paths (:class:`~traffic.predict.router.Router`).
         seed: the draws' seed.
     """
 

@@ -1,0 +1,143 @@
+"""The paths a fabric's connections take under a routing mode (pure): D-mod-k's exact up-ports,
+ECMP's hash draws (seeded, or as an eBPF switch hashes a given 5-tuple), packet spraying's even
+split and adaptive routing's candidates, as (link index, share of the bytes) over the fabric's
+directed links, each link's capacity at the wire's payload share."""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
+from testbed.model.topology import Topology
+from testbed.plan.groups import flow_hash, hash_basis, select_bucket
+from traffic.predict.ideal import FluidModel
+from traffic.workloads.workload import Job
+
+Link = tuple[str, str]  # a directed link: (from node, to node)
+
+
+class Router:
+    """The paths of a fabric's connections under one routing mode."""
+
+    def __init__(self, topo: Topology, routing: str = "ecmp", ecmp_seed: str = "per_switch",
+                 goodput: float = 1.0) -> None:
+        self.topo = topo
+        self.routing = routing
+        self.shared_hash = ecmp_seed == "shared"
+        self.ecmp_seed = ecmp_seed
+        self.fluid = FluidModel(topo)
+        self.number = host_numbers(topo)
+        self.index: dict[Link, int] = {}
+        self.capacity: list[float] = []
+        for link, mbps in self.fluid.rate.items():
+            self.index[link] = len(self.capacity)
+            self.capacity.append(mbps * 1e6 / 8 * goodput)
+        self.names = {i: f"{a}->{b}" for (a, b), i in self.index.items()}
+        self.hops = lru_cache(maxsize=None)(self._next)  # (node, target) -> next switches
+
+    def _next(self, node: str, target: str) -> tuple[str, ...]:
+        """The next switches from ``node`` towards access switch ``target`` (port order)."""
+        dist = distances_to(self.topo, target, {})
+        ports = sorted(next_hops(self.topo, node, dist, {}))
+        return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
+
+    def ends(self, src: str, dst: str, channel: int) -> tuple[str, str, str, str]:
+        """A connection's NICs (channel ``c`` on plane ``c % planes``) and the access
+        switches they hang off: (source NIC, destination NIC, their switches)."""
+        nics_s, nics_d = self.topo.nics(src), self.topo.nics(dst)
+        plane = channel % len(nics_s)
+        s, d = nics_s[plane], nics_d[plane]
+        return s, d, self.topo.attachment(s).node, self.topo.attachment(d).node
+
+    def random_paths(self, spray: bool) -> bool:
+        """Whether paths depend on hash draws (ECMP, not sprayed)."""
+        return not spray and self.routing == "ecmp"
+
+    def path(self, src: str, dst: str, channel: int, rng: random.Random,
+             spray: bool = False) -> tuple[tuple[int, float], ...]:
+        """The links (index, share of the bytes) of one connection from host ``src`` to
+        ``dst``."""
+        if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
+            return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
+        s, d, a, b = self.ends(src, dst, channel)
+        hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
+        if spray or self.routing in ("spray",):
+            hops |= self._split(a, b)
+        elif a != b:
+            draw = rng.getrandbits(32)
+            node = a
+            while node != b:
+                nxt = self.hops(node, b)
+                if self.routing == "dmodk":
+                    pick = nxt[dmodk_port(self.topo, node, self.number[d], list(range(len(nxt))),
+                                          len(nxt))]
+                elif self.shared_hash:
+                    pick = nxt[draw % len(nxt)]
+                else:
+                    pick = nxt[rng.randrange(len(nxt))]
+                hops[(node, pick)] = 1.0
+                node = pick
+        return tuple(sorted((self.index[link], w) for link, w in hops.items()))
+
+    def hashed_path(self, src: str, dst: str, channel: int,
+                    five_tuple: tuple[str, str, int, int, int]) -> tuple[tuple[int, float], ...]:
+        """The links of one connection as an eBPF switch hashes it: at every switch with a
+        choice, the bucket :func:`~testbed.plan.groups.flow_hash` of ``five_tuple`` (source and
+        destination address, protocol, ports) with the switch's own basis picks among the
+        next hops in port order, as the ECMP groups list them (ECMP routing only)."""
+        if self.routing != "ecmp":
+            raise ValueError(f"paths as hashed need ecmp routing, not {self.routing}")
+        if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
+            return self.path(src, dst, channel, random.Random(0))
+        s, d, a, b = self.ends(src, dst, channel)
+        hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
+        node = a
+        while node != b:
+            nxt = self.hops(node, b)
+            basis = hash_basis(self.topo.nodes[node], self.ecmp_seed)
+            pick = nxt[select_bucket([1] * len(nxt), flow_hash(basis, *five_tuple))]
+            hops[(node, pick)] = 1.0
+            node = pick
+        return tuple(sorted((self.index[link], w) for link, w in hops.items()))
+
+    def _split(self, a: str, b: str) -> dict[Link, float]:
+        """An even split at every switch from ``a`` to ``b`` (packet spraying's shares)."""
+        weight = {a: 1.0}
+        out: dict[Link, float] = {}
+        dist = distances_to(self.topo, b, {})
+        frontier = [a] if a != b else []
+        while frontier:
+            node = max(frontier, key=lambda n: dist[n])  # all its weight is in
+            frontier.remove(node)
+            nxt = self.hops(node, b)
+            for peer in nxt:
+                share = weight[node] / len(nxt)
+                out[(node, peer)] = out.get((node, peer), 0.0) + share
+                if peer != b:
+                    if peer not in weight:
+                        frontier.append(peer)
+                    weight[peer] = weight.get(peer, 0.0) + share
+        return out
+
+    def candidates(self, src: str, dst: str, channel: int) -> list[tuple[tuple[int, float], ...]]:
+        """Every single path a connection may take (adaptive routing's choices)."""
+        if self.fluid.routes.get(src, {}).get(dst) is not None:
+            return [self.path(src, dst, channel, random.Random(0))]
+        s, d, a, b = self.ends(src, dst, channel)
+        walks = [[a]]
+        done = []
+        while walks:
+            walk = walks.pop()
+            if walk[-1] == b:
+                done.append(walk)
+                continue
+            walks += [walk + [n] for n in self.hops(walk[-1], b)]
+        ends = [(s, a), (b, d)]
+        return [tuple(sorted((self.index[link], 1.0) for link in
+                             ends + list(zip(walk, walk[1:])))) for walk in done]
+
+
+def sprayed(job: Job) -> bool:
+    """Whether a job's transport sprays its packets over paths (uet does unless told not)."""
+    return (job.transport == "uet") if job.spray is None else bool(job.spray)
