@@ -1,13 +1,14 @@
 # fabriclab: `make run` checks the default fabric's reachability, then runs its workload
 # (results in runs/<experiment>/results.json);
-# `make test` runs every test: unit, integration and the lab VM's. Both do the set-up themselves
+# `make test` runs every test: unit (once as an unprivileged user too), integration and the lab
+# VM's. Both do the set-up themselves
 # (as root): `make run` what a fabric on this host needs, the tests everything they use
 # (scripts/test-deps.sh). `make unit` runs the unit tests only, as any user (it needs
 # python3-venv, nothing else); `make integration` and `make lab` one kind each.
 VENV ?= .venv
 EXPERIMENT ?= experiments/quickstart.yaml
 
-.PHONY: setup test-deps venv run test unit integration cluster-test lab bench clean
+.PHONY: setup test-deps venv run test unit unit-as-user integration cluster-test lab bench clean
 
 setup:
 	./scripts/setup.sh
@@ -23,12 +24,17 @@ run: setup
 	$(VENV)/bin/fabriclab run $(EXPERIMENT) --out runs/$(notdir $(basename $(EXPERIMENT))) --force
 
 test: setup test-deps
+	VENV=$(VENV) ./scripts/unit-as-user.sh
 	$(VENV)/bin/python -m pytest -v --durations=15 tests
 
 unit:
 	FABRICLAB_VENV=$(abspath $(VENV)) FABRICLAB_EXTRAS=test,cluster,grafana FABRICLAB_GROUPS=dev \
 	  ./scripts/venv.sh
 	$(VENV)/bin/python -m pytest -v -m "not integration" tests/unit
+
+# the unit suite as an unprivileged user (nobody), from root; part of `make test`
+unit-as-user: setup test-deps
+	VENV=$(VENV) ./scripts/unit-as-user.sh
 
 integration: setup test-deps
 	$(VENV)/bin/python -m pytest -v -m integration tests/integration
