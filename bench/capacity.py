@@ -61,7 +61,7 @@ def run_pattern(fabric: Fabric, flows: list[iperf.Flow], duration_s: int) -> dic
     topo = fabric.topo
     switch_ports = {e.ifname for l in topo.links for e in (l.a, l.b)
                     if topo.nodes[e.node].is_switch}
-    pids = [i.pids["ovs-vswitchd"] for i in fabric.instances] or ovs.vswitchd_pids()
+    pids = [i.pids["ovs-vswitchd"] for i in fabric.switches.instances] or ovs.vswitchd_pids()
     before: dict = {}
 
     def sample() -> None:

@@ -59,7 +59,7 @@ class Fabric:
 
     Attributes:
         experiment: what it was built from.
-        running: the testbed's fabric (the :class:`testbed.fabric.contract.RunningFabric`
+        running: the testbed's fabric (the :class:`testbed.contract.RunningFabric`
             contract) for what this class does not wrap.
     """
 

@@ -4,7 +4,7 @@
 :func:`run_experiment` goes in phases, each a method of :class:`ExperimentRun`: ``begin``
 (the run directory's first files), ``start_services`` (exporters, Prometheus, the monitor,
 failures), ``run_batch`` then ``record`` for every batch of the workload, and ``finish``. It
-uses of the fabric only what :class:`testbed.fabric.contract.RunningFabric` declares, so the
+uses of the fabric only what :class:`testbed.contract.RunningFabric` declares, so the
 unit tests drive it with a fake fabric. The terminal (progress bar, tables) is the CLI's: it
 hands in a :class:`RunView`.
 """
@@ -27,7 +27,7 @@ from fabriclab.options import TelemetryOptions
 from fabriclab.shared import SharedFabric
 from telemetry.exporter import RunTelemetry
 from testbed.errors import TestbedError
-from testbed.fabric.contract import RunningFabric
+from testbed.contract import RunningFabric
 from testbed.fabric.failures import FailureInjector
 from testbed.linux import environment
 from testbed.linux.files import write_json_atomic, write_text_atomic

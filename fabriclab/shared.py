@@ -11,7 +11,7 @@ from pathlib import Path
 from fabriclab.model import sweep
 from fabriclab.model.experiment import Experiment
 from testbed.cluster.coordinator import ClusterFabric
-from testbed.fabric.contract import RunningFabric
+from testbed.contract import RunningFabric
 from testbed.fabric.fabric import Fabric
 
 

@@ -9,8 +9,9 @@ work unchanged on a cluster. Its build:
 2. the plan (:func:`testbed.model.partition.partition`), each machine's share of the full load
    against its budget (strict fidelity refuses a machine past its saturation point), the cut
    links as VXLAN tunnels (:func:`testbed.model.partition.cut_links`: the underlay MTU checked);
-3. the controller here, on the coordinator's underlay address (a :class:`Fabric` with no
-   node of its own: its run record tracks the controller);
+3. the controller here, on the coordinator's underlay address (the same
+   :class:`~testbed.fabric.controller.Controller` part a :class:`Fabric` has, in a run of its
+   own: its run record tracks the controller);
 4. every machine's part, at once, by its actor (:meth:`testbed.cluster.agent.MachineAgent.build`:
    the same Fabric code, its switches connecting to the controller here);
 5. the controller has programmed every switch and probed every link (the cut ones too),
@@ -23,6 +24,7 @@ removed by ``fabriclab clean`` there or by the next build there), then the contr
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -36,7 +38,9 @@ from testbed.cluster.machines import CALL_GRACE_S, Cluster, MachineHandle
 from testbed.linux import capabilities
 from testbed.linux.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
-from testbed.fabric.fabric import Fabric
+from testbed.fabric.controller import Controller
+from testbed.fabric.services import FabricRun
+from testbed.linux.cpu import machine_cpu_s
 from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.plan.failplan import cut_off_reason
 from testbed.linux.files import write_json_atomic
@@ -47,7 +51,7 @@ from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition,
                                check_cluster_spec, cut_links, links_by_machine, machine_of,
                                machine_part, partition)
 from testbed.plan.reachability import Reachability
-from testbed.runs.registry import DEFAULT_STATE_DIR
+from testbed.runs.registry import DEFAULT_STATE_DIR, Registry
 from testbed.model.spec import Fidelity, TestbedSpec
 
 T = TypeVar("T")
@@ -141,7 +145,8 @@ class ClusterFabric:
         self.parts: dict[str, MachinePart] = {}
         self.built: dict[str, dict] = {}  # machine -> what its build returned
         self.where: dict[str, str] = {}  # node -> machine
-        self.coordinator: Fabric | None = None
+        self.run: FabricRun | None = None  # the coordinator's own: the controller's record
+        self.controller: Controller | None = None
         self.timings: dict[str, float] = {}
         self.warnings: list[str] = []
         self.red_marking = False
@@ -183,17 +188,19 @@ class ClusterFabric:
             self.log(f"plan: {line}")
         self.timings["plan"] = time.monotonic() - start
         listen = local_address_towards(self.address)
-        self.coordinator = Fabric(self.spec, self.state_dir, self.log,
-                                  part=MachinePart("coordinator", frozenset(), (), (), (), (),
-                                                   ()), listen=listen)
-        self.coordinator.up(wait=False)
+        self.run = FabricRun(Registry(self.state_dir), self.log)
+        self.run.open(orphans=False)  # this machine's leftovers of other runs stay theirs
+        self.controller = Controller(self.spec, self.topo, self.run, listen)
+        t0 = time.monotonic()
+        self.controller.start()
+        self.run.start_thread(self.controller.watch, "controller watch")
+        self.timings["controller"] = time.monotonic() - t0
         # how another process (fabriclab fail) reaches the machines of this fabric: written
         # before they build, so that no command mistakes it for a single machine's
-        write_json_atomic(self.coordinator.run_dir / CLUSTER_FILE, {
+        write_json_atomic(self.run.run_dir / CLUSTER_FILE, {
             "address": self.address, "actors": self.cluster.names, "place": self.where})
-        self.timings["controller"] = self.coordinator.timings.get("controller", 0.0)
         t0 = time.monotonic()
-        target = (listen, self.coordinator.of_port)
+        target = self.controller.address
         self.built = {}
         errors = []
         with ThreadPoolExecutor(max_workers=len(self.parts)) as pool:
@@ -212,9 +219,12 @@ class ClusterFabric:
         for name, info in self.built.items():
             self.warnings += [f"{name}: {w}" for w in info["warnings"]]
         self.red_marking = any(info["red_marking"] for info in self.built.values())
-        self.coordinator.wait_ready()  # programmed, every link probed
+        t0 = time.monotonic()
+        self.controller.wait_programmed()
+        self.timings["programmed"] = time.monotonic() - t0
+        if self.spec.controller.own:  # every link probed: the machines' sockets exist
+            self.controller.wait_probed()
         self.on_all(lambda m: m.settle())
-        self.timings["programmed"] = self.coordinator.timings.get("programmed", 0.0)
         self.timings["up_total"] = time.monotonic() - start
 
     def _choose_datapath(self) -> None:
@@ -257,12 +267,11 @@ class ClusterFabric:
                     except (TestbedError, ConfigError) as err:
                         errors.append(f"{name}: {err} (run 'fabriclab clean' there)")
                 self.built = {}
-            if self.coordinator is not None:
+            if self.run is not None and self.run.record is not None:
                 try:
-                    self.coordinator.down()
+                    self.run.close(self.run.stop_threads())
                 except TestbedError as err:
                     errors.append(f"coordinator: {err}")
-                self.coordinator = None
             if self.cluster is not None:
                 self.cluster.close()
                 self.cluster = None
@@ -295,51 +304,54 @@ class ClusterFabric:
 
     @property
     def controller_address(self) -> str:
-        return self.coordinator.controller_address
+        host, port = self.controller.address
+        return f"{host}:{port}"
 
     @property
     def of_port(self) -> int:
-        return self.coordinator.of_port
+        return self.controller.of_port
 
     @property
     def run_dir(self) -> Path:
-        return self.coordinator.run_dir
+        return self.run.run_dir
 
     @property
     def record(self):
-        return self.coordinator.record
+        return self.run.record if self.run is not None else None
 
     @property
     def status_path(self) -> Path:
-        return self.coordinator.status_path
+        return self.controller.status_path
 
     @property
     def service_errors(self) -> list[str]:
-        return self.coordinator.service_errors
+        return self.run.errors
 
     @property
     def controller_events(self) -> list[dict]:
-        return self.coordinator.controller_events if self.coordinator is not None else []
+        return self.controller.events if self.controller is not None else []
 
     def controller_status(self) -> dict:
-        return self.coordinator.controller_status()
+        return self.controller.status()
 
     def track_process(self, pid: int, role: str) -> None:
-        self.coordinator.track_process(pid, role)
+        self.run.track_process(pid, role)
 
     def track_file(self, path: Path) -> None:
-        self.coordinator.track_file(path)
+        self.run.track_file(path)
 
     def start_thread(self, target, role: str):
-        return self.coordinator.start_thread(target, role)
+        return self.run.start_thread(target, role)
 
     def stop_thread(self, thread) -> None:
-        self.coordinator.stop_thread(thread)
+        self.run.stop_thread(thread)
 
     def restart_controller(self, spec: TestbedSpec) -> None:
         check_cluster_spec(spec)
-        self.coordinator.restart_controller(spec)
-        self.spec = spec
+        # the datapath stays the one built (``auto`` was resolved when the fabric came up)
+        self.spec = replace(spec, emulator=replace(spec.emulator,
+                                                   datapath=self.spec.emulator.datapath))
+        self.controller.replace(self.spec)
 
     def vswitchd_pids(self) -> dict[str, int]:
         return {}  # on the machines; their monitors sample them
@@ -347,7 +359,9 @@ class ClusterFabric:
     def cpu_times(self) -> dict[str, dict]:
         """Every machine's CPU (:meth:`Fabric.cpu_times`), the coordinator's too (its
         controller)."""
-        times = self.coordinator.cpu_times()
+        times = {socket.gethostname() or "coordinator": {
+            "cpu": machine_cpu_s(), "cores": os.cpu_count() or 1, "vswitchd": {},
+            "vswitchd_switches": {}}}
         for per_machine in self.on_all(lambda m: m.cpu_times()).values():
             times.update(per_machine)
         return times
@@ -375,11 +389,11 @@ class ClusterFabric:
     def write_file(self, name: str, text: str) -> Path:
         """``name`` in every machine's run directory (and the coordinator's)."""
         self.on_all(lambda m: m.write_file(name, text))
-        return self.coordinator.write_file(name, text)
+        return self.run.write_file(name, text)
 
     def read_file(self, name: str, host: str | None = None) -> str:
         if host is None:
-            return self.coordinator.read_file(name)
+            return self.run.read_file(name)
         try:
             return self.machine(self.machine_of(host)).read_file(name)
         except TestbedError as err:

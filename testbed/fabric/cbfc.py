@@ -23,7 +23,7 @@ from testbed.linux.rawnl import RawTc
 from testbed.model.congestion import PfcThresholds, frame_bytes
 from testbed.plan.credits import CreditState, Grant
 from testbed.plan.tcplan import TBF_MAX_BUFFER_S, TbfSetting
-from testbed.fabric.pfc import REACTIONS_KEPT, PfcAgent, _class, _quantiles
+from testbed.fabric.pfc import REACTIONS_KEPT, PfcAgent, PortAccess, _class, _quantiles
 
 #: a credit update's wake-up frame: MAC control's address, EtherType 0x88B5 (local
 #: experimental), a priority and a credit in bytes
@@ -36,26 +36,26 @@ def wake_frame(priority: int, credit: int) -> bytes:
 
 
 class CbfcAgent(PfcAgent):
-    """Runs as :meth:`testbed.fabric.fabric.Fabric.start_thread`'s target.
+    """Runs as :meth:`testbed.fabric.services.FabricRun.start_thread`'s target.
 
     Args:
-        fabric: the running fabric (eBPF switches: its topology, marker and shaping plans).
+        access: the ports it watches and gives credits for (eBPF switches).
         thresholds: the lossless priorities' settings (``credit_bytes`` per link).
     """
 
-    def __init__(self, fabric, thresholds: PfcThresholds) -> None:
-        super().__init__(fabric, thresholds)
+    def __init__(self, access: PortAccess, thresholds: PfcThresholds) -> None:
+        super().__init__(access, thresholds)
         # every link always has a bucket of its credit (never running freely: a free run
         # between two samples could send more than the buffer left)
         self.state = CreditState(self.feeders, thresholds.priorities, thresholds.credit_bytes,
-                                 frame_bytes(fabric.spec.fabric.mtu), 1 << 62)
-        self.where = {port: (pid, fabric.netlink.index(port, pid), plan)
+                                 frame_bytes(access.mtu), 1 << 62)
+        self.where = {port: (pid, access.netlink.index(port, pid), plan)
                       for port, (pid, plan) in self.upstream.items()}
         self.credits_given = 0
 
     def _decide(self, now: float, backlog: dict[tuple[str, int], int]) -> list:
         """This sample's credits (the loop is the PFC agent's)."""
-        enqueued = self.fabric.marker.enqueued()
+        enqueued = self.access.marker.enqueued()
         with self.lock:
             return self.state.step(now, enqueued, backlog)
 

@@ -38,14 +38,15 @@ def up_or_down(fabric) -> None:
 def keep_logs(fabric) -> Path | None:
     """A failed build's logs (the controller's, the daemons'), copied out of the run directory
     that its teardown removes, to ``STATE_DIR/logs/failed-<run id>``; None: nothing to keep."""
-    record = getattr(fabric, "record", None)
+    run = getattr(fabric, "run", None)  # testbed.fabric.services.FabricRun
+    record = run.record if run is not None else None
     if record is None or not Path(record.run_dir).is_dir():
         return None
     run_dir = Path(record.run_dir)
     logs = [p for p in run_dir.rglob("*") if p.suffix in (".log", ".stderr") and p.is_file()]
     if not logs:
         return None
-    kept = fabric.registry.state_dir / "logs" / f"failed-{record.run_id}"
+    kept = run.registry.state_dir / "logs" / f"failed-{record.run_id}"
     for path in logs:
         target = kept / path.relative_to(run_dir)
         target.parent.mkdir(parents=True, exist_ok=True)

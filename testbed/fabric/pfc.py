@@ -14,7 +14,8 @@ routing never forwards from into it (a packet that came down from a higher tier 
 up): a queue pauses only the ingress links whose packets can be in it.
 
 What it measured (its reaction per pause, its CPU) and counted (pauses, paused time, watchdog
-events, deadlocks) is read by :meth:`report` and by :meth:`testbed.fabric.fabric.Fabric.congestion`.
+events, deadlocks) is read by :meth:`report` and by
+:meth:`testbed.fabric.fabric.Fabric.congestion`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from testbed.model.congestion import PfcThresholds
 from testbed.linux.netlink import HTB_HANDLE, Netlink
 from testbed.linux.rawnl import RawTc, in_netns
 from testbed.plan.pause import Action, Feeder, PauseState
 from testbed.plan.tcplan import ClassPlan, Shaping
+from testbed.model.topology import Topology
 from testbed.model.topology import feeds as can_feed
 
 ETH_P_ALL = 0x0003
@@ -40,18 +44,31 @@ KICK_TRIES = 3
 MAX_ERRORS = 20
 
 
+@dataclass(frozen=True)
+class PortAccess:
+    """What an agent of the switch ports reads and acts on: the model, each host's namespace,
+    each link end's shaping plan, netlink, and the marker's counters."""
+
+    topo: Topology
+    pid: Callable[[str], int]  # a host's namespace (its process)
+    shaping: Callable[..., Shaping]  # (link, host_end=False) -> the link end's plan
+    netlink: Netlink
+    marker: object  # testbed.fabric.ecn.Marker
+    mtu: int
+
+
 class PfcAgent:
-    """Runs as :meth:`testbed.fabric.fabric.Fabric.start_thread`'s target.
+    """Runs as :meth:`testbed.fabric.services.FabricRun.start_thread`'s target.
 
     Args:
-        fabric: the running fabric (its topology, marker and shaping plans).
+        access: the ports it watches and pauses.
         thresholds: the resolved PFC settings.
     """
 
-    def __init__(self, fabric, thresholds: PfcThresholds) -> None:
-        self.fabric = fabric
+    def __init__(self, access: PortAccess, thresholds: PfcThresholds) -> None:
+        self.access = access
         self.th = thresholds
-        topo = fabric.topo
+        topo = access.topo
         feeders: dict[str, tuple[Feeder, ...]] = {}
         self.upstream: dict[str, tuple[int | None, Shaping]] = {}  # port -> (host pid, plan)
         for node in topo.switches:
@@ -64,8 +81,8 @@ class PfcAgent:
                     up = other.other(node.name)
                     host = up.node if not topo.nodes[up.node].is_switch else None
                     feeds.append(Feeder(other.end(node.name).ifname, up.ifname, host))
-                    pid = fabric.hosts.pid(host) if host else None
-                    self.upstream[up.ifname] = (pid, fabric.shaping(other, host_end=bool(host)))
+                    pid = access.pid(host) if host else None
+                    self.upstream[up.ifname] = (pid, access.shaping(other, host_end=bool(host)))
                 feeders[link.end(node.name).ifname] = tuple(feeds)
         self.ports = set(feeders)
         self.feeders = feeders
@@ -73,7 +90,7 @@ class PfcAgent:
         # (upstream port, priority) -> (its namespace's pid, pause request, resume request)
         self.requests: dict[tuple[str, int], tuple[int | None, bytes, bytes]] = {}
         for port, (pid, plan) in self.upstream.items():
-            index = fabric.netlink.index(port, pid)
+            index = access.netlink.index(port, pid)
             for prio in thresholds.priorities:
                 cls = _class(plan, prio)
                 self.requests[(port, prio)] = (
@@ -128,7 +145,7 @@ class PfcAgent:
         arrived: set[tuple[str, int]] = set()
         hot = [k for k, v in backlog.items() if v >= self.th.xoff_bytes or k in self.state.xoff]
         if hot:  # the ingress counters of the ports that feed them
-            rx = self.fabric.marker.arrivals({(f.ingress, prio) for port, prio in hot
+            rx = self.access.marker.arrivals({(f.ingress, prio) for port, prio in hot
                                               for f in self.feeders[port]})
             arrived = {k for k, n in rx.items() if n > self._last_rx.get(k, 0)}
             self._last_rx.update(rx)

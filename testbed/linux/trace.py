@@ -13,7 +13,7 @@ from testbed.plan import groups
 
 def _ebpf_output(fabric, switch: str, in_port: int, packet: dict) -> list[int]:
     """The ports an eBPF switch sends ``packet`` out of, by the tables its agent installed."""
-    conn = fabric.switch_agent.conns.get(switch)
+    conn = fabric.switches.agent.conns.get(switch)
     if conn is None:
         raise TestbedError(f"{switch}: not connected to the controller")
     session = conn.session
@@ -38,7 +38,7 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
         The node path, hosts included.
     """
     ctl = fabric.spec.controller
-    if getattr(fabric, "switch_agent", None) is None and (
+    if getattr(getattr(fabric, "switches", None), "agent", None) is None and (
             ctl.ecmp_selection == "dp_hash" or ctl.routing == "spray"):
         raise TestbedError("ofproto/trace cannot follow a dp_hash group past its recirculation "
                            "(the datapath computes the hash): trace with "
@@ -55,10 +55,10 @@ def flow_path(fabric, src: str, dst: str, proto: str, sport: int, dport: int) ->
     for _ in range(len(topo.nodes)):
         switch, in_port = end.node, end.port
         path.append(switch)
-        if fabric.switch_agent is not None:
+        if fabric.switches.agent is not None:
             outputs, report = _ebpf_output(fabric, switch, in_port, packet), ""
         else:
-            inst = fabric.switch_instance.get(switch)
+            inst = fabric.switches.switch_instance.get(switch)
             report = ovs.appctl("ofproto/trace", switch, f"in_port={in_port},{flow}",
                                 target=inst.ctl("ovs-vswitchd") if inst else None)
             outputs = ovs.trace_outputs(report)

@@ -177,7 +177,7 @@ def test_fabric_services_live_and_die_with_the_fabric(make_fabric):
     assert fabric.service_errors == ["test:broken: ValueError: a service bug"]
     fabric.down()  # ends what is left: the root-namespace process and the thread
     assert root.returncode is not None
-    assert not fabric._threads
+    assert not fabric.run._threads
 
 
 @DATAPATHS

@@ -139,7 +139,7 @@ def test_credits_on_the_ring_deadlock_as_pauses_do_and_nothing_breaks_them(make_
     sent = {port: after[port]["queue"]["bytes"] - before[port]["queue"]["bytes"]
             for port in clockwise}
     assert all(n < 0.1 * 10e6 / 8 * 3.0 for n in sent.values()), sent
-    (thread,) = [t for t, _ in fabric._threads if t.name == "pfc agent"]
+    (thread,) = [t for t, _ in fabric.run._threads if t.name == "pfc agent"]
     fabric.stop_thread(thread)  # every link runs again
     blast.join(120)
     assert not blast.is_alive() and all(out["flows"][str(i)]["unique"] > 0 for i in range(5))

@@ -189,7 +189,7 @@ def test_a_dead_vswitchd_is_a_switch_failure_routed_around(make_fabric):
     path = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
     core = path[3]
     assert core.startswith("core"), path
-    pid = fabric.switch_instance[core].pids["ovs-vswitchd"]
+    pid = fabric.switches.switch_instance[core].pids["ovs-vswitchd"]
     killed = []
     result = measure_outage(fabric, "h1_1_1", "h2_1_1",
                             lambda: (killed.append(time.time()), os.kill(pid, signal.SIGKILL)),

@@ -214,15 +214,15 @@ def test_openflow_runs_over_tls_with_the_runs_own_certificates(state_dir, datapa
     with Fabric(experiment(TLS, datapath), state_dir=state_dir) as fabric:
         reach = fabric.reachability(count=1)
         assert reach.complete and reach.ok == reach.pairs == 12, reach.to_dict()
-        pki = fabric.pki
+        pki = fabric.controller.pki
         assert oct(pki.controller_key.stat().st_mode & 0o777) == "0o600"
         if datapath == "ovs":
             db = next(fabric.run_dir.glob("ovs*/db.sock"))
             target = subprocess.run(["ovs-vsctl", f"--db=unix:{db}", "get-controller", "leaf1"],
                                     capture_output=True, text=True, check=True).stdout
-            assert target.startswith(f"ssl:{fabric.listen}:{fabric.of_port}"), target
+            assert target.startswith(f"ssl:{fabric.listen}:{fabric.controller.of_port}"), target
         hello = bytes.fromhex("0600000800000001")  # OpenFlow 1.5 hello
-        with socket.create_connection((fabric.listen, fabric.of_port), timeout=5) as plain:
+        with socket.create_connection((fabric.listen, fabric.controller.of_port), timeout=5) as plain:
             plain.sendall(hello)
             try:
                 answer = plain.recv(64)
@@ -231,7 +231,7 @@ def test_openflow_runs_over_tls_with_the_runs_own_certificates(state_dir, datapa
         assert not answer.startswith(b"\x06\x00"), answer  # a TLS alert or nothing
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.load_verify_locations(pki.ca)  # the server is this run's controller ...
-        with socket.create_connection((fabric.listen, fabric.of_port), timeout=5) as raw:
+        with socket.create_connection((fabric.listen, fabric.controller.of_port), timeout=5) as raw:
             with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
                 with ctx.wrap_socket(raw, server_hostname=fabric.listen) as tls:
                     tls.sendall(hello)  # ... and it wants this run's switch certificate

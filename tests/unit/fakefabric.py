@@ -1,4 +1,4 @@
-"""A fake running fabric (:class:`testbed.fabric.contract.RunningFabric`): no namespaces, no
+"""A fake running fabric (:class:`testbed.contract.RunningFabric`): no namespaces, no
 switches, no processes. Its congestion counters grow by what the test says, its monitor
 answers fixed samples, its services run as real threads; everything it is asked is logged."""
 

@@ -148,6 +148,6 @@ def test_up_on_a_cluster_without_ray_names_the_extra_to_install(monkeypatch, cap
     quickstart = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
     code = cli.main(["up", str(quickstart), "--check", "--backend", "host",
                      "--cluster", "127.0.0.1:1"])
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # errors go to stderr
     assert code == 3, out
     assert "'cluster' extra" in out and "fabriclab[cluster]" in out, out

@@ -71,7 +71,7 @@ def test_validate_shows_the_plan_over_machines_like_this_one(capsys):
     assert loads[0] == pytest.approx(loads[1]) and sum(loads) == pytest.approx(
         doc["fidelity"]["load"] * EBPF_SATURATION_MBIT_HOPS[9000])
     assert cli.main(["validate", str(quickstart), "--machines", "5"]) == 2  # 4 pods
-    assert "5 machines for 4 groups" in capsys.readouterr().out
+    assert "5 machines for 4 groups" in capsys.readouterr().err  # errors go to stderr
 
 
 def test_cut_links_are_vxlan_tunnels_named_as_their_veth_ends():

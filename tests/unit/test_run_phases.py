@@ -18,7 +18,7 @@ from testbed.cluster.coordinator import ClusterFabric
 from testbed.cluster.machines import MachineHandle
 from testbed.cluster.agent import MachineAgent
 from testbed.errors import TestbedError
-from testbed.fabric.contract import RunningFabric
+from testbed.contract import RunningFabric
 from testbed.fabric.fabric import Fabric
 from traffic.agents.runner import JobOutcome
 from traffic.measure.results import CollectiveResult
@@ -35,12 +35,29 @@ EXPERIMENT = {"version": 1, "name": "phases",
 
 
 def _protocol_members() -> dict[str, object]:
-    members = {name: value for name, value in vars(RunningFabric).items()
-               if not name.startswith("_") or name in ("__enter__", "__exit__")}
+    """Every member of RunningFabric's roles (its protocol bases in testbed.contract)."""
+    members: dict[str, object] = {}
+    for role in RunningFabric.__mro__:
+        if role.__module__ != RunningFabric.__module__:
+            continue
+        for name, value in vars(role).items():
+            if not name.startswith("_") or name in ("__enter__", "__exit__"):
+                members.setdefault(name, value)
+        for name in getattr(role, "__annotations__", {}):
+            members.setdefault(name, None)
     members.pop("_is_protocol", None)
-    for name in RunningFabric.__annotations__:
-        members.setdefault(name, None)
     return members
+
+
+def test_the_roles_together_are_the_running_fabric():
+    """Each role's members are the running fabric's; no member is in no role."""
+    from testbed import contract
+
+    roles = (contract.FabricDescription, contract.TrafficFabric, contract.TelemetryFabric,
+             contract.FailureFabric, contract.FabricLifecycle)
+    assert set(RunningFabric.__mro__) >= set(roles)
+    assert {"spawn", "congestion", "set_links", "restart_controller", "run_dir", "spec"} <= \
+        set(_protocol_members())
 
 
 @pytest.mark.parametrize("cls", [Fabric, ClusterFabric, FakeFabric])

@@ -1,10 +1,18 @@
-"""What a running fabric offers to the layers above it: the traffic runner and agents, the
-telemetry exporters, failure injection and the experiment layer.
+"""What a running fabric offers to the layers above it (pure: protocols only), one role per
+kind of user:
 
-:class:`RunningFabric` is a :class:`typing.Protocol`. :class:`testbed.fabric.fabric.Fabric`
-(one machine) and :class:`testbed.cluster.coordinator.ClusterFabric` (partitioned over a Ray
-cluster) implement it, and the unit tests check that both, and the tests' fake fabric, keep
-every member with the same parameters. Code above ``testbed`` uses nothing else of a fabric.
+- :class:`TrafficFabric`: what runs traffic needs (processes in hosts, files of the run,
+  service threads, commands in every host at once);
+- :class:`TelemetryFabric`: what samples it (queues, counters, CPU, the run monitor);
+- :class:`FailureFabric`: what fails it (links cut and repaired, who is cut off);
+- :class:`FabricLifecycle`: what brings it up, takes it down, and runs the next experiment's
+  controller on it;
+
+all four over :class:`FabricDescription` (what it is), and :class:`RunningFabric`, all of
+them: what the experiment layer drives. :class:`testbed.fabric.fabric.Fabric` (one machine)
+and :class:`testbed.cluster.coordinator.ClusterFabric` (partitioned over a Ray cluster)
+implement it, and the unit tests check that both, and the tests' fake fabric, keep every
+member with the same parameters. Code above ``testbed`` uses nothing else of a fabric.
 """
 
 from __future__ import annotations
@@ -43,9 +51,8 @@ class Monitor(Protocol):
     def timeline(self) -> dict: ...
 
 
-@runtime_checkable
-class RunningFabric(Protocol):
-    """A fabric that is up (between ``__enter__`` and ``__exit__``)."""
+class FabricDescription(Protocol):
+    """What a fabric that is up is: its spec, model, partition, how its build went."""
 
     spec: TestbedSpec
     topo: Topology
@@ -53,30 +60,19 @@ class RunningFabric(Protocol):
     plan: Partition | None
     timings: dict[str, float]
     warnings: list[str]
-    #: what the fabric's service threads died of
-    service_errors: list[str]
-    #: the controller's deaths: {t, event, cause, pid} (its watch, on the machine running it)
-    controller_events: list[dict]
     #: this machine's fidelity verdict (None: not assessed here)
     fidelity: FidelityVerdict | None
     red_marking: bool
-    #: the PFC agent (None: no lossless priority)
-    pfc_agent: Any
+
     #: the run record (:class:`testbed.runs.registry.RunRecord`; None once down)
     record: Any
+    #: what the fabric's service threads died of
+    service_errors: list[str]
+    #: the controller's deaths and restarts: {t, event, cause, pid, ...}
+    controller_events: list[dict]
+    #: the PFC agent (None: no lossless priority, or on a cluster)
+    pfc_agent: Any
 
-    # -- lifecycle ----------------------------------------------------------------------------
-    def __enter__(self) -> Self: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-    def up(self) -> None: ...
-
-    def down(self) -> None: ...
-
-    def restart_controller(self, spec: TestbedSpec) -> None: ...
-
-    # -- what it is ---------------------------------------------------------------------------
     @property
     def run_dir(self) -> Path: ...
 
@@ -93,7 +89,10 @@ class RunningFabric(Protocol):
 
     def placement(self) -> dict | None: ...
 
-    # -- services and processes ---------------------------------------------------------------
+
+class TrafficFabric(FabricDescription, Protocol):
+    """What running traffic on a fabric uses (:mod:`traffic.agents`)."""
+
     def spawn(self, host: str | None, argv: list[str], role: str,
               **popen_kwargs: Any) -> Process: ...
 
@@ -103,8 +102,6 @@ class RunningFabric(Protocol):
                      role: str) -> threading.Thread: ...
 
     def stop_thread(self, thread: threading.Thread) -> None: ...
-
-    def start_monitor(self, queue_interval_s: float) -> tuple[Monitor, Callable[[], None]]: ...
 
     def track_process(self, pid: int, role: str) -> None: ...
 
@@ -117,12 +114,13 @@ class RunningFabric(Protocol):
     def run_parallel(self, commands: dict[str, list[str]],
                      timeout_s: float) -> dict[str, tuple[int, str, str]]: ...
 
-    # -- what it measures and what can be done to it -----------------------------------------
     def reachability(self, count: int = 2, timeout_s: float = 120.0) -> Reachability: ...
 
-    def cut_off(self, hosts: list[str]) -> str | None: ...
 
-    def dead_switches(self) -> set[str]: ...
+class TelemetryFabric(FabricDescription, Protocol):
+    """What sampling a fabric uses (:mod:`telemetry`, the run monitor)."""
+
+    def start_monitor(self, queue_interval_s: float) -> tuple[Monitor, Callable[[], None]]: ...
 
     def congestion(self, netlink: Any = None) -> dict[str, dict]: ...
 
@@ -134,7 +132,34 @@ class RunningFabric(Protocol):
 
     def cpu_times(self) -> dict[str, dict]: ...
 
+
+class FailureFabric(FabricDescription, Protocol):
+    """What failing a fabric's links uses (planned failures, ``fabriclab fail``)."""
+
     def set_links(self, pairs: list[tuple[str, str]], up: bool,
                   netlink: Any = None) -> dict[str, float]: ...
 
     def cut_drops(self, pairs: list[tuple[str, str]], netlink: Any = None) -> int | None: ...
+
+    def cut_off(self, hosts: list[str]) -> str | None: ...
+
+    def dead_switches(self) -> set[str]: ...
+
+
+class FabricLifecycle(Protocol):
+    """Bringing a fabric up and down, and the next experiment's controller on it."""
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def up(self) -> None: ...
+
+    def down(self) -> None: ...
+
+    def restart_controller(self, spec: TestbedSpec) -> None: ...
+
+
+@runtime_checkable
+class RunningFabric(TrafficFabric, TelemetryFabric, FailureFabric, FabricLifecycle, Protocol):
+    """A fabric that is up (between ``__enter__`` and ``__exit__``): every role."""
