@@ -74,7 +74,7 @@ def _guarded(handler):
     return wrapper
 
 
-class FabricController(WarmStart, app_manager.OSKenApp):
+class FabricController(app_manager.OSKenApp):
     """Proactive L3 ECMP controller for a fabriclab fabric."""
 
     OFP_VERSIONS = (ofproto_v1_5.OFP_VERSION,)
@@ -92,7 +92,7 @@ class FabricController(WarmStart, app_manager.OSKenApp):
                  conf.poll_interval_s)
         self.status_path = conf.status
         self.warm_start = bool(conf.warm_start)
-        self.readback: dict[str, ReadBack] = {}  # switch -> its tables being read back
+        self.readback = WarmStart(self.policy.topo, self._warm_started)
         self.lock = threading.RLock()
         self.datapaths: dict[str, object] = {}
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
@@ -202,9 +202,16 @@ class FabricController(WarmStart, app_manager.OSKenApp):
             return
         switch = self.policy.topo.switch_by_dpid(dp.id)
         if switch is not None and self.warm_start:
-            self._read_back(dp, switch.name, ports)
+            self.readback.request(dp, switch.name, ports)
         else:
             self._programme(dp, ports)
+        self.write_status()
+
+    def _warm_started(self, name: str, back: ReadBack) -> None:
+        """A switch's tables read back: programmed from them, what was found recorded."""
+        ops = self._programme(back.dp, back.ports, SwitchTables(back.flows, back.groups))
+        self.session.warm_started(name, len(back.flows), len(back.groups), back.unreadable,
+                                  back.youngest_s, ops)
         self.write_status()
 
     def _programme(self, dp, ports: dict, found: SwitchTables | None = None) -> list[Op]:
@@ -224,7 +231,7 @@ class FabricController(WarmStart, app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, MAIN_DISPATCHER)
     @_guarded
     def on_group_desc(self, ev) -> None:
-        self._read_back_reply(ev.msg)
+        self.readback.reply(ev.msg)
 
     @set_ev_cls(ofp_event.EventOFPStateChange, DEAD_DISPATCHER)
     @_guarded
@@ -233,9 +240,8 @@ class FabricController(WarmStart, app_manager.OSKenApp):
         if dp.id is None:
             return
         switch = self.policy.topo.switch_by_dpid(dp.id)
-        back = self.readback.get(switch.name) if switch is not None else None
-        if back is not None and back.dp is dp:
-            del self.readback[switch.name]  # its next connection reads them again
+        if switch is not None:
+            self.readback.forget(switch.name, dp)
         if switch is not None and self.datapaths.get(switch.name) is dp:
             del self.datapaths[switch.name]
             self.session.disconnected(switch.name)
@@ -371,7 +377,7 @@ class FabricController(WarmStart, app_manager.OSKenApp):
     @_guarded
     def on_flow_stats(self, ev) -> None:
         msg = ev.msg
-        if self._read_back_reply(msg):
+        if self.readback.reply(msg):
             return
         with self._cpu("stats"):
             for stat in msg.body:

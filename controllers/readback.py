@@ -1,14 +1,16 @@
 """A controller's warm start: each switch's flow and group tables read back when it connects
 (``OFPMP_FLOW_DESC`` and ``OFPMP_GROUP_DESC``), then only what differs from the desired state
 changed, so a restarted controller takes over a fabric that kept forwarding without flushing
-it (faucet's warm start). A mixin of :class:`controllers.app.FabricController`: it calls
-:meth:`WarmStart._programme` with what it read, and the session records per switch what was
-found and what was changed (the status document's ``warm_start``)."""
+it (faucet's warm start). :class:`WarmStart` is a part of :class:`controllers.app.FabricController`:
+it hands what it read of a switch to the app's callback, which programmes the switch from it
+and records per switch what was found and changed (the status document's ``warm_start``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controllers.ofmsgs import flow_entry
-from controllers.routing.tables import SwitchTables
+from testbed.model.topology import Topology
 
 
 class ReadBack:
@@ -24,24 +26,40 @@ class ReadBack:
 
 
 class WarmStart:
-    """The read-back half of the controller app (needs its ``policy``, ``session``,
-    ``readback``, ``_programme`` and ``write_status``)."""
+    """The switches' tables being read back at a warm start.
 
-    def _read_back(self, dp, name: str, ports: dict) -> None:
+    Args:
+        topo: the fabric's model (a reply's switch by its datapath id).
+        done: called with a switch's name and what was read of it, once every reply is in.
+    """
+
+    def __init__(self, topo: Topology, done: Callable[[str, ReadBack], None]) -> None:
+        self.topo = topo
+        self.done = done
+        self.pending: dict[str, ReadBack] = {}  # switch -> its tables being read back
+
+    def request(self, dp, name: str, ports: dict) -> None:
+        """Ask ``dp`` (switch ``name``, its ports described) for its flows and groups."""
         parser, ofp = dp.ofproto_parser, dp.ofproto
         requests = [parser.OFPFlowDescStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY,
                                                    ofp.OFPG_ANY, 0, 0, parser.OFPMatch()),
                     parser.OFPGroupDescStatsRequest(dp, 0, ofp.OFPG_ALL)]
         for req in requests:
             dp.set_xid(req)
-        self.readback[name] = ReadBack(dp, ports, {req.xid for req in requests})
+        self.pending[name] = ReadBack(dp, ports, {req.xid for req in requests})
         for req in requests:
             dp.send_msg(req)
 
-    def _read_back_reply(self, msg) -> bool:
+    def forget(self, name: str, dp) -> None:
+        """A switch disconnected: its next connection reads its tables again."""
+        back = self.pending.get(name)
+        if back is not None and back.dp is dp:
+            del self.pending[name]
+
+    def reply(self, msg) -> bool:
         """A reply to a read-back request (taken in; True), or not one (False)."""
-        switch = self.policy.topo.switch_by_dpid(msg.datapath.id)
-        back = self.readback.get(switch.name) if switch is not None else None
+        switch = self.topo.switch_by_dpid(msg.datapath.id)
+        back = self.pending.get(switch.name) if switch is not None else None
         if back is None or back.dp is not msg.datapath or msg.xid not in back.waiting:
             return False
         for part in msg.body:
@@ -61,9 +79,6 @@ class WarmStart:
         if not msg.flags & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
             back.waiting.discard(msg.xid)
         if not back.waiting:
-            del self.readback[switch.name]
-            ops = self._programme(back.dp, back.ports, SwitchTables(back.flows, back.groups))
-            self.session.warm_started(switch.name, len(back.flows), len(back.groups),
-                                      back.unreadable, back.youngest_s, ops)
-            self.write_status()
+            del self.pending[switch.name]
+            self.done(switch.name, back)
         return True

@@ -23,10 +23,8 @@ removed by ``fabriclab clean`` there or by the next build there), then the contr
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +33,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from testbed.cluster.machines import CALL_GRACE_S, Cluster, MachineHandle
+from testbed.cluster.remote import (CLUSTER_FILE, ClusterMonitor, RemoteProcess,
+                                    local_address_towards, on_each, set_links_on_machines)
 from testbed.linux import capabilities
 from testbed.linux.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
@@ -45,8 +45,7 @@ from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.plan.failplan import cut_off_reason
 from testbed.linux.files import write_json_atomic
 from testbed.plan import datapaths
-from testbed.plan.fidelity import (machine_budget_mbit_hops, merge_fidelity, merge_timelines,
-                                     saturation_table)
+from testbed.plan.fidelity import machine_budget_mbit_hops, saturation_table
 from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition,
                                check_cluster_spec, cut_links, links_by_machine, machine_of,
                                machine_part, partition)
@@ -55,64 +54,6 @@ from testbed.runs.registry import DEFAULT_STATE_DIR, Registry
 from testbed.model.spec import Fidelity, TestbedSpec
 
 T = TypeVar("T")
-
-
-class RemoteProcess:
-    """A process a machine's actor started in one of its hosts, as the runner uses a
-    ``subprocess.Popen``: ``communicate(timeout=)``, ``poll()``, ``returncode``, ``pid``."""
-
-    def __init__(self, fabric: ClusterFabric, machine: str, pid: int, argv: list[str]) -> None:
-        self.fabric, self.machine, self.pid, self.args = fabric, machine, pid, argv
-        self.returncode: int | None = None
-
-    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-        wait_s = 3600.0 if timeout is None else timeout
-        done = self.fabric.machine(self.machine).communicate(self.pid, wait_s)
-        if done is None:
-            raise subprocess.TimeoutExpired(self.args, wait_s)
-        self.returncode, out, err = done
-        return out, err
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.fabric.machine(self.machine).poll(self.pid)
-        return self.returncode
-
-
-class ClusterMonitor:
-    """The run monitor of every machine (each samples its own CPU, vswitchds and ports): the
-    queue samples of all ports, one fidelity verdict (degraded when a machine's is, its
-    reasons named by machine, every machine's verdict under ``machines``) and one timeline."""
-
-    def __init__(self, fabric: ClusterFabric) -> None:
-        self.fabric = fabric
-
-    def _read(self, what: str) -> dict[str, dict]:
-        return self.fabric.on_all(lambda m: m.monitor_read(what))
-
-    def snapshot(self) -> dict:
-        return {port: values for data in self._read("snapshot").values()
-                for port, values in data.items()}
-
-    def report(self) -> dict:
-        return merge_fidelity(self._read("report"))
-
-    def timeline(self) -> dict:
-        return merge_timelines(self._read("timeline"))
-
-
-def local_address_towards(address: str) -> str:
-    """This machine's address on the route to ``address`` (``host:port``): where the
-    cluster's machines reach the controller."""
-    host = address.rsplit(":", 1)[0]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((host, 9))  # no packet is sent: the kernel only picks the route
-        return sock.getsockname()[0]
-
-
-#: in the coordinator's run directory while the fabric is up: the cluster's address, each
-#: machine's actor by name, and which machine builds each node
-CLUSTER_FILE = "cluster.json"
 
 
 class ClusterFabric:
@@ -285,7 +226,7 @@ class ClusterFabric:
 
     def on_all(self, call: Callable[[MachineHandle], T]) -> dict[str, T]:
         """``call(machine)`` on every machine that builds a part, at once."""
-        return _on_each(self.cluster, list(self.built or self.parts), call)
+        return on_each(self.cluster, list(self.built or self.parts), call)
 
     def machine_of(self, node: str) -> str:
         return machine_of(self.topo, self.where, node)
@@ -378,7 +319,7 @@ class ClusterFabric:
             raise TestbedError(f"{role}: on a cluster, processes run in hosts only")
         machine = self.machine_of(host)
         pid = self.machine(machine).spawn(host, argv, role)
-        return RemoteProcess(self, machine, pid, argv)
+        return RemoteProcess(self.machine(machine), machine, pid, argv)
 
     def stop(self, proc: RemoteProcess, timeout_s: float = 5.0) -> int | None:
         code = self.machine(proc.machine).stop(proc.pid, timeout_s)
@@ -405,7 +346,7 @@ class ClusterFabric:
         for host, argv in commands.items():
             by_machine.setdefault(self.machine_of(host), {})[host] = argv
         out: dict[str, tuple[int, str, str]] = {}
-        done = _on_each(self.cluster, list(by_machine),
+        done = on_each(self.cluster, list(by_machine),
                         lambda m: m.run_parallel(by_machine[m.name], timeout_s))
         for got in done.values():
             out.update({h: tuple(r) for h, r in got.items()})
@@ -439,7 +380,7 @@ class ClusterFabric:
                   netlink=None) -> dict[str, float]:
         """Fail or repair links, every machine its ends at once (a cut link's two ends on
         two machines); each step's time is the latest machine's."""
-        return _set_links(self.cluster, links_by_machine(self.topo, self.where, pairs), up)
+        return set_links_on_machines(self.cluster, links_by_machine(self.topo, self.where, pairs), up)
 
     def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
         counts = [self.machine(m).cut_drops(p)
@@ -449,7 +390,7 @@ class ClusterFabric:
 
     def start_monitor(self, queue_interval_s: float) -> tuple[ClusterMonitor, Callable]:
         self.on_all(lambda m: m.start_monitor(queue_interval_s))
-        return ClusterMonitor(self), lambda: self.on_all(lambda m: m.stop_monitor())
+        return ClusterMonitor(self.on_all), lambda: self.on_all(lambda m: m.stop_monitor())
 
     def placement(self) -> dict:
         """The partition and the machines (``results.json``'s ``cluster``)."""
@@ -474,38 +415,3 @@ class ClusterFabric:
                 "plan": plan.describe()}
 
 
-def _on_each(cluster, names: list[str], call: Callable[[MachineHandle], T]) -> dict[str, T]:
-    """``call(machine)`` on each of ``names`` at once; the first error is raised."""
-    if len(names) == 1:
-        return {names[0]: call(cluster.machine(names[0]))}
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        futures = {n: pool.submit(call, cluster.machine(n)) for n in names}
-    return {n: f.result() for n, f in futures.items()}
-
-
-def _set_links(cluster, by_machine: dict[str, list], up: bool) -> dict[str, float]:
-    """Every machine's ends of the links at once; each step's time is the latest machine's."""
-    done = _on_each(cluster, list(by_machine), lambda m: m.set_links(by_machine[m.name], up))
-    steps: dict[str, float] = {}
-    for got in done.values():
-        for step, at in got.items():
-            steps[step] = max(at, steps.get(step, 0.0))
-    return steps
-
-
-def set_links_of_running_cluster(run_dir: Path, topo, pairs: list[tuple[str, str]],
-                                 up: bool) -> dict[str, float]:
-    """``fabriclab fail`` / ``restore`` on a fabric that ``fabriclab up --cluster`` keeps
-    running: its actors, found by name from its :data:`CLUSTER_FILE`, fail or repair their
-    machines' ends of the links at once (this process must run on a machine of the cluster,
-    as Ray's drivers do).
-
-    Raises:
-        TestbedError: the cluster or the fabric's actors gone, or a machine's error.
-    """
-    doc = json.loads((run_dir / CLUSTER_FILE).read_text())
-    cluster = Cluster(doc["address"], attach=doc["actors"])
-    try:
-        return _set_links(cluster, links_by_machine(topo, doc["place"], pairs), up)
-    finally:
-        cluster.close()

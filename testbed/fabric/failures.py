@@ -122,7 +122,7 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     topo = record.topology()
     what, links = live_links(topo, target)
     done = f"{what} {'up' if up else 'down'} ({len(links)} link(s), run {record.run_id}"
-    from testbed.cluster.coordinator import CLUSTER_FILE, set_links_of_running_cluster
+    from testbed.cluster.remote import CLUSTER_FILE, set_links_of_running_cluster
 
     if (Path(record.run_dir) / CLUSTER_FILE).is_file():  # built by the machines of a cluster
         set_links_of_running_cluster(Path(record.run_dir), topo, list(links), up)

@@ -150,3 +150,115 @@ def test_modules_and_functions_stay_readable(path):
                 long.append(f"{node.name} ({lines} lines)")
     assert not long, f"{path.relative_to(ROOT)}: functions over {MAX_FUNCTION_LINES} lines " \
                      f"without a 'Long: <why>' at the top of their docstring: {long}"
+
+
+# -- classes are whole in their module --------------------------------------------------------
+def _classes(path: Path) -> tuple[dict[str, ast.ClassDef], dict[str, tuple[str, str]]]:
+    """A module's classes by name, and what its names import: name -> (module, attribute)."""
+    tree = ast.parse(path.read_text(), str(path))
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    imported = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                imported[alias.asname or alias.name] = (node.module, alias.name)
+    return classes, imported
+
+
+CLASSES = {name: _classes(path) for name, path in MODULES.items()}
+
+
+def _defined(cls: ast.ClassDef) -> set[str]:
+    """What a class body defines: methods, class attributes and fields, and every
+    ``self.X`` any of its methods assigns."""
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    for node in ast.walk(cls):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, (ast.For, ast.With)):
+            targets = [node.target] if isinstance(node, ast.For) else [
+                i.optional_vars for i in node.items if i.optional_vars is not None]
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                        and sub.value.id == "self":
+                    names.add(sub.attr)
+    return names
+
+
+def _resolve(module: str, base: ast.expr) -> tuple[str, ast.ClassDef] | None:
+    """A base class written in ``module``, when it is one of the project's."""
+    if not isinstance(base, ast.Name):
+        return None
+    classes, imported = CLASSES[module]
+    if base.id in classes:
+        return module, classes[base.id]
+    origin = imported.get(base.id)
+    if origin and origin[0] in CLASSES and origin[1] in CLASSES[origin[0]][0]:
+        return origin[0], CLASSES[origin[0]][0][origin[1]]
+    return None
+
+
+def _lineage(module: str, cls: ast.ClassDef) -> set[str] | None:
+    """What ``cls`` and its bases define; None when a base is not the project's (a library's
+    class may define anything) or is a Protocol."""
+    names = _defined(cls)
+    for base in cls.bases:
+        if isinstance(base, ast.Name) and base.id == "object":
+            continue
+        found = _resolve(module, base)
+        if found is None:
+            return None
+        inherited = _lineage(*found)
+        if inherited is None:
+            return None
+        names |= inherited
+    return names
+
+
+def self_reads_of_undefined(module: str) -> list[str]:
+    """Every ``self.X`` a class of ``module`` reads that neither it nor a base of it defines:
+    state that only another class (a mixin's sibling) would give it."""
+    out = []
+    for cls in CLASSES[module][0].values():
+        defined = _lineage(module, cls)
+        if defined is None:
+            continue
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "self" and isinstance(node.ctx, ast.Load) \
+                    and node.attr not in defined and not node.attr.startswith("__"):
+                out.append(f"{cls.name}.{node.attr} (line {node.lineno})")
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_class_reads_only_state_it_or_its_bases_define(module):
+    """No mixins: a class that reads ``self.X`` defines X itself or inherits it; a part that
+    needs another's state is given it (a parameter), never reads it off a shared object."""
+    undefined = self_reads_of_undefined(module)
+    assert not undefined, f"{module}: reads of state no class of its lineage defines: {undefined}"
+
+
+def test_the_mixin_check_sees_a_mixin(tmp_path):
+    """A class reading state its sibling defines is caught."""
+    CLASSES["_probe"] = _classes(_write(tmp_path / "probe.py", (
+        "class Steps:\n    def build(self):\n        return self.spec\n\n"
+        "class Whole(Steps):\n    def __init__(self):\n        self.spec = 1\n")))
+    try:
+        assert self_reads_of_undefined("_probe") == ["Steps.spec (line 3)"]
+    finally:
+        del CLASSES["_probe"]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
