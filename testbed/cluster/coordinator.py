@@ -1,4 +1,4 @@
-"""A fabric partitioned over the machines of a Ray cluster (issue 16), the coordinator's side.
+"""A fabric partitioned over the machines of a Ray cluster, the coordinator's side.
 
 :class:`ClusterFabric` offers what a run uses of :class:`testbed.fabric.fabric.Fabric` (the runner,
 the run monitor, the exporters, the results), so ``fabriclab up --check`` and ``fabriclab run``

@@ -1,5 +1,5 @@
 """A Ray cluster as fabriclab's machines, the adapter: one long-lived actor per machine, pinned
-to it, does that machine's part (issue 16): connecting (a Ray version mismatch is one clear
+to it, does that machine's part: connecting (a Ray version mismatch is one clear
 error), finding the machines (Ray nodes alive, their underlay addresses and resources), probing
 each (the project loads there, its revision, kernel, cores, the MTU of its underlay interface;
 a machine where it does not is named), then on each machine its part of a fabric and the

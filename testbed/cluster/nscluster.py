@@ -1,5 +1,5 @@
-"""Machines as network namespaces on this host, the adapter: issue 16's test cluster (and a way
-to try a partitioned run on one machine). Each machine is a namespace with its own underlay
+"""Machines as network namespaces on this host, the adapter: the cluster tests' machines (and
+a way to try a partitioned run on one machine). Each machine is a namespace with its own underlay
 address on a bridge in the root namespace, and runs a Ray node (the head in the first), with a
 custom resource named after the machine so that work can be pinned to it. Every Ray process
 (``ray start --block`` and the daemons it starts) is ended by PID, never by name: ``ray stop``

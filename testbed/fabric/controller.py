@@ -69,6 +69,9 @@ class SwitchView(Protocol):
     def notes(self) -> list[str]:
         """What the switches' own OpenFlow agent saw go wrong (the eBPF switches')."""
 
+    def refusals(self) -> list[str]:
+        """Version negotiations the switches refused: no waiting will make them connect."""
+
 
 class Controller:
     """The controller's process on this machine, for the switches of a fabric.
@@ -252,10 +255,16 @@ class Controller:
         return ctx
 
     def _check_alive(self, stop=None) -> None:
-        """Raises TestbedError when the controller exited, or the fabric's services are
+        """Raises TestbedError when the controller exited, the switches refused its OpenFlow
+        version (known at the first hello: no reason to wait), or the fabric's services are
         stopping (``stop``: a service thread's stop event)."""
         if stop is not None and stop.is_set():
             raise TestbedError("the fabric is going down")
+        refused = self.switches.refusals() if self.switches is not None else []
+        if refused:
+            raise TestbedError(f"the switches refused the controller at its hello: "
+                               f"{refused[0]}" + (f" (and {len(refused) - 1} more)"
+                                                  if len(refused) > 1 else ""))
         if self.process is not None and self.process.poll() is not None:
             err = (self.run_dir / "controller.stderr").read_text()[-2000:]
             raise TestbedError(f"controller exited with code {self.process.returncode}",
@@ -332,8 +341,8 @@ class Controller:
                      f"the {ctl.kind} controller, its flow tables settled", interval_s=0.25)
         except TestbedError as err:
             down = sorted(name for name, (up, _) in last.items() if not up)
-            refused = [d for d in self._notes() if "OpenFlow" in d and "speaks" in d]
-            hint = f"; {refused[-1]}" if down and refused else ""
+            notes = self._notes()
+            hint = f"; the eBPF switches' agent: {notes[-1]}" if down and notes else ""
             where = self.spec.controller.remote_address if ctl.remote else self.address
             raise TestbedError(f"{err}: " + (f"{len(down)} switch(es) not connected to "
                                f"{where[0]}:{where[1]}: {', '.join(down[:10])}" if down

@@ -193,6 +193,11 @@ class Switches:
         disconnects)."""
         return [] if self.agent is None else self.agent.errors + self.agent.disconnects
 
+    def refusals(self) -> list[str]:
+        """Version negotiations the eBPF switches refused (no version in common with the
+        controller), each naming both sides' versions."""
+        return [] if self.agent is None else list(self.agent.refusals)
+
     def vswitchd_pids(self) -> dict[str, int]:
         """Each vswitchd serving the switches here: the private ones (userspace datapath),
         else the system's; none on the eBPF datapath or where no switch is built."""

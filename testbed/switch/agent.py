@@ -123,6 +123,9 @@ class SwitchAgent:
                         for p in spec.ports}
         self.by_index = {spec.index: name for name, spec in switches.items()}
         self.disconnects: list[str] = []  # connections lost (each one reconnected)
+        #: version negotiations the switches refused (the controller speaks no version of
+        #: theirs): no reconnection will do better
+        self.refusals: list[str] = []
         self.backoff: dict[str, float] = {}
         self.reconnect_at: dict[str, tuple[float, SwitchSession]] = {}
         self.conns: dict[str, _Conn] = {}
@@ -294,6 +297,8 @@ class SwitchAgent:
             with self.lock:
                 conn.out += replies
             if conn.session.refused:  # HELLO_FAILED said (best effort), then the end
+                if len(self.refusals) < 100:
+                    self.refusals.append(f"{name}: {conn.session.refused}")
                 conn.sock.send(conn.out)
                 raise ConnectionError(conn.session.refused)
         except (OSError, ConnectionError, ValueError, TestbedError) as err:

@@ -1,5 +1,5 @@
-"""Pure hierarchical schedules for servers of GPUs (issue 15's collectives): rank ``r`` is GPU
-``r % gpus`` of server ``r // gpus``, as NCCL numbers local ranks, and GPU ``i`` of every
+"""Pure hierarchical schedules for servers of GPUs (NCCL's hierarchical collectives): rank
+``r`` is GPU ``r % gpus`` of server ``r // gpus``, as NCCL numbers local ranks, and GPU ``i`` of every
 server is on rail ``i`` (its scale-out NIC's rail switch).
 
 * all_reduce ``hierarchical`` (NCCL's on rail-optimized fabrics): an intra-server ring
