@@ -4,3 +4,7 @@
 from pathlib import Path
 
 DEFAULT_STATE_DIR = Path("/run/fabriclab")
+#: in a run directory, the eBPF switches' management sockets (``NAME.mgmt``: OpenFlow tools
+#: such as ``ovs-ofctl`` read a switch's tables there, as at an Open vSwitch bridge's)
+SWITCH_MGMT_DIR = "switches"
+MGMT_SUFFIX = ".mgmt"

@@ -23,6 +23,7 @@ from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
 from fabriclab.cli.requests import (CaptureRequest, DownRequest, ExecRequest, ListRequest,
                                     OfctlRequest)
 from testbed.errors import ConfigError, TestbedError
+from testbed.paths import MGMT_SUFFIX, SWITCH_MGMT_DIR
 from testbed.plan.capture import capture_point
 from testbed.runs.registry import Registry, RunRecord, proc_start_time
 
@@ -178,19 +179,21 @@ def exec_in(req: ExecRequest, ui: Console) -> int:
 
 
 def ofctl(req: OfctlRequest, ui: Console) -> int:
-    """``ovs-ofctl`` (OpenFlow 1.5) against one switch of a running fabric: its private
-    vswitchd's management socket, or the machine's Open vSwitch bridge."""
+    """``ovs-ofctl`` (OpenFlow 1.5) against one switch of a running fabric: an eBPF switch's
+    management socket (its tables read, never changed), its private vswitchd's, or the
+    machine's Open vSwitch bridge."""
     record = Registry(req.state_dir).running(req.run)
     if not req.args:
         raise ConfigError("ofctl", "give an ovs-ofctl command: dump-flows, dump-groups, "
                                    "dump-ports, show, ...")
-    if req.switch not in record.bridges:
-        pins = [p for p in record.bpf_pins if Path(p, "switch").is_dir()]
-        why = ("its switches are eBPF switches, which Open vSwitch's tools do not reach"
-               if pins else f"its switches: {', '.join(record.bridges[:8])}, ...")
-        raise TestbedError(f"no Open vSwitch switch {req.switch!r} in run {record.run_id}: "
-                           f"{why}")
-    mgmt = sorted(Path(record.run_dir).glob(f"ovs*/{req.switch}.mgmt"))
+    ebpf = Path(record.run_dir, SWITCH_MGMT_DIR, f"{req.switch}{MGMT_SUFFIX}")
+    if req.switch not in record.bridges and not ebpf.exists():
+        switches = record.bridges or sorted(p.name.removesuffix(MGMT_SUFFIX) for p in
+                                            Path(record.run_dir, SWITCH_MGMT_DIR).glob("*.mgmt"))
+        raise TestbedError(f"no switch {req.switch!r} in run {record.run_id} on this machine: "
+                           f"its switches: {', '.join(switches[:8])}, ...")
+    mgmt = [ebpf] if ebpf.exists() else sorted(Path(record.run_dir).glob(
+        f"ovs*/{req.switch}{MGMT_SUFFIX}"))
     target = f"unix:{mgmt[0]}" if mgmt else req.switch
     command, rest = req.args[0], list(req.args[1:])
     sys.stdout.flush()

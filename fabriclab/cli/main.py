@@ -138,11 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p["down"].add_argument("run", nargs="?", metavar="ID",
                            help="the run id ('fabriclab ls'); none: the one running fabric")
     p["down"].add_argument("--all", action="store_true", help="every running fabric")
-    for name, what, rest in (("exec", "host", "the command and its arguments (after --; "
-                                              "default: a shell)"),
-                             ("ofctl", "switch", "the ovs-ofctl command and its arguments "
-                                                 "(dump-flows, dump-groups, show, ...)")):
-        p[name].add_argument(what, help=f"the {what}'s name (h1_1_1, edge1_1, ...)")
+    for name, what, example, rest in (
+            ("exec", "host", "h1_1_1, s1g0, ...", "the command and its arguments (after --; "
+                                                  "default: a shell)"),
+            ("ofctl", "switch", "edge1_1, leaf2, core1, ...", "the ovs-ofctl command and its "
+                                                              "arguments (dump-flows, "
+                                                              "dump-groups, show, ...)")):
+        p[name].add_argument(what, help=f"the {what}'s name ({example})")
         p[name].add_argument("args", nargs=argparse.REMAINDER, help=rest)
         p[name].add_argument("--run", help="the run id, when several fabrics are up")
     p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "

@@ -23,6 +23,7 @@ from testbed.linux.rawnl import LinkEvents
 from testbed.model.share import LocalShare
 from testbed.model.spec import Datapath, TestbedSpec
 from testbed.model.topology import shard_switches
+from testbed.paths import SWITCH_MGMT_DIR
 from testbed.plan.portplan import send_buffer_bytes, switch_queue_bytes
 from testbed.runs.registry import Role
 from testbed.switch.agent import SwitchAgent, SwitchSpec
@@ -177,7 +178,8 @@ class Switches:
                 mac = f"02:fb:00:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}:{number & 0xFF:02x}"
                 ports.append(Port(number, ifname, mac, speed_kbps=int(link.rate_mbps * 1000)))
             specs[sw.name] = SwitchSpec(index, sw.dpid, ports)
-        self.agent = SwitchAgent(self.ebpf, specs, controller, LinkEvents(), tls=tls)
+        self.agent = SwitchAgent(self.ebpf, specs, controller, LinkEvents(), tls=tls,
+                                 mgmt_dir=self.run.run_dir / SWITCH_MGMT_DIR)
         self.agent.start()
 
     # -- readings ------------------------------------------------------------------------------

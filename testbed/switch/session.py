@@ -88,8 +88,11 @@ class SwitchSession:
 
     def __init__(self, dpid: int, ports: list[Port],
                  on_change: Callable[[dict, dict], None] = lambda _f, _g: None,
-                 counters: Counters | None = None) -> None:
+                 counters: Counters | None = None, read_only: bool = False) -> None:
         self.dpid = dpid
+        #: a management session (``ovs-ofctl``): it reads the tables and counters; a change
+        #: is refused (``OFPBRC_EPERM``), the controller's alone
+        self.read_only = read_only
         self.ports = {p.number: p for p in ports}
         self.counters = counters or NoCounters(list(self.ports))
         self.started = time.monotonic()
@@ -110,6 +113,13 @@ class SwitchSession:
         controller that reads the tables back finds them as they were, with their ages."""
         self.flows, self.groups = dict(old.flows), dict(old.groups)
         self.flow_added = dict(old.flow_added)
+        return self
+
+    def mirror(self, live: SwitchSession) -> SwitchSession:
+        """Show what ``live`` (the switch's session with its controller) holds: its tables,
+        their ages and its ports, as they are now (a management session's view)."""
+        self.flows, self.groups, self.flow_added = live.flows, live.groups, live.flow_added
+        self.ports = live.ports
         return self
 
     def start(self) -> bytes:
@@ -173,6 +183,9 @@ class SwitchSession:
             (mp_type, _flags) = struct.unpack_from(ofp.OFP_MULTIPART_REQUEST_PACK_STR, raw,
                                                    HEADER.size)
             return self._multipart(mp_type, xid, raw)
+        if self.read_only and msg_type in (ofp.OFPT_FLOW_MOD, ofp.OFPT_GROUP_MOD,
+                                           ofp.OFPT_PACKET_OUT):
+            return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_EPERM, raw)
         if msg_type == ofp.OFPT_FLOW_MOD:
             msg = ofproto_parser.msg(self.desc, version, msg_type, length, xid, raw)
             return self._flow_mod(msg, xid, raw)

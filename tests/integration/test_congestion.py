@@ -86,6 +86,6 @@ def test_dctcp_on_a_kernel_without_it_is_refused_naming_the_field(state_dir, tmp
                           capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "workload job 0.congestion_control: needs TCP congestion control 'dctcp'" in \
-        proc.stdout, proc.stdout
+        proc.stderr, proc.stdout + proc.stderr  # errors go to stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["complete"] is False and "dctcp" in doc["error"]  # refused before building

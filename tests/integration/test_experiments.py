@@ -98,10 +98,10 @@ def test_a_sweep_runs_its_cells_keeps_going_resumes_and_reports(state_dir, tmp_p
 
     # the same directory again: refused; --resume runs only the failed cells
     again = _cli(state_dir, "run", str(exp), "--out", str(out))
-    assert again.returncode == 2 and "--resume finishes it" in again.stdout, again.stdout
+    assert again.returncode == 2 and "--resume finishes it" in again.stderr, again.stderr
     resumed = _cli(state_dir, "run", str(exp), "--out", str(out), "--resume")
-    assert resumed.returncode == 3 and "2 complete already), 2 to run" in resumed.stdout, \
-        resumed.stdout[-2000:]
+    assert resumed.returncode == 3 and "2 complete already), 2 to run" in \
+        resumed.stdout + resumed.stderr, resumed.stdout[-2000:]
 
     compared = _cli(state_dir, "compare", str(out), str(cell), "--json")
     assert compared.returncode == 0, compared.stdout + compared.stderr

@@ -4,9 +4,12 @@ barrier's reply, a port's carrier change reaches the datapath first and the cont
 
 from __future__ import annotations
 
+import shutil
 import socket
-
+import subprocess
 from types import SimpleNamespace
+
+import pytest
 
 from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_5 as ofp
@@ -189,3 +192,54 @@ def test_a_switch_whose_connection_the_controller_closes_connects_again():
             assert agent.disconnects and "edge1_1" in agent.disconnects[0]
         finally:
             agent.stop()
+
+
+@pytest.mark.skipif(shutil.which("ovs-ofctl") is None, reason="needs ovs-ofctl "
+                    "(apt-get install openvswitch-switch)")
+def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tmp_path):
+    """As on an Open vSwitch bridge: ``ovs-ofctl dump-flows`` and ``dump-groups`` over the
+    switch's management socket show what the controller installed; a change is refused."""
+    topo = fat_tree(4)
+    tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
+    ports_of = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
+                for n, link in sorted(topo.ports("edge1_1").items())]
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        agent = SwitchAgent(FakeMaps(), {"edge1_1": SwitchSpec(
+            3, topo.nodes["edge1_1"].dpid, ports_of)}, server.getsockname(), mgmt_dir=tmp_path)
+        agent.start()
+        try:
+            conn, _ = server.accept()
+            with conn:
+                dp = FakeDatapath()
+                conn.sendall(_wire(parser.OFPHello(dp), 1)
+                             + _wire(parser.OFPFeaturesRequest(dp), 2))
+                _read_messages(conn, parser.OFPSwitchFeatures)
+                ops = diff_tables(None, tables["edge1_1"])
+                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
+                                      for m in to_messages(dp, op)))
+                _read_messages(conn, parser.OFPBarrierReply)
+
+                def ofctl(*args: str) -> subprocess.CompletedProcess:
+                    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", args[0],
+                                           f"unix:{tmp_path / 'edge1_1.mgmt'}", *args[1:]],
+                                          capture_output=True, text=True, timeout=20)
+
+                flows = ofctl("dump-flows")
+                assert flows.returncode == 0, flows.stderr
+                lines = [l for l in flows.stdout.splitlines() if "priority=" in l]
+                assert len(lines) == len(tables["edge1_1"].flows), flows.stdout
+                for host in ("10.1.1.1", "10.1.1.2"):  # its own hosts' /32 routes
+                    assert any(f"nw_dst={host}" in l for l in lines), flows.stdout
+                groups = ofctl("dump-groups")
+                assert groups.returncode == 0, groups.stderr
+                assert groups.stdout.count("group_id=") == len(tables["edge1_1"].groups)
+                assert "type=select" in groups.stdout
+                refused = ofctl("add-flow", "priority=9,actions=drop")  # the controller's alone
+                assert refused.returncode != 0, refused
+                assert len(agent.conns["edge1_1"].session.flows) == len(lines)
+                ports = ofctl("dump-ports")
+                assert ports.returncode == 0 and ports.stdout.count("port ") >= len(ports_of), \
+                    ports
+        finally:
+            agent.stop()
+    assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
