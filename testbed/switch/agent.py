@@ -15,6 +15,7 @@ read-only session over the switch's live tables and counters. The datapath is an
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import ssl
@@ -308,18 +309,30 @@ class SwitchAgent:
     # -- management sockets (ovs-ofctl) --------------------------------------------------------
     def _listen_mgmt(self) -> None:
         """Every switch's management socket, listening (a stale file of a killed run's is
-        replaced: the folder is this run's)."""
+        replaced: the folder is this run's). A socket's path may be longer than a Unix
+        address holds (108 bytes): it is bound through the folder's descriptor in
+        ``/proc/self/fd``, as Open vSwitch binds its own (and ovs-ofctl connects so). One that
+        cannot be made is an error of the agent's; the switches forward all the same."""
         self.mgmt_dir.mkdir(parents=True, exist_ok=True)
-        for name in self.switches:
-            path = self.mgmt_dir / f"{name}{MGMT_SUFFIX}"
-            path.unlink(missing_ok=True)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(str(path))
-            path.chmod(0o600)  # root's, as Open vSwitch's are
-            sock.listen(4)
-            sock.setblocking(False)
-            self.listeners.append(sock)
-            self.selector.register(sock, selectors.EVENT_READ, ("listen", name))
+        folder = os.open(self.mgmt_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name in self.switches:
+                path = self.mgmt_dir / f"{name}{MGMT_SUFFIX}"
+                path.unlink(missing_ok=True)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.bind(f"/proc/self/fd/{folder}/{path.name}")
+                    path.chmod(0o600)  # root's, as Open vSwitch's are
+                    sock.listen(4)
+                except OSError as err:
+                    sock.close()
+                    self.errors.append(f"{name}: no management socket {path}: {err}")
+                    continue
+                sock.setblocking(False)
+                self.listeners.append(sock)
+                self.selector.register(sock, selectors.EVENT_READ, ("listen", name))
+        finally:
+            os.close(folder)
 
     def _mgmt_event(self, key: tuple, sock: socket.socket) -> None:
         kind, what = key

@@ -198,7 +198,9 @@ def test_a_switch_whose_connection_the_controller_closes_connects_again():
                     "(apt-get install openvswitch-switch)")
 def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tmp_path):
     """As on an Open vSwitch bridge: ``ovs-ofctl dump-flows`` and ``dump-groups`` over the
-    switch's management socket show what the controller installed; a change is refused."""
+    switch's management socket show what the controller installed; a change is refused. The
+    socket's path is longer than a Unix address holds (as in a deep run directory)."""
+    tmp_path = tmp_path / ("deep" * 30)
     topo = fat_tree(4)
     tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
     ports_of = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
