@@ -2,7 +2,7 @@
 :class:`controllers.routing.session.Session`.
 
 Each handler decodes an OpenFlow event, asks the policy what to do (passing ``now``), sends the
-returned ops (translated by :mod:`controllers.ofmsgs`) and tells the session what it sent and
+returned ops (translated by :mod:`controllers.routing.ofmsgs`) and tells the session what it sent and
 received. The session's status document (switches connected and programmed, port and wiring
 mismatches, error replies, handler exceptions) is written to a JSON file the testbed polls.
 Started with ``--warm-start`` (a restart), it reads each switch's tables back before it
@@ -34,7 +34,7 @@ from os_ken.lib.packet import arp, ethernet, ipv4, lldp, packet, tcp, udp
 from os_ken.ofproto import ofproto_v1_5
 
 from controllers.routing.adaptive import FlowKey
-from controllers.ofmsgs import read_groups_by_layout, to_messages
+from controllers.routing.ofmsgs import read_groups_by_layout, to_messages
 from controllers.readback import ReadBack, WarmStart
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import (

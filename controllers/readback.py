@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controllers.ofmsgs import flow_entry
+from controllers.routing.ofmsgs import flow_entry
 from testbed.model.topology import Topology
 
 
@@ -72,7 +72,7 @@ class WarmStart:
                     back.unreadable += 1
                 else:
                     back.flows[entry.key] = entry
-            elif part.entry is not None:  # a group (controllers.ofmsgs.GroupDesc)
+            elif part.entry is not None:  # a group (controllers.routing.ofmsgs.GroupDesc)
                 back.groups[part.entry.group_id] = part.entry
             else:
                 back.unreadable += 1

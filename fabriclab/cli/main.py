@@ -94,6 +94,19 @@ def version_text() -> str:
         return "fabriclab (not installed)"
 
 
+def _target_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
+    """``exec HOST`` and ``ofctl SWITCH``: the node, then a command for it."""
+    for name, what, example, rest in (
+            ("exec", "host", "h1_1_1, s1g0, ...", "the command and its arguments (after --; "
+                                                  "default: a shell)"),
+            ("ofctl", "switch", "edge1_1, leaf2, core1, ...", "the ovs-ofctl command and its "
+                                                              "arguments (dump-flows, "
+                                                              "dump-groups, show, ...)")):
+        p[name].add_argument(what, help=f"the {what}'s name ({example})")
+        p[name].add_argument("args", nargs=argparse.REMAINDER, help=rest)
+        p[name].add_argument("--run", help="the run id, when several fabrics are up")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fabriclab", description=DESCRIPTION,
                                      epilog=__doc__.split("\n\n", 1)[1].strip())
@@ -138,15 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p["down"].add_argument("run", nargs="?", metavar="ID",
                            help="the run id ('fabriclab ls'); none: the one running fabric")
     p["down"].add_argument("--all", action="store_true", help="every running fabric")
-    for name, what, example, rest in (
-            ("exec", "host", "h1_1_1, s1g0, ...", "the command and its arguments (after --; "
-                                                  "default: a shell)"),
-            ("ofctl", "switch", "edge1_1, leaf2, core1, ...", "the ovs-ofctl command and its "
-                                                              "arguments (dump-flows, "
-                                                              "dump-groups, show, ...)")):
-        p[name].add_argument(what, help=f"the {what}'s name ({example})")
-        p[name].add_argument("args", nargs=argparse.REMAINDER, help=rest)
-        p[name].add_argument("--run", help="the run id, when several fabrics are up")
+    _target_arguments(p)
     p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
                                                   "(default runs/up-<time>)")
     p["run"].add_argument("--out", type=Path, help="directory for results.json, the report "

@@ -14,7 +14,7 @@ from traffic.predict.iterations import iterations
 from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor
 from traffic.predict.router import Router
 from traffic.measure.transport import goodput_fraction
-from traffic.workloads.protocol import Connection
+from traffic.protocol import Connection
 from traffic.workloads.workload import Job
 
 WHAT = ("max-min sharing of the links by each step's connections on the paths the switches "

@@ -77,7 +77,7 @@ def hashed_links(router: Router, jobs: list[Job], paths: dict[tuple, tuple]) -> 
 def hashed_connections(router: Router, jobs: list[Job], seen: dict[int, tuple],
                        paths: dict[tuple, tuple]) -> list[dict]:
     """One row per connection of ``jobs`` (``seen``: job index -> its
-    :class:`~traffic.workloads.protocol.Connection` s): job, ranks, hosts, channel, ports and
+    :class:`~traffic.protocol.Connection` s): job, ranks, hosts, channel, ports and
     ``path``, the links from the sending NIC to the receiving one in order."""
     out = []
     for job in jobs:

@@ -27,7 +27,7 @@ from testbed.paths import SWITCH_MGMT_DIR
 from testbed.plan.portplan import send_buffer_bytes, switch_queue_bytes
 from testbed.runs.registry import Role
 from testbed.switch.agent import SwitchAgent, SwitchSpec
-from testbed.switch.session import Port
+from testbed.openflow.session import Port
 
 #: private vswitchds started at once (each sleeps half a second calibrating its TSC)
 STARTUP_WORKERS = 16

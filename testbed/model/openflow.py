@@ -1,6 +1,6 @@
 """A switch's flow and group entries as OpenFlow holds them (pure): what the controller computes
 for each switch (:mod:`controllers.routing.tables`) and what an eBPF switch keeps after the
-controller set it (:mod:`testbed.switch.session`)."""
+controller set it (:mod:`testbed.openflow.session`)."""
 
 from __future__ import annotations
 

@@ -294,7 +294,7 @@ class EmulatorSpec:
     ovs_other_config: dict = field(default_factory=dict)  # extra Open_vSwitch other_config
     queue_sample_ms: float = 50.0  # switch queues sampled during a workload (0: not at all)
     ecn_marker: EcnMarker = EcnMarker.AUTO
-    datapath: Datapath = Datapath.OVS
+    datapath: Datapath = Datapath.AUTO  # resolved when the fabric is built
 
 
 @dataclass(frozen=True)

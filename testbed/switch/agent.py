@@ -1,5 +1,5 @@
 """The control side of the eBPF switches of one machine: one OpenFlow connection per switch to
-the controller, its :class:`testbed.switch.session.SwitchSession`, and what the controller set
+the controller, its :class:`testbed.openflow.session.SwitchSession`, and what the controller set
 installed into the datapath (flow tables compiled as tuple-space subtables, groups) before any
 reply to the messages that set it is sent, so a barrier reply means installed. The other way:
 the packets the datapath punts go to the controller as packet-ins, a port's carrier change
@@ -29,8 +29,8 @@ from testbed.errors import TestbedError
 from testbed.paths import MGMT_SUFFIX
 from testbed.plan import tss
 from testbed.model.openflow import FlowEntry
-from testbed.switch.replies import PortCounters
-from testbed.switch.session import Port, SwitchSession
+from testbed.openflow.replies import PortCounters
+from testbed.openflow.session import Port, SwitchSession
 
 
 class Datapath(Protocol):

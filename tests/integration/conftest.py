@@ -65,8 +65,11 @@ def experiment(text: str, datapath: str = "ovs") -> config.Experiment:
     """An experiment from YAML ``text``, on ``datapath`` (merged into its ``emulator``)."""
     import yaml
     data = yaml.safe_load(text)
+    emulator = data.setdefault("emulator", {})
     if datapath != "ovs":
-        data.setdefault("emulator", {})["datapath"] = datapath
+        emulator["datapath"] = datapath
+    else:  # the text's own choice, else Open vSwitch (the default is auto)
+        emulator.setdefault("datapath", "ovs")
     return config.parse(data)
 
 

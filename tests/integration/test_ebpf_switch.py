@@ -23,7 +23,7 @@ from testbed.model.builders import leaf_spine
 from testbed.plan import tss
 from testbed.poll import wait_for
 from testbed.switch.agent import SwitchAgent, SwitchSpec
-from testbed.switch.session import Port
+from testbed.openflow.session import Port
 
 HOSTS = 3
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.privileges import may_set_congestion_control
-from traffic.workloads.protocol import AgentReport
+from traffic.protocol import AgentReport
 from traffic.measure.results import job_spec, summarize
 from traffic.workloads.schedules import build, flows
 from traffic.workloads.workload import Collective
@@ -303,7 +303,7 @@ def test_connections_inside_a_scale_up_domain_are_cubic_unless_the_job_pins_one(
     unpaced), its connections across the fabric the kernel's default; a job's own choice
     holds for both."""
     from traffic.agents.agent import SCALE_UP_CONGESTION, Agent
-    from traffic.workloads.protocol import RankSpec
+    from traffic.protocol import RankSpec
 
     def chosen(congestion_control, peer):
         ranks = {h: f"10.0.0.{i + 1}" for i, h in enumerate(HOSTS)}

@@ -9,7 +9,7 @@ from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controllers.ofmsgs import TRANSLATE, to_messages
+from controllers.routing.ofmsgs import TRANSLATE, to_messages
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import CONTROLLER_PORT, ETH_TYPE_IPV4, FlowEntry, GroupEntry, Op, OpKind
 from controllers.routing.session import Session

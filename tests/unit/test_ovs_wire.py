@@ -3,7 +3,7 @@ ofproto/trace reports, and the counters of a raw qdisc dump."""
 
 import struct
 
-from controllers.ofmsgs import HashSelection
+from controllers.routing.ofmsgs import HashSelection
 from testbed.linux.ovs import trace_outputs
 
 TRACE = """Flow: tcp,in_port=1,vlan_tci=0x0000,nw_src=10.1.1.1,nw_dst=10.3.1.1,tp_src=40000,tp_dst=5201

@@ -151,7 +151,7 @@ def test_paths_as_hashed_are_known_for_the_controllers_ecmp_on_ebpf_switches_onl
     agents report give every schedule's connection its path, or nothing when one is
     missing."""
     from fabriclab.model.prediction import AsHashed, attach_hashed, hashing_known
-    from traffic.workloads.protocol import Connection
+    from traffic.protocol import Connection
 
     base = {"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 2,
                                       "hosts_per_leaf": 2, "host_link": {"rate_mbps": 100}},
@@ -332,7 +332,7 @@ def test_traffic_out_connections_hop_by_hop_as_hashed():
     gives its 5-tuple, in order from the sending host to the receiving one."""
     from fabriclab.model import traffic
     from fabriclab.model.prediction import AsHashed
-    from traffic.workloads.protocol import Connection
+    from traffic.protocol import Connection
 
     topo = fat_tree(4)
     hosts = [h.name for h in topo.hosts]

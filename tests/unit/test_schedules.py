@@ -154,7 +154,7 @@ def test_nccl_log_bad_lines():
 
 
 def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
-    from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
+    from traffic.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
     from traffic.measure.results import job_spec, summarize
     from traffic.workloads.workload import Collective
 

@@ -294,7 +294,7 @@ def test_a_multi_plane_workload_spreads_its_connections_over_the_planes():
 
 
 def test_a_rank_addresses_a_peer_on_the_plane_of_each_connection():
-    from traffic.workloads.protocol import RankSpec
+    from traffic.protocol import RankSpec
 
     a = RankSpec("s1g1", "10.0.1.1", ("10.1.1.1",), 1)
     b = RankSpec("s2g1", "10.0.1.2", ("10.1.1.2",), 2)

@@ -15,14 +15,14 @@ from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controllers.ofmsgs import to_messages
+from controllers.routing.ofmsgs import to_messages
 from controllers.routing.tables import compute_tables, diff_tables
 from testbed.model.builders import fat_tree
 from testbed.model.spec import Routing
 from testbed.plan import tss
 from testbed.poll import wait_for
 from testbed.switch.agent import SwitchAgent, SwitchSpec
-from testbed.switch.session import Port
+from testbed.openflow.session import Port
 from tests.unit.test_switch_session import FakeDatapath, _wire
 
 

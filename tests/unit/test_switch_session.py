@@ -1,5 +1,5 @@
-"""The eBPF switch's OpenFlow session (testbed/switch/session.py), driven by what fabriclab's
-controller really sends (controllers/ofmsgs.py through os-ken's parser): the handshake answered
+"""The eBPF switch's OpenFlow session (testbed/openflow/session.py), driven by what fabriclab's
+controller really sends (controllers/routing/ofmsgs.py through os-ken's parser): the handshake answered
 as a switch does, every routing mode's tables received whole (flows, SELECT groups with weights
 and hash basis, fast failover), barriers in order, and what the datapath cannot do refused with
 OpenFlow's errors."""
@@ -13,11 +13,11 @@ from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controllers.ofmsgs import to_messages
+from controllers.routing.ofmsgs import to_messages
 from controllers.routing.tables import compute_tables, diff_tables
 from testbed.model.builders import fat_tree
 from testbed.model.spec import Routing
-from testbed.switch.session import Port, SwitchSession
+from testbed.openflow.session import Port, SwitchSession
 
 
 class FakeDatapath:
@@ -174,7 +174,7 @@ class Counted:
 
 def test_packet_ins_and_statistics_parse_back_with_os_kens_parser():
     from controllers.routing.tables import FLOW_COOKIE
-    from testbed.switch.replies import PortCounters
+    from testbed.openflow.replies import PortCounters
 
     topo = fat_tree(4)
     tables = compute_tables(topo, {link.name: True for link in topo.links}, Routing.ADAPTIVE)
@@ -222,7 +222,7 @@ def test_packet_ins_and_statistics_parse_back_with_os_kens_parser():
 
 
 def test_a_long_multipart_reply_is_split_with_reply_more():
-    from testbed.switch.replies import multipart
+    from testbed.openflow.replies import multipart
 
     parts = [bytes(100)] * 1500  # 150 kB: three messages
     raw = multipart(ofp.OFPMP_FLOW_STATS, 7, parts)

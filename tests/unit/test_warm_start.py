@@ -12,7 +12,7 @@ from os_ken.ofproto import ofproto_parser, ofproto_protocol
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controllers.ofmsgs import GroupDesc, flow_entry, read_groups_by_layout, to_messages
+from controllers.routing.ofmsgs import GroupDesc, flow_entry, read_groups_by_layout, to_messages
 from controllers.routing.adaptive import FlowKey
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import (
@@ -29,8 +29,8 @@ from fabriclab.cli.tables import controller_event
 from testbed.model.builders import fat_tree, leaf_spine
 from testbed.model.openflow import GroupEntry
 from testbed.model.spec import Routing
-from testbed.switch import groups
-from testbed.switch.session import Port, SwitchSession
+from testbed.openflow import groups
+from testbed.openflow.session import Port, SwitchSession
 from tests.unit.test_switch_agent import _read_messages, edge_agent
 from tests.unit.test_switch_session import FakeDatapath, _wire
 

@@ -1,10 +1,10 @@
 """The traffic agent: one process per participating host, run inside the host's namespace.
 
 Usage: ``python -m traffic.agents.agent SPEC.json RANK_HOST`` -- prints one
-:class:`traffic.workloads.protocol.AgentReport` (its timings, JSON) on stdout and exits 0, or prints the
+:class:`traffic.protocol.AgentReport` (its timings, JSON) on stdout and exits 0, or prints the
 error on stderr and exits 1.
 
-The spec (a :class:`traffic.workloads.protocol.AgentSpec`, written by :mod:`traffic.agents.runner`) lists the
+The spec (a :class:`traffic.protocol.AgentSpec`, written by :mod:`traffic.agents.runner`) lists the
 ranks (host, address), the TCP port every agent listens on (on its own address, so that agents
 can share a machine's loopback in tests), the number of connections per peer (NCCL opens several
 channels per peer; each transfer is split over them), a wall-clock start time shared by all
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from testbed.errors import TestbedError
 from testbed.linux.files import write_text_atomic
 from testbed.poll import wait_for
-from traffic.workloads.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connection,
+from traffic.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connection,
                                        FlowTiming)
 from traffic.workloads.schedules import chunk_sizes
 from traffic.agents import tcpinfo

@@ -1,6 +1,6 @@
 """Run collectives on a fabric: one agent per rank host, a shared start, results per collective.
 
-The runner (this adapter) writes the job's :class:`traffic.workloads.protocol.AgentSpec` into the run
+The runner (this adapter) writes the job's :class:`traffic.protocol.AgentSpec` into the run
 directory, starts ``python -m traffic.agents.agent`` in every participating host's namespace as a
 fabric service (:meth:`testbed.fabric.fabric.Fabric.spawn`: tracked by PID, ended by PID), waits with a
 hard timeout, and turns the agents' reports into per-collective results with NCCL-tests'
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from testbed.errors import TestbedError
 from traffic.predict.ideal import FluidModel
-from traffic.workloads.protocol import AgentReport, Connection
+from traffic.protocol import AgentReport, Connection
 from traffic.measure.results import AGENT_PORT, CollectiveResult, job_spec, summarize
 from traffic.transports.packet import mss_for
 from traffic.workloads.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job

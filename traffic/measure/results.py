@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from traffic.measure import metrics
 from traffic.predict.ideal import FluidModel
-from traffic.workloads.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
+from traffic.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
 from traffic.measure.transport import goodput_fraction
 from traffic.workloads.workload import Collective
 

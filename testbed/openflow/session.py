@@ -5,9 +5,9 @@ It answers as Open vSwitch does for what fabriclab's controller and common os-ke
 the handshake (hello, features with the datapath id, port descriptions with each port's
 number, name, MAC and liveness), configuration, echo, barriers, flow mods (add, modify strict,
 delete, delete strict; one table), group mods (SELECT with weighted buckets and the
-selection method's hash basis, fast failover; :mod:`testbed.switch.groups`), packet-out and
+selection method's hash basis, fast failover; :mod:`testbed.openflow.groups`), packet-out and
 packet-in, switch description, port and flow statistics and flow and group descriptions
-(:mod:`testbed.switch.replies`), and port status when a port's carrier changes.
+(:mod:`testbed.openflow.replies`), and port status when a port's carrier changes.
 Anything outside that is answered with the OpenFlow error a switch sends, never ignored: a
 match the datapath cannot look up (:mod:`testbed.plan.tss`) is ``OFPET_BAD_MATCH``. Requests
 are parsed by os-ken's OpenFlow 1.5 parser; the few switch-to-controller bodies os-ken does not
@@ -28,8 +28,8 @@ from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from testbed.model.openflow import CONTROLLER_PORT, FlowEntry, GroupEntry
 from testbed.plan import tss
-from testbed.switch import groups, replies
-from testbed.switch.replies import FlowQuery, PortCounters
+from testbed.openflow import groups, replies
+from testbed.openflow.replies import FlowQuery, PortCounters
 
 HEADER = replies.HEADER
 

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Callable
 
 from controllers.routing.tables import CONTROLLER_PORT, FlowEntry, GroupEntry, Op, OpKind
-from testbed.switch import groups, replies
+from testbed.openflow import groups, replies
 
 
 class HashSelection:
@@ -120,7 +120,7 @@ def flow_entry(stat) -> FlowEntry | None:
 
 
 class GroupDesc:
-    """One ``OFPMP_GROUP_DESC`` part read by :mod:`testbed.switch.groups` (``entry``: None for
+    """One ``OFPMP_GROUP_DESC`` part read by :mod:`testbed.openflow.groups` (``entry``: None for
     a group no policy installs, ``error`` says why)."""
 
     def __init__(self, raw: bytes, offset: int) -> None:
