@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 

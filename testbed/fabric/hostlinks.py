@@ -8,7 +8,6 @@ routes that keep traffic inside a server off the scale-out fabric.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 from testbed.fabric.services import FabricRun
 from testbed.linux import netns, procfs

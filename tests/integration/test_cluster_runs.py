@@ -39,8 +39,8 @@ RANKS = 16
 
 
 def _on(text: str, datapath: str) -> str:
-    """An experiment's text on ``datapath`` (the default, ovs, as written)."""
-    return text if datapath == "ovs" else text + f"emulator: {{datapath: {datapath}}}\n"
+    """An experiment's text on ``datapath`` (the default is auto: said either way)."""
+    return text + f"emulator: {{datapath: {datapath}}}\n"
 
 
 def _ring_bytes_received(out: Path) -> int:

@@ -245,3 +245,36 @@ def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tm
         finally:
             agent.stop()
     assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
+
+
+def test_a_controller_of_a_version_the_switches_refuse_fails_the_wait_at_once(tmp_path):
+    """An OpenFlow 1.0 controller (a hello of version 0x01 only): the switch answers
+    HELLO_FAILED and the fabric's wait for its controller fails at once (not at its 60 s
+    timeout), naming both sides' versions."""
+    import time
+
+    from fabriclab.model import experiment as xp
+    from testbed.errors import TestbedError
+    from testbed.fabric.controller import Controller
+
+    spec = xp.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4}})
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(5)
+        agent, topo = edge_agent(server)
+        agent.start()
+        try:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(bytes([1, 0, 0, 8, 0, 0, 0, 1]))  # OFPT_HELLO, version 1.0
+                view = SimpleNamespace(states=agent.states, notes=lambda: [],
+                                       refusals=lambda: list(agent.refusals))
+                run = SimpleNamespace(run_dir=tmp_path, errors=[])
+                controller = Controller(spec, topo, run, "127.0.0.1", view)
+                began = time.monotonic()
+                with pytest.raises(TestbedError) as err:
+                    controller.wait_programmed()
+                assert time.monotonic() - began < 2.0
+        finally:
+            agent.stop()
+    text = str(err.value)
+    assert "refused the controller" in text and "0x01" in text and "1.5 (0x06)" in text, text
