@@ -24,7 +24,6 @@ removed by ``fabriclab clean`` there or by the next build there), then the contr
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -300,9 +299,8 @@ class ClusterFabric:
     def cpu_times(self) -> dict[str, dict]:
         """Every machine's CPU (:meth:`Fabric.cpu_times`), the coordinator's too (its
         controller)."""
-        times = {socket.gethostname() or "coordinator": {
-            "cpu": machine_cpu_s(), "cores": os.cpu_count() or 1, "vswitchd": {},
-            "vswitchd_switches": {}}}
+        times = {"coordinator": {"cpu": machine_cpu_s(), "cores": os.cpu_count() or 1,
+                                 "vswitchd": {}, "vswitchd_switches": {}}}
         for per_machine in self.on_all(lambda m: m.cpu_times()).values():
             times.update(per_machine)
         return times
