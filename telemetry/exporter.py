@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 from telemetry.model import metrics
 from telemetry.model.promconfig import DISCOVERY_DIR, LOOPBACK, discovery_groups
 from telemetry.prometheus import Prometheus
+from testbed.contract import TelemetryFabric
 from testbed.linux.files import write_json_atomic
 from testbed.linux.netlink import Netlink
 
@@ -46,7 +47,7 @@ class FabricCollector:
         fabric: the running :class:`testbed.fabric.fabric.Fabric`.
     """
 
-    def __init__(self, fabric) -> None:
+    def __init__(self, fabric: TelemetryFabric) -> None:
         self.fabric = fabric
         self.ports = metrics.port_labels(fabric.topo)
         self.lock = threading.Lock()  # one scrape at a time on the netlink socket
@@ -134,7 +135,7 @@ class FidelityCollector:
             system's).
     """
 
-    def __init__(self, fabric) -> None:
+    def __init__(self, fabric: TelemetryFabric) -> None:
         self.fabric = fabric
 
     def collect(self) -> Iterator[Metric]:
@@ -221,7 +222,7 @@ class RunTelemetry:
             that folder exists, the run's exporters are announced there while it runs.
     """
 
-    def __init__(self, fabric, directory: Path | None, interval_s: float,
+    def __init__(self, fabric: TelemetryFabric, directory: Path | None, interval_s: float,
                  labels: dict[str, str], routing: str,
                  address: tuple[str, int] = (LOOPBACK, 0),
                  discovery_dir: Path = DISCOVERY_DIR) -> None:

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from testbed.contract import FailureFabric
 from testbed.linux import ovs
 from testbed.errors import TestbedError
 from testbed.plan.failplan import SAMPLE_S, FailureEvent, live_links, throughput_around
@@ -26,7 +27,7 @@ class FailureInjector:
     fabric delivers to the hosts (its ports toward them) every ``SAMPLE_S`` until
     :meth:`finish`; a fabric service thread."""
 
-    def __init__(self, fabric, events: tuple[FailureEvent, ...]) -> None:
+    def __init__(self, fabric: FailureFabric, events: tuple[FailureEvent, ...]) -> None:
         self.fabric = fabric
         self.events = events
         self.began: float | None = None

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.contract import TrafficFabric
 from testbed.errors import TestbedError
 from traffic.predict.ideal import FluidModel
 from traffic.protocol import AgentReport, Connection
@@ -48,7 +49,8 @@ class CutOffWatch:
     longer than the grace, or a fabric service (the PFC agent: queues it paused stay paused)
     that died since the job began."""
 
-    def __init__(self, fabric, hosts: list[str], grace_s: float = CUT_OFF_GRACE_S) -> None:
+    def __init__(self, fabric: TrafficFabric, hosts: list[str],
+                 grace_s: float = CUT_OFF_GRACE_S) -> None:
         self.fabric, self.hosts, self.grace_s = fabric, hosts, grace_s
         self.since: float | None = None
         self.services_failed = len(getattr(fabric, "service_errors", []))
@@ -70,7 +72,7 @@ class CutOffWatch:
             if now - self.since >= self.grace_s else None
 
 
-def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
+def run_batch(fabric: TrafficFabric, jobs: list[Job]) -> list[JobOutcome]:
     """Run several jobs at once, each on its own agent port, all starting together.
 
     Returns:
@@ -116,14 +118,14 @@ def run_batch(fabric, jobs: list[Job]) -> list[JobOutcome]:
     return [o for o in outcomes if o is not None]
 
 
-def _agent_state(fabric, spec_name: str, rank: int, host: str) -> str:
+def _agent_state(fabric: TrafficFabric, spec_name: str, rank: int, host: str) -> str:
     try:
         return fabric.read_file(f"{spec_name}.rank{rank}", host)
     except OSError:
         return "no state published"
 
 
-def _wait_agents(fabric, procs: dict[str, subprocess.Popen], name: str, port: int,
+def _wait_agents(fabric: TrafficFabric, procs: dict[str, subprocess.Popen], name: str, port: int,
                  timeout_s: float) -> list[AgentReport]:
     """Every agent's report, all watched at once: the first to fail, a cut-off that lasts, or
     the deadline ends the job with an error naming the ranks (the caller stops the rest)."""
@@ -171,7 +173,7 @@ def _wait_agents(fabric, procs: dict[str, subprocess.Popen], name: str, port: in
     return reports
 
 
-def run_job(fabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
+def run_job(fabric: TrafficFabric, collectives: list[Collective], connections: int = DEFAULT_CONNECTIONS,
             timeout_s: float = DEFAULT_TIMEOUT_S, port: int = AGENT_PORT,
             start_at: float | None = None, congestion_control: str | None = None,
             dscp: int = 0, transport: str = "tcp",
