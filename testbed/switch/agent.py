@@ -7,15 +7,13 @@ the packets the datapath punts go to the controller as packet-ins, a port's carr
 and statistics requests are answered from the datapath's counters.
 
 One thread serves every switch (a selector over their sockets, the punt ring and the link
-announcements). With a management folder, every switch also listens there on a Unix socket
-(``NAME.mgmt``, as Open vSwitch's bridges do) for OpenFlow tools such as ``ovs-ofctl``: a
-read-only session over the switch's live tables and counters. The datapath is anything with the methods of :class:`Datapath`
+announcements), and with a management folder the switches' management sockets for tools such
+as ``ovs-ofctl`` (:mod:`testbed.switch.mgmt`). The datapath is anything with the methods of :class:`Datapath`
 (:class:`testbed.linux.ebpfswitch.EbpfSwitches` on a machine, a fake in the unit tests).
 """
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import ssl
@@ -26,11 +24,11 @@ from pathlib import Path
 from typing import Protocol
 
 from testbed.errors import TestbedError
-from testbed.paths import MGMT_SUFFIX
 from testbed.plan import tss
 from testbed.model.openflow import FlowEntry
 from testbed.openflow.replies import PortCounters
 from testbed.openflow.session import Port, SwitchSession
+from testbed.switch.mgmt import Management
 
 
 class Datapath(Protocol):
@@ -84,15 +82,6 @@ class _Conn:
     out: bytes = b""
 
 
-@dataclass
-class _Mgmt:
-    """A management connection (``ovs-ofctl``) to one switch."""
-
-    switch: str
-    sock: socket.socket
-    session: SwitchSession
-
-
 class _Counters:
     """A switch's statistics, read from the datapath when the controller asks."""
 
@@ -114,7 +103,6 @@ class _Counters:
 
 RECONNECT_S, RECONNECT_MAX_S = 0.1, 2.0  # a lost connection's first retry, and the longest wait
 _PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside switch names
-MAX_MGMT_CONNS = 16  # management connections at once, per agent
 
 
 class SwitchAgent:
@@ -130,7 +118,6 @@ class SwitchAgent:
                  tls: ssl.SSLContext | None = None, mgmt_dir: Path | None = None) -> None:
         self.datapath = datapath
         self.mgmt_dir = mgmt_dir  # each switch's management socket here (None: none)
-        self.mgmt: dict[int, _Mgmt] = {}  # a management connection by its socket's fd
         self.tls = tls  # OpenFlow over TLS: the run's client context (controller.tls)
         self.switches = switches
         self.controller = controller
@@ -153,7 +140,7 @@ class SwitchAgent:
         self.lock = threading.Lock()
         self.raw: socket.socket | None = None  # the controller's packet-outs go out by it
         self._waker = socket.socketpair()  # another thread's message to send: a byte here
-        self.listeners: list[socket.socket] = []  # the switches' management sockets
+        self.mgmt: Management | None = None  # the switches' management sockets
 
     def start(self) -> None:
         for name, spec in self.switches.items():
@@ -165,7 +152,9 @@ class SwitchAgent:
                 raise TestbedError(f"switch {name}: the controller at {self.controller[0]}:"
                                    f"{self.controller[1]} refused it: {err}") from None
         if self.mgmt_dir is not None:
-            self._listen_mgmt()
+            self.mgmt = Management(self.mgmt_dir, self.selector, self._sessions, self.lock)
+            self.errors += self.mgmt.listen({name: (spec, _Counters(self.datapath, spec))
+                                             for name, spec in self.switches.items()})
         self._waker[0].setblocking(False)
         self.selector.register(self._waker[0], selectors.EVENT_READ, _WAKE)
         self.selector.register(self.datapath.punts, selectors.EVENT_READ, _PUNTS)
@@ -185,10 +174,9 @@ class SwitchAgent:
                 pass
             conn.sock.close()
         self.conns.clear()
-        for sock in [m.sock for m in self.mgmt.values()] + self.listeners:
-            sock.close()
-        self.mgmt.clear()
-        self.listeners.clear()
+        if self.mgmt is not None:
+            self.mgmt.close()
+            self.mgmt = None
         if self.raw is not None:
             self.raw.close()
             self.raw = None
@@ -288,8 +276,8 @@ class SwitchAgent:
                 self._links()
             elif key.data == _WAKE:
                 self._waker[0].recv(4096)
-            elif isinstance(key.data, tuple):  # ("listen", switch) or ("mgmt", fd)
-                self._mgmt_event(key.data, key.fileobj)
+            elif isinstance(key.data, tuple) and self.mgmt is not None:  # a tool's socket
+                self.mgmt.event(key.data, key.fileobj)
             elif key.data in self.conns and events & selectors.EVENT_READ:
                 self._receive(key.data, self.conns[key.data])
         for name, conn in list(self.conns.items()):  # what is to send, sent or waited for
@@ -306,79 +294,10 @@ class SwitchAgent:
             except OSError as err:
                 self._drop(name, conn, err)
 
-    # -- management sockets (ovs-ofctl) --------------------------------------------------------
-    def _listen_mgmt(self) -> None:
-        """Every switch's management socket, listening (a stale file of a killed run's is
-        replaced: the folder is this run's). A socket's path may be longer than a Unix
-        address holds (108 bytes): it is bound through the folder's descriptor in
-        ``/proc/self/fd``, as Open vSwitch binds its own (and ovs-ofctl connects so). One that
-        cannot be made is an error of the agent's; the switches forward all the same."""
-        self.mgmt_dir.mkdir(parents=True, exist_ok=True)
-        folder = os.open(self.mgmt_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for name in self.switches:
-                path = self.mgmt_dir / f"{name}{MGMT_SUFFIX}"
-                path.unlink(missing_ok=True)
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    sock.bind(f"/proc/self/fd/{folder}/{path.name}")
-                    path.chmod(0o600)  # root's, as Open vSwitch's are
-                    sock.listen(4)
-                except OSError as err:
-                    sock.close()
-                    self.errors.append(f"{name}: no management socket {path}: {err}")
-                    continue
-                sock.setblocking(False)
-                self.listeners.append(sock)
-                self.selector.register(sock, selectors.EVENT_READ, ("listen", name))
-        finally:
-            os.close(folder)
-
-    def _mgmt_event(self, key: tuple, sock: socket.socket) -> None:
-        kind, what = key
-        if kind == "listen":
-            try:
-                peer, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            if len(self.mgmt) >= MAX_MGMT_CONNS:
-                peer.close()
-                return
-            spec = self.switches[what]
-            session = SwitchSession(spec.dpid, spec.ports, read_only=True,
-                                    counters=_Counters(self.datapath, spec))
-            peer.setblocking(True)  # replies are small; a tool reads them at once
-            peer.settimeout(1.0)
-            self.mgmt[peer.fileno()] = _Mgmt(what, peer, session)
-            self.selector.register(peer, selectors.EVENT_READ, ("mgmt", peer.fileno()))
-            self._mgmt_send(self.mgmt[peer.fileno()], session.start())
-            return
-        mgmt = self.mgmt.get(what)
-        if mgmt is None:
-            return
-        try:
-            data = mgmt.sock.recv(65536)
-        except OSError:
-            data = b""
-        live = self.conns.get(mgmt.switch)
-        if not data or live is None:  # the tool is done, or the switch has no tables now
-            self._mgmt_close(mgmt)
-            return
-        with self.lock:
-            replies = mgmt.session.mirror(live.session).receive(data)
-        self._mgmt_send(mgmt, replies)
-
-    def _mgmt_send(self, mgmt: _Mgmt, data: bytes) -> None:
-        try:
-            mgmt.sock.sendall(data)
-        except OSError:
-            self._mgmt_close(mgmt)
-
-    def _mgmt_close(self, mgmt: _Mgmt) -> None:
-        fd = mgmt.sock.fileno()
-        if fd >= 0 and self.mgmt.pop(fd, None) is not None:
-            self.selector.unregister(mgmt.sock)
-        mgmt.sock.close()
+    def _sessions(self, name: str) -> SwitchSession | None:
+        """Switch ``name``'s session with its controller now (None: not connected)."""
+        conn = self.conns.get(name)
+        return conn.session if conn is not None else None
 
     def _receive(self, name: str, conn: _Conn) -> None:
         try:
