@@ -45,7 +45,9 @@ def experiment_text(k: int, rate: float, routing: str, overrides: list[str]) -> 
            "fabric": {"topology": "fat_tree", "k": k, "host_link": {"rate_mbps": rate},
                       "fabric_link": {"rate_mbps": rate}},
            "controller": {"routing": routing},
-           "emulator": {"fidelity": "warn"}}  # overloading the machine is what this measures
+           # overloading the machine is what this measures; on the userspace Open vSwitch
+           # unless --set emulator.datapath=ebpf (or auto) says otherwise
+           "emulator": {"fidelity": "warn", "datapath": "ovs"}}
     for item in overrides:
         path, _, value = item.partition("=")
         node = doc
