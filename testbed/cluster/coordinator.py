@@ -38,12 +38,12 @@ from testbed.linux import capabilities
 from testbed.linux.environment import software_versions
 from testbed.errors import ConfigError, TestbedError
 from testbed.fabric.controller import Controller
+from testbed.fabric.machine import resolve_datapath
 from testbed.fabric.services import FabricRun
 from testbed.linux.cpu import machine_cpu_s
 from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.plan.failplan import cut_off_reason
 from testbed.linux.files import write_json_atomic
-from testbed.plan import datapaths
 from testbed.plan.fidelity import machine_budget_mbit_hops, saturation_table
 from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition,
                                check_cluster_spec, cut_links, links_by_machine, machine_of,
@@ -170,11 +170,10 @@ class ClusterFabric:
     def _choose_datapath(self) -> None:
         """``emulator.datapath: auto`` resolved once, here, for every machine (this machine's
         kernel stands for the cluster's): the machines build on the datapath named."""
-        caps = capabilities.probe(self.state_dir)
-        chosen, self.datapath_choice = datapaths.choose(
-            self.spec, caps.has_qdisc("clsact"), caps.ovs_kernel_datapath, caps.machine)
-        if chosen != self.spec.emulator.datapath:
-            self.spec = replace(self.spec, emulator=replace(self.spec.emulator, datapath=chosen))
+        asked = self.spec.emulator.datapath
+        self.spec, self.datapath_choice = resolve_datapath(
+            self.spec, capabilities.probe(self.state_dir), builds_switches=False)
+        if self.spec.emulator.datapath != asked:
             self.log(f"datapath {self.datapath_choice}")
 
     def _check_loads(self, plan: Partition) -> None:

@@ -25,19 +25,20 @@ def check_requirements(spec: TestbedSpec, caps: capabilities.Capabilities) -> No
             raise ConfigError(need.field, caps.explain_missing(need))
 
 
-def resolve_datapath(spec: TestbedSpec,
-                     caps: capabilities.Capabilities | None) -> tuple[TestbedSpec, str]:
+def resolve_datapath(spec: TestbedSpec, caps: capabilities.Capabilities | None,
+                     builds_switches: bool = True) -> tuple[TestbedSpec, str]:
     """``spec`` with its datapath resolved (:func:`testbed.plan.datapaths.choose`; ``caps``
-    None: a machine that builds nothing) and why; Open vSwitch checked running where the
-    switches are its bridges."""
+    None: a machine that builds nothing) and why; Open vSwitch checked running where this
+    machine builds switches (``builds_switches``; a cluster's coordinator decides for its
+    machines and builds none) and they are its bridges."""
     chosen, why = datapaths.choose(
         spec, caps is None or caps.has_qdisc("clsact"),
         caps is not None and caps.ovs_kernel_datapath,
         caps.machine if caps is not None else platform.machine())
     if chosen != spec.emulator.datapath:
         spec = replace(spec, emulator=replace(spec.emulator, datapath=chosen))
-    if caps is not None and chosen != Datapath.EBPF:  # the eBPF switches need no Open vSwitch
-        ovs.check_running()
+    if caps is not None and builds_switches and chosen != Datapath.EBPF:
+        ovs.check_running()  # the eBPF switches need no Open vSwitch
     return spec, why
 
 
