@@ -44,7 +44,9 @@ def include_dir(machine: str | None = None) -> str:
 
 @functools.cache
 def _libbpf() -> ctypes.CDLL:
-    """libbpf's map and object calls (each returns 0 or a file descriptor, or ``-errno``)."""
+    """libbpf's map and object calls (each returns 0 or a file descriptor, or ``-errno``).
+    Debian's ``libbpf1``, which ``iproute2`` depends on: every machine scripts/setup.sh sets
+    up, and the full-kernel guest's image, has it."""
     try:
         lib = ctypes.CDLL(LIBBPF, use_errno=True)
     except OSError as err:

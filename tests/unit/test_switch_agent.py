@@ -160,14 +160,16 @@ def test_the_tables_are_in_the_datapath_before_the_barrier_reply():
     assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
 
 
-def edge_agent(server: socket.socket, maps=None, tls=None) -> tuple[SwitchAgent, object]:
+def edge_agent(server: socket.socket, maps=None, tls=None,
+               mgmt_dir=None) -> tuple[SwitchAgent, object]:
     """An agent serving a k=4 fat-tree's edge1_1 (datapath index 3), connecting to
-    ``server``; (the agent, the topology)."""
+    ``server`` (its management socket in ``mgmt_dir``); (the agent, the topology)."""
     topo = fat_tree(4)
     ports = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
              for n, link in sorted(topo.ports("edge1_1").items())]
     agent = SwitchAgent(maps or FakeMaps(), {"edge1_1": SwitchSpec(
-        3, topo.nodes["edge1_1"].dpid, ports)}, server.getsockname(), tls=tls)
+        3, topo.nodes["edge1_1"].dpid, ports)}, server.getsockname(), tls=tls,
+        mgmt_dir=mgmt_dir)
     return agent, topo
 
 
@@ -201,13 +203,9 @@ def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tm
     switch's management socket show what the controller installed; a change is refused. The
     socket's path is longer than a Unix address holds (as in a deep run directory)."""
     tmp_path = tmp_path / ("deep" * 30)
-    topo = fat_tree(4)
-    tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
-    ports_of = [Port(n, link.end("edge1_1").ifname, f"02:00:00:00:01:{n:02x}")
-                for n, link in sorted(topo.ports("edge1_1").items())]
     with socket.create_server(("127.0.0.1", 0)) as server:
-        agent = SwitchAgent(FakeMaps(), {"edge1_1": SwitchSpec(
-            3, topo.nodes["edge1_1"].dpid, ports_of)}, server.getsockname(), mgmt_dir=tmp_path)
+        agent, topo = edge_agent(server, mgmt_dir=tmp_path)
+        tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
         agent.start()
         try:
             conn, _ = server.accept()
@@ -240,8 +238,8 @@ def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tm
                 assert refused.returncode != 0, refused
                 assert len(agent.conns["edge1_1"].session.flows) == len(lines)
                 ports = ofctl("dump-ports")
-                assert ports.returncode == 0 and ports.stdout.count("port ") >= len(ports_of), \
-                    ports
+                assert ports.returncode == 0 and ports.stdout.count("port ") >= \
+                    len(topo.ports("edge1_1")), ports
         finally:
             agent.stop()
     assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
