@@ -263,7 +263,9 @@ class Controller:
         if refused:
             raise TestbedError(f"the switches refused the controller at its hello: "
                                f"{refused[0]}" + (f" (and {len(refused) - 1} more)"
-                                                  if len(refused) > 1 else ""))
+                                                  if len(refused) > 1 else "")
+                               + "; a controller of another OpenFlow version needs "
+                                 "emulator.datapath: ovs")
         if self.process is not None and self.process.poll() is not None:
             err = (self.run_dir / "controller.stderr").read_text()[-2000:]
             raise TestbedError(f"controller exited with code {self.process.returncode}",
