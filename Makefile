@@ -23,9 +23,11 @@ run: setup
 	$(VENV)/bin/fabriclab up --check $(EXPERIMENT)
 	$(VENV)/bin/fabriclab run $(EXPERIMENT) --out runs/$(notdir $(basename $(EXPERIMENT))) --force
 
+# every test but the lab VM's (`make lab`: tens of minutes under CPU emulation, run on changes to
+# what it covers; docs/testing.md)
 test: setup test-deps
 	VENV=$(VENV) ./scripts/unit-as-user.sh
-	$(VENV)/bin/python -m pytest -v --durations=15 tests
+	$(VENV)/bin/python -m pytest -v --durations=15 -m "not lab" tests
 
 unit:
 	FABRICLAB_VENV=$(abspath $(VENV)) FABRICLAB_EXTRAS=test,cluster,grafana FABRICLAB_GROUPS=dev \
