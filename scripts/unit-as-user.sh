@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exec make unit
 fi
 home=$(mktemp -d /tmp/fabriclab-unit.XXXXXX)
-trap 'rm -rf "$home"' EXIT
+trap 'rm -rf "$home"' EXIT  # so no exec below: the trap removes the user's home and temp files
 chown "$USER_NAME" "$home"
 args=(-q -m "not integration" -p no:cacheprovider "$ROOT/tests/unit" "$@")  # "$@": -k ...
 # the property suite's 10,000 generated inputs run in full in `make test`'s suite as root; here a
@@ -25,12 +25,13 @@ python="$ROOT/$VENV/bin/python"
 if runuser -u "$USER_NAME" -- test -r "$ROOT/pyproject.toml" -a -x "$python"; then
   echo "[unit-as-user] the unit suite as $USER_NAME"
   cd "$home"
-  exec runuser -u "$USER_NAME" -- "${envs[@]}" "$python" -m pytest "${args[@]}"
+  runuser -u "$USER_NAME" -- "${envs[@]}" "$python" -m pytest "${args[@]}"
+  exit
 fi
 echo "[unit-as-user] the unit suite as $USER_NAME, reading $ROOT with CAP_DAC_READ_SEARCH" \
      "(the user cannot reach it otherwise)"
 cd "$home"
 group=$(id -gn "$USER_NAME")
-exec setpriv --reuid="$USER_NAME" --regid="$group" --clear-groups \
+setpriv --reuid="$USER_NAME" --regid="$group" --clear-groups \
   --inh-caps=+dac_read_search --ambient-caps=+dac_read_search \
   "${envs[@]}" "$python" -m pytest "${args[@]}"
