@@ -41,6 +41,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from fabriclab.model.document import RunDocument  # noqa: E402
+from fabriclab.rundirs import read_document  # noqa: E402
 from testbed.runs.leaks import leaked, machine_state  # noqa: E402
 from testbed.runs.registry import Registry, proc_start_time  # noqa: E402
 
@@ -124,19 +126,20 @@ def _is(part: str, role: str) -> bool:
     return kind == part
 
 
-def _said(part: str, doc: dict) -> str:
-    """What the run recorded of a fault in ``part`` (empty: nothing)."""
-    if part == "controller":
-        events = (doc.get("controller") or {}).get("events") or []
-        return "; ".join(f"{e.get('event')}: {e.get('cause', '')}" for e in events)
-    if part == "prometheus":
-        return "; ".join((doc.get("telemetry") or {}).get("errors") or [])
+def _said(part: str, doc: RunDocument | None) -> str:
+    """What the run recorded of a fault in ``part`` (empty: nothing, or no document)."""
+    if doc is None:
+        return ""
+    if part == "controller" and doc.controller and doc.controller.events:
+        return "; ".join(f"{e.event}: {e.cause or ''}" for e in doc.controller.events)
+    if part == "prometheus" and doc.telemetry and doc.telemetry.errors:
+        return "; ".join(doc.telemetry.errors)
     if part == "vswitchd":
-        lost = [r for r in (doc.get("fidelity") or {}).get("reasons", []) if "vswitchd" in r]
+        lost = [r for r in (doc.fidelity.reasons if doc.fidelity else ()) if "vswitchd" in r]
         if lost:
             return "; ".join(lost)
-    if doc.get("complete") is False or doc.get("errors"):
-        return "incomplete: " + "; ".join(doc.get("errors") or [])[:300]
+    if not doc.complete or doc.error:
+        return "incomplete: " + (doc.error or "")[:300]
     return ""
 
 
@@ -179,10 +182,7 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
     rnd.exit_s = round(time.monotonic() - faulted_at, 2)
     if not rnd.delivered and run.returncode != 0:
         rnd.next_run_failure = True  # it failed on its own: what an earlier round left?
-    try:
-        doc = json.loads((out / "results.json").read_text())
-    except (OSError, ValueError):
-        doc = {}
+    doc = read_document(out / "results.json")
     rnd.said = _said(part, doc) if rnd.delivered else ""
     if rnd.delivered and not rnd.survived and run.returncode == 0 and not rnd.said:
         rnd.silent = True

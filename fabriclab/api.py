@@ -19,15 +19,15 @@ a fabric is torn down when its ``with`` block ends, however it ends.
 
 from __future__ import annotations
 
-import json
 import subprocess
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fabriclab.model import experiment as xp
-from fabriclab.model.results import upgrade
+from fabriclab.model.document import CollectiveRow, RunDocument
 from fabriclab.modes import run_file
 from fabriclab.options import RunRequest, TelemetryOptions
+from fabriclab.rundirs import load_document
 from fabriclab.runner import RunView
 from fabriclab.shared import make_fabric
 from testbed.errors import ConfigError, TestbedError
@@ -156,29 +156,8 @@ def up(experiment: xp.Experiment | str | Path,
     return fabric
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One measured collective (a row of ``results.json``), in NCCL-tests' units."""
-
-    job: int
-    repetition: int
-    label: str
-    op: str
-    algorithm: str
-    ranks: list[str]
-    bytes: int
-    time_us: float
-    algbw_GBps: float  # noqa: N815
-    busbw_GBps: float  # noqa: N815
-    ideal_s: float
-    efficiency: float
-    flow_completion_s: dict[str, float] = field(default_factory=dict)
-    transport: dict | None = None
-
-    @classmethod
-    def from_row(cls, row: dict) -> Collective:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in row.items() if k in names})
+#: one measured collective (a row of ``results.json``), in NCCL-tests' units
+Collective = CollectiveRow
 
 
 @dataclass
@@ -192,7 +171,8 @@ class Results:
         complete: whether every collective was measured.
         error: why it stopped, when it failed.
         collectives: every collective measured.
-        document: the whole document (congestion, controller, fidelity, telemetry, ...).
+        document: the whole document, typed (congestion, controller, fidelity, prediction,
+            ...: :class:`fabriclab.model.document.RunDocument`).
         runs: a variant's or a sweep cell's name -> its results.
     """
 
@@ -201,7 +181,7 @@ class Results:
     complete: bool = False
     error: str | None = None
     collectives: list[Collective] = field(default_factory=list)
-    document: dict = field(default_factory=dict)
+    document: RunDocument | None = None
     runs: dict[str, Results] = field(default_factory=dict)
 
     @classmethod
@@ -209,10 +189,9 @@ class Results:
         """A run directory's results (a run, its variants or a sweep)."""
         directory = Path(directory)
         if (directory / "results.json").is_file():
-            doc = upgrade(json.loads((directory / "results.json").read_text()))
-            return cls(directory, doc.get("experiment", ""), bool(doc.get("complete")),
-                       doc.get("error"), [Collective.from_row(r) for r in
-                                          doc.get("collectives", [])], doc)
+            doc = load_document(directory / "results.json")
+            return cls(directory, doc.experiment, doc.complete, doc.error,
+                       list(doc.collectives), doc)
         runs = {p.parent.name: cls.read(p.parent)
                 for p in sorted(directory.glob("*/results.json"))}
         if not runs:

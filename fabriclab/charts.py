@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from fabriclab.model import sweep as sw  # noqa: E402
+from fabriclab.model.document import RunDocument  # noqa: E402
 from fabriclab.model.results import job_summaries  # noqa: E402
 from traffic.measure.results import row_label  # noqa: E402
 
@@ -33,15 +34,14 @@ def png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def marks(doc: dict, timeline: dict | None) -> list[tuple[str, float, float]]:
+def marks(doc: RunDocument, timeline: dict | None) -> list[tuple[str, float, float]]:
     """Each collective's (label, start, end) in the timeline's seconds (its ``t_s``), from
     the rows' start and time; none for a timeline or rows without a wall-clock origin."""
     origin = (timeline or {}).get("started_unix_s")
     if not origin:
         return []
-    return [(row_label(r), r["start_unix_s"] - origin,
-             r["start_unix_s"] - origin + r["time_us"] / 1e6)
-            for r in doc.get("collectives", []) if r.get("start_unix_s")]
+    return [(r.name, r.start_unix_s - origin, r.end_unix_s - origin)
+            for r in doc.collectives if r.start_unix_s]
 
 
 def _mark(ax, spans: list[tuple[str, float, float]], names: bool) -> None:
@@ -60,9 +60,9 @@ def efficiency_chart(runs) -> str:
     rows = []
     for run in runs:
         jobs = [{"label": s.label or s.op, "op": s.op, "busbw_GBps": s.busbw_GBps,
-                 "efficiency": s.efficiency} for s in job_summaries(run.doc["collectives"])]
-        rows.append({"cell": run.group, "values": {}, "complete": bool(run.doc.get("complete")),
-                     "error": run.doc.get("error"), "jobs": jobs})
+                 "efficiency": s.efficiency} for s in job_summaries(run.doc.collectives)]
+        rows.append({"cell": run.group, "values": {}, "complete": run.doc.complete,
+                     "error": run.doc.error, "jobs": jobs})
     summary = sw.summarize(rows)
     labels = list(dict.fromkeys(j["label"] for line in summary for j in line["jobs"]))
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.6), layout="constrained")
@@ -95,10 +95,9 @@ def fct_cdf_chart(runs) -> str | None:
         for row in run.flows:
             label = row_label(row)
             by_label.setdefault(label, {}).setdefault(run.name, []).append(float(row["done_s"]))
-        for row in run.doc.get("collectives", []):
-            if row.get("ideal_s"):
-                ideal[row_label(row)] = min(ideal.get(row_label(row), row["ideal_s"]),
-                                            row["ideal_s"])
+        for c in run.doc.collectives:
+            if c.ideal_s:
+                ideal[c.name] = min(ideal.get(c.name, c.ideal_s), c.ideal_s)
     if not by_label:
         return None
     labels = list(by_label)[:6]
@@ -224,12 +223,12 @@ def overlay_chart(runs) -> str | None:
     left.legend(fontsize=6)
     labels: list[str] = []
     for run in runs[:OVERLAID]:
-        for s in job_summaries(run.doc.get("collectives", [])):
+        for s in job_summaries(run.doc.collectives):
             if (s.label or s.op) not in labels:
                 labels.append(s.label or s.op)
     shown = runs[:OVERLAID]
     for i, run in enumerate(shown):  # side by side within each collective's slot
-        bw = {s.label or s.op: s.busbw_GBps for s in job_summaries(run.doc["collectives"])}
+        bw = {s.label or s.op: s.busbw_GBps for s in job_summaries(run.doc.collectives)}
         offset = (i - (len(shown) - 1) / 2) * 0.6 / max(1, len(shown))
         right.plot([labels.index(k) + offset for k in bw], list(bw.values()), "o", ms=6,
                    label=run.name)

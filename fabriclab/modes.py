@@ -22,6 +22,7 @@ from pathlib import Path
 
 from fabriclab.model import experiment as xp
 from fabriclab.model import sweep as sw
+from fabriclab.model.document import RunDocument
 from fabriclab.model.results import variant_row
 from fabriclab.options import RunRequest
 from fabriclab.runner import RunView, run_experiment
@@ -110,7 +111,7 @@ def run_single(req: RunRequest, exp: xp.Experiment, view: RunView) -> Outcome:
     if req.resume and is_complete(path, exp.raw):
         view.say(f"{path} is complete: nothing to resume")
         return Outcome(json.loads(path.read_text()))
-    return Outcome(run_one(req, exp, req.out, view))
+    return Outcome(run_one(req, exp, req.out, view).to_json())
 
 
 def run_variants(req: RunRequest, exp: xp.Experiment, view: RunView,
@@ -157,16 +158,16 @@ class SweepRecords:
         self.began = time.monotonic()
         self.lock = threading.Lock()
 
-    def record(self, cell, doc: dict | None, error: str | None) -> None:
+    def record(self, cell, doc: RunDocument | None, error: str | None) -> None:
         """A cell's outcome: its document (None: none written) and its error."""
         row = variant_row(doc) if doc else None
         self.records[cell.name] = {
             "cell": cell.plan.group, "name": cell.name, "variant": cell.plan.variant,
             "values": cell.plan.values, "repetition": cell.plan.repetition,
-            "complete": bool(doc and doc.get("complete")),
-            "error": error or (doc or {}).get("error"), "jobs": row["jobs"] if row else [],
-            "row": row, "timings_s": (doc or {}).get("timings_s", {}),
-            "fabric_reused": bool((doc or {}).get("fabric_reused"))}
+            "complete": bool(doc and doc.complete),
+            "error": error or (doc.error if doc else None), "jobs": row["jobs"] if row else [],
+            "row": row, "timings_s": (doc.timings_s if doc else None) or {},
+            "fabric_reused": bool(doc and doc.fabric_reused)}
 
     def rows(self) -> list[dict]:
         return [self.records[c.name] for c in self.cells if c.name in self.records]
@@ -286,8 +287,8 @@ def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: Swee
                 error, lost = f"machine {name}: {type(err).__name__}: {err}"[:2000], True
             doc = read_document(out / cell.name / "results.json")
             if doc is not None:  # the document says where it ran
-                doc["machine"] = name
-                write_json_atomic(out / cell.name / "results.json", doc)
+                doc.machine = name
+                write_json_atomic(out / cell.name / "results.json", doc.to_json())
             with sweep.lock:
                 if error:
                     view.warn(f"cell {cell.name} failed on {name}: {error}")
@@ -315,7 +316,7 @@ def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: Swee
 
 def run_one(req: RunRequest, exp: xp.Experiment, out: Path, view: RunView,
             variant: str | None = None, shared: SharedFabric | None = None,
-            then: xp.Experiment | None = None) -> dict:
+            then: xp.Experiment | None = None) -> RunDocument:
     """One run of ``exp`` into ``out`` (:func:`fabriclab.runner.run_experiment`), shown."""
     try:
         doc = run_experiment(exp, out, req.state_dir, view,

@@ -25,7 +25,9 @@ import yaml
 from fabriclab import charts
 from fabriclab.drawing import draw
 from fabriclab.model import experiment as xp
+from fabriclab.model.document import RunDocument
 from fabriclab.model.results import gbps_text, job_summaries, upgrade, us_text
+from fabriclab.rundirs import read_document
 from testbed.errors import ConfigError
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
@@ -37,7 +39,7 @@ class Run:
 
     name: str
     directory: Path
-    doc: dict
+    doc: RunDocument
     timeline: dict | None = None
     flows: list[dict] = field(default_factory=list)
     group: str = ""  # its sweep cell without the repetition (else its name)
@@ -63,7 +65,7 @@ def load_runs(out: Path) -> list[Run]:
         entries.append((out.name, out, out.name))
     runs = []
     for name, directory, group in entries:
-        doc = _read_json(directory / "results.json")
+        doc = read_document(directory / "results.json")
         if doc is None:
             continue
         flows = []
@@ -77,17 +79,14 @@ def load_runs(out: Path) -> list[Run]:
     return runs
 
 
-def failed_links(doc: dict) -> set[str]:
+def failed_links(doc: RunDocument) -> set[str]:
     """Links the run took down and did not bring back."""
-    down = set((doc.get("controller") or {}).get("links_down") or [])
-    for event in doc.get("failures") or []:
-        target = event.get("target")
-        if isinstance(target, list):
-            target = "-".join(target)
-        if event.get("action") == "down":
-            down.add(str(target))
-        elif event.get("action") == "up":
-            down.discard(str(target))
+    down = set(doc.controller.links_down if doc.controller else ())
+    for event in doc.failures or ():
+        if event.action == "down":
+            down.add(event.link)
+        elif event.action == "up":
+            down.discard(event.link)
     return down
 
 
@@ -140,16 +139,15 @@ def _table(headers: list[str], rows: list[list], numeric_from: int | None = None
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def numbers_table(doc: dict) -> str:
+def numbers_table(doc: RunDocument) -> str:
     """The collectives as NCCL-tests prints them: per job and size, the mean over its
     repetitions (time us, algbw and busbw GB/s), with the ideal and the efficiency."""
     rows = []
-    summaries = job_summaries(doc.get("collectives", []))
+    summaries = job_summaries(doc.collectives)
     hashed = any(s.hashed_us for s in summaries)  # the paths as hashed are known
     for s in summaries:
-        same = [r for r in doc["collectives"] if (r["job"], r["op"], r["bytes"]) ==
-                (s.job, s.op, s.bytes)]
-        ideals = [r["ideal_s"] for r in same if r.get("ideal_s")]
+        same = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
+        ideals = [r.ideal_s for r in same if r.ideal_s]
         ideal_us = min(ideals) * 1e6 if ideals else None
         rows.append([s.job, s.label or s.op, s.algorithm, s.ranks, f"{s.bytes:,}",
                      f"{s.count:,}", s.repetitions, us_text(s.mean_us), gbps_text(s.algbw_GBps),
@@ -168,30 +166,34 @@ def numbers_table(doc: dict) -> str:
                   rows, numeric_from=3)
 
 
-def jobs_table(doc: dict) -> str:
+def jobs_table(doc: RunDocument) -> str:
     """Several jobs at once: each one's time together and alone, the slowdown measured and
     predicted, and the links it shared."""
-    rows = [[j["name"], len(j["hosts"]), j["time_s"], j["alone_s"], j["slowdown"],
-             j["predicted_slowdown"], ", ".join(j["shared_links"][:8])
-             + (" ..." if len(j["shared_links"]) > 8 else "")] for j in doc.get("jobs", [])]
+    rows = [[j.name, len(j.hosts), j.time_s, j.alone_s, j.slowdown, j.predicted_slowdown,
+             ", ".join(j.shared_links[:8]) + (" ..." if len(j.shared_links) > 8 else "")]
+            for j in doc.jobs or ()]
     if not rows:
         return ""
     return _table(["job", "ranks", "together s", "alone s", "slowdown", "predicted slowdown",
                    "shared links"], rows, numeric_from=1)
 
 
-def iterations_table(doc: dict) -> str:
+def iterations_table(doc: RunDocument) -> str:
     """Training iterations: time, compute, exposed and hidden communication, predicted."""
-    predicted = {(p["job"], p["iteration"]): p["predicted_s"]
-                 for p in (doc.get("prediction") or {}).get("iterations", [])}
-    rows = [[i.get("job", 0), i["iteration"], i["time_s"], i.get("compute_s", "-"),
-             i.get("exposed_comm_s", "-"), i.get("comm_s", "-"), i.get("overlap_fraction", "-"),
-             predicted.get((i.get("job", 0), i["iteration"]), "-")]
-            for i in doc.get("iterations", [])]
+    predicted = {(p.job, p.iteration): p.predicted_s
+                 for p in (doc.prediction.iterations or () if doc.prediction else ())}
+    rows = [[i.job, i.iteration, i.time_s, _or_dash(i.compute_s), _or_dash(i.exposed_comm_s),
+             _or_dash(i.comm_s), _or_dash(i.overlap_fraction),
+             predicted.get((i.job, i.iteration), "-")]
+            for i in doc.iterations or ()]
     if not rows:
         return ""
     return _table(["job", "iteration", "time s", "compute s", "exposed comm s", "comm s",
                    "hidden", "predicted s"], rows, numeric_from=1)
+
+
+def _or_dash(value: float | None) -> float | str:
+    return "-" if value is None else value
 
 
 def _files(out: Path, run: Run) -> str:
@@ -210,7 +212,7 @@ def _experiment(run: Run) -> str:
     if not kept or "experiment" not in kept:
         return ""
     text = yaml.safe_dump(kept["experiment"], sort_keys=False, width=100)
-    source = run.doc.get("source") or kept.get("source") or ""
+    source = run.doc.source or kept.get("source") or ""
     where = f" ({html.escape(source)})" if source else ""
     return (f"<details><summary>the experiment file{where}</summary>"
             f"<pre>{html.escape(text)}</pre></details>")
@@ -218,15 +220,14 @@ def _experiment(run: Run) -> str:
 
 def render(out: Path, runs: list[Run]) -> str:
     """The page."""
-    first = runs[0].doc if runs else {}
-    parts = [f"<h1>{html.escape(first.get('experiment', out.name))}</h1>",
+    first = runs[0].doc if runs else RunDocument(out.name)
+    parts = [f"<h1>{html.escape(first.experiment or out.name)}</h1>",
              f"<p>{len(runs)} run(s) in {html.escape(str(out))}; units as NCCL-tests prints "
              "them: time in us, bandwidth in GB/s (10<sup>9</sup> bytes/s)</p>"]
-    verdicts = [[r.name, "complete" if r.doc.get("complete") else
-                 f"failed: {r.doc.get('error') or ''}"[:200],
-                 (r.doc.get("fidelity") or {}).get("verdict", "-"),
-                 "; ".join((r.doc.get("fidelity") or {}).get("reasons", [])) or "-",
-                 (r.doc.get("fidelity") or {}).get("idle_pct", {}).get("median", "-")]
+    verdicts = [[r.name, "complete" if r.doc.complete else f"failed: {r.doc.error or ''}"[:200],
+                 r.doc.fidelity_verdict or "-",
+                 "; ".join(r.doc.fidelity.reasons if r.doc.fidelity else ()) or "-",
+                 _or_dash(r.doc.fidelity.idle_pct.median if r.doc.fidelity else None)]
                 for r in runs]
     parts += ["<h2>Fidelity</h2>", _table(["run", "status", "fidelity", "reasons",
                                            "machine idle % (median)"], verdicts)]
@@ -237,13 +238,13 @@ def render(out: Path, runs: list[Run]) -> str:
                                                      "the runs overlaid")]
     parts += ["<h2>Flow completion</h2>", _img(charts.fct_cdf_chart(runs),
                                                "flow completion CDFs")]
-    scale = first.get("real_scale")
+    scale = first.real_scale
     if scale:
         parts += ["<h2>Real-equivalent units</h2>",
-                  f"<p>{scale['real_rate_gbps']:g} Gbit/s links and {scale['real_rtt_us']:g} us "
-                  f"base RTT stand for the emulated {scale['emulated_rate_mbps']:g} Mbit/s and "
-                  f"{scale['emulated_rtt_ms']:g} ms. Scales: {html.escape(scale['scales'])}. "
-                  f"Does not scale: {html.escape(scale['does_not_scale'])}.</p>"]
+                  f"<p>{scale.real_rate_gbps:g} Gbit/s links and {scale.real_rtt_us:g} us "
+                  f"base RTT stand for the emulated {scale.emulated_rate_mbps or 0:g} Mbit/s and "
+                  f"{scale.emulated_rtt_ms or 0:g} ms. Scales: {html.escape(scale.scales)}. "
+                  f"Does not scale: {html.escape(scale.does_not_scale)}.</p>"]
     for run in runs[:DETAILED_RUNS]:
         spans = charts.marks(run.doc, run.timeline)
         parts += [f"<h2>Run {html.escape(run.name)}</h2>", _files(out, run),
@@ -261,7 +262,7 @@ def render(out: Path, runs: list[Run]) -> str:
     if env:
         rows = [[k, v] for k, v in {**env.get("software", {}), **env.get("machine", {})}.items()]
         parts += ["<h2>Software and machine</h2>", _table(["", ""], rows)]
-    return _page(first.get("experiment", "report"), parts)
+    return _page(first.experiment or "report", parts)
 
 
 def _page(title: str, parts: list[str]) -> str:

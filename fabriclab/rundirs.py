@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fabriclab.model import document
 from fabriclab.model import sweep as sw
 from fabriclab.model.rundir import experiment_document
 from fabriclab.model.results import upgrade, variant_row
@@ -42,12 +43,11 @@ def is_complete(path: Path, raw: dict | None = None) -> bool:
     Raises:
         ConfigError: (``--resume``) the run there is of a different experiment.
     """
-    try:
-        doc = json.loads(path.read_text())
-        complete = bool(doc.get("complete"))
-    except (OSError, ValueError, AttributeError):
+    doc = read_document(path)
+    if doc is None:
         return False
-    recorded = doc.get("experiment_sha256")  # (runs before it was recorded: not compared)
+    complete = doc.complete
+    recorded = doc.experiment_sha256  # (runs before it was recorded: not compared)
     if complete and raw is not None and recorded is not None:
         want = experiment_document(raw)["sha256"]
         if recorded != want:
@@ -59,12 +59,29 @@ def is_complete(path: Path, raw: dict | None = None) -> bool:
     return complete
 
 
-def read_document(path: Path) -> dict | None:
-    """The results document at ``path``, None when there is none (or it is unreadable)."""
+def read_document(path: Path) -> document.RunDocument | None:
+    """The results document at ``path``, None when there is none (or it is unreadable, or
+    not a results document)."""
     try:
-        return upgrade(json.loads(path.read_text()))
+        return document.read(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
+
+
+def load_document(path: Path) -> document.RunDocument:
+    """The results document at ``path``.
+
+    Raises:
+        ConfigError: none there, unreadable, or not a results document (the field named).
+    """
+    try:
+        return document.read(json.loads(path.read_text()))
+    except OSError as e:
+        raise ConfigError(str(path), f"cannot be read: {e.strerror}") from None
+    except document.DocumentError as e:
+        raise ConfigError(f"{path}: {e.field}", e.message) from None
+    except ValueError as e:
+        raise ConfigError(str(path), f"is not JSON: {e}") from None
 
 
 def compare_rows(dirs: list[Path]) -> list[dict]:
@@ -89,11 +106,11 @@ def compare_rows(dirs: list[Path]) -> list[dict]:
             continue
         docs = []
         if (d / "results.json").is_file():
-            docs.append((str(d), upgrade(json.loads((d / "results.json").read_text()))))
+            docs.append((str(d), load_document(d / "results.json")))
         elif (d / "variants.json").is_file():
             for row in json.loads((d / "variants.json").read_text()):
                 path = d / str(row["variant"]) / "results.json"
-                docs.append((f"{d}/{row['variant']}", upgrade(json.loads(path.read_text()))))
+                docs.append((f"{d}/{row['variant']}", load_document(path)))
         else:
             require_run(d)  # raises: neither file is there
         for name, doc in docs:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from fabriclab.model import prediction, results, rundir
 from fabriclab.model import jobs as jobs_out
+from fabriclab.model import document as d
 from fabriclab.model import traffic as traffic_out
 from fabriclab.model.experiment import Experiment
 from fabriclab.options import TelemetryOptions
@@ -78,7 +79,7 @@ class RunView:
     def section(self, title: str) -> None:
         """The next run of several starts (a variant, a sweep's cell)."""
 
-    def run_done(self, doc: dict, out: Path) -> None:
+    def run_done(self, doc: d.RunDocument, out: Path) -> None:
         """A run finished with the results document ``doc`` in ``out``."""
 
     def variants_done(self, name: str, rows: list[dict]) -> None:
@@ -132,7 +133,8 @@ def _baseline(baseline: str) -> dict[str, float] | None:
     """A baseline run directory's jobs alone, by name (None: alone copies, or none)."""
     if baseline in ("", "alone", "none"):
         return None
-    return jobs_out.baseline_times(json.loads((Path(baseline) / "results.json").read_text()))
+    return jobs_out.baseline_times(d.read(json.loads((Path(baseline) / "results.json")
+                                                  .read_text())))
 
 
 @dataclass
@@ -143,7 +145,7 @@ class ExperimentRun:
     out_dir: Path
     view: RunView
     telemetry: TelemetryOptions
-    doc: dict = field(default_factory=dict)
+    doc: d.RunDocument = field(default_factory=d.RunDocument)
     flows: list[list] = field(default_factory=list)
     marks: dict[str, float] = field(default_factory=dict)  # bring-up, measurement, teardown
     injector: FailureInjector | None = None
@@ -165,16 +167,16 @@ class ExperimentRun:
         self.doc = results.new_document(exp.name, exp.source,
                                         time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                         exp.fabric_summary())
-        write_json_atomic(self.path, self.doc)
+        self.save()
         if exp.real_scale is not None:
-            self.doc["real_scale"] = exp.real_scale.factors()
-        self.doc["prediction"] = prediction.document(exp)  # beside what is measured
+            self.doc.real_scale = d.RealScale.from_json(exp.real_scale.factors(), "real_scale")
+        self.doc.prediction = d.Prediction.from_json(prediction.document(exp), "prediction")
         if exp.workload is not None and exp.workload.replay:
-            self.doc["replay"] = exp.workload.replay  # what a trace's or log's replay scaled
+            self.doc.replay = exp.workload.replay  # what a trace's or log's replay scaled
         self.traffic = prediction.traffic_document(exp)
         write_json_atomic(self.out_dir / "traffic.json", self.traffic, indent=None)
         expanded = rundir.experiment_document(exp.raw)
-        self.doc["experiment_sha256"] = expanded["sha256"]
+        self.doc.experiment_sha256 = expanded["sha256"]
         write_json_atomic(self.out_dir / "experiment.json", expanded)
         write_json_atomic(self.out_dir / "environment.json", environment.document())
 
@@ -191,13 +193,13 @@ class ExperimentRun:
             opts.interval_s, labels, str(exp.controller.routing),
             (opts.exporter_host, opts.exporter_port)))
         if opts.prometheus:
-            self.doc["telemetry"] = tele.report()
+            self.doc.telemetry = d.TelemetrySummary.from_json(tele.report(), "telemetry")
             self.view.telemetry(tele)
         monitor, stop_monitor = fabric.start_monitor(exp.emulator.queue_sample_ms / 1e3)
         stack.callback(stop_monitor)
         placement = fabric.placement()  # on a cluster: the partition, machines, builds
         if placement is not None:
-            self.doc["cluster"] = placement
+            self.doc.cluster = placement
         if exp.failures:
             self.injector = FailureInjector(fabric, exp.failures)
             stack.callback(fabric.stop_thread, fabric.start_thread(self.injector, "failures"))
@@ -232,7 +234,7 @@ class ExperimentRun:
             first = job.collectives[0]
             workload.started(job.index, first.label or first.op, first.op, job.transport)
         errors = []
-        first_row = len(self.doc["collectives"])
+        first_row = len(self.doc.collectives)
         outcomes = runner(fabric, batch)
         for outcome in outcomes:
             if outcome.error is not None:
@@ -240,28 +242,26 @@ class ExperimentRun:
                               f"{outcome.error}")
                 workload.finished(outcome.job.index)
                 continue
-            known = len(self.doc["collectives"])
-            results.add_rows(self.doc, outcome.job.index, outcome.results, len(batch))
-            prediction.attach(self.doc["collectives"][known:], self.doc.get("prediction"))
-            for row in self.doc["collectives"][known:]:
+            rows = results.add_rows(self.doc, outcome.job.index, outcome.results, len(batch))
+            prediction.attach(rows, self.doc.prediction)
+            for row in rows:
                 if outcome.job.name:
-                    row["job_name"] = outcome.job.name
-            if self.exp.real_scale is not None:
-                for row in self.doc["collectives"][known:]:
-                    row["real"] = self.exp.real_scale.collective(row)
+                    row.job_name = outcome.job.name
+                if self.exp.real_scale is not None:
+                    row.real = d.RealFigures.from_json(self.exp.real_scale.collective(row))
             self.flows += rundir.flow_rows(outcome.job.index, outcome.results)
-            workload.measured(outcome.job.index, self.doc["collectives"][known:])
+            workload.measured(outcome.job.index, rows)
             self.view.measured(len(outcome.results))
-        self.predict_as_hashed(fabric, batch, outcomes, self.doc["collectives"][first_row:])
+        self.predict_as_hashed(fabric, batch, outcomes, self.doc.collectives[first_row:])
         return errors
 
     def predict_as_hashed(self, fabric: RunningFabric, batch: list[Job], outcomes: list,
-                          rows: list[dict]) -> None:
+                          rows: list[d.CollectiveRow]) -> None:
         """Beside the prediction over hash draws, the batch's collectives predicted on the
         paths its connections took (ECMP on eBPF switches, whose hash is known):
         ``predicted_hashed_s`` per row and ``links_as_hashed`` per phase of ``traffic.json``,
         or why not (``prediction.as_hashed_missing``)."""
-        doc = self.doc.get("prediction")
+        doc = self.doc.prediction
         if not doc or any(o.error is not None for o in outcomes):
             return
         why = prediction.hashing_known(self.exp, fabric.datapath_type)
@@ -273,7 +273,8 @@ class ExperimentRun:
             if paths is None:
                 why = "a connection of the batch is not known (not TCP, or not reported)"
         if paths is None:  # the first batch's reason (they share the fabric)
-            doc.setdefault("as_hashed_missing", why)
+            if doc.as_hashed_missing is None:
+                doc.as_hashed_missing = why
             return
         prediction.attach_hashed(rows, self.hashing.predict(batch, paths))
         self.traffic.setdefault("connections", []).extend(traffic_out.hashed_connections(
@@ -295,37 +296,47 @@ class ExperimentRun:
                 batch[0], batch[1], traffic_out.measured_links(fabric.topo, self.reading, now)))
             self.reading = now
             write_json_atomic(self.out_dir / "traffic.json", self.traffic, indent=None)
-        doc["congestion"] = summarize_congestion(before, now, services.monitor.snapshot(),
-                                                 exp.fabric.pfc.priorities)
-        doc["congestion"]["utilization"] = link_utilization(fabric.topo, before, now,
-                                                            time.monotonic() - began)
-        doc["congestion"]["marker"] = ((RED_MARKER if fabric.red_marking else MARKER)
-                                       if exp.fabric.marks_ecn else None)
+        congestion = summarize_congestion(before, now, services.monitor.snapshot(),
+                                          exp.fabric.pfc.priorities)
+        congestion["utilization"] = link_utilization(fabric.topo, before, now,
+                                                     time.monotonic() - began)
+        congestion["marker"] = ((RED_MARKER if fabric.red_marking else MARKER)
+                                if exp.fabric.marks_ecn else None)
         if fabric.pfc_agent is not None:
-            doc["congestion"]["pfc"] = fabric.pfc_agent.report()
+            congestion["pfc"] = fabric.pfc_agent.report()
+        doc.congestion = d.Congestion.from_json(congestion, "congestion")
         status = fabric.controller_status()  # routing decisions so far
-        doc["controller"] = {"routing": status.get("routing"), "cpu_s": status.get("cpu_s"),
-                             "links_down": status.get("links_down", []),
-                             "adaptive": status.get("adaptive"),
-                             "events": list(fabric.controller_events)}
+        doc.controller = d.ControllerSummary.from_json(
+            {"routing": status.get("routing"), "cpu_s": status.get("cpu_s"),
+             "links_down": status.get("links_down", []), "adaptive": status.get("adaptive"),
+             "events": list(fabric.controller_events)}, "controller")
         errors = []
         if services.injector is not None:
-            doc["failures"] = services.injector.report()
-            errors += [f"failure {f['target']} {f['action']}: {e}"
-                       for f in doc["failures"] for e in f["errors"]]
+            doc.failures = self._failures(services.injector)
+            errors += [f"failure {f.target} {f.action}: {e}"
+                       for f in doc.failures for e in f.errors]
         if self.telemetry.prometheus:
-            doc["telemetry"] = services.telemetry.report()
+            doc.telemetry = d.TelemetrySummary.from_json(services.telemetry.report(), "telemetry")
         self.lost_switches = sorted(fabric.dead_switches())
-        doc["fidelity"] = self._fidelity(services)
-        write_json_atomic(self.path, doc)
+        doc.fidelity = self._fidelity(services)
+        self.save()
         write_json_atomic(self.out_dir / "timeline.json", services.monitor.timeline(),
                           indent=None)
         write_text_atomic(self.out_dir / "collectives.csv",
-                          rundir.collectives_csv(doc["collectives"]))
+                          rundir.collectives_csv(doc.collectives))
         write_text_atomic(self.out_dir / "flows.csv", rundir.flows_csv(self.flows))
         return errors
 
-    def _fidelity(self, services: Services) -> dict:
+    def save(self) -> None:
+        """``results.json`` as the document stands."""
+        write_json_atomic(self.path, self.doc.to_json())
+
+    @staticmethod
+    def _failures(injector: FailureInjector) -> list[d.FailureApplied]:
+        return [d.FailureApplied.from_json(f, f"failures[{i}]")
+                for i, f in enumerate(injector.report())]
+
+    def _fidelity(self, services: Services) -> d.Fidelity:
         """The monitor's verdict, degraded when switches lost their vswitchd during the run:
         the emulator failed under it, so its numbers are not the fabric's (the controller
         routed around them)."""
@@ -336,23 +347,23 @@ class ExperimentRun:
             report.setdefault("reasons", []).append(
                 f"switch(es) {', '.join(lost)} lost their vswitchd during the run (an emulator "
                 "fault, not the fabric's)")
-        return report
+        return d.Fidelity.from_json(report, "fidelity")
 
     def finish(self, services: Services) -> None:
         """The workload is done: the failures' throughput windows end, the document is
         complete; with ``--keep``, the user looks before the teardown."""
         if services.injector is not None:
             services.injector.finish()
-            self.doc["failures"] = services.injector.report()
-        self.doc["fidelity"] = self._fidelity(services)
+            self.doc.failures = self._failures(services.injector)
+        self.doc.fidelity = self._fidelity(services)
         write_json_atomic(self.out_dir / "timeline.json", services.monitor.timeline(),
                           indent=None)
         results.finish(self.doc)
         named = named_jobs(self.exp.workload)
         if named:
-            self.doc["jobs"] = jobs_out.summary(self.doc, named, self.traffic.get("phases", []),
-                                                _baseline(self.exp.workload.baseline))
-        write_json_atomic(self.path, self.doc)
+            self.doc.jobs = jobs_out.summary(self.doc, named, self.traffic.get("phases", []),
+                                             _baseline(self.exp.workload.baseline))
+        self.save()
         self.marks["measured"] = time.monotonic()
         if self.telemetry.keep is not None:
             self.telemetry.keep(services.telemetry)
@@ -366,9 +377,9 @@ class ExperimentRun:
     def close(self) -> None:
         """The last word of the document: what failures applied, the phases' times."""
         if self.injector is not None:  # what was applied, also when the run failed
-            self.doc["failures"] = self.injector.report()
-        self.doc["timings_s"] = results.run_timings(self.marks, time.monotonic())
-        write_json_atomic(self.path, self.doc)
+            self.doc.failures = self._failures(self.injector)
+        self.doc.timings_s = results.run_timings(self.marks, time.monotonic())
+        self.save()
 
 
 def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
@@ -376,7 +387,7 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
                    telemetry: TelemetryOptions | None = None,
                    shared: SharedFabric | None = None,
                    then: Experiment | None = None,
-                   runner: BatchRunner = run_batch) -> dict:
+                   runner: BatchRunner = run_batch) -> d.RunDocument:
     """Build ``exp``'s fabric, run its workload, tear down; ``out_dir/results.json`` holds the
     document at every moment (written before the build, after every batch, and at the end).
 
@@ -395,9 +406,9 @@ def run_experiment(exp: Experiment, out_dir: Path, state_dir: Path,
     run.begin()
     try:
         pool = shared or SharedFabric(state_dir)
-        run.doc["fabric_reused"] = pool.reusable(exp)  # the previous run's, new controller
+        run.doc.fabric_reused = pool.reusable(exp)  # the previous run's, new controller
         keep = then is not None and pool.can_share(exp, then)
-        view.building(run.doc["fabric_reused"])
+        view.building(run.doc.fabric_reused)
         with pool.use(exp, keep) as fabric, ExitStack() as stack:
             services = run.start_services(fabric, stack)
             run.measure(fabric, services, runner)

@@ -27,6 +27,7 @@ from telemetry.prometheus import Prometheus
 from testbed.contract import TelemetryFabric
 from testbed.linux.files import write_json_atomic
 from testbed.linux.netlink import Netlink
+from traffic.measure.rows import CollectiveRow
 
 
 
@@ -81,17 +82,17 @@ class WorkloadState:
     """The workload's progress as the runner reports it (thread-safe)."""
 
     routing: str
-    rows: list[dict] = field(default_factory=list)
+    rows: list[CollectiveRow] = field(default_factory=list)
     running: dict[int, dict] = field(default_factory=dict)  # job index -> what runs
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def started(self, job: int, label: str, op: str, transport: str) -> None:
         with self.lock:
             self.running[job] = {"job": job, "label": label, "op": op,
-                                 "transport": {"transport": transport},
+                                 "transport": transport,
                                  "started_s": time.time()}
 
-    def measured(self, job: int, rows: list[dict]) -> None:
+    def measured(self, job: int, rows: list[CollectiveRow]) -> None:
         with self.lock:
             self.rows.extend(rows)
             self.running.pop(job, None)
@@ -100,7 +101,7 @@ class WorkloadState:
         with self.lock:
             self.running.pop(job, None)
 
-    def snapshot(self) -> tuple[list[dict], list[dict]]:
+    def snapshot(self) -> tuple[list[CollectiveRow], list[dict]]:
         with self.lock:
             return list(self.rows), list(self.running.values())
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from fabriclab.cli.output import EXIT_CONFIG, EXIT_OK, emit, error_console
 from fabriclab.cli.requests import SchemaRequest, ValidateRequest
 from fabriclab.model import experiment as xp
+from fabriclab.model.document import json_schema as results_schema
 from testbed.errors import ConfigError
 from testbed.model import servers
 from testbed.model.partition import Machine, Partition, partition
@@ -126,7 +127,7 @@ def ecn_text(exp: xp.Experiment) -> dict[str, str]:
                               for d, p in groups.items())
     return out
 
-def schema(_req: SchemaRequest, _ui: Console) -> int:
-    """The experiment file's JSON Schema, on stdout."""
-    emit(xp.schema())
+def schema(req: SchemaRequest, _ui: Console) -> int:
+    """The experiment file's JSON Schema (``--results``: results.json's), on stdout."""
+    emit(results_schema() if req.results else xp.schema())
     return EXIT_OK

@@ -75,7 +75,8 @@ COMMANDS = {
     "compare": Command("runs", "compare", "put runs side by side (run, variants or sweep "
                                           "directories)"),
     "clean": Command("fabric", "clean", "remove what earlier (killed) runs left behind"),
-    "schema": Command("experiments", "schema", "print the experiment file's JSON Schema",
+    "schema": Command("experiments", "schema", "print the experiment file's JSON Schema "
+                                               "(--results: results.json's)",
                       json=False),
     "graph": Command("graph", "graph", "draw an experiment's topology without building it "
                                        "(dot, mermaid, png, svg)", json=False),
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         if command.json:
             p[name].add_argument("--json", action="store_true", help="print one JSON document "
                                  "on stdout (the rest goes to stderr)")
+    p["schema"].add_argument("--results", action="store_true",
+                             help="the JSON Schema of results.json (fabriclab/schema/"
+                                  "results.schema.json) instead of the experiment file's")
     p["validate"].add_argument("files", nargs="+", type=Path, metavar="FILE",
                                help="experiment files (YAML)")
     p["validate"].add_argument("--machines", type=int, default=0,
@@ -256,7 +260,7 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
     if name == "validate":
         return rq.ValidateRequest(args.files, args.machines, args.json)
     if name == "schema":
-        return rq.SchemaRequest()
+        return rq.SchemaRequest(args.results)
     if name == "predict":
         if args.draws < 1:
             raise ConfigError("--draws", f"must be at least 1, got {args.draws}")

@@ -33,7 +33,7 @@ class PredictRequest:
 
 @dataclass(frozen=True)
 class SchemaRequest:
-    pass
+    results: bool = False  # results.json's schema instead of the experiment file's
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from rich.markup import escape
 from fabriclab.cli import tables
 from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
 from fabriclab.cli.requests import CompareRequest, ReportRequest, RunRequest
+from fabriclab.model.document import RunDocument
 from fabriclab.modes import run_file
 from fabriclab.report import write_report
 from fabriclab.runner import RunView, batch_text
@@ -74,36 +75,36 @@ class TerminalView(RunView):
     def section(self, title: str) -> None:
         self.console.rule(title)
 
-    def run_done(self, doc: dict, out: Path) -> None:
+    def run_done(self, doc: RunDocument, out: Path) -> None:
         ui = self.console
-        for item in doc.get("iterations", []):
-            ui.print(tables.iteration_text(item, doc.get("prediction")))
+        for item in doc.iterations or ():
+            ui.print(tables.iteration_text(item, doc.prediction))
         ui.print(tables.collectives(doc))
-        if doc.get("jobs"):
+        if doc.jobs:
             ui.print(tables.named_jobs(doc))
         gpus_table = tables.servers_of_gpus(doc)
         if gpus_table is not None:
             ui.print(gpus_table)
-        if doc.get("real_scale"):
+        if doc.real_scale:
             ui.print(tables.real_scale(doc))
-        fidelity = doc.get("fidelity") or {}
+        fidelity = doc.fidelity
         if fidelity:
-            idle = fidelity.get("idle_pct", {}).get("median")
-            ui.print(f"fidelity: {fidelity['verdict']}"
+            idle = fidelity.idle_pct.median
+            ui.print(f"fidelity: {fidelity.verdict}"
                      + (f" (machine {idle:.0f} % idle)" if idle is not None else "")
-                     + "".join(f"\n  {reason}" for reason in fidelity["reasons"]))
-        for event in (doc.get("controller") or {}).get("events", []):
+                     + "".join(f"\n  {reason}" for reason in fidelity.reasons))
+        for event in doc.controller.events if doc.controller else ():
             ui.print(tables.controller_event(event), markup=False)
-        timings = doc.get("timings_s") or {}
-        if timings:
+        if doc.timings_s:
             ui.print("time: " + ", ".join(f"{k.replace('_', '-')} {v:.1f} s"
-                                          for k, v in timings.items()))
+                                          for k, v in doc.timings_s.items()))
         ui.print(f"results: {out / 'results.json'}")
-        for error in (doc.get("telemetry") or {}).get("errors", []):
+        telemetry = doc.telemetry
+        for error in telemetry.errors or () if telemetry else ():
             ui.print(f"[yellow]telemetry: {escape(error)}[/yellow]")
-        if doc.get("telemetry", {}).get("data"):
-            ui.print(f"telemetry: {doc['telemetry']['data']} (served during the run at "
-                     f"{doc['telemetry']['prometheus']}; again: fabriclab telemetry {out})")
+        if telemetry and telemetry.data:
+            ui.print(f"telemetry: {telemetry.data} (served during the run at "
+                     f"{telemetry.prometheus}; again: fabriclab telemetry {out})")
 
     def variants_done(self, name: str, rows: list[dict]) -> None:
         self.console.print(tables.variants(name, rows))

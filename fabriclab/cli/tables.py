@@ -9,6 +9,7 @@ import re
 from rich.table import Table
 
 from fabriclab.model import experiment as xp
+from fabriclab.model.document import ControllerEvent, Iteration, Prediction, RunDocument
 from fabriclab.model.results import gbps_text, job_summaries, us_text
 from testbed.model import servers as gpu_servers
 from testbed.model.topology import SWITCH_ROLES
@@ -157,34 +158,33 @@ def _top_util(row: dict) -> str:
     return f"{util[tier]['max']:.2f}/{util[tier]['mean']:.2f}" if tier else "-"
 
 
-def real_scale(doc: dict) -> Table:
+def real_scale(doc: RunDocument) -> Table:
     """The collectives in the real fabric's units (``scale``), one row per collective run."""
-    f = doc["real_scale"]
-    table = Table(title=f"real-equivalent at {f['real_rate_gbps']:g} Gbit/s, "
-                        f"{f['real_rtt_us']:g} us RTT", box=None,
-                  caption=f"scales: {f['scales']}\ndoes not scale: {f['does_not_scale']}")
+    f = doc.real_scale
+    table = Table(title=f"real-equivalent at {f.real_rate_gbps:g} Gbit/s, "
+                        f"{f.real_rtt_us:g} us RTT", box=None,
+                  caption=f"scales: {f.scales}\ndoes not scale: {f.does_not_scale}")
     for col in ("job", "op", "bytes", "time_us", "algbw GB/s", "busbw GB/s", "fct p99 us"):
         table.add_column(col, justify="left" if col == "op" else "right")
-    for row in doc["collectives"]:
-        real = row.get("real")
+    for row in doc.collectives:
+        real = row.real
         if not real:
             continue
-        p99 = real["flow_completion_s"].get("p99")
-        table.add_row(str(row["job"]), row_label(row), f"{real['bytes']:,}",
-                      us_text(real["time_us"]), gbps_text(real["algbw_GBps"]),
-                      gbps_text(real["busbw_GBps"]),
+        p99 = real.flow_completion_s.p99
+        table.add_row(str(row.job), row.name, f"{real.bytes:,}", us_text(real.time_us),
+                      gbps_text(real.algbw_GBps), gbps_text(real.busbw_GBps),
                       "-" if p99 is None else f"{p99 * 1e6:,.1f}")
     return table
 
 
-def collectives(doc: dict) -> Table:
+def collectives(doc: RunDocument) -> Table:
     """An nccl-tests-like table: one row per job, times averaged over its repetitions."""
-    table = Table(title=f"{doc['experiment']}: collectives",
+    table = Table(title=f"{doc.experiment}: collectives",
                   caption="as NCCL-tests prints them: bytes: size; count: float32 elements; "
                           "time: us; algbw, busbw: GB/s (10^9 bytes/s); eff: busbw / link rate; "
                           "cpu_s: all agents' CPU seconds; x pred: time over fabriclab "
                           "predict's", box=None)
-    summaries = job_summaries(doc["collectives"])
+    summaries = job_summaries(doc.collectives)
     hashed = any(s.hashed_us for s in summaries)
     if hashed:
         table.caption += "; x hashed: over the prediction on the paths the connections took"
@@ -192,8 +192,8 @@ def collectives(doc: dict) -> Table:
                 "eff", "x pred", *(("x hashed",) if hashed else ()), "cpu_s"):
         table.add_column(col, justify="left" if col in ("op", "algo") else "right",
                          no_wrap=True)
-    constants = sorted({c["transport"]["constants"] for c in doc["collectives"]
-                        if (c.get("transport") or {}).get("constants")})
+    constants = sorted({c.transport.constants for c in doc.collectives
+                        if c.transport and c.transport.constants})
     if constants:  # the transports' constants at the emulated scale
         table.caption += "".join(f"\n{text}" for text in constants)
     for s in summaries:
@@ -207,61 +207,60 @@ def collectives(doc: dict) -> Table:
     return table
 
 
-def iteration_text(item: dict, prediction: dict | None) -> str:
+def iteration_text(item: Iteration, prediction: Prediction | None) -> str:
     """One training iteration: its time, compute, exposed communication and the share
     hidden, and the prediction's time."""
-    text = f"training job {item.get('job', 0)} iteration {item['iteration']}: " \
-           f"{item['time_s']:.2f} s"
-    if item.get("compute_s") is not None:
-        text += (f" (compute {item['compute_s']:.2f} s, exposed communication "
-                 f"{item['exposed_comm_s']:.2f} s of {item['comm_s']:.2f} s, "
-                 f"{100 * (item['overlap_fraction'] or 0):.0f} % hidden)")
-    predicted = [p for p in (prediction or {}).get("iterations", [])
-                 if p["job"] == item.get("job", 0) and p["iteration"] == item["iteration"]]
+    text = f"training job {item.job} iteration {item.iteration}: {item.time_s:.2f} s"
+    if item.compute_s is not None:
+        text += (f" (compute {item.compute_s:.2f} s, exposed communication "
+                 f"{item.exposed_comm_s or 0:.2f} s of {item.comm_s or 0:.2f} s, "
+                 f"{100 * (item.overlap_fraction or 0):.0f} % hidden)")
+    predicted = [p for p in (prediction.iterations or () if prediction else ())
+                 if p.job == item.job and p.iteration == item.iteration]
     if predicted:
-        text += f"; predicted {predicted[0]['predicted_s']:.2f} s"
+        text += f"; predicted {predicted[0].predicted_s:.2f} s"
     return text
 
 
-def named_jobs(doc: dict) -> Table:
+def named_jobs(doc: RunDocument) -> Table:
     """Several jobs at once: each one's time with the others and alone, and the slowdown,
     measured and predicted."""
-    table = Table(title=f"{doc['experiment']}: jobs", box=None,
+    table = Table(title=f"{doc.experiment}: jobs", box=None,
                   caption="together: with the other jobs; alone: the same job on the same "
                           "fabric by itself; shared: links (as routed) that carried another "
                           "job's bytes too")
     for col in ("job", "hosts", "together s", "alone s", "slowdown", "predicted", "shared"):
         table.add_column(col, justify="left" if col in ("job", "hosts") else "right")
-    for j in doc["jobs"]:
+    for j in doc.jobs or ():
         num = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
-        hosts = j["hosts"]
-        table.add_row(j["name"], f"{hosts[0]}..{hosts[-1]} ({len(hosts)})", num(j["time_s"]),
-                      num(j["alone_s"]), num(j["slowdown"], "{:.3f}"),
-                      num(j["predicted_slowdown"], "{:.3f}"), str(len(j["shared_links"])))
+        hosts = j.hosts
+        table.add_row(j.name, f"{hosts[0]}..{hosts[-1]} ({len(hosts)})" if hosts else "-",
+                      num(j.time_s), num(j.alone_s), num(j.slowdown, "{:.3f}"),
+                      num(j.predicted_slowdown, "{:.3f}"), str(len(j.shared_links)))
     return table
 
 
-def servers_of_gpus(doc: dict) -> Table | None:
+def servers_of_gpus(doc: RunDocument) -> Table | None:
     """Servers of GPUs: per collective (a training phase summed over its runs) its time, the
     time its byte counts predict on the fabric, and the bytes that crossed the scale-out
     network against all it moved."""
     phases: dict[str, dict] = {}
-    for row in doc["collectives"]:
-        if row.get("scale_out_bytes") is None:
+    for row in doc.collectives:
+        if row.scale_out_bytes is None:
             continue
-        label = row_label(row)
-        if row.get("iteration") is not None:  # "iter 0 mb 1 fwd stage 0 tp all_reduce"
+        label = row.name
+        if row.iteration is not None:  # "iter 0 mb 1 fwd stage 0 tp all_reduce"
             label = re.sub(r"\b(iter|mb|stage) \d+ ?", "", label).strip()  # "fwd tp ..."
         p = phases.setdefault(label, {"runs": 0, "time_s": 0.0, "ideal_s": 0.0,
-                                      "scale_out": 0, "moved": 0, "algo": row["algorithm"]})
+                                      "scale_out": 0, "moved": 0, "algo": row.algorithm})
         p["runs"] += 1
-        p["time_s"] += row["time_us"] / 1e6
-        p["ideal_s"] += row["ideal_s"]
-        p["scale_out"] += row["scale_out_bytes"]
-        p["moved"] += row.get("moved_bytes") or 0
+        p["time_s"] += row.time_us / 1e6
+        p["ideal_s"] += row.ideal_s
+        p["scale_out"] += row.scale_out_bytes
+        p["moved"] += row.moved_bytes or 0
     if not phases:
         return None
-    table = Table(title=f"{doc['experiment']}: servers of GPUs", box=None,
+    table = Table(title=f"{doc.experiment}: servers of GPUs", box=None,
                   caption="ideal: what the schedule's byte counts predict at line rate, link by "
                           "link on this fabric (scale-up and scale-out); scale-out: bytes "
                           "between servers, of all bytes moved")
@@ -320,15 +319,15 @@ def compare(lines: list[dict]) -> Table:
     return table
 
 
-def controller_event(event: dict) -> str:
+def controller_event(event: ControllerEvent) -> str:
     """One line of a controller's life during a run (results.json's ``controller.events``)."""
-    what = event.get("event", "?")
+    what = event.event
     if what == "died":
-        return f"controller: {event.get('cause', 'died')} (pid {event.get('pid')})"
+        return f"controller: {event.cause or 'died'} (pid {event.pid})"
     if what == "restarted":
-        changes = event.get("changes") or {}
+        changes = event.changes or {}
         changed = ", ".join(f"{n} {k}" for k, n in sorted(changes.items())) or "nothing changed"
-        return (f"controller: restarted warm in {event.get('outage_s', 0):.2f} s of lost "
-                f"control; {event.get('flows_read', 0)} flows and {event.get('groups_read', 0)} "
-                f"groups read back from {event.get('switches_read', 0)} switches, {changed}")
-    return f"controller: {what}: {event.get('cause', '')}"
+        return (f"controller: restarted warm in {event.outage_s or 0:.2f} s of lost "
+                f"control; {event.flows_read or 0} flows and {event.groups_read or 0} "
+                f"groups read back from {event.switches_read or 0} switches, {changed}")
+    return f"controller: {what}: {event.cause or ''}"

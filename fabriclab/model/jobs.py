@@ -4,27 +4,23 @@ others and alone, its slowdown, the prediction's slowdown, and the links it shar
 
 from __future__ import annotations
 
+from fabriclab.model.document import CollectiveRow, JobResult, Prediction, RunDocument
 
-def job_seconds(rows: list[dict]) -> float | None:
+
+def job_seconds(rows: list[CollectiveRow]) -> float | None:
     """A job's wall time from its rows: from the barrier before its first collective (or
     its start less the compute before it) to its last collective's end."""
     if not rows:
         return None
-    begin = min(r["released_unix_s"] if r.get("released_unix_s") is not None
-                else r["start_unix_s"] - r.get("gap_s", 0.0) for r in rows)
-    return max(r["start_unix_s"] + r["time_us"] / 1e6 for r in rows) - begin
+    begin = min(r.released_unix_s if r.released_unix_s is not None
+                else r.start_unix_s - r.gap_s for r in rows)
+    return max(r.end_unix_s for r in rows) - begin
 
 
-def predicted_seconds(prediction: dict | None, job: int) -> float | None:
+def predicted_seconds(prediction: Prediction | None, job: int) -> float | None:
     """A job's predicted time: its iterations' where it trains, else its collectives' and
     the compute before each."""
-    if not prediction:
-        return None
-    its = [i["predicted_s"] for i in prediction.get("iterations", []) if i["job"] == job]
-    if its:
-        return sum(its)
-    rows = [r for r in prediction["collectives"] if r["job"] == job]
-    return sum(r["predicted_s"] + r["gap_s"] for r in rows) if rows else None
+    return prediction.job_seconds(job) if prediction else None
 
 
 def shared_links(phases: list[dict], jobs: dict[int, str]) -> dict[str, list[str]]:
@@ -45,36 +41,33 @@ def shared_links(phases: list[dict], jobs: dict[int, str]) -> dict[str, list[str
     return out
 
 
-def summary(doc: dict, jobs: list[dict], phases: list[dict],
-            baseline: dict[str, float] | None = None) -> list[dict]:
+def summary(doc: RunDocument, jobs: list[dict], phases: list[dict],
+            baseline: dict[str, float] | None = None) -> list[JobResult]:
     """One line per named job (``jobs``: ``{"index", "name", "alone_index", "hosts"}``):
     ``time_s`` together, ``alone_s`` (its alone run's, or the baseline's), ``slowdown``, the
     prediction's, and ``shared_links``."""
-    rows = doc.get("collectives", [])
-    prediction = doc.get("prediction")
+    prediction = doc.prediction
     shared = shared_links(phases, {j["index"]: j["name"] for j in jobs})
     out = []
     for j in jobs:
-        together = job_seconds([r for r in rows if r["job"] == j["index"]])
-        alone = (job_seconds([r for r in rows if r["job"] == j["alone_index"]])
-                 if j.get("alone_index") is not None else (baseline or {}).get(j["name"]))
+        alone_index = j["alone_index"]
+        together = job_seconds(doc.job_rows(j["index"]))
+        alone = (job_seconds(doc.job_rows(alone_index)) if alone_index is not None
+                 else (baseline or {}).get(j["name"]))
         p_together = predicted_seconds(prediction, j["index"])
-        p_alone = predicted_seconds(prediction, j["alone_index"]) \
-            if j.get("alone_index") is not None else None
-        out.append({"name": j["name"], "hosts": j["hosts"], "time_s": _round(together),
-                    "alone_s": _round(alone),
-                    "slowdown": _round(together / alone if together and alone else None),
-                    "predicted_s": _round(p_together), "predicted_alone_s": _round(p_alone),
-                    "predicted_slowdown": _round(p_together / p_alone
-                                                 if p_together and p_alone else None),
-                    "shared_links": shared.get(j["name"], [])})
+        p_alone = predicted_seconds(prediction, alone_index) if alone_index is not None \
+            else None
+        out.append(JobResult(j["name"], list(j["hosts"]), _round(together), _round(alone),
+                             _round(together / alone if together and alone else None),
+                             _round(p_together), _round(p_alone),
+                             _round(p_together / p_alone if p_together and p_alone else None),
+                             shared.get(j["name"], [])))
     return out
 
 
-def baseline_times(doc: dict) -> dict[str, float]:
+def baseline_times(doc: RunDocument) -> dict[str, float]:
     """A baseline run's jobs by name: their time alone (or, run alone there, their time)."""
-    return {j["name"]: j.get("alone_s") or j["time_s"] for j in doc.get("jobs", [])
-            if j.get("alone_s") or j.get("time_s")}
+    return {j.name: j.alone_s or j.time_s for j in doc.jobs or () if j.alone_s or j.time_s}
 
 
 def _round(value: float | None) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
+from fabriclab.model.document import CollectiveRow, Prediction
 from traffic.measure import metrics
 from traffic.predict.iterations import iterations
 from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor
@@ -80,16 +81,16 @@ def targets(exp: xp.Experiment) -> list[tuple[str, xp.Experiment]]:
     return [("", exp)]
 
 
-def attach(rows: list[dict], prediction: dict | None) -> None:
+def attach(rows: list[CollectiveRow], prediction: Prediction | None) -> None:
     """Each measured collective row's prediction (``predicted_s``), matched by job and place
     in the job (``repetition``)."""
     if not prediction:
         return
-    by_key = {(p["job"], p["index"]): p["predicted_s"] for p in prediction["collectives"]}
+    by_key = {(p.job, p.index): p.predicted_s for p in prediction.collectives}
     for row in rows:
-        predicted = by_key.get((row.get("job"), row.get("repetition")))
+        predicted = by_key.get((row.job, row.repetition))
         if predicted:
-            row["predicted_s"] = predicted
+            row.predicted_s = predicted
 
 
 def hashing_known(exp: xp.Experiment, datapath: str | None) -> str | None:
@@ -147,13 +148,13 @@ class AsHashed:
         return traffic_out.hashed_links(self.router, jobs, paths)
 
 
-def attach_hashed(rows: list[dict], predicted: list[Predicted]) -> None:
+def attach_hashed(rows: list[CollectiveRow], predicted: list[Predicted]) -> None:
     """Each measured row's prediction on its paths as hashed (``predicted_hashed_s``)."""
     by_key = {(p.job, p.index): p.seconds for p in predicted}
     for row in rows:
-        seconds = by_key.get((row.get("job"), row.get("repetition")))
+        seconds = by_key.get((row.job, row.repetition))
         if seconds:
-            row["predicted_hashed_s"] = round(seconds, 6)
+            row.predicted_hashed_s = round(seconds, 6)
 
 
 def router(exp: xp.Experiment) -> Router:

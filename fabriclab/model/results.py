@@ -9,35 +9,49 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from fabriclab.model.document import (VERSION, CollectiveRow, FabricSummary, Iteration,
+                                      RunDocument, upgrade)
 from traffic.measure.results import CollectiveResult
 
+__all__ = ["upgrade"]  # with the functions below: readers of older documents import it here
 
-def new_document(experiment: str, source: str, started: str, fabric: dict) -> dict:
+
+def new_document(experiment: str, source: str, started: str, fabric: dict) -> RunDocument:
     """An empty, incomplete results document."""
-    return {"experiment": experiment, "source": source, "complete": False, "started": started,
-            "fabric": fabric, "collectives": []}
+    return RunDocument(experiment, source, False, started, FabricSummary.from_json(fabric, "fabric"),
+                       [], VERSION)
 
 
-def add_rows(doc: dict, job_index: int, measured: list[CollectiveResult] | tuple,
-             concurrent_jobs: int) -> None:
-    """Append one job's results (one row per collective run, repetitions numbered)."""
-    doc["collectives"] += [{"job": job_index, "repetition": i, "concurrent_jobs": concurrent_jobs,
-                            **{k: v for k, v in asdict(r).items() if k != "flows"}}
-                           for i, r in enumerate(measured)]
+def new_rows(job_index: int, measured: list[CollectiveResult] | tuple,
+             concurrent_jobs: int) -> list[CollectiveRow]:
+    """One job's rows (one per collective run, repetitions numbered)."""
+    return [CollectiveRow.from_json({"job": job_index, "repetition": i,
+                                     "concurrent_jobs": concurrent_jobs,
+                                     **{k: v for k, v in asdict(r).items() if k != "flows"}},
+                                    f"collectives[{i}]")
+            for i, r in enumerate(measured)]
 
 
-def fail(doc: dict, error: str) -> None:
+def add_rows(doc: RunDocument, job_index: int, measured: list[CollectiveResult] | tuple,
+             concurrent_jobs: int) -> list[CollectiveRow]:
+    """Append one job's results (:func:`new_rows`); returns the rows added."""
+    rows = new_rows(job_index, measured, concurrent_jobs)
+    doc.collectives += rows
+    return rows
+
+
+def fail(doc: RunDocument, error: str) -> None:
     """Mark the document failed: it keeps what it measured and says why it stopped."""
-    doc["complete"] = False
-    doc["error"] = error
+    doc.complete = False
+    doc.error = error
 
 
-def finish(doc: dict) -> None:
+def finish(doc: RunDocument) -> None:
     """Mark the document complete, with its training iterations if any."""
-    iterations = iteration_times(doc["collectives"])
+    iterations = iteration_times(doc.collectives)
     if iterations:
-        doc["iterations"] = iterations
-    doc["complete"] = True
+        doc.iterations = iterations
+    doc.complete = True
 
 
 def gbps_text(value: float) -> str:
@@ -50,7 +64,7 @@ def us_text(value: float) -> str:
     return f"{value:.1f}" if value < 1e4 else f"{value:.0f}"
 
 
-def iteration_times(rows: list[dict]) -> list[dict]:
+def iteration_times(rows: list[CollectiveRow]) -> list[Iteration]:
     """Training: each job's iterations, from the barrier before the first phase to the last
     phase's end (``time_s``), with the compute on the way (each barrier segment's slowest
     rank's; an overlapped bucket's compute counts from the same barrier), the communication
@@ -61,36 +75,32 @@ def iteration_times(rows: list[dict]) -> list[dict]:
 
     Rows without an ``iteration`` (collectives, traces, background flows) count for none.
     """
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[CollectiveRow]] = {}
     for row in rows:
-        if row.get("iteration") is not None:
-            groups.setdefault((row.get("job", 0), row["iteration"]), []).append(row)
+        if row.iteration is not None:
+            groups.setdefault((row.job, row.iteration), []).append(row)
     out = []
     for (job, it), group in sorted(groups.items()):
-        comm = sum(r["time_us"] / 1e6 for r in group)
-        if any(r.get("released_unix_s") is None for r in group):
-            out.append({"job": job, "iteration": it,
-                        "time_s": comm + sum(r["gap_s"] for r in group)})
+        comm = sum(r.time_us / 1e6 for r in group)
+        if any(r.released_unix_s is None for r in group):
+            out.append(Iteration(job, it, comm + sum(r.gap_s for r in group)))
             continue
         # communication: from the last rank's start (its compute done) to the end; the time
         # the others waited for a straggler is not the network's
-        comm = sum(r["start_unix_s"] + r["time_us"] / 1e6 - r.get("ready_unix_s",
-                                                                   r["start_unix_s"])
-                   for r in group)
-        end = max(r["start_unix_s"] + r["time_us"] / 1e6 for r in group)
-        total = end - group[0]["released_unix_s"]
+        comm = sum(r.end_unix_s - (r.start_unix_s if r.ready_unix_s is None
+                                   else r.ready_unix_s) for r in group)
+        end = max(r.end_unix_s for r in group)
+        total = end - group[0].released_unix_s
         compute, segment = 0.0, 0.0
         for r in group:
-            if r.get("barrier", True):
+            if r.barrier:
                 compute, segment = compute + segment, 0.0
-            segment = max(segment, r["compute_s"])
+            segment = max(segment, r.compute_s or 0.0)
         compute += segment
         exposed = max(0.0, total - compute)
-        out.append({"job": job, "iteration": it, "time_s": round(total, 6),
-                    "compute_s": round(compute, 6), "comm_s": round(comm, 6),
-                    "exposed_comm_s": round(exposed, 6),
-                    "overlap_fraction": round(min(1.0, max(0.0, 1 - exposed / comm)), 4)
-                    if comm else None})
+        out.append(Iteration(job, it, round(total, 6), round(compute, 6), round(comm, 6),
+                             round(exposed, 6),
+                             round(min(1.0, max(0.0, 1 - exposed / comm)), 4) if comm else None))
     return out
 
 
@@ -129,25 +139,24 @@ class JobSummary:
         return self.bytes // 4
 
 
-def job_summaries(rows: list[dict]) -> list[JobSummary]:
+def job_summaries(rows: list[CollectiveRow]) -> list[JobSummary]:
     """Rows grouped by (job, op, algorithm, bytes, communicator size), times averaged."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[CollectiveRow]] = {}
     for row in rows:
-        key = (row["job"], row["op"], row["algorithm"], row["bytes"], row["communicator_size"])
+        key = (row.job, row.op, row.algorithm, row.bytes, row.communicator_size)
         groups.setdefault(key, []).append(row)
     out = []
     for group in groups.values():
         r0 = group[0]
-        mean_us = sum(r["time_us"] for r in group) / len(group)
-        algbw = r0["bytes"] / mean_us / 1e3
-        factor = r0["busbw_GBps"] / r0["algbw_GBps"]
-        predicted = [r["predicted_s"] for r in group if r.get("predicted_s")]
-        hashed = [r["predicted_hashed_s"] for r in group if r.get("predicted_hashed_s")]
-        out.append(JobSummary(r0["op"], r0["algorithm"], r0["communicator_size"], r0["bytes"],
+        mean_us = sum(r.time_us for r in group) / len(group)
+        algbw = r0.bytes / mean_us / 1e3
+        factor = r0.busbw_GBps / r0.algbw_GBps
+        predicted = [r.predicted_s for r in group if r.predicted_s]
+        hashed = [r.predicted_hashed_s for r in group if r.predicted_hashed_s]
+        out.append(JobSummary(r0.op, r0.algorithm, r0.communicator_size, r0.bytes,
                               len(group), mean_us, algbw, algbw * factor,
-                              sum(r["efficiency"] for r in group) / len(group),
-                              sum(r.get("agent_cpu_s", 0.0) for r in group), r0["job"],
-                              r0.get("label", ""),
+                              sum(r.efficiency for r in group) / len(group),
+                              sum(r.agent_cpu_s for r in group), r0.job, r0.label,
                               sum(predicted) / len(predicted) * 1e6
                               if len(predicted) == len(group) else None,
                               sum(hashed) / len(hashed) * 1e6
@@ -155,28 +164,30 @@ def job_summaries(rows: list[dict]) -> list[JobSummary]:
     return out
 
 
-def variant_row(doc: dict) -> dict:
-    """One variant's line of the side-by-side comparison: its status, its switch queues, and
-    per job the mean busbw and the worst flow completion p50 and p99 over its repetitions."""
-    congestion = doc.get("congestion") or {}
-    row = {"variant": doc["fabric"].get("variant"), "complete": doc["complete"],
-           "bdp_packets": doc["fabric"].get("bdp_packets"),
-           "error": doc.get("error"), "fidelity": (doc.get("fidelity") or {}).get("verdict"),
-           **{k: congestion.get(k) for k in ("drops", "ecn_marked", "pfc_pause_events",
-                                             "pfc_paused_s", "pfc_watchdog_events",
-                                             "lossless_drops", "credit_stall_events",
-                                             "credit_stalled_s",
-                                             "queue_max_bytes", "queue_p99_bytes")},
-           "pfc_deadlocks": len((congestion.get("pfc") or {}).get("deadlocks", [])),
-           "utilization": congestion.get("utilization") or {},
+def variant_row(doc: RunDocument) -> dict:
+    """One variant's line of the side-by-side comparison (``variants.json``): its status,
+    its switch queues, and per job the mean busbw and the worst flow completion p50 and p99
+    over its repetitions."""
+    congestion = doc.congestion
+    row = {"variant": doc.fabric.variant, "complete": doc.complete,
+           "bdp_packets": doc.fabric.bdp_packets,
+           "error": doc.error, "fidelity": doc.fidelity_verdict,
+           **{k: congestion.counter(k) if congestion else None
+              for k in ("drops", "ecn_marked", "pfc_pause_events",
+                        "pfc_paused_s", "pfc_watchdog_events",
+                        "lossless_drops", "credit_stall_events",
+                        "credit_stalled_s", "queue_max_bytes", "queue_p99_bytes")},
+           "pfc_deadlocks": len(congestion.pfc.deadlocks)
+           if congestion and congestion.pfc else 0,
+           "utilization": {tier: u.to_json() for tier, u in congestion.utilization.items()}
+           if congestion else {},
            "transport": transport_row(doc),
            "jobs": []}
-    for s in job_summaries(doc["collectives"]):
-        rows = [r for r in doc["collectives"]
-                if (r["job"], r["op"], r["bytes"]) == (s.job, s.op, s.bytes)]
-        fct = {q: max((r["flow_completion_s"].get(q, 0.0) for r in rows), default=0.0)
+    for s in job_summaries(doc.collectives):
+        rows = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
+        fct = {q: max((getattr(r.flow_completion_s, q) or 0.0 for r in rows), default=0.0)
                for q in ("p50", "p99")}
-        tput = [r["throughput_of_ideal"] for r in rows if r.get("throughput_of_ideal")]
+        tput = [r.throughput_of_ideal for r in rows if r.throughput_of_ideal]
         row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks,
                             "busbw_GBps": s.busbw_GBps,
                             "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
@@ -190,33 +201,22 @@ TRANSPORT_COUNTERS = ("tx_retransmitted", "tx_timeouts", "tx_trim_naks", "tx_cre
                       "tx_grants", "rx_lost", "tx_naks", "tx_cnps", "tx_rate_cuts")
 
 
-def transport_row(doc: dict) -> dict | None:
+def transport_row(doc: RunDocument) -> dict | None:
     """A variant's transport at a glance: which (``uet RUD+RCCC``, ``rocev2 HPCC``), its
     counters summed over the collectives, the switches' trims, corrupted frames and LLR
     replays, and the busiest port's queue p99 (an incast's bottleneck). None: TCP only."""
-    rows = [r["transport"] for r in doc["collectives"] if (r.get("transport") or {})
-            .get("transport") in ("uet", "rocev2")]
+    rows = [r.transport for r in doc.collectives
+            if r.transport is not None and r.transport.transport in ("uet", "rocev2")]
     if not rows:
         return None
-    congestion = doc.get("congestion") or {}
-    ports = congestion.get("ports") or {}
-    first = rows[0]
-    return {"label": transport_label(first),
-            **{k: sum(r.get(k, 0) for r in rows) for k in TRANSPORT_COUNTERS},
-            **{k: congestion.get(k) for k in ("trimmed", "corrupted", "llr_replays",
-                                              "bad_fcs_drops")},
-            "bottleneck_queue_p99_bytes": max((p.get("queue_p99_bytes", 0)
-                                               for p in ports.values()), default=None)}
-
-
-def transport_label(t: dict) -> str:
-    """``uet RUD+RCCC``, ``uet ROD, no NSCC``, ``rocev2 HPCC``, ``rocev2 DCQCN (connectx)``."""
-    if t.get("transport") == "uet":
-        return (f"uet {str(t.get('delivery', 'rud')).upper()}" + ("+RCCC" if t.get("rccc") else "")
-                + ("" if t.get("nscc", True) else ", no NSCC"))
-    cc = t.get("congestion_control") or ("dcqcn" if t.get("dcqcn") else "off")
-    return f"rocev2 {cc.upper()}" + (f" ({t['dcqcn']})" if cc == "dcqcn" and t.get("dcqcn")
-                                     else "")
+    congestion = doc.congestion
+    ports = congestion.ports if congestion else {}
+    return {"label": rows[0].label,
+            **{k: sum(r.counter(k) for r in rows) for k in TRANSPORT_COUNTERS},
+            **{k: congestion.counter(k) if congestion else None
+               for k in ("trimmed", "corrupted", "llr_replays", "bad_fcs_drops")},
+            "bottleneck_queue_p99_bytes": max((p.queue_p99_bytes for p in ports.values()),
+                                              default=None)}
 
 
 def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
@@ -230,25 +230,3 @@ def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:
         out["teardown"] = round(end - marks.get("kept", marks["measured"]), 2)
     out["total"] = round(end - marks["start"], 2)
     return out
-
-
-#: results.json before one set of units (NCCL-tests': us and GB/s): old field -> new, factor
-_OLD_UNITS = {"duration_s": ("time_us", 1e6), "algbw_gbps": ("algbw_GBps", 1 / 8),
-              "busbw_gbps": ("busbw_GBps", 1 / 8), "busbw_mbps": ("busbw_GBps", 1 / 8000)}
-
-
-def upgrade(doc):
-    """A results, variants or sweep document written before the units were NCCL-tests' (rows
-    with ``duration_s``, ``*_gbps``, ``busbw_mbps``), in today's fields: runs made before
-    still report, compare and resume. Anything else is returned as it is."""
-    if isinstance(doc, dict):
-        for old, (new, factor) in _OLD_UNITS.items():
-            if isinstance(doc.get(old), (int, float)) and new not in doc and (
-                    old != "duration_s" or "bytes" in doc):  # a collective's, not a VM run's
-                doc[new] = doc.pop(old) * factor
-        for value in doc.values():
-            upgrade(value)
-    elif isinstance(doc, list):
-        for item in doc:
-            upgrade(item)
-    return doc

@@ -19,6 +19,8 @@ import hashlib
 import io
 import json
 
+from traffic.measure.rows import CollectiveRow
+
 COLLECTIVE_COLUMNS = ("job", "repetition", "label", "op", "algorithm", "communicator_size",
                       "bytes", "time_us", "algbw_GBps", "busbw_GBps", "ideal_s",
                       "efficiency", "fct_p50_s", "fct_p99_s", "fct_max_s", "iteration",
@@ -33,23 +35,19 @@ def experiment_document(raw: dict) -> dict:
     return {"sha256": hashlib.sha256(canonical.encode()).hexdigest(), "experiment": raw}
 
 
-def collectives_csv(rows: list[dict]) -> str:
+def collectives_csv(rows: list[CollectiveRow]) -> str:
     """``results.json``'s collectives, one CSV row each (:data:`COLLECTIVE_COLUMNS`)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLLECTIVE_COLUMNS)
     for r in rows:
-        fct = r.get("flow_completion_s") or {}
-        transport = r.get("transport") or {}
-        writer.writerow([r.get("job"), r.get("repetition"), r.get("label", ""), r.get("op"),
-                         r.get("algorithm"), r.get("communicator_size"), r.get("bytes"),
-                         _num(r.get("time_us")), _num(r.get("algbw_GBps")),
-                         _num(r.get("busbw_GBps")), _num(r.get("ideal_s")),
-                         _num(r.get("efficiency")), _num(fct.get("p50")), _num(fct.get("p99")),
-                         _num(fct.get("max")), "" if r.get("iteration") is None
-                         else r["iteration"], _num(r.get("gap_s")),
-                         transport.get("transport", "tcp"),
-                         _num(transport.get("goodput_ratio"))])
+        fct, transport = r.flow_completion_s, r.transport
+        writer.writerow([r.job, r.repetition, r.label, r.op, r.algorithm, r.communicator_size,
+                         r.bytes, _num(r.time_us), _num(r.algbw_GBps), _num(r.busbw_GBps),
+                         _num(r.ideal_s), _num(r.efficiency), _num(fct.p50), _num(fct.p99),
+                         _num(fct.max), "" if r.iteration is None else r.iteration,
+                         _num(r.gap_s), transport.transport if transport else "tcp",
+                         _num(transport.goodput_ratio if transport else None)])
     return out.getvalue()
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from traffic.measure.rows import CollectiveRow
+
 DEFAULT_REAL_RTT_US = 10.0
 
 WHAT_SCALES = ("bandwidths (busbw, algbw) by the rate ratio; durations and flow completion "
@@ -62,14 +64,15 @@ class RealScale:
                 "size_ratio": self.size_ratio, "scales": WHAT_SCALES,
                 "does_not_scale": WHAT_DOES_NOT}
 
-    def collective(self, row: dict) -> dict:
+    def collective(self, row: CollectiveRow) -> dict:
         """A results row's real-equivalent figures."""
-        fct = row.get("flow_completion_s") or {}
-        return {"bytes": round(row["bytes"] * self.size_ratio),
-                "time_us": row["time_us"] * self.time_ratio,
-                "algbw_GBps": row["algbw_GBps"] * self.rate_ratio,
-                "busbw_GBps": row["busbw_GBps"] * self.rate_ratio,
-                "flow_completion_s": {q: v * self.time_ratio for q, v in fct.items()}}
+        fct = row.flow_completion_s.to_json()
+        return {"bytes": round(row.bytes * self.size_ratio),
+                "time_us": row.time_us * self.time_ratio,
+                "algbw_GBps": row.algbw_GBps * self.rate_ratio,
+                "busbw_GBps": row.busbw_GBps * self.rate_ratio,
+                "flow_completion_s": {q: v * self.time_ratio for q, v in fct.items()
+                                      if v is not None}}
 
     def describe(self) -> str:
         """One line for the run's output."""

@@ -22,7 +22,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from traffic.measure.results import row_label
+from traffic.measure.rows import CollectiveRow
 
 PREFIX = "fabriclab"
 PORT_LABELS = ("switch", "port", "peer", "tier")
@@ -169,7 +169,7 @@ def fabric_families(ports: dict[str, PortLabels], links: dict[str, dict],
     return [*fam.values(), up, rate, *per_prio.values()]
 
 
-def collective_families(rows: list[dict], routing: str, running: Iterable[dict] = ()
+def collective_families(rows: list[CollectiveRow], routing: str, running: Iterable[dict] = ()
                         ) -> list[Metric]:
     """The workload's metrics from the collectives measured so far (``results.json`` rows).
 
@@ -198,21 +198,20 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
     latest: dict[tuple, dict] = {}
     running = list(running)
     for item in running:  # a transport's counters exist (at 0) from its start: rates then
-        key = _collective_key(item, routing)  # see the step when it ends
+        key = _running_key(item, routing)  # see the step when it ends
         totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
     for row in rows:
         key = _collective_key(row, routing)
-        duration.observe(key, row["time_us"] / 1e6)
+        duration.observe(key, row.time_us / 1e6)
         latest[key] = row
         sums = totals.setdefault(key, dict.fromkeys(TRANSPORT_COUNTERS, 0))
         for field in TRANSPORT_COUNTERS:
-            value = (row.get("transport") or {}).get(field)
-            if value is not None:
-                sums[field] = sums.get(field, 0) + value
+            if row.transport is not None:
+                sums[field] = sums.get(field, 0) + row.transport.counter(field)
     for key, row in latest.items():
-        busbw.add_metric(list(key), row["busbw_GBps"] * 1e9)
-        algbw.add_metric(list(key), row["algbw_GBps"] * 1e9)
-        efficiency.add_metric(list(key), row.get("efficiency") or 0.0)
+        busbw.add_metric(list(key), row.busbw_GBps * 1e9)
+        algbw.add_metric(list(key), row.algbw_GBps * 1e9)
+        efficiency.add_metric(list(key), row.efficiency or 0.0)
     for key, sums in totals.items():
         for field, value in sums.items():
             transport[field].add_metric(list(key), value)
@@ -220,14 +219,19 @@ def collective_families(rows: list[dict], routing: str, running: Iterable[dict] 
                                 "Start (Unix time) of each collective in progress.",
                                 labels=COLLECTIVE_LABELS)
     for item in running:
-        started.add_metric(list(_collective_key(item, routing)), item["started_s"])
+        started.add_metric(list(_running_key(item, routing)), item["started_s"])
     return [duration.family(), busbw, algbw, efficiency, *transport.values(), started]
 
 
-def _collective_key(row: dict, routing: str) -> tuple[str, ...]:
-    transport = (row.get("transport") or {}).get("transport") or "tcp"  # TCP rows have none
-    return (str(row.get("job", 0)), row_label(row), row["op"],
-            str(transport), routing)
+def _collective_key(row: CollectiveRow, routing: str) -> tuple[str, ...]:
+    transport = row.transport.transport if row.transport else "tcp"  # TCP rows have none
+    return (str(row.job), row.name, row.op, transport, routing)
+
+
+def _running_key(item: dict, routing: str) -> tuple[str, ...]:
+    """A collective in progress (:meth:`telemetry.exporter.WorkloadState.started`'s)."""
+    return (str(item["job"]), item["label"] or item["op"], item["op"],
+            str(item.get("transport") or "tcp"), routing)
 
 
 class Histogram:

@@ -15,6 +15,7 @@ import pytest
 
 from fabriclab.cli import main as cli
 from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM
+from fabriclab.model.document import RunDocument
 
 ROOT = Path(__file__).resolve().parents[2]
 # what touches the system: these libraries, and the adapter folders' modules
@@ -108,8 +109,7 @@ def test_a_parallel_sweep_whose_cell_failed_exits_non_zero(tmp_path, monkeypatch
     def on_machines(exp, todo, out, sweep, view):
         for cell in todo:  # the first cell fails on its machine, the second completes
             ok = cell is not todo[0]
-            sweep.record(cell, {"experiment": "s", "complete": ok, "fabric": {},
-                                "congestion": {}, "collectives": []},
+            sweep.record(cell, RunDocument("s", complete=ok),
                          None if ok else "machine1: agent died")
         sweep.save()
         return 2

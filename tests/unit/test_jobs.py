@@ -7,6 +7,7 @@ import pytest
 
 from fabriclab.model import experiment as config
 from fabriclab.model import jobs as jobs_out
+from fabriclab.model.document import read
 from testbed.errors import ConfigError
 from testbed.model.builders import leaf_spine
 from traffic.workloads.jobs import place
@@ -79,22 +80,23 @@ def test_a_bad_jobs_section_names_its_field(jobs, extra, path, text):
 
 
 def test_a_jobs_line_has_its_slowdown_measured_and_predicted_and_its_shared_links():
-    row = lambda job, start, seconds: {"job": job, "start_unix_s": start,  # noqa: E731
-                                       "time_us": seconds * 1e6, "gap_s": 0.0,
-                                       "released_unix_s": start - 1.0}
-    doc = {"collectives": [row(0, 101.0, 3.0), row(1, 101.0, 2.0), row(2, 110.0, 1.0)],
-           "prediction": {"collectives": [
-               {"job": 0, "predicted_s": 2.0, "gap_s": 1.0},
-               {"job": 1, "predicted_s": 1.0, "gap_s": 1.0},
-               {"job": 2, "predicted_s": 1.0, "gap_s": 1.0}]}}
+    row = lambda job, start, seconds: {  # noqa: E731
+        "job": job, "op": "all_reduce", "bytes": 1, "start_unix_s": start,
+        "time_us": seconds * 1e6, "algbw_GBps": 0.0, "busbw_GBps": 0.0, "efficiency": 0.0,
+        "gap_s": 0.0, "released_unix_s": start - 1.0}
+    predicted = lambda job, seconds: {"job": job, "index": 0, "op": "all_reduce",  # noqa: E731
+                                      "predicted_s": seconds, "gap_s": 1.0}
+    doc = read({"collectives": [row(0, 101.0, 3.0), row(1, 101.0, 2.0), row(2, 110.0, 1.0)],
+                "prediction": {"routing": "ecmp", "collectives": [
+                    predicted(0, 2.0), predicted(1, 1.0), predicted(2, 1.0)]}})
     phases = [{"job": 0, "links": {"l1->s1": 10, "l1->s2": 5}},
               {"job": 1, "links": {"l1->s1": 3}}]
     (a, b) = jobs_out.summary(doc, [
         {"index": 0, "name": "a", "hosts": ["h1"], "alone_index": 2},
         {"index": 1, "name": "b", "hosts": ["h2"], "alone_index": None}], phases, {"b": 1.5})
-    assert (a["time_s"], a["alone_s"], a["slowdown"]) == (4.0, 2.0, 2.0)
-    assert a["predicted_slowdown"] == 1.5 and a["shared_links"] == ["l1->s1"]
-    assert (b["alone_s"], b["slowdown"]) == (1.5, 2.0)  # from the baseline run
+    assert (a.time_s, a.alone_s, a.slowdown) == (4.0, 2.0, 2.0)
+    assert a.predicted_slowdown == 1.5 and a.shared_links == ["l1->s1"]
+    assert (b.alone_s, b.slowdown) == (1.5, 2.0)  # from the baseline run
 
 
 def test_a_job_of_several_collectives_a_trace_and_a_scaled_log(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 from controllers.routing.tables import PRIORITY_REMOTE_HOST, compute_tables
 from fabriclab.model import experiment as xp
+from fabriclab.model.document import CollectiveRow, Prediction
 from fabriclab.model.prediction import attach, document, targets
 from testbed.model.builders import fat_tree, leaf_spine
 from testbed.plan.groups import forward
@@ -173,9 +174,9 @@ def test_paths_as_hashed_are_known_for_the_controllers_ecmp_on_ebpf_switches_onl
     paths = hashing.paths([job], {0: seen})
     assert len(paths) == 12
     (p,) = hashing.predict([job], paths)
-    rows = [{"job": 0, "repetition": 0}]
+    rows = [CollectiveRow("all_to_all", 4 << 20, 1.0, 0.0, 0.0, 0.0)]
     attach_hashed(rows, [p])
-    assert rows[0]["predicted_hashed_s"] == pytest.approx(p.seconds, abs=1e-6)
+    assert rows[0].predicted_hashed_s == pytest.approx(p.seconds, abs=1e-6)
     links = hashing.links([job], paths)[(0, 0)]
     # leaf 1's two hosts send 1 MiB to each of leaf 2's two, over the spines as hashed
     up = [v for k, v in links.items() if k.startswith("leaf1->spine")]
@@ -296,9 +297,10 @@ def test_a_shipped_file_is_predicted_in_under_five_seconds(name, machine_factor)
     for doc in docs:
         rows = doc["collectives"]
         assert rows and all(r["predicted_s"] > 0 and r["busiest_link"] for r in rows), rows
-        measured = [{"job": r["job"], "repetition": r["index"]} for r in rows]
-        attach(measured, doc)
-        assert [m["predicted_s"] for m in measured] == [r["predicted_s"] for r in rows]
+        measured = [CollectiveRow("x", 0, 1.0, 0.0, 0.0, 0.0, job=r["job"],
+                                  repetition=r["index"]) for r in rows]
+        attach(measured, Prediction.from_json(doc))
+        assert [m.predicted_s for m in measured] == [r["predicted_s"] for r in rows]
 
 
 def test_traffic_out_matrix_links_as_routed_and_measured_ports():

@@ -11,6 +11,7 @@ from pathlib import Path
 from fabriclab import report
 
 from fabriclab.model import rundir
+from fabriclab.model.document import read
 
 PORTS = {  # a 2-leaf, 1-spine fabric's switch ports
     "leaf1-eth1": {"node": "leaf1", "peer": "h1_1", "link": "h1_1-leaf1", "tier": "leaf->host"},
@@ -45,7 +46,8 @@ def _run_dir(path: Path, eff: float, failed_link: str | None = None) -> None:
            "fidelity": {"verdict": "ok", "reasons": [], "idle_pct": {"median": 50.0}},
            "controller": {"links_down": [failed_link] if failed_link else []},
            "real_scale": {"real_rate_gbps": 400, "real_rtt_us": 10, "emulated_rate_mbps": 10,
-                          "emulated_rtt_ms": 20, "scales": "bandwidth", "does_not_scale": "cpu"}}
+                          "emulated_rtt_ms": 20, "rate_ratio": 40000.0, "time_ratio": 5e-4,
+                          "size_ratio": 20.0, "scales": "bandwidth", "does_not_scale": "cpu"}}
     (path / "results.json").write_text(json.dumps(doc))
     (path / "flows.csv").write_text(rundir.flows_csv(
         [[0, 0, "ar", "all_reduce", "h1_1", "h2_1", s, 1024, 0.1 * (s + 1)] for s in range(5)]))
@@ -79,9 +81,9 @@ def test_a_variants_report_inlines_every_plot_and_the_verdicts(tmp_path):
     assert "<h2>Run a</h2>" in page and "<h2>Run b</h2>" in page and "no data" not in page
     assert "400 Gbit/s" in page and "Fidelity" in page and "6.x" in page
     assert "http" not in page.replace("http-equiv", "")  # opens from disk, no network
-    assert report.failed_links({"controller": {"links_down": ["x-y"]},
-                                "failures": [{"target": ["a", "b"], "action": "down"}]}) == {
-        "x-y", "a-b"}
+    assert report.failed_links(read({"controller": {"links_down": ["x-y"]},
+                                     "failures": [{"target": ["a", "b"], "action": "down"}]})
+                               ) == {"x-y", "a-b"}
 
 
 def test_a_sweep_report_finds_its_cells(tmp_path):
@@ -100,8 +102,10 @@ def test_collectives_are_marked_on_the_timelines_clock():
     first sample); none without the timeline's origin."""
     from fabriclab import charts
 
-    doc = {"collectives": [{"op": "all_reduce", "label": "ar", "start_unix_s": 1002.5,
-                            "time_us": 1.5e6}, {"op": "all_to_all", "time_us": 1.0}]}
+    row = {"bytes": 1, "algbw_GBps": 0.0, "busbw_GBps": 0.0, "efficiency": 0.0}
+    doc = read({"collectives": [{"op": "all_reduce", "label": "ar", "start_unix_s": 1002.5,
+                                 "time_us": 1.5e6, **row},
+                                {"op": "all_to_all", "time_us": 1.0, **row}]})
     assert charts.marks(doc, {"started_unix_s": 1000.0}) == [("ar", 2.5, 4.0)]
     assert charts.marks(doc, {}) == [] and charts.marks(doc, None) == []
 

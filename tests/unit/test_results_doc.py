@@ -4,6 +4,7 @@ label), the nccl-tests-like per-job summary, and a failed run keeping what it me
 import pytest
 
 from fabriclab.model import results
+from fabriclab.model.document import Congestion, CollectiveRow, Iteration, TransportCounters, read
 from traffic.measure.results import CollectiveResult
 
 
@@ -23,10 +24,11 @@ def test_iterations_come_from_the_phases_numbers_not_from_labels():
     results.add_rows(doc, 1, [_row(0.5, "iter 0 tp", 0, 0.1), _row(0.25, "iter 0 dp", 0),
                               _row(0.75, "iter 1 tp", 1, 0.2)], 1)
     results.finish(doc)
-    assert doc["complete"] is True
-    assert doc["iterations"] == [{"job": 1, "iteration": 0, "time_s": pytest.approx(0.85)},
-                                 {"job": 1, "iteration": 1, "time_s": pytest.approx(0.95)}]
-    assert [r["repetition"] for r in doc["collectives"]] == [0, 1, 0, 1, 2]
+    assert doc.complete is True
+    assert [i.to_json() for i in doc.iterations] == [
+        {"job": 1, "iteration": 0, "time_s": pytest.approx(0.85)},
+        {"job": 1, "iteration": 1, "time_s": pytest.approx(0.95)}]
+    assert [r.repetition for r in doc.collectives] == [0, 1, 0, 1, 2]
 
 
 def test_an_iteration_from_the_agents_clocks_compute_exposed_and_hidden_communication():
@@ -34,34 +36,34 @@ def test_an_iteration_from_the_agents_clocks_compute_exposed_and_hidden_communic
     all-reduce after 4 s of compute; then the same gradients as two buckets, the first
     released at 3 s and run beside the rest of the backward pass."""
     def timed(start: float, seconds: float, released: float, compute: float,
-              barrier: bool = True) -> dict:
-        return {"job": 0, "iteration": 0, "time_us": seconds * 1e6, "gap_s": 0.0,
-                "start_unix_s": start, "released_unix_s": released, "compute_s": compute,
-                "barrier": barrier}
+              barrier: bool = True) -> CollectiveRow:
+        return CollectiveRow("all_reduce", 1, seconds * 1e6, 0.0, 0.0, 0.0, iteration=0,
+                             start_unix_s=start, released_unix_s=released, compute_s=compute,
+                             barrier=barrier)
     (plain,) = results.iteration_times([timed(104.0, 2.0, 100.0, 4.0)])
-    assert plain == {"job": 0, "iteration": 0, "time_s": 6.0, "compute_s": 4.0, "comm_s": 2.0,
-                     "exposed_comm_s": 2.0, "overlap_fraction": 0.0}
+    assert plain == Iteration(0, 0, 6.0, compute_s=4.0, comm_s=2.0, exposed_comm_s=2.0,
+                              overlap_fraction=0.0)
     (over,) = results.iteration_times([timed(103.0, 1.0, 100.0, 3.0),
                                         timed(104.0, 1.0, 100.0, 4.0, barrier=False)])
-    assert over["time_s"] == 5.0 and over["compute_s"] == 4.0
-    assert over["exposed_comm_s"] == 1.0 and over["overlap_fraction"] == 0.5
+    assert over.time_s == 5.0 and over.compute_s == 4.0
+    assert over.exposed_comm_s == 1.0 and over.overlap_fraction == 0.5
 
 
 def test_no_training_no_iterations_and_a_failure_keeps_the_rows():
     doc = results.new_document("x", "x.yaml", "now", {"topology": "fat_tree"})
     results.add_rows(doc, 0, [_row(2.0)], 2)
     results.fail(doc, "job 1: timed out")
-    assert doc["complete"] is False and doc["error"] == "job 1: timed out"
-    assert len(doc["collectives"]) == 1 and doc["collectives"][0]["concurrent_jobs"] == 2
+    assert doc.complete is False and doc.error == "job 1: timed out"
+    assert len(doc.collectives) == 1 and doc.collectives[0].concurrent_jobs == 2
     results.finish(doc)
-    assert "iterations" not in doc
+    assert "iterations" not in doc.to_json()
 
 
 def test_job_summaries_average_repetitions():
     doc = results.new_document("x", "x.yaml", "now", {})
     results.add_rows(doc, 0, [_row(1.0), _row(3.0)], 1)
     results.add_rows(doc, 1, [_row(1.0, op="all_to_all")], 1)
-    first, second = results.job_summaries(doc["collectives"])
+    first, second = results.job_summaries(doc.collectives)
     assert (first.op, first.repetitions, first.mean_us) == ("all_reduce", 2, 2.0e6)
     assert first.algbw_GBps == pytest.approx(0.0005) and first.count == 250_000
     assert first.efficiency == 0.5 and second.op == "all_to_all"
@@ -73,8 +75,9 @@ def test_a_variant_row_compares_queues_and_jobs():
     fast.flow_completion_s = {"p50": 0.4, "p99": 0.9, "max": 1.0}
     slow.flow_completion_s = {"p50": 0.5, "p99": 1.8, "max": 2.0}
     results.add_rows(doc, 0, [fast, slow], 1)
-    doc["congestion"] = {"drops": 3, "ecn_marked": 40, "queue_max_bytes": 9000,
-                         "queue_p99_bytes": 8000, "ports": {}}
+    doc.congestion = Congestion.from_json({"drops": 3, "ecn_marked": 40,
+                                           "queue_max_bytes": 9000, "queue_p99_bytes": 8000,
+                                           "ports": {}})
     results.finish(doc)
     row = results.variant_row(doc)
     assert (row["variant"], row["complete"], row["drops"], row["ecn_marked"]) == (
@@ -120,23 +123,25 @@ def test_results_written_before_one_set_of_units_read_in_todays_fields():
 
 
 def test_a_variant_row_says_which_transport_and_what_it_did():
-    from fabriclab.model.results import transport_label, variant_row
+    from fabriclab.model.results import variant_row
 
-    assert transport_label({"transport": "uet", "delivery": "rod", "rccc": True,
-                            "nscc": False}) == "uet ROD+RCCC, no NSCC"
-    assert transport_label({"transport": "rocev2", "congestion_control": "dcqcn",
-                            "dcqcn": "connectx"}) == "rocev2 DCQCN (connectx)"
-    assert transport_label({"transport": "rocev2", "congestion_control": "hpcc"}) == \
-        "rocev2 HPCC"
+    def label(t: dict) -> str:
+        return TransportCounters.from_json(t).label
+
+    assert label({"transport": "uet", "delivery": "rod", "rccc": True,
+                  "nscc": False}) == "uet ROD+RCCC, no NSCC"
+    assert label({"transport": "rocev2", "congestion_control": "dcqcn",
+                  "dcqcn": "connectx"}) == "rocev2 DCQCN (connectx)"
+    assert label({"transport": "rocev2", "congestion_control": "hpcc"}) == "rocev2 HPCC"
     t = {"transport": "uet", "delivery": "rud", "rccc": True, "nscc": True,
          "tx_retransmitted": 3, "tx_grants": 40}
-    doc = {"fabric": {"variant": "rccc"}, "complete": True,
+    doc = read({"fabric": {"variant": "rccc"}, "complete": True,
            "congestion": {"trimmed": 5, "ports": {"leaf1-eth1": {"queue_p99_bytes": 2048},
                                                   "leaf1-eth2": {"queue_p99_bytes": 0}}},
            "collectives": [{"job": 0, "op": "flows", "algorithm": "direct", "bytes": 8,
                             "time_us": 10.0, "algbw_GBps": 1.0, "busbw_GBps": 1.0,
                             "efficiency": 0.5, "communicator_size": 2, "transport": t,
-                            "flow_completion_s": {"p50": 1.0, "p99": 2.0}}] * 2}
+                            "flow_completion_s": {"p50": 1.0, "p99": 2.0}}] * 2})
     row = variant_row(doc)["transport"]
     assert row["label"] == "uet RUD+RCCC" and row["tx_retransmitted"] == 6
     assert row["tx_grants"] == 80 and row["trimmed"] == 5

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from fabriclab.model import experiment as xp
+from fabriclab.model.document import VERSION, read
 from fabriclab.runner import run_experiment
 from fabriclab.shared import SharedFabric
 from fabriclab.signals import Terminated
@@ -157,8 +158,11 @@ def test_a_run_keeps_its_document_and_files_through_every_phase(tmp_path):
     exp = xp.parse(EXPERIMENT)
     fabrics, calls = [], []
     out = tmp_path / "run"
-    doc = run_experiment(exp, out, tmp_path / "state", shared=_pool(tmp_path, fabrics),
-                         runner=_runner(calls))
+    typed = run_experiment(exp, out, tmp_path / "state", shared=_pool(tmp_path, fabrics),
+                           runner=_runner(calls))
+    doc = typed.to_json()  # as results.json holds it, and as it reads back
+    assert read(json.loads((out / "results.json").read_text())) == typed
+    assert typed.version == VERSION and doc["version"] == VERSION
     fabric = fabrics[0]
     assert calls == [[0], [1]]  # one job per batch, in order
     assert fabric.log[0] == "up" and fabric.log[-1] == "down" and fabric.monitor.stopped

@@ -9,6 +9,7 @@ import io
 from fabriclab.model import experiment as xp
 from fabriclab.model import rundir
 from traffic.measure.results import CollectiveResult
+from traffic.measure.rows import CollectiveRow
 
 RAW = {"version": 1, "name": "t", "fabric": {"topology": "leaf_spine", "leaves": 2, "spines": 1,
                                               "hosts_per_leaf": 1}}
@@ -41,7 +42,8 @@ def test_collectives_and_flows_become_csv_rows():
            "busbw_GBps": 2e-5, "ideal_s": 0.4, "efficiency": 0.8,
            "flow_completion_s": {"p50": 0.3, "p99": 0.45, "max": 0.5}, "iteration": None,
            "gap_s": 0.0, "transport": {"transport": "uet", "goodput_ratio": 0.99}}
-    table = list(csv.DictReader(io.StringIO(rundir.collectives_csv([row]))))
+    table = list(csv.DictReader(io.StringIO(rundir.collectives_csv(
+        [CollectiveRow.from_json(row)]))))
     assert tuple(table[0]) == rundir.COLLECTIVE_COLUMNS
     assert (table[0]["efficiency"], table[0]["fct_p99_s"], table[0]["transport"],
             table[0]["iteration"]) == ("0.8", "0.45", "uet", "")
@@ -60,8 +62,9 @@ def test_real_equivalent_units_keep_the_bandwidth_delay_regime():
     s = exp.real_scale
     assert s.rate_ratio == pytest.approx(1e5) and s.real_rtt_us == 10.0
     assert s.emulated_rtt_s == pytest.approx(exp.base_rtt_s)
-    row = {"bytes": 4 << 20, "time_us": 10e6, "algbw_GBps": 0.003, "busbw_GBps": 0.0035,
-           "flow_completion_s": {"p99": 9.0}}
+    row = CollectiveRow.from_json({"op": "all_reduce", "bytes": 4 << 20, "time_us": 10e6,
+                                   "algbw_GBps": 0.003, "busbw_GBps": 0.0035,
+                                   "efficiency": 0.5, "flow_completion_s": {"p99": 9.0}})
     real = s.collective(row)
     assert real["busbw_GBps"] == pytest.approx(350) and real["time_us"] == pytest.approx(
         10e6 * 10e-6 / exp.base_rtt_s)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fabriclab.model.document import read
 from fabriclab.modes import run_sweep
 from fabriclab.options import RunRequest
 from fabriclab.runner import RunView
@@ -132,7 +133,7 @@ def test_the_sweep_goes_on_after_a_failed_cell_and_resume_runs_only_what_is_miss
             raise TestbedError("job 0 (all_reduce): agent died")
         doc = _doc("sw", 0.9 if str(cell_exp.controller.routing) == "dmodk" else 0.5)
         (out / "results.json").write_text(json.dumps(doc))
-        return doc
+        return read(doc)
 
     out = tmp_path / "sweep"
     assert run_sweep(_request(out), exp, RunView(), fake_run_one).failed  # a cell failed

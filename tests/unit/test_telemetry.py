@@ -22,6 +22,7 @@ from telemetry.model.promconfig import (DISCOVERY_JOBS, discovery_groups, scrape
                                   standing_config)
 from telemetry.model import promconfig
 from testbed.model.builders import leaf_spine
+from traffic.measure.rows import CollectiveRow
 
 TOPO = leaf_spine(2, 1, 2, host_rate_mbps=10, fabric_rate_mbps=20)
 PORTS = metrics.port_labels(TOPO)
@@ -44,11 +45,12 @@ def _congestion() -> dict:
             for name in PORTS}
 
 
-ROWS = [{"job": 0, "op": "all_reduce", "label": "", "time_us": d * 1e6, "busbw_GBps": 0.0005,
-         "algbw_GBps": 0.00025, "efficiency": 0.4,
-         "transport": {"transport": "uet", "tx_bytes": 100, "tx_packets": 10,
-                       "tx_retransmitted": 1, "rx_out_of_order": 2, "tx_cnps": 0,
-                       "tx_rate_cuts": 1, "tx_timeouts": 0}} for d in (0.3, 3.0)]
+ROWS = [CollectiveRow.from_json(
+    {"job": 0, "op": "all_reduce", "label": "", "bytes": 1 << 20, "time_us": d * 1e6,
+     "busbw_GBps": 0.0005, "algbw_GBps": 0.00025, "efficiency": 0.4,
+     "transport": {"transport": "uet", "tx_bytes": 100, "tx_packets": 10,
+                   "tx_retransmitted": 1, "rx_out_of_order": 2, "tx_cnps": 0,
+                   "tx_rate_cuts": 1, "tx_timeouts": 0}}) for d in (0.3, 3.0)]
 STATS = {"switches_expected": 3, "connected": 3, "programmed": 3,
          "ops": {"flow_add": 40, "group_add": 6}, "port_events": 2, "reroutes": 1,
          "links_down": 1, "placements": 4, "moves": 1, "cpu_s": 1.5}

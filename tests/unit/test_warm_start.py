@@ -26,6 +26,7 @@ from controllers.routing.tables import (
     diff_tables,
 )
 from fabriclab.cli.tables import controller_event
+from fabriclab.model.document import ControllerEvent
 from testbed.model.builders import fat_tree, leaf_spine
 from testbed.model.openflow import GroupEntry
 from testbed.model.spec import Routing
@@ -212,4 +213,4 @@ def test_the_ebpf_agent_keeps_its_tables_for_the_next_controller(tmp_path):
     ({"event": "restarted", "outage_s": 1.2, "changes": {"flow_add": 2}}, "2 flow_add"),
     ({"event": "restart failed", "cause": "no port"}, "restart failed: no port")])
 def test_the_console_says_what_happened_to_the_controller(event, says):
-    assert says in controller_event(event)
+    assert says in controller_event(ControllerEvent.from_json(event))
