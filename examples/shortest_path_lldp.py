@@ -3,8 +3,8 @@
 link's arrival or loss re-routes every switch, at most twice a second. The hosts still come
 from the topology file (LLDP finds switches, not hosts that never send).
 
-os-ken's discovery speaks OpenFlow 1.0 to 1.4, so this app runs on Open vSwitch switches
-(``emulator.datapath: ovs``); the eBPF switches speak OpenFlow 1.5 only.
+os-ken's discovery speaks OpenFlow 1.0 to 1.4, so this app speaks 1.3, which both datapaths'
+switches speak (Open vSwitch's bridges and the eBPF switches).
 """
 
 import os

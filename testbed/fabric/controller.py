@@ -264,8 +264,8 @@ class Controller:
             raise TestbedError(f"the switches refused the controller at its hello: "
                                f"{refused[0]}" + (f" (and {len(refused) - 1} more)"
                                                   if len(refused) > 1 else "")
-                               + "; a controller of another OpenFlow version needs "
-                                 "emulator.datapath: ovs")
+                               + "; Open vSwitch's bridges (emulator.datapath: ovs) also "
+                                 "take OpenFlow 1.0 and 1.4")
         if self.process is not None and self.process.poll() is not None:
             err = (self.run_dir / "controller.stderr").read_text()[-2000:]
             raise TestbedError(f"controller exited with code {self.process.returncode}",

@@ -19,7 +19,7 @@ from testbed.plan.tss import MAX_SUBTABLES, Subtable
 PROGRAM = "switch"
 MAX_BUCKETS = 16
 FIELD_BITS = {"in_port": 1, "eth_type": 2, "eth_dst": 4, "ip_dscp": 8, "ip_proto": 16,
-              "tcp_src": 32, "udp_src": 32, "tcp_dst": 64, "udp_dst": 64}
+              "tcp_src": 32, "udp_src": 32, "tcp_dst": 64, "udp_dst": 64, "eth_src": 128}
 A_OUTPUT, A_GROUP, A_DROP, A_CONTROLLER = 1, 2, 3, 4
 G_SELECT, G_FF = 1, 2
 PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
@@ -49,7 +49,7 @@ class FlowKey(ctypes.Structure):
                 ("in_port", ctypes.c_uint32), ("src", ctypes.c_uint32), ("dst", ctypes.c_uint32),
                 ("eth_type", ctypes.c_uint16), ("sport", ctypes.c_uint16),
                 ("dport", ctypes.c_uint16), ("proto", ctypes.c_uint8), ("dscp", ctypes.c_uint8),
-                ("eth_dst", ctypes.c_uint8 * 6), ("pad", ctypes.c_uint16)]
+                ("eth_dst", ctypes.c_uint8 * 6), ("eth_src", ctypes.c_uint8 * 6)]
 
 
 class Action(ctypes.Structure):
@@ -84,8 +84,9 @@ def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
                   dscp=int(fields.get("ip_dscp", 0)),
                   sport=int(fields.get("tcp_src", fields.get("udp_src", 0))),
                   dport=int(fields.get("tcp_dst", fields.get("udp_dst", 0))))
-    if "eth_dst" in fields:
-        out.eth_dst[:] = bytes.fromhex(str(fields["eth_dst"]).replace(":", ""))
+    for name in ("eth_dst", "eth_src"):
+        if name in fields:
+            getattr(out, name)[:] = bytes.fromhex(str(fields[name]).replace(":", ""))
     return out
 
 

@@ -36,30 +36,34 @@ class PortCounters:
     tx_errors: int = 0
 
 
-def message(msg_type: int, xid: int, body: bytes) -> bytes:
-    return HEADER.pack(ofp.OFP_VERSION, msg_type, HEADER.size + len(body), xid) + body
+def message(msg_type: int, xid: int, body: bytes, version: int = ofp.OFP_VERSION) -> bytes:
+    return HEADER.pack(version, msg_type, HEADER.size + len(body), xid) + body
 
 
 def _padded(data: bytes | bytearray) -> bytes:
     return bytes(data) + b"\0" * (-len(data) % 8)
 
 
-def _match(match: Iterable[tuple[str, object]]) -> bytes:
+def match_bytes(match: Iterable[tuple[str, object]], of_parser=parser) -> bytes:
+    """A match as OXM fields, padded (the same bytes in OpenFlow 1.3 and 1.5)."""
     buf = bytearray()
-    parser.OFPMatch(**dict(match)).serialize(buf, 0)
+    of_parser.OFPMatch(**dict(match)).serialize(buf, 0)
     return _padded(buf)
 
 
 def packet_in(port: int, total_len: int, data: bytes, reason: int = ofp.OFPR_APPLY_ACTION,
-              cookie: int = 0xFFFFFFFFFFFFFFFF) -> bytes:
+              cookie: int = 0xFFFFFFFFFFFFFFFF, version: int = ofp.OFP_VERSION) -> bytes:
     """A packet (``data``: its first bytes, ``total_len`` of them in all) that came in on
-    ``port``, for the controller (not buffered: the data is all there is)."""
+    ``port``, for the controller (not buffered: the data is all there is). OpenFlow 1.3's
+    packet-in has the same layout (``version``)."""
     body = struct.pack(ofp.OFP_PACKET_IN_PACK_STR, ofp.OFP_NO_BUFFER, total_len, reason, 0,
                        cookie)
-    return message(ofp.OFPT_PACKET_IN, 0, body + _match([("in_port", port)]) + b"\0\0" + data)
+    return message(ofp.OFPT_PACKET_IN, 0,
+                   body + match_bytes([("in_port", port)]) + b"\0\0" + data, version)
 
 
-def multipart(mp_type: int, xid: int, parts: list[bytes]) -> bytes:
+def multipart(mp_type: int, xid: int, parts: list[bytes], version: int = ofp.OFP_VERSION
+              ) -> bytes:
     """A multipart reply of ``parts``, in as many messages as their length needs."""
     out, chunk, size = [], [], 0
     for part in parts:
@@ -71,7 +75,7 @@ def multipart(mp_type: int, xid: int, parts: list[bytes]) -> bytes:
     out.append((chunk, 0))
     return b"".join(message(ofp.OFPT_MULTIPART_REPLY, xid,
                             struct.pack(ofp.OFP_MULTIPART_REPLY_PACK_STR, mp_type, flags)
-                            + b"".join(c)) for c, flags in out)
+                            + b"".join(c), version) for c, flags in out)
 
 
 def desc(dpid: int) -> bytes:
@@ -101,20 +105,21 @@ def _stats(packets: int, nbytes: int, duration_s: float) -> bytes:
     return _padded(buf)
 
 
-def _instructions(actions: tuple[tuple[str, object], ...]) -> bytes:
+def instructions(actions: tuple[tuple[str, object], ...], of_parser=parser) -> bytes:
+    """A flow's actions as one apply-actions instruction (the same bytes in 1.3 and 1.5)."""
     acts = []
     for name, value in actions:
         if name == "output":
             port = ofp.OFPP_CONTROLLER if value == CONTROLLER_PORT else int(value)
-            acts.append(parser.OFPActionOutput(port, ofp.OFPCML_NO_BUFFER))
+            acts.append(of_parser.OFPActionOutput(port, ofp.OFPCML_NO_BUFFER))
         elif name == "group":
-            acts.append(parser.OFPActionGroup(int(value)))
+            acts.append(of_parser.OFPActionGroup(int(value)))
         elif name == "punt":
-            acts.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, int(value)))
+            acts.append(of_parser.OFPActionOutput(ofp.OFPP_CONTROLLER, int(value)))
     if not acts:
         return b""
     buf = bytearray()
-    parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, acts).serialize(buf, 0)
+    of_parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, acts).serialize(buf, 0)
     return bytes(buf)
 
 
@@ -128,12 +133,13 @@ class FlowQuery:
     match: tuple[tuple[str, object], ...] = ()
 
     @classmethod
-    def parse(cls, raw: bytes) -> FlowQuery:
-        """The query of a multipart request's body (``raw``: the whole message)."""
+    def parse(cls, raw: bytes, of_parser=parser) -> FlowQuery:
+        """The query of a multipart request's body (``raw``: the whole message; the same
+        layout in 1.3 and 1.5)."""
         at = ofp.OFP_MULTIPART_REQUEST_SIZE
         _table, _out_port, _out_group, cookie, mask = struct.unpack_from(
             ofp.OFP_FLOW_STATS_REQUEST_0_PACK_STR, raw, at)
-        match = parser.OFPMatch.parser(raw, at + struct.calcsize(
+        match = of_parser.OFPMatch.parser(raw, at + struct.calcsize(
             ofp.OFP_FLOW_STATS_REQUEST_0_PACK_STR))
         return cls(cookie, mask, tuple(sorted(match.items())))
 
@@ -148,9 +154,9 @@ def flows(entries: Iterable[FlowEntry], counts, age, with_actions: bool) -> list
     ``counts(entry)`` gives an entry's (packets, bytes), ``age(entry)`` its seconds installed."""
     out = []
     for entry in entries:
-        match, stats = _match(entry.match), _stats(*counts(entry), age(entry))
+        match, stats = match_bytes(entry.match), _stats(*counts(entry), age(entry))
         if with_actions:
-            inst = _instructions(entry.actions)
+            inst = instructions(entry.actions)
             length = ofp.OFP_FLOW_DESC_0_SIZE + len(match) + len(stats) + len(inst)
             out.append(struct.pack(ofp.OFP_FLOW_DESC_0_PACK_STR, length, 0, entry.priority,
                                    0, 0, 0, 0, entry.cookie) + match + stats + inst)
@@ -161,23 +167,24 @@ def flows(entries: Iterable[FlowEntry], counts, age, with_actions: bool) -> list
     return out
 
 
-def actions_of(instructions) -> tuple | None:
-    """os-ken's instructions of a flow (a flow mod, a flow description) as the tables hold
-    them: ``("output", port)``, ``("output", CONTROLLER_PORT)``, ``("punt", bytes)``,
-    ``("group", id)``; None for anything else (other instructions or actions)."""
+def actions_of(flow_instructions, of_parser=parser) -> tuple | None:
+    """os-ken's instructions of a flow (a flow mod, a flow description; ``of_parser``: the
+    version's parser module) as the tables hold them: ``("output", port)``,
+    ``("output", CONTROLLER_PORT)``, ``("punt", bytes)``, ``("group", id)``; None for
+    anything else (other instructions or actions)."""
     out = []
-    for inst in instructions:
-        if not isinstance(inst, parser.OFPInstructionActions) or \
+    for inst in flow_instructions:
+        if not isinstance(inst, of_parser.OFPInstructionActions) or \
                 inst.type != ofp.OFPIT_APPLY_ACTIONS:
             return None
         for action in inst.actions:
-            if isinstance(action, parser.OFPActionOutput):
+            if isinstance(action, of_parser.OFPActionOutput):
                 if action.port == ofp.OFPP_CONTROLLER:
                     out.append(("output", CONTROLLER_PORT) if action.max_len in (
                         ofp.OFPCML_NO_BUFFER, 0xFFFF) else ("punt", action.max_len))
                 else:
                     out.append(("output", action.port))
-            elif isinstance(action, parser.OFPActionGroup):
+            elif isinstance(action, of_parser.OFPActionGroup):
                 out.append(("group", action.group_id))
             else:
                 return None

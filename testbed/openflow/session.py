@@ -1,5 +1,8 @@
-"""One eBPF switch's OpenFlow 1.5 session, sans I/O: bytes from the controller in, the bytes
-to answer out, and the switch's flow and group tables kept as the controller set them.
+"""One eBPF switch's OpenFlow session, sans I/O: bytes from the controller in, the bytes to
+answer out, and the switch's flow and group tables kept as the controller set them. The switch
+speaks OpenFlow 1.5 and 1.3 (the version of most Ryu and os-ken apps and tutorials); the hello
+carries both in its version bitmap, and the session speaks the one negotiated
+(:mod:`testbed.openflow.v13` holds what 1.3 lays out otherwise).
 
 It answers as Open vSwitch does for what fabriclab's controller and common os-ken apps use:
 the handshake (hello, features with the datapath id, port descriptions with each port's
@@ -7,7 +10,9 @@ number, name, MAC and liveness), configuration, echo, barriers, flow mods (add, 
 delete, delete strict; one table), group mods (SELECT with weighted buckets and the
 selection method's hash basis, fast failover; :mod:`testbed.openflow.groups`), packet-out and
 packet-in, switch description, port and flow statistics and flow and group descriptions
-(:mod:`testbed.openflow.replies`), and port status when a port's carrier changes.
+(:mod:`testbed.openflow.replies`), and port status when a port's carrier changes. A
+packet-out may name a port, ``FLOOD`` or ``ALL`` (every port but the one it came in on, or
+every port) or ``IN_PORT``.
 Anything outside that is answered with the OpenFlow error a switch sends, never ignored: a
 match the datapath cannot look up (:mod:`testbed.plan.tss`) is ``OFPET_BAD_MATCH``. Requests
 are parsed by os-ken's OpenFlow 1.5 parser; the few switch-to-controller bodies os-ken does not
@@ -24,14 +29,19 @@ from typing import Protocol
 
 from os_ken.ofproto import ofproto_parser, ofproto_protocol
 from os_ken.ofproto import ofproto_v1_5 as ofp
+from os_ken.ofproto import ofproto_v1_3_parser as parser13
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from testbed.model.openflow import CONTROLLER_PORT, FlowEntry, GroupEntry
 from testbed.plan import tss
-from testbed.openflow import groups, replies
+from testbed.openflow import groups, replies, v13
 from testbed.openflow.replies import FlowQuery, PortCounters
 
 HEADER = replies.HEADER
+#: the versions this switch speaks, highest first (1.5: 0x06, 1.3: 0x04)
+VERSIONS = (ofp.OFP_VERSION, v13.VERSION)
+#: OpenFlow's version numbers as people write them
+VERSION_NAMES = {1: "1.0", 2: "1.1", 3: "1.2", 4: "1.3", 5: "1.4", 6: "1.5"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,9 @@ class Port:
     speed_kbps: int = 10_000
 
 
-def _port_bytes(port: Port) -> bytes:
+def _port_bytes(port: Port, version: int = ofp.OFP_VERSION) -> bytes:
+    if version == v13.VERSION:
+        return v13.port(port.number, port.name, port.mac, port.live, port.speed_kbps)
     eth = struct.pack(ofp.OFP_PORT_DESC_PROP_ETHERNET_PACK_STR, ofp.OFPPDPT_ETHERNET, 32,
                       0, 0, 0, 0, port.speed_kbps, port.speed_kbps)
     state = ofp.OFPPS_LIVE if port.live else ofp.OFPPS_LINK_DOWN
@@ -102,6 +114,7 @@ class SwitchSession:
         self.groups: dict[int, GroupEntry] = {}
         self.buffer = b""
         self.packets_out: list[tuple[int, bytes]] = []  # (port, frame) the agent sends
+        self.version = ofp.OFP_VERSION  # until the controller's hello says another
         self.desc = ofproto_protocol.ProtocolDesc(version=ofp.OFP_VERSION)
         self.errors_sent = 0
         self.handshaken = False  # the controller asked for the features: it speaks to us
@@ -123,11 +136,19 @@ class SwitchSession:
         return self
 
     def start(self) -> bytes:
-        """Our hello."""
-        msg = parser.OFPHello(self.desc)
-        msg.set_xid(0)
-        msg.serialize()
-        return bytes(msg.buf)
+        """Our hello: OpenFlow 1.5, with a version bitmap of every version we speak (os-ken
+        serializes no hello elements: packed here)."""
+        bitmap = struct.pack("!HHI", ofp.OFPHET_VERSIONBITMAP, 8,
+                             sum(1 << v for v in VERSIONS))
+        return self._msg(ofp.OFPT_HELLO, 0, bitmap)
+
+    def _msg(self, msg_type: int, xid: int, body: bytes) -> bytes:
+        return _message(msg_type, xid, body, self.version)
+
+    @property
+    def v13(self) -> bool:
+        """Whether the controller speaks OpenFlow 1.3."""
+        return self.version == v13.VERSION
 
     def receive(self, data: bytes) -> bytes:
         """Every whole message in ``data`` (and what came before it) handled in order; the
@@ -146,39 +167,39 @@ class SwitchSession:
 
     def packet_in(self, port: int, total_len: int, data: bytes) -> bytes:
         """A packet the datapath sent the controller (``data``: its first bytes)."""
-        return replies.packet_in(port, total_len, data)
+        return replies.packet_in(port, total_len, data, version=self.version)
 
     def port_status(self, number: int, live: bool) -> bytes:
         """A port's carrier changed: the port status message to send."""
         port = self.ports[number] = Port(**{**self.ports[number].__dict__, "live": live})
-        body = struct.pack("!B7x", ofp.OFPPR_MODIFY) + _port_bytes(port)
-        return _message(ofp.OFPT_PORT_STATUS, 0, body)
+        body = struct.pack("!B7x", ofp.OFPPR_MODIFY) + _port_bytes(port, self.version)
+        return self._msg(ofp.OFPT_PORT_STATUS, 0, body)
 
     # -- handling -------------------------------------------------------------------------
     def _error(self, xid: int, err_type: int, code: int, raw: bytes) -> bytes:
         self.errors_sent += 1
-        return _message(ofp.OFPT_ERROR, xid, struct.pack(ofp.OFP_ERROR_MSG_PACK_STR, err_type,
-                                                         code) + raw[:64])
+        return self._msg(ofp.OFPT_ERROR, xid, struct.pack(ofp.OFP_ERROR_MSG_PACK_STR, err_type,
+                                                          code) + raw[:64])
 
     def _handle(self, version: int, msg_type: int, length: int, xid: int, raw: bytes) -> bytes:
         if msg_type == ofp.OFPT_HELLO:
             return self._hello(version, xid, raw)
-        if version != ofp.OFP_VERSION:
+        if version != self.version:
             return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_VERSION, raw)
         if msg_type == ofp.OFPT_ECHO_REQUEST:
-            return _message(ofp.OFPT_ECHO_REPLY, xid, raw[HEADER.size:])
+            return self._msg(ofp.OFPT_ECHO_REPLY, xid, raw[HEADER.size:])
         if msg_type == ofp.OFPT_FEATURES_REQUEST:
             self.handshaken = True
             caps = ofp.OFPC_FLOW_STATS | ofp.OFPC_PORT_STATS | ofp.OFPC_GROUP_STATS
-            return _message(ofp.OFPT_FEATURES_REPLY, xid, struct.pack(
+            return self._msg(ofp.OFPT_FEATURES_REPLY, xid, struct.pack(
                 ofp.OFP_SWITCH_FEATURES_PACK_STR, self.dpid, 0, 1, 0, caps, 0))
         if msg_type == ofp.OFPT_SET_CONFIG:
             return b""
         if msg_type == ofp.OFPT_GET_CONFIG_REQUEST:
-            return _message(ofp.OFPT_GET_CONFIG_REPLY, xid,
-                            struct.pack(ofp.OFP_SWITCH_CONFIG_PACK_STR, 0, 0xFFFF))
+            return self._msg(ofp.OFPT_GET_CONFIG_REPLY, xid,
+                             struct.pack(ofp.OFP_SWITCH_CONFIG_PACK_STR, 0, 0xFFFF))
         if msg_type == ofp.OFPT_BARRIER_REQUEST:
-            return _message(ofp.OFPT_BARRIER_REPLY, xid, b"")
+            return self._msg(ofp.OFPT_BARRIER_REPLY, xid, b"")
         if msg_type == ofp.OFPT_MULTIPART_REQUEST:
             (mp_type, _flags) = struct.unpack_from(ofp.OFP_MULTIPART_REQUEST_PACK_STR, raw,
                                                    HEADER.size)
@@ -196,25 +217,34 @@ class SwitchSession:
         return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE, raw)
 
     def _hello(self, version: int, xid: int, raw: bytes) -> bytes:
-        """Version negotiation: the controller's highest version, or its version bitmap, must
-        include OpenFlow 1.5; otherwise the switch answers HELLO_FAILED and the connection
-        ends (:attr:`refused` says why; the agent closes it)."""
-        versions = {version}
+        """Version negotiation (OpenFlow 1.3.1 and later): with the controller's version
+        bitmap, the highest version both speak; without one, the lower of the two hellos'
+        versions, if this switch speaks it. Otherwise the switch answers HELLO_FAILED and the
+        connection ends (:attr:`refused` names both sides' versions; the agent closes it)."""
+        listed: set[int] = set()  # the version bitmap's, which says all when it is there
+        bitmap = False
         at = HEADER.size
         while at + 4 <= len(raw):  # hello elements: the version bitmap (type 1)
             kind, length = struct.unpack_from("!HH", raw, at)
             if length < 4:
                 break
             if kind == ofp.OFPHET_VERSIONBITMAP:
+                bitmap = True
                 for i in range((length - 4) // 4):
                     (bits,) = struct.unpack_from("!I", raw, at + 4 + 4 * i)
-                    versions |= {32 * i + b for b in range(32) if bits >> b & 1}
+                    listed |= {32 * i + b for b in range(32) if bits >> b & 1}
             at += (length + 7) // 8 * 8
-        if ofp.OFP_VERSION in versions or (version > ofp.OFP_VERSION and len(versions) == 1):
+        versions = listed if bitmap else {version}
+        common = [v for v in VERSIONS if v in versions] if bitmap else \
+            [v for v in VERSIONS if v == min(version, ofp.OFP_VERSION)]
+        if common:
+            self.version = common[0]
+            self.desc = ofproto_protocol.ProtocolDesc(version=self.version)
             return b""
-        names = ", ".join(f"0x{v:02x}" for v in sorted(versions))
-        self.refused = (f"the controller speaks OpenFlow versions {names}; this switch "
-                        "speaks 1.5 (0x06) only")
+        names = ", ".join(f"{VERSION_NAMES.get(v, '?')} (0x{v:02x})" for v in sorted(versions))
+        ours = " and ".join(f"{VERSION_NAMES[v]} (0x{v:02x})" for v in sorted(VERSIONS))
+        self.refused = (f"the controller speaks OpenFlow {names}; this switch speaks "
+                        f"{ours}")
         return _message(ofp.OFPT_ERROR, xid, struct.pack(
             ofp.OFP_ERROR_MSG_PACK_STR, ofp.OFPET_HELLO_FAILED, ofp.OFPHFC_INCOMPATIBLE)
             + self.refused.encode())
@@ -222,50 +252,82 @@ class SwitchSession:
     def _multipart(self, mp_type: int, xid: int, raw: bytes) -> bytes:
         now = time.monotonic()
         if mp_type == ofp.OFPMP_PORT_DESC:
-            parts = [_port_bytes(p) for _, p in sorted(self.ports.items())]
+            parts = [_port_bytes(p, self.version) for _, p in sorted(self.ports.items())]
         elif mp_type == ofp.OFPMP_DESC:
             parts = [replies.desc(self.dpid)]
         elif mp_type == ofp.OFPMP_PORT_STATS:
             (port_no,) = struct.unpack_from("!I", raw, ofp.OFP_MULTIPART_REQUEST_SIZE)
             if port_no != ofp.OFPP_ANY and port_no not in self.ports:
                 return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_PORT, raw)
-            parts = replies.port_stats(self.counters.ports(), port_no, now - self.started)
-        elif mp_type in (ofp.OFPMP_FLOW_DESC, ofp.OFPMP_FLOW_STATS):
-            query = FlowQuery.parse(raw)
+            parts = (v13.port_stats if self.v13 else replies.port_stats)(
+                self.counters.ports(), port_no, now - self.started)
+        elif mp_type == ofp.OFPMP_FLOW_DESC or (mp_type == ofp.OFPMP_FLOW_STATS
+                                                and not self.v13):
+            query = FlowQuery.parse(raw, parser13 if self.v13 else parser)
             chosen = sorted((f for f in self.flows.values() if query.selects(f)),
                             key=lambda f: (-f.priority, f.match))
-            parts = replies.flows(chosen, self.counters.flow,
-                                  lambda f: now - self.flow_added.get(f.key, now),
-                                  mp_type == ofp.OFPMP_FLOW_DESC)
+            age = lambda f: now - self.flow_added.get(f.key, now)  # noqa: E731
+            parts = (v13.flows(chosen, self.counters.flow, age) if self.v13 else  # OFPMP_FLOW
+                     replies.flows(chosen, self.counters.flow, age,
+                                   mp_type == ofp.OFPMP_FLOW_DESC))
         elif mp_type == ofp.OFPMP_GROUP_DESC:
-            (group_id,) = struct.unpack_from("!I", raw, ofp.OFP_MULTIPART_REQUEST_SIZE)
-            parts = [groups.desc(g) for gid, g in sorted(self.groups.items())
+            (group_id,) = (ofp.OFPG_ALL,) if self.v13 else struct.unpack_from(  # 1.3: all
+                "!I", raw, ofp.OFP_MULTIPART_REQUEST_SIZE)
+            parts = [(v13.group_desc if self.v13 else groups.desc)(g)
+                     for gid, g in sorted(self.groups.items())
                      if group_id in (ofp.OFPG_ALL, gid)]
         else:
             return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART, raw)
-        return replies.multipart(mp_type, xid, parts)
+        return replies.multipart(mp_type, xid, parts, self.version)
 
     def _packet_out(self, raw: bytes, xid: int) -> bytes:
-        """A frame the controller sends out of ports (LLDP probes): queued for the agent."""
-        _buffer_id, actions_len = struct.unpack_from("!IH2x", raw, HEADER.size)
-        offset = HEADER.size + 8
-        _match_type, match_len = struct.unpack_from("!HH", raw, offset)
-        offset += (match_len + 7) // 8 * 8
-        ports, end = [], offset + actions_len
-        while offset < end:
-            action = parser.OFPAction.parser(raw, offset)
-            offset += action.len
-            if not isinstance(action, parser.OFPActionOutput) or action.port not in self.ports:
+        """A frame the controller sends out of ports (LLDP probes, a learning switch's
+        floods): queued for the agent. Its ports: a port of this switch, ``FLOOD`` (every
+        port but the one the frame came in on), ``ALL`` (with it) or ``IN_PORT``."""
+        try:
+            in_port, actions, frame = (v13.packet_out(raw) if self.v13 else
+                                       self._packet_out_15(raw))
+        except (ValueError, struct.error):
+            return self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_LEN, raw)
+        ports = []
+        for action in actions:
+            if not isinstance(action, (parser.OFPActionOutput, parser13.OFPActionOutput)):
+                return self._error(xid, ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_TYPE, raw)
+            if action.port in (ofp.OFPP_FLOOD, ofp.OFPP_ALL):
+                ports += [n for n in sorted(self.ports)
+                          if n != in_port or action.port == ofp.OFPP_ALL]
+            elif action.port == ofp.OFPP_IN_PORT and in_port in self.ports:
+                ports.append(in_port)
+            elif action.port in self.ports:
+                ports.append(action.port)
+            else:  # OFPP_TABLE, LOCAL, NORMAL, CONTROLLER or no such port
                 return self._error(xid, ofp.OFPET_BAD_ACTION, ofp.OFPBAC_BAD_OUT_PORT, raw)
-            ports.append(action.port)
-        frame = raw[end:]
         self.packets_out += [(port, frame) for port in ports]
         return b""
+
+    @staticmethod
+    def _packet_out_15(raw: bytes) -> tuple[int, list, bytes]:
+        """An OpenFlow 1.5 packet-out: (the in_port of its match, its actions, the frame)."""
+        _buffer_id, actions_len = struct.unpack_from("!IH2x", raw, HEADER.size)
+        offset = HEADER.size + 8
+        match = parser.OFPMatch.parser(raw, offset)
+        _match_type, match_len = struct.unpack_from("!HH", raw, offset)
+        offset += (match_len + 7) // 8 * 8
+        actions, end = [], offset + actions_len
+        if end > len(raw):
+            raise ValueError(f"actions of {actions_len} bytes in a message of {len(raw)}")
+        while offset < end:
+            action = parser.OFPAction.parser(raw, offset)
+            if action.len < 8:
+                raise ValueError(f"action of length {action.len}")
+            offset += action.len
+            actions.append(action)
+        return match.get("in_port", ofp.OFPP_CONTROLLER), actions, raw[end:]
 
     def _actions(self, instructions) -> tuple | None:
         """Apply-actions as the tables hold them; None for anything else (an output to a port
         this switch has not included)."""
-        actions = replies.actions_of(instructions)
+        actions = replies.actions_of(instructions, parser13 if self.v13 else parser)
         if actions is None or any(name == "output" and value != CONTROLLER_PORT
                                   and value not in self.ports for name, value in actions):
             return None
@@ -306,8 +368,24 @@ class SwitchSession:
         return b""
 
     def _group_mod(self, raw: bytes, xid: int) -> bytes:
+        if self.v13:
+            try:
+                command, kind, group_id, read = v13.group_mod(raw)
+            except (groups.BadGroup, struct.error):
+                return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
+            return self._set_group(raw, xid, command, kind, group_id, read, 0, "hash")
         command, kind, group_id, buckets_len, _bucket_id = struct.unpack_from(
             ofp.OFP_GROUP_MOD_PACK_STR, raw, HEADER.size)
+        body_end = ofp.OFP_GROUP_MOD_SIZE + buckets_len
+        try:
+            read = groups.read_buckets(raw, ofp.OFP_GROUP_MOD_SIZE, body_end)
+            basis, selection = groups.read_selection(raw, body_end, len(raw))
+        except groups.BadGroup:
+            return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
+        return self._set_group(raw, xid, command, kind, group_id, read, basis, selection)
+
+    def _set_group(self, raw: bytes, xid: int, command: int, kind: int, group_id: int,
+                   read: list, basis: int, selection: str) -> bytes:
         if command == ofp.OFPGC_DELETE:
             if group_id == ofp.OFPG_ALL:
                 self.groups.clear()
@@ -317,10 +395,7 @@ class SwitchSession:
             return b""
         if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, raw)
-        body_end = ofp.OFP_GROUP_MOD_SIZE + buckets_len
         try:
-            read = groups.read_buckets(raw, ofp.OFP_GROUP_MOD_SIZE, body_end)
-            basis, selection = groups.read_selection(raw, body_end, len(raw))
             group = groups.entry(group_id, kind, read, basis, selection)
         except groups.BadGroup:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)

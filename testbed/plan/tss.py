@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: exact-match fields (and the two IPv4 addresses, matched by prefix)
-EXACT_FIELDS = ("in_port", "eth_type", "eth_dst", "ip_dscp", "ip_proto",
+EXACT_FIELDS = ("in_port", "eth_type", "eth_dst", "eth_src", "ip_dscp", "ip_proto",
                 "tcp_src", "tcp_dst", "udp_src", "udp_dst")
 PREFIX_FIELDS = ("ipv4_src", "ipv4_dst")
 #: the most subtables one switch may have (the datapath's bounded loop)
@@ -89,6 +89,9 @@ def split_match(match: Iterable[tuple[str, object]]) -> tuple[Mask, tuple]:
     prefixes = {"ipv4_src": (0, 0), "ipv4_dst": (0, 0)}
     for name, value in match:
         if name in EXACT_FIELDS:
+            if isinstance(value, tuple):  # (value, mask): this datapath matches them whole
+                raise UnsupportedMatch(f"match field {name} with a mask is not supported by "
+                                       "the eBPF datapath", OFPBMC_BAD_WILDCARDS)
             exact[name] = value
         elif name in PREFIX_FIELDS:
             address, mask = value if isinstance(value, tuple) else (value, "255.255.255.255")

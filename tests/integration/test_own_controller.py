@@ -1,7 +1,8 @@
 """A controller of your own: the os-ken apps in ``examples/`` (``controller.app``), run by
 fabriclab's launcher in place of its routing, and a controller the test runs itself
 (``controller.remote``), route real fabrics to every pair reachable; os-ken's LLDP discovery
-finds the links on Open vSwitch (root: real fabrics)."""
+finds the links on both datapaths, and the classic OpenFlow 1.3 learning switch reaches every
+pair of a loop-free fabric (root: real fabrics)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import sys
 
 from testbed.poll import wait_for
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import DATAPATHS, ROOT
 
 QUICKSTART = (ROOT / "experiments" / "quickstart.yaml").read_text()
 
@@ -71,14 +72,29 @@ def test_a_remote_controller_the_user_runs_routes_the_quickstart_fabric(tmp_path
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-def test_lldp_discovery_finds_the_links_for_an_app_on_open_vswitch(tmp_path):
-    app = ROOT / "examples" / "shortest_path_lldp.py"
-    doc = _check(tmp_path, f"""version: 1
-name: lldp
-fabric: {{topology: leaf_spine, leaves: 3, spines: 2, hosts_per_leaf: 2,
+def _leaf_spine(app: str, datapath: str, spines: int) -> str:
+    return f"""version: 1
+name: own
+fabric: {{topology: leaf_spine, leaves: 3, spines: {spines}, hosts_per_leaf: 2,
           host_link: {{rate_mbps: 5}}, fabric_link: {{rate_mbps: 5}}}}
-emulator: {{datapath: ovs}}
-controller: {{app: {app}}}
-""")
+emulator: {{datapath: {datapath}}}
+controller: {{app: {ROOT / "examples" / app}}}
+"""
+
+
+@DATAPATHS
+def test_lldp_discovery_finds_the_links_for_an_openflow_1_3_app(tmp_path, datapath):
+    """os-ken's LLDP discovery speaks OpenFlow 1.3 (not 1.5): both datapaths' switches take
+    it, and its links route every pair."""
+    doc = _check(tmp_path, _leaf_spine("shortest_path_lldp.py", datapath, 2))
+    reach = doc["reachability"]
+    assert (reach["ok"], reach["pairs"], reach["lost"]) == (30, 30, 0), reach
+
+
+@DATAPATHS
+def test_the_classic_openflow_1_3_learning_switch_reaches_every_pair(tmp_path, datapath):
+    """examples/learning_switch.py (OpenFlow 1.3 only: table-miss to the controller,
+    flooding packet-outs, flows on in_port, eth_dst and eth_src) on a loop-free leaf-spine."""
+    doc = _check(tmp_path, _leaf_spine("learning_switch.py", datapath, 1))
     reach = doc["reachability"]
     assert (reach["ok"], reach["pairs"], reach["lost"]) == (30, 30, 0), reach

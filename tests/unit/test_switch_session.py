@@ -82,23 +82,25 @@ def _hello(version: int, bitmap: set[int] | None) -> bytes:
 
 
 @pytest.mark.parametrize("version, bitmap, agreed", [
-    (6, None, True), (7, None, True), (6, {4, 6}, True), (4, None, False),
-    (4, {1, 4}, False), (5, {4, 5}, False)])
-def test_version_negotiation_takes_a_controller_that_speaks_1_5(version, bitmap, agreed):
-    """A controller whose hello (its version, or its version bitmap) includes OpenFlow 1.5
-    is answered; one of 1.3 only gets HELLO_FAILED, and the session says why."""
+    (6, None, 6), (7, None, 6), (6, {4, 6}, 6), (4, None, 4), (4, {1, 4}, 4), (5, {4, 5}, 4),
+    (5, None, None), (1, None, None), (3, {1, 2, 3}, None), (6, {5}, None)])
+def test_version_negotiation_takes_the_highest_version_both_speak(version, bitmap, agreed):
+    """With the controller's version bitmap, the highest version both speak (1.5, else 1.3);
+    without one, the lower of the two hellos' versions if the switch speaks it. Otherwise
+    HELLO_FAILED, naming both sides' versions."""
     session = _session("edge1_1", fat_tree(4))
+    (hello,) = _replies(session.start())
+    assert [e.versions for e in hello.elements] == [[4, 6]]  # our bitmap: 1.3 and 1.5
     out = session.receive(_hello(version, bitmap))
     assert session.handshaken is False
     if agreed:
-        assert out == b"" and session.refused == ""
-        session.receive(_wire(parser.OFPFeaturesRequest(FakeDatapath()), 2))
-        assert session.handshaken is True
+        assert out == b"" and session.refused == "" and session.version == agreed
         return
     (error,) = _replies(out)
     assert (error.type, error.code) == (ofp.OFPET_HELLO_FAILED, ofp.OFPHFC_INCOMPATIBLE)
-    assert "speaks 1.5 (0x06) only" in session.refused
-    assert f"0x{version:02x}" in session.refused
+    assert "this switch speaks 1.3 (0x04) and 1.5 (0x06)" in session.refused
+    assert f"(0x{version:02x})" in session.refused or f"(0x{max(bitmap):02x})" in \
+        session.refused
 
 
 @pytest.mark.parametrize("routing", [Routing.ECMP, Routing.DMODK, Routing.SPRAY,

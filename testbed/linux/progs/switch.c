@@ -29,6 +29,7 @@
 #define F_PROTO 16
 #define F_SPORT 32
 #define F_DPORT 64
+#define F_ETH_SRC 128
 
 #define A_OUTPUT 1
 #define A_GROUP 2
@@ -50,8 +51,7 @@ struct flow_key {
 	__u32 sw, table, in_port, src, dst;
 	__u16 eth_type, sport, dport;
 	__u8 proto, dscp;
-	__u8 eth_dst[6];
-	__u16 pad;
+	__u8 eth_dst[6], eth_src[6];
 };
 struct action {
 	__s32 priority; __u32 kind; __u32 arg;
@@ -241,6 +241,7 @@ int switch_ingress(struct __sk_buff *skb)
 	pkt.in_port = in->port;
 	pkt.eth_type = bpf_ntohs(eth->h_proto);
 	__builtin_memcpy(pkt.eth_dst, eth->h_dest, 6);
+	__builtin_memcpy(pkt.eth_src, eth->h_source, 6);
 	if (pkt.eth_type == ETH_P_IP) {
 		struct iphdr *ip = (void *)(eth + 1);
 
@@ -274,6 +275,7 @@ int switch_ingress(struct __sk_buff *skb)
 		if (m->fields & F_IN_PORT) key.in_port = pkt.in_port;
 		if (m->fields & F_ETH_TYPE) key.eth_type = pkt.eth_type;
 		if (m->fields & F_ETH_DST) __builtin_memcpy(key.eth_dst, pkt.eth_dst, 6);
+		if (m->fields & F_ETH_SRC) __builtin_memcpy(key.eth_src, pkt.eth_src, 6);
 		if (m->fields & F_DSCP) key.dscp = pkt.dscp;
 		if (m->fields & F_PROTO) key.proto = pkt.proto;
 		if (m->fields & F_SPORT) key.sport = pkt.sport;
