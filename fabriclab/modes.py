@@ -138,13 +138,15 @@ def run_variants(req: RunRequest, exp: xp.Experiment, view: RunView,
                 except (ConfigError, TestbedError) as err:
                     failed += 1
                     view.warn(f"variant {variant.variant} failed: {err}")
-            rows.append(variant_row(read_document(out / variant.variant / "results.json")))
+            rows.append(variant_row(read_document(out / variant.variant / "results.json"),
+                                    variant.variant))
     finally:
         shared.close()
-    (out / "variants.json").write_text(json.dumps(rows, indent=1))
+    doc = [r.to_json() for r in rows]
+    (out / "variants.json").write_text(json.dumps(doc, indent=1))
     view.variants_done(exp.name, rows)
     view.say(f"results: {out}/<variant>/results.json; side by side: {out / 'variants.json'}")
-    return Outcome(rows, failed=bool(failed))
+    return Outcome(doc, failed=bool(failed))
 
 
 class SweepRecords:
@@ -160,7 +162,7 @@ class SweepRecords:
 
     def record(self, cell, doc: RunDocument | None, error: str | None) -> None:
         """A cell's outcome: its document (None: none written) and its error."""
-        row = variant_row(doc) if doc else None
+        row = variant_row(doc).to_json() if doc else None
         self.records[cell.name] = {
             "cell": cell.plan.group, "name": cell.name, "variant": cell.plan.variant,
             "values": cell.plan.values, "repetition": cell.plan.repetition,

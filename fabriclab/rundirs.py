@@ -12,7 +12,6 @@ from fabriclab.model import sweep as sw
 from fabriclab.model.rundir import experiment_document
 from fabriclab.model.results import upgrade, variant_row
 from testbed.errors import ConfigError
-from traffic.measure.results import row_label
 
 #: the files that make a directory a run directory (one run, variants, a sweep)
 PREVIOUS_RUN = ("results.json", "variants.json", "sweep.json")
@@ -115,8 +114,7 @@ def compare_rows(dirs: list[Path]) -> list[dict]:
             require_run(d)  # raises: neither file is there
         for name, doc in docs:
             row = variant_row(doc)
-            lines.append({"run": name, "complete": row["complete"], "error": row["error"],
-                          "jobs": [{"label": row_label(j), "n": 1,
-                                    "efficiency": j["efficiency"],
-                                    "busbw_GBps": j["busbw_GBps"]} for j in row["jobs"]]})
+            lines.append({"run": name, "complete": row.complete, "error": row.error,
+                          "jobs": [{"label": j.name, "n": 1, "efficiency": j.efficiency,
+                                    "busbw_GBps": j.busbw_GBps} for j in row.jobs]})
     return lines

@@ -82,7 +82,7 @@ class RunView:
     def run_done(self, doc: d.RunDocument, out: Path) -> None:
         """A run finished with the results document ``doc`` in ``out``."""
 
-    def variants_done(self, name: str, rows: list[dict]) -> None:
+    def variants_done(self, name: str, rows: list[results.VariantRow]) -> None:
         """Every variant ran: one row each (:func:`fabriclab.model.results.variant_row`)."""
 
     def sweep_done(self, name: str, summary: list[dict]) -> None:

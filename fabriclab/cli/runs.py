@@ -13,6 +13,7 @@ from fabriclab.cli import tables
 from fabriclab.cli.output import EXIT_OK, EXIT_SYSTEM, emit
 from fabriclab.cli.requests import CompareRequest, ReportRequest, RunRequest
 from fabriclab.model.document import RunDocument
+from fabriclab.model.results import VariantRow
 from fabriclab.modes import run_file
 from fabriclab.report import write_report
 from fabriclab.runner import RunView, batch_text
@@ -106,7 +107,7 @@ class TerminalView(RunView):
             ui.print(f"telemetry: {telemetry.data} (served during the run at "
                      f"{telemetry.prometheus}; again: fabriclab telemetry {out})")
 
-    def variants_done(self, name: str, rows: list[dict]) -> None:
+    def variants_done(self, name: str, rows: list[VariantRow]) -> None:
         self.console.print(tables.variants(name, rows))
         self.console.print(tables.efficiency(name, rows))
         transports = tables.transports(name, rows)

@@ -10,10 +10,9 @@ from rich.table import Table
 
 from fabriclab.model import experiment as xp
 from fabriclab.model.document import ControllerEvent, Iteration, Prediction, RunDocument
-from fabriclab.model.results import gbps_text, job_summaries, us_text
+from fabriclab.model.results import VariantRow, gbps_text, job_summaries, us_text
 from testbed.model import servers as gpu_servers
 from testbed.model.topology import SWITCH_ROLES
-from traffic.measure.results import row_label
 
 
 def fabric_summary(exp: xp.Experiment, fabric) -> Table:
@@ -53,7 +52,7 @@ def fabric_summary(exp: xp.Experiment, fabric) -> Table:
     return table
 
 
-def variants(name: str, rows: list[dict]) -> Table:
+def variants(name: str, rows: list[VariantRow]) -> Table:
     """Variants side by side: switch queues, then each job's busbw and worst FCT p99."""
     table = Table(title=f"{name}: variants", box=None,
                   caption="pkts/BDP: full frames per bandwidth-delay product (host rate x "
@@ -66,37 +65,36 @@ def variants(name: str, rows: list[dict]) -> Table:
     for col in ("variant", "fidelity", "pkts/BDP", "drops", "ce marks", "pauses", "paused s",
                 "watchdog", "deadlocks", "queue max", "queue p99", "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
-    jobs = max((len(r["jobs"]) for r in rows), default=0)
+    jobs = max((len(r.jobs) for r in rows), default=0)
     for j in range(jobs):
-        op = next((row_label(r["jobs"][j]) for r in rows
-                   if len(r["jobs"]) > j), "?")
+        op = next((r.jobs[j].name for r in rows if len(r.jobs) > j), "?")
         table.add_column(f"j{j} {op} busbw", justify="right")
         table.add_column(f"j{j} fct p50/p99", justify="right")
     for r in rows:
         kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
-        cells = [r["variant"] + ("" if r["complete"] else " (failed)"),
-                 r.get("fidelity") or "-",
-                 f"{r['bdp_packets']:g}" if r.get("bdp_packets") is not None else "-",
-                 str(r["drops"]) if r["drops"] is not None else "-",
-                 str(r["ecn_marked"]) if r["ecn_marked"] is not None else "-",
-                 str(r["pfc_pause_events"]) if r.get("pfc_pause_events")
-                 else f"{r['credit_stall_events']}c" if r.get("credit_stall_events") else "-",
-                 f"{r['pfc_paused_s']:.1f}" if r.get("pfc_paused_s")
-                 else f"{r['credit_stalled_s']:.1f}c" if r.get("credit_stalled_s") else "-",
-                 str(r["pfc_watchdog_events"]) if r.get("pfc_watchdog_events") else "-",
-                 str(r["pfc_deadlocks"]) if r.get("pfc_deadlocks") else "-",
-                 kib(r["queue_max_bytes"]), kib(r["queue_p99_bytes"]), _top_util(r)]
+        count = lambda v: "-" if v is None else str(v)  # noqa: E731
+        cells = [(r.variant or "-") + ("" if r.complete else " (failed)"),
+                 r.fidelity or "-",
+                 f"{r.bdp_packets:g}" if r.bdp_packets is not None else "-",
+                 count(r.drops), count(r.ecn_marked),
+                 str(r.pfc_pause_events) if r.pfc_pause_events
+                 else f"{r.credit_stall_events}c" if r.credit_stall_events else "-",
+                 f"{r.pfc_paused_s:.1f}" if r.pfc_paused_s
+                 else f"{r.credit_stalled_s:.1f}c" if r.credit_stalled_s else "-",
+                 str(r.pfc_watchdog_events) if r.pfc_watchdog_events else "-",
+                 str(r.pfc_deadlocks) if r.pfc_deadlocks else "-",
+                 kib(r.queue_max_bytes), kib(r.queue_p99_bytes), _top_util(r)]
         for j in range(jobs):
-            job = r["jobs"][j] if len(r["jobs"]) > j else None
-            cells += ([gbps_text(job["busbw_GBps"]),
-                       f"{job['fct_p50_s']:.2f}/{job['fct_p99_s']:.2f}"] if job else ["-", "-"])
+            job = r.jobs[j] if len(r.jobs) > j else None
+            cells += ([gbps_text(job.busbw_GBps), f"{job.fct_p50_s:.2f}/{job.fct_p99_s:.2f}"]
+                      if job else ["-", "-"])
         table.add_row(*cells)
     return table
 
 
-def transports(name: str, rows: list[dict]) -> Table | None:
+def transports(name: str, rows: list[VariantRow]) -> Table | None:
     """Variants by what their UDP transports did (None: no variant used one)."""
-    if not any(r.get("transport") for r in rows):
+    if not any(r.transport for r in rows):
         return None
     table = Table(title=f"{name}: transports", box=None,
                   caption="retx: packets resent; RTOs: retransmission timeouts; trims: packets "
@@ -109,21 +107,20 @@ def transports(name: str, rows: list[dict]) -> Table | None:
     for col in cols:
         table.add_column(col, justify="left" if col in cols[:2] else "right")
     for r in rows:
-        t = r.get("transport")
+        t = r.transport
         if not t:
-            table.add_row(r["variant"] or "-", "tcp", *["-"] * (len(cols) - 2))
+            table.add_row(r.variant or "-", "tcp", *["-"] * (len(cols) - 2))
             continue
         num = lambda v: "-" if not v else str(v)  # noqa: E731
-        q99 = t.get("bottleneck_queue_p99_bytes")
-        table.add_row(r["variant"] or "-", t["label"], num(t["tx_retransmitted"]),
-                      num(t["tx_timeouts"]), num(t.get("trimmed")), num(t["tx_trim_naks"]),
-                      num(t["tx_grants"]), num(t["tx_credit_stalls"]), num(t["rx_lost"]),
-                      num(t.get("corrupted")), num(t.get("llr_replays")),
-                      "-" if q99 is None else f"{q99 / 1024:.0f}")
+        q99 = t.bottleneck_queue_p99_bytes
+        table.add_row(r.variant or "-", t.label, num(t.tx_retransmitted), num(t.tx_timeouts),
+                      num(t.trimmed), num(t.tx_trim_naks), num(t.tx_grants),
+                      num(t.tx_credit_stalls), num(t.rx_lost), num(t.corrupted),
+                      num(t.llr_replays), "-" if q99 is None else f"{q99 / 1024:.0f}")
     return table
 
 
-def efficiency(name: str, rows: list[dict]) -> Table:
+def efficiency(name: str, rows: list[VariantRow]) -> Table:
     """Variants by job, compact: efficiency (busbw over the link rate: the last flow decides),
     and for patterns of flows their throughput as a fraction of ideal (Hedera's aggregate
     measure: each flow counts for its own share)."""
@@ -132,30 +129,28 @@ def efficiency(name: str, rows: list[dict]) -> Table:
                           "fraction of ideal (mean of each flow's ideal time over its "
                           "completion time)")
     table.add_column("variant")
-    jobs = max((len(r["jobs"]) for r in rows), default=0)
+    jobs = max((len(r.jobs) for r in rows), default=0)
     for j in range(jobs):
-        label = next((row_label(r["jobs"][j]) for r in rows
-                      if len(r["jobs"]) > j), "?")
+        label = next((r.jobs[j].name for r in rows if len(r.jobs) > j), "?")
         table.add_column(label, justify="right")
     for r in rows:
-        cells = [r["variant"] or "-"]
+        cells = [r.variant or "-"]
         for j in range(jobs):
-            job = r["jobs"][j] if len(r["jobs"]) > j else None
+            job = r.jobs[j] if len(r.jobs) > j else None
             if job is None:
                 cells.append("-")
                 continue
-            tput = job.get("throughput_of_ideal")
-            cells.append(f"eff {job['efficiency']:.2f}"
+            tput = job.throughput_of_ideal
+            cells.append(f"eff {job.efficiency:.2f}"
                          + (f" tput {tput:.2f}" if tput is not None else ""))
         table.add_row(*cells)
     return table
 
 
-def _top_util(row: dict) -> str:
+def _top_util(row: VariantRow) -> str:
     """Max/mean utilization of the links into the top tier (agg->core, leaf->spine)."""
-    util = row.get("utilization") or {}
-    tier = next((t for t in ("agg->core", "leaf->spine") if t in util), None)
-    return f"{util[tier]['max']:.2f}/{util[tier]['mean']:.2f}" if tier else "-"
+    top = row.top_utilization()
+    return f"{top.max:.2f}/{top.mean:.2f}" if top else "-"
 
 
 def real_scale(doc: RunDocument) -> Table:

@@ -7,10 +7,12 @@ Fields are documented in README ("Workloads and results"). The document is compl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fabriclab.model.document import (VERSION, CollectiveRow, FabricSummary, Iteration,
-                                      RunDocument, upgrade)
+                                      RunDocument, Utilization, upgrade)
+from testbed.model.records import Record
 from traffic.measure.results import CollectiveResult
 
 __all__ = ["upgrade"]  # with the functions below: readers of older documents import it here
@@ -164,36 +166,24 @@ def job_summaries(rows: list[CollectiveRow]) -> list[JobSummary]:
     return out
 
 
-def variant_row(doc: RunDocument) -> dict:
-    """One variant's line of the side-by-side comparison (``variants.json``): its status,
-    its switch queues, and per job the mean busbw and the worst flow completion p50 and p99
-    over its repetitions."""
-    congestion = doc.congestion
-    row = {"variant": doc.fabric.variant, "complete": doc.complete,
-           "bdp_packets": doc.fabric.bdp_packets,
-           "error": doc.error, "fidelity": doc.fidelity_verdict,
-           **{k: congestion.counter(k) if congestion else None
-              for k in ("drops", "ecn_marked", "pfc_pause_events",
-                        "pfc_paused_s", "pfc_watchdog_events",
-                        "lossless_drops", "credit_stall_events",
-                        "credit_stalled_s", "queue_max_bytes", "queue_p99_bytes")},
-           "pfc_deadlocks": len(congestion.pfc.deadlocks)
-           if congestion and congestion.pfc else 0,
-           "utilization": {tier: u.to_json() for tier, u in congestion.utilization.items()}
-           if congestion else {},
-           "transport": transport_row(doc),
-           "jobs": []}
-    for s in job_summaries(doc.collectives):
-        rows = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
-        fct = {q: max((getattr(r.flow_completion_s, q) or 0.0 for r in rows), default=0.0)
-               for q in ("p50", "p99")}
-        tput = [r.throughput_of_ideal for r in rows if r.throughput_of_ideal]
-        row["jobs"].append({"op": s.op, "label": s.label, "ranks": s.ranks,
-                            "busbw_GBps": s.busbw_GBps,
-                            "efficiency": s.efficiency, "fct_p50_s": fct["p50"],
-                            "fct_p99_s": fct["p99"],
-                            "throughput_of_ideal": sum(tput) / len(tput) if tput else None})
-    return row
+@dataclass
+class VariantJob(Record):
+    """One job of a variant's line: its mean busbw and efficiency, and the worst flow
+    completion p50 and p99 over its repetitions."""
+
+    op: str
+    label: str = ""
+    ranks: int = 0
+    busbw_GBps: float = 0.0  # noqa: N815
+    efficiency: float = 0.0
+    fct_p50_s: float = 0.0
+    fct_p99_s: float = 0.0
+    throughput_of_ideal: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.op
 
 
 #: what a variant's transports did, summed over its collectives (the UDP transports' counters)
@@ -201,7 +191,93 @@ TRANSPORT_COUNTERS = ("tx_retransmitted", "tx_timeouts", "tx_trim_naks", "tx_cre
                       "tx_grants", "rx_lost", "tx_naks", "tx_cnps", "tx_rate_cuts")
 
 
-def transport_row(doc: RunDocument) -> dict | None:
+@dataclass
+class TransportSummary(Record):
+    """A variant's transport at a glance (:func:`transport_row`)."""
+
+    label: str
+    tx_retransmitted: int = 0
+    tx_timeouts: int = 0
+    tx_trim_naks: int = 0
+    tx_credit_stalls: int = 0
+    tx_grants: int = 0
+    rx_lost: int = 0
+    tx_naks: int = 0
+    tx_cnps: int = 0
+    tx_rate_cuts: int = 0
+    trimmed: int | None = None
+    corrupted: int | None = None
+    llr_replays: int | None = None
+    bad_fcs_drops: int | None = None
+    bottleneck_queue_p99_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VariantRow(Record):
+    """One variant's line of the side-by-side comparison (``variants.json``, a sweep cell's
+    ``row``)."""
+
+    variant: str | None
+    complete: bool = False
+    bdp_packets: float | None = None
+    error: str | None = None
+    fidelity: str | None = None
+    drops: int | None = None
+    ecn_marked: int | None = None
+    pfc_pause_events: int | None = None
+    pfc_paused_s: float | None = None
+    pfc_watchdog_events: int | None = None
+    lossless_drops: int | None = None
+    credit_stall_events: int | None = None
+    credit_stalled_s: float | None = None
+    queue_max_bytes: int | None = None
+    queue_p99_bytes: int | None = None
+    pfc_deadlocks: int = 0
+    utilization: dict[str, Utilization] = field(default_factory=dict)
+    transport: TransportSummary | None = None
+    jobs: list[VariantJob] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def top_utilization(self) -> Utilization | None:
+        """The links into the top tier's (agg->core, leaf->spine), if the fabric has one."""
+        return next((self.utilization[t] for t in ("agg->core", "leaf->spine")
+                     if t in self.utilization), None)
+
+
+#: the congestion counters a variant's line carries
+_VARIANT_COUNTERS = ("drops", "ecn_marked", "pfc_pause_events", "pfc_paused_s",
+                     "pfc_watchdog_events", "lossless_drops", "credit_stall_events",
+                     "credit_stalled_s", "queue_max_bytes", "queue_p99_bytes")
+
+
+def variant_row(doc: RunDocument | None, variant: str | None = None,
+                error: str | None = None) -> VariantRow:
+    """One variant's line of the side-by-side comparison: its status, its switch queues,
+    and per job the mean busbw and the worst flow completion p50 and p99 over its
+    repetitions. ``doc`` None: the variant wrote no document (``error`` says why)."""
+    if doc is None:
+        return VariantRow(variant, error=error or "no results.json")
+    congestion = doc.congestion
+    row = VariantRow(
+        doc.fabric.variant, doc.complete, doc.fabric.bdp_packets, doc.error,
+        doc.fidelity_verdict,
+        **{k: congestion.counter(k) if congestion else None for k in _VARIANT_COUNTERS},
+        pfc_deadlocks=len(congestion.pfc.deadlocks) if congestion and congestion.pfc else 0,
+        utilization=dict(congestion.utilization) if congestion else {},
+        transport=transport_row(doc))
+    for s in job_summaries(doc.collectives):
+        rows = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
+        fct = {q: max((getattr(r.flow_completion_s, q) or 0.0 for r in rows), default=0.0)
+               for q in ("p50", "p99")}
+        tput = [r.throughput_of_ideal for r in rows if r.throughput_of_ideal]
+        row.jobs.append(VariantJob(s.op, s.label, s.ranks, s.busbw_GBps, s.efficiency,
+                                   fct["p50"], fct["p99"],
+                                   sum(tput) / len(tput) if tput else None))
+    return row
+
+
+def transport_row(doc: RunDocument) -> TransportSummary | None:
     """A variant's transport at a glance: which (``uet RUD+RCCC``, ``rocev2 HPCC``), its
     counters summed over the collectives, the switches' trims, corrupted frames and LLR
     replays, and the busiest port's queue p99 (an incast's bottleneck). None: TCP only."""
@@ -211,12 +287,12 @@ def transport_row(doc: RunDocument) -> dict | None:
         return None
     congestion = doc.congestion
     ports = congestion.ports if congestion else {}
-    return {"label": rows[0].label,
-            **{k: sum(r.counter(k) for r in rows) for k in TRANSPORT_COUNTERS},
-            **{k: congestion.counter(k) if congestion else None
-               for k in ("trimmed", "corrupted", "llr_replays", "bad_fcs_drops")},
-            "bottleneck_queue_p99_bytes": max((p.queue_p99_bytes for p in ports.values()),
-                                              default=None)}
+    return TransportSummary(
+        rows[0].label, **{k: sum(r.counter(k) for r in rows) for k in TRANSPORT_COUNTERS},
+        **{k: congestion.counter(k) if congestion else None
+           for k in ("trimmed", "corrupted", "llr_replays", "bad_fcs_drops")},
+        bottleneck_queue_p99_bytes=max((p.queue_p99_bytes for p in ports.values()),
+                                       default=None))
 
 
 def run_timings(marks: dict[str, float], end: float) -> dict[str, float]:

@@ -80,11 +80,14 @@ def test_a_variant_row_compares_queues_and_jobs():
                                            "ports": {}})
     results.finish(doc)
     row = results.variant_row(doc)
-    assert (row["variant"], row["complete"], row["drops"], row["ecn_marked"]) == (
-        "ecn", True, 3, 40)
-    (job,) = row["jobs"]
-    assert (job["fct_p50_s"], job["fct_p99_s"]) == (0.5, 1.8)
-    assert job["busbw_GBps"] == pytest.approx(1e6 / 1.5 / 1e9)
+    assert (row.variant, row.complete, row.drops, row.ecn_marked) == ("ecn", True, 3, 40)
+    (job,) = row.jobs
+    assert (job.fct_p50_s, job.fct_p99_s) == (0.5, 1.8)
+    assert job.busbw_GBps == pytest.approx(1e6 / 1.5 / 1e9)
+    assert results.VariantRow.from_json(row.to_json()) == row  # variants.json reads back
+    missing = results.variant_row(None, "pfc", "build failed")
+    assert (missing.variant, missing.complete, missing.error, missing.jobs) == (
+        "pfc", False, "build failed", [])
 
 
 def test_throughput_of_ideal_counts_each_flow_for_its_own_share():
@@ -142,7 +145,7 @@ def test_a_variant_row_says_which_transport_and_what_it_did():
                             "time_us": 10.0, "algbw_GBps": 1.0, "busbw_GBps": 1.0,
                             "efficiency": 0.5, "communicator_size": 2, "transport": t,
                             "flow_completion_s": {"p50": 1.0, "p99": 2.0}}] * 2})
-    row = variant_row(doc)["transport"]
-    assert row["label"] == "uet RUD+RCCC" and row["tx_retransmitted"] == 6
-    assert row["tx_grants"] == 80 and row["trimmed"] == 5
-    assert row["bottleneck_queue_p99_bytes"] == 2048
+    row = variant_row(doc).transport
+    assert row.label == "uet RUD+RCCC" and row.tx_retransmitted == 6
+    assert row.tx_grants == 80 and row.trimmed == 5
+    assert row.bottleneck_queue_p99_bytes == 2048
