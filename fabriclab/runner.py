@@ -33,6 +33,7 @@ from testbed.fabric.failures import FailureInjector
 from testbed.linux import environment
 from testbed.linux.files import write_json_atomic, write_text_atomic
 from testbed.model.congestion import link_utilization, summarize_congestion
+from traffic.agents import programs
 from traffic.agents.runner import JobOutcome, run_batch
 from traffic.workloads.workload import Job
 
@@ -206,8 +207,9 @@ class ExperimentRun:
         return Services(tele, monitor, self.injector)
 
     def measure(self, fabric: RunningFabric, services: Services, runner: BatchRunner) -> None:
-        """Every batch of the workload, at its time; the document after each (a failing job or
-        fabric service raises, once its batch is recorded)."""
+        """Every batch of the workload, at its time, then its program if it has one; the
+        document after each (a failing job, rank or fabric service raises, once what it
+        measured is recorded)."""
         errors_before = len(fabric.service_errors)
         before = fabric.congestion()
         began = time.monotonic()
@@ -224,6 +226,32 @@ class ExperimentRun:
                        for e in fabric.service_errors[errors_before:]]
             if errors:
                 raise TestbedError("\n".join(errors))
+        if self.exp.workload.program is not None:
+            errors = self.run_program(fabric, self.exp.workload.program)
+            errors += self.record(fabric, services, before, began)
+            errors += [f"fabric service failed: {e}"
+                       for e in fabric.service_errors[errors_before:]]
+            if errors:
+                raise TestbedError("\n".join(errors))
+
+    def run_program(self, fabric: RunningFabric, program) -> list[str]:
+        """The user's program on its hosts (:func:`traffic.agents.programs.run_program`), its
+        ranks' output in ``ranks/``, rank 0's shown; returns its error, if any."""
+        self.view.say(f"program: {' '.join(program.argv)} as {program.world_size} rank(s) on "
+                      f"{len(program.hosts)} host(s); rank 0 says:")
+        addresses = {h.name: h.ip for h in fabric.topo.hosts}
+        outcome = programs.run_program(
+            program, addresses,
+            lambda host, argv, kwargs: fabric.spawn(host, argv, f"program:{host}", **kwargs),
+            fabric.stop, self.out_dir, echo=lambda line: self.view.say(f"  {line}"))
+        self.doc.program = d.ProgramRun(
+            list(program.argv), program.world_size, program.per_host, list(program.hosts),
+            round(outcome.started_unix_s, 6), round(outcome.time_s, 6),
+            [d.RankRun(r.rank, r.host, r.exit_code, r.end_unix_s and round(r.end_unix_s, 6),
+                       round(r.end_unix_s - outcome.started_unix_s, 6) if r.end_unix_s
+                       else None, r.ended) for r in outcome.ranks], outcome.error)
+        self.save()
+        return [f"program: {outcome.error}"] if outcome.error else []
 
     def run_batch(self, fabric: RunningFabric, services: Services, batch: list[Job],
                   runner: BatchRunner) -> list[str]:

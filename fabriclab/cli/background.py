@@ -168,13 +168,14 @@ def host_pid(record: RunRecord, host: str) -> int:
 
 
 def exec_in(req: ExecRequest, ui: Console) -> int:
-    """Run a command (a shell by default) in a host's network namespace: this process becomes
-    it (a terminal stays a terminal), through ``nsenter``."""
+    """Run a command (a shell by default) in a host, as on a machine of its own: its network
+    namespace, its mount namespace (``/etc/hosts`` names every host) and its hostname. This
+    process becomes it (a terminal stays a terminal), through ``nsenter``."""
     record = Registry(req.state_dir).running(req.run)
     pid = host_pid(record, req.host)
     argv = list(req.command) or [os.environ.get("SHELL", "/bin/bash")]
     sys.stdout.flush()
-    os.execvp("nsenter", ["nsenter", "-t", str(pid), "-n", "--", *argv])
+    os.execvp("nsenter", ["nsenter", "-t", str(pid), "-n", "-m", "-u", "--", *argv])
     return EXIT_OK  # not reached
 
 

@@ -62,6 +62,8 @@ COMMANDS = {
     "down": Command("background", "down", "tear a running fabric down (one, by id, or all)"),
     "exec": Command("background", "exec_in", "run a command (a shell by default) in a host of "
                                              "a running fabric", json=False),
+    "launch": Command("launch", "launch", "run a program on hosts of a running fabric as a "
+                                          "distributed job (RANK, WORLD_SIZE, MASTER_ADDR, ...)"),
     "ofctl": Command("background", "ofctl", "ovs-ofctl (OpenFlow 1.5) against one switch of a "
                                             "running fabric", json=False),
     "capture": Command("background", "capture", "capture packets on a link or port of a "
@@ -108,6 +110,27 @@ def _target_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
         p[name].add_argument("--run", help="the run id, when several fabrics are up")
 
 
+def _launch_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
+    """``launch``: where the ranks go, how long they may run, then the program."""
+    p["launch"].add_argument("--run", help="the run id, when several fabrics are up")
+    p["launch"].add_argument("--ranks", type=int, metavar="N",
+                             help="ranks on the first N/per-host hosts (default: every host)")
+    p["launch"].add_argument("--hosts", metavar="H1,H2,...",
+                             help="the hosts in rank order (instead of --ranks)")
+    p["launch"].add_argument("--per-host", type=int, default=1, metavar="M",
+                             help="ranks on each host (LOCAL_RANK 0 .. M-1; default 1)")
+    p["launch"].add_argument("--timeout", type=float, default=600.0, metavar="S",
+                             help="end every rank still running S seconds after the start "
+                                  "(default 600)")
+    p["launch"].add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                             help="an environment variable of every rank (repeatable)")
+    p["launch"].add_argument("--out", type=Path, help="where the ranks' output goes (default "
+                                                      "runs/launch-RUN-TIME)")
+    p["launch"].add_argument("args", nargs=argparse.REMAINDER,
+                             help="-- then the program and its arguments ({rank} and {host} "
+                                  "are replaced in each rank's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fabriclab", description=DESCRIPTION,
                                      epilog=__doc__.split("\n\n", 1)[1].strip())
@@ -125,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         if command.json:
             p[name].add_argument("--json", action="store_true", help="print one JSON document "
                                  "on stdout (the rest goes to stderr)")
+    _launch_arguments(p)
     p["schema"].add_argument("--results", action="store_true",
                              help="the JSON Schema of results.json (fabriclab/schema/"
                                   "results.schema.json) instead of the experiment file's")
@@ -273,6 +297,19 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
                             telemetry_options(args, ui), args.json, args.detach)
     if name == "ls":
         return rq.ListRequest(args.state_dir, args.json)
+    if name == "launch":
+        env = []
+        for item in args.env:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError("--env", f"NAME=VALUE, got {item!r}")
+            env.append((key, value))
+        if args.ranks is not None and args.hosts:
+            raise ConfigError("--hosts", "give --ranks or --hosts, not both")
+        rest = tuple(args.args[1:] if args.args[:1] == ["--"] else args.args)
+        return rq.LaunchRequest(rest, args.run, args.state_dir, args.ranks,
+                                tuple(h for h in (args.hosts or "").split(",") if h),
+                                args.per_host, args.timeout, tuple(env), args.out, args.json)
     if name in ("exec", "ofctl"):
         rest = tuple(args.args[1:] if args.args[:1] == ["--"] else args.args)
         target = args.host if name == "exec" else args.switch

@@ -78,6 +78,22 @@ class ListRequest:
 
 
 @dataclass(frozen=True)
+class LaunchRequest:
+    """``fabriclab launch [--run ID] [--ranks N | --hosts H,...] -- ARGV...``."""
+
+    command: tuple[str, ...]
+    run: str | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+    ranks: int | None = None
+    hosts: tuple[str, ...] = ()
+    per_host: int = 1
+    timeout_s: float = 600.0
+    env: tuple[tuple[str, str], ...] = ()
+    out: Path | None = None
+    json: bool = False
+
+
+@dataclass(frozen=True)
 class ExecRequest:
     """``fabriclab exec [--run ID] HOST -- CMD...`` (no command: a shell)."""
 

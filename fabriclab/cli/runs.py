@@ -43,6 +43,8 @@ class TerminalView(RunView):
             self.console.print(f"cluster: {line}")
         for warning in fabric.warnings:
             self.console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+        if not total:  # a program alone: its rank 0 speaks instead
+            return
         self.bar = self.stack.enter_context(Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn(
                 "{task.completed}/{task.total}"), TimeElapsedColumn(), console=self.console))
@@ -67,7 +69,7 @@ class TerminalView(RunView):
         self.stack.close()
 
     def say(self, text: str) -> None:
-        self.console.print(text, markup=False)
+        self.console.print(text, markup=False, highlight=False)
 
     def warn(self, text: str) -> None:
         self.console.print(f"[red]{escape(text)}[/red]" if "failed" in text else
@@ -80,7 +82,10 @@ class TerminalView(RunView):
         ui = self.console
         for item in doc.iterations or ():
             ui.print(tables.iteration_text(item, doc.prediction))
-        ui.print(tables.collectives(doc))
+        if doc.collectives or not doc.program:
+            ui.print(tables.collectives(doc))
+        if doc.program:
+            ui.print(tables.program(doc))
         if doc.jobs:
             ui.print(tables.named_jobs(doc))
         gpus_table = tables.servers_of_gpus(doc)

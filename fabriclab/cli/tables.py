@@ -217,6 +217,34 @@ def iteration_text(item: Iteration, prediction: Prediction | None) -> str:
     return text
 
 
+def program(doc: RunDocument, out: str = "") -> Table:
+    """The user's program: each rank's host, exit code and time (ranks that ended alike are
+    one line); ``out``: where its output is (default: the run directory)."""
+    run = doc.program
+    where = f"{out}/" if out else ""
+    table = Table(title=f"{doc.experiment}: program, {run.world_size} rank(s), "
+                        f"{run.time_s:.2f} s", box=None,
+                  caption=f"{' '.join(run.argv)}\noutput: {where}ranks/RANK.out, "
+                          f"{where}ranks/RANK.err")
+    for col in ("ranks", "hosts", "exit", "time s", "ended"):
+        table.add_column(col, justify="right" if col in ("exit", "time s") else "left")
+    groups: list[list] = []
+    for r in run.ranks:
+        key = (r.exit_code, r.ended)
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(r)
+        else:
+            groups.append([key, [r]])
+    for (code, ended), ranks in groups:
+        first, last = ranks[0], ranks[-1]
+        times = [r.time_s for r in ranks if r.time_s is not None]
+        table.add_row(str(first.rank) if first is last else f"{first.rank}-{last.rank}",
+                      first.host if first is last else f"{first.host}..{last.host}",
+                      "-" if code is None else str(code),
+                      f"{max(times):.2f}" if times else "-", ended)
+    return table
+
+
 def named_jobs(doc: RunDocument) -> Table:
     """Several jobs at once: each one's time with the others and alone, and the slowdown,
     measured and predicted."""

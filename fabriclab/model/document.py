@@ -299,6 +299,36 @@ class RealScale(Record):
 
 
 @dataclass
+class RankRun(Record):
+    """One rank of a program: its host, exit code (None: ended before it exited), when it
+    ended and how (``exited``, ``timed out``, ``ended``: by another rank's failure or an
+    interrupt)."""
+
+    rank: int
+    host: str
+    exit_code: int | None = None
+    end_unix_s: float | None = None
+    time_s: float | None = None
+    ended: str = "exited"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProgramRun(Record):
+    """The user's program as it ran (``workload.program``): what, where, for how long."""
+
+    argv: list[str]
+    world_size: int
+    per_host: int
+    hosts: list[str]
+    started_unix_s: float
+    time_s: float
+    ranks: list[RankRun] = field(default_factory=list)
+    error: str | None = optional()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RunDocument(Record):
     """A run's ``results.json``: complete, or failed with what it measured and why."""
 
@@ -326,6 +356,7 @@ class RunDocument(Record):
     real_scale: RealScale | None = optional()
     replay: dict[str, Any] | None = optional()
     machine: str | None = optional()  # a sweep cell run on a cluster's machine: which
+    program: ProgramRun | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -73,8 +73,10 @@ class HostsAndLinks:
         topo, here = self.topo, self.share.here
         nics = {h.name: topo.nic_owner(h.name) for h in topo.hosts
                 if topo.nic_owner(h.name) != h.name and here(h.name)}  # planes' NICs
+        hosts_file = self.run.write_file("hosts", topo.etc_hosts())  # each host's /etc/hosts
         self.hosts = Hosts([h.name for h in topo.hosts if h.name not in nics and here(h.name)],
-                           on_spawn=track, sysctls=sysctls, aliases=nics)
+                           on_spawn=track, sysctls=sysctls, aliases=nics,
+                           hosts_file=hosts_file)
         self.run.host_popen = self.hosts.popen
         self._name_hosts()
 

@@ -160,6 +160,14 @@ class Topology:
         """Edge (fat-tree) or leaf (leaf-spine) switches: the ones hosts attach to."""
         return [n for n in self.nodes.values() if n.role in ACCESS_ROLES]
 
+    def etc_hosts(self) -> str:
+        """The ``/etc/hosts`` every host of the fabric sees: loopback, then each host's (and
+        each plane NIC's) address and name, so that a launcher or ``socket.gethostbyname``
+        finds every node by its name."""
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        lines += [f"{h.ip}\t{h.name}" for h in self.hosts if h.ip]
+        return "\n".join(lines) + "\n"
+
     def rank_hosts(self) -> list[str]:
         """The hosts in rank order: a fabric of servers numbers its GPUs as NCCL does (rank
         ``r`` is GPU ``r % gpus_per_server`` of server ``r // gpus_per_server``), any other

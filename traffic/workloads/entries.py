@@ -18,6 +18,7 @@ from traffic.workloads import hierarchical, moe
 from traffic.workloads.jobs import place_ranks, rank_servers, whole_servers
 from traffic.workloads import presets, training
 from traffic.workloads.patterns import PATTERNS, pattern_pairs
+from traffic.workloads.program import Program
 from traffic.workloads.schedules import ALGORITHMS, Schedule, build, flows
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
@@ -83,6 +84,7 @@ class Workload:
     timeout_s: float = DEFAULT_TIMEOUT_S
     baseline: str = ""  # workload.jobs: alone, none, or a run directory
     replay: dict | None = None  # what a trace's or log's replay scaled (replay.scale_entries)
+    program: Program | None = None  # the user's program, run after the jobs (workload.program)
 
     @property
     def collective_count(self) -> int:

@@ -34,6 +34,7 @@ experiment is parsed once: trace and NCCL log files are read here and never agai
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 
@@ -47,6 +48,7 @@ from traffic.workloads.entries import (DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, M
 from traffic.workloads.jobs import place_ranks
 from traffic.workloads.named import named_jobs
 from traffic.workloads.nccl_log import import_log
+from traffic.workloads.program import parse_program
 from traffic.workloads.replay import EntryCheck, nccl_entries, parse_trace, scale_entries
 
 #: what other modules take from here (the workload's types and parsers)
@@ -87,8 +89,10 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
                 "dcqcn": raw.get("dcqcn", "paper")}
     job_settings(defaults, "workload")  # its errors named there, not in the first entry
     if raw.get("jobs"):
-        return named_jobs(topo, raw, base_dir, connections, timeout_s, defaults, _read,
-                          check_entry, real_rate_gbps)
+        named = named_jobs(topo, raw, base_dir, connections, timeout_s, defaults, _read,
+                           check_entry, real_rate_gbps)
+        return dataclasses.replace(named, program=parse_program(topo, raw["program"], base_dir)
+                                   ) if raw.get("program") else named
     entries = [(entry, f"workload.collectives[{i}]")
                for i, entry in enumerate(raw.get("collectives", []))]
     replayed: list[tuple[dict, str]] = []
@@ -111,9 +115,11 @@ def parse_workload(topo: Topology, raw: dict, base_dir: str = ".",
     if raw.get("training"):
         jobs.append(training_job(topo, raw["training"], len(jobs), connections, timeout_s,
                                   defaults))
-    if not jobs:
-        raise ConfigError("workload.collectives", "the workload lists no collectives")
-    return Workload(tuple(jobs), connections, timeout_s, replay=replay)
+    program = parse_program(topo, raw["program"], base_dir) if raw.get("program") else None
+    if not jobs and program is None:
+        raise ConfigError("workload.collectives", "the workload lists no collectives (nor a "
+                                                  "program)")
+    return Workload(tuple(jobs), connections, timeout_s, replay=replay, program=program)
 
 
 def _chakra(topo: Topology, base_dir: str, prefix: str) -> list[tuple[dict, str]]:
