@@ -33,8 +33,9 @@ from testbed.fabric.failures import FailureInjector
 from testbed.linux import environment
 from testbed.linux.files import write_json_atomic, write_text_atomic
 from testbed.model.congestion import link_utilization, summarize_congestion
-from traffic.agents import programs
+from fabriclab import programs as programs_run
 from traffic.agents.runner import JobOutcome, run_batch
+from traffic.workloads.program import Program
 from traffic.workloads.workload import Job
 
 MARKER = ("ebpf: a virtual queue at each switch port's clsact egress "
@@ -234,24 +235,14 @@ class ExperimentRun:
             if errors:
                 raise TestbedError("\n".join(errors))
 
-    def run_program(self, fabric: RunningFabric, program) -> list[str]:
-        """The user's program on its hosts (:func:`traffic.agents.programs.run_program`), its
-        ranks' output in ``ranks/``, rank 0's shown; returns its error, if any."""
-        self.view.say(f"program: {' '.join(program.argv)} as {program.world_size} rank(s) on "
-                      f"{len(program.hosts)} host(s); rank 0 says:")
-        addresses = {h.name: h.ip for h in fabric.topo.hosts}
-        outcome = programs.run_program(
-            program, addresses,
-            lambda host, argv, kwargs: fabric.spawn(host, argv, f"program:{host}", **kwargs),
-            fabric.stop, self.out_dir, echo=lambda line: self.view.say(f"  {line}"))
-        self.doc.program = d.ProgramRun(
-            list(program.argv), program.world_size, program.per_host, list(program.hosts),
-            round(outcome.started_unix_s, 6), round(outcome.time_s, 6),
-            [d.RankRun(r.rank, r.host, r.exit_code, r.end_unix_s and round(r.end_unix_s, 6),
-                       round(r.end_unix_s - outcome.started_unix_s, 6) if r.end_unix_s
-                       else None, r.ended) for r in outcome.ranks], outcome.error)
+    def run_program(self, fabric: RunningFabric, program: Program) -> list[str]:
+        """The user's program (:func:`fabriclab.programs.run_on`): its run and the collectives
+        it reported into the document. Returns its error, if any."""
+        run, rows = programs_run.run_on(fabric, self.exp, program, self.out_dir, self.view)
+        self.doc.program = run
+        self.doc.collectives += rows
         self.save()
-        return [f"program: {outcome.error}"] if outcome.error else []
+        return [f"program: {run.error}"] if run.error else []
 
     def run_batch(self, fabric: RunningFabric, services: Services, batch: list[Job],
                   runner: BatchRunner) -> list[str]:

@@ -17,7 +17,8 @@ from fabriclab.cli import tables
 from fabriclab.cli.background import host_pid
 from fabriclab.cli.output import EXIT_OK, emit
 from fabriclab.cli.requests import LaunchRequest
-from fabriclab.model.document import ProgramRun, RankRun, RunDocument
+from fabriclab.model.document import RunDocument
+from fabriclab.programs import program_run
 from testbed.errors import ConfigError, TestbedError
 from testbed.runs.registry import Registry, TrackedProcess, proc_start_time, stop_processes
 from traffic.agents import programs
@@ -68,12 +69,7 @@ def launch(req: LaunchRequest, ui: Console) -> int:
     finally:
         for pid in launched:
             registry.untrack_process(record, pid)
-    run = ProgramRun(list(program.argv), program.world_size, program.per_host,
-                     list(program.hosts), round(outcome.started_unix_s, 6),
-                     round(outcome.time_s, 6),
-                     [RankRun(r.rank, r.host, r.exit_code, r.end_unix_s,
-                              r.end_unix_s - outcome.started_unix_s if r.end_unix_s else None,
-                              r.ended) for r in outcome.ranks], outcome.error)
+    run = program_run(program, outcome)
     (out / "launch.json").write_text(json.dumps({"run": record.run_id, **run.to_json()},
                                                 indent=1))
     if req.json:

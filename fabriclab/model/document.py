@@ -325,6 +325,8 @@ class ProgramRun(Record):
     time_s: float
     ranks: list[RankRun] = field(default_factory=list)
     error: str | None = optional()
+    #: lines of rank 0's that started ``#fabriclab`` but could not be read, and why
+    unread: list[str] | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

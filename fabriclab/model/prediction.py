@@ -16,7 +16,9 @@ from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predic
 from traffic.predict.router import Router
 from traffic.measure.transport import goodput_fraction
 from traffic.protocol import Connection
-from traffic.workloads.workload import Job
+from traffic.workloads.program import Program, Reported
+from traffic.workloads.schedules import build
+from traffic.workloads.workload import Collective, Job
 
 WHAT = ("max-min sharing of the links by each step's connections on the paths the switches "
         "give them (dmodk exact, ecmp the expectation over hash draws: the draws' mean "
@@ -42,6 +44,44 @@ def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
                           goodput_fraction(exp.fabric.mtu), draws,
                           share_cv=SHARE_CV if share_cv is None else share_cv)
     return predictor.workload(exp.workload)
+
+
+def program_rows(exp: xp.Experiment, program: Program, reports: list[Reported],
+                 job: int) -> list[CollectiveRow]:
+    """The collectives a program reported, as rows of ``results.json`` beside the agents':
+    NCCL-tests' figures from the program's own time, the ideal, and ``fabriclab predict``'s
+    time for the same collective on the program's hosts (rank order, or the reverse for a
+    ring that sends to the rank before), one connection per peer as a program opens. With
+    several ranks per host the prediction is left out (the fabric sees hosts, not ranks)."""
+    rate, goodput = exp.fabric.host_link.rate_mbps, goodput_fraction(exp.fabric.mtu)
+    predictor = None
+    rows = []
+    for index, rep in enumerate(reports):
+        n = program.world_size
+        seconds = rep.time_us / 1e6
+        schedule = build(rep.op, n, rep.bytes, rep.algorithm) if n >= 2 else None
+        predicted = None
+        if schedule is not None and program.per_host == 1:
+            hosts = tuple(reversed(program.hosts)) if rep.reverse else program.hosts
+            coll = Collective(rep.op, hosts, schedule, label=rep.label)
+            if predictor is None:
+                ctl = exp.controller
+                predictor = Predictor(exp.topology, str(ctl.routing) if ctl.own else "ecmp",
+                                      str(ctl.ecmp_seed), goodput, DEFAULT_DRAWS,
+                                      share_cv=SHARE_CV)
+            (p,) = predictor.batch([Job(job, (coll,), 1, program.timeout_s)])
+            predicted = round(p.seconds, 6)
+        factor = metrics.bus_factor(rep.op, n) if rep.op in metrics.BUS_FACTOR else 1.0
+        algbw = metrics.algbw_GBps(rep.bytes, seconds)
+        rows.append(CollectiveRow(
+            rep.op, rep.bytes, rep.time_us, algbw, algbw * factor,
+            algbw * factor * 8e3 / rate, job=job, repetition=index,
+            algorithm=schedule.algorithm if schedule else (rep.algorithm or ""),
+            ranks=list(program.hosts), label=rep.label or f"program {rep.op}",
+            ideal_s=metrics.ideal_time_s(rep.op, n, rep.bytes, rate, goodput)
+            if rep.op in metrics.BUS_FACTOR else 0.0,
+            communicator_size=n, predicted_s=predicted))
+    return rows
 
 
 def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,

@@ -172,3 +172,40 @@ def test_a_programs_run_reads_back_from_results_json():
     run = ProgramRun(["python3", "bench.py"], 2, 1, ["h1_1", "h1_2"], 100.0, 2.5)
     doc = read({"experiment": "p", "complete": True, "program": run.to_json()})
     assert doc.program == run
+
+
+def test_what_a_program_reports_becomes_rows_beside_the_prediction():
+    """``#fabriclab`` lines of rank 0's: NCCL-tests' figures from the program's own time,
+    and predict's time for the same collective on its hosts (a reverse ring: gloo's)."""
+    from fabriclab.model.prediction import program_rows
+    from traffic.workloads.program import reported
+
+    text = ("warming up\n"
+            "#fabriclab op=all_reduce bytes=4194304 time_us=900000 algorithm=ring "
+            "order=reverse label=gloo\n"
+            "#fabriclab op=all_to_all bytes=4194304 time_us=700000.5\n"
+            "#fabriclab op=all_reduce bytes=many time_us=1\n"
+            "#fabriclab op=reduce bytes=8 time_us=1\n"
+            "#fabriclab bytes=8 time_us=1\n")
+    reports, unread = reported(text)
+    assert [(r.op, r.bytes, r.algorithm, r.reverse) for r in reports] == [
+        ("all_reduce", 4194304, "ring", True), ("all_to_all", 4194304, None, False)]
+    assert unread == ["rank 0's stdout line 4: invalid literal for int() with base 10: 'many'",
+                      "rank 0's stdout line 5: op=reduce is not one of all_reduce, "
+                      "reduce_scatter, all_gather, all_to_all, broadcast, send_recv",
+                      "rank 0's stdout line 6: no op="]
+    exp = xp.parse({"version": 1, "fabric": {"topology": "leaf_spine", "leaves": 2,
+                                             "spines": 1, "hosts_per_leaf": 2,
+                                             "host_link": {"rate_mbps": 100},
+                                             "fabric_link": {"rate_mbps": 100}},
+                    "controller": {"routing": "dmodk"},
+                    "workload": {"program": {"argv": ["x"], "ranks": 4}}})
+    ring, a2a = program_rows(exp, exp.workload.program, reports, 0)
+    assert (ring.label, ring.algorithm, ring.communicator_size, ring.ranks) == (
+        "gloo", "ring", 4, ["h1_1", "h1_2", "h2_1", "h2_2"])
+    assert ring.busbw_GBps == pytest.approx(4194304 / 0.9 / 1e9 * 1.5)
+    assert ring.efficiency == pytest.approx(ring.busbw_GBps * 8e3 / 100)
+    # 4 MiB ring all-reduce on 100 Mbit/s: 2 (n-1)/n x 4 MiB at the payload rate, ~0.5 s
+    assert 0.5 < ring.predicted_s < 0.6 and ring.ideal_s < ring.predicted_s
+    assert a2a.label == "program all_to_all" and a2a.predicted_s > 0
+    assert (ring.repetition, a2a.repetition, ring.job) == (0, 1, 0)

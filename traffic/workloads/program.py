@@ -18,16 +18,27 @@ workload:
 Rank r runs on host ``hosts[r // per_host]`` (its ``GROUP_RANK``, torchrun's node rank), as
 local rank ``r % per_host``; ``MASTER_ADDR`` is rank 0's host's address. Errors are
 :class:`ConfigError` naming the field.
+
+What the program measured, it reports on rank 0's stdout, one line per collective run:
+
+    #fabriclab op=all_reduce bytes=41943040 time_us=6512345.2 algorithm=ring order=reverse
+
+``op``, ``bytes`` (NCCL-tests' size) and ``time_us`` (first rank's start to last rank's end)
+are required; ``algorithm`` (the schedule it used, as a collective's), ``order=reverse`` (a
+ring that sends to the rank before, as gloo's does) and ``label`` are optional
+(:func:`reported`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from testbed.errors import ConfigError
 from testbed.model.topology import Topology
 from traffic.workloads.jobs import place_ranks
+from traffic.workloads.schedules import ALGORITHMS
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MASTER_PORT = 29500
@@ -165,3 +176,48 @@ def _hosts_spec(spec: object, per_host: int, path: str) -> object:
         count //= per_host
         return {**spec, "count": count} if isinstance(spec, dict) else count
     return spec
+
+
+#: the marker of a line that reports a collective
+REPORT = "#fabriclab"
+_TOKEN = re.compile(r"([a-z_]+)=(\S+)")
+
+
+@dataclass(frozen=True)
+class Reported:
+    """One collective as the program measured it."""
+
+    op: str
+    bytes: int
+    time_us: float
+    algorithm: str | None = None
+    reverse: bool = False
+    label: str = ""
+
+
+def reported(text: str, where: str = "rank 0's stdout") -> tuple[list[Reported], list[str]]:
+    """The collectives a program reported (lines starting ``#fabriclab``), and what was
+    wrong with the lines that could not be read (``where line N: ...``)."""
+    out, problems = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith(REPORT + " "):
+            continue
+        fields = dict(_TOKEN.findall(line[len(REPORT):]))
+        try:
+            op = fields["op"]
+            if op not in ALGORITHMS:
+                raise ValueError(f"op={op} is not one of {', '.join(ALGORITHMS)}")
+            algorithm = fields.get("algorithm")
+            if algorithm is not None and algorithm not in ALGORITHMS[op]:
+                raise ValueError(f"{op} has no algorithm {algorithm}")
+            size, time_us = int(fields["bytes"]), float(fields["time_us"])
+            if size <= 0 or not time_us > 0:
+                raise ValueError("bytes and time_us must be positive")
+            out.append(Reported(op, size, time_us, algorithm,
+                                fields.get("order") == "reverse", fields.get("label", "")))
+        except KeyError as err:
+            problems.append(f"{where} line {number}: no {err.args[0]}=")
+        except ValueError as err:
+            problems.append(f"{where} line {number}: {err}")
+    return out, problems
+
