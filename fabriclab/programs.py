@@ -10,7 +10,8 @@ from pathlib import Path
 from fabriclab.model import document as d
 from fabriclab.model import prediction
 from fabriclab.model.experiment import Experiment
-from testbed.contract import TrafficFabric
+from fabriclab.model.traffic import measured_links
+from testbed.contract import RunningFabric
 from traffic.agents import programs
 from traffic.workloads.program import Program, reported
 
@@ -25,7 +26,7 @@ def program_run(program: Program, outcome: programs.ProgramOutcome) -> d.Program
                    r.ended) for r in outcome.ranks], outcome.error)
 
 
-def run_on(fabric: TrafficFabric, exp: Experiment, program: Program, out_dir: Path,
+def run_on(fabric: RunningFabric, exp: Experiment, program: Program, out_dir: Path,
            view) -> tuple[d.ProgramRun, list[d.CollectiveRow]]:
     """Run ``program`` on ``fabric``'s hosts, its ranks' output into ``out_dir/ranks``.
 
@@ -35,16 +36,19 @@ def run_on(fabric: TrafficFabric, exp: Experiment, program: Program, out_dir: Pa
     """
     view.say(f"program: {' '.join(program.argv)} as {program.world_size} rank(s) on "
              f"{len(program.hosts)} host(s); rank 0 says:")
+    before = fabric.congestion()
     outcome = programs.run_program(
         program, {h.name: h.ip for h in fabric.topo.hosts},
         lambda host, argv, kwargs: fabric.spawn(host, argv, f"program:{host}", **kwargs),
         fabric.stop, out_dir, echo=lambda line: view.say(f"  {line}"))
     run = program_run(program, outcome)
+    run.links = measured_links(fabric.topo, before, fabric.congestion())
     try:
         said = (Path(out_dir) / "ranks" / "0.out").read_text(errors="replace")
     except OSError:
         said = ""
-    reports, unread = reported(said)
+    reports, unread, iterations = reported(said)
+    run.iterations = iterations or None
     if unread:
         run.unread = unread
         for line in unread:

@@ -2,7 +2,8 @@
 # What the tests need beyond scripts/setup.sh (a fabric on this host): the venv's test extras
 # (pytest, Ray for the cluster's tests, the Docker SDK) and the dashboard generator's group; the
 # packages fabriclab otherwise installs on first need (the eBPF toolchain, the full-kernel
-# guest's tools), up front; tmux (fabriclab top is tested in it); headless Chromium, which
+# guest's tools), up front; tmux (fabriclab top is tested in it); Debian's PyTorch (the
+# examples' torch.distributed programs); headless Chromium, which
 # renders the experiment report the way a person opens it; and a second Ray version for the
 # cluster test's version mismatch. Idempotent; root.
 set -euo pipefail
@@ -13,7 +14,9 @@ FABRICLAB_VENV=$(realpath -m "$VENV") FABRICLAB_EXTRAS=test,cluster,grafana FABR
   ./scripts/venv.sh
 
 mapfile -t wanted < <(./scripts/setup.sh --later)
-wanted+=(tmux chromium)
+# python3-torch: Debian's CPU build of PyTorch 1.13 (gloo included, no CUDA: 145 packages,
+# 545 MB installed, against the several GB of PyPI's default wheel), for examples/torch_*.py
+wanted+=(tmux chromium python3-torch)
 missing=()
 for pkg in "${wanted[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -327,6 +327,10 @@ class ProgramRun(Record):
     error: str | None = optional()
     #: lines of rank 0's that started ``#fabriclab`` but could not be read, and why
     unread: list[str] | None = optional()
+    #: bytes each switch port sent during the program, as ``node->peer``
+    links: dict[str, int] | None = optional()
+    #: the iterations it reported (``#fabriclab iteration=N time_s=S``): N -> seconds
+    iterations: dict[str, float] | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -130,3 +130,39 @@ def test_launch_runs_iperf3_between_two_named_hosts_of_a_fabric_kept_up(tmp_path
         down = _cli(state, "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert not _left()
+
+
+def test_torch_gloo_collectives_are_measured_beside_the_prediction(tmp_path):
+    """examples/torch_collectives.py (PyTorch's gloo on CPUs) on 4 ranks: its all-reduce and
+    all-to-all become rows of results.json with predict's time for the same collective on
+    the same hosts (gloo's ring runs backwards: order=reverse)."""
+    argv = ["/usr/bin/python3", str(ROOT / "examples" / "torch_collectives.py"), "--size",
+            "4MiB", "--iters", "2", "--ops", "all_reduce,all_to_all"]
+    exp = _experiment(tmp_path, json.dumps({"argv": argv, "ranks": 4,
+                                            "env": {"OMP_NUM_THREADS": "1"}}))
+    out = tmp_path / "run"
+    done = _cli(tmp_path / "state", "run", exp, "--out", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads((out / "results.json").read_text())
+    rows = {r["label"]: r for r in doc["collectives"]}
+    assert set(rows) == {"torch-all_reduce", "torch-all_to_all"}, rows
+    ring = rows["torch-all_reduce"]
+    assert (ring["algorithm"], ring["bytes"], ring["communicator_size"]) == ("ring", 4194304, 4)
+    for row in rows.values():  # what the fabric allows, within what predict and noise allow
+        assert 0.6 < row["time_us"] / 1e6 / row["predicted_s"] < 1.8, row
+    assert "x pred" in done.stdout and "torch-all_reduce" not in done.stderr
+
+
+def test_a_ddp_training_reports_its_iterations_and_the_fabric_its_link_bytes(tmp_path):
+    argv = ["/usr/bin/python3", str(ROOT / "examples" / "torch_ddp.py"), "--iterations", "3",
+            "--layers", "4"]
+    exp = _experiment(tmp_path, json.dumps({"argv": argv, "ranks": 4}))
+    out = tmp_path / "run"
+    done = _cli(tmp_path / "state", "run", exp, "--out", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    program = json.loads((out / "results.json").read_text())["program"]
+    assert sorted(program["iterations"]) == ["0", "1", "2"]
+    assert all(t > 0 for t in program["iterations"].values())
+    # the gradients' all-reduces crossed the spine: 4 ranks' 4 MB of parameters, ring-wise
+    spine = sum(v for k, v in program["links"].items() if k.startswith("spine1->"))
+    assert spine > 3 * 1e6, program["links"]

@@ -187,7 +187,8 @@ def test_what_a_program_reports_becomes_rows_beside_the_prediction():
             "#fabriclab op=all_reduce bytes=many time_us=1\n"
             "#fabriclab op=reduce bytes=8 time_us=1\n"
             "#fabriclab bytes=8 time_us=1\n")
-    reports, unread = reported(text)
+    reports, unread, iterations = reported(text + "#fabriclab iteration=2 time_s=0.5\n")
+    assert iterations == {"2": 0.5}
     assert [(r.op, r.bytes, r.algorithm, r.reverse) for r in reports] == [
         ("all_reduce", 4194304, "ring", True), ("all_to_all", 4194304, None, False)]
     assert unread == ["rank 0's stdout line 4: invalid literal for int() with base 10: 'many'",

@@ -26,7 +26,9 @@ What the program measured, it reports on rank 0's stdout, one line per collectiv
 ``op``, ``bytes`` (NCCL-tests' size) and ``time_us`` (first rank's start to last rank's end)
 are required; ``algorithm`` (the schedule it used, as a collective's), ``order=reverse`` (a
 ring that sends to the rank before, as gloo's does) and ``label`` are optional
-(:func:`reported`).
+(:func:`reported`). A training loop reports its iterations the same way:
+
+    #fabriclab iteration=3 time_s=0.8412
 """
 
 from __future__ import annotations
@@ -195,15 +197,23 @@ class Reported:
     label: str = ""
 
 
-def reported(text: str, where: str = "rank 0's stdout") -> tuple[list[Reported], list[str]]:
-    """The collectives a program reported (lines starting ``#fabriclab``), and what was
-    wrong with the lines that could not be read (``where line N: ...``)."""
-    out, problems = [], []
+def reported(text: str, where: str = "rank 0's stdout"
+             ) -> tuple[list[Reported], list[str], dict[str, float]]:
+    """The collectives a program reported (lines starting ``#fabriclab``), what was wrong
+    with the lines that could not be read (``where line N: ...``), and the iterations it
+    reported (their number -> seconds)."""
+    out, problems, iterations = [], [], {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.startswith(REPORT + " "):
             continue
         fields = dict(_TOKEN.findall(line[len(REPORT):]))
         try:
+            if "iteration" in fields:
+                seconds = float(fields["time_s"])
+                if not seconds > 0 or not fields["iteration"].isdigit():
+                    raise ValueError("iteration=N time_s=S, both positive")
+                iterations[fields["iteration"]] = seconds
+                continue
             op = fields["op"]
             if op not in ALGORITHMS:
                 raise ValueError(f"op={op} is not one of {', '.join(ALGORITHMS)}")
@@ -219,5 +229,5 @@ def reported(text: str, where: str = "rank 0's stdout") -> tuple[list[Reported],
             problems.append(f"{where} line {number}: no {err.args[0]}=")
         except ValueError as err:
             problems.append(f"{where} line {number}: {err}")
-    return out, problems
+    return out, problems, iterations
 
