@@ -81,7 +81,8 @@ def efficiency_chart(runs) -> str:
     ax.set_ylabel("efficiency (busbw / link rate)")
     ax.set_ylim(0, 1.1)
     ax.axhline(1.0, color="grey", lw=0.5)
-    ax.legend(fontsize=7, ncol=min(4, max(1, len(labels))))
+    if labels:  # (a program alone has no collectives of the agents')
+        ax.legend(fontsize=7, ncol=min(4, max(1, len(labels))))
     ax.set_title("efficiency per run (mean, error bar: one SD over repetitions)")
     return png(fig)
 

@@ -192,7 +192,7 @@ def collectives(doc: RunDocument) -> Table:
     if constants:  # the transports' constants at the emulated scale
         table.caption += "".join(f"\n{text}" for text in constants)
     for s in summaries:
-        table.add_row(s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
+        table.add_row(s.label or s.op, s.algorithm, str(s.ranks), str(s.bytes), str(s.count),
                       str(s.repetitions), us_text(s.mean_us), gbps_text(s.algbw_GBps),
                       gbps_text(s.busbw_GBps), f"{s.efficiency:.3f}",
                       "-" if s.of_predicted is None else f"{s.of_predicted:.2f}",
