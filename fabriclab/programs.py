@@ -5,6 +5,9 @@ read back as collectives with ``fabriclab predict``'s time beside each
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
 from pathlib import Path
 
 from fabriclab.model import document as d
@@ -14,6 +17,24 @@ from fabriclab.model.traffic import measured_links
 from testbed.contract import RunningFabric
 from traffic.agents import programs
 from traffic.workloads.program import Program, reported
+
+
+def launcher_env(out_dir: Path, host_pids: dict[str, int]) -> dict[str, str]:
+    """What every rank's environment gets for launchers that reach other nodes through a
+    remote shell (Open MPI's ``mpirun``, MPICH's Hydra): ``fabriclab-rsh``
+    (:mod:`fabriclab.cli.rsh`), which enters a host by its name, and the hosts' PIDs it
+    reads (``out_dir/ranks/hosts.json``)."""
+    ranks = Path(out_dir) / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    (ranks / "hosts.json").write_text(json.dumps(host_pids, indent=1, sort_keys=True))
+    agent = Path(sys.executable).parent / "fabriclab-rsh"
+    if not agent.exists():  # not installed as a command: the module through this Python
+        agent = Path(shutil.which("fabriclab-rsh") or agent)
+    # Open MPI's ranks poll for progress; on an emulation's few cores they yield, so that the
+    # fabric's own work gets the CPU (a program's env can say otherwise)
+    return {"FABRICLAB_HOSTS_FILE": str(ranks / "hosts.json"),
+            "OMPI_MCA_plm_rsh_agent": str(agent), "OMPI_MCA_mpi_yield_when_idle": "1",
+            "HYDRA_LAUNCHER": "ssh", "HYDRA_LAUNCHER_EXEC": str(agent)}
 
 
 def program_run(program: Program, outcome: programs.ProgramOutcome) -> d.ProgramRun:
@@ -37,10 +58,12 @@ def run_on(fabric: RunningFabric, exp: Experiment, program: Program, out_dir: Pa
     view.say(f"program: {' '.join(program.argv)} as {program.world_size} rank(s) on "
              f"{len(program.hosts)} host(s); rank 0 says:")
     before = fabric.congestion()
+    pids = {p.kind.which: p.pid for p in fabric.record.processes if p.kind.is_host}
     outcome = programs.run_program(
         program, {h.name: h.ip for h in fabric.topo.hosts},
         lambda host, argv, kwargs: fabric.spawn(host, argv, f"program:{host}", **kwargs),
-        fabric.stop, out_dir, echo=lambda line: view.say(f"  {line}"))
+        fabric.stop, out_dir, echo=lambda line: view.say(f"  {line}"),
+        env=launcher_env(out_dir, pids))
     run = program_run(program, outcome)
     run.links = measured_links(fabric.topo, before, fabric.congestion())
     try:

@@ -18,7 +18,7 @@ from fabriclab.cli.background import host_pid
 from fabriclab.cli.output import EXIT_OK, emit
 from fabriclab.cli.requests import LaunchRequest
 from fabriclab.model.document import RunDocument
-from fabriclab.programs import program_run
+from fabriclab.programs import launcher_env, program_run
 from testbed.errors import ConfigError, TestbedError
 from testbed.runs.registry import Registry, TrackedProcess, proc_start_time, stop_processes
 from traffic.agents import programs
@@ -61,11 +61,13 @@ def launch(req: LaunchRequest, ui: Console) -> int:
     say(f"launch: {' '.join(program.argv)} as {program.world_size} rank(s) on "
         f"{len(program.hosts)} host(s) of run {record.run_id}; rank 0 says:",
         markup=False, highlight=False)
+    pids = {p.kind.which: p.pid for p in record.processes if p.kind.is_host}
     try:
         outcome = programs.run_program(
             program, {h.name: h.ip for h in topo.hosts}, spawn, stop, out,
             echo=None if req.json else lambda line: ui.print(f"  {line}", markup=False,
-                                                             highlight=False))
+                                                             highlight=False),
+            env=launcher_env(out, pids))
     finally:
         for pid in launched:
             registry.untrack_process(record, pid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fabriclab.model import experiment as xp
 from fabriclab.model import traffic as traffic_out
 from fabriclab.model.document import CollectiveRow, Prediction
+from testbed.model.topology import hostname
 from traffic.measure import metrics
 from traffic.predict.iterations import iterations
 from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor
@@ -50,19 +51,24 @@ def program_rows(exp: xp.Experiment, program: Program, reports: list[Reported],
                  job: int) -> list[CollectiveRow]:
     """The collectives a program reported, as rows of ``results.json`` beside the agents':
     NCCL-tests' figures from the program's own time, the ideal, and ``fabriclab predict``'s
-    time for the same collective on the program's hosts (rank order, or the reverse for a
-    ring that sends to the rank before), one connection per peer as a program opens. With
-    several ranks per host the prediction is left out (the fabric sees hosts, not ranks)."""
+    time for the same collective on its ranks' hosts (the program's, or those the line
+    names; rank order, or the reverse for a ring that sends to the rank before), one
+    connection per peer as a program opens. With several ranks on a host the prediction is
+    left out (the fabric sees hosts, not ranks)."""
     rate, goodput = exp.fabric.host_link.rate_mbps, goodput_fraction(exp.fabric.mtu)
     predictor = None
     rows = []
     for index, rep in enumerate(reports):
-        n = program.world_size
+        named = {hostname(h): h for h in exp.topology.nodes}  # a hostname -> its node
+        ranks = tuple(named.get(h, h) for h in rep.hosts) or \
+            tuple(h for h in program.hosts for _ in range(program.per_host))
+        n = len(ranks)
         seconds = rep.time_us / 1e6
         schedule = build(rep.op, n, rep.bytes, rep.algorithm) if n >= 2 else None
         predicted = None
-        if schedule is not None and program.per_host == 1:
-            hosts = tuple(reversed(program.hosts)) if rep.reverse else program.hosts
+        known = all(h in exp.topology.nodes for h in ranks)
+        if schedule is not None and len(set(ranks)) == n and known:
+            hosts = tuple(reversed(ranks)) if rep.reverse else ranks
             coll = Collective(rep.op, hosts, schedule, label=rep.label)
             if predictor is None:
                 ctl = exp.controller
@@ -77,7 +83,7 @@ def program_rows(exp: xp.Experiment, program: Program, reports: list[Reported],
             rep.op, rep.bytes, rep.time_us, algbw, algbw * factor,
             algbw * factor * 8e3 / rate, job=job, repetition=index,
             algorithm=schedule.algorithm if schedule else (rep.algorithm or ""),
-            ranks=list(program.hosts), label=rep.label or f"program {rep.op}",
+            ranks=list(ranks), label=rep.label or f"program {rep.op}",
             ideal_s=metrics.ideal_time_s(rep.op, n, rep.bytes, rate, goodput)
             if rep.op in metrics.BUS_FACTOR else 0.0,
             communicator_size=n, predicted_s=predicted))

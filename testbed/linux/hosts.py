@@ -17,6 +17,7 @@ from pathlib import Path
 from mininet.node import Host
 
 from testbed.errors import TestbedError
+from testbed.model.topology import hostname
 
 # Hosts speak IPv4 only: no router solicitations or MLD reports polluting the fabric.
 _HOST_INIT = ("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1"
@@ -63,7 +64,7 @@ class Hosts:
             on_spawn(name, node.pid)
         init = _HOST_INIT + "".join(f" {shlex.quote(f'{k}={v}')}"
                                     for k, v in sorted((sysctls or {}).items()))
-        # (the kernel takes any name; hostname(1) refuses the underscore of h1_1)
+        # its hostname: its name as a hostname may be (h1_1_1: h1-1-1)
         machine = " && echo @NAME@ > /proc/sys/kernel/hostname"
         if hosts_file is not None:
             resolv = hosts_file.with_name("resolv.conf")
@@ -74,7 +75,7 @@ class Hosts:
                 for source, target in ((hosts_file, "/etc/hosts"),
                                        (resolv, "/etc/resolv.conf")))
         for node in self.nodes.values():
-            node.sendCmd(init + machine.replace("@NAME@", shlex.quote(node.name)))
+            node.sendCmd(init + machine.replace("@NAME@", shlex.quote(hostname(node.name))))
         for node in self.nodes.values():
             out = node.waitOutput()
             if out.strip():

@@ -18,6 +18,7 @@ on the /24s.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -41,6 +42,13 @@ ACCESS_ROLES = ("edge", "leaf")
 #: Tier of each switch role, counted from the hosts' switches (0) up.
 ROLE_TIER = {"edge": 0, "leaf": 0, "agg": 1, "spine": 1, "core": 2}
 
+
+
+
+def hostname(name: str) -> str:
+    """A node's name as a hostname: a hostname has letters, digits, dots and hyphens only
+    (RFC 1123; Open MPI refuses any other), so ``h1_1_1`` is ``h1-1-1``."""
+    return re.sub(r"[^A-Za-z0-9.-]", "-", name)
 
 @dataclass(frozen=True)
 class Node:
@@ -162,10 +170,11 @@ class Topology:
 
     def etc_hosts(self) -> str:
         """The ``/etc/hosts`` every host of the fabric sees: loopback, then each host's (and
-        each plane NIC's) address and name, so that a launcher or ``socket.gethostbyname``
-        finds every node by its name."""
+        each plane NIC's) address, name and hostname (:func:`hostname`, where it differs),
+        so that a launcher or ``socket.gethostbyname`` finds every node by either."""
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{h.ip}\t{h.name}" for h in self.hosts if h.ip]
+        lines += [f"{h.ip}\t{h.name}" + (f" {hostname(h.name)}" if hostname(h.name) != h.name
+                                         else "") for h in self.hosts if h.ip]
         return "\n".join(lines) + "\n"
 
     def rank_hosts(self) -> list[str]:

@@ -166,3 +166,25 @@ def test_a_ddp_training_reports_its_iterations_and_the_fabric_its_link_bytes(tmp
     # the gradients' all-reduces crossed the spine: 4 ranks' 4 MB of parameters, ring-wise
     spine = sum(v for k, v in program["links"].items() if k.startswith("spine1->"))
     assert spine > 3 * 1e6, program["links"]
+
+
+def test_mpirun_reaches_every_host_as_a_node_of_its_own(tmp_path):
+    """examples/mpi_allreduce.py through Debian's Open MPI: mpirun on the first host starts
+    its daemons on the others through fabriclab-rsh, each a node with its own hostname; the
+    ring all-reduce it forced becomes a row beside predict's time on the hosts it names."""
+    argv = ["mpirun", "-H", "h1-1,h1-2,h2-1,h2-2", "-np", "4", "--mca",
+            "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4",
+            "/usr/bin/python3", str(ROOT / "examples" / "mpi_allreduce.py"), "--size", "4MiB",
+            "--iters", "2"]
+    exp = _experiment(tmp_path, json.dumps({
+        "argv": argv, "ranks": 1, "timeout_s": 300,
+        "env": {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}}))
+    out = tmp_path / "run"
+    done = _cli(tmp_path / "state", "run", exp, "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "4 ranks on 4 nodes: h1-1, h1-2, h2-1, h2-2" in done.stdout
+    (row,) = json.loads((out / "results.json").read_text())["collectives"]
+    assert (row["label"], row["algorithm"], row["ranks"]) == (
+        "mpi-all_reduce", "ring", ["h1_1", "h1_2", "h2_1", "h2_2"])
+    assert 0.6 < row["time_us"] / 1e6 / row["predicted_s"] < 1.8, row
+    assert not _left()

@@ -6,6 +6,7 @@ program not found says so, and a launcher killed outright leaves no rank behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -210,3 +211,47 @@ def test_what_a_program_reports_becomes_rows_beside_the_prediction():
     assert 0.5 < ring.predicted_s < 0.6 and ring.ideal_s < ring.predicted_s
     assert a2a.label == "program all_to_all" and a2a.predicted_s > 0
     assert (ring.repetition, a2a.repetition, ring.job) == (0, 1, 0)
+
+
+def test_hosts_have_hostnames_a_launcher_takes_and_etc_hosts_names_both():
+    from testbed.model.builders import fat_tree
+    from testbed.model.topology import hostname
+
+    assert (hostname("h1_1_1"), hostname("s1g2"), hostname("h1.x-y")) == (
+        "h1-1-1", "s1g2", "h1.x-y")
+    lines = fat_tree(4).etc_hosts().splitlines()
+    assert lines[:2] == ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    assert "10.1.1.1\th1_1_1 h1-1-1" in lines and len(lines) == 2 + 16
+
+
+def test_the_remote_shell_finds_a_host_by_name_or_hostname_and_refuses_others(
+        tmp_path, monkeypatch, capsys):
+    """fabriclab-rsh as Open MPI calls it (ssh's options, then the host, then the command):
+    the host's namespaces entered through nsenter, the command run by sh -c."""
+    import json as json_
+
+    from fabriclab.cli import rsh
+
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json_.dumps({"h1_1": 4242}))
+    monkeypatch.setenv("FABRICLAB_HOSTS_FILE", str(hosts))
+    ran = []
+    monkeypatch.setattr(rsh.os, "execvp", lambda prog, argv: ran.append(argv))
+    for host in ("h1_1", "h1-1", "root@h1-1"):
+        rsh.main(["-x", "-o", "BatchMode=yes", host, "PATH=/usr/bin", ";", "orted", "-mca", "x"])
+    assert ran == [["nsenter", "-t", "4242", "-n", "-m", "-u", "--", "sh", "-c",
+                    "PATH=/usr/bin ; orted -mca x"]] * 3
+    assert rsh.main(["h9_9", "true"]) == 255 and "no host 'h9_9'" in capsys.readouterr().err
+    monkeypatch.delenv("FABRICLAB_HOSTS_FILE")
+    assert rsh.main(["h1_1", "true"]) == 255
+    assert "FABRICLAB_HOSTS_FILE is not set" in capsys.readouterr().err
+
+
+def test_a_program_gets_a_remote_shell_for_mpi_launchers(tmp_path):
+    from fabriclab.programs import launcher_env
+
+    env = launcher_env(tmp_path, {"h1_1": 11, "h1_2": 12})
+    assert env["OMPI_MCA_plm_rsh_agent"] == env["HYDRA_LAUNCHER_EXEC"]
+    assert env["OMPI_MCA_plm_rsh_agent"].endswith("fabriclab-rsh")
+    assert json.loads((tmp_path / "ranks" / "hosts.json").read_text()) == {"h1_1": 11,
+                                                                            "h1_2": 12}

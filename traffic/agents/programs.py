@@ -88,8 +88,9 @@ def tail(path: Path, chars: int = TAIL_CHARS) -> str:
 def run_program(program: Program, addresses: dict[str, str], spawn: Spawn,
                 stop: Callable[[subprocess.Popen], object], out_dir: Path,
                 echo: Callable[[str], None] | None = None,
-                poll_s: float = 0.05) -> ProgramOutcome:
-    """Run ``program`` on its hosts (``addresses``: each host's IPv4 address) and wait for it.
+                poll_s: float = 0.05, env: dict[str, str] | None = None) -> ProgramOutcome:
+    """Run ``program`` on its hosts (``addresses``: each host's IPv4 address; ``env``: more
+    of every rank's environment) and wait for it.
 
     Returns:
         Every rank's result; ``error`` names the first rank that failed (its exit code and
@@ -115,7 +116,8 @@ def run_program(program: Program, addresses: dict[str, str], spawn: Spawn,
             streamed = r.rank == 0 and echo is not None
             proc = spawn(r.host, argv, {"stdout": subprocess.PIPE if streamed else out,
                                         "stderr": err, "stdin": subprocess.DEVNULL,
-                                        "env": {**os.environ, **r.env}, "text": False})
+                                        "env": {**os.environ, **(env or {}), **r.env},
+                                        "text": False})
             procs.append(proc)
             if streamed:
                 threads.append(_start(_copy, proc.stdout, out, echo))

@@ -25,8 +25,9 @@ What the program measured, it reports on rank 0's stdout, one line per collectiv
 
 ``op``, ``bytes`` (NCCL-tests' size) and ``time_us`` (first rank's start to last rank's end)
 are required; ``algorithm`` (the schedule it used, as a collective's), ``order=reverse`` (a
-ring that sends to the rank before, as gloo's does) and ``label`` are optional
-(:func:`reported`). A training loop reports its iterations the same way:
+ring that sends to the rank before, as gloo's does), ``hosts`` (the hosts of its ranks in
+rank order, comma-separated: a launcher such as ``mpirun`` placed them, not fabriclab) and
+``label`` are optional (:func:`reported`). A training loop reports its iterations the same way:
 
     #fabriclab iteration=3 time_s=0.8412
 """
@@ -195,6 +196,7 @@ class Reported:
     algorithm: str | None = None
     reverse: bool = False
     label: str = ""
+    hosts: tuple[str, ...] = ()  # its ranks' hosts, when the program says (else the program's)
 
 
 def reported(text: str, where: str = "rank 0's stdout"
@@ -223,8 +225,10 @@ def reported(text: str, where: str = "rank 0's stdout"
             size, time_us = int(fields["bytes"]), float(fields["time_us"])
             if size <= 0 or not time_us > 0:
                 raise ValueError("bytes and time_us must be positive")
+            hosts = tuple(h for h in fields.get("hosts", "").split(",") if h)
             out.append(Reported(op, size, time_us, algorithm,
-                                fields.get("order") == "reverse", fields.get("label", "")))
+                                fields.get("order") == "reverse", fields.get("label", ""),
+                                hosts))
         except KeyError as err:
             problems.append(f"{where} line {number}: no {err.args[0]}=")
         except ValueError as err:
