@@ -50,11 +50,13 @@ def test_a_program_runs_on_every_rank_in_hosts_that_look_like_machines(tmp_path)
     out = tmp_path / "run"
     done = _cli(tmp_path / "state", "run", exp, "--out", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "rank 0 says:" in done.stdout and "0 4 0 0 h1_1" in done.stdout
+    assert "rank 0 says:" in done.stdout and "0 4 0 0 h1-1" in done.stdout
     hosts = ["h1_1", "h1_2", "h2_1", "h2_2"]
     for rank, host in enumerate(hosts):
         said = (out / "ranks" / f"{rank}.out").read_text().split()
-        assert said[:6] == [str(rank), "4", "0", str(rank), host, "10.0.1.1:29500"], said
+        # its hostname: its name with - for _ (a hostname has no underscores)
+        assert said[:6] == [str(rank), "4", "0", str(rank), host.replace("_", "-"),
+                            "10.0.1.1:29500"], said
         assert said[6:] == [f"{rank}@{host}", "10.0.2.2"], said  # argv filled, /etc/hosts
     doc = json.loads((out / "results.json").read_text())
     program = doc["program"]
@@ -112,7 +114,7 @@ def test_launch_runs_iperf3_between_two_named_hosts_of_a_fabric_kept_up(tmp_path
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         host = _cli(state, "exec", "h2_1", "--", "hostname")
-        assert host.stdout.strip() == "h2_1", host.stdout + host.stderr
+        assert host.stdout.strip() == "h2-1", host.stdout + host.stderr
         iperf = ("if [ $RANK = 0 ]; then exec iperf3 -s -1 -p 5201; fi; sleep 0.5; "
                  "exec iperf3 -c $MASTER_ADDR -p 5201 -t 2 -J")
         done = _cli(state, "launch", "--hosts", "h1_1,h2_2", "--timeout", "60", "--out",
