@@ -167,6 +167,26 @@ def flows(entries: Iterable[FlowEntry], counts, age, with_actions: bool) -> list
     return out
 
 
+def read_actions(raw: bytes, offset: int, length: int, of_parser=parser) -> list:
+    """The actions of ``length`` bytes at ``offset`` of a message (a packet-out's), as
+    os-ken's.
+
+    Raises:
+        ValueError: actions that run past the message, or one shorter than an action can be.
+    """
+    end = offset + length
+    if end > len(raw):
+        raise ValueError(f"actions of {length} bytes in a message of {len(raw)}")
+    actions = []
+    while offset < end:
+        action = of_parser.OFPAction.parser(raw, offset)
+        if action.len < 8:
+            raise ValueError(f"action of length {action.len}")
+        offset += action.len
+        actions.append(action)
+    return actions
+
+
 def actions_of(flow_instructions, of_parser=parser) -> tuple | None:
     """os-ken's instructions of a flow (a flow mod, a flow description; ``of_parser``: the
     version's parser module) as the tables hold them: ``("output", port)``,

@@ -313,16 +313,8 @@ class SwitchSession:
         match = parser.OFPMatch.parser(raw, offset)
         _match_type, match_len = struct.unpack_from("!HH", raw, offset)
         offset += (match_len + 7) // 8 * 8
-        actions, end = [], offset + actions_len
-        if end > len(raw):
-            raise ValueError(f"actions of {actions_len} bytes in a message of {len(raw)}")
-        while offset < end:
-            action = parser.OFPAction.parser(raw, offset)
-            if action.len < 8:
-                raise ValueError(f"action of length {action.len}")
-            offset += action.len
-            actions.append(action)
-        return match.get("in_port", ofp.OFPP_CONTROLLER), actions, raw[end:]
+        actions = replies.read_actions(raw, offset, actions_len)
+        return match.get("in_port", ofp.OFPP_CONTROLLER), actions, raw[offset + actions_len:]
 
     def _actions(self, instructions) -> tuple | None:
         """Apply-actions as the tables hold them; None for anything else (an output to a port

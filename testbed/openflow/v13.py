@@ -71,17 +71,8 @@ def packet_out(raw: bytes) -> tuple[int, list, bytes]:
     _buffer, in_port, actions_len = struct.unpack_from(ofp.OFP_PACKET_OUT_PACK_STR, raw,
                                                        replies.HEADER.size)
     offset = ofp.OFP_PACKET_OUT_SIZE
-    end = offset + actions_len
-    if end > len(raw):
-        raise ValueError(f"actions of {actions_len} bytes in a message of {len(raw)}")
-    actions = []
-    while offset < end:
-        action = parser.OFPAction.parser(raw, offset)
-        if action.len < 8:
-            raise ValueError(f"action of length {action.len}")
-        offset += action.len
-        actions.append(action)
-    return in_port, actions, raw[end:]
+    actions = replies.read_actions(raw, offset, actions_len, parser)
+    return in_port, actions, raw[offset + actions_len:]
 
 
 def group_mod(raw: bytes) -> tuple[int, int, int, list[groups.Bucket]]:
