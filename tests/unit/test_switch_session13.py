@@ -18,6 +18,7 @@ from testbed.model.openflow import CONTROLLER_PORT
 from testbed.openflow.replies import PortCounters
 from testbed.openflow.session import Port, SwitchSession
 from testbed.plan import tss
+from tests.unit.test_switch_session import _wire
 
 
 class Datapath13:
@@ -38,12 +39,6 @@ class Counts:
 
     def flow(self, entry):
         return (3, 300) if entry.priority == 1 else (0, 0)
-
-
-def _wire(msg, xid: int = 9) -> bytes:
-    msg.set_xid(xid)
-    msg.serialize()
-    return bytes(msg.buf)
 
 
 def _replies(raw: bytes) -> list:
