@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from testbed.model.spec import (
 )
 from fabriclab.model import sweep
 from fabriclab.model.controller import parse_controller
+from fabriclab.model import timescale
 from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
 from fabriclab.model.schema import check, check_entry, schema
 from traffic.workloads.workload import Workload, parse_workload
@@ -65,6 +67,7 @@ class Experiment(TestbedSpec):
     # run directory's experiment.json: the experiment as run)
     raw: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     real_scale: RealScale | None = None  # scale: the real fabric this one stands for
+    time_scale: timescale.TimeScale | None = None  # emulator.time_scale: the file is real units
     cluster: ClusterSpec | None = None  # cluster: partitioned over a Ray cluster's machines
 
     def plans_failures(self) -> bool:
@@ -275,11 +278,47 @@ def _set_path(data: dict, path: str, value: object, where: str) -> None:
 
 
 def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
-    """One experiment (the base, or a variant), already checked against the schema."""
+    """One experiment (the base, or a variant), already checked against the schema: its real
+    units read (:mod:`fabriclab.model.timescale`), scaled by ``emulator.time_scale``."""
+    units = timescale.real_units(data)
+    if timescale.bdp_fields(units):
+        bare = timescale.without_bdp(units)
+        first = _parse_emulated(bare, source, variant, bare, None)
+        units = timescale.resolve_bdp(units, first.bdp()["bdp_bytes"])
+    given = (data.get("emulator") or {}).get("time_scale")
+    if given is None:
+        return _parse_emulated(units, source, variant, data)
+    if data.get("scale"):
+        raise ConfigError("scale", "emulator.time_scale makes the file the real fabric itself; "
+                                   "scale only relabels an emulated one: give one of them")
+    raw, bounds = copy.deepcopy(data), ()
+    if given == "auto":
+        real = _parse_emulated(units, source, variant, data, None)
+        n, bounds = timescale.auto(real, real.workload, os.cpu_count() or 1)
+        raw["emulator"]["time_scale"] = n  # as run: a cluster's machines agree on it
+    else:
+        n = float(given)
+    exp = _parse_emulated(timescale.scaled(units, n), source, variant, raw, n)
+    rate = exp.fabric.host_link.rate_mbps * n / 1e3
+    ts = timescale.TimeScale(n, given == "auto", bounds, rate, exp.base_rtt_s / n,
+                             exp.fabric.mtu)
+    return dataclasses.replace(exp, time_scale=ts, real_scale=RealScale(
+        rate, exp.fabric.host_link.rate_mbps, exp.base_rtt_s, exp.base_rtt_s / n * 1e6,
+        time_scaled=True))
+
+
+def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
+                    n: float | None = 1.0) -> Experiment:
+    """One experiment in emulated units (``raw``: the file's data it came from, ``n``: the
+    time scale that made it; None: the real fabric, parsed to choose N, its times unchecked)."""
+    emulator = {k: v for k, v in data.get("emulator", {}).items()
+                if k not in ("time_scale", "delay_line")}
     spec = TestbedSpec(
         fabric=_fabric(data["fabric"]),
         controller=parse_controller(data.get("controller", {}), source),
-        emulator=EmulatorSpec(**_typed(data.get("emulator", {}), _EMULATOR_TYPES)))
+        emulator=EmulatorSpec(**_typed(emulator, _EMULATOR_TYPES)))
+    if n is not None:
+        timescale.check_emulated(spec, data, n)
     for tier in ("host", "fabric"):
         spec.port_ecn(tier)  # thresholds in order, priorities in range
         spec.port_trim(tier)  # sizes, DSCP and threshold within the queue
@@ -291,12 +330,14 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
                                   real_rate_gbps=(data.get("scale") or {}).get("real_rate_gbps"))
     else:
         _ = spec.topology  # semantic checks of the shape happen in the model
-    if workload is not None and any(j.transport == "rocev2" and
-                                    j.transport_options.congestion_control == "hpcc"
-                                    for j in workload.jobs):
+    hpcc = workload is not None and any(j.transport == "rocev2" and
+                                        j.transport_options.congestion_control == "hpcc"
+                                        for j in workload.jobs)
+    line = timescale.delay_line(spec, workload, data.get("emulator", {}))
+    if hpcc or line != spec.fabric.delay_line:
         cached = {k: v for k, v in spec.__dict__.items() if k in ("topology", "base_rtt_s")}
-        spec = dataclasses.replace(spec, fabric=dataclasses.replace(spec.fabric,
-                                                                    int_telemetry=True))
+        spec = dataclasses.replace(spec, fabric=dataclasses.replace(
+            spec.fabric, int_telemetry=spec.fabric.int_telemetry or hpcc, delay_line=line))
         spec.__dict__.update(cached)  # the same shape: not built again
     failures = plan_failures(spec.topology, data.get("failures", []))
     if failures and workload is None:
@@ -306,7 +347,7 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         name=data.get("name", Path(source).stem if source != MEMORY else "experiment"),
         description=data.get("description", ""), source=source, fabric=spec.fabric,
         controller=spec.controller, emulator=spec.emulator, workload=workload, variant=variant,
-        failures=failures, raw=copy.deepcopy(data), real_scale=_real_scale(spec, data),
+        failures=failures, raw=copy.deepcopy(raw), real_scale=_real_scale(spec, data),
         cluster=ClusterSpec(**data["cluster"]) if data.get("cluster") else None)
     # the same fabric: what the checks built (cached properties) is not built again (a k=32
     # fat tree took 0.7 s a time)

@@ -33,6 +33,13 @@ WHAT_DOES_NOT = ("propagation and switch latency (the emulated RTT is mostly ser
                  "jumbo frames), absolute queue and ECN threshold bytes, host stack and agent "
                  "CPU per packet, packet counts")
 
+# with emulator.time_scale the fabric is built to scale (fabriclab.model.timescale)
+TIME_SCALED = ("rates divided by N and times multiplied by N when built (latencies, gaps, "
+               "timers), so results' times divide by N and bandwidths multiply by N; sizes, "
+               "packets per bandwidth-delay product and queues in bytes are the real fabric's")
+TIME_SCALED_NOT = ("the host stack's and the agents' CPU per packet and their timing (judged by "
+                   "the fidelity verdict), kernel TCP's own timers (minimum RTO, delayed ACKs)")
+
 
 @dataclass(frozen=True)
 class RealScale:
@@ -42,6 +49,7 @@ class RealScale:
     emulated_rate_mbps: float
     emulated_rtt_s: float
     real_rtt_us: float = DEFAULT_REAL_RTT_US
+    time_scaled: bool = False  # emulator.time_scale: built to scale, not relabelled
 
     @property
     def rate_ratio(self) -> float:
@@ -61,8 +69,9 @@ class RealScale:
                 "emulated_rate_mbps": self.emulated_rate_mbps,
                 "emulated_rtt_ms": round(self.emulated_rtt_s * 1e3, 3),
                 "rate_ratio": self.rate_ratio, "time_ratio": self.time_ratio,
-                "size_ratio": self.size_ratio, "scales": WHAT_SCALES,
-                "does_not_scale": WHAT_DOES_NOT}
+                "size_ratio": self.size_ratio,
+                "scales": TIME_SCALED if self.time_scaled else WHAT_SCALES,
+                "does_not_scale": TIME_SCALED_NOT if self.time_scaled else WHAT_DOES_NOT}
 
     def collective(self, row: CollectiveRow) -> dict:
         """A results row's real-equivalent figures."""

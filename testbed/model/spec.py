@@ -202,6 +202,13 @@ class FabricSpec:
     pfc: PfcSpec = field(default_factory=PfcSpec)
     servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
     int_telemetry: bool = False  # the ports stamp INT on packets that ask (a job uses HPCC)
+    # where the links' delay is added: "link" (a netem leaf on every link) or "agents" (the
+    # UDP transports' agents hold each packet they receive for its path's one-way delay)
+    delay_line: str = "link"
+
+    def link_delay_us(self, tier: str) -> float:
+        """The delay a link of ``tier`` adds itself (none when the agents add it)."""
+        return self.link(tier).delay_us if self.delay_line == "link" else 0.0
 
     def host_sysctls(self, machine_tcp_rmem: str) -> dict[str, str]:
         """The transport settings every host's namespace gets; ``machine_tcp_rmem``: the
@@ -333,7 +340,7 @@ class TestbedSpec:
                                        else "bfifo")]
         for tier in ("host", "fabric"):
             link = self.fabric.link(tier)
-            if link.delay_us:
+            if self.fabric.link_delay_us(tier):
                 needs.append(q(f"fabric.{tier}_link.delay_us", "netem"))
             if link.loss_percent:  # dropped by the eBPF program at the link's ends
                 needs.append(q(f"fabric.{tier}_link.loss_percent", "clsact"))
@@ -357,8 +364,7 @@ class TestbedSpec:
         if not fab.pfc.priorities:
             return None
         for tier in ("host", "fabric"):
-            link = fab.link(tier)
-            if link.delay_us:
+            if fab.link_delay_us(tier):
                 raise ConfigError("fabric.pfc", f"a lossless class cannot share the "
                                   f"{tier} links' netem delay (their leaf is netem)")
         if fab.queue_packets:
@@ -388,6 +394,29 @@ class TestbedSpec:
         links = [topo.find_link(a, b) for a, b in zip(far, far[1:])]
         return base_rtt_s([l.rate_mbps for l in links],
                           [self.fabric.link(l.tier).delay_us for l in links], self.fabric.mtu)
+
+    def path_delays_s(self, hosts: list[str]) -> list[list[float]]:
+        """The one-way delay from each of ``hosts`` to each, in seconds: every link's delay
+        along a shortest path between them (what the agents' delay line holds a packet for)."""
+        topo = self.topology
+        by_access: dict[tuple[str, str, bool], float] = {}
+        out = []
+        for src in hosts:
+            row = []
+            for dst in hosts:
+                if src == dst:
+                    row.append(0.0)
+                    continue
+                server = topo.server_of(src)
+                key = (topo.attachment(src).node, topo.attachment(dst).node,
+                       server is not None and server == topo.server_of(dst))
+                if key not in by_access:
+                    path = topo.equal_cost_paths(src, dst)[0]
+                    by_access[key] = sum(self.fabric.link(topo.find_link(a, b).tier).delay_us
+                                         for a, b in zip(path, path[1:])) / 1e6
+                row.append(by_access[key])
+            out.append(row)
+        return out
 
     def port_trim(self, tier: str) -> TrimSpec | None:
         """The trimming at the switch ports of a link tier, checked against their queue."""

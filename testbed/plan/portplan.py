@@ -41,7 +41,7 @@ def link_plan(spec: TestbedSpec, link: Link, host_end: bool = False,
         red = {p: (th.mode.value, th.k_bytes, th.kmin_bytes, th.kmax_bytes, th.pmax)
                for p, th in enumerate(spec.port_ecn(link.tier))}
     return plan_shaping(link.rate_mbps, fab.mtu, fab.queue_kb, fab.queue_packets,
-                        tier.delay_us, fab.priorities(), lossless, red,
+                        fab.link_delay_us(link.tier), fab.priorities(), lossless, red,
                         fab.traffic_classes.strict,
                         acks_first=host_end or (fab.acks_first and red is None))
 

@@ -92,10 +92,12 @@ class Agent:
         self.engine: UdpEngine | None = None
         if spec.transport != "tcp":
             scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
+            delays = spec.scale.get("delays_s")
             self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
                                     scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn,
                                     options=spec.transport_options,
-                                    ranks=spec.ranks)
+                                    ranks=spec.ranks,
+                                    delays_s=[row[rank] for row in delays] if delays else None)
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
@@ -328,9 +330,18 @@ class Agent:
 
 
 def _delta(before: dict, after: dict) -> dict:
-    """The engine's counters over one collective."""
-    return {k: (v - before.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool)
-                else v) for k, v in after.items()}
+    """The engine's counters over one collective (a histogram's buckets each; a least value,
+    ``*_min_us``, is the least so far)."""
+    out = {}
+    for k, v in after.items():
+        if isinstance(v, dict):
+            out[k] = _delta(before.get(k) or {}, v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                not k.endswith("_min_us"):
+            out[k] = v - before.get(k, 0)
+        else:
+            out[k] = v
+    return out
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

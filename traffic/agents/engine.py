@@ -18,12 +18,14 @@ that may send, with at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahe
 several queue pairs at once (an all-to-all's steps overlap) never overflow the host's own
 queue.
 
-Each wake-up costs in proportion to the queue pairs whose state changed, not to all of them: a
-queue pair's next send time and next timer are state alone (they move only when it sends,
-hears from its peer, gets a message or runs a timer), so the engine caches them and
-recomputes those of the queue pairs it touched (an all-to-all of 16 ranks at 20 Mbit/s, with
-15 queue pairs each way per agent, took 340 us of CPU per packet asking all of them on every
-wake-up, 265 us this way).
+Each wake-up costs in proportion to the queue pairs whose state changed: a queue pair's next
+send time and next timer move only when it sends, hears from its peer, gets a message or runs a
+timer, so the engine caches them and recomputes those of the queue pairs it touched (an
+all-to-all of 16 ranks at 20 Mbit/s: 340 us of CPU per packet asking all of them, 265 this way).
+
+A fabric whose links' latency the agents add (``delays_s``) has every received datagram wait in
+a delay line first (:mod:`traffic.transports.delayline`); how late the engine sent and released
+packets against their schedule is counted (``lateness_us``), and the least round trip seen.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from traffic.measure.transport import queue_pair_totals, transport_settings
+from traffic.transports.delayline import DelayLine, Lateness
 from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rccc import CreditReceiver
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
@@ -80,12 +84,14 @@ class UdpEngine:
         entropies: the size of the entropy (source port) pool.
         dcqcn: rocev2's DCQCN profile (``DcqcnConfig.PROFILES``).
         options: the transport's further settings (:class:`TransportOptions` as a dict).
+        delays_s: the one-way delay from each rank (the links' latency that the agents add:
+            :mod:`traffic.transports.delayline`); None: none.
     """
 
     def __init__(self, transport: str, rank: int, ips: list[str], port: int, scale: Scale,
                  dscp: int = 0, spray: bool | None = None, entropies: int = 64,
                  dcqcn: str = "paper", ranks: tuple | None = None,
-                 options: dict | None = None) -> None:
+                 options: dict | None = None, delays_s: list[float] | None = None) -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
@@ -144,6 +150,11 @@ class UdpEngine:
         self.touched_rx: set[tuple[int, int]] = set()
         self.progress: dict[tuple[int, int], tuple[int, float]] = {}  # (una, when it moved)
         self.stall_check_at = 0.0
+        self.delays_s = delays_s if delays_s and any(delays_s) else None
+        self.line = DelayLine()
+        self.late = Lateness()
+        self.ready_at: dict[tuple[int, int], float] = {}  # when a sender's state last changed
+        self.rtt_min_s: float | None = None
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
         self.listen = self._socket(bind, port, tos=dscp << 2)
@@ -201,24 +212,14 @@ class UdpEngine:
 
     def summary(self) -> dict:
         """Totals over the queue pairs so far (the agent diffs them per collective)."""
-        out: dict = {"transport": self.transport, "spray": self.spray,
-                     "local_drops": self.local_drops, "constants": self.cfg.describe()}
-        if self.transport == "rocev2":
-            out["congestion_control"] = self.cfg.congestion_control
-        if self.transport == "rocev2" and self.cfg.dcqcn:
-            out["dcqcn"] = self.cfg.dcqcn.profile
-        if self.transport == "uet":
-            out.update(delivery=self.cfg.delivery, rccc=self.cfg.rccc, nscc=self.cfg.nscc)
+        out = {**transport_settings(self.transport, self.spray, self.cfg),
+               "local_drops": self.local_drops, "lateness_us": self.late.summary()}
         if self.credit is not None:
             out["rx_grants"] = self.credit.grants
-        for s in list(self.senders.values()):
-            for k, v in s.summary().items():
-                if isinstance(v, (int, float)) and k != "cwnd_bytes":
-                    out[f"tx_{k}"] = out.get(f"tx_{k}", 0) + v
-        for r in list(self.receivers.values()):
-            for k, v in r.stats.items():
-                out[f"rx_{k}"] = out.get(f"rx_{k}", 0) + v
-        return out
+        if self.rtt_min_s is not None:
+            out["rtt_min_us"] = round(self.rtt_min_s * 1e6, 1)
+        return {**out, **queue_pair_totals(list(self.senders.values()),
+                                           list(self.receivers.values()))}
 
     def stalled(self) -> list[str]:
         """The queue pairs with work left, and where each stands (for a stuck job's report;
@@ -258,6 +259,7 @@ class UdpEngine:
             while not self.stop.is_set():
                 self._commands()
                 now = time.monotonic()
+                self._release(now)
                 self._check_stalls(now)
                 self._timers(now)
                 self._grants(now)
@@ -273,6 +275,7 @@ class UdpEngine:
                             pass
                     else:
                         self._read(key.fileobj, key.data == "listen")
+                self._release(time.monotonic())
                 self._refresh()
         except TransportStalled as err:  # the agent reports it and fails the job
             self.errors.append(str(err))
@@ -336,6 +339,7 @@ class UdpEngine:
             if last is None or last[0] != s.una or s.una >= len(s.lengths):  # moved, or idle
                 self.progress[key] = (s.una, now)
             _cache(self.send_at, key, s.next_send_time())
+            self.ready_at[key] = now
             _cache(self.timer_at, key, s.timer())
             waits = self.send_waits[key]
             while waits and s.una >= waits[0][0]:
@@ -374,6 +378,8 @@ class UdpEngine:
                 pkt = self.senders[key].poll(now)
                 if pkt is None:
                     continue
+                self.late.sent(now - max(due, self.ready_at.get(key, due),
+                                         self.nic_free_at - self.nic_slack_s))
                 self.touched_tx.add(key)
                 sock = self.pool[pkt.entropy % self.entropies]
                 try:
@@ -423,26 +429,46 @@ class UdpEngine:
                             and c[1] == socket.IP_TOS and c[2]), 0)
                 if tos & 0b11 == CE:
                     pkt.flags |= Flag.CE
-                rx = self._receiver(pkt.qp)
-                self.reply_to[pkt.qp] = addr
-                before = getattr(rx, "received_bytes", 0)
-                for reply in rx.on_packet(pkt, now):
-                    self._reply(reply, addr, now)
-                if self.credit is not None:
-                    self.credit.on_data(pkt.qp, rx.received_bytes - before)
-                self.touched_rx.add(pkt.qp)
-            elif data_socket and pkt.kind == Kind.REQ and self.credit is not None:
-                self.reply_to[pkt.qp] = addr
-                self.credit.on_request(pkt.qp, pkt.sack)
-                total = self.credit.granted(pkt.qp)
-                if total is not None:  # asked again: its grants may have been lost
-                    self._reply(Packet(Kind.GRANT, pkt.qp, sack=total), addr, now)
-            elif not data_socket and pkt.kind != Kind.DATA:
-                key = (self._peer_of(addr), pkt.qp[1])
-                sender = self.senders.get(key)
-                if sender is not None:
-                    sender.on_packet(pkt, now)
-                    self.touched_tx.add(key)
+            peer = self._peer_of(addr) if self.delays_s else -1
+            delay = self.delays_s[peer] if peer >= 0 else 0.0
+            if delay > 0:
+                self.line.hold(now + delay, (pkt, addr, data_socket))
+            else:
+                self._deliver(pkt, addr, data_socket, now)
+
+    def _release(self, now: float) -> None:
+        """The held packets due by ``now`` (their lateness counted)."""
+        for due, (pkt, addr, data_socket) in self.line.release(now):
+            self.late.released(now - due)
+            self._deliver(pkt, addr, data_socket, now)
+
+    def _deliver(self, pkt: Packet, addr, data_socket: bool, now: float) -> None:
+        """A packet arrived (after the delay line, if any)."""
+        if data_socket and pkt.kind == Kind.DATA:
+            rx = self._receiver(pkt.qp)
+            self.reply_to[pkt.qp] = addr
+            before = getattr(rx, "received_bytes", 0)
+            for reply in rx.on_packet(pkt, now):
+                self._reply(reply, addr, now)
+            if self.credit is not None:
+                self.credit.on_data(pkt.qp, rx.received_bytes - before)
+            self.touched_rx.add(pkt.qp)
+        elif data_socket and pkt.kind == Kind.REQ and self.credit is not None:
+            self.reply_to[pkt.qp] = addr
+            self.credit.on_request(pkt.qp, pkt.sack)
+            total = self.credit.granted(pkt.qp)
+            if total is not None:  # asked again: its grants may have been lost
+                self._reply(Packet(Kind.GRANT, pkt.qp, sack=total), addr, now)
+        elif not data_socket and pkt.kind != Kind.DATA:
+            key = (self._peer_of(addr), pkt.qp[1])
+            sender = self.senders.get(key)
+            if pkt.kind == Kind.ACK and pkt.sent_ns and not pkt.flags & Flag.RETX:
+                rtt = now - pkt.sent_ns / 1e9
+                if rtt > 0 and (self.rtt_min_s is None or rtt < self.rtt_min_s):
+                    self.rtt_min_s = rtt
+            if sender is not None:
+                sender.on_packet(pkt, now)
+                self.touched_tx.add(key)
 
     def _peer_of(self, addr) -> int:
         return self.ip_rank.get(addr[0], -1)
@@ -460,6 +486,9 @@ class UdpEngine:
         grant = self.credit.next_time() if self.credit is not None else None
         if grant is not None:
             wake = min(wake, grant)
+        held = self.line.next_time()
+        if held is not None:
+            wake = min(wake, held)
         return wake - now
 
 

@@ -88,15 +88,27 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
                                          "delivery", "rccc", "nscc", "congestion_control")
                  if k in rows[0]}
     for row in rows:
-        for k, v in row.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] = out.get(k, 0) + v
+        _add(out, row)
     if "tx_packets" in out:  # the UDP transports: by packets
         sent, again = out["tx_packets"], out.get("tx_retransmitted", 0)
     else:  # TCP (TCP_INFO): by bytes
         sent, again = out.get("tx_bytes", 0), out.get("tx_retransmitted_bytes", 0)
     out["goodput_ratio"] = round(1 - again / sent, 4) if sent else None
     return out
+
+
+def _add(total: dict, row: dict) -> None:
+    """``row``'s counters added to ``total``'s (histograms bucket by bucket; a least value,
+    ``*_min_us``, the least of both)."""
+    for k, v in row.items():
+        if isinstance(v, dict):
+            _add(total.setdefault(k, {}), v)
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        elif k.endswith("_min_us"):
+            total[k] = min(total.get(k, v), v)
+        else:
+            total[k] = total.get(k, 0) + v
 
 
 def _compute(coll: Collective, per_rank: list) -> dict:

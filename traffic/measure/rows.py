@@ -44,6 +44,10 @@ class TransportCounters(Record):
     congestion_control: str | None = optional()
     dcqcn: str | None = optional()
     constants: str | None = optional()
+    rtt_min_us: float | None = optional()  # the least round trip a sender saw (any rank)
+    # how late the agents sent paced packets (tx) and released delayed ones (rx) against their
+    # schedule: counts per bucket (traffic.transports.delayline)
+    lateness_us: dict[str, dict[str, int]] | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def counter(self, name: str) -> int:

@@ -13,3 +13,30 @@ TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12
 def goodput_fraction(mtu: int) -> float:
     """TCP payload bytes per byte on the wire (as HTB counts it) for full-size segments."""
     return (mtu - TCP_IP_HEADER_BYTES) / (mtu + ETH_HEADER_BYTES)
+
+
+def transport_settings(transport: str, spray: bool, cfg) -> dict:
+    """What a UDP engine runs, as its counters carry it: the transport, spraying, the
+    constants, rocev2's congestion control (DCQCN's profile), uet's delivery, RCCC and NSCC."""
+    out: dict = {"transport": transport, "spray": spray, "constants": cfg.describe()}
+    if transport == "rocev2":
+        out["congestion_control"] = cfg.congestion_control
+        if cfg.dcqcn:
+            out["dcqcn"] = cfg.dcqcn.profile
+    if transport == "uet":
+        out.update(delivery=cfg.delivery, rccc=cfg.rccc, nscc=cfg.nscc)
+    return out
+
+
+def queue_pair_totals(senders: list, receivers: list) -> dict:
+    """The senders' counters (``tx_``) and the receivers' (``rx_``), summed; a window is no
+    counter."""
+    out: dict = {}
+    for s in senders:
+        for k, v in s.summary().items():
+            if isinstance(v, (int, float)) and k != "cwnd_bytes":
+                out[f"tx_{k}"] = out.get(f"tx_{k}", 0) + v
+    for r in receivers:
+        for k, v in r.stats.items():
+            out[f"rx_{k}"] = out.get(f"rx_{k}", 0) + v
+    return out

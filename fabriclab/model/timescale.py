@@ -1,0 +1,382 @@
+"""Real units in, one time scale (pure): an experiment file that states the real fabric, and the
+emulated fabric this machine builds from it.
+
+A real AI fabric runs 400 Gbit/s links with about a microsecond per hop: a round trip holds
+about a hundred 4 KiB packets, and its buffers, ECN thresholds and transport timers are sized
+in those terms. This machine forwards a few thousand packets a second through Python agents.
+Time-scaled emulation keeps the real fabric's regime instead of its speed: with one factor N
+(``emulator.time_scale``),
+
+* every rate is divided by N (links, scale-up links);
+* every time is multiplied by N (per-hop latency, the workload's gaps, compute and start
+  times, failure times, the controller's polling, PFC's polling and watchdog, queue sampling);
+* every size stays as it is (MTU, queues, ECN and trimming thresholds, PFC headroom, messages),
+  and so does every count of packets or bandwidth-delay products.
+
+A file in real units gives rates in Gbit/s (``rate_gbps``) or Mbit/s, the latency of each link
+(switch and cable, one way) in ns (``latency_ns``), and any buffer either in KiB or in
+bandwidth-delay products of the fabric (``size_bdp``, ``k_bdp``, ``xoff_bdp``...: the host
+link's rate times the longest path's unloaded round trip). Without ``time_scale`` nothing is
+scaled (N = 1): the emulated-unit files of before read as they did.
+
+``auto`` picks the smallest N at which this machine keeps up (:func:`choose`): the datapath's
+measured budget of bits times switch hops, the agents' CPU per packet when a UDP transport runs,
+and the agents' timing (their event loop wakes within about a millisecond: a packet time must
+be several of those). Wall-clock guards (timeouts, the controller's readiness) are not scaled.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+from testbed.errors import ConfigError
+from testbed.model.congestion import frame_bytes
+from testbed.model.spec import Backend, Datapath, TestbedSpec
+from testbed.plan.fidelity import (
+    HEADROOM,
+    MEASURED_CORES,
+    mean_switch_hops,
+    saturation_mbit_hops,
+    saturation_table,
+)
+from traffic.workloads.workload import Workload
+
+#: times the file gives in real time, per section (any depth below it): multiplied by N
+TIME_KEYS = {
+    "fabric": ("delay_us", "poll_ms", "watchdog_ms"),
+    "controller": ("poll_interval_s", "flowlet_gap_us"),
+    "emulator": ("queue_sample_ms",),
+    "workload": ("gap_s", "t_s", "start_s", "compute_ms"),
+    "failures": ("at_s",),
+}
+#: rates the file gives in real units (``rate_gbps`` is made ``rate_mbps`` first): divided by N
+RATE_KEYS = ("rate_mbps",)
+#: buffers given in bandwidth-delay products, and the KiB field each stands for
+BDP_KEYS = {"size_bdp": "size_kb", "k_bdp": "k_kb", "kmin_bdp": "kmin_kb",
+            "kmax_bdp": "kmax_kb", "threshold_bdp": "threshold_kb", "xoff_bdp": "xoff_kb",
+            "xon_bdp": "xon_kb", "headroom_bdp": "headroom_kb", "credit_bdp": "credit_kb"}
+#: KiB fields that are integers in the schema (a BDP rounds up to the next KiB)
+INTEGER_KB = ("size_kb",)
+
+
+def real_units(data: dict) -> dict:
+    """``rate_gbps`` as ``rate_mbps`` and ``latency_ns`` as ``delay_us`` throughout the file's
+    ``fabric`` (a copy; the file's own units, nothing scaled yet).
+
+    Raises:
+        ConfigError: a link that gives a rate or a latency both ways, naming it.
+    """
+    out = copy.deepcopy(data)
+    fabric = out.get("fabric")
+    if isinstance(fabric, dict):
+        _units(fabric, "fabric")
+    return out
+
+
+def _units(node: dict, path: str) -> None:
+    for key, value in list(node.items()):
+        if isinstance(value, dict):
+            _units(value, f"{path}.{key}")
+    pairs = (("rate_gbps", "rate_mbps", 1e3), ("latency_ns", "delay_us", 1e-3),
+             ("latency_us", "delay_us", 1.0))
+    for target in ("rate_mbps", "delay_us"):
+        given = [k for k in (target, *(r for r, t, _ in pairs if t == target)) if k in node]
+        if len(given) > 1:
+            raise ConfigError(f"{path}.{given[-1]}", f"give one of {' and '.join(given)}, not "
+                                                     "both")
+    for real, emulated, factor in pairs:
+        if real in node:
+            node[emulated] = node.pop(real) * factor
+
+
+def bdp_fields(data: dict) -> list[str]:
+    """The field paths given in bandwidth-delay products (``fabric.queue.size_bdp``)."""
+    out: list[str] = []
+    _walk_bdp(data.get("fabric") or {}, "fabric", out, None)
+    return out
+
+
+def without_bdp(data: dict) -> dict:
+    """A copy with every ``*_bdp`` field left out (to find the bandwidth-delay product)."""
+    out = copy.deepcopy(data)
+    _walk_bdp(out.get("fabric") or {}, "fabric", [], None, drop=True)
+    return out
+
+
+def resolve_bdp(data: dict, bdp_bytes: float) -> dict:
+    """A copy with every ``*_bdp`` field made its KiB field (``size_bdp: 2`` -> ``size_kb``).
+
+    Raises:
+        ConfigError: a buffer given both ways, naming it.
+    """
+    out = copy.deepcopy(data)
+    _walk_bdp(out.get("fabric") or {}, "fabric", [], bdp_bytes)
+    return out
+
+
+def _walk_bdp(node: object, path: str, found: list[str], bdp_bytes: float | None,
+              drop: bool = False) -> None:
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _walk_bdp(item, f"{path}[{i}]", found, bdp_bytes, drop)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in list(node.items()):
+        if key in BDP_KEYS:
+            found.append(f"{path}.{key}")
+            kb = BDP_KEYS[key]
+            if drop:
+                node.pop(key)
+            elif bdp_bytes is not None:
+                if kb in node:
+                    raise ConfigError(f"{path}.{key}", f"give {key} or {kb}, not both")
+                size = node.pop(key) * bdp_bytes / 1024
+                node[kb] = max(1, math.ceil(size)) if kb in INTEGER_KB else round(size, 3)
+        else:
+            _walk_bdp(value, f"{path}.{key}", found, bdp_bytes, drop)
+
+
+def scaled(data: dict, n: float) -> dict:
+    """The file's data (in real units, :func:`real_units` applied) in emulated units: rates
+    divided by ``n``, times multiplied by it (a copy)."""
+    out = copy.deepcopy(data)
+    if n == 1:
+        return out
+    for section, keys in TIME_KEYS.items():
+        if section in out:
+            _scale(out[section], keys, n)
+    if "fabric" in out:
+        _scale(out["fabric"], RATE_KEYS, 1 / n)
+    replay = (out.get("workload") or {}).get("replay")
+    if isinstance(replay, dict):  # a trace's own start times are real too
+        replay["time_scale"] = replay.get("time_scale", 1) * n
+        if replay.get("size_scale") == "real":  # sizes are the real ones already
+            replay["size_scale"] = 1
+    return out
+
+
+def _scale(node: object, keys: tuple[str, ...], factor: float) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _scale(item, keys, factor)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in keys and isinstance(value, (int, float)) and not isinstance(value, bool):
+                node[key] = value * factor
+            else:
+                _scale(value, keys, factor)
+
+
+#: times this machine's services take only within bounds, checked as emulated (the file's value
+#: times N): field -> (least, most, unit, the value in the spec)
+EMULATED_BOUNDS = {
+    "controller.poll_interval_s": (0.1, 60.0, "s", lambda spec: spec.controller.poll_interval_s),
+    "fabric.pfc.poll_ms": (0.5, 100.0, "ms", lambda spec: spec.fabric.pfc.poll_ms),
+}
+
+
+def check_emulated(spec: TestbedSpec, data: dict, n: float) -> None:
+    """The times of :data:`EMULATED_BOUNDS` the file gives, as emulated, within their bounds.
+
+    Raises:
+        ConfigError: naming the field, its emulated value and what N made it.
+    """
+    for path, (least, most, unit, value) in EMULATED_BOUNDS.items():
+        section, *rest = path.split(".")
+        node = data.get(section) or {}
+        for key in rest[:-1]:
+            node = node.get(key) or {}
+        if rest[-1] not in node:
+            continue
+        got = value(spec)
+        if not least <= got <= most:
+            how = f" (the file's {got / n:g} x emulator.time_scale {n:g})" if n != 1 else ""
+            raise ConfigError(path, f"{got:g} {unit} as emulated{how}: must be {least:g} to "
+                                    f"{most:g} {unit}, what this machine's services keep up with")
+
+
+# -- choosing N ----------------------------------------------------------------------------
+
+#: The agents' CPU per DATA packet (all agents, sending and receiving, the kernel's forwarding
+#: in their system calls included), measured with bench/agents.py on a 2-core machine of the
+#: CI kind (docs/measurements/transports.md, 2026-12-02: 4 ranks, 20 Mbit/s)
+AGENT_CPU_S_PER_PACKET = {"uet": 265e-6, "rocev2": 313e-6}
+AGENT_HEADROOM = 0.5  # the agents may take half the machine; the switches and hosts the rest
+#: The agents' event loop sleeps in epoll, whose timeout counts whole milliseconds: a packet
+#: or an ACK is handled up to about a millisecond after its time. A packet's time on a host
+#: link must be several of those for the lateness to stay well under one packet time.
+LOOP_GRANULARITY_S = 1e-3
+PACKET_TIME_IN_WAKES = 4
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One constraint on N: the least N it allows, and why."""
+
+    name: str
+    least: float
+    why: str
+
+
+@dataclass(frozen=True)
+class TimeScale:
+    """The factor between the real fabric and the emulated one, and what it keeps.
+
+    Args:
+        n: the factor (emulated time = real time x n).
+        auto: chosen by :func:`choose` (else given in the file).
+        bounds: the constraints ``auto`` weighed (each one's least N).
+        real_rate_gbps: the real host link's rate.
+        real_base_rtt_s: the real fabric's unloaded round trip on its longest path.
+        mtu: the MTU (a packet's size is not scaled).
+    """
+
+    n: float
+    auto: bool
+    bounds: tuple[Bound, ...]
+    real_rate_gbps: float
+    real_base_rtt_s: float
+    mtu: int
+
+    @property
+    def bdp_bytes(self) -> float:
+        return self.real_rate_gbps * 1e9 / 8 * self.real_base_rtt_s
+
+    @property
+    def bdp_packets(self) -> float:
+        """Full frames per round trip: the same real and emulated."""
+        return self.bdp_bytes / frame_bytes(self.mtu)
+
+    @property
+    def emulated_rate_mbps(self) -> float:
+        return self.real_rate_gbps * 1e3 / self.n
+
+    @property
+    def packet_time_s(self) -> float:
+        """A full frame's time on a host link, emulated."""
+        return frame_bytes(self.mtu) * 8 / (self.emulated_rate_mbps * 1e6)
+
+    def binding(self) -> Bound | None:
+        """The constraint that set N (auto), the largest."""
+        return max(self.bounds, key=lambda b: b.least, default=None)
+
+    def describe(self) -> str:
+        """One line: N, why, the regime."""
+        why = "given" if not self.auto else (
+            f"auto: {self.binding().why}" if self.binding() else "auto")
+        return (f"time scale N = {self.n:,.0f} ({why}): {self.real_rate_gbps:g} Gbit/s hosts "
+                f"run at {self.emulated_rate_mbps:.4g} Mbit/s, the {self.real_base_rtt_s * 1e6:.3g}"
+                f" us base RTT takes {self.real_base_rtt_s * self.n * 1e3:.4g} ms; "
+                f"{self.bdp_packets:.1f} packets per BDP")
+
+    def to_json(self) -> dict:
+        """For ``results.json`` (``time_scale``) and ``fabriclab validate --json``."""
+        return {"n": self.n, "auto": self.auto,
+                "bounds": [{"name": b.name, "least": round(b.least, 1), "why": b.why}
+                           for b in self.bounds],
+                "real": {"host_rate_gbps": self.real_rate_gbps,
+                         "base_rtt_us": round(self.real_base_rtt_s * 1e6, 4),
+                         "bdp_bytes": round(self.bdp_bytes),
+                         "bdp_packets": round(self.bdp_packets, 2)},
+                "emulated": {"host_rate_mbps": round(self.emulated_rate_mbps, 6),
+                             "base_rtt_ms": round(self.real_base_rtt_s * self.n * 1e3, 4),
+                             "packet_time_ms": round(self.packet_time_s * 1e3, 4)}}
+
+
+NICE_STEPS = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)
+
+
+def nice(n: float) -> float:
+    """``n`` rounded up to one of :data:`NICE_STEPS` times a power of ten (a factor a reader
+    can use, at most a third more than ``n``)."""
+    if n <= 1:
+        return 1.0
+    power = 10 ** math.floor(math.log10(n))
+    for step in NICE_STEPS:
+        if n <= step * power * (1 + 1e-9):
+            return float(step * power)
+    return float(10 * power)
+
+
+def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
+           saturation_mbit_hops: float, cores: int, transports: set[str],
+           headroom: float, measured_cores: int) -> tuple[float, tuple[Bound, ...]]:
+    """The smallest N (rounded by :func:`nice`) at which this machine keeps up with
+    ``senders`` hosts sending at their real line rate at once.
+
+    Args:
+        senders: hosts that send at once (the workload's senders; all hosts at most).
+        real_rate_gbps: the real host link rate.
+        mean_hops: mean switch hops between hosts.
+        mtu: the MTU.
+        saturation_mbit_hops: the datapath's measured saturation point at this MTU.
+        cores: this machine's cores.
+        transports: the workload's transports (``tcp``, ``rocev2``, ``uet``).
+        headroom: the share of the datapath's saturation a run may use.
+        measured_cores: the cores of the machine the saturation point was measured on.
+    """
+    rate_mbps = real_rate_gbps * 1e3
+    budget = headroom * saturation_mbit_hops * max(1, cores) / measured_cores
+    offered = senders * rate_mbps * max(mean_hops, 1.0)
+    bounds = [Bound("datapath", offered / budget,
+                    f"{senders} senders x {real_rate_gbps:g} Gbit/s x {mean_hops:.2f} switch "
+                    f"hops against the datapath's {budget:,.0f} Mbit-hop/s with headroom")]
+    udp = sorted(t for t in transports if t in AGENT_CPU_S_PER_PACKET)
+    if udp:
+        cost = max(AGENT_CPU_S_PER_PACKET[t] for t in udp)
+        packets = senders * rate_mbps * 1e6 / 8 / frame_bytes(mtu)
+        bounds.append(Bound("agents' CPU", packets * cost / (AGENT_HEADROOM * max(1, cores)),
+                            f"{senders} senders' {packets:,.0f} packets/s at the real rate x "
+                            f"{cost * 1e6:.0f} us of the agents' CPU each ({'/'.join(udp)}) "
+                            f"against {AGENT_HEADROOM:.0%} of {cores} cores"))
+        real_packet_s = frame_bytes(mtu) * 8 / (rate_mbps * 1e6)
+        least_packet_s = PACKET_TIME_IN_WAKES * LOOP_GRANULARITY_S
+        bounds.append(Bound("agents' timing", least_packet_s / real_packet_s,
+                            f"a packet's {real_packet_s * 1e9:.0f} ns on a host link made at "
+                            f"least {least_packet_s * 1e3:g} ms ({PACKET_TIME_IN_WAKES} of the "
+                            "agents' event-loop wake-ups)"))
+    return nice(max(b.least for b in bounds)), tuple(bounds)
+
+
+def auto(real: TestbedSpec, workload: Workload | None,
+         cores: int) -> tuple[float, tuple[Bound, ...]]:
+    """``auto``'s N for a testbed (and its workload) parsed at its real rates, on a machine of
+    ``cores`` cores."""
+    jobs = workload.jobs if workload else ()
+    transports = {j.transport for j in jobs}
+    senders = 0
+    for batch in (workload.batches() if workload else []):
+        senders = max(senders, sum(max((len({t.src for t in c.schedule.transfers})
+                                        for c in job.collectives), default=0)
+                                   for job in batch))
+    if workload is not None and workload.program is not None:
+        senders, transports = len(real.topology.hosts), transports | {"tcp"}
+    datapath = "ovs" if (real.emulator.datapath == Datapath.OVS
+                         or real.emulator.backend == Backend.VM) else "ebpf"
+    return choose(
+        senders=min(max(senders, 1), len(real.topology.hosts)),
+        real_rate_gbps=real.fabric.host_link.rate_mbps / 1e3,
+        mean_hops=mean_switch_hops(real.topology), mtu=real.fabric.mtu,
+        saturation_mbit_hops=saturation_mbit_hops(real.fabric.mtu, saturation_table(datapath)),
+        cores=cores, transports=transports, headroom=HEADROOM,
+        measured_cores=MEASURED_CORES)
+
+
+def delay_line(spec: TestbedSpec, workload: Workload | None, emulator: dict) -> str:
+    """Where the links' delay is added (``emulator.delay_line``): ``agents`` or ``link``."""
+    asked = emulator.get("delay_line", "auto")
+    if not any(spec.fabric.link(t).delay_us for t in ("host", "fabric")):
+        return "link"
+    jobs = workload.jobs if workload else ()
+    tcp = [j for j in jobs if j.transport == "tcp"]
+    udp_only = bool(jobs) and not tcp and (workload is None or workload.program is None)
+    if asked == "agents" and not udp_only:
+        what = (f"job {tcp[0].index} runs tcp" if tcp else "the workload's program runs"
+                if workload is not None and workload.program is not None else "no job runs")
+        raise ConfigError("emulator.delay_line", f"agents: the agents' delay line carries the "
+                          f"UDP transports' packets (rocev2, uet) only, and {what}; kernel TCP's "
+                          "latency needs netem (the vm backend has it)")
+    return "agents" if asked == "agents" or (asked == "auto" and udp_only) else "link"
