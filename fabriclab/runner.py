@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fabriclab.model import prediction, results, rundir
+from fabriclab.model import prediction, results, rundir, timescale
 from fabriclab.model import jobs as jobs_out
 from fabriclab.model import document as d
 from fabriclab.model import traffic as traffic_out
@@ -172,6 +172,9 @@ class ExperimentRun:
         self.save()
         if exp.real_scale is not None:
             self.doc.real_scale = d.RealScale.from_json(exp.real_scale.factors(), "real_scale")
+        if exp.time_scale is not None:
+            self.doc.time_scale = d.TimeScaleSummary.from_json(exp.time_scale.to_json(),
+                                                               "time_scale")
         self.doc.prediction = d.Prediction.from_json(prediction.document(exp), "prediction")
         if exp.workload is not None and exp.workload.replay:
             self.doc.replay = exp.workload.replay  # what a trace's or log's replay scaled
@@ -366,6 +369,13 @@ class ExperimentRun:
             report.setdefault("reasons", []).append(
                 f"switch(es) {', '.join(lost)} lost their vswitchd during the run (an emulator "
                 "fault, not the fabric's)")
+        if self.exp.time_scale is not None:  # the real fabric's regime, as run
+            kept, reasons = timescale.judge(self.exp.time_scale,
+                                            [r.transport for r in self.doc.collectives])
+            report["time_scale"] = kept
+            if reasons:
+                report["verdict"] = "degraded"
+                report.setdefault("reasons", []).extend(reasons)
         return d.Fidelity.from_json(report, "fidelity")
 
     def finish(self, services: Services) -> None:

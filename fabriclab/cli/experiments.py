@@ -13,6 +13,7 @@ from rich.markup import escape
 from fabriclab.cli.output import EXIT_CONFIG, EXIT_OK, emit, error_console
 from fabriclab.cli.requests import SchemaRequest, ValidateRequest
 from fabriclab.model import experiment as xp
+from fabriclab.model import prediction
 from fabriclab.model.document import json_schema as results_schema
 from testbed.errors import ConfigError
 from testbed.model import servers
@@ -79,6 +80,17 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
             ui.print(f"  over {count} machines like this one:")
             for line in plan.describe():
                 ui.print(f"    {line}")
+    scale = None
+    if exp.time_scale is not None:
+        scale = {**exp.time_scale.to_json(), "expected_wall_s": _expected_wall_s(exp)}
+        ui.print(f"  {exp.time_scale.describe()}")
+        for bound in exp.time_scale.bounds:
+            ui.print(f"    N >= {bound.least:,.0f} for {bound.name}: {bound.why}")
+        walls = scale["expected_wall_s"]
+        ui.print(f"  expected workload wall time: {sum(walls.values()):,.0f} s"
+                 + (f" ({', '.join(f'{k} {v:,.0f} s' for k, v in walls.items())})"
+                    if len(walls) > 1 else "")
+                 + " (predicted transfers, one base RTT per step; bring-up aside)")
     ecn = ecn_text(exp)
     for tier, text in ecn.items():
         ui.print(f"  ECN at the switch ports of {tier} links: {text}")
@@ -102,7 +114,23 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
            "sweep": [c.name for c in exp.cells]}
     if plan is not None:
         doc["partition"] = _partition_doc(plan)
+    if scale is not None:
+        doc["time_scale"] = scale
     return doc, ok
+
+
+def _expected_wall_s(exp: xp.Experiment) -> dict[str, float]:
+    """A time-scaled experiment's workload in wall seconds, per variant (or the base): the
+    predicted transfers (a few hash draws) and one emulated base RTT per step, which the
+    prediction leaves out and a scaled fabric makes long."""
+    out = {}
+    for name, one in prediction.targets(exp):
+        colls = [c for job in (one.workload.jobs if one.workload else ())
+                 for c in job.collectives]
+        steps = sum(len({t.step for t in c.schedule.transfers}) for c in colls)
+        out[name or exp.name] = round(sum(p.seconds for p in prediction.predict(one, draws=8))
+                                      + steps * one.base_rtt_s, 1)
+    return out
 
 
 def _partition_doc(plan: Partition) -> dict:

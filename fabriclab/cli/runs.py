@@ -82,6 +82,8 @@ class TerminalView(RunView):
         ui = self.console
         for item in doc.iterations or ():
             ui.print(tables.iteration_text(item, doc.prediction))
+        if doc.real_scale and doc.time_scale:  # the real fabric's units first
+            ui.print(tables.real_scale(doc))
         if doc.collectives or not doc.program:
             ui.print(tables.collectives(doc))
         if doc.program:
@@ -91,7 +93,7 @@ class TerminalView(RunView):
         gpus_table = tables.servers_of_gpus(doc)
         if gpus_table is not None:
             ui.print(gpus_table)
-        if doc.real_scale:
+        if doc.real_scale and not doc.time_scale:
             ui.print(tables.real_scale(doc))
         fidelity = doc.fidelity
         if fidelity:
@@ -99,6 +101,16 @@ class TerminalView(RunView):
             ui.print(f"fidelity: {fidelity.verdict}"
                      + (f" (machine {idle:.0f} % idle)" if idle is not None else "")
                      + "".join(f"\n  {reason}" for reason in fidelity.reasons))
+            kept = fidelity.extra.get("time_scale") or {}
+            ppb, late = kept.get("packets_per_bdp"), kept.get("lateness")
+            if ppb:
+                ui.print(f"  regime: {ppb['measured']:g} packets per BDP on the least RTT "
+                         f"measured ({ppb['ratio']:g} of its path's), the real fabric's "
+                         f"{ppb['real']:g}")
+            if late:
+                ui.print(f"  agents' lateness: median <= {late['p50_us_at_most']:g} us, p99 <= "
+                         f"{late['p99_us_at_most']:g} us, a packet time {late['packet_time_us']:g}"
+                         " us")
         for event in doc.controller.events if doc.controller else ():
             ui.print(tables.controller_event(event), markup=False)
         if doc.timings_s:

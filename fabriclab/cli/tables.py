@@ -70,8 +70,13 @@ def variants(name: str, rows: list[VariantRow]) -> Table:
         op = next((r.jobs[j].name for r in rows if len(r.jobs) > j), "?")
         table.add_column(f"j{j} {op} busbw", justify="right")
         table.add_column(f"j{j} fct p50/p99", justify="right")
+    scaled = any(r.time_scale for r in rows)
+    if scaled:  # a time-scaled fabric: its real units first
+        table.caption += ("; time-scaled (emulator.time_scale): fct in the real fabric's us, "
+                          "busbw in its GB/s, queues also in BDPs")
     for r in rows:
-        kib = lambda v: "-" if v is None else f"{v / 1024:.0f}"  # noqa: E731
+        kib = lambda v: "-" if v is None else f"{v / 1024:.0f}" + (  # noqa: E731
+            f" ({v / r.bdp_bytes:.2f} BDP)" if scaled and r.bdp_bytes else "")
         count = lambda v: "-" if v is None else str(v)  # noqa: E731
         cells = [(r.variant or "-") + ("" if r.complete else " (failed)"),
                  r.fidelity or "-",
@@ -84,10 +89,12 @@ def variants(name: str, rows: list[VariantRow]) -> Table:
                  str(r.pfc_watchdog_events) if r.pfc_watchdog_events else "-",
                  str(r.pfc_deadlocks) if r.pfc_deadlocks else "-",
                  kib(r.queue_max_bytes), kib(r.queue_p99_bytes), _top_util(r)]
+        n = r.time_scale or 1
         for j in range(jobs):
             job = r.jobs[j] if len(r.jobs) > j else None
-            cells += ([gbps_text(job.busbw_GBps), f"{job.fct_p50_s:.2f}/{job.fct_p99_s:.2f}"]
-                      if job else ["-", "-"])
+            fct = (f"{job.fct_p50_s / n * 1e6:,.1f}/{job.fct_p99_s / n * 1e6:,.1f}" if scaled
+                   else f"{job.fct_p50_s:.2f}/{job.fct_p99_s:.2f}") if job else "-"
+            cells += ([gbps_text(job.busbw_GBps * n), fct] if job else ["-", "-"])
         table.add_row(*cells)
     return table
 
@@ -156,19 +163,24 @@ def _top_util(row: VariantRow) -> str:
 def real_scale(doc: RunDocument) -> Table:
     """The collectives in the real fabric's units (``scale``), one row per collective run."""
     f = doc.real_scale
-    table = Table(title=f"real-equivalent at {f.real_rate_gbps:g} Gbit/s, "
-                        f"{f.real_rtt_us:g} us RTT", box=None,
+    title = (f"{doc.experiment} in the real fabric's units (time scale N = "
+             f"{doc.time_scale.n:,.0f}: {f.real_rate_gbps:g} Gbit/s, {f.real_rtt_us:.3g} us "
+             "base RTT)" if doc.time_scale else
+             f"real-equivalent at {f.real_rate_gbps:g} Gbit/s, {f.real_rtt_us:g} us RTT")
+    table = Table(title=title, box=None,
                   caption=f"scales: {f.scales}\ndoes not scale: {f.does_not_scale}")
-    for col in ("job", "op", "bytes", "time_us", "algbw GB/s", "busbw GB/s", "fct p99 us"):
+    for col in ("job", "op", "bytes", "time_us", "algbw GB/s", "busbw GB/s", "fct p50 us",
+                "fct p99 us", "emulated s"):
         table.add_column(col, justify="left" if col == "op" else "right")
     for row in doc.collectives:
         real = row.real
         if not real:
             continue
-        p99 = real.flow_completion_s.p99
+        fct = real.flow_completion_s
         table.add_row(str(row.job), row.name, f"{real.bytes:,}", us_text(real.time_us),
                       gbps_text(real.algbw_GBps), gbps_text(real.busbw_GBps),
-                      "-" if p99 is None else f"{p99 * 1e6:,.1f}")
+                      *("-" if q is None else f"{q * 1e6:,.1f}" for q in (fct.p50, fct.p99)),
+                      f"{row.time_us / 1e6:.3f}")
     return table
 
 

@@ -299,6 +299,20 @@ class RealScale(Record):
 
 
 @dataclass
+class TimeScaleSummary(Record):
+    """The time scale a run was built with (``emulator.time_scale``): N, whether ``auto`` chose
+    it and the bounds it weighed, the real fabric's host rate, base RTT and BDP and the
+    emulated ones (:meth:`fabriclab.model.timescale.TimeScale.to_json`)."""
+
+    n: float
+    auto: bool = False
+    bounds: list[dict[str, Any]] = field(default_factory=list)
+    real: dict[str, Any] = field(default_factory=dict)
+    emulated: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RankRun(Record):
     """One rank of a program: its host, exit code (None: ended before it exited), when it
     ended and how (``exited``, ``timed out``, ``ended``: by another rank's failure or an
@@ -360,6 +374,7 @@ class RunDocument(Record):
     failures: list[FailureApplied] | None = optional()
     jobs: list[JobResult] | None = optional()
     real_scale: RealScale | None = optional()
+    time_scale: TimeScaleSummary | None = optional()
     replay: dict[str, Any] | None = optional()
     machine: str | None = optional()  # a sweep cell run on a cluster's machine: which
     program: ProgramRun | None = optional()

@@ -12,7 +12,7 @@ from typing import Any
 
 from fabriclab.model.document import (VERSION, CollectiveRow, FabricSummary, Iteration,
                                       RunDocument, Utilization, upgrade)
-from testbed.model.records import Record
+from testbed.model.records import Record, optional
 from traffic.measure.results import CollectiveResult
 
 __all__ = ["upgrade"]  # with the functions below: readers of older documents import it here
@@ -237,6 +237,8 @@ class VariantRow(Record):
     utilization: dict[str, Utilization] = field(default_factory=dict)
     transport: TransportSummary | None = None
     jobs: list[VariantJob] = field(default_factory=list)
+    time_scale: float | None = optional()  # emulator.time_scale's N: real time = time / N
+    bdp_bytes: float | None = optional()  # the fabric's bandwidth-delay product
     extra: dict[str, Any] = field(default_factory=dict)
 
     def top_utilization(self) -> Utilization | None:
@@ -265,7 +267,8 @@ def variant_row(doc: RunDocument | None, variant: str | None = None,
         **{k: congestion.counter(k) if congestion else None for k in _VARIANT_COUNTERS},
         pfc_deadlocks=len(congestion.pfc.deadlocks) if congestion and congestion.pfc else 0,
         utilization=dict(congestion.utilization) if congestion else {},
-        transport=transport_row(doc))
+        transport=transport_row(doc), time_scale=doc.time_scale.n if doc.time_scale else None,
+        bdp_bytes=doc.fabric.bdp_bytes)
     for s in job_summaries(doc.collectives):
         rows = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
         fct = {q: max((getattr(r.flow_completion_s, q) or 0.0 for r in rows), default=0.0)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError
 from testbed.model.congestion import frame_bytes
+from traffic.transports.delayline import quantile_us
 from testbed.model.spec import Backend, Datapath, TestbedSpec
 from testbed.plan.fidelity import (
     HEADROOM,
@@ -196,6 +197,50 @@ def check_emulated(spec: TestbedSpec, data: dict, n: float) -> None:
             how = f" (the file's {got / n:g} x emulator.time_scale {n:g})" if n != 1 else ""
             raise ConfigError(path, f"{got:g} {unit} as emulated{how}: must be {least:g} to "
                                     f"{most:g} {unit}, what this machine's services keep up with")
+
+
+# -- the run's own verdict ---------------------------------------------------------------------
+
+PPB_TOLERANCE = 0.10  # measured packets per BDP within this of the real fabric's
+LATE_MEDIAN_OF_PACKET = 0.25  # the agents' median lateness, in packet times, at most
+LATE_P99_OF_PACKET = 1.0  # ... and their 99th percentile
+
+
+def judge(scale: TimeScale, counters: list) -> tuple[dict, list[str]]:
+    """What a time-scaled run kept of the real fabric's regime, from its collectives'
+    transport counters (:class:`traffic.measure.rows.TransportCounters`; TCP's have neither
+    figure): the packets per BDP on the least round trip the senders measured, against the
+    real fabric's; the agents' lateness against a packet time. Returns the figures and the
+    reasons the verdict is degraded (none: kept)."""
+    out: dict = {"n": scale.n}
+    reasons = []
+    ratios = [c.rtt_min_ratio for c in counters if c is not None and c.rtt_min_ratio]
+    if ratios:
+        ratio = min(ratios)
+        measured = scale.bdp_packets * ratio
+        out["packets_per_bdp"] = {"real": round(scale.bdp_packets, 2),
+                                  "measured": round(measured, 2), "ratio": round(ratio, 4)}
+        if abs(ratio - 1) > PPB_TOLERANCE:
+            reasons.append(f"{measured:.1f} packets per BDP on the least round trip measured "
+                           f"(against its path's unloaded one), {ratio - 1:+.0%} off the real "
+                           f"fabric's {scale.bdp_packets:.1f} (beyond {PPB_TOLERANCE:.0%})")
+    hist: dict[str, int] = {}
+    for c in counters:
+        for side in ((c.lateness_us or {}).values() if c is not None else ()):
+            for bucket, count in side.items():
+                hist[bucket] = hist.get(bucket, 0) + count
+    total = sum(hist.values())
+    if total:
+        packet_us = scale.packet_time_s * 1e6
+        p50, p99 = quantile_us(hist, 0.5), quantile_us(hist, 0.99)
+        out["lateness"] = {"events": total, "p50_us_at_most": p50, "p99_us_at_most": p99,
+                           "packet_time_us": round(packet_us, 1)}
+        if p50 > LATE_MEDIAN_OF_PACKET * packet_us or p99 > LATE_P99_OF_PACKET * packet_us:
+            reasons.append(f"the agents were up to {p50:g} us late (median) and {p99:g} us "
+                           f"(p99) against their schedule, with a packet time of "
+                           f"{packet_us:,.0f} us: over {LATE_MEDIAN_OF_PACKET:g} and "
+                           f"{LATE_P99_OF_PACKET:g} of it")
+    return out, reasons
 
 
 # -- choosing N ----------------------------------------------------------------------------

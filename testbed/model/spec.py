@@ -395,28 +395,34 @@ class TestbedSpec:
         return base_rtt_s([l.rate_mbps for l in links],
                           [self.fabric.link(l.tier).delay_us for l in links], self.fabric.mtu)
 
-    def path_delays_s(self, hosts: list[str]) -> list[list[float]]:
-        """The one-way delay from each of ``hosts`` to each, in seconds: every link's delay
-        along a shortest path between them (what the agents' delay line holds a packet for)."""
+    def path_timing_s(self, hosts: list[str]) -> tuple[list[list[float]], list[list[float]]]:
+        """From each of ``hosts`` to each, over a shortest path between them: the one-way
+        delay (every link's delay: what the agents' delay line holds a packet for) and the
+        unloaded round trip (:func:`base_rtt_s` of the path: what a sender should measure)."""
         topo = self.topology
-        by_access: dict[tuple[str, str, bool], float] = {}
-        out = []
+        by_access: dict[tuple[str, str, bool], tuple[float, float]] = {}
+        delays, rtts = [], []
         for src in hosts:
-            row = []
+            drow, rrow = [], []
             for dst in hosts:
                 if src == dst:
-                    row.append(0.0)
+                    drow.append(0.0)
+                    rrow.append(0.0)
                     continue
                 server = topo.server_of(src)
                 key = (topo.attachment(src).node, topo.attachment(dst).node,
                        server is not None and server == topo.server_of(dst))
                 if key not in by_access:
                     path = topo.equal_cost_paths(src, dst)[0]
-                    by_access[key] = sum(self.fabric.link(topo.find_link(a, b).tier).delay_us
-                                         for a, b in zip(path, path[1:])) / 1e6
-                row.append(by_access[key])
-            out.append(row)
-        return out
+                    links = [topo.find_link(a, b) for a, b in zip(path, path[1:])]
+                    us = [self.fabric.link(link.tier).delay_us for link in links]
+                    by_access[key] = (sum(us) / 1e6, base_rtt_s([link.rate_mbps for link in links],
+                                                                us, self.fabric.mtu))
+                drow.append(by_access[key][0])
+                rrow.append(by_access[key][1])
+            delays.append(drow)
+            rtts.append(rrow)
+        return delays, rtts
 
     def port_trim(self, tier: str) -> TrimSpec | None:
         """The trimming at the switch ports of a link tier, checked against their queue."""

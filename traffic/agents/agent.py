@@ -44,6 +44,7 @@ from testbed.poll import wait_for
 from traffic.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connection,
                                        FlowTiming)
 from traffic.workloads.schedules import chunk_sizes
+from traffic.measure.results import LEAST_KEYS
 from traffic.agents import tcpinfo
 from traffic.agents.engine import UdpEngine
 from traffic.transports.packet import Scale
@@ -97,7 +98,8 @@ class Agent:
                                     scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn,
                                     options=spec.transport_options,
                                     ranks=spec.ranks,
-                                    delays_s=[row[rank] for row in delays] if delays else None)
+                                    delays_s=[row[rank] for row in delays] if delays else None,
+                                    rtts_s=spec.scale.get("rtts_s", [None] * (rank + 1))[rank])
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
@@ -331,13 +333,13 @@ class Agent:
 
 def _delta(before: dict, after: dict) -> dict:
     """The engine's counters over one collective (a histogram's buckets each; a least value,
-    ``*_min_us``, is the least so far)."""
+    ``*_min_us``, ``*_min_ratio``, is the least so far)."""
     out = {}
     for k, v in after.items():
         if isinstance(v, dict):
             out[k] = _delta(before.get(k) or {}, v)
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
-                not k.endswith("_min_us"):
+                not k.endswith(LEAST_KEYS):
             out[k] = v - before.get(k, 0)
         else:
             out[k] = v

@@ -86,12 +86,15 @@ class UdpEngine:
         options: the transport's further settings (:class:`TransportOptions` as a dict).
         delays_s: the one-way delay from each rank (the links' latency that the agents add:
             :mod:`traffic.transports.delayline`); None: none.
+        rtts_s: the unloaded round trip to each rank (the least measured is reported against
+            it); None: not known.
     """
 
     def __init__(self, transport: str, rank: int, ips: list[str], port: int, scale: Scale,
                  dscp: int = 0, spray: bool | None = None, entropies: int = 64,
                  dcqcn: str = "paper", ranks: tuple | None = None,
-                 options: dict | None = None, delays_s: list[float] | None = None) -> None:
+                 options: dict | None = None, delays_s: list[float] | None = None,
+                 rtts_s: list[float] | None = None) -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
         self.transport = transport
@@ -154,7 +157,9 @@ class UdpEngine:
         self.line = DelayLine()
         self.late = Lateness()
         self.ready_at: dict[tuple[int, int], float] = {}  # when a sender's state last changed
+        self.rtts_s = rtts_s
         self.rtt_min_s: float | None = None
+        self.rtt_min_ratio: float | None = None  # the least over peers of measured / unloaded
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
         self.listen = self._socket(bind, port, tos=dscp << 2)
@@ -218,6 +223,8 @@ class UdpEngine:
             out["rx_grants"] = self.credit.grants
         if self.rtt_min_s is not None:
             out["rtt_min_us"] = round(self.rtt_min_s * 1e6, 1)
+        if self.rtt_min_ratio is not None:
+            out["rtt_min_ratio"] = round(self.rtt_min_ratio, 4)
         return {**out, **queue_pair_totals(list(self.senders.values()),
                                            list(self.receivers.values()))}
 
@@ -463,12 +470,20 @@ class UdpEngine:
             key = (self._peer_of(addr), pkt.qp[1])
             sender = self.senders.get(key)
             if pkt.kind == Kind.ACK and pkt.sent_ns and not pkt.flags & Flag.RETX:
-                rtt = now - pkt.sent_ns / 1e9
-                if rtt > 0 and (self.rtt_min_s is None or rtt < self.rtt_min_s):
-                    self.rtt_min_s = rtt
+                self._rtt(now - pkt.sent_ns / 1e9, key[0])
             if sender is not None:
                 sender.on_packet(pkt, now)
                 self.touched_tx.add(key)
+
+    def _rtt(self, rtt: float, peer: int) -> None:
+        """A round trip measured to ``peer``: the least, and the least against its path's."""
+        if rtt <= 0:
+            return
+        if self.rtt_min_s is None or rtt < self.rtt_min_s:
+            self.rtt_min_s = rtt
+        unloaded = self.rtts_s[peer] if self.rtts_s and peer >= 0 else 0.0
+        if unloaded > 0 and (self.rtt_min_ratio is None or rtt / unloaded < self.rtt_min_ratio):
+            self.rtt_min_ratio = rtt / unloaded
 
     def _peer_of(self, addr) -> int:
         return self.ip_rank.get(addr[0], -1)

@@ -199,8 +199,9 @@ def run_job(fabric: TrafficFabric, collectives: list[Collective], connections: i
         scale = {"rate_bps": link.rate_mbps * 1e6, "base_rtt_s": fabric.spec.base_rtt_s,
                  "mss": mss_for(fabric.spec.fabric.mtu)}
         if fabric.spec.fabric.delay_line == "agents":  # the links' delay, held by the agents
-            scale["delays_s"] = [[round(d, 9) for d in row]
-                                 for row in fabric.spec.path_delays_s(list(hosts))]
+            delays, rtts = fabric.spec.path_timing_s(list(hosts))
+            scale["delays_s"] = [[round(d, 9) for d in row] for row in delays]
+            scale["rtts_s"] = [[round(d, 9) for d in row] for row in rtts]
     planes = {h: tuple(topo.nodes[n].ip for n in topo.nics(h)[1:]) for h in hosts}
     servers = {h: topo.server_of(h).index for h in hosts if topo.server_of(h)}
     spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,

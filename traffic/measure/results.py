@@ -97,15 +97,20 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
     return out
 
 
+#: counters that are a least value, not a count: the least of the ranks' (and, from one
+#: collective to the next, the least so far)
+LEAST_KEYS = ("_min_us", "_min_ratio")
+
+
 def _add(total: dict, row: dict) -> None:
     """``row``'s counters added to ``total``'s (histograms bucket by bucket; a least value,
-    ``*_min_us``, the least of both)."""
+    ``*_min_us``, ``*_min_ratio``, the least of both)."""
     for k, v in row.items():
         if isinstance(v, dict):
             _add(total.setdefault(k, {}), v)
         elif isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        elif k.endswith("_min_us"):
+        elif k.endswith(LEAST_KEYS):
             total[k] = min(total.get(k, v), v)
         else:
             total[k] = total.get(k, 0) + v

@@ -45,6 +45,9 @@ class TransportCounters(Record):
     dcqcn: str | None = optional()
     constants: str | None = optional()
     rtt_min_us: float | None = optional()  # the least round trip a sender saw (any rank)
+    # the least, over the senders' peers, of the round trip measured over its path's unloaded
+    # one (a time-scaled fabric's agents know the latter)
+    rtt_min_ratio: float | None = optional()
     # how late the agents sent paced packets (tx) and released delayed ones (rx) against their
     # schedule: counts per bucket (traffic.transports.delayline)
     lateness_us: dict[str, dict[str, int]] | None = optional()
