@@ -82,6 +82,8 @@ COMMANDS = {
                       json=False),
     "graph": Command("graph", "graph", "draw an experiment's topology without building it "
                                        "(dot, mermaid, png, svg)", json=False),
+    "export": Command("export", "export", "write an experiment as another tool reads it "
+                                          "(htsim: topology, connection matrix, command line)"),
     "completion": Command("completion", "completion", "print shell completion for bash or zsh",
                           json=False),
 }
@@ -237,6 +239,13 @@ def _other_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
     p["graph"].add_argument("-o", "--out", type=Path, metavar="PATH",
                             help="where to write it (default: text to stdout, a picture to "
                                  "NAME.FORMAT here, NAME the file's)")
+    p["export"].add_argument("file", type=Path, metavar="FILE", help="the experiment file (YAML)")
+    p["export"].add_argument("--format", choices=("htsim",), default="htsim",
+                             help="htsim: ultraethernet/uet-htsim's topology and connection "
+                                  "matrix files and command line, per variant (default)")
+    p["export"].add_argument("-o", "--out", type=Path, metavar="DIR",
+                             help="where to write them (default export-NAME, NAME the "
+                                  "experiment's)")
     p["completion"].add_argument("shell", choices=("bash", "zsh"),
                                  help="the shell: source the output, or put it in its "
                                       "completion folder")
@@ -341,6 +350,8 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
         return rq.CompletionRequest(args.shell)
     if name == "graph":
         return rq.GraphRequest(args.file, args.format, args.out)
+    if name == "export":
+        return rq.ExportRequest(args.file, args.format, args.out, args.json)
     raise AssertionError(f"no request for {name}")  # the parser knows only COMMANDS
 
 

@@ -47,6 +47,17 @@ class GraphRequest:
 
 
 @dataclass(frozen=True)
+class ExportRequest:
+    """``fabriclab export FILE``: the experiment (each variant) as ``format`` reads it, into
+    ``out`` (None: export-NAME)."""
+
+    file: Path
+    format: str = "htsim"
+    out: Path | None = None
+    json: bool = False
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """``fabriclab completion bash|zsh``."""
 

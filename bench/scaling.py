@@ -1,0 +1,128 @@
+"""Scale invariance as a benchmark: one time-scaled experiment file run at N and at 2N, its
+results compared in the real fabric's units.
+
+A time-scaled fabric (``emulator.time_scale``, docs/scaling.md) keeps the real fabric's regime
+at any N this machine keeps up with: the same file at N and 2N must give the same real-unit
+figures, within noise. For every variant and collective: flow completion p50 and p99 (us of
+the real fabric), throughput (the flows' aggregate share of ideal, else busbw in real GB/s),
+and over each variant's run the busiest switch port's queue p99 in bandwidth-delay products;
+each at both factors and their ratio.
+
+    python bench/scaling.py FILE [--n N] [--variants a,b] [--json OUT]
+
+``--n`` (default: the file's ``auto`` on this machine) is the lower factor; the file's own
+variants run, or those named. Needs root and what ``make setup`` installs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fabriclab.model import experiment as xp  # noqa: E402
+from fabriclab.model.document import RunDocument  # noqa: E402
+from fabriclab.rundirs import read_document  # noqa: E402
+
+FIGURES = ("fct_p50_us", "fct_p99_us", "throughput", "queue_p99_bdp")
+
+
+def figures(doc: RunDocument) -> dict[str, dict[str, float]]:
+    """Per collective label (first repetition's name), its real-unit figures; ``run`` holds
+    the variant's queue p99 in BDPs."""
+    out: dict[str, dict[str, float]] = {}
+    n = doc.time_scale.n
+    for row in doc.collectives:
+        fct = row.flow_completion_s
+        label = row.name if row.name not in out else f"{row.name}#{row.repetition}"
+        out[label] = {"fct_p50_us": (fct.p50 or 0) / n * 1e6,
+                      "fct_p99_us": (fct.p99 or 0) / n * 1e6,
+                      "throughput": (row.throughput_of_ideal if row.throughput_of_ideal
+                                     else row.busbw_GBps * n)}
+    ports = doc.congestion.ports if doc.congestion else {}
+    q99 = max((p.queue_p99_bytes or 0 for p in ports.values()), default=0)
+    out["run"] = {"queue_p99_bdp": q99 / doc.fabric.bdp_bytes if doc.fabric.bdp_bytes else 0}
+    return out
+
+
+def run_at(path: Path, data: dict, n: float, out: Path) -> dict[str, dict]:
+    """The file at factor ``n``: per variant (or the base, ``-``), its figures."""
+    data = json.loads(json.dumps(data))
+    data.setdefault("emulator", {})["time_scale"] = n
+    scaled = out.with_suffix(".yaml")
+    scaled.write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "run", str(scaled), "--out",
+                           str(out), "--force"], cwd=ROOT, capture_output=True, text=True,
+                          check=False)
+    print(proc.stdout[-4000:], proc.stderr[-2000:], file=sys.stderr)
+    results = {}
+    names = [v["name"] for v in data.get("variants", [])] or [None]
+    for name in names:
+        doc = read_document(out / name if name else out)
+        if doc is None or not doc.complete:
+            results[name or "-"] = {"error": doc.error if doc else "no results.json"}
+            continue
+        results[name or "-"] = {"fidelity": doc.fidelity_verdict, **figures(doc)}
+    return results
+
+
+def compare(low: dict, high: dict) -> list[dict]:
+    """One line per variant, collective and figure: its value at N, at 2N, their ratio."""
+    lines = []
+    for variant, colls in low.items():
+        other = high.get(variant, {})
+        for label, figs in colls.items():
+            if not isinstance(figs, dict):
+                continue
+            for name in FIGURES:
+                if name in figs and name in other.get(label, {}):
+                    a, b = figs[name], other[label][name]
+                    lines.append({"variant": variant, "collective": label, "figure": name,
+                                  "at_n": round(a, 4), "at_2n": round(b, 4),
+                                  "ratio": round(b / a, 4) if a else None})
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--n", type=float, help="the lower factor (default: the file's auto)")
+    parser.add_argument("--variants", help="comma-separated variants to run (default: all)")
+    parser.add_argument("--json", type=Path, help="write the comparison here")
+    args = parser.parse_args()
+    data = yaml.safe_load(args.file.read_text())
+    if args.variants:
+        keep = set(args.variants.split(","))
+        data["variants"] = [v for v in data.get("variants", []) if v["name"] in keep]
+    n = args.n or xp.load(args.file).time_scale.n
+    with tempfile.TemporaryDirectory(prefix="fabriclab-scaling-") as tmp:
+        low = run_at(args.file, data, n, Path(tmp) / "n")
+        high = run_at(args.file, data, 2 * n, Path(tmp) / "2n")
+    lines = compare(low, high)
+    print(f"{'variant':14} {'collective':14} {'figure':14} {'at N=' + format(n, ',.0f'):>14} "
+          f"{'at 2N':>14} {'2N/N':>7}")
+    for line in lines:
+        ratio = "-" if line["ratio"] is None else f"{line['ratio']:.3f}"
+        print(f"{line['variant']:14} {line['collective']:14} {line['figure']:14} "
+              f"{line['at_n']:14,.3f} {line['at_2n']:14,.3f} {ratio:>7}")
+    for variant in low:
+        print(f"{variant}: fidelity {low[variant].get('fidelity')} at N, "
+              f"{high.get(variant, {}).get('fidelity')} at 2N"
+              + (f"; errors: {low[variant].get('error')} / {high.get(variant, {}).get('error')}"
+                 if "error" in low[variant] or "error" in high.get(variant, {}) else ""))
+    if args.json:
+        args.json.write_text(json.dumps({"file": str(args.file), "n": n, "low": low,
+                                         "high": high, "compare": lines}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""``fabriclab export FILE``: an experiment as another tool reads it, nothing built. htsim
+(ultraethernet/uet-htsim): per variant (or the experiment, without any) its topology and
+connection matrix files and the command line that runs them (NAME.cmd), in real units when the
+file is time-scaled."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from fabriclab.cli.output import EXIT_OK, emit
+from fabriclab.cli.requests import ExportRequest
+from fabriclab.model import experiment as xp
+from fabriclab.model import htsim, prediction
+
+#: the simulated time htsim runs for: this many times the predicted workload (flows that have
+#: not finished by then are reported unfinished by htsim)
+END_MARGIN = 20.0
+
+
+def export(req: ExportRequest, ui: Console) -> int:
+    exp = xp.load(req.file)
+    out = req.out or Path(f"export-{exp.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    docs = []
+    for name, one in prediction.targets(exp):
+        n = one.time_scale.n if one.time_scale else 1.0
+        colls = [c for job in (one.workload.jobs if one.workload else ()) for c in job.collectives]
+        steps = sum(len({t.step for t in c.schedule.transfers}) for c in colls)
+        predicted_s = sum(p.seconds for p in prediction.predict(one, draws=8)) + \
+            steps * one.base_rtt_s
+        made = htsim.export(one, max(100.0, END_MARGIN * predicted_s / n * 1e6))
+        for file, text in made.files.items():
+            (out / file).write_text(text)
+        line = shlex.join(made.command)
+        (out / f"{made.name}.cmd").write_text(line + "\n")
+        ui.print(f"{escape(made.name)}: {escape(str(out))}/{{{', '.join(made.files)}}}")
+        ui.print(f"  cd {escape(str(out))} && {escape(line)}")
+        for note in made.notes:
+            ui.print(f"  note: {escape(note)}")
+        docs.append({"name": made.name, "files": sorted(made.files), "command": made.command,
+                     "notes": made.notes})
+    if req.json:
+        emit({"format": req.format, "out": str(out), "exports": docs})
+    return EXIT_OK
