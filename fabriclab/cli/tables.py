@@ -62,21 +62,23 @@ def variants(name: str, rows: list[VariantRow]) -> Table:
                           "deadlocks: cycles of pauses (or of credit stalls) seen; queue: sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
                           "GB/s; fct: flow completion, s")
+    scaled = any(r.time_scale for r in rows)  # time-scaled: the real fabric's units
+    queue = "BDP" if scaled else "KiB"
     for col in ("variant", "fidelity", "pkts/BDP", "drops", "ce marks", "pauses", "paused s",
-                "watchdog", "deadlocks", "queue max", "queue p99", "top util"):
+                "watchdog", "deadlocks", f"queue max {queue}", f"queue p99 {queue}",
+                "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r.jobs) for r in rows), default=0)
     for j in range(jobs):
         op = next((r.jobs[j].name for r in rows if len(r.jobs) > j), "?")
         table.add_column(f"j{j} {op} busbw", justify="right")
-        table.add_column(f"j{j} fct p50/p99", justify="right")
-    scaled = any(r.time_scale for r in rows)
-    if scaled:  # a time-scaled fabric: its real units first
-        table.caption += ("; time-scaled (emulator.time_scale): fct in the real fabric's us, "
-                          "busbw in its GB/s, queues also in BDPs")
+        table.add_column(f"j{j} fct p50/p99" + (" us" if scaled else ""), justify="right")
+    if scaled:
+        table.caption += ("; time-scaled (emulator.time_scale): busbw in the real fabric's "
+                          "GB/s, fct in its us, queues in its bandwidth-delay products")
     for r in rows:
-        kib = lambda v: "-" if v is None else f"{v / 1024:.0f}" + (  # noqa: E731
-            f" ({v / r.bdp_bytes:.2f} BDP)" if scaled and r.bdp_bytes else "")
+        kib = lambda v: "-" if v is None else (  # noqa: E731
+            f"{v / r.bdp_bytes:.2f}" if scaled and r.bdp_bytes else f"{v / 1024:.0f}")
         count = lambda v: "-" if v is None else str(v)  # noqa: E731
         cells = [(r.variant or "-") + ("" if r.complete else " (failed)"),
                  r.fidelity or "-",

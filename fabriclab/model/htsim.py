@@ -27,6 +27,7 @@ flows at once; Swift; rocev2 without PFC, which htsim's RoCE does not model).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from testbed.errors import ConfigError
@@ -62,7 +63,6 @@ def node_ids(exp) -> dict[str, int]:
 
 def _natural(name: str) -> tuple:
     """``leaf10`` after ``leaf9``: digits as numbers."""
-    import re
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
@@ -205,9 +205,10 @@ def _collective(coll, connections: int, ids: dict[str, int], start_trigger: int 
     return made
 
 
-def command(exp, names: dict[str, str], real_mbps: float, end_us: float) -> tuple[list[str],
-                                                                                 list[str]]:
-    """The htsim command line for the experiment's transport; with notes."""
+def command(exp, names: dict[str, str], real_mbps: float, end_us: float,
+            hop_us: float) -> tuple[list[str], list[str]]:
+    """The htsim command line for the experiment's transport (``hop_us``: a link's latency,
+    for the programs that build their own topology); with notes."""
     fab, notes = exp.fabric, []
     jobs = exp.workload.jobs
     kinds = {(j.transport, j.transport_options.congestion_control if j.transport == "rocev2"
@@ -225,10 +226,9 @@ def command(exp, names: dict[str, str], real_mbps: float, end_us: float) -> tupl
     args = [binary, "-topo", names["topo"], "-tm", names["cm"], "-linkspeed",
             f"{real_mbps:g}", "-mtu", str(packet), "-q", str(queue_pkts), "-end",
             str(math.ceil(end_us)), "-seed", "1"]
-    if binary != "htsim_hpcc":
-        pass
-    else:  # htsim_hpcc builds its own fat tree: no -topo
+    if binary == "htsim_hpcc":  # it builds its own fat tree: no -topo
         args[1:3] = ["-nodes", str(len(exp.topology.hosts))]
+        args += ["-hop_latency", f"{hop_us:g}"]
         notes.append("htsim_hpcc builds its own FatTree from -nodes and -hop_latency")
     ecn = [e for e in fab.host_link.ecn if e.mode != EcnMode.OFF]
     thresholds = exp.port_ecn("host")[0]
@@ -286,5 +286,5 @@ def export(exp, end_us: float) -> HtsimExport:
     names = {"topo": f"{name}.topo", "cm": f"{name}.cm"}
     topo = topology(exp, real, latency)
     cm, notes = connection_matrix(exp)
-    args, more = command(exp, names, real[0], end_us)
+    args, more = command(exp, names, real[0], end_us, latency[0] / 1e3)
     return HtsimExport(name, {names["topo"]: topo, names["cm"]: cm}, args, notes + more)
