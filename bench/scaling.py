@@ -8,10 +8,11 @@ the real fabric), throughput (the flows' aggregate share of ideal, else busbw in
 and over each variant's run the busiest switch port's queue p99 in bandwidth-delay products;
 each at both factors and their ratio.
 
-    python bench/scaling.py FILE [--n N] [--variants a,b] [--json OUT]
+    python bench/scaling.py FILE [--n N] [--variants a,b] [--out DIR] [--json OUT]
 
 ``--n`` (default: the file's ``auto`` on this machine) is the lower factor; the file's own
-variants run, or those named. Needs root and what ``make setup`` installs.
+variants run, or those named; the runs stay in DIR/n and DIR/2n (default
+runs/scaling-NAME). Needs root and what ``make setup`` installs.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -66,7 +66,7 @@ def run_at(path: Path, data: dict, n: float, out: Path) -> dict[str, dict]:
     results = {}
     names = [v["name"] for v in data.get("variants", [])] or [None]
     for name in names:
-        doc = read_document(out / name if name else out)
+        doc = read_document((out / name if name else out) / "results.json")
         if doc is None or not doc.complete:
             results[name or "-"] = {"error": doc.error if doc else "no results.json"}
             continue
@@ -96,6 +96,7 @@ def main() -> int:
     parser.add_argument("file", type=Path)
     parser.add_argument("--n", type=float, help="the lower factor (default: the file's auto)")
     parser.add_argument("--variants", help="comma-separated variants to run (default: all)")
+    parser.add_argument("--out", type=Path, help="where the runs go (default runs/scaling-NAME)")
     parser.add_argument("--json", type=Path, help="write the comparison here")
     args = parser.parse_args()
     data = yaml.safe_load(args.file.read_text())
@@ -103,9 +104,10 @@ def main() -> int:
         keep = set(args.variants.split(","))
         data["variants"] = [v for v in data.get("variants", []) if v["name"] in keep]
     n = args.n or xp.load(args.file).time_scale.n
-    with tempfile.TemporaryDirectory(prefix="fabriclab-scaling-") as tmp:
-        low = run_at(args.file, data, n, Path(tmp) / "n")
-        high = run_at(args.file, data, 2 * n, Path(tmp) / "2n")
+    out = args.out or ROOT / "runs" / f"scaling-{data.get('name', args.file.stem)}"
+    out.mkdir(parents=True, exist_ok=True)
+    low = run_at(args.file, data, n, out / "n")
+    high = run_at(args.file, data, 2 * n, out / "2n")
     lines = compare(low, high)
     print(f"{'variant':14} {'collective':14} {'figure':14} {'at N=' + format(n, ',.0f'):>14} "
           f"{'at 2N':>14} {'2N/N':>7}")

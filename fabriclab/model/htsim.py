@@ -73,9 +73,12 @@ def _gbps(mbps: float, path: str) -> int:
     return int(round(gbps))
 
 
-def topology(exp, real_mbps: tuple[float, float], latency_ns: tuple[float, float]) -> str:
+def topology(exp, real_mbps: tuple[float, float], latency_ns: tuple[float, float],
+             queue_bytes: int | None = None) -> str:
     """htsim's FatTree configuration of ``exp``'s fabric at the real rates (host, fabric links)
-    and per-link latencies.
+    and per-link latencies; ``queue_bytes``: the uplinks' queues written in it (htsim_roce
+    takes the downlinks' from ``-q`` and the uplinks' from here; htsim_uec takes both from
+    ``-q`` and refuses them twice).
 
     Raises:
         ConfigError: a shape or rate htsim's FatTree cannot hold, naming the field.
@@ -110,12 +113,15 @@ def topology(exp, real_mbps: tuple[float, float], latency_ns: tuple[float, float
             lines.append(f"Radix_Up {radix_up}")
         if i == 0 and round(oversub) > 1:
             lines.append(f"Oversubscribed {round(oversub)}")
+        if queue_bytes and radix_up:
+            lines.append(f"Queue_Up {queue_bytes}")
         lines += [f"Downlink_Latency_ns {max(1, round(ns))}", "Switch_Latency_ns 0", ""]
     return "\n".join(lines)
 
 
-def connection_matrix(exp) -> tuple[str, list[str]]:
-    """The workload's flows and triggers; with the notes on what did not carry over."""
+def connection_matrix(exp, nodes: int | None = None) -> tuple[str, list[str]]:
+    """The workload's flows and triggers (``nodes``: the simulated fabric's hosts, when it has
+    more than ``exp``); with the notes on what did not carry over."""
     ids = node_ids(exp)
     flows: list[list[str]] = []  # each flow's tokens after "src->dst"
     triggers: list[str] = []
@@ -165,7 +171,7 @@ def connection_matrix(exp) -> tuple[str, list[str]]:
             out.append(tok[j])
             j += 1
         body.append(" ".join(out))
-    head = [f"Nodes {len(ids)}", f"Connections {len(body)}"]
+    head = [f"Nodes {nodes or len(ids)}", f"Connections {len(body)}"]
     if keep:
         head.append(f"Triggers {len(keep)}")
     trig = [" ".join(t.split()[:2] + [str(renumber[int(t.split()[2])])] + t.split()[3:])
@@ -223,13 +229,14 @@ def command(exp, names: dict[str, str], real_mbps: float, end_us: float,
     binary = BINARIES["hpcc" if cc == "hpcc" else transport]
     packet = fab.mtu
     queue_pkts = max(1, math.floor((fab.queue_kb or 0) * 1024 / packet))
-    args = [binary, "-topo", names["topo"], "-tm", names["cm"], "-linkspeed",
+    args = [binary, "-topo", names["topo"], "-tm", names["cm"], "-nodes",
+            str(hpcc_nodes(exp) if binary == "htsim_hpcc" else len(exp.topology.hosts)),
+            "-linkspeed",
             f"{real_mbps:g}", "-mtu", str(packet), "-q", str(queue_pkts), "-end",
             str(math.ceil(end_us)), "-seed", "1"]
-    if binary == "htsim_hpcc":  # it builds its own fat tree: no -topo
-        args[1:3] = ["-nodes", str(len(exp.topology.hosts))]
+    if binary == "htsim_hpcc":  # it builds its own three-tier fat tree: no -topo
+        del args[1:3]
         args += ["-hop_latency", f"{hop_us:g}"]
-        notes.append("htsim_hpcc builds its own FatTree from -nodes and -hop_latency")
     ecn = [e for e in fab.host_link.ecn if e.mode != EcnMode.OFF]
     thresholds = exp.port_ecn("host")[0]
     if transport == "uet":
@@ -244,20 +251,33 @@ def command(exp, names: dict[str, str], real_mbps: float, end_us: float,
         if ecn:
             low, high = _ecn_packets(thresholds, packet)
             args += ["-ecn", str(low), str(high)]
-    elif binary == "htsim_roce":
+    else:  # a path per flow by the switches' ECMP hash, as rocev2 keeps one per queue pair
+        args += ["-strat", "ecmp_host", "-paths", "1"]
+    if binary == "htsim_roce":
         if cc == "dcqcn":
             low, _high = _ecn_packets(thresholds, packet) if ecn else (queue_pkts // 4, 0)
             args += ["-dcqcn", str(max(1, low))]
         notes.append("htsim's RoCE is lossless (PFC at its input queues); fabriclab's rocev2 "
                      "runs " + ("lossless (fabric.pfc)" if fab.pfc.priorities else
                                 "lossy, recovering losses by go-back-N"))
-    else:
-        notes.append("htsim's HPCC runs over lossless queues (PFC)")
+    elif binary == "htsim_hpcc":
+        notes.append(f"htsim's HPCC runs over lossless queues (PFC), on a three-tier fat tree "
+                     f"of {hpcc_nodes(exp)} hosts it builds itself (-nodes, -hop_latency), the "
+                     "experiment's hosts its first: paths and round trips differ")
     if transport == "rocev2" and cc == "swift":
         raise ConfigError("workload.transport.congestion_control",
                           "swift: htsim has Swift only in its own program (htsim_swift), "
                           "with other options: not exported")
     return args, notes
+
+
+def hpcc_nodes(exp) -> int:
+    """htsim_hpcc's fat tree (three tiers, k^3/4 hosts): the least that holds ``exp``'s hosts
+    (they take its first nodes, ToR by ToR)."""
+    k = 4
+    while k ** 3 // 4 < len(exp.topology.hosts):
+        k += 2
+    return k ** 3 // 4
 
 
 def _ecn_packets(thresholds, packet: int) -> tuple[int, int]:
@@ -284,7 +304,8 @@ def export(exp, end_us: float) -> HtsimExport:
     latency = (fab.host_link.delay_us / n * 1e3, fab.fabric_link.delay_us / n * 1e3)
     name = exp.variant or exp.name
     names = {"topo": f"{name}.topo", "cm": f"{name}.cm"}
-    topo = topology(exp, real, latency)
-    cm, notes = connection_matrix(exp)
     args, more = command(exp, names, real[0], end_us, latency[0] / 1e3)
+    topo = topology(exp, real, latency, round((fab.queue_kb or 0) * 1024)
+                    if args[0] == "htsim_roce" else None)
+    cm, notes = connection_matrix(exp, hpcc_nodes(exp) if args[0] == "htsim_hpcc" else None)
     return HtsimExport(name, {names["topo"]: topo, names["cm"]: cm}, args, notes + more)

@@ -176,13 +176,16 @@ def test_files_in_emulated_units_read_as_before():
         assert exp.fabric.host_link.rate_mbps == raw["fabric"]["host_link"]["rate_mbps"]
 
 
-def test_path_delays_sum_the_links_on_the_way():
+def test_path_delays_and_round_trips_sum_the_links_on_the_way():
     exp = xp.parse(real_incast(time_scale=1000))
     hosts = ["h1_1", "h1_2", "h2_1"]
-    delays = exp.path_delays_s(hosts)
+    delays, rtts = exp.path_timing_s(hosts)
     link = 0.65e-6 * 1000
     assert delays[0] == pytest.approx([0, 2 * link, 4 * link])
     assert delays[2][0] == pytest.approx(4 * link)
+    # the longest path's round trip is the fabric's base RTT; a shorter one's less
+    assert rtts[0][2] == pytest.approx(exp.base_rtt_s)
+    assert 4 * link < rtts[0][1] < rtts[0][2]
 
 
 def test_delay_line_releases_in_order_and_lateness_buckets():
@@ -213,3 +216,47 @@ def test_transport_totals_add_histograms_and_keep_the_least_rtt():
     out = transport_totals([a, b])
     assert out["tx_packets"] == 7 and out["rtt_min_us"] == 700.0
     assert out["lateness_us"] == {"tx": {"le_250": 3, "le_500": 5}, "rx": {"le_250": 1}}
+
+
+def test_the_verdict_judges_packets_per_bdp_and_the_agents_lateness():
+    from traffic.measure.rows import TransportCounters
+
+    scale = xp.parse(real_incast(time_scale=60_000)).time_scale
+    packet_us = scale.packet_time_s * 1e6
+    assert 4000 < packet_us < 6000  # 4 KiB at 6.7 Mbit/s
+    on_time = {"tx": {"le_1000": 90, "le_2000": 9}, "rx": {"le_250": 100, "le_4000": 1}}
+    good = TransportCounters("uet", rtt_min_ratio=0.95, lateness_us=on_time)
+    kept, reasons = ts.judge(scale, [good, None, TransportCounters("tcp")])
+    assert reasons == [] and kept["packets_per_bdp"]["ratio"] == 0.95
+    assert kept["packets_per_bdp"]["measured"] == pytest.approx(0.95 * scale.bdp_packets,
+                                                                abs=0.01)
+    assert kept["lateness"] == {"events": 200, "p50_us_at_most": 250, "p99_us_at_most": 2000,
+                                "packet_time_us": round(packet_us, 1)}
+    # a round trip the emulation stretched by a fifth: fewer packets per BDP than the real
+    slow = TransportCounters("uet", rtt_min_ratio=1.2, lateness_us=on_time)
+    _, reasons = ts.judge(scale, [slow])
+    assert len(reasons) == 1 and "+20% off the real fabric's" in reasons[0]
+    late = TransportCounters("uet", rtt_min_ratio=1.0,
+                             lateness_us={"tx": {"le_2000": 60, "le_8000": 40}, "rx": {}})
+    _, reasons = ts.judge(scale, [late])
+    assert len(reasons) == 1 and "late" in reasons[0]
+    assert ts.judge(scale, [TransportCounters("tcp")]) == ({"n": 60_000}, [])
+
+
+def test_validate_shows_n_the_regime_and_the_wall_time():
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fabriclab.cli", "validate", "--json",
+                           str(ROOT / "experiments" / "scale-check.yaml")],
+                          capture_output=True, text=True, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = json.loads(proc.stdout)
+    scale = doc["time_scale"]
+    assert scale["auto"] and scale["n"] >= 1 and scale["real"]["bdp_packets"] >= 64
+    assert scale["real"]["host_rate_gbps"] == 400
+    walls = scale["expected_wall_s"]
+    assert set(walls) == {"uet-incast", "uet-permutation", "dcqcn-incast", "hpcc-incast"}
+    assert all(w > 0 for w in walls.values())
+    assert "time scale N =" in proc.stderr and "packets per BDP" in proc.stderr
