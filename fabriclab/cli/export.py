@@ -18,7 +18,7 @@ from fabriclab.model import htsim, prediction
 
 #: the simulated time htsim runs for: this many times the predicted workload (flows that have
 #: not finished by then are reported unfinished by htsim)
-END_MARGIN = 20.0
+END_MARGIN = 5.0
 
 
 def export(req: ExportRequest, ui: Console) -> int:

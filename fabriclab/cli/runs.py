@@ -104,9 +104,9 @@ class TerminalView(RunView):
             kept = fidelity.extra.get("time_scale") or {}
             ppb, late = kept.get("packets_per_bdp"), kept.get("lateness")
             if ppb:
-                ui.print(f"  regime: {ppb['measured']:g} packets per BDP on the least RTT "
-                         f"measured ({ppb['ratio']:g} of its path's), the real fabric's "
-                         f"{ppb['real']:g}")
+                ui.print(f"  regime: {ppb['measured']:g} packets per BDP (the emulation added "
+                         f"up to {ppb['added_ms']:g} ms to a {ppb['base_rtt_ms']:g} ms round "
+                         f"trip), the real fabric's {ppb['real']:g}")
             if late:
                 ui.print(f"  agents' lateness: median <= {late['p50_us_at_most']:g} us, p99 <= "
                          f"{late['p99_us_at_most']:g} us, a packet time {late['packet_time_us']:g}"

@@ -322,7 +322,6 @@ def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
     for tier in ("host", "fabric"):
         spec.port_ecn(tier)  # thresholds in order, priorities in range
         spec.port_trim(tier)  # sizes, DSCP and threshold within the queue
-    _ = spec.pfc  # thresholds in order, headroom enough
     workload = None
     if data.get("workload"):  # checked against the model: all before anything is built
         base = str(Path(source).parent) if source != MEMORY else "."
@@ -339,6 +338,7 @@ def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
         spec = dataclasses.replace(spec, fabric=dataclasses.replace(
             spec.fabric, int_telemetry=spec.fabric.int_telemetry or hpcc, delay_line=line))
         spec.__dict__.update(cached)  # the same shape: not built again
+    _ = spec.pfc  # thresholds in order, headroom enough (the delay line known)
     failures = plan_failures(spec.topology, data.get("failures", []))
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "

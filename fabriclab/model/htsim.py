@@ -18,7 +18,9 @@ scenario runs in the reference simulator and on fabriclab's fabric (``fabriclab 
   fabriclab's agents run it. Start times are picoseconds.
 * **Command line**: the binary for the transport (``htsim_uec`` for uet, ``htsim_roce`` for
   rocev2 with DCQCN, ``htsim_hpcc`` for HPCC), the host link speed, MTU, queue size and ECN
-  thresholds in packets, trimming, load balancing and the congestion control.
+  thresholds in packets, trimming, load balancing and the congestion control. Only
+  ``htsim_uec`` reads the topology file; the others build their own fat tree of the same
+  tiers, hosts and per-link latency from their arguments.
 
 What htsim cannot take is listed in :attr:`HtsimExport.notes` (compute gaps: its triggers start
 flows at once; Swift; rocev2 without PFC, which htsim's RoCE does not model).
@@ -73,12 +75,9 @@ def _gbps(mbps: float, path: str) -> int:
     return int(round(gbps))
 
 
-def topology(exp, real_mbps: tuple[float, float], latency_ns: tuple[float, float],
-             queue_bytes: int | None = None) -> str:
+def topology(exp, real_mbps: tuple[float, float], latency_ns: tuple[float, float]) -> str:
     """htsim's FatTree configuration of ``exp``'s fabric at the real rates (host, fabric links)
-    and per-link latencies; ``queue_bytes``: the uplinks' queues written in it (htsim_roce
-    takes the downlinks' from ``-q`` and the uplinks' from here; htsim_uec takes both from
-    ``-q`` and refuses them twice).
+    and per-link latencies (queues come from ``-q``).
 
     Raises:
         ConfigError: a shape or rate htsim's FatTree cannot hold, naming the field.
@@ -113,8 +112,6 @@ def topology(exp, real_mbps: tuple[float, float], latency_ns: tuple[float, float
             lines.append(f"Radix_Up {radix_up}")
         if i == 0 and round(oversub) > 1:
             lines.append(f"Oversubscribed {round(oversub)}")
-        if queue_bytes and radix_up:
-            lines.append(f"Queue_Up {queue_bytes}")
         lines += [f"Downlink_Latency_ns {max(1, round(ns))}", "Switch_Latency_ns 0", ""]
     return "\n".join(lines)
 
@@ -237,6 +234,12 @@ def command(exp, names: dict[str, str], real_mbps: float, end_us: float,
     if binary == "htsim_hpcc":  # it builds its own three-tier fat tree: no -topo
         del args[1:3]
         args += ["-hop_latency", f"{hop_us:g}"]
+    elif binary == "htsim_roce":  # its -topo loses the queues (uet-htsim 40ccb05): its own
+        args[1:3] = ["-tiers", "2" if fab.topology == "leaf_spine" else "3"]
+        args += ["-hop_latency", f"{hop_us:g}"]
+        notes.append("htsim_roce builds its own FatTree (-tiers, -nodes, -hop_latency: every "
+                     "link at -linkspeed); it prints a line per packet event: keep the lines "
+                     "with 'finished'")
     ecn = [e for e in fab.host_link.ecn if e.mode != EcnMode.OFF]
     thresholds = exp.port_ecn("host")[0]
     if transport == "uet":
@@ -305,7 +308,10 @@ def export(exp, end_us: float) -> HtsimExport:
     name = exp.variant or exp.name
     names = {"topo": f"{name}.topo", "cm": f"{name}.cm"}
     args, more = command(exp, names, real[0], end_us, latency[0] / 1e3)
-    topo = topology(exp, real, latency, round((fab.queue_kb or 0) * 1024)
-                    if args[0] == "htsim_roce" else None)
     cm, notes = connection_matrix(exp, hpcc_nodes(exp) if args[0] == "htsim_hpcc" else None)
-    return HtsimExport(name, {names["topo"]: topo, names["cm"]: cm}, args, notes + more)
+    files = {names["cm"]: cm}
+    if "-topo" in args:
+        files[names["topo"]] = topology(exp, real, latency)
+    else:  # the shape is still checked: the same scenario, whichever program builds it
+        topology(exp, real, latency)
+    return HtsimExport(name, files, args, notes + more)

@@ -214,16 +214,22 @@ def judge(scale: TimeScale, counters: list) -> tuple[dict, list[str]]:
     reasons the verdict is degraded (none: kept)."""
     out: dict = {"n": scale.n}
     reasons = []
-    ratios = [c.rtt_min_ratio for c in counters if c is not None and c.rtt_min_ratio]
-    if ratios:
-        ratio = min(ratios)
+    excess = [c.probe_excess_max_us for c in counters
+              if c is not None and c.probe_excess_max_us is not None]
+    if excess:
+        added_s = max(excess) / 1e6
+        base_s = scale.real_base_rtt_s * scale.n
+        ratio = (base_s + added_s) / base_s
         measured = scale.bdp_packets * ratio
         out["packets_per_bdp"] = {"real": round(scale.bdp_packets, 2),
-                                  "measured": round(measured, 2), "ratio": round(ratio, 4)}
+                                  "measured": round(measured, 2), "ratio": round(ratio, 4),
+                                  "added_ms": round(added_s * 1e3, 3),
+                                  "base_rtt_ms": round(base_s * 1e3, 3)}
         if abs(ratio - 1) > PPB_TOLERANCE:
-            reasons.append(f"{measured:.1f} packets per BDP on the least round trip measured "
-                           f"(against its path's unloaded one), {ratio - 1:+.0%} off the real "
-                           f"fabric's {scale.bdp_packets:.1f} (beyond {PPB_TOLERANCE:.0%})")
+            reasons.append(f"{measured:.1f} packets per BDP: the emulation added up to "
+                           f"{added_s * 1e3:.2f} ms to an unloaded round trip of "
+                           f"{base_s * 1e3:.1f} ms, {ratio - 1:+.0%} off the real fabric's "
+                           f"{scale.bdp_packets:.1f} (beyond {PPB_TOLERANCE:.0%})")
     hist: dict[str, int] = {}
     for c in counters:
         for side in ((c.lateness_us or {}).values() if c is not None else ()):

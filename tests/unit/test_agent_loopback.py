@@ -320,3 +320,24 @@ def test_connections_inside_a_scale_up_domain_are_cubic_unless_the_job_pins_one(
     assert chosen(None, 2) == default
     assert chosen("reno", 1) == chosen("reno", 2) == b"reno"
     assert RankSpec("a", "1", (), 0).same_server(RankSpec("b", "2", (), 0)) is False
+
+
+def test_the_agents_delay_line_makes_the_links_latency_over_loopback(tmp_path):
+    # a time-scaled fabric's links' latency, added by the agents: 20 ms from each rank to each
+    pair = flows([(1, 0), (2, 3)], 4, 256 << 10)
+    colls = [Collective("flows", HOSTS, pair)]
+    delays = [[0.0 if i == j else 0.02 for j in range(4)] for i in range(4)]
+    rtts = [[0.0 if i == j else 0.041 for j in range(4)] for i in range(4)]
+    scale = {"rate_bps": 50e6, "base_rtt_s": 0.041, "mss": 8936, "delays_s": delays,
+             "rtts_s": rtts}
+    reports = _run_agents(tmp_path, colls, 1, transport="uet", scale=scale)
+    results = summarize(colls, reports, rate_mbps=50, mtu=9000)
+    t = results[0].transport
+    assert sum(f.bytes for f in reports[0].collectives[0].flows) == 256 << 10
+    # every round trip carries both directions' 20 ms, and little more (the agents' own time)
+    assert 40_000 <= t["rtt_min_us"] < 60_000, t
+    assert 0.97 < t["rtt_min_ratio"] < 1.5, t
+    # the pings before the job: what the agents added to an unloaded round trip of 40 ms
+    assert 0 <= t["probe_excess_min_us"] <= t["probe_excess_max_us"] < 20_000, t
+    released = sum(t["lateness_us"]["rx"].values())
+    assert released >= 2 * (256 << 10) // 8936, t["lateness_us"]  # every packet was held

@@ -101,6 +101,7 @@ def test_command_lines_per_transport():
     assert "-disable_trim" in cmd and cmd[cmd.index("-load_balancing_algo") + 1] == "reps"
     roce = htsim.export(xp.parse(scenario(transport="rocev2")), 1000)
     assert roce.command[0] == "htsim_roce" and "-dcqcn" in roce.command
+    assert roce.command[1:3] == ["-tiers", "2"] and "check.topo" not in roce.files
     assert any("lossless" in n for n in roce.notes)
     hpcc = htsim.export(xp.parse(scenario(transport={"kind": "rocev2",
                                                      "congestion_control": "hpcc"})), 1000)
@@ -139,6 +140,6 @@ def test_fabriclab_export_writes_each_variant(tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert [e["name"] for e in doc["exports"]] == ["uet", "dcqcn"]
-    for name, binary in (("uet", "htsim_uec"), ("dcqcn", "htsim_roce")):
-        assert (out / f"{name}.topo").is_file() and (out / f"{name}.cm").is_file()
-        assert (out / f"{name}.cmd").read_text().startswith(binary + " -topo")
+    assert (out / "uet.topo").is_file() and (out / "uet.cm").is_file()
+    assert (out / "uet.cmd").read_text().startswith("htsim_uec -topo uet.topo -tm uet.cm")
+    assert (out / "dcqcn.cmd").read_text().startswith("htsim_roce -tiers 2 -tm dcqcn.cm")

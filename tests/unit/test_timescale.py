@@ -225,18 +225,19 @@ def test_the_verdict_judges_packets_per_bdp_and_the_agents_lateness():
     packet_us = scale.packet_time_s * 1e6
     assert 4000 < packet_us < 6000  # 4 KiB at 6.7 Mbit/s
     on_time = {"tx": {"le_1000": 90, "le_2000": 9}, "rx": {"le_250": 100, "le_4000": 1}}
-    good = TransportCounters("uet", rtt_min_ratio=0.95, lateness_us=on_time)
+    base_us = scale.real_base_rtt_s * scale.n * 1e6
+    good = TransportCounters("uet", probe_excess_max_us=0.05 * base_us, lateness_us=on_time)
     kept, reasons = ts.judge(scale, [good, None, TransportCounters("tcp")])
-    assert reasons == [] and kept["packets_per_bdp"]["ratio"] == 0.95
-    assert kept["packets_per_bdp"]["measured"] == pytest.approx(0.95 * scale.bdp_packets,
+    assert reasons == [] and kept["packets_per_bdp"]["ratio"] == pytest.approx(1.05)
+    assert kept["packets_per_bdp"]["measured"] == pytest.approx(1.05 * scale.bdp_packets,
                                                                 abs=0.01)
     assert kept["lateness"] == {"events": 200, "p50_us_at_most": 250, "p99_us_at_most": 2000,
                                 "packet_time_us": round(packet_us, 1)}
-    # a round trip the emulation stretched by a fifth: fewer packets per BDP than the real
-    slow = TransportCounters("uet", rtt_min_ratio=1.2, lateness_us=on_time)
-    _, reasons = ts.judge(scale, [slow])
+    # the emulation adding a fifth to an unloaded round trip: more packets per BDP than real
+    slow = TransportCounters("uet", probe_excess_max_us=0.2 * base_us, lateness_us=on_time)
+    _, reasons = ts.judge(scale, [good, slow])  # the worst pair counts
     assert len(reasons) == 1 and "+20% off the real fabric's" in reasons[0]
-    late = TransportCounters("uet", rtt_min_ratio=1.0,
+    late = TransportCounters("uet", probe_excess_max_us=0.0,
                              lateness_us={"tx": {"le_2000": 60, "le_8000": 40}, "rx": {}})
     _, reasons = ts.judge(scale, [late])
     assert len(reasons) == 1 and "late" in reasons[0]
@@ -257,6 +258,7 @@ def test_validate_shows_n_the_regime_and_the_wall_time():
     assert scale["auto"] and scale["n"] >= 1 and scale["real"]["bdp_packets"] >= 64
     assert scale["real"]["host_rate_gbps"] == 400
     walls = scale["expected_wall_s"]
-    assert set(walls) == {"uet-incast", "uet-permutation", "dcqcn-incast", "hpcc-incast"}
+    assert set(walls) == {"uet-incast", "uet-permutation", "dcqcn-incast", "dcqcn-pfc-incast",
+                          "hpcc-incast"}
     assert all(w > 0 for w in walls.values())
     assert "time scale N =" in proc.stderr and "packets per BDP" in proc.stderr

@@ -44,7 +44,7 @@ from testbed.poll import wait_for
 from traffic.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connection,
                                        FlowTiming)
 from traffic.workloads.schedules import chunk_sizes
-from traffic.measure.results import LEAST_KEYS
+from traffic.measure.results import LEAST_KEYS, MOST_KEYS
 from traffic.agents import tcpinfo
 from traffic.agents.engine import UdpEngine
 from traffic.transports.packet import Scale
@@ -60,6 +60,7 @@ HELLO_TIMEOUT_S = 2.0  # a connection that has not said its rank by then is not 
 #: link and one ends, the other runs on at half the rate for some round trips (a 4-rank ring of
 #: 1 MiB steps, two connections per peer: 1.09 of its prediction under BBR, 1.01 under cubic)
 SCALE_UP_CONGESTION = "cubic"
+PROBE_WAIT_S = 1.0  # beyond the longest round trip the links' latency makes
 
 
 @dataclass
@@ -238,6 +239,25 @@ class Agent:
             target = self._sender if kind == "send" else self._receiver
             threading.Thread(target=target, args=(sock, q), daemon=True).start()
 
+    def probe(self) -> None:
+        """A time-scaled fabric's unloaded round trip to every peer, once, before the first
+        collective (what the emulation adds to the links' latency: the fidelity verdict's
+        packets per BDP); answers not back within :data:`PROBE_WAIT_S` past the longest
+        expected round trip are left out."""
+        delays = (self.spec.scale or {}).get("delays_s")
+        if self.engine is None or not delays:
+            return
+        send_to, recv_from = self.peers()
+        peers = sorted(send_to | recv_from)
+        self.barrier()  # every rank's engine is up: a late one would hold its pings' answers
+        self.engine.ping(peers)
+        longest = max((2 * delays[p][self.rank] for p in peers), default=0.0)
+        try:
+            wait_for(lambda: self.engine.pinged() >= len(peers), longest + PROBE_WAIT_S,
+                     "the pings' answers", interval_s=0.002)
+        except TestbedError:
+            pass  # lost on the way: the answers that came back say it
+
     def run(self) -> list[CollectiveTiming]:
         """Every collective in turn; each one's transport counters run from its start to the
         next one's (the last one's to after the final barrier), so the job's rows add up to
@@ -333,13 +353,13 @@ class Agent:
 
 def _delta(before: dict, after: dict) -> dict:
     """The engine's counters over one collective (a histogram's buckets each; a least value,
-    ``*_min_us``, ``*_min_ratio``, is the least so far)."""
+    ``*_min_us``, ``*_min_ratio``, is the least so far; ``*_max_us`` the greatest)."""
     out = {}
     for k, v in after.items():
         if isinstance(v, dict):
             out[k] = _delta(before.get(k) or {}, v)
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
-                not k.endswith(LEAST_KEYS):
+                not k.endswith(LEAST_KEYS + MOST_KEYS):
             out[k] = v - before.get(k, 0)
         else:
             out[k] = v
@@ -410,6 +430,7 @@ def main(argv: list[str]) -> int:
         agent.connect(listener)
         agent.start_threads()
         time.sleep(max(0.0, spec.start_at - time.time()))
+        agent.probe()
         results = agent.run()
     except (OSError, RuntimeError) as err:
         print(f"rank {rank} ({host}): {err}", file=sys.stderr)

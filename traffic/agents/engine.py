@@ -23,9 +23,8 @@ send time and next timer move only when it sends, hears from its peer, gets a me
 timer, so the engine caches them and recomputes those of the queue pairs it touched (an
 all-to-all of 16 ranks at 20 Mbit/s: 340 us of CPU per packet asking all of them, 265 this way).
 
-A fabric whose links' latency the agents add (``delays_s``) has every received datagram wait in
-a delay line first (:mod:`traffic.transports.delayline`); how late the engine sent and released
-packets against their schedule is counted (``lateness_us``), and the least round trip seen.
+The links' latency, where the agents add it, and the engine's timing:
+:class:`traffic.transports.delayline.AgentTiming`.
 """
 
 from __future__ import annotations
@@ -40,8 +39,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from traffic.measure.transport import queue_pair_totals, transport_settings
-from traffic.transports.delayline import DelayLine, Lateness
+from traffic.measure.transport import (queue_pair_totals, stalled_queue_pairs,
+                                       transport_settings)
+from traffic.transports.delayline import AgentTiming
 from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rccc import CreditReceiver
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
@@ -55,13 +55,11 @@ CE = 0b11
 IDLE_WAKE_S = 0.05
 BACKOFF_S = 0.001  # after a full socket buffer (our own NIC queue is full)
 NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send
-# ... and at least this long ahead: the loop sleeps in epoll, whose timeout counts whole
-# milliseconds, and wakes late on a busy machine; two frames (1.4 ms at 100 Mbit/s, 0.7 at 200)
-# left the NIC idle half the time at rates where a frame is under a millisecond
+# ... and at least this long ahead: the loop sleeps in epoll (whole milliseconds) and wakes
+# late on a busy machine; two frames left the NIC idle half the time where a frame is < 1 ms
 NIC_AHEAD_S = 0.003
 #: A queue pair with data unacknowledged this long (retransmitting all along) ends the job with
-#: an error naming it: the peer is gone or the path cut for good (the job's own timeout would
-#: take ten minutes to say less)
+#: an error naming it: the peer is gone or the path cut for good
 STALL_LIMIT_S = 30.0
 
 
@@ -153,13 +151,8 @@ class UdpEngine:
         self.touched_rx: set[tuple[int, int]] = set()
         self.progress: dict[tuple[int, int], tuple[int, float]] = {}  # (una, when it moved)
         self.stall_check_at = 0.0
-        self.delays_s = delays_s if delays_s and any(delays_s) else None
-        self.line = DelayLine()
-        self.late = Lateness()
+        self.timing = AgentTiming(delays_s, rtts_s)
         self.ready_at: dict[tuple[int, int], float] = {}  # when a sender's state last changed
-        self.rtts_s = rtts_s
-        self.rtt_min_s: float | None = None
-        self.rtt_min_ratio: float | None = None  # the least over peers of measured / unloaded
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
         self.listen = self._socket(bind, port, tos=dscp << 2)
@@ -215,32 +208,29 @@ class UdpEngine:
         self.cmds.put(("expect", peer, channel, nbytes, done))
         os.write(self.wake_w, b"x")
 
+    def ping(self, peers: list[int]) -> None:
+        """Probe the round trip to each of ``peers`` once (answers: :meth:`pinged`)."""
+        for peer in peers:
+            self.cmds.put(("ping", peer, 0, 0, None))
+        os.write(self.wake_w, b"x")
+
+    def pinged(self) -> int:
+        return self.timing.pongs  # pings answered
+
     def summary(self) -> dict:
         """Totals over the queue pairs so far (the agent diffs them per collective)."""
         out = {**transport_settings(self.transport, self.spray, self.cfg),
-               "local_drops": self.local_drops, "lateness_us": self.late.summary()}
+               "local_drops": self.local_drops, **self.timing.summary()}
         if self.credit is not None:
             out["rx_grants"] = self.credit.grants
-        if self.rtt_min_s is not None:
-            out["rtt_min_us"] = round(self.rtt_min_s * 1e6, 1)
-        if self.rtt_min_ratio is not None:
-            out["rtt_min_ratio"] = round(self.rtt_min_ratio, 4)
         return {**out, **queue_pair_totals(list(self.senders.values()),
                                            list(self.receivers.values()))}
 
     def stalled(self) -> list[str]:
         """The queue pairs with work left, and where each stands (for a stuck job's report;
         read from another thread, so a snapshot, not a consistent one)."""
-        out = []
-        for (peer, ch), s in list(self.senders.items()):
-            if s.una < len(s.lengths):
-                out.append(f"{self.transport} to rank {peer} channel {ch}: {s.describe()}")
-        for qp, waits in list(self.recv_waits.items()):
-            if waits:
-                r = self.receivers[qp]
-                out.append(f"{self.transport} from rank {qp[0]} channel {qp[1]}: "
-                           f"{r.delivered}/{waits[-1][0]} bytes in order")
-        return out
+        return stalled_queue_pairs(self.transport, dict(self.senders), dict(self.recv_waits),
+                                   self.receivers)
 
     # -- the engine's thread ---------------------------------------------------------------
     def _sender(self, peer: int, channel: int):
@@ -295,7 +285,10 @@ class UdpEngine:
                 kind, peer, channel, nbytes, done = self.cmds.get_nowait()
             except queue.Empty:
                 return
-            if kind == "send":
+            if kind == "ping":
+                self._reply(Packet(Kind.PING, (self.rank, 0), sent_ns=time.monotonic_ns()),
+                            (self.address(peer, 0), self.port), time.monotonic())
+            elif kind == "send":
                 end = self._sender(peer, channel).offer(nbytes)
                 self.send_waits[(peer, channel)].append((end, done))
                 self.touched_tx.add((peer, channel))
@@ -385,7 +378,7 @@ class UdpEngine:
                 pkt = self.senders[key].poll(now)
                 if pkt is None:
                     continue
-                self.late.sent(now - max(due, self.ready_at.get(key, due),
+                self.timing.late.sent(now - max(due, self.ready_at.get(key, due),
                                          self.nic_free_at - self.nic_slack_s))
                 self.touched_tx.add(key)
                 sock = self.pool[pkt.entropy % self.entropies]
@@ -436,17 +429,15 @@ class UdpEngine:
                             and c[1] == socket.IP_TOS and c[2]), 0)
                 if tos & 0b11 == CE:
                     pkt.flags |= Flag.CE
-            peer = self._peer_of(addr) if self.delays_s else -1
-            delay = self.delays_s[peer] if peer >= 0 else 0.0
+            delay = self.timing.delay(self._peer_of(addr)) if self.timing.delays_s else 0.0
             if delay > 0:
-                self.line.hold(now + delay, (pkt, addr, data_socket))
+                self.timing.line.hold(now + delay, (pkt, addr, data_socket))
             else:
                 self._deliver(pkt, addr, data_socket, now)
 
     def _release(self, now: float) -> None:
         """The held packets due by ``now`` (their lateness counted)."""
-        for due, (pkt, addr, data_socket) in self.line.release(now):
-            self.late.released(now - due)
+        for pkt, addr, data_socket in self.timing.released(now):
             self._deliver(pkt, addr, data_socket, now)
 
     def _deliver(self, pkt: Packet, addr, data_socket: bool, now: float) -> None:
@@ -460,6 +451,10 @@ class UdpEngine:
             if self.credit is not None:
                 self.credit.on_data(pkt.qp, rx.received_bytes - before)
             self.touched_rx.add(pkt.qp)
+        elif data_socket and pkt.kind == Kind.PING:
+            self._reply(Packet(Kind.PONG, pkt.qp, sent_ns=pkt.sent_ns), addr, now)
+        elif data_socket and pkt.kind == Kind.PONG:
+            self.timing.pong(now - pkt.sent_ns / 1e9, self._peer_of(addr))
         elif data_socket and pkt.kind == Kind.REQ and self.credit is not None:
             self.reply_to[pkt.qp] = addr
             self.credit.on_request(pkt.qp, pkt.sack)
@@ -470,20 +465,10 @@ class UdpEngine:
             key = (self._peer_of(addr), pkt.qp[1])
             sender = self.senders.get(key)
             if pkt.kind == Kind.ACK and pkt.sent_ns and not pkt.flags & Flag.RETX:
-                self._rtt(now - pkt.sent_ns / 1e9, key[0])
+                self.timing.rtt(now - pkt.sent_ns / 1e9, key[0])
             if sender is not None:
                 sender.on_packet(pkt, now)
                 self.touched_tx.add(key)
-
-    def _rtt(self, rtt: float, peer: int) -> None:
-        """A round trip measured to ``peer``: the least, and the least against its path's."""
-        if rtt <= 0:
-            return
-        if self.rtt_min_s is None or rtt < self.rtt_min_s:
-            self.rtt_min_s = rtt
-        unloaded = self.rtts_s[peer] if self.rtts_s and peer >= 0 else 0.0
-        if unloaded > 0 and (self.rtt_min_ratio is None or rtt / unloaded < self.rtt_min_ratio):
-            self.rtt_min_ratio = rtt / unloaded
 
     def _peer_of(self, addr) -> int:
         return self.ip_rank.get(addr[0], -1)
@@ -501,7 +486,7 @@ class UdpEngine:
         grant = self.credit.next_time() if self.credit is not None else None
         if grant is not None:
             wake = min(wake, grant)
-        held = self.line.next_time()
+        held = self.timing.line.next_time()
         if held is not None:
             wake = min(wake, held)
         return wake - now

@@ -98,13 +98,14 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
 
 
 #: counters that are a least value, not a count: the least of the ranks' (and, from one
-#: collective to the next, the least so far)
+#: collective to the next, the least so far); and a greatest value likewise
 LEAST_KEYS = ("_min_us", "_min_ratio")
+MOST_KEYS = ("_max_us",)
 
 
 def _add(total: dict, row: dict) -> None:
     """``row``'s counters added to ``total``'s (histograms bucket by bucket; a least value,
-    ``*_min_us``, ``*_min_ratio``, the least of both)."""
+    ``*_min_us``, ``*_min_ratio``, the least of both; ``*_max_us`` the greatest)."""
     for k, v in row.items():
         if isinstance(v, dict):
             _add(total.setdefault(k, {}), v)
@@ -112,6 +113,8 @@ def _add(total: dict, row: dict) -> None:
             continue
         elif k.endswith(LEAST_KEYS):
             total[k] = min(total.get(k, v), v)
+        elif k.endswith(MOST_KEYS):
+            total[k] = max(total.get(k, v), v)
         else:
             total[k] = total.get(k, 0) + v
 

@@ -48,6 +48,10 @@ class TransportCounters(Record):
     # the least, over the senders' peers, of the round trip measured over its path's unloaded
     # one (a time-scaled fabric's agents know the latter)
     rtt_min_ratio: float | None = optional()
+    # a time-scaled fabric's pings before the job: their round trips less the links' latency
+    # (what the host stacks, the agents and their delay line add), the least and the most
+    probe_excess_min_us: float | None = optional()
+    probe_excess_max_us: float | None = optional()
     # how late the agents sent paced packets (tx) and released delayed ones (rx) against their
     # schedule: counts per bucket (traffic.transports.delayline)
     lateness_us: dict[str, dict[str, int]] | None = optional()

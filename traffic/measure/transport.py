@@ -40,3 +40,20 @@ def queue_pair_totals(senders: list, receivers: list) -> dict:
         for k, v in r.stats.items():
             out[f"rx_{k}"] = out.get(f"rx_{k}", 0) + v
     return out
+
+
+def stalled_queue_pairs(transport: str, senders: dict, recv_waits: dict,
+                        receivers: dict) -> list[str]:
+    """The queue pairs with work left, and where each stands: senders (by (peer, channel))
+    with data unacknowledged, receivers with bytes awaited (``recv_waits``: the byte counts
+    each queue pair's waiters want)."""
+    out = []
+    for (peer, ch), s in senders.items():
+        if s.una < len(s.lengths):
+            out.append(f"{transport} to rank {peer} channel {ch}: {s.describe()}")
+    for qp, waits in recv_waits.items():
+        if waits:
+            r = receivers[qp]
+            out.append(f"{transport} from rank {qp[0]} channel {qp[1]}: "
+                       f"{r.delivered}/{waits[-1][0]} bytes in order")
+    return out

@@ -43,6 +43,8 @@ class Kind(IntEnum):
     CNP = 4  # RoCE: congestion notification (a CE mark was seen)
     REQ = 5  # UET with receiver credits: ``sack`` is the bytes the sender has to send, in all
     GRANT = 6  # UET with receiver credits: ``sack`` is the credit granted so far, in all
+    PING = 7  # the agents' probe of an unloaded round trip (``sent_ns``: when it left)
+    PONG = 8  # its answer (``sent_ns`` echoed)
 
 
 class Flag(IntEnum):
