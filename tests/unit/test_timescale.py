@@ -259,6 +259,6 @@ def test_validate_shows_n_the_regime_and_the_wall_time():
     assert scale["real"]["host_rate_gbps"] == 400
     walls = scale["expected_wall_s"]
     assert set(walls) == {"uet-incast", "uet-permutation", "dcqcn-incast", "dcqcn-pfc-incast",
-                          "hpcc-incast"}
+                          "hpcc-incast", "hpcc-pfc-incast"}
     assert all(w > 0 for w in walls.values())
     assert "time scale N =" in proc.stderr and "packets per BDP" in proc.stderr
