@@ -86,7 +86,8 @@ def test_every_command_has_a_handler_of_its_typed_request(name):
     parser = cli.build_parser()
     required = {"validate": ["x.yaml"], "up": ["x.yaml"], "run": ["x.yaml", "--out", "o"],
                 "telemetry": ["d"], "fail": ["core1"], "restore": ["core1"],
-                "report": ["d"], "compare": ["d"], "completion": ["bash"], "graph": ["x.yaml"], "predict": ["x.yaml"],
+                "report": ["d"], "compare": ["d"], "completion": ["bash"], "graph": ["x.yaml"],
+                "export": ["x.yaml"], "predict": ["x.yaml"],
                 "exec": ["h1"], "capture": ["h1"],
                 "ofctl": ["edge1_1", "show"]}.get(name, [])
     request = cli.to_request(parser.parse_args([name, *required]), None)
