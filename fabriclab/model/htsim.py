@@ -129,7 +129,8 @@ def connection_matrix(exp, nodes: int | None = None) -> tuple[str, list[str]]:
         triggers.append(f"trigger id {len(triggers) + 1} barrier count {count}")
         return len(triggers)
 
-    for batch in exp.workload.batches():
+    batches = exp.workload.batches()
+    for b, batch in enumerate(batches):
         ends: list[int] = []  # every job's last collective's flows: the batch ends with them
         for job in batch:
             previous: int | None = after
@@ -140,40 +141,22 @@ def connection_matrix(exp, nodes: int | None = None) -> tuple[str, list[str]]:
                 made = _collective(coll, job.connections, ids, previous, trigger, flows)
                 if i == len(job.collectives) - 1:
                     ends += made
-                    continue
-                previous = trigger(len(made))
-                for f in made:
-                    flows[f] += ["send_done_trigger", str(previous)]
-        if ends:
-            after = trigger(len(ends))
-            for f in ends:
-                flows[f] += ["send_done_trigger", str(after)]
-    unused = {int(t.split()[2]) for t in triggers} - {
-        int(tok[i + 1]) for tok in flows for i, x in enumerate(tok) if x == "trigger"}
-    # a trigger nothing waits for would start nothing: htsim wants each referenced once at
-    # least, so the batches' last barriers are kept only where a flow follows them
-    keep = [t for t in triggers if int(t.split()[2]) not in unused]
-    renumber = {int(t.split()[2]): i + 1 for i, t in enumerate(keep)}
-    body = []
-    for i, tok in enumerate(flows):
-        out = []
-        j = 0
-        while j < len(tok):
-            if tok[j] in ("trigger", "send_done_trigger", "recv_done_trigger"):
-                old = int(tok[j + 1])
-                if old in renumber:
-                    out += [tok[j], str(renumber[old])]
-                j += 2
-                continue
-            out.append(tok[j])
-            j += 1
-        body.append(" ".join(out))
-    head = [f"Nodes {nodes or len(ids)}", f"Connections {len(body)}"]
-    if keep:
-        head.append(f"Triggers {len(keep)}")
-    trig = [" ".join(t.split()[:2] + [str(renumber[int(t.split()[2])])] + t.split()[3:])
-            for t in keep]
-    return "\n".join(head + body + trig) + "\n", sorted(notes)
+                elif made:  # the next collective of the job starts once this one is done
+                    previous = _barrier(made, trigger, flows)
+        if ends and b < len(batches) - 1:  # the next batch starts once this one is done
+            after = _barrier(ends, trigger, flows)
+    head = [f"Nodes {nodes or len(ids)}", f"Connections {len(flows)}"]
+    if triggers:
+        head.append(f"Triggers {len(triggers)}")
+    return "\n".join(head + [" ".join(f) for f in flows] + triggers) + "\n", sorted(notes)
+
+
+def _barrier(made: list[int], trigger, flows: list[list[str]]) -> int:
+    """A barrier that the flows ``made`` fire as each completes; its id."""
+    done = trigger(len(made))
+    for f in made:
+        flows[f] += ["send_done_trigger", str(done)]
+    return done
 
 
 def _collective(coll, connections: int, ids: dict[str, int], start_trigger: int | None,
