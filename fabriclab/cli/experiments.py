@@ -88,10 +88,11 @@ def _explain(exp: xp.Experiment, path, machines: int, ui: Console) -> tuple[dict
         for bound in exp.time_scale.bounds:
             ui.print(f"    N >= {bound.least:,.0f} for {bound.name}: {bound.why}")
         walls = scale["expected_wall_s"]
-        ui.print(f"  expected workload wall time: {sum(walls.values()):,.0f} s"
+        ui.print(f"  expected workload wall time: at least {sum(walls.values()):,.0f} s"
                  + (f" ({', '.join(f'{k} {v:,.0f} s' for k, v in walls.items())})"
                     if len(walls) > 1 else "")
-                 + " (predicted transfers, one base RTT per step; bring-up aside)")
+                 + " (the predicted transfers and one base RTT per step; losses, timeouts "
+                   "and bring-up come on top)")
     ecn = ecn_text(exp)
     for tier, text in ecn.items():
         ui.print(f"  ECN at the switch ports of {tier} links: {text}")
