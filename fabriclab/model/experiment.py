@@ -280,11 +280,11 @@ def _set_path(data: dict, path: str, value: object, where: str) -> None:
 def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     """One experiment (the base, or a variant), already checked against the schema: its real
     units read (:mod:`fabriclab.model.timescale`), scaled by ``emulator.time_scale``."""
-    units = timescale.real_units(data)
-    if timescale.bdp_fields(units):
+    units, real = timescale.real_units(data), None
+    if timescale.bdp_fields(units):  # the fabric's BDP first: the same at any N
         bare = timescale.without_bdp(units)
-        first = _parse_emulated(bare, source, variant, bare, None)
-        units = timescale.resolve_bdp(units, first.bdp()["bdp_bytes"])
+        real = _parse_emulated(bare, source, variant, bare, None)
+        units = timescale.resolve_bdp(units, real.bdp()["bdp_bytes"])
     given = (data.get("emulator") or {}).get("time_scale")
     if given is None:
         return _parse_emulated(units, source, variant, data)
@@ -292,8 +292,8 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
         raise ConfigError("scale", "emulator.time_scale makes the file the real fabric itself; "
                                    "scale only relabels an emulated one: give one of them")
     raw, bounds = copy.deepcopy(data), ()
-    if given == "auto":
-        real = _parse_emulated(units, source, variant, data, None)
+    if given == "auto":  # from the real fabric (its buffers need not be known)
+        real = real or _parse_emulated(units, source, variant, data, None)
         n, bounds = timescale.auto(real, real.workload, os.cpu_count() or 1)
         raw["emulator"]["time_scale"] = n  # as run: a cluster's machines agree on it
     else:

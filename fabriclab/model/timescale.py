@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 from testbed.errors import ConfigError
 from testbed.model.congestion import frame_bytes
-from traffic.transports.delayline import quantile_us
 from testbed.model.spec import Backend, Datapath, TestbedSpec
 from testbed.plan.fidelity import (
     HEADROOM,
@@ -42,6 +41,7 @@ from testbed.plan.fidelity import (
     saturation_mbit_hops,
     saturation_table,
 )
+from traffic.transports.delayline import quantile_us
 from traffic.workloads.workload import Workload
 
 #: times the file gives in real time, per section (any depth below it): multiplied by N
