@@ -134,11 +134,7 @@ def _expected_wall_s(exp: xp.Experiment) -> dict[str, float]:
         first = _expected_wall_s(dataclasses.replace(exp, variants=(), cells=()))
         return {f"{len(targets)} runs of about": next(iter(first.values()))}
     for name, one in targets:
-        colls = [c for job in (one.workload.jobs if one.workload else ())
-                 for c in job.collectives]
-        steps = sum(len({t.step for t in c.schedule.transfers}) for c in colls)
-        out[name or exp.name] = round(sum(p.seconds for p in prediction.predict(one, draws=8))
-                                      + steps * one.base_rtt_s, 1)
+        out[name or exp.name] = round(prediction.workload_wall_s(one), 1)
     return out
 
 

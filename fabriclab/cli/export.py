@@ -28,11 +28,8 @@ def export(req: ExportRequest, ui: Console) -> int:
     docs = []
     for name, one in prediction.targets(exp):
         n = one.time_scale.n if one.time_scale else 1.0
-        colls = [c for job in (one.workload.jobs if one.workload else ()) for c in job.collectives]
-        steps = sum(len({t.step for t in c.schedule.transfers}) for c in colls)
-        predicted_s = sum(p.seconds for p in prediction.predict(one, draws=8)) + \
-            steps * one.base_rtt_s
-        made = htsim.export(one, max(100.0, END_MARGIN * predicted_s / n * 1e6))
+        real_s = prediction.workload_wall_s(one) / n
+        made = htsim.export(one, max(100.0, END_MARGIN * real_s * 1e6))
         for file, text in made.files.items():
             (out / file).write_text(text)
         line = shlex.join(made.command)

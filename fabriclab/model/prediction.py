@@ -47,6 +47,15 @@ def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
     return predictor.workload(exp.workload)
 
 
+def workload_wall_s(exp: xp.Experiment, draws: int = 8) -> float:
+    """At least how long one experiment's workload takes, in its own (emulated) seconds: the
+    predicted transfers (a few hash draws) and one base RTT per step, which the prediction
+    leaves out and a time-scaled fabric makes long."""
+    colls = [c for job in (exp.workload.jobs if exp.workload else ()) for c in job.collectives]
+    steps = sum(len({t.step for t in c.schedule.transfers}) for c in colls)
+    return sum(p.seconds for p in predict(exp, draws)) + steps * exp.base_rtt_s
+
+
 def program_rows(exp: xp.Experiment, program: Program, reports: list[Reported],
                  job: int) -> list[CollectiveRow]:
     """The collectives a program reported, as rows of ``results.json`` beside the agents':
