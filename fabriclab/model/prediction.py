@@ -47,13 +47,14 @@ def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
     return predictor.workload(exp.workload)
 
 
-def workload_wall_s(exp: xp.Experiment, draws: int = 8) -> float:
+def workload_wall_s(exp: xp.Experiment) -> float:
     """At least how long one experiment's workload takes, in its own (emulated) seconds: the
-    predicted transfers (a few hash draws) and one base RTT per step, which the prediction
-    leaves out and a time-scaled fabric makes long."""
+    predicted transfers (one hash draw at fair shares: an estimate, cheap enough for
+    ``validate`` over many variants) and one base RTT per step, which the prediction leaves
+    out and a time-scaled fabric makes long."""
     colls = [c for job in (exp.workload.jobs if exp.workload else ()) for c in job.collectives]
     steps = sum(len({t.step for t in c.schedule.transfers}) for c in colls)
-    return sum(p.seconds for p in predict(exp, draws)) + steps * exp.base_rtt_s
+    return sum(p.seconds for p in predict(exp, 1, share_cv=0.0)) + steps * exp.base_rtt_s
 
 
 def program_rows(exp: xp.Experiment, program: Program, reports: list[Reported],
