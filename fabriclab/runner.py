@@ -33,6 +33,7 @@ from testbed.fabric.failures import FailureInjector
 from testbed.linux import environment
 from testbed.linux.files import write_json_atomic, write_text_atomic
 from testbed.model.congestion import link_utilization, summarize_congestion
+from fabriclab import delayprobe
 from fabriclab import programs as programs_run
 from traffic.agents.runner import JobOutcome, run_batch
 from traffic.workloads.program import Program
@@ -155,6 +156,9 @@ class ExperimentRun:
     traffic: dict = field(default_factory=dict)  # traffic.json: matrix, links per phase, batch
     reading: dict = field(default_factory=dict)  # the switches' counters when a batch began
     hashing: prediction.AsHashed | None = None  # the paths as hashed (ECMP, eBPF switches)
+    relay_probe: dict | None = None  # the hosts' delay relay: the probe before the workload
+    relay_before: dict | None = None  # and its counters then
+    relay_counters: Callable[[], dict | None] | None = None
 
     @property
     def path(self) -> Path:
@@ -220,6 +224,10 @@ class ExperimentRun:
         if services.injector is not None:
             services.injector.begin()
         self.reading = before
+        if fabric.spec.fabric.delay_line == "hosts":  # what the relay adds, unloaded
+            self.relay_probe = delayprobe.probe(fabric)
+            self.relay_counters = fabric.delay_relay_counters
+            self.relay_before = self.relay_counters()
         for index, batch in enumerate(self.exp.workload.batches()):
             wait_s = batch[0].not_before_s - (time.monotonic() - began)
             if wait_s > 0:  # a replayed trace's timestamp
@@ -371,12 +379,26 @@ class ExperimentRun:
                 "fault, not the fabric's)")
         if self.exp.time_scale is not None:  # the real fabric's regime, as run
             kept, reasons = timescale.judge(self.exp.time_scale,
-                                            [r.transport for r in self.doc.collectives])
+                                            [r.transport for r in self.doc.collectives],
+                                            self._relay())
             report["time_scale"] = kept
             if reasons:
                 report["verdict"] = "degraded"
                 report.setdefault("reasons", []).extend(reasons)
         return d.Fidelity.from_json(report, "fidelity")
+
+    def _relay(self) -> dict | None:
+        """The hosts' delay relay's figures (none without one): the probe before the
+        workload, its lateness and CPU per packet since."""
+        if self.relay_probe is None:
+            return None
+        now = self.relay_counters() or {}
+        was = self.relay_before or {}
+        packets = now.get("packets", 0) - was.get("packets", 0)
+        cpu_s = now.get("cpu_s", 0.0) - was.get("cpu_s", 0.0)
+        return {**self.relay_probe, "packets": packets,
+                "cpu_us_per_packet": round(cpu_s / packets * 1e6, 1) if packets else None,
+                "lateness_us": delayprobe.lateness(was, now)}
 
     def finish(self, services: Services) -> None:
         """The workload is done: the failures' throughput windows end, the document is

@@ -89,6 +89,11 @@ class FabricDescription(Protocol):
 
     def placement(self) -> dict | None: ...
 
+    def delay_relay_counters(self) -> dict | None:
+        """The hosts' delay relay's counters (:mod:`testbed.linux.tunrelay`); None: no relay
+        here, or its counters are on other machines."""
+        ...
+
 
 class TrafficFabric(FabricDescription, Protocol):
     """What running traffic on a fabric uses (:mod:`traffic.agents`)."""

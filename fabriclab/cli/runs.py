@@ -107,8 +107,13 @@ class TerminalView(RunView):
                 ui.print(f"  regime: {ppb['measured']:g} packets per BDP (the emulation added "
                          f"up to {ppb['added_ms']:g} ms to a {ppb['base_rtt_ms']:g} ms round "
                          f"trip), the real fabric's {ppb['real']:g}")
+            relay = kept.get("delay_relay")
+            if relay and relay.get("cpu_us_per_packet") is not None:
+                ui.print(f"  delay relay: {relay['packets']:,} packets held, "
+                         f"{relay['cpu_us_per_packet']:g} us of CPU each")
             if late:
-                ui.print(f"  agents' lateness: median <= {late['p50_us_at_most']:g} us, p99 <= "
+                who = "agents' and relay's" if relay else "agents'"
+                ui.print(f"  {who} lateness: median <= {late['p50_us_at_most']:g} us, p99 <= "
                          f"{late['p99_us_at_most']:g} us, a packet time {late['packet_time_us']:g}"
                          " us")
         for event in doc.controller.events if doc.controller else ():

@@ -41,7 +41,7 @@ from testbed.plan.fidelity import (
     saturation_mbit_hops,
     saturation_table,
 )
-from traffic.transports.delayline import quantile_us
+from testbed.plan.delayline import quantile_us
 from traffic.workloads.workload import Workload
 
 #: times the file gives in real time, per section (any depth below it): multiplied by N
@@ -206,16 +206,26 @@ LATE_MEDIAN_OF_PACKET = 0.25  # the agents' median lateness, in packet times, at
 LATE_P99_OF_PACKET = 1.0  # ... and their 99th percentile
 
 
-def judge(scale: TimeScale, counters: list) -> tuple[dict, list[str]]:
+def judge(scale: TimeScale, counters: list,
+          relay: dict | None = None) -> tuple[dict, list[str]]:
     """What a time-scaled run kept of the real fabric's regime, from its collectives'
     transport counters (:class:`traffic.measure.rows.TransportCounters`; TCP's have neither
-    figure): the packets per BDP on the least round trip the senders measured, against the
-    real fabric's; the agents' lateness against a packet time. Returns the figures and the
-    reasons the verdict is degraded (none: kept)."""
+    figure) and the hosts' delay relay's figures (``relay``: :mod:`fabriclab.delayprobe`'s
+    probe and ``lateness_us``): the packets per BDP on the least round trip the senders or
+    the probe measured, against the real fabric's; the agents' and the relay's lateness
+    against a packet time. Returns the figures and the reasons the verdict is degraded (none:
+    kept)."""
     out: dict = {"n": scale.n}
     reasons = []
     excess = [c.probe_excess_max_us for c in counters
               if c is not None and c.probe_excess_max_us is not None]
+    if relay is not None:
+        out["delay_relay"] = relay
+        if relay.get("probe_excess_max_us") is not None:
+            excess.append(relay["probe_excess_max_us"])
+        if relay.get("error"):
+            reasons.append(f"the round trip through the hosts' delay relay could not be "
+                           f"probed: {relay['error']}")
     if excess:
         added_s = max(excess) / 1e6
         base_s = scale.real_base_rtt_s * scale.n
@@ -230,7 +240,7 @@ def judge(scale: TimeScale, counters: list) -> tuple[dict, list[str]]:
                            f"{added_s * 1e3:.2f} ms to an unloaded round trip of "
                            f"{base_s * 1e3:.1f} ms, {ratio - 1:+.0%} off the real fabric's "
                            f"{scale.bdp_packets:.1f} (beyond {PPB_TOLERANCE:.0%})")
-    hist: dict[str, int] = {}
+    hist: dict[str, int] = dict((relay or {}).get("lateness_us") or {})
     for c in counters:
         for side in ((c.lateness_us or {}).values() if c is not None else ()):
             for bucket, count in side.items():
@@ -242,7 +252,8 @@ def judge(scale: TimeScale, counters: list) -> tuple[dict, list[str]]:
         out["lateness"] = {"events": total, "p50_us_at_most": p50, "p99_us_at_most": p99,
                            "packet_time_us": round(packet_us, 1)}
         if p50 > LATE_MEDIAN_OF_PACKET * packet_us or p99 > LATE_P99_OF_PACKET * packet_us:
-            reasons.append(f"the agents were up to {p50:g} us late (median) and {p99:g} us "
+            who = "the agents and the delay relay" if relay else "the agents"
+            reasons.append(f"{who} were up to {p50:g} us late (median) and {p99:g} us "
                            f"(p99) against their schedule, with a packet time of "
                            f"{packet_us:,.0f} us: over {LATE_MEDIAN_OF_PACKET:g} and "
                            f"{LATE_P99_OF_PACKET:g} of it")
@@ -261,6 +272,12 @@ AGENT_HEADROOM = 0.5  # the agents may take half the machine; the switches and h
 #: link must be several of those for the lateness to stay well under one packet time.
 LOOP_GRANULARITY_S = 1e-3
 PACKET_TIME_IN_WAKES = 4
+#: The hosts' delay relay's CPU per packet it holds (one read and one write on a TUN device,
+#: a heap push and pop; testbed.linux.tunrelay), measured on a 2-core machine of the CI kind
+#: (docs/measurements/scaling.md, 2026-12-06); the relay is one process: one core at most
+RELAY_CPU_S_PER_PACKET = 70e-6
+RELAY_HEADROOM = 0.5  # of its one core
+RELAY_PACKETS_PER_DATA = 2  # a data packet and its acknowledgement, both held
 
 
 @dataclass(frozen=True)
@@ -354,7 +371,8 @@ def nice(n: float) -> float:
 
 def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
            saturation_mbit_hops: float, cores: int, transports: set[str],
-           headroom: float, measured_cores: int) -> tuple[float, tuple[Bound, ...]]:
+           headroom: float, measured_cores: int,
+           relay: bool = False) -> tuple[float, tuple[Bound, ...]]:
     """The smallest N (rounded by :func:`nice`) at which this machine keeps up with
     ``senders`` hosts sending at their real line rate at once.
 
@@ -368,6 +386,7 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
         transports: the workload's transports (``tcp``, ``rocev2``, ``uet``).
         headroom: the share of the datapath's saturation a run may use.
         measured_cores: the cores of the machine the saturation point was measured on.
+        relay: the hosts' delay relay holds every packet (``emulator.delay_line: hosts``).
     """
     rate_mbps = real_rate_gbps * 1e3
     budget = headroom * saturation_mbit_hops * max(1, cores) / measured_cores
@@ -375,20 +394,29 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
     bounds = [Bound("datapath", offered / budget,
                     f"{senders} senders x {real_rate_gbps:g} Gbit/s x {mean_hops:.2f} switch "
                     f"hops against the datapath's {budget:,.0f} Mbit-hop/s with headroom")]
+    packets = senders * rate_mbps * 1e6 / 8 / frame_bytes(mtu)
+    real_packet_s = frame_bytes(mtu) * 8 / (rate_mbps * 1e6)
+    least_packet_s = PACKET_TIME_IN_WAKES * LOOP_GRANULARITY_S
     udp = sorted(t for t in transports if t in AGENT_CPU_S_PER_PACKET)
     if udp:
         cost = max(AGENT_CPU_S_PER_PACKET[t] for t in udp)
-        packets = senders * rate_mbps * 1e6 / 8 / frame_bytes(mtu)
         bounds.append(Bound("agents' CPU", packets * cost / (AGENT_HEADROOM * max(1, cores)),
                             f"{senders} senders' {packets:,.0f} packets/s at the real rate x "
                             f"{cost * 1e6:.0f} us of the agents' CPU each ({'/'.join(udp)}) "
                             f"against {AGENT_HEADROOM:.0%} of {cores} cores"))
-        real_packet_s = frame_bytes(mtu) * 8 / (rate_mbps * 1e6)
-        least_packet_s = PACKET_TIME_IN_WAKES * LOOP_GRANULARITY_S
-        bounds.append(Bound("agents' timing", least_packet_s / real_packet_s,
+    if udp or relay:
+        who = "agents'" if udp else "delay relay's"
+        bounds.append(Bound(f"{who} timing", least_packet_s / real_packet_s,
                             f"a packet's {real_packet_s * 1e9:.0f} ns on a host link made at "
                             f"least {least_packet_s * 1e3:g} ms ({PACKET_TIME_IN_WAKES} of the "
-                            "agents' event-loop wake-ups)"))
+                            f"{who} event-loop wake-ups)"))
+    if relay:
+        held = packets * RELAY_PACKETS_PER_DATA
+        bounds.append(Bound("delay relay's CPU", held * RELAY_CPU_S_PER_PACKET / RELAY_HEADROOM,
+                            f"{held:,.0f} packets/s held (data and acknowledgements of "
+                            f"{senders} senders at the real rate) x "
+                            f"{RELAY_CPU_S_PER_PACKET * 1e6:.0f} us of the relay's CPU each "
+                            f"against {RELAY_HEADROOM:.0%} of its one core"))
     return nice(max(b.least for b in bounds)), tuple(bounds)
 
 
@@ -413,11 +441,12 @@ def auto(real: TestbedSpec, workload: Workload | None,
         mean_hops=mean_switch_hops(real.topology), mtu=real.fabric.mtu,
         saturation_mbit_hops=saturation_mbit_hops(real.fabric.mtu, saturation_table(datapath)),
         cores=cores, transports=transports, headroom=HEADROOM,
-        measured_cores=MEASURED_CORES)
+        measured_cores=MEASURED_CORES, relay=real.fabric.delay_line == "hosts")
 
 
 def delay_line(spec: TestbedSpec, workload: Workload | None, emulator: dict) -> str:
-    """Where the links' delay is added (``emulator.delay_line``): ``agents`` or ``link``."""
+    """Where the links' delay is added (``emulator.delay_line``): ``agents``, ``hosts`` (the
+    relay of :mod:`testbed.plan.hostdelay`) or ``link`` (netem)."""
     asked = emulator.get("delay_line", "auto")
     if not any(spec.fabric.link(t).delay_us for t in ("host", "fabric")):
         return "link"
@@ -429,5 +458,8 @@ def delay_line(spec: TestbedSpec, workload: Workload | None, emulator: dict) -> 
                 if workload is not None and workload.program is not None else "no job runs")
         raise ConfigError("emulator.delay_line", f"agents: the agents' delay line carries the "
                           f"UDP transports' packets (rocev2, uet) only, and {what}; kernel TCP's "
-                          "latency needs netem (the vm backend has it)")
+                          "latency needs netem (the vm backend has it) or the hosts' relay "
+                          "(emulator.delay_line: hosts)")
+    if asked == "hosts":
+        return "hosts"
     return "agents" if asked == "agents" or (asked == "auto" and udp_only) else "link"

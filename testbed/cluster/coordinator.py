@@ -389,6 +389,9 @@ class ClusterFabric:
         self.on_all(lambda m: m.start_monitor(queue_interval_s))
         return ClusterMonitor(self.on_all), lambda: self.on_all(lambda m: m.stop_monitor())
 
+    def delay_relay_counters(self) -> dict | None:
+        return None  # each machine's relay keeps its own counters
+
     def placement(self) -> dict:
         """The partition and the machines (``results.json``'s ``cluster``)."""
         plan = self.plan

@@ -9,7 +9,8 @@ has been checked and the run recorded:
 - :class:`~testbed.fabric.hostlinks.HostsAndLinks`: hosts, links, tunnels, scale-up domains;
 - :class:`~testbed.fabric.switches.Switches`: the switches on the datapath chosen;
 - :class:`~testbed.fabric.portservices.PortServices`: the ECN marker, link cuts, PFC or CBFC;
-- :class:`~testbed.fabric.controller.Controller`: the controller's process and its watch.
+- :class:`~testbed.fabric.controller.Controller`: the controller's process and its watch;
+- :class:`~testbed.fabric.hostdelay.HostDelay`: the hosts' delay relay (``delay_line: hosts``).
 
 Everything is removed in ``__exit__`` (normal exit, exception, Ctrl-C, or SIGTERM turned into
 an exception by the CLI); after a SIGKILL, by ``fabriclab clean`` or the next fabric's build.
@@ -29,6 +30,7 @@ from typing import Self
 
 from testbed.errors import TestbedError
 from testbed.fabric.controller import Controller
+from testbed.fabric.hostdelay import HostDelay
 from testbed.fabric.hostlinks import HostsAndLinks
 from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.fabric.linkfail import End
@@ -96,6 +98,7 @@ class Fabric:
         self.switches: Switches | None = None
         self.ports: PortServices | None = None
         self.controller: Controller | None = None  # None: it runs elsewhere
+        self.delay_relay: HostDelay | None = None  # the hosts' delay relay (delay_line: hosts)
 
     # -- what it is ----------------------------------------------------------------------------
     @property
@@ -162,6 +165,9 @@ class Fabric:
     def placement(self) -> dict | None:
         return None  # every node on this machine
 
+    def delay_relay_counters(self) -> dict | None:
+        return self.delay_relay.counters() if self.delay_relay is not None else None
+
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> Self:
         up_or_down(self)
@@ -209,6 +215,9 @@ class Fabric:
         if self.controller_at is None:
             self.controller = Controller(self.spec, self.topo, self.run, self.listen,
                                          self.switches)
+        if self.spec.fabric.delay_line == "hosts":
+            self.delay_relay = HostDelay(self.spec, self.share, self.run, self.netlink,
+                                         self.links.pid)
 
     def _build(self) -> None:
         """This machine's hosts, links, tunnels, markers and switches."""
@@ -219,6 +228,8 @@ class Fabric:
             self._step("tunnels", links.create_tunnels)
         if self.topo.scale_up:
             self._step("scale-up", links.create_scale_up)
+        if self.delay_relay is not None:
+            self._step("delay relay", self.delay_relay.start)
         if self.spec.fabric.needs_marker:
             self._step("ecn", ports.attach_markers)
         self._step("cut", lambda: ports.load_cut(self.failable))

@@ -65,7 +65,9 @@ class HostsAndLinks:
             registry.track_process(record, pid, Role.host(name))
 
         sysctls = self.spec.fabric.host_sysctls(procfs.read_sysctl("net.ipv4.tcp_rmem"))
-        if self.topo.servers:  # a GPU's scale-up peers answer on other interfaces than its NIC
+        if self.topo.servers or self.spec.fabric.delay_line == "hosts":
+            # a GPU's scale-up peers answer on other interfaces than its NIC; the delay
+            # relay's device hands back packets whose source is reached through the NIC
             sysctls |= {"net.ipv4.conf.all.rp_filter": "0",
                         "net.ipv4.conf.default.rp_filter": "0"}
             if any(s.scale_up == "cube_mesh" for s in self.topo.servers):

@@ -50,6 +50,8 @@ HTB_CLASS = 0x10001  # 1:1
 LEAF_HANDLE = 0x100000  # 10:
 CLSACT_EGRESS = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
 CLSACT_INGRESS = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
+ETH_P_IP = 0x0800
+RELAY_PRIO = 10  # the delay relay's filter at a host NIC's ingress: after any BPF program
 
 
 @contextmanager
@@ -206,6 +208,26 @@ class Netlink:
             if mac:
                 self.root.link("set", index=index, address=mac)
             self.root.link("set", index=index, net_ns_pid=pid)
+
+    def relay_ingress(self, tun: str, pid: int, nic: str, mtu: int, txqlen: int) -> None:
+        """Hand every IPv4 packet ``nic`` receives (in ``pid``'s namespace) to the TUN device
+        ``tun`` of the delay relay (:mod:`testbed.linux.tunrelay`): the device moved into that
+        namespace and up, and a ``u32`` match-all filter at the NIC's ingress redirecting
+        to its egress, which the relay reads."""
+        self.move(tun, pid)
+        ipr, idx = self.ns(pid), self.index(nic, pid)
+        with _request(f"relay device {tun} for {nic}"):
+            tun_idx = self.index(tun, pid)
+            ipr.link("set", index=tun_idx, mtu=mtu, txqlen=txqlen, state="up")
+            try:
+                ipr.tc("add", "clsact", index=idx)
+            except NetlinkError as err:
+                if err.code != errno.EEXIST:  # the NIC's other direction may have one
+                    raise
+            ipr.tc("add-filter", "u32", index=idx, parent=CLSACT_INGRESS, prio=RELAY_PRIO,
+                   protocol=ETH_P_IP, target=0, keys=["0x0/0x0+0"],
+                   action={"kind": "mirred", "direction": "egress", "action": "redirect",
+                           "ifindex": tun_idx})
 
     def host_routes(self, pid: int, ifname: str, routes: list[tuple[str, str | None]],
                     neighbours: list[tuple[str, str]]) -> None:

@@ -202,8 +202,9 @@ class FabricSpec:
     pfc: PfcSpec = field(default_factory=PfcSpec)
     servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)
     int_telemetry: bool = False  # the ports stamp INT on packets that ask (a job uses HPCC)
-    # where the links' delay is added: "link" (a netem leaf on every link) or "agents" (the
-    # UDP transports' agents hold each packet they receive for its path's one-way delay)
+    # where the links' delay is added: "link" (a netem leaf on every link), "agents" (the
+    # UDP transports' agents hold each packet they receive for its path's one-way delay) or
+    # "hosts" (a relay holds every IPv4 packet a host receives so: testbed.plan.hostdelay)
     delay_line: str = "link"
 
     def link_delay_us(self, tier: str) -> float:
@@ -354,6 +355,8 @@ class TestbedSpec:
             needs.append(q("fabric.traffic_classes", "clsact"))
         if self.fabric.pfc.priorities:
             needs.append(q("fabric.pfc", "tbf"))
+        if self.fabric.delay_line == "hosts":  # the NICs' ingress turned to the relay
+            needs.append(q("emulator.delay_line", "clsact"))
         return needs
 
     @cached_property

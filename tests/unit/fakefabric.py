@@ -97,6 +97,9 @@ class FakeFabric:
     def placement(self) -> dict | None:
         return None
 
+    def delay_relay_counters(self) -> dict | None:
+        return None
+
     # -- services and processes ---------------------------------------------------------------
     def spawn(self, host, argv, role, **popen_kwargs):
         raise AssertionError(f"the fake fabric runs no process ({role})")

@@ -11,7 +11,7 @@ from fabriclab.model import timescale as ts
 from testbed.errors import ConfigError
 from testbed.model.congestion import frame_bytes
 from traffic.measure.results import transport_totals
-from traffic.transports import delayline
+from testbed.plan import delayline
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 

@@ -13,92 +13,13 @@ up to one path's latency earlier than with the latency spread over the hops, a c
 per flow that matters only to flows whose start times are within a path's latency of each
 other's (a few microseconds of the real fabric).
 
-:class:`Lateness` counts how late the agent did what it was due to do (a packet released, a
+:class:`~testbed.plan.delayline.Lateness` counts how late the agent did what it was due to do (a packet released, a
 paced packet sent), in a histogram that sums over agents and differences over collectives.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from dataclasses import dataclass, field
-
-#: the histogram's upper edges, microseconds (the last bucket is everything above)
-EDGES_US = (250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
-OVER = f"over_{EDGES_US[-1]}"
-
-
-@dataclass
-class DelayLine:
-    """Packets held until their time."""
-
-    heap: list = field(default_factory=list)
-    seq: itertools.count = field(default_factory=itertools.count)
-
-    def hold(self, due: float, item: object) -> None:
-        """Keep ``item`` until ``due`` (the clock's seconds)."""
-        heapq.heappush(self.heap, (due, next(self.seq), item))
-
-    def next_time(self) -> float | None:
-        """When the next item is due (None: nothing held)."""
-        return self.heap[0][0] if self.heap else None
-
-    def release(self, now: float) -> list[tuple[float, object]]:
-        """Every item due by ``now``, in order, each with its due time."""
-        out = []
-        while self.heap and self.heap[0][0] <= now:
-            due, _, item = heapq.heappop(self.heap)
-            out.append((due, item))
-        return out
-
-    def __len__(self) -> int:
-        return len(self.heap)
-
-
-def bucket(late_s: float) -> str:
-    """The histogram bucket of a lateness (``le_250``: at most 250 us)."""
-    us = late_s * 1e6
-    for edge in EDGES_US:
-        if us <= edge:
-            return f"le_{edge}"
-    return OVER
-
-
-def empty() -> dict[str, int]:
-    return {**{f"le_{e}": 0 for e in EDGES_US}, OVER: 0}
-
-
-def quantile_us(hist: dict[str, int], q: float) -> float | None:
-    """The upper edge of the bucket that holds quantile ``q`` (an upper bound of it; the
-    overflow bucket counts as twice the last edge). None: an empty histogram."""
-    total = sum(hist.values())
-    if not total:
-        return None
-    rank, seen = q * total, 0
-    for edge in EDGES_US:
-        seen += hist.get(f"le_{edge}", 0)
-        if seen >= rank:
-            return float(edge)
-    return 2.0 * EDGES_US[-1]
-
-
-@dataclass
-class Lateness:
-    """How late an agent was against its schedule: ``tx`` paced packets sent, ``rx`` packets
-    released from its delay line."""
-
-    tx: dict[str, int] = field(default_factory=empty)
-    rx: dict[str, int] = field(default_factory=empty)
-
-    def sent(self, late_s: float) -> None:
-        self.tx[bucket(late_s)] += 1
-
-    def released(self, late_s: float) -> None:
-        self.rx[bucket(late_s)] += 1
-
-    def summary(self) -> dict:
-        """``{"tx": {...}, "rx": {...}}`` (copies: the caller differences them)."""
-        return {"tx": dict(self.tx), "rx": dict(self.rx)}
+from testbed.plan.delayline import DelayLine, Lateness
 
 
 class AgentTiming:
