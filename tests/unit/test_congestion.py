@@ -147,10 +147,11 @@ def test_validate_prints_the_thresholds_it_derived():
                           text=True, cwd=root, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     (doc,) = json.loads(proc.stdout)
-    assert doc["ecn"] == {"host": "priority 0-7: step K=26.4 KiB",
-                          "fabric": "priority 0-7: step K=26.4 KiB"}
-    assert doc["variants"] == ["lossy", "ecn", "pfc", "ecn_pfc"] and 0 < doc["base_rtt_s"] < 0.1
-    assert doc["pfc"].startswith("priorities 3: XOFF 128.0 KiB")
+    # K = C x RTT / 7 of each tier's emulated rate and the fabric's scaled base RTT
+    assert doc["ecn"] == {"host": "priority 0-7: step K=38.1 KiB",
+                          "fabric": "priority 0-7: step K=76.1 KiB"}
+    assert doc["variants"] == ["lossy", "ecn", "pfc", "ecn_pfc"] and 0 < doc["base_rtt_s"] < 1
+    assert doc["pfc"].startswith("priorities 3: XOFF 1066.0 KiB")
     assert "ECN at the switch ports of fabric links" in proc.stderr
 
 
