@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the ports' load estimate drains at 10 Gbit/s (the chain is unshaped: the figure is unused)
+PORT_RATE_BYTES_S = 1_250_000_000
 sys.path.insert(0, str(ROOT))
 
 from controllers.routing.tables import FlowEntry  # noqa: E402
@@ -99,8 +101,8 @@ def ebpf_chain(tag: str, hops: int, state: Path):
     switches = EbpfSwitches(Path(f"/sys/fs/bpf/fabriclab/{tag}"), state)
     with Netlink() as nl:
         for i, (port1, port2) in enumerate(ports_of(tag, hops), start=1):
-            switches.add_port(nl, i, 1, port1)
-            switches.add_port(nl, i, 2, port2)
+            switches.add_port(nl, i, 1, port1, PORT_RATE_BYTES_S)
+            switches.add_port(nl, i, 2, port2, PORT_RATE_BYTES_S)
             switches.set_table(i, tss.compile_table([route(A, 1), route(B, 2)]))
     return switches
 

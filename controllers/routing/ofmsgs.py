@@ -24,16 +24,20 @@ class HashSelection:
     * ``dp_hash``: the datapath hashes the 5-tuple (``hash(l4(basis))``, the basis in the low
       32 bits of the parameter, algorithm 0 above) and recirculates; its flows match the hash's
       bucket bits only, so spraying costs no upcalls, but a trace stops at the recirculation.
+
+    The eBPF switches read the same property for their switch-local methods, ``flowlet``
+    (``gap_us``) and ``packet`` (:class:`testbed.model.openflow.GroupEntry`).
     """
 
-    def __init__(self, basis: int, method: str = "hash") -> None:
-        if method not in ("hash", "dp_hash"):
+    def __init__(self, basis: int, method: str = "hash", gap_us: int = 0) -> None:
+        if method not in groups.METHODS:
             raise ValueError(f"unknown selection method {method!r}")
         self.basis = basis
         self.method = method
+        self.gap_us = gap_us
 
     def serialize(self) -> bytes:
-        return groups.selection_property(self.basis, self.method)
+        return groups.selection_property(self.basis, self.method, self.gap_us)
 
 
 def _clear(dp, _op: Op) -> list:
@@ -55,7 +59,7 @@ def _group(command: str) -> Callable[[object, Op], list]:
         buckets = groups.buckets(entry)
         ff = entry.kind == "ff"
         props = [] if op.kind == OpKind.GROUP_DEL or ff else [
-            HashSelection(entry.hash_basis, entry.selection)]
+            HashSelection(entry.hash_basis, entry.selection, entry.gap_us)]
         return [parser.OFPGroupMod(dp, command=getattr(ofp, command),
                                    type_=ofp.OFPGT_FF if ff else ofp.OFPGT_SELECT,
                                    group_id=entry.group_id, buckets=buckets, properties=props)]

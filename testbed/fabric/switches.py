@@ -174,7 +174,8 @@ class Switches:
             ports = []
             for number, link in sorted(topo.ports(sw.name).items()):
                 ifname = link.end(sw.name).ifname
-                self.ebpf.add_port(self.netlink, index, number, ifname)
+                self.ebpf.add_port(self.netlink, index, number, ifname,
+                                   int(link.rate_mbps * 1e6 / 8))
                 mac = f"02:fb:00:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}:{number & 0xFF:02x}"
                 ports.append(Port(number, ifname, mac, speed_kbps=int(link.rate_mbps * 1000)))
             specs[sw.name] = SwitchSpec(index, sw.dpid, ports)

@@ -22,6 +22,8 @@ FIELD_BITS = {"in_port": 1, "eth_type": 2, "eth_dst": 4, "ip_dscp": 8, "ip_proto
               "tcp_src": 32, "udp_src": 32, "tcp_dst": 64, "udp_dst": 64, "eth_src": 128}
 A_OUTPUT, A_GROUP, A_DROP, A_CONTROLLER = 1, 2, 3, 4
 G_SELECT, G_FF = 1, 2
+#: a SELECT group's selection in the datapath (progs/switch.c SEL_*): both hash methods hash
+SELECTION = {"hash": 0, "dp_hash": 0, "flowlet": 1, "packet": 2}
 PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
 PUNT_RING_BYTES = 1 << 22  # progs/switch.c PUNT_RING
 
@@ -71,8 +73,17 @@ class GroupId(ctypes.Structure):
 
 class Group(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_uint32), ("basis", ctypes.c_uint32), ("n", ctypes.c_uint32),
-                ("pad", ctypes.c_uint32), ("ports", ctypes.c_uint32 * MAX_BUCKETS),
+                ("selection", ctypes.c_uint32), ("gap_ns", ctypes.c_uint64),
+                ("ports", ctypes.c_uint32 * MAX_BUCKETS),
                 ("weights", ctypes.c_uint32 * MAX_BUCKETS)]
+
+
+class PortLoad(ctypes.Structure):
+    """A port's load (progs/switch.c struct port_load; the kernel keeps its lock)."""
+
+    _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
+                ("level", ctypes.c_uint64), ("last_ns", ctypes.c_uint64),
+                ("rate_bytes_s", ctypes.c_uint64)]
 
 
 def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
@@ -118,7 +129,7 @@ class EbpfSwitches:
         self.maps = {name: bpf.Map(self.pin_dir / name, k, v) for name, k, v in (
             ("sw_ports", ctypes.c_uint32, PortId), ("sw_out", PortId, PortOut),
             ("sw_masks", TableId, MaskValue), ("sw_flows", FlowKey, Action),
-            ("sw_groups", GroupId, Group))}
+            ("sw_groups", GroupId, Group), ("sw_load", PortId, PortLoad))}
         # switch -> its flow keys in the map and what they hold, by subtable mask and key
         self.written: dict[int, dict[tuple, tuple[FlowKey, tuple]]] = {}
         self.masks: dict[int, list[bytes | None]] = {}  # switch -> its subtables' masks written
@@ -134,11 +145,14 @@ class EbpfSwitches:
             os.close(self.prog_fd)
             self.prog_fd = -1
 
-    def add_port(self, netlink: Netlink, sw: int, port: int, ifname: str) -> None:
-        """Make root-namespace interface ``ifname`` port ``port`` of switch ``sw``."""
+    def add_port(self, netlink: Netlink, sw: int, port: int, ifname: str,
+                 rate_bytes_s: int) -> None:
+        """Make root-namespace interface ``ifname`` port ``port`` of switch ``sw``; its load
+        drains at ``rate_bytes_s`` (its link's rate)."""
         ifindex = netlink.index(ifname)
         self.maps["sw_ports"].update(ctypes.c_uint32(ifindex), PortId(sw, port))
         self.maps["sw_out"].update(PortId(sw, port), PortOut(ifindex, 1))
+        self.maps["sw_load"].update(PortId(sw, port), PortLoad(rate_bytes_s=int(rate_bytes_s)))
         netlink.attach_bpf(ifname, self.prog_fd, "fabriclab_switch", ingress=True, prio=3)
 
     def set_live(self, sw: int, port: int, live: bool) -> None:
@@ -205,11 +219,18 @@ class EbpfSwitches:
                 for rec in self.punts.read() if len(rec) >= size]
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
-                  weights: list[int] | None = None, basis: int = 0) -> None:
-        """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``."""
+                  weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
+                  gap_us: int = 0) -> None:
+        """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``; a SELECT
+        group's ``selection``: ``hash``/``dp_hash``, or switch-local ``flowlet`` (with its
+        ``gap_us``) or ``packet``."""
         if len(ports) > MAX_BUCKETS:
             raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
-        g = Group(kind=G_FF if kind == "ff" else G_SELECT, basis=basis, n=len(ports))
+        if selection not in SELECTION:
+            raise TestbedError(f"switch {sw} group {group_id}: selection {selection!r} is not "
+                               f"one of {', '.join(SELECTION)}")
+        g = Group(kind=G_FF if kind == "ff" else G_SELECT, basis=basis, n=len(ports),
+                  selection=SELECTION[selection], gap_ns=int(gap_us) * 1000)
         for i, port in enumerate(ports):
             g.ports[i] = port
             g.weights[i] = (weights or [1] * len(ports))[i]

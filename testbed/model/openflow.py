@@ -30,7 +30,9 @@ class FlowEntry:
 class GroupEntry:
     """An OpenFlow SELECT group; each bucket outputs to (and watches) one port. The switch picks
     a bucket by hashing the 5-tuple with ``hash_basis``, in the slow path (``hash``) or in the
-    datapath (``dp_hash``)."""
+    datapath (``dp_hash``), or by its ports' load, switch-local (the eBPF datapath's
+    ``flowlet``: a flow's packets keep their port until a gap of ``gap_us``; ``packet``: every
+    packet to the least-loaded port; :mod:`testbed.plan.localroute`)."""
 
     group_id: int
     ports: tuple[int, ...]
@@ -38,3 +40,4 @@ class GroupEntry:
     selection: str = "hash"
     weights: tuple[int, ...] = ()  # one per port (SELECT bucket weights); empty: all alike
     kind: str = "select"  # or "ff": fast failover, the first live port in order
+    gap_us: int = 0  # flowlet: the idle gap after which a flow may take another port

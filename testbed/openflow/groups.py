@@ -7,7 +7,9 @@ A group mod and a group description share their tail: 16 bytes of header, the bu
 own parsers read a bucket's properties, and a group description's, up to a length counted from
 the wrong offset (past the bucket, past the group into the next one), so these are read here by
 their layout and written with os-ken's bucket class. Open vSwitch's ``selection_method`` (an
-ONF/NTR experimenter property) carries the hash method and basis.
+ONF/NTR experimenter property) carries the hash method and basis; the eBPF switches also read
+the switch-local methods from it (``flowlet``, its gap in microseconds in the parameter's high
+32 bits, and ``packet``).
 """
 
 from __future__ import annotations
@@ -52,10 +54,14 @@ def read_buckets(raw: bytes, offset: int, end: int) -> list[Bucket]:
     return out
 
 
-def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str]:
-    """The group properties from ``offset`` to ``end``: Open vSwitch's selection method's
-    (basis, method); (0, "hash") when there is none."""
-    basis, selection = 0, "hash"
+#: selection methods: Open vSwitch's (``hash``, ``dp_hash``) and the eBPF switches' local ones
+METHODS = ("hash", "dp_hash", "flowlet", "packet")
+
+
+def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str, int]:
+    """The group properties from ``offset`` to ``end``: the selection method's (basis, method,
+    flowlet gap in us); (0, "hash", 0) when there is none."""
+    basis, selection, gap_us = 0, "hash", 0
     while offset + 8 <= end:
         ptype, plen = struct.unpack_from("!HH", raw, offset)
         if plen < 8:
@@ -64,13 +70,15 @@ def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str]:
             experimenter, exp_type = struct.unpack_from("!II", raw, offset + 4)
             if (experimenter, exp_type) == (NTR_EXPERIMENTER, NTRT_SELECTION_METHOD):
                 selection = raw[offset + 16:offset + 32].rstrip(b"\0").decode(errors="replace")
-                basis = struct.unpack_from("!Q", raw, offset + 32)[0] & 0xFFFFFFFF
+                param = struct.unpack_from("!Q", raw, offset + 32)[0]
+                basis = param & 0xFFFFFFFF
+                gap_us = param >> 32 if selection == "flowlet" else 0
         offset += (plen + 7) // 8 * 8
-    return basis, selection
+    return basis, selection, gap_us
 
 
 def entry(group_id: int, kind: int, buckets: list[Bucket], basis: int,
-          selection: str) -> GroupEntry:
+          selection: str, gap_us: int = 0) -> GroupEntry:
     """The entry of a SELECT or fast-failover group whose buckets each output to one port."""
     if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
         raise BadGroup(f"group {group_id}: type {kind}")
@@ -81,7 +89,7 @@ def entry(group_id: int, kind: int, buckets: list[Bucket], basis: int,
     return GroupEntry(group_id, tuple(b.outputs[0] for b in buckets),
                       0 if ff else basis, "hash" if ff else selection,
                       () if ff or all(w == 1 for w in weights) else weights,
-                      "ff" if ff else "select")
+                      "ff" if ff else "select", 0 if ff else gap_us)
 
 
 def read_desc(raw: bytes, offset: int) -> tuple[GroupEntry, int]:
@@ -92,21 +100,25 @@ def read_desc(raw: bytes, offset: int) -> tuple[GroupEntry, int]:
         raise BadGroup(f"group description of length {length} at offset {offset}")
     start = offset + DESC.size
     buckets = read_buckets(raw, start, start + buckets_len)
-    basis, selection = read_selection(raw, start + buckets_len, end)
-    return entry(group_id, kind, buckets, basis, selection), length
+    basis, selection, gap_us = read_selection(raw, start + buckets_len, end)
+    return entry(group_id, kind, buckets, basis, selection, gap_us), length
 
 
-def selection_property(basis: int, method: str) -> bytes:
+def selection_property(basis: int, method: str, gap_us: int = 0) -> bytes:
     """Open vSwitch's ``selection_method`` group property: the 5-tuple's fields for ``hash``,
-    none for ``dp_hash`` (the datapath hashes the 5-tuple)."""
-    if method not in ("hash", "dp_hash"):
+    none for ``dp_hash`` (the datapath hashes the 5-tuple) or the local methods (``flowlet``:
+    ``gap_us`` in the parameter's high 32 bits; ``packet``)."""
+    if method not in METHODS:
         raise ValueError(f"unknown selection method {method!r}")
+    if not 0 <= gap_us < 1 << 32:
+        raise ValueError(f"flowlet gap {gap_us} us does not fit 32 bits")
     # OXM (OpenFlow basic class) field ids and widths; the "value" of each TLV is its mask
-    fields = b"" if method == "dp_hash" else b"".join(
+    fields = b"" if method != "hash" else b"".join(
         struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
         for field, width in ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2)))
     body = struct.pack("!HHII4x16sQ", 0xFFFF, 40 + len(fields), NTR_EXPERIMENTER,
-                       NTRT_SELECTION_METHOD, method.encode(), basis & 0xFFFFFFFF) + fields
+                       NTRT_SELECTION_METHOD, method.encode(),
+                       (basis & 0xFFFFFFFF) | (gap_us << 32 if method == "flowlet" else 0)) + fields
     return body + b"\0" * (-len(body) % 8)
 
 
@@ -128,6 +140,6 @@ def desc(group: GroupEntry) -> bytes:
     for bucket in buckets(group):
         bucket.serialize(buf, len(buf))
     ff = group.kind == "ff"
-    props = b"" if ff else selection_property(group.hash_basis, group.selection)
+    props = b"" if ff else selection_property(group.hash_basis, group.selection, group.gap_us)
     return DESC.pack(DESC.size + len(buf) + len(props), ofp.OFPGT_FF if ff else ofp.OFPGT_SELECT,
                      group.group_id, len(buf)) + bytes(buf) + props

@@ -371,13 +371,14 @@ class SwitchSession:
         body_end = ofp.OFP_GROUP_MOD_SIZE + buckets_len
         try:
             read = groups.read_buckets(raw, ofp.OFP_GROUP_MOD_SIZE, body_end)
-            basis, selection = groups.read_selection(raw, body_end, len(raw))
+            basis, selection, gap_us = groups.read_selection(raw, body_end, len(raw))
         except groups.BadGroup:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
-        return self._set_group(raw, xid, command, kind, group_id, read, basis, selection)
+        return self._set_group(raw, xid, command, kind, group_id, read, basis, selection,
+                               gap_us)
 
     def _set_group(self, raw: bytes, xid: int, command: int, kind: int, group_id: int,
-                   read: list, basis: int, selection: str) -> bytes:
+                   read: list, basis: int, selection: str, gap_us: int = 0) -> bytes:
         if command == ofp.OFPGC_DELETE:
             if group_id == ofp.OFPG_ALL:
                 self.groups.clear()
@@ -385,10 +386,10 @@ class SwitchSession:
                 self.groups.pop(group_id, None)
             self.on_change(self.flows, self.groups)
             return b""
-        if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
+        if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF) or selection not in groups.METHODS:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, raw)
         try:
-            group = groups.entry(group_id, kind, read, basis, selection)
+            group = groups.entry(group_id, kind, read, basis, selection, gap_us)
         except groups.BadGroup:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
         if any(port not in self.ports for port in group.ports):

@@ -37,7 +37,8 @@ class Datapath(Protocol):
     def set_table(self, sw: int, subtables: list[tss.Subtable]) -> None: ...
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
-                  weights: list[int] | None = None, basis: int = 0) -> None: ...
+                  weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
+                  gap_us: int = 0) -> None: ...
 
     def delete_group(self, sw: int, group_id: int) -> None: ...
 
@@ -249,7 +250,8 @@ class SwitchAgent:
         session, sw = conn.session, conn.spec.index
         for gid, group in session.groups.items():
             self.datapath.set_group(sw, gid, group.kind, list(group.ports),
-                                    list(group.weights) or None, group.hash_basis)
+                                    list(group.weights) or None, group.hash_basis,
+                                    group.selection, group.gap_us)
         self.datapath.set_table(sw, tss.compile_table(session.flows.values()))
         for gid in conn.groups - set(session.groups):
             self.datapath.delete_group(sw, gid)

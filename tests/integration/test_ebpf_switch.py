@@ -26,6 +26,7 @@ from testbed.switch.agent import SwitchAgent, SwitchSpec
 from testbed.openflow.session import Port
 
 HOSTS = 3
+RATE_BYTES_S = 125_000_000  # the ports' loads drain at 1 Gbit/s
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -61,7 +62,7 @@ def star(tmp_path):
         switches = EbpfSwitches(Path(pins), tmp_path / "state")
         with Netlink() as nl:
             for i in range(1, HOSTS + 1):
-                switches.add_port(nl, 7, i, f"{tag}p{i}")
+                switches.add_port(nl, 7, i, f"{tag}p{i}", RATE_BYTES_S)
         yield tag, switches
     finally:
         if switches is not None:
@@ -192,7 +193,7 @@ def test_fabriclabs_controller_programs_ebpf_switches_over_openflow(tmp_path):
                     ports = []
                     for number, link in sorted(topo.ports(sw.name).items()):
                         ifname = link.end(sw.name).ifname
-                        switches.add_port(nl, i, number, ifname)
+                        switches.add_port(nl, i, number, ifname, RATE_BYTES_S)
                         ports.append(Port(number, ifname, f"02:00:00:00:{i:02x}:{number:02x}"))
                     specs[sw.name] = SwitchSpec(i, sw.dpid, ports)
             agent = SwitchAgent(switches, specs, ("127.0.0.1", port))

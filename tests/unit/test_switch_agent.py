@@ -53,6 +53,7 @@ class FakeLinks:
 class FakeMaps:
     def __init__(self) -> None:
         self.tables, self.groups, self.live, self.calls = {}, {}, {}, []
+        self.selections = {}
         self.punts, self._punt_in = socket.socketpair()  # readable when punted packets wait
         self.waiting: list = []
 
@@ -76,8 +77,10 @@ class FakeMaps:
         self.tables[sw] = subtables
         self.calls.append("table")
 
-    def set_group(self, sw, group_id, kind, ports, weights=None, basis=0):
+    def set_group(self, sw, group_id, kind, ports, weights=None, basis=0, selection="hash",
+                  gap_us=0):
         self.groups[(sw, group_id)] = (kind, ports, weights, basis)
+        self.selections[(sw, group_id)] = (selection, gap_us)
         self.calls.append("group")
 
     def delete_group(self, sw, group_id):

@@ -6,7 +6,10 @@
  * outranks every table left); the action outputs to a port (bpf_redirect to its veth end, whose
  * egress qdiscs -- shaping, the ECN marker -- apply as on any port), through a group (a SELECT
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
- * failover: the first live port), or drops. Each entry counts its packets and bytes. A packet
+ * failover: the first live port; switch-local adaptive: the least-loaded live port for each
+ * flowlet or each packet, testbed/plan/localroute.py), or drops. Every port's load is a
+ * virtual queue of the bytes sent out of it, drained at its rate (sw_load). Each entry counts
+ * its packets and bytes. A packet
  * for the controller (an output to it, or an entry's copy of its first bytes: a punt) goes into
  * the ring buffer sw_punts with its switch, port and length, where the switch's agent reads it
  * and sends it on as a packet-in.
@@ -39,6 +42,14 @@
 #define G_SELECT 1
 #define G_FF 2
 
+/* a SELECT group's selection (testbed/plan/localroute.py is the reference) */
+#define SEL_HASH 0
+#define SEL_FLOWLET 1
+#define SEL_PACKET 2
+#define NS_PER_US 1000ULL
+#define US_PER_S 1000000ULL
+#define NS_PER_S 1000000000ULL
+
 #define PUNT_MAX 16384		/* bytes of a packet the controller gets at most */
 #define PUNT_RING (1 << 22)	/* testbed/linux/ebpfswitch.py PUNT_RING_BYTES */
 #define PUNT_ALL 0xffff		/* OFPCML_NO_BUFFER: the whole packet */
@@ -62,10 +73,21 @@ struct punt_head { __u32 sw, port, total_len, reason; };
 struct punt { struct punt_head head; __u8 data[PUNT_MAX]; };
 struct group_id { __u32 sw; __u32 group; };
 struct group {
-	__u32 kind, basis, n, pad;
+	__u32 kind, basis, n, selection;
+	__u64 gap_ns;		/* flowlet: the idle gap after which a flow may move */
 	__u32 ports[MAX_BUCKETS];
 	__u32 weights[MAX_BUCKETS];
 };
+/* a port's load: the bytes sent out of it, drained at its rate since last_ns */
+struct port_load {
+	struct bpf_spin_lock lock;
+	__u32 pad;
+	__u64 level;
+	__u64 last_ns;
+	__u64 rate_bytes_s;
+};
+struct flowlet_key { __u32 sw, group, hash; };
+struct flowlet { __u32 port, pad; __u64 last_ns; };
 
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, __u32); __type(value, struct port_id); } sw_ports SEC(".maps");
@@ -77,6 +99,11 @@ struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1048576);
 	 __type(key, struct flow_key); __type(value, struct action); } sw_flows SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, struct group_id); __type(value, struct group); } sw_groups SEC(".maps");
+
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, struct port_id); __type(value, struct port_load); } sw_load SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 262144);
+	 __type(key, struct flowlet_key); __type(value, struct flowlet); } sw_flowlets SEC(".maps");
 
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, PUNT_RING); } sw_punts SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY); __uint(max_entries, 1);
@@ -154,6 +181,56 @@ static __always_inline __u32 flow_hash(__u32 basis, __u32 src, __u32 dst, __u8 p
 	return h ^ (h >> 16);
 }
 
+/* What a port's load has drained since last_ns: whole microseconds of it (the rest is kept
+ * for the next time); after a second idle, everything. */
+static __always_inline __u64 drained(const struct port_load *l, __u64 now, __u64 *elapsed_ns)
+{
+	__u64 us = now > l->last_ns ? (now - l->last_ns) / NS_PER_US : 0;
+
+	if (us >= US_PER_S) {
+		*elapsed_ns = now - l->last_ns;
+		return ~0ULL;
+	}
+	*elapsed_ns = us * NS_PER_US;
+	return us * l->rate_bytes_s / US_PER_S;
+}
+
+/* The bytes a port has queued now, as its load estimates them */
+static __always_inline __u64 queued(const struct port_load *l, __u64 now)
+{
+	__u64 elapsed, gone = drained(l, now, &elapsed);
+
+	return l->level > gone ? l->level - gone : 0;
+}
+
+/* A packet of len bytes joins the port's queue (a function of its own, as local_port) */
+__noinline int account(__u32 sw, __u32 port, __u32 len)
+{
+	struct port_id id = { sw, port };
+	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
+	__u64 now = bpf_ktime_get_ns(), elapsed, gone;
+
+	if (!l)
+		return 0;
+	bpf_spin_lock(&l->lock);
+	gone = drained(l, now, &elapsed);
+	l->level = (l->level > gone ? l->level - gone : 0) + len;
+	l->last_ns += elapsed;
+	bpf_spin_unlock(&l->lock);
+	return 1;
+}
+
+/* How long a port's queue takes to drain, ns (its load: ports of unlike rates compare) */
+static __always_inline __u64 delay_ns(__u32 sw, __u32 port, __u64 now)
+{
+	struct port_id id = { sw, port };
+	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
+
+	if (!l || !l->rate_bytes_s)
+		return 0;
+	return queued(l, now) * NS_PER_S / l->rate_bytes_s;
+}
+
 /* Out of a port: to its veth end's egress, where its qdiscs (shaping, the ECN marker) apply.
  * A packet straight from a host's socket still belongs to that socket (the kernel keeps
  * skb->sk across veths and redirects, so a datagram queued deep in the fabric would still fill
@@ -167,6 +244,7 @@ static __always_inline int output(struct __sk_buff *skb, __u32 sw, __u32 port)
 
 	if (!out || !out->live)
 		return TC_ACT_SHOT;
+	account(sw, port, skb->len);
 	if (skb->sk) {
 		if (bpf_clone_redirect(skb, out->ifindex, 0))
 			return TC_ACT_SHOT;
@@ -183,15 +261,119 @@ static __always_inline int live(__u32 sw, __u32 port)
 	return out && out->live;
 }
 
+/* The least-loaded live port of a group (ties: the h-th of the least, modulo their number);
+ * 0 when none is live. Two passes over the buckets by bpf_loop, each bucket's step verified
+ * once (unrolled, the branches of sixteen buckets multiplied past the verifier's limit). */
+struct least {
+	struct group *g;
+	__u64 now, best;
+	__u32 sw, ties, pick, port;
+};
+
+static long least_scan(__u32 i, void *arg)
+{
+	struct least *c = arg;
+	__u64 d;
+
+	if (i >= MAX_BUCKETS || i >= c->g->n)
+		return 1;
+	asm volatile("%0 &= 0xf" : "+r"(i));	/* MAX_BUCKETS - 1: a bound the verifier keeps */
+	if (!live(c->sw, c->g->ports[i]))
+		return 0;
+	d = delay_ns(c->sw, c->g->ports[i], c->now);
+	if (d < c->best) {
+		c->best = d;
+		c->ties = 1;
+	} else if (d == c->best) {
+		c->ties++;
+	}
+	return 0;
+}
+
+static long least_pick(__u32 i, void *arg)
+{
+	struct least *c = arg;
+
+	if (i >= MAX_BUCKETS || i >= c->g->n)
+		return 1;
+	asm volatile("%0 &= 0xf" : "+r"(i));
+	if (!live(c->sw, c->g->ports[i]) || delay_ns(c->sw, c->g->ports[i], c->now) != c->best)
+		return 0;
+	if (c->pick) {
+		c->pick--;
+		return 0;
+	}
+	c->port = c->g->ports[i];
+	return 1;
+}
+
+static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __u64 now)
+{
+	struct least c = { .g = g, .now = now, .best = ~0ULL, .sw = sw };
+
+	bpf_loop(MAX_BUCKETS, least_scan, &c, 0);
+	if (!c.ties)
+		return 0;
+	c.pick = h % c.ties;
+	bpf_loop(MAX_BUCKETS, least_pick, &c, 0);
+	return c.port;
+}
+
+/* A flowlet's port: the one its flow took, while its packets come closer than the group's
+ * gap and the port is live and still the group's; else the least-loaded, remembered */
+static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, __u32 h,
+					  __u64 now)
+{
+	struct flowlet_key key = { sw, gid, h };
+	struct flowlet *f = bpf_map_lookup_elem(&sw_flowlets, &key), fresh = {};
+	__u32 i;
+
+	if (f && now - f->last_ns < g->gap_ns && live(sw, f->port)) {
+		for (i = 0; i < MAX_BUCKETS; i++) {
+			if (i >= g->n)
+				break;
+			if (g->ports[i] == f->port) {
+				f->last_ns = now;
+				return f->port;
+			}
+		}
+	}
+	fresh.port = least_loaded(g, sw, h, now);
+	fresh.last_ns = now;
+	if (fresh.port)
+		bpf_map_update_elem(&sw_flowlets, &key, &fresh, BPF_ANY);
+	return fresh.port;
+}
+
+/* A switch-local selection's port for a packet of flow hash h (0: none live). A function
+ * of its own, verified on its own: inlined, its loops multiplied the flow table's states
+ * past the verifier's limit. */
+__noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h)
+{
+	struct group_id id = { sw, gid };
+	struct group *g = bpf_map_lookup_elem(&sw_groups, &id);
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!g)
+		return 0;
+	return g->selection == SEL_FLOWLET ? flowlet_port(g, sw, gid, h, now)
+					   : least_loaded(g, sw, h, now);
+}
+
 static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gid,
 				       struct flow_key *pkt)
 {
 	struct group_id id = { sw, gid };
 	struct group *g = bpf_map_lookup_elem(&sw_groups, &id);
-	__u32 total = 0, point, i;
+	__u32 total = 0, point, i, port;
 
 	if (!g)
 		return TC_ACT_SHOT;
+	if (g->kind == G_SELECT && g->selection != SEL_HASH) {
+		port = local_port(sw, gid, flow_hash(g->basis, pkt->src, pkt->dst, pkt->proto,
+						     pkt->sport, pkt->dport));
+		return port ? output(skb, sw, port) : TC_ACT_SHOT;
+	}
 	if (g->kind == G_FF) {
 		for (i = 0; i < MAX_BUCKETS; i++) {
 			if (i >= g->n)

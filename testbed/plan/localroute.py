@@ -1,0 +1,91 @@
+"""Switch-local adaptive routing as the eBPF datapath decides it (pure): the reference of
+``progs/switch.c``'s ``account``, ``least_loaded`` and ``flowlet_port``, integer for integer.
+
+Every switch port keeps a load: a virtual queue of the bytes sent out of it, drained at the
+port's rate (whole microseconds at a time, the rest kept for the next packet; after a second
+idle, empty). A SELECT group whose selection is switch-local compares its live ports by how
+long their queues take to drain (ports of unlike rates, a degraded link among them, compare
+fairly):
+
+- ``packet``: every packet to the least-loaded live port (Spectrum-X's per-packet adaptive
+  routing, behind a receiver that reorders); ties go to the ``h``-th of the least, modulo
+  their number, ``h`` the packet's flow hash (:func:`testbed.plan.groups.flow_hash`);
+- ``flowlet``: a flow (by its hash) keeps its port while its packets come closer than the
+  group's gap and the port stays live and the group's; after a longer gap it takes the
+  least-loaded port, remembered with the time of its last packet (CONGA's and Broadcom DLB's
+  flowlets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+NS_PER_US, US_PER_S, NS_PER_S = 1_000, 1_000_000, 1_000_000_000
+U64 = (1 << 64) - 1
+
+
+@dataclass
+class PortLoad:
+    """One port's load (``struct port_load``)."""
+
+    rate_bytes_s: int
+    level: int = 0
+    last_ns: int = 0
+
+    def drained(self, now_ns: int) -> tuple[int, int]:
+        """(bytes drained since ``last_ns``, the whole microseconds of it in ns); everything
+        after a second."""
+        us = (now_ns - self.last_ns) // NS_PER_US if now_ns > self.last_ns else 0
+        if us >= US_PER_S:
+            return U64, now_ns - self.last_ns
+        return us * self.rate_bytes_s // US_PER_S, us * NS_PER_US
+
+    def queued(self, now_ns: int) -> int:
+        """The bytes queued now, as the load estimates them."""
+        gone, _ = self.drained(now_ns)
+        return self.level - gone if self.level > gone else 0
+
+    def account(self, now_ns: int, nbytes: int) -> None:
+        """A packet of ``nbytes`` joins the queue."""
+        gone, elapsed = self.drained(now_ns)
+        self.level = (self.level - gone if self.level > gone else 0) + nbytes
+        self.last_ns += elapsed
+
+    def delay_ns(self, now_ns: int) -> int:
+        """How long the queue takes to drain (0 for a port of no rate)."""
+        return self.queued(now_ns) * NS_PER_S // self.rate_bytes_s if self.rate_bytes_s else 0
+
+
+def least_loaded(ports: Sequence[int], live: Callable[[int], bool],
+                 delay: Callable[[int], int], h: int) -> int | None:
+    """The live port of least ``delay`` (ties: the ``h``-th of them modulo their number);
+    None when no port is live."""
+    delays = {p: delay(p) for p in ports if live(p)}
+    if not delays:
+        return None
+    best = min(delays.values())
+    ties = [p for p in ports if p in delays and delays[p] == best]
+    return ties[h % len(ties)]
+
+
+@dataclass
+class Flowlet:
+    port: int
+    last_ns: int
+
+
+def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Sequence[int],
+                 live: Callable[[int], bool], delay: Callable[[int], int],
+                 h: int) -> int | None:
+    """A flowlet's port (``flowlets``: the datapath's table, (switch, group, hash) ->
+    :class:`Flowlet`, updated as the datapath updates it)."""
+    seen = flowlets.get(key)
+    if seen is not None and now_ns - seen.last_ns < gap_ns and live(seen.port) \
+            and seen.port in ports:
+        seen.last_ns = now_ns
+        return seen.port
+    port = least_loaded(ports, live, delay, h)
+    if port is not None:
+        flowlets[key] = Flowlet(port, now_ns)
+    return port

@@ -1,0 +1,61 @@
+"""Switch-local adaptive routing's reference (testbed/plan/localroute.py): the ports' loads,
+the least-loaded choice and its ties, and flowlets."""
+
+from __future__ import annotations
+
+from testbed.plan.localroute import (
+    NS_PER_S,
+    U64,
+    PortLoad,
+    flowlet_port,
+    least_loaded,
+)
+
+RATE = 1_250_000  # 10 Mbit/s in bytes per second: 1.25 bytes per microsecond
+
+
+def test_a_ports_load_drains_at_its_rate_in_whole_microseconds():
+    load = PortLoad(RATE, last_ns=10_000)
+    load.account(10_000, 1500)
+    assert load.queued(10_000) == 1500
+    # 1 ms later, 1,250 bytes gone; 999 ns more drain nothing (whole microseconds only)
+    assert load.queued(1_010_000) == 250 and load.queued(1_010_999) == 250
+    load.account(1_010_999, 100)  # the unfinished microsecond is kept for the next packet
+    assert load.level == 350 and load.last_ns == 1_010_000
+    assert load.queued(1_011_001) == 349
+    assert load.delay_ns(1_010_000) == 350 * NS_PER_S // RATE  # 280 us
+    # a second idle empties it, whatever its rate
+    assert load.drained(load.last_ns + NS_PER_S)[0] == U64
+    assert load.queued(load.last_ns + NS_PER_S) == 0
+    assert PortLoad(0, level=10).delay_ns(5) == 0
+
+
+def test_the_least_loaded_live_port_wins_and_the_hash_breaks_ties():
+    delays = {1: 50, 2: 10, 3: 10, 4: 0}
+    live = lambda p: p != 4  # noqa: E731 - the idle port is down
+    assert least_loaded([1, 2, 3, 4], live, delays.get, h=0) == 2
+    assert least_loaded([1, 2, 3, 4], live, delays.get, h=1) == 3
+    assert least_loaded([1, 2, 3, 4], live, delays.get, h=7) == 3  # 7 % 2
+    assert least_loaded([1, 2, 3, 4], lambda p: True, delays.get, h=5) == 4
+    assert least_loaded([1, 2], lambda p: False, delays.get, h=0) is None
+    # idle ports all tie: the hash spreads flows as ECMP would
+    idle = {p: 0 for p in range(1, 5)}
+    assert {least_loaded([1, 2, 3, 4], live, idle.get, h) for h in range(12)} == {1, 2, 3}
+
+
+def test_a_flowlet_keeps_its_port_until_a_gap_then_takes_the_least_loaded():
+    table: dict = {}
+    delays = {1: 0, 2: 100}
+    ports, gap = [1, 2], 500_000
+    pick = lambda now, live=lambda p: True: flowlet_port(  # noqa: E731
+        table, (7, 3, 99), now, gap, ports, live, delays.get, h=99)
+    assert pick(1_000_000) == 1
+    delays.update({1: 400, 2: 0})  # port 1 got busy: the flowlet stays (no reordering)
+    assert pick(1_400_000) == 1 and pick(1_800_000) == 1  # each packet renews the gap
+    assert pick(2_300_000) == 2  # a gap of 500 us: the flow moves to the least-loaded
+    assert table[(7, 3, 99)].port == 2 and table[(7, 3, 99)].last_ns == 2_300_000
+    delays.update({1: 0, 2: 400})
+    assert pick(2_300_001, live=lambda p: p != 2) == 1  # its port went down: moved at once
+    ports.remove(1)  # the group no longer holds the remembered port (the controller's update)
+    assert pick(2_300_002) == 2
+    assert flowlet_port({}, (1, 1, 1), 0, gap, [1], lambda p: False, delays.get, 1) is None
