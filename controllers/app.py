@@ -85,11 +85,13 @@ class FabricController(app_manager.OSKenApp):
         with open(conf.topology, encoding="utf-8") as fh:
             self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed,
                                        conf.ecmp_selection, conf.spray_weights,
-                                       float(conf.poll_interval_s))
+                                       float(conf.poll_interval_s), conf.granularity,
+                                       float(conf.flowlet_gap_us))
         self.session = Session(self.policy)
-        LOG.info("routing %s, ECMP seed %s, selection %s, spray weights %s, poll %s s",
-                 conf.routing, conf.ecmp_seed, conf.ecmp_selection, conf.spray_weights,
-                 conf.poll_interval_s)
+        LOG.info("routing %s, ECMP seed %s, selection %s, spray weights %s, poll %s s, "
+                 "granularity %s, flowlet gap %s us", conf.routing, conf.ecmp_seed,
+                 conf.ecmp_selection, conf.spray_weights, conf.poll_interval_s,
+                 conf.granularity, conf.flowlet_gap_us)
         self.status_path = conf.status
         self.warm_start = bool(conf.warm_start)
         self.readback = WarmStart(self.policy.topo, self._warm_started)

@@ -16,7 +16,14 @@ import signal
 import sys
 from pathlib import Path
 
-from testbed.model.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
+from testbed.model.spec import (
+    ControllerSpec,
+    EcmpSeed,
+    EcmpSelection,
+    Granularity,
+    Routing,
+    SprayWeights,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults.spray_weights)
     parser.add_argument("--poll-interval-s", type=float, default=defaults.poll_interval_s,
                         help="adaptive: the statistics interval")
+    parser.add_argument("--granularity", type=Granularity, choices=list(Granularity),
+                        default=defaults.granularity, help="local_adaptive: flowlet or packet")
+    parser.add_argument("--flowlet-gap-us", type=float, default=defaults.flowlet_gap_us,
+                        help="local_adaptive flowlets' idle gap, us")
     parser.add_argument("--warm-start", action="store_true",
                         help="read each switch's tables back and change only what differs "
                              "(a restart: the switches kept forwarding on what is installed)")
@@ -60,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in
                             ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
-                             "spray_weights", "poll_interval_s", "warm_start")],
+                             "spray_weights", "poll_interval_s", "warm_start", "granularity",
+                             "flowlet_gap_us")],
                            group="fabriclab")
     cfg.CONF(args=_os_ken_args(args), project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
@@ -71,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("spray_weights", str(args.spray_weights), group="fabriclab")
     cfg.CONF.set_override("poll_interval_s", str(args.poll_interval_s), group="fabriclab")
     cfg.CONF.set_override("warm_start", "1" if args.warm_start else "", group="fabriclab")
+    cfg.CONF.set_override("granularity", str(args.granularity), group="fabriclab")
+    cfg.CONF.set_override("flowlet_gap_us", str(args.flowlet_gap_us), group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

@@ -35,14 +35,18 @@ class FabricPolicy:
         ecmp_selection: where the ECMP hash is computed (ecmp only).
         spray_weights: the spray mode's bucket weights.
         poll_s: the adaptive mode's statistics interval.
+        granularity: local_adaptive: ``flowlet`` or ``packet``.
+        flowlet_gap_us: local_adaptive flowlets' idle gap.
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
                  ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
                  ecmp_selection: EcmpSelection = EcmpSelection.HASH,
                  spray_weights: SprayWeights = SprayWeights.CAPACITY,
-                 poll_s: float = 1.0) -> None:
+                 poll_s: float = 1.0, granularity: str = "flowlet",
+                 flowlet_gap_us: float = 0.0) -> None:
         self.topo = topo
+        self.local = (str(granularity), int(round(flowlet_gap_us)))
         self.routing = Routing(routing)
         self.ecmp_seed = EcmpSeed(ecmp_seed)
         self.ecmp_selection = EcmpSelection(ecmp_selection)
@@ -69,7 +73,7 @@ class FabricPolicy:
         if self._desired is None:
             self._desired = compute_tables(self.topo, self.link_state(), self.routing,
                                            self.ecmp_seed, self.ecmp_selection,
-                                           self.spray_weights, self.adaptive)
+                                           self.spray_weights, self.adaptive, self.local)
         return self._desired
 
     # -- events -------------------------------------------------------------------------------

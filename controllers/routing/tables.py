@@ -133,7 +133,8 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
                    ecmp_seed: EcmpSeed = EcmpSeed.PER_SWITCH,
                    ecmp_selection: EcmpSelection = EcmpSelection.HASH,
                    spray_weights: SprayWeights = SprayWeights.CAPACITY,
-                   adaptive: AdaptiveRouting | None = None) -> dict[str, SwitchTables]:
+                   adaptive: AdaptiveRouting | None = None,
+                   local: tuple[str, int] = ("flowlet", 0)) -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
@@ -144,6 +145,8 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
         ecmp_selection: ``hash`` or ``dp_hash`` (ecmp; spray always hashes in the datapath).
         spray_weights: ``capacity`` or ``equal`` bucket weights (spray only).
         adaptive: the adaptive mode's flows and loads (adaptive only).
+        local: local_adaptive's granularity (``flowlet``, ``packet``) and flowlet gap in us:
+            the groups' selection method, which the eBPF switches apply per packet.
 
     Returns:
         switch name -> desired tables.
@@ -153,6 +156,8 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
     tables = _base_tables(topo)
     if routing == Routing.ECMP:
         _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
+    elif routing == Routing.LOCAL_ADAPTIVE:
+        _add_ecmp(topo, link_up, ecmp_seed, local[0], tables, gap_us=local[1])
     elif routing == Routing.SPRAY:
         _add_ecmp(topo, link_up, ecmp_seed, EcmpSelection.DP_HASH, tables,
                   SprayWeights(spray_weights) == SprayWeights.CAPACITY)
@@ -196,7 +201,7 @@ def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
 
 
 def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: str,
-              tables: dict[str, SwitchTables], weighted: bool = False) -> None:
+              tables: dict[str, SwitchTables], weighted: bool = False, gap_us: int = 0) -> None:
     for gid, dst in enumerate(topo.access_switches, start=1):
         dist = distances_to(topo, dst.name, link_up)
         plane = distances_to(topo, dst.name, {})  # a multi-plane fabric's: its own switches
@@ -206,8 +211,9 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
                 continue
             ports = tuple(sorted(next_hops(topo, sw.name, dist, link_up)))
             weights = bucket_weights([shares.get((sw.name, p), 0.0) for p in ports])
-            tables[sw.name].add_group(GroupEntry(gid, ports, hash_basis(sw, seed), str(selection),
-                                                 weights))
+            tables[sw.name].add_group(GroupEntry(
+                gid, ports, hash_basis(sw, seed), str(selection), weights,
+                gap_us=gap_us if selection == "flowlet" else 0))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
 

@@ -4,15 +4,26 @@ checked field by field."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from testbed.errors import ConfigError
-from testbed.model.spec import ControllerSpec, EcmpSeed, EcmpSelection, Routing, SprayWeights
+from testbed.model.spec import (
+    ControllerSpec,
+    Datapath,
+    EcmpSeed,
+    EcmpSelection,
+    Granularity,
+    Routing,
+    SprayWeights,
+    TestbedSpec,
+)
 
 _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection": EcmpSelection,
                      "spray_weights": SprayWeights, "poll_interval_s": float,
                      "ready_timeout_s": float, "restart": bool, "tls": bool, "app": str,
-                     "remote": str, "settle_s": float}
+                     "remote": str, "settle_s": float, "granularity": Granularity,
+                     "flowlet_gap_us": float}
 #: fabriclab's own routing's settings: meaningless with an app or a remote controller
 _ROUTING_KEYS = ("routing", "ecmp_seed", "ecmp_selection", "spray_weights", "poll_interval_s",
                  "restart")
@@ -20,8 +31,24 @@ _ROUTING_KEYS = ("routing", "ecmp_seed", "ecmp_selection", "spray_weights", "pol
 
 def parse_controller(raw: dict, source: str) -> ControllerSpec:
     """The controller section: an app's path made absolute (relative to the experiment file)
-    and checked, a remote address checked, settings that do not apply refused by name."""
-    typed = {k: _CONTROLLER_TYPES[k](v) for k, v in raw.items()}
+    and checked, a remote address checked, settings that do not apply refused by name;
+    ``routing`` a mode's name or ``{mode, granularity, flowlet_gap_us}``."""
+    raw = dict(raw)
+    routing = raw.get("routing")
+    if isinstance(routing, dict):
+        raw["routing"] = routing["mode"]
+        if routing["mode"] != Routing.LOCAL_ADAPTIVE and len(routing) > 1:
+            extra = sorted(set(routing) - {"mode"})[0]
+            raise ConfigError(f"controller.routing.{extra}", "a setting of switch-local "
+                              f"adaptive routing (mode: local_adaptive), not {routing['mode']}")
+        if "granularity" in routing:
+            raw["granularity"] = Granularity(routing["granularity"])
+        if "flowlet_gap_us" in routing:
+            if routing.get("granularity", "flowlet") != "flowlet":
+                raise ConfigError("controller.routing.flowlet_gap_us", "flowlets' gap; "
+                                  "granularity packet moves every packet")
+            raw["flowlet_gap_us"] = float(routing["flowlet_gap_us"])
+    typed = {k: _CONTROLLER_TYPES.get(k, lambda v: v)(v) for k, v in raw.items()}
     user = [k for k in ("app", "remote") if raw.get(k)]
     if len(user) == 2:
         raise ConfigError("controller.remote", "app and remote exclude each other: the app "
@@ -47,3 +74,22 @@ def parse_controller(raw: dict, source: str) -> ControllerSpec:
             raise ConfigError("controller.tls", "the run's own certificates are for its own "
                                                 "controller, not a remote one")
     return ControllerSpec(**typed)
+
+
+def local_adaptive(spec: TestbedSpec) -> TestbedSpec:
+    """Switch-local adaptive routing checked against the datapath, its flowlets' gap defaulted
+    to the fabric's base RTT (a flow idle that long has nothing in flight to be reordered)."""
+    ctl = spec.controller
+    if ctl.routing != Routing.LOCAL_ADAPTIVE or not ctl.own:
+        return spec
+    if spec.emulator.datapath == Datapath.OVS:
+        raise ConfigError("controller.routing", "local_adaptive: Open vSwitch's groups choose "
+                          "by hash only; the switches' own load-aware choice needs "
+                          "emulator.datapath: ebpf (or auto)")
+    if ctl.flowlet_gap_us:
+        return spec
+    cached = {k: v for k, v in spec.__dict__.items() if k in ("topology", "base_rtt_s")}
+    spec = dataclasses.replace(spec, controller=dataclasses.replace(
+        ctl, flowlet_gap_us=round(spec.base_rtt_s * 1e6, 1)))
+    spec.__dict__.update(cached)
+    return spec

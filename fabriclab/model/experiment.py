@@ -42,7 +42,7 @@ from testbed.model.spec import (
     TestbedSpec,
 )
 from fabriclab.model import sweep
-from fabriclab.model.controller import parse_controller
+from fabriclab.model.controller import local_adaptive, parse_controller
 from fabriclab.model import timescale
 from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
 from fabriclab.model.schema import check, check_entry, schema
@@ -339,6 +339,7 @@ def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
             spec.fabric, int_telemetry=spec.fabric.int_telemetry or hpcc, delay_line=line))
         spec.__dict__.update(cached)  # the same shape: not built again
     _ = spec.pfc  # thresholds in order, headroom enough (the delay line known)
+    spec = local_adaptive(spec)
     failures = plan_failures(spec.topology, data.get("failures", []))
     if failures and workload is None:
         raise ConfigError("failures", "failures happen during a workload; this experiment "

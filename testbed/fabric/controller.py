@@ -211,7 +211,9 @@ class Controller:
                        "--routing", ctl.routing, "--ecmp-seed", ctl.ecmp_seed,
                        "--ecmp-selection", ctl.ecmp_selection,
                        "--spray-weights", ctl.spray_weights,
-                       "--poll-interval-s", str(ctl.poll_interval_s)]) + (
+                       "--poll-interval-s", str(ctl.poll_interval_s),
+                       "--granularity", ctl.granularity,
+                       "--flowlet-gap-us", str(ctl.flowlet_gap_us)]) + (
                    ["--warm-start"] if warm else []) + (
                    ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:

@@ -40,6 +40,17 @@ class Routing(StrEnum):
     DMODK = "dmodk"  # destination-based static up-port choice (InfiniBand's D-mod-k)
     SPRAY = "spray"  # the switch side of packet spraying: weighted groups hashing the entropy
     ADAPTIVE = "adaptive"  # load-aware: elephants placed by Global First Fit (Hedera), WCMP
+    # the switches choose among the equal-cost ports by their load, per flowlet or per packet
+    # (the eBPF datapath: testbed.plan.localroute)
+    LOCAL_ADAPTIVE = "local_adaptive"
+
+
+class Granularity(StrEnum):
+    """What a switch-local adaptive choice moves: a flowlet (a flow's packets after an idle gap)
+    or each packet."""
+
+    FLOWLET = "flowlet"
+    PACKET = "packet"
 
 
 class SprayWeights(StrEnum):
@@ -261,6 +272,8 @@ class ControllerSpec:
     ecmp_selection: EcmpSelection = EcmpSelection.HASH
     spray_weights: SprayWeights = SprayWeights.CAPACITY
     poll_interval_s: float = 1.0  # adaptive: the statistics interval
+    granularity: Granularity = Granularity.FLOWLET  # local_adaptive: flowlet or packet
+    flowlet_gap_us: float = 0.0  # local_adaptive flowlets' gap (0: the fabric's base RTT)
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
     tls: bool = False  # OpenFlow over TLS with the run's own certificates
@@ -289,6 +302,8 @@ class ControllerSpec:
             return f"app {self.app.rsplit('/', 1)[-1]}"
         if self.remote:
             return f"remote {self.remote}"
+        if self.routing == Routing.LOCAL_ADAPTIVE:
+            return f"fabriclab ({self.routing}, {self.granularity})"
         return f"fabriclab ({self.routing})"
 
 

@@ -86,12 +86,22 @@ def test_missing_file():
 
 def test_the_schema_and_the_typed_specs_agree():
     from testbed.model.congestion import EcnMode
-    from testbed.model.spec import Backend, EcmpSeed, EcmpSelection, Fidelity, Routing, TcpCongestion
+    from testbed.model.spec import (
+        Backend,
+        EcmpSeed,
+        EcmpSelection,
+        Fidelity,
+        Granularity,
+        Routing,
+        TcpCongestion,
+    )
     from traffic.workloads.patterns import PATTERNS
     from traffic.workloads.training import TrainingSpec
 
     defs = config.schema()["$defs"]
-    assert defs["controller"]["properties"]["routing"]["enum"] == list(Routing)
+    routing = defs["controller"]["properties"]["routing"]["oneOf"]
+    assert routing[0]["enum"] == list(Routing) == routing[1]["properties"]["mode"]["enum"]
+    assert routing[1]["properties"]["granularity"]["enum"] == list(Granularity)
     assert defs["controller"]["properties"]["ecmp_seed"]["enum"] == list(EcmpSeed)
     assert defs["controller"]["properties"]["ecmp_selection"]["enum"] == list(EcmpSelection)
     assert defs["emulator"]["properties"]["fidelity"]["enum"] == list(Fidelity)
