@@ -155,6 +155,17 @@ class EbpfSwitches:
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(rate_bytes_s=int(rate_bytes_s)))
         netlink.attach_bpf(ifname, self.prog_fd, "fabriclab_switch", ingress=True, prio=3)
 
+    def port_load(self, sw: int, port: int) -> PortLoad | None:
+        """A port's load as the datapath keeps it (:class:`testbed.plan.localroute.PortLoad`'s
+        fields)."""
+        return self.maps["sw_load"].lookup(PortId(sw, port))
+
+    def set_port_load(self, sw: int, port: int, rate_bytes_s: int, level: int = 0,
+                      last_ns: int = 0) -> None:
+        """A port's load set: its rate (a degraded link's), and its queue (a test's)."""
+        self.maps["sw_load"].update(PortId(sw, port), PortLoad(
+            level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s)))
+
     def set_live(self, sw: int, port: int, live: bool) -> None:
         """A port's liveness, as groups' buckets watch it."""
         if not _mark_live(self.maps["sw_out"], PortId(sw, port), live):

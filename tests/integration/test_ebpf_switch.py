@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def star(tmp_path):
             made_ns.append(ns)
             _sh("ip", "link", "add", root, "type", "veth", "peer", "name", peer)
             made_links.append(root)
+            # the root end sends nothing of its own (IPv6 solicitations would count as tx)
+            _sh("sysctl", "-qw", f"net.ipv6.conf.{root}.disable_ipv6=1")
             _sh("ip", "link", "set", peer, "netns", ns)
             _sh("ip", "-n", ns, "link", "set", peer, "address", macs[i], "name", "eth0")
             _sh("ip", "-n", ns, "addr", "add", f"10.77.0.{i}/24", "dev", "eth0")
@@ -236,3 +239,68 @@ def test_a_fat_tree_on_the_ebpf_datapath_is_built_programmed_and_reachable(tmp_p
     assert doc["datapath"] == "ebpf" and doc["vswitchd_instances"] == 0
     reach = doc["reachability"]
     assert reach["pairs"] == 240 and reach["lost"] == 0, reach
+
+
+def _tx(tag: str, port: int) -> int:
+    return int(Path(f"/sys/class/net/{tag}p{port}/statistics/tx_packets").read_text())
+
+
+def _send_udp(tag: str, src: int, dst: int, count: int, sport: int = 40000,
+              gap_s: float = 0.0) -> None:
+    """``count`` UDP datagrams of one flow from host ``src`` to ``dst``'s address."""
+    code = ("import socket, time\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"s.bind(('10.77.0.{src}', {sport}))\n"
+            f"for _ in range({count}):\n"
+            f"    s.sendto(b'x' * 100, ('10.77.0.{dst}', 9))\n"
+            f"    time.sleep({gap_s})\n")
+    _sh("ip", "netns", "exec", f"{tag}h{src}", sys.executable, "-c", code)
+
+
+def test_local_adaptive_selection_follows_the_reference(star):
+    """The datapath's switch-local choice against testbed/plan/localroute.py: with one port's
+    queue loaded, every packet (``packet``) or a new flowlet takes the other; a flowlet keeps
+    its port while its packets come within the gap, and moves after a longer one."""
+    from testbed.plan.localroute import PortLoad, least_loaded
+
+    tag, switches = star
+    busy = RATE_BYTES_S  # a second's worth of queue: busy for the whole test step
+    table = [_route(3, (("group", 5),)), FlowEntry(0, (), ())]
+    switches.set_table(7, tss.compile_table(table))
+
+    def load(port_busy: int) -> None:
+        now = time.monotonic_ns()
+        for port in (2, 3):
+            switches.set_port_load(7, port, RATE_BYTES_S, busy if port == port_busy else 0, now)
+
+    def reference(port_busy: int) -> int:
+        now = time.monotonic_ns()
+        loads = {p: PortLoad(RATE_BYTES_S, busy if p == port_busy else 0, now) for p in (2, 3)}
+        return least_loaded([2, 3], lambda p: True, lambda p: loads[p].delay_ns(now), h=0)
+
+    def sent(count: int, **kw) -> dict[int, int]:
+        before = {p: _tx(tag, p) for p in (2, 3)}
+        _send_udp(tag, 1, 3, count, **kw)
+        return {p: _tx(tag, p) - before[p] for p in (2, 3)}
+
+    switches.set_group(7, 5, "select", [2, 3], selection="packet")
+    for port_busy in (2, 3):
+        load(port_busy)
+        want = reference(port_busy)
+        got = sent(20)
+        assert got[want] >= 20 and got[5 - want] == 0, (port_busy, got)
+    # a flowlet: placed by load, then kept while its packets come closer than the gap
+    switches.set_group(7, 6, "select", [2, 3], selection="flowlet", gap_us=200_000)
+    switches.set_table(7, tss.compile_table([_route(3, (("group", 6),)), FlowEntry(0, (), ())]))
+    load(2)
+    first = sent(5, sport=40001, gap_s=0.01)
+    assert first[3] >= 5 and first[2] == 0, first
+    load(3)  # the other port is now the less loaded: the flowlet stays (no gap yet)
+    kept = sent(5, sport=40001, gap_s=0.01)
+    assert kept[3] >= 5 and kept[2] == 0, kept
+    time.sleep(0.3)  # longer than the gap: the next packet starts a new flowlet
+    load(3)
+    moved = sent(5, sport=40001, gap_s=0.01)
+    assert moved[2] >= 5 and moved[3] == 0, moved
+    state = switches.port_load(7, 2)
+    assert state.rate_bytes_s == RATE_BYTES_S and state.level > 0  # its packets counted
