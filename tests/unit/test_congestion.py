@@ -100,8 +100,8 @@ def test_a_receive_buffer_limit_keeps_the_machines_other_values():
 
 
 @pytest.mark.parametrize("fabric,path,text", [
-    ({"host_link": {"ecn": {"mode": "wred"}}}, "fabric.host_link.ecn", "is not valid"),
-    ({"host_link": {"ecn": {"mode": "red", "pmax": 2}}}, "fabric.host_link.ecn", ""),
+    ({"host_link": {"ecn": {"mode": "wred"}}}, "fabric.host_link.ecn.mode", "did you mean 'red'"),
+    ({"host_link": {"ecn": {"mode": "red", "pmax": 2}}}, "fabric.host_link.ecn.pmax", "<= 1"),
     ({"fabric_link": {"ecn": {"mode": "red", "kmin_kb": 90, "kmax_kb": 10}}},
      "fabric.fabric_link.ecn.kmax_kb", "above kmin_kb"),
     ({"traffic_classes": {"dscp_to_priority": {"26": 8}}},
