@@ -11,7 +11,6 @@ import json
 import sys
 
 from testbed.contract import RunningFabric
-from testbed.plan.delayline import empty
 
 PROBES = 5
 PROBE_TIMEOUT_S = 120.0
@@ -45,12 +44,3 @@ def probe(fabric: RunningFabric) -> dict:
     return {"path": f"{src} -> {dst}", "rtt_min_us": round(min(rtts) * 1e6, 1),
             "probe_excess_min_us": round(min(excess) * 1e6, 1),
             "probe_excess_max_us": round(max(excess) * 1e6, 1)}
-
-
-def lateness(before: dict | None, after: dict | None) -> dict[str, int]:
-    """The relay's lateness histogram between two readings of its counters."""
-    hist = empty()
-    was = (before or {}).get("lateness_us", {})
-    for bucket, count in ((after or {}).get("lateness_us") or {}).items():
-        hist[bucket] = count - was.get(bucket, 0)
-    return hist

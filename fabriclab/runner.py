@@ -33,6 +33,7 @@ from testbed.fabric.failures import FailureInjector
 from testbed.linux import environment
 from testbed.linux.files import write_json_atomic, write_text_atomic
 from testbed.model.congestion import link_utilization, summarize_congestion
+from testbed.plan import delayline
 from fabriclab import delayprobe
 from fabriclab import programs as programs_run
 from traffic.agents.runner import JobOutcome, run_batch
@@ -398,7 +399,8 @@ class ExperimentRun:
         cpu_s = now.get("cpu_s", 0.0) - was.get("cpu_s", 0.0)
         return {**self.relay_probe, "packets": packets,
                 "cpu_us_per_packet": round(cpu_s / packets * 1e6, 1) if packets else None,
-                "lateness_us": delayprobe.lateness(was, now)}
+                "lateness_us": delayline.difference(was.get("lateness_us"),
+                                                    now.get("lateness_us"))}
 
     def finish(self, services: Services) -> None:
         """The workload is done: the failures' throughput windows end, the document is

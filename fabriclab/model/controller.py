@@ -48,7 +48,7 @@ def parse_controller(raw: dict, source: str) -> ControllerSpec:
                 raise ConfigError("controller.routing.flowlet_gap_us", "flowlets' gap; "
                                   "granularity packet moves every packet")
             raw["flowlet_gap_us"] = float(routing["flowlet_gap_us"])
-    typed = {k: _CONTROLLER_TYPES.get(k, lambda v: v)(v) for k, v in raw.items()}
+    typed = {k: _CONTROLLER_TYPES[k](v) for k, v in raw.items()}
     user = [k for k in ("app", "remote") if raw.get(k)]
     if len(user) == 2:
         raise ConfigError("controller.remote", "app and remote exclude each other: the app "

@@ -59,6 +59,14 @@ def empty() -> dict[str, int]:
     return {**{f"le_{e}": 0 for e in EDGES_US}, OVER: 0}
 
 
+def difference(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int]:
+    """A histogram's counts between two readings of it (None: nothing counted)."""
+    hist = empty()
+    for bucket, count in (after or {}).items():
+        hist[bucket] = count - (before or {}).get(bucket, 0)
+    return hist
+
+
 def quantile_us(hist: dict[str, int], q: float) -> float | None:
     """The upper edge of the bucket that holds quantile ``q`` (an upper bound of it; the
     overflow bucket counts as twice the last edge). None: an empty histogram."""

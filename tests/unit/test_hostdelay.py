@@ -8,12 +8,11 @@ import struct
 
 import pytest
 
-from fabriclab import delayprobe
 from fabriclab.model import experiment as xp
 from fabriclab.model import timescale as ts
 from testbed.errors import ConfigError
 from testbed.linux.tunrelay import Relay
-from testbed.plan.delayline import empty
+from testbed.plan.delayline import difference, empty
 from testbed.plan.hostdelay import RelayPort, relay_ports
 from tests.unit.test_timescale import real_incast
 
@@ -115,11 +114,11 @@ def test_the_relays_probe_and_lateness_join_the_verdict():
 
 
 def test_the_relays_lateness_differences_two_readings():
-    before = {"lateness_us": {**empty(), "le_250": 5}}
-    after = {"lateness_us": {**empty(), "le_250": 8, "le_1000": 2}}
-    got = delayprobe.lateness(before, after)
+    before = {**empty(), "le_250": 5}
+    after = {**empty(), "le_250": 8, "le_1000": 2}
+    got = difference(before, after)
     assert got["le_250"] == 3 and got["le_1000"] == 2 and sum(got.values()) == 5
-    assert sum(delayprobe.lateness(None, None).values()) == 0
+    assert sum(difference(None, None).values()) == 0
 
 
 def test_auto_weighs_the_relays_cpu_and_timing():
