@@ -14,14 +14,11 @@ Payload bytes come from one zero buffer (``sendmsg`` with the header and a view 
 
 Pacing: each queue pair paces itself (uet at the line rate within its window, rocev2 at its
 DCQCN rate), and the engine paces their sum at the NIC's rate, round robin over the queue pairs
-that may send, with at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahead of the wire:
-several queue pairs at once (an all-to-all's steps overlap) never overflow the host's own
-queue.
+that may send, at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahead of the wire. A
+DATA packet the host's queue refuses (its NIC paused by PFC) waits and goes first, as on a NIC.
 
-Each wake-up costs in proportion to the queue pairs whose state changed: a queue pair's next
-send time and next timer move only when it sends, hears from its peer, gets a message or runs a
-timer, so the engine caches them and recomputes those of the queue pairs it touched (an
-all-to-all of 16 ranks at 20 Mbit/s: 340 us of CPU per packet asking all of them, 265 this way).
+The engine caches each queue pair's next send time and timer, recomputing those of the queue
+pairs it touched (16-rank all-to-all at 20 Mbit/s: 265 us of CPU per packet, 340 without).
 
 The links' latency, where the agents add it, and the engine's timing:
 :class:`traffic.transports.delayline.AgentTiming`.
@@ -54,9 +51,8 @@ ECT0 = 0b10
 CE = 0b11
 IDLE_WAKE_S = 0.05
 BACKOFF_S = 0.001  # after a full socket buffer (our own NIC queue is full)
-NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send
-# ... and at least this long ahead: the loop sleeps in epoll (whole milliseconds) and wakes
-# late on a busy machine; two frames left the NIC idle half the time where a frame is < 1 ms
+NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send, and at least this long
+# ahead: the loop wakes late on a busy machine; two frames left the NIC idle half the time
 NIC_AHEAD_S = 0.003
 #: A queue pair with data unacknowledged this long (retransmitting all along) ends the job with
 #: an error naming it: the peer is gone or the path cut for good
@@ -95,11 +91,8 @@ class UdpEngine:
                  rtts_s: list[float] | None = None) -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
-        self.transport = transport
-        self.rank = rank
-        self.ips = ips
-        self.port = port
-        self.scale = scale
+        self.transport, self.rank, self.ips = transport, rank, ips
+        self.port, self.scale = port, scale
         self.spray = (transport == "uet") if spray is None else spray
         self.entropies = entropies
         self.options = TransportOptions.from_dict(options)
@@ -130,8 +123,9 @@ class UdpEngine:
         for i, r in enumerate(ranks or ()):
             self.ip_rank.update({ip: i for ip in r.planes})
         bind = "0.0.0.0" if ranks and ranks[rank].planes else ips[rank]
-        self.local_drops = 0
-        self.backoff_until = 0.0
+        self.local_drops = 0  # replies the host's queue refused (data waits: self.held)
+        self.held = None  # a DATA packet the host's queue refused: sent first, as a NIC would
+        self.backoff_until = self.unheld_at = 0.0  # ... and when it went: lateness from then
         self.nic_free_at = 0.0  # when the NIC has sent everything handed to it so far
         # a multi-plane NIC's ports together (each is shaped at the link rate by the kernel)
         self.nic_rate_bps = scale.rate_bps * (1 + len(ranks[rank].planes) if ranks else 1)
@@ -144,9 +138,7 @@ class UdpEngine:
         self.turn = 0  # round robin over the queue pairs
         # cached per queue pair (see the module's docstring): when each sender may send next
         # and when its timer fires, when each receiver's does; refreshed for the touched ones
-        self.send_at: dict[tuple[int, int], float] = {}
-        self.timer_at: dict[tuple[int, int], float] = {}
-        self.rtimer_at: dict[tuple[int, int], float] = {}
+        self.send_at, self.timer_at, self.rtimer_at = {}, {}, {}  # (peer, channel) -> time
         self.touched_tx: set[tuple[int, int]] = set()
         self.touched_rx: set[tuple[int, int]] = set()
         self.progress: dict[tuple[int, int], tuple[int, float]] = {}  # (una, when it moved)
@@ -194,8 +186,8 @@ class UdpEngine:
         self.thread.join(5)
         for sock in [self.listen, *self.pool]:
             sock.close()
-        os.close(self.wake_r)
-        os.close(self.wake_w)
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
         self.sel.close()
 
     def send(self, peer: int, channel: int, nbytes: int, done: Callable[[], None]) -> None:
@@ -360,6 +352,8 @@ class UdpEngine:
     def _transmit(self, now: float) -> None:
         if now < self.backoff_until or not self.senders:
             return
+        if self.held is not None and not self._send(*self.held, now):
+            return
         # every queue pair in its order of creation, the start rotating by one per wake-up:
         # rotating over the ready ones alone (an order that changes as they fill their windows)
         # let a sender burst to one peer, and an all-to-all's incast lost 10 times the packets
@@ -378,21 +372,27 @@ class UdpEngine:
                 pkt = self.senders[key].poll(now)
                 if pkt is None:
                     continue
-                self.timing.late.sent(now - max(due, self.ready_at.get(key, due),
-                                         self.nic_free_at - self.nic_slack_s))
+                self.timing.late.sent(now - max(due, self.ready_at.get(key, due), self.unheld_at,
+                                                self.nic_free_at - self.nic_slack_s))
                 self.touched_tx.add(key)
-                sock = self.pool[pkt.entropy % self.entropies]
-                try:
-                    sock.sendmsg([pkt.encode(), ZERO[:pkt.filler]], [], 0,
-                                 (self.address(peer, ch), self.port))
-                except OSError as err:
-                    if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
-                        raise
-                    self.local_drops += 1  # recovered like any loss
-                    self.backoff_until = now + BACKOFF_S
+                if not self._send(self.pool[pkt.entropy % self.entropies], pkt,
+                                  (self.address(peer, ch), self.port), now):
                     return
-                self._nic_sent(now, pkt.length)
                 sent = True
+
+    def _send(self, sock: socket.socket, pkt: Packet, addr, now: float) -> bool:
+        """A DATA packet to the host's queue; False when full: held, sent first later."""
+        try:
+            sock.sendmsg([pkt.encode(), ZERO[:pkt.filler]], [], 0, addr)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.ENOBUFS):
+                raise
+            self.held, self.backoff_until = (sock, pkt, addr), now + BACKOFF_S
+            return False
+        if self.held is not None:  # the NIC took the held packet: a pause, not the agent
+            self.held, self.unheld_at = None, now
+        self._nic_sent(now, pkt.length)
+        return True
 
     def _reply(self, pkt: Packet, addr, now: float) -> None:
         if addr is None:
