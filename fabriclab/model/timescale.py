@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from testbed.errors import ConfigError
-from testbed.model.congestion import frame_bytes
+from testbed.model.congestion import PFC_WATCHDOG_MS, frame_bytes
 from testbed.model.spec import Backend, Datapath, TestbedSpec
 from testbed.plan.fidelity import (
     HEADROOM,
@@ -146,6 +146,11 @@ def scaled(data: dict, n: float) -> dict:
     out = copy.deepcopy(data)
     if n == 1:
         return out
+    pfc = (out.get("fabric") or {}).get("pfc")
+    if isinstance(pfc, dict) and "watchdog_ms" not in pfc:
+        # its default is a time of the real fabric as well: unscaled, a pause held some 100
+        # packet times would be broken mid-incast (and the lossless class then drops)
+        pfc["watchdog_ms"] = PFC_WATCHDOG_MS
     for section, keys in TIME_KEYS.items():
         if section in out:
             _scale(out[section], keys, n)

@@ -121,7 +121,8 @@ def test_uet_with_receiver_credits_and_each_delivery_mode_moves_every_byte(tmp_p
     incast = flows([(1, 0), (2, 0), (3, 0)], 4, 512 << 10)
     colls = [Collective("flows", HOSTS, incast)]
     scale = {"rate_bps": 100e6, "base_rtt_s": 0.002, "mss": 8936}
-    for options in ({"rccc": True}, {"delivery": "rod"}, {"delivery": "uud", "nscc": False}):
+    for options in ({"rccc": True}, {"delivery": "rod"}, {"delivery": "uud", "nscc": False},
+                    {"entropy": "bitmap"}):
         reports = _run_agents(tmp_path, colls, 1, transport="uet", scale=scale,
                               options={**{"rccc": False, "nscc": True, "delivery": "rud"},
                                        **options})
@@ -129,6 +130,9 @@ def test_uet_with_receiver_credits_and_each_delivery_mode_moves_every_byte(tmp_p
         t = results[0].transport
         assert sum(f.bytes for f in reports[0].collectives[0].flows) == 3 * (512 << 10)
         assert t["delivery"] == options.get("delivery", "rud")
+        assert t["entropy"] == options.get("entropy", "reps")
+        if options.get("delivery") != "rod":  # sprayed: every packet took a chosen entropy
+            assert t["tx_entropies_explored"] + t["tx_entropies_recycled"] == t["tx_packets"]
         assert t["rccc"] == options.get("rccc", False) and t["nscc"] == options.get("nscc", True)
         if options.get("rccc"):  # the receiver granted: every sender asked, and spent it
             assert t["rx_grants"] > 0 and t["tx_grants"] > 0 and t["tx_credit_requests"] >= 3

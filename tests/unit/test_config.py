@@ -108,11 +108,16 @@ def test_the_schema_and_the_typed_specs_agree():
     assert defs["emulator"]["properties"]["backend"]["enum"] == list(Backend)
     assert defs["ecn_entry"]["properties"]["mode"]["enum"] == list(EcnMode)
     entry = defs["workload"]["properties"]["collectives"]["items"]["properties"]
-    from traffic.transports.options import DELIVERY_MODES, ROCE_CONGESTION_CONTROLS
+    from traffic.transports.options import (
+        DELIVERY_MODES,
+        ENTROPY_CHOICES,
+        ROCE_CONGESTION_CONTROLS,
+    )
     assert entry["congestion_control"]["enum"] == [*TcpCongestion, *ROCE_CONGESTION_CONTROLS]
     transport = defs["transport"]["else"]["properties"]
     assert transport["congestion_control"]["enum"] == list(ROCE_CONGESTION_CONTROLS)
     assert transport["delivery"]["enum"] == list(DELIVERY_MODES)
+    assert transport["entropy"]["enum"] == list(ENTROPY_CHOICES)
     training = defs["workload"]["properties"]["training"]["properties"]
     assert set(training) == set(TrainingSpec.keys()) | {"ranks", "preset"}
     for name in PATTERNS:

@@ -9,7 +9,7 @@ import yaml
 from fabriclab.model import experiment as xp
 from fabriclab.model import timescale as ts
 from testbed.errors import ConfigError
-from testbed.model.congestion import frame_bytes
+from testbed.model.congestion import PFC_WATCHDOG_MS, frame_bytes
 from traffic.measure.results import transport_totals
 from testbed.plan import delayline
 
@@ -62,6 +62,16 @@ def test_scaling_divides_rates_multiplies_times_and_keeps_sizes():
     assert data["fabric"]["host_link"]["rate_mbps"] == 400_000  # the input is left alone
     replay = ts.scaled({"workload": {"replay": {"size_scale": "real"}}}, 50)["workload"]
     assert replay["replay"] == {"time_scale": 50, "size_scale": 1}
+
+
+def test_the_pfc_watchdogs_default_is_a_real_time_too():
+    pfc = lambda d: ts.scaled({"fabric": {"pfc": d}}, 1000)["fabric"]["pfc"]  # noqa: E731
+    # given or not, the watchdog is the real fabric's time: a pause the unscaled default
+    # broke mid-incast at 2N (100 packet times at N, 50 at 2N) dropped in a lossless class
+    assert pfc({"priorities": [3]})["watchdog_ms"] == pytest.approx(PFC_WATCHDOG_MS * 1000)
+    assert pfc({"priorities": [3], "watchdog_ms": 0.2})["watchdog_ms"] == pytest.approx(200)
+    assert ts.scaled({"fabric": {"pfc": {"priorities": [3]}}}, 1)["fabric"]["pfc"] == {
+        "priorities": [3]}
 
 
 def test_a_time_scaled_file_keeps_the_real_fabrics_regime():

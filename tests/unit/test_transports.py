@@ -8,10 +8,11 @@ import itertools
 
 import pytest
 
-from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rocev2 import Dcqcn, DcqcnConfig, RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import UetReceiver, UetSender
-from traffic.transports.uet_control import Reps, UetConfig
+from traffic.transports.entropy import Feedback, Reps
+from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
+from traffic.transports.uet_control import UetConfig
 
 MSS = 1000
 QP = (1, 0)
@@ -307,16 +308,16 @@ def test_uet_sprays_over_entropies_and_reuses_those_without_ce():
     reps = Reps(4, random.Random(3))
     first = [reps.choose() for _ in range(4)]
     assert reps.explored == 4  # the first packets explore
-    reps.feedback(first[0], ce=False)
-    reps.feedback(first[1], ce=True)  # a congested path: not reused
-    assert reps.choose() == first[0] and reps.reused == 1
+    reps.feedback(first[0], Feedback.GOOD)
+    reps.feedback(first[1], Feedback.ECN)  # a congested path: not reused
+    assert reps.choose() == first[0] and reps.recycled == 1 and reps.penalised == 1
     reps.choose()
     assert reps.explored == 5  # none in hand: explore again
     cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.05, entropies=16)
     tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
     tx.offer(50 * MSS)
     run(tx, rx)
-    assert tx.summary()["entropies"] > 1 and tx.summary()["entropies_reused"] > 0
+    assert tx.summary()["entropies"] > 1 and tx.summary()["entropies_recycled"] > 0
     single = UetSender(QP, UetConfig(MSS, 8e6, 0.002, rto_s=0.05, spray=False), 0.0, entropy=9)
     single.offer(10 * MSS)
     run(single, UetReceiver(QP, single.cfg))
@@ -341,6 +342,20 @@ def test_uet_leaves_a_path_whose_rtt_shows_a_queue():
         shares[slack] = sum(1 for e in later if e % 4 == 0) / len(later)
     assert shares[0.0] > 0.15, shares  # blind recycling keeps using it
     assert shares[1.0] < shares[0.0] / 2, shares
+    # the same path, each choice of entropy: oblivious keeps its quarter, the others leave it
+    for choice in ("oblivious", "reps", "bitmap"):
+        cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.5, entropies=16, entropy=choice)
+        tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+        sent = []
+        tx.offer(400 * MSS)
+        run(tx, rx, mangle=lambda pkt, n: sent.append(pkt.entropy) or queue_on_path_0(pkt, n))
+        assert tx.una == 400 and rx.delivered == 400 * MSS
+        shares[choice] = sum(1 for e in sent[100:] if e % 4 == 0) / len(sent[100:])
+        counters = tx.summary()
+        assert counters["entropies_explored"] + counters["entropies_recycled"] == len(sent)
+        assert (counters["entropies_penalised"] > 0) == (choice != "oblivious"), choice
+    assert shares["oblivious"] == pytest.approx(0.25, abs=0.03), shares
+    assert shares["reps"] < 0.15 and shares["bitmap"] < 0.15, shares
     assert "over the flow's least" in UetConfig(MSS, 8e6, 0.002, rto_s=0.5).describe()
 
 

@@ -43,7 +43,7 @@ from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
 from traffic.transports.rccc import CreditReceiver
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import UetReceiver, UetSender
-from traffic.transports.options import TransportOptions
+from traffic.transports.options import PER_KIND, TransportOptions
 from traffic.transports.uet_control import UetConfig
 
 ZERO = memoryview(bytearray(65536))
@@ -101,9 +101,8 @@ class UdpEngine:
             self.cfg = RoceConfig.scaled(scale, dcqcn, self.options.congestion_control,
                                          spray=self.spray, entropies=entropies)
         else:
-            opt = self.options
-            self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies,
-                                        delivery=opt.delivery, rccc=opt.rccc, nscc=opt.nscc)
+            opt = {k: getattr(self.options, k) for k in PER_KIND["uet"]}
+            self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies, **opt)
         cnp_dscp = self.cfg.cnp_dscp if transport == "rocev2" else dscp
         self.cnp_tos = (socket.IPPROTO_IP, socket.IP_TOS, bytes([cnp_dscp << 2]))
         self.rng = random.Random(rank)

@@ -85,7 +85,8 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
     if not rows:
         return None
     out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants",
-                                         "delivery", "rccc", "nscc", "congestion_control")
+                                         "delivery", "rccc", "nscc", "congestion_control",
+                                         "entropy")
                  if k in rows[0]}
     for row in rows:
         _add(out, row)

@@ -17,14 +17,14 @@ def goodput_fraction(mtu: int) -> float:
 
 def transport_settings(transport: str, spray: bool, cfg) -> dict:
     """What a UDP engine runs, as its counters carry it: the transport, spraying, the
-    constants, rocev2's congestion control (DCQCN's profile), uet's delivery, RCCC and NSCC."""
+    constants, rocev2's congestion control (DCQCN's profile), uet's delivery, RCCC, NSCC and choice of entropy."""
     out: dict = {"transport": transport, "spray": spray, "constants": cfg.describe()}
     if transport == "rocev2":
         out["congestion_control"] = cfg.congestion_control
         if cfg.dcqcn:
             out["dcqcn"] = cfg.dcqcn.profile
     if transport == "uet":
-        out.update(delivery=cfg.delivery, rccc=cfg.rccc, nscc=cfg.nscc)
+        out.update(delivery=cfg.delivery, rccc=cfg.rccc, nscc=cfg.nscc, entropy=cfg.entropy)
     return out
 
 

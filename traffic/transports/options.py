@@ -1,36 +1,40 @@
 """A UDP transport's settings beyond its kind, as an experiment file gives them
-(``transport: {kind: uet, rccc: true, nscc: false, delivery: rod}``) and as the agents carry
-them: uet's receiver credits, its NSCC window and its delivery mode; rocev2's congestion
-control."""
+(``transport: {kind: uet, rccc: true, nscc: false, delivery: rod, entropy: bitmap}``) and as
+the agents carry them: uet's receiver credits, its NSCC window, its delivery mode and its
+choice of entropy; rocev2's congestion control."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from traffic.transports.entropy import ENTROPY_CHOICES
 from traffic.transports.uet_control import DELIVERY_MODES
 
-__all__ = ["DELIVERY_MODES", "PER_KIND", "ROCE_CONGESTION_CONTROLS", "TransportOptions"]
+__all__ = ["DELIVERY_MODES", "ENTROPY_CHOICES", "PER_KIND", "ROCE_CONGESTION_CONTROLS", "TransportOptions"]
 
 #: rocev2's congestion controls: DCQCN (its profile from ``dcqcn``), HPCC (INT), Swift (delay)
 ROCE_CONGESTION_CONTROLS = ("dcqcn", "hpcc", "swift")
 #: the settings each transport takes (besides ``kind``, ``spray`` and, for rocev2, ``dcqcn``)
-PER_KIND = {"uet": ("rccc", "nscc", "delivery"), "rocev2": ("congestion_control",),
+PER_KIND = {"uet": ("rccc", "nscc", "delivery", "entropy"), "rocev2": ("congestion_control",),
             "tcp": ()}
 
 
 @dataclass(frozen=True)
 class TransportOptions:
-    """Defaults: uet reliable unordered with NSCC and no receiver credits; rocev2 with
+    """Defaults: uet reliable unordered with NSCC, REPS and no receiver credits; rocev2 with
     DCQCN."""
 
     rccc: bool = False
     nscc: bool = True
     delivery: str = "rud"
+    entropy: str = "reps"
     congestion_control: str = "dcqcn"
 
     def __post_init__(self) -> None:
         if self.delivery not in DELIVERY_MODES:
             raise ValueError(f"delivery {self.delivery!r}: one of {', '.join(DELIVERY_MODES)}")
+        if self.entropy not in ENTROPY_CHOICES:
+            raise ValueError(f"entropy {self.entropy!r}: one of {', '.join(ENTROPY_CHOICES)}")
         if self.congestion_control not in ROCE_CONGESTION_CONTROLS:
             raise ValueError(f"congestion_control {self.congestion_control!r}: one of "
                              f"{', '.join(ROCE_CONGESTION_CONTROLS)}")

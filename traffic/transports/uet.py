@@ -5,9 +5,11 @@ UET's three delivery modes (RUD, ROD, UUD).
 Sender (one per queue pair):
 
 * entropy per packet (the engine sends it from source port ``base + entropy``, which the
-  switches' ECMP hash covers): REPS keeps the entropies whose ACKs came back without CE and
-  reuses them first; with none in hand it explores a random one. An ACK's own entropy (its
-  latest packet's, whose RTT the ACK measures) is also not reused when that RTT is more than
+  switches' ECMP hash covers), chosen as ``entropy`` says (:mod:`traffic.transports.entropy`:
+  oblivious, REPS by default, or a bitmap of penalised entropies). REPS keeps the entropies
+  whose ACKs came back without CE and reuses them first; with none in hand it explores a random
+  one. An ACK's own entropy (its latest packet's, whose RTT the ACK measures) also counts as
+  congested when that RTT is more than
   ``path_slack`` base RTTs above the least the flow has seen: a queue on that path, which
   RED-style marking at a low probability rarely reports (on the 3 Mbit/s permutation this took
   uet from 0.83-0.89 of the line rate to 0.92-0.93). ``spray=False`` keeps one
@@ -51,7 +53,9 @@ from traffic.transports.packet import (
     wire_bytes,
 )
 from traffic.transports.rccc import CreditSender
-from traffic.transports.uet_control import Reps, UetConfig, window_for
+from traffic.transports.entropy import Feedback
+from traffic.transports.entropy import make as entropy_choice
+from traffic.transports.uet_control import UetConfig, window_for
 from traffic.transports.uet_receiver import UetReceiver
 
 INF = float("inf")
@@ -93,7 +97,7 @@ class UetSender:
         self.reorder_due: float | None = None  # when the reordering timer fires (RACK)
         self.probed = False  # a tail probe went out since the last progress
         self.probe_psn = -1  # the latest probe's PSN (its duplicate is no spurious resend)
-        self.reps = Reps(self.cfg.entropies, self.rng)
+        self.paths = entropy_choice(self.cfg.entropy, self.cfg.entropies, self.rng)
         self.window = window_for(self.cfg)
         # receiver credits: new data waits for them; the receiver hears how much there is to
         # send from a request (REQ) whenever that grows
@@ -174,7 +178,7 @@ class UetSender:
         if not self.cfg.spray or self.cfg.ordered:
             entropy = self.entropy
         else:
-            entropy = self.reps.choose()
+            entropy = self.paths.choose()
         if self.credit is not None and not retx:
             self.credit.on_send(self.lengths[psn])
         self.outstanding[psn] = entropy
@@ -211,6 +215,12 @@ class UetSender:
         """``psn`` is no longer in flight (acknowledged, or declared lost)."""
         if self.outstanding.pop(psn, None) is not None:
             self.inflight -= self.lengths[psn]
+
+    def _path_lost(self, psn: int, what: Feedback) -> None:
+        """The entropy ``psn`` went out on lost it (a trim, a loss, a timeout): said to the
+        choice of entropy when the queue pair sprays."""
+        if self.cfg.spray and not self.cfg.ordered:
+            self.paths.feedback(self.outstanding[psn], what)
 
     def _queue_retx(self, psn: int) -> None:
         if psn in self.queued or psn in self.acked or psn < self.una:
@@ -252,6 +262,7 @@ class UetSender:
         high delay."""
         self.stats["trim_naks"] += 1
         if psn in self.outstanding:
+            self._path_lost(psn, Feedback.NACK)
             self._forget(psn)
             self._queue_retx(psn)
             self.progress_at = now  # the receiver answers: the path is alive
@@ -311,7 +322,8 @@ class UetSender:
             slow = (self.cfg.path_slack > 0
                     and rtt > self.min_rtt + self.cfg.path_slack * self.cfg.base_rtt_s)
             for i, (entropy, ce) in enumerate(pkt.echoed()):
-                self.reps.feedback(entropy, ce or (slow and i == 0))
+                congested = ce or (slow and i == 0)
+                self.paths.feedback(entropy, Feedback.ECN if congested else Feedback.GOOD)
         self.window.on_ack(acked_bytes, rtt, pkt.ce, now)
         self._detect_losses(now)
 
@@ -339,6 +351,7 @@ class UetSender:
             order.popleft()
             if current and psn not in self.queued:
                 self.stats["sack_losses"] += 1
+                self._path_lost(psn, Feedback.NACK)
                 self._forget(psn)
                 self._queue_retx(psn)
                 self.window.on_trim(rtt, now)  # a loss: quick adapt, as a trim
@@ -382,6 +395,8 @@ class UetSender:
         if (self.outstanding or self.retx) and now >= self.progress_at + self.rto_s:
             self.stats["timeouts"] += 1
             self.window.on_timeout()
+            if self.outstanding:  # the oldest packet's path: the one the timer ran for
+                self._path_lost(min(self.outstanding), Feedback.TIMEOUT)
             # everything in flight counts as lost (as TCP's timeout does): a window shrunk to one
             # packet that a lost packet holds would otherwise keep an earlier resend waiting
             for psn in sorted(self.outstanding):
@@ -400,6 +415,5 @@ class UetSender:
         out = {k: v for k, v in self.stats.items() if k != "entropies"}
         out.update(entropies=len(self.stats["entropies"]), rate_cuts=self.window.cuts,
                    reorder_window_ms=round(self.reo_wnd * 1e3, 3),
-                   entropies_reused=self.reps.reused, entropies_explored=self.reps.explored,
-                   cwnd_bytes=self.window.cwnd)
+                   cwnd_bytes=self.window.cwnd, **self.paths.counters())
         return out

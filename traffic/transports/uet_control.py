@@ -1,14 +1,12 @@
 """The Ultra-Ethernet-like sender's settings and controls (pure, sans-I/O): its constants at
-the emulated scale, REPS (recycled entropy path selection: the entropies whose packets came
-back unmarked are sent again) and the NSCC-like congestion window; :mod:`traffic.transports.uet`
-drives them."""
+the emulated scale and the NSCC-like congestion window (the choice of entropy is
+:mod:`traffic.transports.entropy`); :mod:`traffic.transports.uet` drives them."""
 
 from __future__ import annotations
 
-import random
-from collections import deque
 from dataclasses import dataclass
 
+from traffic.transports.entropy import ENTROPY_CHOICES
 from traffic.transports.packet import (
     Scale,
 )
@@ -33,6 +31,7 @@ class UetConfig:
     nscc: bool = True  # the sender's window reacts to ECN, delay and loss (False: fixed)
     rccc: bool = False  # the receiver grants credits; new data waits for them
     entropies: int = 128
+    entropy: str = "reps"  # the choice of entropy per packet (traffic.transports.entropy)
     reorder_threshold: int = 8
     target_factor: float = 2.5  # the delay target: base RTT x this
     md: float = 0.5  # NSCC's largest multiplicative decrease
@@ -49,6 +48,9 @@ class UetConfig:
         if self.delivery not in DELIVERY_MODES:
             raise ValueError(f"uet delivery {self.delivery!r}: one of "
                              f"{', '.join(DELIVERY_MODES)}")
+        if self.entropy not in ENTROPY_CHOICES:
+            raise ValueError(f"uet entropy {self.entropy!r}: one of "
+                             f"{', '.join(ENTROPY_CHOICES)}")
 
     @classmethod
     def scaled(cls, scale: Scale, **kw) -> UetConfig:
@@ -83,13 +85,13 @@ class UetConfig:
         slack = (f" or an RTT {self.path_slack:g} base RTT "
                  f"({self.path_slack * self.base_rtt_s * 1e3:.0f} ms) over the flow's least"
                  if self.path_slack > 0 else "")
-        paths = f"sprayed over {self.entropies} entropies" if self.spray and not self.ordered \
-            else "one path"
+        paths = (f"sprayed over {self.entropies} entropies ({self.entropy})"
+                 if self.spray and not self.ordered else "one path")
         if self.nscc:
             window = (f"NSCC window from {self.init_bdps:g} BDP ({self.bdp_bytes / 1024:.0f} "
                       f"KiB) up to {self.max_bdps:g} BDP, delay target {self.target_factor:g} "
                       f"base RTTs ({self.base_rtt_s * self.target_factor * 1e3:.0f} ms), cut "
-                      f"(at most by {self.md:g}) when CE and delay agree; entropies not reused "
+                      f"(at most by {self.md:g}) when CE and delay agree; an entropy is congested "
                       f"after CE{slack}")
         else:
             window = f"fixed window of {self.max_bdps:g} BDP ({self.bdp_bytes / 1024:.0f} KiB)"
@@ -101,30 +103,6 @@ class UetConfig:
                 f"RTO at least {self.rto_s:.2f} s")
         return (f"UET {self.delivery.upper()} {paths}; {window}{credit}; ACK per "
                 f"{self.ack_every} packets or {self.ack_delay_s * 1e3:.0f} ms; {loss}")
-
-
-class Reps:
-    """Recycled entropies: a flow first explores (its first ``entropies`` packets each take a
-    random entropy), then reuses those acknowledged without CE, oldest first (a rotation over
-    every good path); with none in hand it explores again. An entropy whose ACK carried CE is
-    not reused."""
-
-    def __init__(self, entropies: int, rng: random.Random) -> None:
-        self.entropies = entropies
-        self.rng = rng
-        self.good: deque[int] = deque(maxlen=entropies)
-        self.reused = self.explored = 0
-
-    def choose(self) -> int:
-        if self.good and self.explored >= self.entropies:
-            self.reused += 1
-            return self.good.popleft()
-        self.explored += 1
-        return self.rng.randrange(self.entropies)
-
-    def feedback(self, entropy: int, ce: bool) -> None:
-        if not ce:
-            self.good.append(entropy)
 
 
 class Nscc:
