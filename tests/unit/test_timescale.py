@@ -286,3 +286,22 @@ def test_validate_shows_n_the_regime_and_the_wall_time():
                           "hpcc-incast", "hpcc-pfc-incast"}
     assert all(w > 0 for w in walls.values())
     assert "time scale N =" in proc.stderr and "packets per BDP" in proc.stderr
+
+
+def test_scale_invariance_bench_takes_the_median_of_repeated_runs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaling_bench", ROOT / "bench" / "scaling.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = lambda p50, fid="ok": {"v": {"fidelity": fid, "incast": {"fct_p50_us": p50},  # noqa
+                                       "run": {"queue_p99_bdp": 8.0}}}
+    low = bench.median_of([run(130.0), run(150.0), run(152.0)])
+    high = bench.median_of([run(151.0), run(160.0, "degraded"), {"v": {"error": "boom"}}])
+    assert low["v"]["incast"] == {"fct_p50_us": 150.0, "fct_p50_us_spread": (130.0, 152.0)}
+    assert high["v"]["incast"]["fct_p50_us"] == pytest.approx(155.5)  # the two that ran
+    assert high["v"]["fidelity"] == "ok/degraded"
+    line = next(x for x in bench.compare(low, high) if x["figure"] == "fct_p50_us")
+    assert line["ratio"] == pytest.approx(155.5 / 150, abs=1e-4) and line["spread_n"] == [130.0, 152.0]
+    failed = bench.median_of([{"v": {"error": "boom"}}, {"v": {"error": "again"}}])
+    assert failed == {"v": {"error": "boom"}}
