@@ -17,9 +17,16 @@ one TCP flow, then UDP datagrams of ``--udp-bytes`` as fast as it can send, each
 times the hops, is the CPU per packet-hop (it includes both hosts' stacks and iperf3: an upper
 bound on the datapath's own cost).
 
+With ``--selections hash,flowlet,packet`` the eBPF chain runs once per selection method: each
+switch reaches host b through a SELECT group of four buckets (all on its one port towards b,
+so that every bucket is live and equally loaded: the decision scans all four, as a 4-way ECMP
+group's would) chosen by that method, so the difference between the rows is the decision's
+cost per packet-hop (``hash``: the 5-tuple's hash; ``flowlet``: the flowlet table and, at a
+gap, the least-loaded port; ``packet``: the least-loaded port for every packet).
+
 Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000]
                          [--datapaths ebpf,ovs,ovs-kernel] [--rate-mbps R] [--queue-kb 256]
-                         [--vm] [--json F]
+                         [--selections hash,flowlet,packet] [--vm] [--json F]
 """
 
 from __future__ import annotations
@@ -96,14 +103,25 @@ def shape(tag: str, hops: int, mtu: int, rate_mbps: float, queue_kb: int) -> Non
                 nl.shape(ifname, plan)
 
 
-def ebpf_chain(tag: str, hops: int, state: Path):
-    """The switches as eBPF switches; returns their handle (closed at teardown)."""
+#: --selections: the group's buckets towards b, and a flowlet gap (us)
+GROUP_BUCKETS = 4
+FLOWLET_GAP_US = 100
+
+
+def ebpf_chain(tag: str, hops: int, state: Path, selection: str | None = None):
+    """The switches as eBPF switches; returns their handle (closed at teardown). With
+    ``selection``, the route to b goes through a SELECT group chosen by it."""
     switches = EbpfSwitches(Path(f"/sys/fs/bpf/fabriclab/{tag}"), state)
     with Netlink() as nl:
         for i, (port1, port2) in enumerate(ports_of(tag, hops), start=1):
             switches.add_port(nl, i, 1, port1, PORT_RATE_BYTES_S)
             switches.add_port(nl, i, 2, port2, PORT_RATE_BYTES_S)
-            switches.set_table(i, tss.compile_table([route(A, 1), route(B, 2)]))
+            to_b = route(B, 2)
+            if selection is not None:
+                switches.set_group(i, 1, "select", [2] * GROUP_BUCKETS, basis=i,
+                                   selection=selection, gap_us=FLOWLET_GAP_US)
+                to_b = FlowEntry(200, to_b.match, (("group", 1),))
+            switches.set_table(i, tss.compile_table([route(A, 1), to_b]))
     return switches
 
 
@@ -204,7 +222,7 @@ def iperf(tag: str, duration: int, udp_bytes: int | None) -> dict:
             "seconds": s["seconds"]}
 
 
-def measure(datapath: str, args, tag: str) -> list[dict]:
+def measure(datapath: str, args, tag: str, selection: str | None = None) -> list[dict]:
     switches = None
     rows = []
     try:
@@ -213,7 +231,7 @@ def measure(datapath: str, args, tag: str) -> list[dict]:
             shape(tag, args.hops, args.mtu, args.rate_mbps, args.queue_kb)
         state = Path("/run/fabriclab")
         if datapath == "ebpf":
-            switches = ebpf_chain(tag, args.hops, state)
+            switches = ebpf_chain(tag, args.hops, state, selection)
         elif datapath == "ovs-kernel":
             switches = OvsKernelChain(tag, args.hops, args.mtu)
         else:
@@ -224,7 +242,8 @@ def measure(datapath: str, args, tag: str) -> list[dict]:
             # packets through the chain per second: UDP datagrams delivered, or TCP segments
             # of one MSS (MTU - 52) at the measured goodput
             pps = row["delivered_pps"] if udp else row["mbps"] * 1e6 / 8 / (args.mtu - 52)
-            row.update(datapath=datapath, hops=args.hops, rate_mbps=args.rate_mbps,
+            row.update(datapath=datapath if selection is None else f"{datapath}:{selection}",
+                       hops=args.hops, rate_mbps=args.rate_mbps,
                        us_per_packet_hop=row["busy_cores"] * 1e6 / (pps * args.hops)
                        if pps else None)
             rows.append(row)
@@ -244,10 +263,17 @@ def main() -> int:
                              "(default: every one the machine has)")
     parser.add_argument("--rate-mbps", type=float, default=0.0)
     parser.add_argument("--queue-kb", type=int, default=256)
+    parser.add_argument("--selections", default=None,
+                        help="ebpf: comma-separated group selection methods (hash, flowlet, "
+                             "packet), one run each through a SELECT group")
     parser.add_argument("--vm", action="store_true",
                         help="run inside the vm backend's full-kernel guest")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    selections = args.selections.split(",") if args.selections else [None]
+    bad = sorted(set(selections) - {None, "hash", "dp_hash", "flowlet", "packet"})
+    if bad:
+        parser.error(f"--selections: unknown {', '.join(bad)} (of hash, flowlet, packet)")
     if args.vm:
         return in_guest(args)
     names = args.datapaths.split(",") if args.datapaths else available()
@@ -259,13 +285,14 @@ def main() -> int:
                      "kernel lacks (try --vm)")
     rows = []
     for datapath in names:
-        rows += measure(datapath, args, f"dp{os.getpid() % 100000}")
+        for selection in (selections if datapath == "ebpf" else [None]):
+            rows += measure(datapath, args, f"dp{os.getpid() % 100000}", selection)
     print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs")
-    print(f"{'datapath':10} {'kind':4} {'hops':>4} {'shaped':>6} {'Mbit/s':>9} {'pkt/s':>9} "
+    print(f"{'datapath':13} {'kind':4} {'hops':>4} {'shaped':>6} {'Mbit/s':>9} {'pkt/s':>9} "
           f"{'cores':>6} {'us/pkt-hop':>10}")
     for r in rows:
         pps = r.get("delivered_pps") or r["mbps"] * 1e6 / 8 / (args.mtu - 52)
-        print(f"{r['datapath']:10} {r['kind']:4} {r['hops']:>4} {r['rate_mbps'] or '-':>6} "
+        print(f"{r['datapath']:13} {r['kind']:4} {r['hops']:>4} {r['rate_mbps'] or '-':>6} "
               f"{r['mbps']:>9.0f} {pps:>9.0f} {r['busy_cores']:>6.2f} "
               f"{r['us_per_packet_hop'] or 0:>10.2f}")
     print("TCP packets are MSS-sized equivalents of the goodput (segmentation offload moves "
@@ -290,6 +317,8 @@ def in_guest(args) -> int:
             f"--rate-mbps {args.rate_mbps}", f"--queue-kb {args.queue_kb}"]
     if args.datapaths:
         opts.append(f"--datapaths {args.datapaths}")
+    if args.selections:
+        opts.append(f"--selections {args.selections}")
     job = ("mkdir -p /run/fabriclab && cp -r /job/bpf /run/fabriclab/\n"
            f"python3 bench/datapath.py {' '.join(opts)} --json \"$FABRICLAB_OUT/rows.json\"\n")
     image = guest.ensure_image(log=print)

@@ -197,9 +197,30 @@ def ofctl(req: OfctlRequest, ui: Console) -> int:
         f"ovs*/{req.switch}{MGMT_SUFFIX}"))
     target = f"unix:{mgmt[0]}" if mgmt else req.switch
     command, rest = req.args[0], list(req.args[1:])
+    if ebpf.exists() and command == "dump-groups":  # ovs-ofctl refuses the local methods
+        return _dump_ebpf_groups(ebpf, rest)
     sys.stdout.flush()
     os.execvp("ovs-ofctl", ["ovs-ofctl", "-O", "OpenFlow15", command, target, *rest])
     return EXIT_OK  # not reached
+
+
+def _dump_ebpf_groups(path: Path, rest: list[str]) -> int:
+    """An eBPF switch's groups as ``ovs-ofctl dump-groups`` prints them, the switch-local
+    selection methods included (:mod:`testbed.switch.groupdump`); ``rest``: a group id."""
+    from testbed.openflow.groups import BadGroup, describe
+    from testbed.switch.groupdump import read_groups
+
+    if len(rest) > 1 or rest and not rest[0].isdigit():
+        raise ConfigError("ofctl", f"dump-groups takes at most a group id, not {' '.join(rest)}")
+    try:
+        groups = read_groups(path)
+    except (OSError, BadGroup) as err:
+        raise TestbedError(f"the switch's groups could not be read from {path}: {err}") from None
+    print("OFPST_GROUP_DESC reply (OF1.5):")
+    for group in groups:
+        if not rest or group.group_id == int(rest[0]):
+            print(f" {describe(group)}")
+    return EXIT_OK
 
 
 def capture(req: CaptureRequest, ui: Console) -> int:

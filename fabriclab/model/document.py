@@ -250,7 +250,9 @@ class JobResult(Record):
 
 @dataclass
 class FailureApplied(Record):
-    """A link failure or repair as applied, with the throughput around it."""
+    """A link failure, repair or degradation as applied, with the throughput around it and,
+    for a failure or degradation, how long the traffic offered to its ports took to fit
+    (``move_off``: ``rates_mbps`` and ``ms`` per switch port, None where it never did)."""
 
     action: str
     target: str | list[str]
@@ -261,6 +263,8 @@ class FailureApplied(Record):
     errors: list[str] = field(default_factory=list)
     throughput: dict[str, Any] | None = None
     cut_drops: int | None = optional()
+    rate_factor: float | None = optional()
+    move_off: dict[str, Any] | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -182,6 +182,16 @@ class MachineAgent:
         with Netlink() as nl:
             return self._part().cut_drops(pairs, nl)
 
+    def set_rates(self, pairs: list[tuple[str, str]], factor: float) -> dict[str, float]:
+        """Degrade this machine's ends of the links (:meth:`Fabric.set_rates`)."""
+        from testbed.linux.netlink import Netlink
+
+        with Netlink() as nl:
+            return self._part().set_rates(pairs, factor, nl)
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
+        return self._part().offered_bytes(names & self._part().switch_ports())
+
     def start_monitor(self, queue_interval_s: float) -> None:
         self.stop_monitor()
         self.monitor, self._stop_monitor = self._part().start_monitor(queue_interval_s)

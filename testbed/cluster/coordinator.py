@@ -379,6 +379,18 @@ class ClusterFabric:
         two machines); each step's time is the latest machine's."""
         return set_links_on_machines(self.cluster, links_by_machine(self.topo, self.where, pairs), up)
 
+    def set_rates(self, pairs: list[tuple[str, str]], factor: float,
+                  netlink=None) -> dict[str, float]:
+        """Degrade links, every machine its ends; the time is the latest machine's."""
+        steps = [self.machine(m).set_rates(p, factor)
+                 for m, p in links_by_machine(self.topo, self.where, pairs).items()]
+        return {"rated_s": max((s["rated_s"] for s in steps), default=0.0)}
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
+        found = [c for c in self.on_all(lambda m: m.offered_bytes(names)).values()
+                 if c is not None]
+        return {k: v for c in found for k, v in c.items()} if found else None
+
     def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
         counts = [self.machine(m).cut_drops(p)
                   for m, p in links_by_machine(self.topo, self.where, pairs).items()]

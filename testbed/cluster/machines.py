@@ -123,6 +123,12 @@ class MachineHandle:
     def cut_drops(self, pairs: list[tuple[str, str]]) -> int | None:
         return self._call(MachineAgent.cut_drops, pairs)
 
+    def set_rates(self, pairs: list[tuple[str, str]], factor: float) -> dict[str, float]:
+        return self._call(MachineAgent.set_rates, pairs, factor)
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
+        return self._call(MachineAgent.offered_bytes, names)
+
     def start_monitor(self, queue_interval_s: float) -> None:
         self._call(MachineAgent.start_monitor, queue_interval_s)
 

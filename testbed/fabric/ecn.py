@@ -185,6 +185,27 @@ class Marker:
         if impair is not None:  # corrupted frames from the switch die here (a bad FCS)
             netlink.attach_bpf(ifname, self.rx_fd, INGRESS_PROGRAM, pid=pid, ingress=True)
 
+    def set_rate(self, ifname: str, rate_bytes_s: float) -> None:
+        """A switch port's rate changed (a degraded link): its virtual queue drains at it."""
+        ifindex = self.index[ifname]
+        key = ctypes.c_uint32(ifindex)
+        cfg = self.cfg.lookup(key)
+        cfg.rate_bytes_s = int(rate_bytes_s)
+        self.cfg.update(key, cfg)
+        self.ports[ifindex] = (ifname, float(rate_bytes_s))
+
+    def offered(self, names: set[str]) -> dict[str, int]:
+        """Switch port -> the bytes offered to its egress so far, every priority (those its
+        queue then dropped too): one lookup per port and priority."""
+        out = {}
+        for name in names:
+            total = 0
+            for prio in range(PRIORITIES):
+                value = self.count.lookup(_CountKey(self.index[name], prio))
+                total += value.bytes if value is not None else 0
+            out[name] = total
+        return out
+
     def arrivals(self, keys: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
         """(switch port, priority) -> packets received so far (ports with ``count_rx``): all of
         them, or those of ``keys`` (one lookup each)."""

@@ -408,3 +408,11 @@ class Fabric:
     def cut_drops(self, pairs: list[tuple[str, str]],
                   netlink: Netlink | None = None) -> int | None:
         return self.ports.cut_drops(pairs, netlink)
+
+    def set_rates(self, pairs: list[tuple[str, str]], factor: float,
+                  netlink: Netlink | None = None) -> dict[str, float]:
+        """Degrade links to ``factor`` of their rate (:meth:`PortServices.set_rates`)."""
+        return self.ports.set_rates(pairs, factor, netlink)
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
+        return self.ports.offered_bytes(names)

@@ -1,9 +1,13 @@
 """Link and switch failures, the adapter: :class:`FailureInjector` is a fabric service thread
 that applies the planned events (:mod:`testbed.plan.failplan`) at their times, relative to the
-workload's start, failing or repairing each link as :mod:`testbed.fabric.linkfail` does (the link is
-cut, its switches see the loss of signal at once: the groups' watch ports drop dead buckets, the
-controller gets the port status and reroutes; then the veths go down). It samples the throughput the fabric delivers to the hosts meanwhile and keeps a log of
-what it applied and when, with the throughput before, during and after, for ``results.json``.
+workload's start, failing or repairing each link as :mod:`testbed.fabric.linkfail` does (the
+link is cut, its switches see the loss of signal at once: the groups' watch ports drop dead
+buckets, the controller gets the port status and reroutes; then the veths go down), or
+degrading it to a share of its rate (its shapers, the marker's and the eBPF switches' drain
+rates). It samples the throughput the fabric delivers to the hosts meanwhile, and for two
+seconds after a failure or a degradation the bytes offered to the link's switch ports every
+millisecond, and keeps a log of what it applied and when, with the throughput before, during
+and after and how long the traffic took to move off, for ``results.json``.
 :func:`set_links_of_running_fabric` is ``fabriclab fail`` / ``restore``.
 """
 
@@ -17,7 +21,16 @@ from pathlib import Path
 from testbed.contract import FailureFabric
 from testbed.linux import ovs
 from testbed.errors import TestbedError
-from testbed.plan.failplan import SAMPLE_S, FailureEvent, live_links, throughput_around
+from testbed.model.congestion import frame_bytes
+from testbed.plan.failplan import (
+    FINE_SAMPLE_S,
+    FINE_SPAN_S,
+    SAMPLE_S,
+    FailureEvent,
+    live_links,
+    throughput_around,
+    time_to_move_off,
+)
 from testbed.fabric.linkfail import End, LinkCut, set_links
 from testbed.linux.netlink import Netlink
 
@@ -36,6 +49,9 @@ class FailureInjector:
         self.applied: list[dict] = []
         self.samples: list[tuple[float, int]] = []  # (s since begin, bytes to the hosts)
         self._cut_base: dict[str, int | None] = {}  # a failed target -> cut drops before
+        # the event being watched (its index in applied), its ports' rates now, until when
+        self._watch: tuple[int, dict[str, float], float] | None = None
+        self._fine: dict[int, list[tuple[float, dict[str, int]]]] = {}  # index -> samples
         self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
@@ -65,7 +81,10 @@ class FailureInjector:
                     next_sample = max(next_sample + SAMPLE_S, now)
                 while pending and now >= self.began + pending[0].at_s:
                     self._apply(pending.pop(0), netlink)
-                due = min([next_sample] + [self.began + e.at_s for e in pending[:1]])
+                    now = time.monotonic()
+                fine = self._watch_ports(now)
+                due = min([next_sample] + [self.began + e.at_s for e in pending[:1]]
+                          + ([fine] if fine is not None else []))
                 if stop.wait(max(0.0, due - time.monotonic())):
                     return
         finally:
@@ -79,19 +98,74 @@ class FailureInjector:
         at = time.monotonic() - self.began
         errors, steps = [], {}
         try:  # all of the event's links at once (a switch's: its every link)
-            steps = self.fabric.set_links(list(event.links), event.action == "up", netlink)
+            if event.action == "degrade":
+                steps = self.fabric.set_rates(list(event.links), event.rate_factor, netlink)
+            else:
+                steps = self.fabric.set_links(list(event.links), event.action == "up", netlink)
         except (TestbedError, OSError) as err:
             errors.append(f"{event.target}: {err}")
         took = time.monotonic() - self.began - at
+        self._watch = None
         self.applied.append({"at_s": event.at_s, "applied_s": round(at, 4),
                              "took_s": round(took, 4), "steps_s": steps,
                              "action": event.action, "target": event.target,
                              "links": len(event.links), "errors": errors})
+        if event.action == "degrade":
+            self.applied[-1]["rate_factor"] = event.rate_factor
+        if event.action != "up" and not errors:
+            self._start_watch(event, at)
         dropped = self._cut_drops(event, netlink)
         if event.action == "down":
             self._cut_base[event.target] = dropped
         elif dropped is not None and self._cut_base.get(event.target) is not None:
             self.applied[-1]["cut_drops"] = dropped - self._cut_base.pop(event.target)
+
+    def _start_watch(self, event: FailureEvent, at: float) -> None:
+        """Watch the bytes offered to the event's switch ports (each link's ends at switches:
+        one per direction) from now, each against the rate its link has now (0: failed)."""
+        topo, rates = self.fabric.topo, {}
+        for a, b in event.links:
+            link = topo.find_link(a, b)
+            rate = 0.0 if event.action == "down" else \
+                link.rate_mbps * 1e6 / 8 * (event.rate_factor or 1.0)
+            for end in (link.a, link.b):
+                if topo.nodes[end.node].is_switch:
+                    rates[end.ifname] = rate
+        index = len(self.applied) - 1
+        self._watch = (index, rates, at + FINE_SPAN_S)
+        self._fine[index] = []
+        self.applied[index]["move_off"] = {"rates_mbps": {p: round(r * 8 / 1e6, 3)
+                                                          for p, r in rates.items()}}
+
+    def _watch_ports(self, now: float) -> float | None:
+        """One sample of the watched ports' offered bytes; when the next is due (None:
+        nothing watched, or the span or the workload is over)."""
+        if self._watch is None:
+            return None
+        index, rates, until = self._watch
+        at = now - self.began
+        if at > until or self.ended_s is not None:
+            self._watch = None
+            return None
+        counts = self.fabric.offered_bytes(set(rates))
+        if counts is None:  # no marker on this fabric: nothing to measure with
+            self._watch = None
+            return None
+        self._fine[index].append((at, counts))
+        return now + FINE_SAMPLE_S
+
+    def _move_off(self, index: int, item: dict) -> dict:
+        """The event's time to move off per watched port (:func:`time_to_move_off`), in ms."""
+        samples = self._fine.get(index) or []
+        doc = dict(item["move_off"])
+        frame = frame_bytes(self.fabric.spec.fabric.mtu)
+        doc["ms"] = {}
+        for port, mbps in doc["rates_mbps"].items():
+            series = [(t, c[port]) for t, c in samples if port in c]
+            took = time_to_move_off(series, item["applied_s"], mbps * 1e6 / 8, frame)
+            doc["ms"][port] = None if took is None else round(took * 1000, 1)
+        doc["samples"] = len(samples)
+        return doc
 
     def _cut_drops(self, event: FailureEvent, netlink: Netlink) -> int | None:
         """Frames the cuts of the event's links dropped so far, None without the cut
@@ -105,8 +179,13 @@ class FailureInjector:
         """What was applied so far (results.json's ``failures``), each with the delivered
         throughput before, during and after it (:func:`~testbed.plan.failplan.throughput_around`)."""
         samples = [s for s in self.samples if self.ended_s is None or s[0] <= self.ended_s]
-        return [{**item, "throughput": throughput_around(samples, item["applied_s"])}
-                for item in self.applied]
+        out = []
+        for index, item in enumerate(self.applied):
+            row = {**item, "throughput": throughput_around(samples, item["applied_s"])}
+            if "move_off" in item:
+                row["move_off"] = self._move_off(index, item)
+            out.append(row)
+        return out
 
 
 def set_links_of_running_fabric(registry, target: list[str], up: bool,

@@ -7,6 +7,7 @@ agent that makes priorities lossless; their counters read as one congestion docu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from testbed.errors import TestbedError
@@ -160,6 +161,38 @@ class PortServices:
         agent = self.switches.agent
         signal = None if agent is None else lambda end, lost: agent.signal(end.ifname, lost)
         return set_links(netlink or self.netlink, [e for e in ends if e], up, self.cut, signal)
+
+    def set_rates(self, pairs: list[tuple[str, str]], factor: float,
+                  netlink: Netlink | None = None) -> dict[str, float]:
+        """Degrade links to ``factor`` of their rate (1: restored), both directions, at their
+        ends built here: each end's HTB class (the shaper), the marker's virtual queue at a
+        switch port (ECN, INT and trimming drain at the new rate) and the eBPF switches' load
+        accounting (switch-local adaptive routing sees the port fill the sooner). Another
+        thread passes its own ``netlink``. Returns when it was done, in seconds after the
+        call."""
+        if not 0 < factor:
+            raise TestbedError(f"a link's rate factor must be above 0, got {factor}")
+        nl = netlink or self.netlink
+        start = time.monotonic()
+        for a, b in pairs:
+            link = self.share.topo.find_link(a, b)
+            for end in self.link_ends(link):
+                plan = self.shaping(link, host_end=not end.switch)
+                rate_kbit = max(8, int(plan.rate_kbit * factor))
+                nl.set_class_rate(end.ifname, rate_kbit, plan.burst_bytes, plan.quantum_bytes,
+                                  end.pid)
+                if end.switch:
+                    rate_bytes_s = rate_kbit * 1000 / 8
+                    if self.marker is not None and end.ifname in self.marker.index:
+                        self.marker.set_rate(end.ifname, rate_bytes_s)
+                    self.switches.set_port_rate(end.ifname, int(rate_bytes_s))
+        return {"rated_s": round(time.monotonic() - start, 4)}
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
+        """Switch port -> bytes offered to its egress so far (None without the marker)."""
+        if self.marker is None:
+            return None
+        return self.marker.offered({n for n in names if n in self.marker.index})
 
     def cut_drops(self, pairs: list[tuple[str, str]],
                   netlink: Netlink | None = None) -> int | None:

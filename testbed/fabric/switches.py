@@ -56,6 +56,7 @@ class Switches:
         self.switch_instance: dict[str, ovs.Instance] = {}
         self.agent: SwitchAgent | None = None  # the eBPF switches' OpenFlow agent
         self.ebpf: EbpfSwitches | None = None  # their program and maps
+        self.ebpf_ports: dict[str, tuple[int, int]] = {}  # port -> (switch index, number)
 
     @property
     def ebpf_datapath(self) -> bool:
@@ -176,6 +177,7 @@ class Switches:
                 ifname = link.end(sw.name).ifname
                 self.ebpf.add_port(self.netlink, index, number, ifname,
                                    int(link.rate_mbps * 1e6 / 8))
+                self.ebpf_ports[ifname] = (index, number)
                 mac = f"02:fb:00:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}:{number & 0xFF:02x}"
                 ports.append(Port(number, ifname, mac, speed_kbps=int(link.rate_mbps * 1000)))
             specs[sw.name] = SwitchSpec(index, sw.dpid, ports)
@@ -228,6 +230,13 @@ class Switches:
         """The OVSDB of a switch's private vswitchd (None: the machine's, or none)."""
         inst = self.switch_instance.get(switch)
         return inst.db if inst is not None else None
+
+    def set_port_rate(self, ifname: str, rate_bytes_s: int) -> None:
+        """A port's rate as the eBPF switches' load accounting drains it (a degraded link's;
+        switch-local adaptive routing sees the port fill the sooner). Open vSwitch keeps no
+        load: nothing to do."""
+        if self.ebpf is not None and ifname in self.ebpf_ports:
+            self.ebpf.set_port_rate(*self.ebpf_ports[ifname], rate_bytes_s)
 
     def close(self) -> None:
         """The eBPF switches' agent and maps closed (bridges and daemons go with the run

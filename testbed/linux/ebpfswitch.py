@@ -166,6 +166,12 @@ class EbpfSwitches:
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(
             level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s)))
 
+    def set_port_rate(self, sw: int, port: int, rate_bytes_s: int) -> None:
+        """A port's drain rate changed (a degraded link), its queue as the datapath left it."""
+        load = self.port_load(sw, port)
+        level, last = (load.level, load.last_ns) if load is not None else (0, 0)
+        self.set_port_load(sw, port, rate_bytes_s, level, last)
+
     def set_live(self, sw: int, port: int, live: bool) -> None:
         """A port's liveness, as groups' buckets watch it."""
         if not _mark_live(self.maps["sw_out"], PortId(sw, port), live):

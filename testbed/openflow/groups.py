@@ -104,6 +104,24 @@ def read_desc(raw: bytes, offset: int) -> tuple[GroupEntry, int]:
     return entry(group_id, kind, buckets, basis, selection, gap_us), length
 
 
+def describe(group: GroupEntry) -> str:
+    """One group as ``ovs-ofctl dump-groups`` prints it, with the switch-local methods (which
+    ovs-ofctl refuses to read) and a flowlet group's gap: ``group_id=3,type=select,
+    selection_method=flowlet,flowlet_gap_us=120,bucket=bucket_id:0,watch_port:1,
+    actions=output:1,...``."""
+    head = f"group_id={group.group_id},type={'select' if group.kind == 'select' else 'ff'}"
+    if group.kind == "select":
+        head += f",selection_method={group.selection}"
+        if group.hash_basis:
+            head += f",selection_method_param={group.hash_basis}"
+        if group.selection == "flowlet":
+            head += f",flowlet_gap_us={group.gap_us}"
+    weights = group.weights or (None,) * len(group.ports)
+    return head + "".join(
+        f",bucket=bucket_id:{i},{'' if w is None else f'weight:{w},'}watch_port:{p},"
+        f"actions=output:{p}" for i, (p, w) in enumerate(zip(group.ports, weights)))
+
+
 def selection_property(basis: int, method: str, gap_us: int = 0) -> bytes:
     """Open vSwitch's ``selection_method`` group property: the 5-tuple's fields for ``hash``,
     none for ``dp_hash`` (the datapath hashes the 5-tuple) or the local methods (``flowlet``:

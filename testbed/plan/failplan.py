@@ -1,7 +1,9 @@
 """Link and switch failures, the pure part: the experiment file's ``failures`` section as
 events checked against the model (:func:`plan_failures`), a target of ``fabriclab fail`` as
-links (:func:`live_links`), and the fabric's delivered throughput before, during and after an
-event (:func:`throughput_around`). The adapter that applies them is :mod:`testbed.fabric.failures`.
+links (:func:`live_links`), the fabric's delivered throughput before, during and after an
+event (:func:`throughput_around`), and how long the traffic offered to a failed or degraded
+link's ports took to fit what they can carry (:func:`time_to_move_off`). The adapter that
+applies them is :mod:`testbed.fabric.failures`.
 """
 
 from __future__ import annotations
@@ -18,28 +20,45 @@ SAMPLE_S = 0.25
 #: (tens of ms), and the transports' recovery (a TCP retransmission timeout is 200 ms or more).
 WINDOW_S = 3.0
 SETTLE_S = 1.0
+#: The ports of a failed or degraded link are sampled this often for this long after it, and
+#: their offered rate measured over windows of MOVE_WINDOW_S (:func:`time_to_move_off`).
+FINE_SAMPLE_S = 0.001
+FINE_SPAN_S = 2.0
+MOVE_WINDOW_S = 0.005
+#: A port's offered rate fits its link when at most this share above the link's rate, plus
+#: one frame per window (a packet in passage).
+MOVE_TOLERANCE = 1.05
 
 
 @dataclass(frozen=True)
 class FailureEvent:
-    """One failure or repair: ``links`` (node pairs) go ``down`` or ``up`` at ``at_s``."""
+    """One failure or repair: ``links`` (node pairs) go ``down`` or ``up`` at ``at_s``, or
+    ``degrade`` to ``rate_factor`` of their rate (1: restored)."""
 
     at_s: float
-    action: str  # "down" or "up"
+    action: str  # "down", "up" or "degrade"
     target: str  # "link agg1_1-core1" or "switch core1"
     links: tuple[tuple[str, str], ...]
+    rate_factor: float | None = None  # degrade: the share of the links' rate left
 
 
 def plan_failures(topo: Topology, raw: list[dict]) -> tuple[FailureEvent, ...]:
     """The events of a (schema-checked) ``failures`` section, in time order.
 
     Raises:
-        ConfigError: an unknown node, a pair that is no link, or a host given as a switch,
-            naming the field.
+        ConfigError: an unknown node, a pair that is no link, a host given as a switch, or a
+            rate factor missing from a ``degrade`` (or given to another action), naming the
+            field.
     """
     events = []
     for i, item in enumerate(raw):
         where = f"failures[{i}]"
+        factor = item.get("rate_factor")
+        if (item["action"] == "degrade") != (factor is not None):
+            raise ConfigError(f"{where}.rate_factor",
+                              "a degrade gives the share of the rate left (rate_factor: 0.5 "
+                              "halves it, 1 restores it)" if factor is None else
+                              f"only a degrade takes a rate factor, not {item['action']}")
         if "link" in item:
             a, b = item["link"]
             for j, node in enumerate((a, b)):
@@ -50,7 +69,7 @@ def plan_failures(topo: Topology, raw: list[dict]) -> tuple[FailureEvent, ...]:
             except (KeyError, ValueError):
                 raise ConfigError(f"{where}.link", f"{a} and {b} share no link") from None
             events.append(FailureEvent(float(item["at_s"]), item["action"], f"link {a}-{b}",
-                                       ((a, b),)))
+                                       ((a, b),), factor))
         else:
             name = item["switch"]
             node = topo.nodes.get(name)
@@ -58,7 +77,7 @@ def plan_failures(topo: Topology, raw: list[dict]) -> tuple[FailureEvent, ...]:
                 raise ConfigError(f"{where}.switch", f"no switch {name!r} in the fabric")
             links = tuple((name, link.other(name).node) for link in topo.ports(name).values())
             events.append(FailureEvent(float(item["at_s"]), item["action"], f"switch {name}",
-                                       links))
+                                       links, factor))
     return tuple(sorted(events, key=lambda e: e.at_s))
 
 
@@ -136,6 +155,37 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
                                     else None)
     doc["windows_s"] = {name: [round(a, 3), round(b, 3)] for name, (a, b) in windows.items()}
     return doc
+
+
+def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s: float,
+                     frame_bytes: int, window_s: float = MOVE_WINDOW_S) -> float | None:
+    """How long after an event at ``at_s`` the traffic offered to a port took to fit what it
+    carries now (0 for a failed link): the end of the last window of ``window_s`` whose
+    offered bytes were over ``rate_bytes_s`` (by more than :data:`MOVE_TOLERANCE`, plus one
+    frame), less ``at_s``; 0.0 if none was; None while the last one sampled still is.
+
+    Args:
+        samples: ``(seconds, cumulative bytes offered to the port)``, in order, at least
+            from ``at_s`` on.
+    """
+    after = [s for s in samples if s[0] >= at_s]
+    if len(after) < 2:
+        return None
+    limit = rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
+    last_over, start = None, 0
+    for t, b in after:
+        while after[start][0] < t - window_s:
+            start += 1
+        t0, b0 = after[start]
+        if t - t0 < window_s * 0.5:  # too short a window yet
+            continue
+        if (b - b0) * window_s / (t - t0) > limit:
+            last_over = t
+    if last_over is None:
+        return 0.0
+    if last_over >= after[-1][0]:
+        return None
+    return round(last_over - at_s, 4)
 
 
 def _live(topo: Topology, link, port_up: dict[str, bool]) -> bool:

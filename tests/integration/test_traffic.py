@@ -144,6 +144,29 @@ def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(stat
     assert 0.35 <= tp["after_vs_before"] <= 0.75, tp  # both on one 10 Mbit/s uplink now
 
 
+def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(state_dir,
+                                                                            tmp_path):
+    """The same two flows; at 6 s edge1_1-agg1_1 drops to half its rate (both directions):
+    one flow is left 5 Mbit/s, the other keeps 10, and the bytes offered to the link's two
+    switch ports are sampled every millisecond against the new rate."""
+    exp = tmp_path / "degrade.yaml"
+    exp.write_text(PINNED + "workload:\n  collectives:\n"
+                   "    - {op: flows, size: 10MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
+                   "failures:\n  - {at_s: 6, link: [edge1_1, agg1_1], action: degrade, "
+                   "rate_factor: 0.5}\n")
+    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
+    assert doc["complete"] is True
+    (event,) = doc["failures"]
+    assert event["action"] == "degrade" and event["rate_factor"] == 0.5 and not event["errors"]
+    tp = event["throughput"]
+    assert 14 <= tp["before_mbps"] <= 21, tp
+    assert 0.6 <= tp["after_vs_before"] <= 0.85, tp  # 10 + 5 of 20
+    move = event["move_off"]
+    assert set(move["rates_mbps"].values()) == {5.0} and len(move["rates_mbps"]) == 2, move
+    assert move["samples"] > 500, move  # two seconds at one a millisecond, give or take
+    assert set(move["ms"]) == set(move["rates_mbps"]), move
+
+
 def test_a_job_whose_ranks_are_cut_off_fails_at_once(state_dir, tmp_path):
     """edge2_1 goes down 1 s into a ring all-reduce that would take about 10 s: h2_1_1, one of
     its ranks, is cut off, and the run fails within the grace, not after its 600 s timeout."""

@@ -183,3 +183,10 @@ class FakeFabric:
 
     def cut_drops(self, pairs, netlink=None) -> int | None:
         return None
+
+    def set_rates(self, pairs, factor: float, netlink=None) -> dict[str, float]:
+        self.log.append(f"set_rates {pairs} x{factor:g}")
+        return {"rated_s": 0.0}
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
+        return None

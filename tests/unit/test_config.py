@@ -201,6 +201,31 @@ def test_failures_resolve_to_links_in_time_order():
     assert (first.at_s, first.target, first.links) == (1.0, "link agg1_1-core2",
                                                       (("agg1_1", "core2"),))
     assert second.target == "switch core1" and len(second.links) == 4  # one per pod
+    half = parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4},
+                  "workload": {"collectives": [{"op": "all_reduce", "size": 64, "ranks": 2}]},
+                  "failures": [{"at_s": 1, "link": ["agg1_1", "core2"], "action": "degrade",
+                                "rate_factor": 0.5}]}).failures[0]
+    assert (half.action, half.rate_factor) == ("degrade", 0.5)
+
+
+def test_the_time_to_move_off_is_when_the_offered_rate_last_exceeded_the_link():
+    from testbed.plan.failplan import time_to_move_off
+    rate = 1e6  # bytes/s: 5,000 bytes per 5 ms window
+    # offered at 2x the rate for 30 ms after the event at 1.0 s, then at half of it
+    samples, total = [], 0
+    for i in range(200):
+        t = 0.95 + i * 0.001
+        samples.append((round(t, 4), total))
+        total += int((2 if t < 1.03 else 0.5) * rate * 0.001)
+    took = time_to_move_off(samples, 1.0, rate, 1500)
+    assert took == pytest.approx(0.03, abs=0.003)
+    assert time_to_move_off(samples, 1.0, 10 * rate, 1500) == 0.0  # it always fit
+    # still over at the end: it never moved off
+    assert time_to_move_off(samples[:70], 1.0, rate, 1500) is None
+    # a failed link: anything beyond a frame per window is still offered to it
+    dead = [(1.0 + i * 0.001, 3000 * min(i, 10)) for i in range(100)]
+    assert time_to_move_off(dead, 1.0, 0.0, 1500) == pytest.approx(0.011, abs=0.002)
+    assert time_to_move_off([(1.0, 0)], 1.0, rate, 1500) is None
 
 
 @pytest.mark.parametrize("item,path,text", [
@@ -211,6 +236,12 @@ def test_failures_resolve_to_links_in_time_order():
     ({"at_s": 1, "switch": "h1_1_1", "action": "down"}, "failures[0].switch", "no switch"),
     ({"at_s": -1, "switch": "core1", "action": "down"}, "failures[0].at_s", ""),
     ({"at_s": 1, "switch": "core1", "action": "flap"}, "failures[0].action", ""),
+    ({"at_s": 1, "switch": "core1", "action": "degrade"}, "failures[0].rate_factor",
+     "share of the rate left"),
+    ({"at_s": 1, "switch": "core1", "action": "down", "rate_factor": 0.5},
+     "failures[0].rate_factor", "only a degrade"),
+    ({"at_s": 1, "switch": "core1", "action": "degrade", "rate_factor": 0},
+     "failures[0].rate_factor", ""),
 ])
 def test_bad_failures_name_the_field(item, path, text):
     from fabriclab.model.experiment import parse

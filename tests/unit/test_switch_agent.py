@@ -279,3 +279,40 @@ def test_a_controller_of_a_version_the_switches_refuse_fails_the_wait_at_once(tm
             agent.stop()
     text = str(err.value)
     assert "refused the controller" in text and "0x01" in text and "1.5 (0x06)" in text, text
+
+
+def test_dump_groups_shows_an_ebpf_switchs_local_selection_methods(tmp_path):
+    """``fabriclab ofctl SWITCH dump-groups`` reads an eBPF switch's groups itself: ovs-ofctl
+    refuses a selection method that is not Open vSwitch's, such as ``flowlet``."""
+    from testbed.openflow.groups import describe
+    from testbed.switch.groupdump import read_groups
+
+    tmp_path = tmp_path / ("deep" * 30)  # longer than a Unix address holds
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        agent, topo = edge_agent(server, mgmt_dir=tmp_path)
+        tables = compute_tables(topo, {l.name: True for l in topo.links},
+                                Routing.LOCAL_ADAPTIVE, local=("flowlet", 120))
+        agent.start()
+        try:
+            conn, _ = server.accept()
+            with conn:
+                dp = FakeDatapath()
+                conn.sendall(_wire(parser.OFPHello(dp), 1)
+                             + _wire(parser.OFPFeaturesRequest(dp), 2))
+                _read_messages(conn, parser.OFPSwitchFeatures)
+                ops = diff_tables(None, tables["edge1_1"])
+                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
+                                      for m in to_messages(dp, op)))
+                _read_messages(conn, parser.OFPBarrierReply)
+                groups = read_groups(tmp_path / "edge1_1.mgmt")
+        finally:
+            agent.stop()
+    want = tables["edge1_1"].groups
+    assert sorted(g.group_id for g in groups) == sorted(want), groups
+    lines = [describe(g) for g in groups]
+    selects = [l for l in lines if "type=select" in l]
+    assert selects and all("selection_method=flowlet," in l and ",flowlet_gap_us=120," in l
+                           for l in selects), selects
+    for group in groups:
+        line = describe(group)
+        assert all(f"actions=output:{p}" in line for p in group.ports), line
