@@ -45,12 +45,22 @@ def axis_labels(paths: list[str]) -> dict[str, str]:
 
 
 def value_label(value: object, index: int) -> str:
-    """A value as it appears in a cell's name: scalars as written, anything else by its
-    position in the axis (``#2``)."""
+    """A value as it appears in a cell's name: scalars as written, an object by its scalar
+    values (``{mode: local_adaptive, granularity: packet}`` -> ``local_adaptive-packet``), a
+    list of events by their actions (``[]`` -> ``none``, a failure and its repair ->
+    ``down-up``), anything else by its position in the axis (``#2``)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (int, float, str)) and value != "":
         return str(value)
+    if value == []:
+        return "none"
+    if isinstance(value, list) and all(isinstance(v, dict) and "action" in v for v in value):
+        return "-".join(dict.fromkeys(str(v["action"]) for v in value))
+    if isinstance(value, dict):
+        words = [str(v) for v in value.values() if isinstance(v, (int, float, str))]
+        if words:
+            return "-".join(words)
     return f"#{index}"
 
 

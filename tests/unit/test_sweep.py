@@ -65,8 +65,14 @@ def test_axes_with_the_same_last_field_keep_their_whole_paths_and_variants_nest(
         "b/fabric.host_link.rate_mbps=5,fabric.fabric_link.rate_mbps=20"]
     assert str(exp.cells[-1].experiment.controller.routing) == "dmodk"
     assert exp.cells[-1].experiment.fabric.fabric_link.rate_mbps == 20
-    # values that are not scalars are named by their place in the axis
-    assert sweep.value_label({"mode": "step"}, 2) == "#2" and sweep.value_label(True, 0) == "true"
+    # an object by its scalar values, events by their actions, anything else by its place
+    assert sweep.value_label({"mode": "step"}, 2) == "step"
+    assert sweep.value_label({"mode": "local_adaptive", "granularity": "packet"}, 0) == \
+        "local_adaptive-packet"
+    assert sweep.value_label([], 0) == "none" and sweep.value_label(True, 0) == "true"
+    assert sweep.value_label([{"at_s": 1, "action": "down"}, {"at_s": 2, "action": "up"}],
+                             1) == "down-up"
+    assert sweep.value_label([[1], [2]], 3) == "#3" and sweep.value_label({"a": [1]}, 4) == "#4"
 
 
 @pytest.mark.parametrize("section,field,words", [

@@ -1,6 +1,7 @@
 """A TCP connection's own counters from the kernel (``TCP_INFO``), so TCP collectives carry
 the transport counters the UDP transports keep themselves: bytes sent, what was retransmitted
-(packets and bytes), out-of-order arrivals and CE marks delivered.
+(packets and bytes), data segments received and how many of them arrived out of order,
+reorderings the sender detected, and CE marks delivered.
 
 The layout is ``struct tcp_info`` of ``linux/tcp.h``; the fields read here exist since Linux
 5.4 (``tcpi_rcv_ooopack``). An older kernel's shorter answer leaves the missing ones out.
@@ -14,9 +15,11 @@ import struct
 #: counter -> (offset in struct tcp_info, struct format)
 FIELDS = {
     "total_retrans": (100, "I"),
+    "data_segs_in": (152, "I"),
     "delivered_ce": (196, "I"),
     "bytes_sent": (200, "Q"),
     "bytes_retrans": (208, "Q"),
+    "reord_seen": (220, "I"),
     "rcv_ooopack": (224, "I"),
 }
 SIZE = 232
@@ -25,6 +28,7 @@ SIZE = 232
 #: with TSO, where its retransmissions count MSS-sized packets)
 AS_TRANSPORT = {"bytes_sent": "tx_bytes", "total_retrans": "tx_retransmitted",
                 "bytes_retrans": "tx_retransmitted_bytes", "rcv_ooopack": "rx_out_of_order",
+                "data_segs_in": "rx_data_segments", "reord_seen": "tx_reordering_seen",
                 "delivered_ce": "tx_ce_delivered"}
 
 
