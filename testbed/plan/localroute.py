@@ -13,7 +13,11 @@ fairly):
 - ``flowlet``: a flow (by its hash) keeps its port while its packets come closer than the
   group's gap and the port stays live and the group's; after a longer gap it takes the
   least-loaded port, remembered with the time of its last packet (CONGA's and Broadcom DLB's
-  flowlets).
+  flowlets) -- but not the port it had, where a TCP acknowledgement of the flow passing the
+  switch echoed congestion (ECE) more than :data:`ECHO_HOLD_GAPS` gaps after that port was
+  chosen (FlowBender's and CLOVE-ECN's signal, read in the switch). A switch sees its own
+  ports' load only; the echo is what it learns of the path beyond them (a collision further
+  down, at a port no switch on the way up sees).
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from testbed.plan.groups import flow_hash
+
 NS_PER_US, US_PER_S, NS_PER_S = 1_000, 1_000_000, 1_000_000_000
 U64 = (1 << 64) - 1
+#: echoes of congestion within this many gaps of a flowlet's choice speak of its port before
+ECHO_HOLD_GAPS = 4
 
 
 @dataclass
@@ -58,10 +66,12 @@ class PortLoad:
 
 
 def least_loaded(ports: Sequence[int], live: Callable[[int], bool],
-                 delay: Callable[[int], int], h: int) -> int | None:
-    """The live port of least ``delay`` (ties: the ``h``-th of them modulo their number);
-    None when no port is live."""
-    delays = {p: delay(p) for p in ports if live(p)}
+                 delay: Callable[[int], int], h: int, avoid: int | None = None) -> int | None:
+    """The live port of least ``delay`` (ties: the ``h``-th of them modulo their number),
+    other than ``avoid`` while another is live; None when no port is live."""
+    delays = {p: delay(p) for p in ports if live(p) and p != avoid}
+    if not delays and avoid is not None:
+        return least_loaded(ports, live, delay, h)
     if not delays:
         return None
     best = min(delays.values())
@@ -73,19 +83,30 @@ def least_loaded(ports: Sequence[int], live: Callable[[int], bool],
 class Flowlet:
     port: int
     last_ns: int
+    decided_ns: int = 0  # when the port was chosen
 
 
 def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Sequence[int],
                  live: Callable[[int], bool], delay: Callable[[int], int],
-                 h: int) -> int | None:
+                 h: int, echoed_ns: int | None = None) -> int | None:
     """A flowlet's port (``flowlets``: the datapath's table, (switch, group, hash) ->
-    :class:`Flowlet`, updated as the datapath updates it)."""
+    :class:`Flowlet`, updated as the datapath updates it; ``echoed_ns``: when the switch last
+    saw an acknowledgement of the flow echo congestion, None: never)."""
     seen = flowlets.get(key)
-    if seen is not None and now_ns - seen.last_ns < gap_ns and live(seen.port) \
-            and seen.port in ports:
-        seen.last_ns = now_ns
-        return seen.port
-    port = least_loaded(ports, live, delay, h)
+    avoid = None
+    if seen is not None and live(seen.port) and seen.port in ports:
+        if now_ns - seen.last_ns < gap_ns:
+            seen.last_ns = now_ns
+            return seen.port
+        if echoed_ns is not None and echoed_ns > seen.decided_ns + ECHO_HOLD_GAPS * gap_ns:
+            avoid = seen.port
+    port = least_loaded(ports, live, delay, h, avoid)
     if port is not None:
-        flowlets[key] = Flowlet(port, now_ns)
+        flowlets[key] = Flowlet(port, now_ns, now_ns)
     return port
+
+
+def echo_hash(src: str, dst: str, proto: int, sport: int, dport: int) -> int:
+    """The key of a flow's echoes: its forward 5-tuple's hash of basis 0 (an acknowledgement
+    passing the other way gives its own tuple reversed)."""
+    return flow_hash(0, src, dst, proto, sport, dport)

@@ -257,6 +257,51 @@ def _send_udp(tag: str, src: int, dst: int, count: int, sport: int = 40000,
     _sh("ip", "netns", "exec", f"{tag}h{src}", sys.executable, "-c", code)
 
 
+def _send_tcp(tag: str, src: int, dst: int, count: int, sport: int, dport: int,
+              flags: int, gap_s: float = 0.01) -> None:
+    """``count`` bare TCP segments (a raw socket: headers only, ``flags`` as given) of one
+    flow from host ``src`` to ``dst``'s address: what the switch parses, no connection."""
+    code = ("import socket, struct, time\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\n"
+            f"seg = struct.pack('!HHIIBBHHH', {sport}, {dport}, 1, 1, 5 << 4, {flags}, 1024,"
+            " 0, 0)\n"
+            f"for _ in range({count}):\n"
+            f"    s.sendto(seg, ('10.77.0.{dst}', 0))\n"
+            f"    time.sleep({gap_s})\n")
+    _sh("ip", "netns", "exec", f"{tag}h{src}", sys.executable, "-c", code)
+
+
+def test_a_flowlet_leaves_the_port_its_acknowledgements_echoed_congestion_on(star):
+    """A TCP flow's flowlet on idle ports: after a gap it keeps its port (the tie's); after an
+    acknowledgement of it passed the switch with ECE set, its next flowlet takes the other
+    port (testbed/plan/localroute.py's echo)."""
+    from testbed.plan.localroute import ECHO_HOLD_GAPS
+
+    tag, switches = star
+    gap_s = 0.1
+    switches.set_group(7, 8, "select", [2, 3], selection="flowlet", gap_us=int(gap_s * 1e6))
+    switches.set_table(7, tss.compile_table([_route(3, (("group", 8),)),
+                                             _route(1, (("output", 1),)), FlowEntry(0, (), ())]))
+
+    def sent(count: int, flags: int = 0x10) -> dict[int, int]:
+        before = {p: _tx(tag, p) for p in (2, 3)}
+        _send_tcp(tag, 1, 3, count, 40002, 5201, flags)
+        return {p: _tx(tag, p) - before[p] for p in (2, 3)}
+
+    first = sent(3)
+    port = max(first, key=first.get)
+    assert first[port] >= 3 and first[5 - port] == 0, first
+    time.sleep(gap_s * (ECHO_HOLD_GAPS + 1))  # a new flowlet, no echo: the same tie
+    again = sent(3)
+    assert again[port] >= 3 and again[5 - port] == 0, again
+    time.sleep(gap_s * (ECHO_HOLD_GAPS + 1))  # past the hold after that choice
+    # the receiver's acknowledgement with ECE, the other way through the switch
+    _send_tcp(tag, 3, 1, 1, 5201, 40002, 0x10 | 0x40)
+    time.sleep(gap_s * 1.5)
+    moved = sent(3)
+    assert moved[5 - port] >= 3 and moved[port] == 0, (port, moved)
+
+
 def test_local_adaptive_selection_follows_the_reference(star):
     """The datapath's switch-local choice against testbed/plan/localroute.py: with one port's
     queue loaded, every packet (``packet``) or a new flowlet takes the other; a flowlet keeps

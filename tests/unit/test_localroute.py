@@ -59,3 +59,34 @@ def test_a_flowlet_keeps_its_port_until_a_gap_then_takes_the_least_loaded():
     ports.remove(1)  # the group no longer holds the remembered port (the controller's update)
     assert pick(2_300_002) == 2
     assert flowlet_port({}, (1, 1, 1), 0, gap, [1], lambda p: False, delays.get, 1) is None
+
+
+def test_a_flowlet_whose_acknowledgements_echoed_congestion_leaves_its_port():
+    from testbed.plan.localroute import ECHO_HOLD_GAPS, echo_hash, flowlet_port
+
+    table: dict = {}
+    idle = {1: 0, 2: 0, 3: 0}
+    ports, gap = [1, 2, 3], 500_000
+    pick = lambda now, echoed=None: flowlet_port(  # noqa: E731
+        table, (7, 3, 99), now, gap, ports, lambda p: True, idle.get, h=0, echoed_ns=echoed)
+    assert pick(1_000_000) == 1  # idle ports tie: the hash's
+    hold = 1_000_000 + ECHO_HOLD_GAPS * gap
+    # an echo within the hold speaks of the port before: the next flowlet may keep port 1
+    assert pick(hold, echoed=hold - 1) == 1
+    decided = table[(7, 3, 99)].decided_ns
+    assert decided == hold
+    # while packets come closer than the gap, an echo moves nothing (no reordering)
+    assert pick(hold + 100, echoed=hold + 50) == 1
+    # a new flowlet after an echo well after the choice: another port, the least-loaded
+    later = decided + (ECHO_HOLD_GAPS + 1) * gap
+    idle.update({2: 30, 3: 10})
+    assert pick(later + gap, echoed=later) == 3
+    # the only live port is kept, echo or not
+    only = flowlet_port(table, (7, 3, 99), later + 10 * gap, gap, [3], lambda p: True,
+                        idle.get, h=0, echoed_ns=later + 9 * gap)
+    assert only == 3
+    # the key is the data's own tuple (an acknowledgement reverses its tuple first)
+    from testbed.plan.groups import flow_hash
+    assert echo_hash("10.1.1.1", "10.2.1.1", 6, 40000, 5201) == \
+        flow_hash(0, "10.1.1.1", "10.2.1.1", 6, 40000, 5201) != \
+        flow_hash(0, "10.2.1.1", "10.1.1.1", 6, 5201, 40000)

@@ -8,7 +8,9 @@
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
  * failover: the first live port; switch-local adaptive: the least-loaded live port for each
  * flowlet or each packet, testbed/plan/localroute.py), or drops. Every port's load is a
- * virtual queue of the bytes sent out of it, drained at its rate (sw_load). Each entry counts
+ * virtual queue of the bytes sent out of it, drained at its rate (sw_load). A TCP
+ * acknowledgement echoing congestion (ECE) marks its flow as congested at every switch it
+ * passes (sw_echoes): that flow's next flowlet avoids the port it took. Each entry counts
  * its packets and bytes. A packet
  * for the controller (an output to it, or an entry's copy of its first bytes: a punt) goes into
  * the ring buffer sw_punts with its switch, port and length, where the switch's agent reads it
@@ -43,6 +45,10 @@
 #define G_FF 2
 
 /* a SELECT group's selection (testbed/plan/localroute.py is the reference) */
+#define TH_SYN 0x02
+#define TH_ACK 0x10
+#define TH_ECE 0x40
+
 #define SEL_HASH 0
 #define SEL_FLOWLET 1
 #define SEL_PACKET 2
@@ -87,7 +93,8 @@ struct port_load {
 	__u64 rate_bytes_s;
 };
 struct flowlet_key { __u32 sw, group, hash; };
-struct flowlet { __u32 port, pad; __u64 last_ns; };
+struct flowlet { __u32 port, pad; __u64 last_ns, decided_ns; };
+struct echo_key { __u32 sw, hash; };
 
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, __u32); __type(value, struct port_id); } sw_ports SEC(".maps");
@@ -104,6 +111,10 @@ struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, struct port_id); __type(value, struct port_load); } sw_load SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 262144);
 	 __type(key, struct flowlet_key); __type(value, struct flowlet); } sw_flowlets SEC(".maps");
+/* (switch, the forward flow's hash of basis 0) -> when an acknowledgement of it last passed
+ * with ECE set */
+struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 65536);
+	 __type(key, struct echo_key); __type(value, __u64); } sw_echoes SEC(".maps");
 
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, PUNT_RING); } sw_punts SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY); __uint(max_entries, 1);
@@ -237,6 +248,15 @@ static __always_inline __u64 delay_ns(__u32 sw, __u32 port, __u64 now)
  * its sender's send buffer, and TCP Small Queues would count it as its own): a clone, which
  * belongs to no socket, goes on instead, and the original is consumed here, as the wire
  * takes a frame off a real host's NIC. */
+/* An acknowledgement of the forward flow of hash h0 echoed congestion through switch sw */
+static __always_inline void echoed(__u32 sw, __u32 h0)
+{
+	struct echo_key key = { sw, h0 };
+	__u64 now = bpf_ktime_get_ns();
+
+	bpf_map_update_elem(&sw_echoes, &key, &now, BPF_ANY);
+}
+
 static __always_inline int output(struct __sk_buff *skb, __u32 sw, __u32 port)
 {
 	struct port_id id = { sw, port };
@@ -267,7 +287,7 @@ static __always_inline int live(__u32 sw, __u32 port)
 struct least {
 	struct group *g;
 	__u64 now, best;
-	__u32 sw, ties, pick, port;
+	__u32 sw, ties, pick, port, avoid;
 };
 
 static long least_scan(__u32 i, void *arg)
@@ -278,7 +298,7 @@ static long least_scan(__u32 i, void *arg)
 	if (i >= MAX_BUCKETS || i >= c->g->n)
 		return 1;
 	asm volatile("%0 &= 0xf" : "+r"(i));	/* MAX_BUCKETS - 1: a bound the verifier keeps */
-	if (!live(c->sw, c->g->ports[i]))
+	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]))
 		return 0;
 	d = delay_ns(c->sw, c->g->ports[i], c->now);
 	if (d < c->best) {
@@ -297,7 +317,8 @@ static long least_pick(__u32 i, void *arg)
 	if (i >= MAX_BUCKETS || i >= c->g->n)
 		return 1;
 	asm volatile("%0 &= 0xf" : "+r"(i));
-	if (!live(c->sw, c->g->ports[i]) || delay_ns(c->sw, c->g->ports[i], c->now) != c->best)
+	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]) ||
+	    delay_ns(c->sw, c->g->ports[i], c->now) != c->best)
 		return 0;
 	if (c->pick) {
 		c->pick--;
@@ -307,11 +328,17 @@ static long least_pick(__u32 i, void *arg)
 	return 1;
 }
 
-static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __u64 now)
+/* ... but for port ``avoid`` where another is live */
+static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __u64 now,
+					  __u32 avoid)
 {
-	struct least c = { .g = g, .now = now, .best = ~0ULL, .sw = sw };
+	struct least c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = avoid };
 
 	bpf_loop(MAX_BUCKETS, least_scan, &c, 0);
+	if (!c.ties && avoid) {
+		c.avoid = 0;
+		bpf_loop(MAX_BUCKETS, least_scan, &c, 0);
+	}
 	if (!c.ties)
 		return 0;
 	c.pick = h % c.ties;
@@ -320,26 +347,37 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __
 }
 
 /* A flowlet's port: the one its flow took, while its packets come closer than the group's
- * gap and the port is live and still the group's; else the least-loaded, remembered */
+ * gap and the port is live and still the group's; else the least-loaded, remembered -- but
+ * not the port it took if an acknowledgement echoed congestion on it (ECE) more than
+ * ECHO_HOLD_GAPS gaps after that port was chosen (earlier echoes speak of the port before) */
+#define ECHO_HOLD_GAPS 4
 static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, __u32 h,
-					  __u64 now)
+					  __u32 h0, __u64 now)
 {
 	struct flowlet_key key = { sw, gid, h };
 	struct flowlet *f = bpf_map_lookup_elem(&sw_flowlets, &key), fresh = {};
-	__u32 i;
+	struct echo_key ek = { sw, h0 };
+	__u32 i, avoid = 0;
+	__u64 *echo;
 
-	if (f && now - f->last_ns < g->gap_ns && live(sw, f->port)) {
+	if (f && live(sw, f->port)) {
 		for (i = 0; i < MAX_BUCKETS; i++) {
 			if (i >= g->n)
 				break;
-			if (g->ports[i] == f->port) {
+			if (g->ports[i] != f->port)
+				continue;
+			if (now - f->last_ns < g->gap_ns) {
 				f->last_ns = now;
 				return f->port;
 			}
+			echo = bpf_map_lookup_elem(&sw_echoes, &ek);
+			if (echo && *echo > f->decided_ns + ECHO_HOLD_GAPS * g->gap_ns)
+				avoid = f->port;
+			break;
 		}
 	}
-	fresh.port = least_loaded(g, sw, h, now);
-	fresh.last_ns = now;
+	fresh.port = least_loaded(g, sw, h, now, avoid);
+	fresh.last_ns = fresh.decided_ns = now;
 	if (fresh.port)
 		bpf_map_update_elem(&sw_flowlets, &key, &fresh, BPF_ANY);
 	return fresh.port;
@@ -348,7 +386,7 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 /* A switch-local selection's port for a packet of flow hash h (0: none live). A function
  * of its own, verified on its own: inlined, its loops multiplied the flow table's states
  * past the verifier's limit. */
-__noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h)
+__noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h, __u32 h0)
 {
 	struct group_id id = { sw, gid };
 	struct group *g = bpf_map_lookup_elem(&sw_groups, &id);
@@ -356,8 +394,8 @@ __noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h)
 
 	if (!g)
 		return 0;
-	return g->selection == SEL_FLOWLET ? flowlet_port(g, sw, gid, h, now)
-					   : least_loaded(g, sw, h, now);
+	return g->selection == SEL_FLOWLET ? flowlet_port(g, sw, gid, h, h0, now)
+					   : least_loaded(g, sw, h, now, 0);
 }
 
 static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gid,
@@ -371,7 +409,10 @@ static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gi
 		return TC_ACT_SHOT;
 	if (g->kind == G_SELECT && g->selection != SEL_HASH) {
 		port = local_port(sw, gid, flow_hash(g->basis, pkt->src, pkt->dst, pkt->proto,
-						     pkt->sport, pkt->dport));
+						     pkt->sport, pkt->dport),
+				  g->selection == SEL_FLOWLET ?
+				  flow_hash(0, pkt->src, pkt->dst, pkt->proto, pkt->sport,
+					    pkt->dport) : 0);
 		return port ? output(skb, sw, port) : TC_ACT_SHOT;
 	}
 	if (g->kind == G_FF) {
@@ -413,6 +454,7 @@ int switch_ingress(struct __sk_buff *skb)
 	struct action *best = NULL, *hit;
 	struct port_id *in;
 	__u32 ifindex = skb->ifindex, t;
+	__u8 tcp_flags = 0;
 
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_SHOT;
@@ -441,8 +483,12 @@ int switch_ingress(struct __sk_buff *skb)
 				pkt.sport = bpf_ntohs(ports[0]);
 				pkt.dport = bpf_ntohs(ports[1]);
 			}
+			if (ip->protocol == IPPROTO_TCP && (void *)ports + 14 <= end)
+				tcp_flags = ((__u8 *)ports)[13];
 		}
 	}
+	if ((tcp_flags & (TH_ECE | TH_ACK | TH_SYN)) == (TH_ECE | TH_ACK))
+		echoed(pkt.sw, flow_hash(0, pkt.dst, pkt.src, pkt.proto, pkt.dport, pkt.sport));
 	for (t = 0; t < MAX_SUBTABLES; t++) {
 		struct table_id tid = { pkt.sw, t };
 		struct mask *m = bpf_map_lookup_elem(&sw_masks, &tid);
