@@ -59,13 +59,15 @@ def variants(name: str, rows: list[VariantRow]) -> Table:
                           "the longest path's unloaded RTT); pauses: PFC pause events "
                           "(paused: their total time, s; over all ports; with CBFC: credit "
                           "stalls, marked c); watchdog: pauses the storm watchdog broke; "
-                          "deadlocks: cycles of pauses (or of credit stalls) seen; queue: sampled switch backlog, KiB; top util: max/mean "
+                          "deadlocks: cycles of pauses (or of credit stalls) seen; reord: "
+                          "data packets (TCP: segments) received out of order; queue: "
+                          "sampled switch backlog, KiB; top util: max/mean "
                           "share of the link rate into the top tier over the run; busbw: "
                           "GB/s; fct: flow completion, s")
     scaled = any(r.time_scale for r in rows)  # time-scaled: the real fabric's units
     queue = "BDP" if scaled else "KiB"
     for col in ("variant", "fidelity", "pkts/BDP", "drops", "ce marks", "pauses", "paused s",
-                "watchdog", "deadlocks", f"queue max {queue}", f"queue p99 {queue}",
+                "watchdog", "deadlocks", "reord", f"queue max {queue}", f"queue p99 {queue}",
                 "top util"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     jobs = max((len(r.jobs) for r in rows), default=0)
@@ -90,6 +92,7 @@ def variants(name: str, rows: list[VariantRow]) -> Table:
                  else f"{r.credit_stalled_s:.1f}c" if r.credit_stalled_s else "-",
                  str(r.pfc_watchdog_events) if r.pfc_watchdog_events else "-",
                  str(r.pfc_deadlocks) if r.pfc_deadlocks else "-",
+                 "-" if r.reordered is None else f"{r.reordered:.2%}",
                  kib(r.queue_max_bytes), kib(r.queue_p99_bytes), _top_util(r)]
         n = r.time_scale or 1
         for j in range(jobs):

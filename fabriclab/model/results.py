@@ -239,6 +239,8 @@ class VariantRow(Record):
     jobs: list[VariantJob] = field(default_factory=list)
     time_scale: float | None = optional()  # emulator.time_scale's N: real time = time / N
     bdp_bytes: float | None = optional()  # the fabric's bandwidth-delay product
+    # the share of the data packets (TCP: segments) received that arrived out of order
+    reordered: float | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def top_utilization(self) -> Utilization | None:
@@ -268,7 +270,7 @@ def variant_row(doc: RunDocument | None, variant: str | None = None,
         pfc_deadlocks=len(congestion.pfc.deadlocks) if congestion and congestion.pfc else 0,
         utilization=dict(congestion.utilization) if congestion else {},
         transport=transport_row(doc), time_scale=doc.time_scale.n if doc.time_scale else None,
-        bdp_bytes=doc.fabric.bdp_bytes)
+        bdp_bytes=doc.fabric.bdp_bytes, reordered=reordered(doc))
     for s in job_summaries(doc.collectives):
         rows = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
         fct = {q: max((getattr(r.flow_completion_s, q) or 0.0 for r in rows), default=0.0)
@@ -278,6 +280,15 @@ def variant_row(doc: RunDocument | None, variant: str | None = None,
                                    fct["p50"], fct["p99"],
                                    sum(tput) / len(tput) if tput else None))
     return row
+
+
+def reordered(doc: RunDocument) -> float | None:
+    """The share of the data packets received over the run's collectives that arrived out of
+    order (the UDP transports' own counts; TCP's segments from TCP_INFO); None when no
+    collective says how many arrived."""
+    rows = [r.transport for r in doc.collectives if r.transport is not None]
+    got = sum(t.counter("rx_packets") or t.counter("rx_data_segments") for t in rows)
+    return round(sum(t.counter("rx_out_of_order") for t in rows) / got, 6) if got else None
 
 
 def transport_row(doc: RunDocument) -> TransportSummary | None:

@@ -149,3 +149,13 @@ def test_a_variant_row_says_which_transport_and_what_it_did():
     assert row.label == "uet RUD+RCCC" and row.tx_retransmitted == 6
     assert row.tx_grants == 80 and row.trimmed == 5
     assert row.bottleneck_queue_p99_bytes == 2048
+    assert variant_row(doc).reordered is None  # nothing says how many arrived
+    # reordering: out-of-order arrivals over what arrived (UDP packets; TCP's segments)
+    udp = {**t, "rx_packets": 1000, "rx_out_of_order": 30}
+    tcp = {"transport": "tcp", "rx_data_segments": 3000, "rx_out_of_order": 10}
+    mixed = read({"fabric": {"variant": "x"}, "complete": True,
+                  "collectives": [{"job": 0, "op": "flows", "algorithm": "direct", "bytes": 8,
+                                   "time_us": 10.0, "algbw_GBps": 1.0, "busbw_GBps": 1.0,
+                                   "efficiency": 0.5, "communicator_size": 2, "transport": x}
+                                  for x in (udp, tcp)]})
+    assert variant_row(mixed).reordered == pytest.approx(40 / 4000)
