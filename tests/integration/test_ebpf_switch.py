@@ -349,3 +349,28 @@ def test_local_adaptive_selection_follows_the_reference(star):
     assert moved[2] >= 5 and moved[3] == 0, moved
     state = switches.port_load(7, 2)
     assert state.rate_bytes_s == RATE_BYTES_S and state.level > 0  # its packets counted
+
+
+def test_a_port_taken_down_is_announced_down_at_once():
+    """The switches' agent hears of a port taken down (both ends of a veth lose their
+    operational state) within milliseconds of ``ip link set down``: a failure's port status
+    does not wait for the kernel's link watch."""
+    from testbed.linux.rawnl import LinkEvents
+
+    a, b = f"lev{os.getpid() % 10000}a", f"lev{os.getpid() % 10000}b"
+    _sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    events = LinkEvents()
+    try:
+        for name in (a, b):
+            _sh("ip", "link", "set", name, "up")
+        wait_for(lambda: (a, True) in events.changes(), 5, f"{a} up")
+        events.changes()  # what came before is not what is tested
+        _sh("ip", "link", "set", a, "down")
+        started = time.monotonic()
+        seen: list = []
+        wait_for(lambda: seen.extend(events.changes()) or (a, False) in seen, 5, f"{a} down")
+        assert time.monotonic() - started < 0.05, seen  # the admin change's own message
+        wait_for(lambda: seen.extend(events.changes()) or (b, False) in seen, 5, f"{b} down")
+    finally:
+        events.sock.close()
+        _sh("ip", "link", "del", a, check=False)
