@@ -82,6 +82,21 @@ def worst_gaps(times: dict[tuple, list[float]], failed_at: float) -> dict[tuple,
     return gaps
 
 
+def controller_heard(run_dir: Path, failed_at: float) -> list[float]:
+    """When the controller heard of each port the failure took down, in ms after the fail
+    command began cutting (its status document's events, stamped with the wall clock)."""
+    try:
+        events = json.loads((run_dir / "controller-status.json").read_text())["events"]
+    except (OSError, ValueError, KeyError):
+        return []
+    out = []
+    for line in events:
+        stamp, _, text = line.partition(" ")
+        if text.endswith(" down") and float(stamp) >= failed_at:
+            out.append(round((float(stamp) - failed_at) * 1000, 1))
+    return out
+
+
 def once(datapath: str, state: Path) -> dict:
     exp = state / "failover.yaml"
     exp.write_text(experiment(datapath))
@@ -113,6 +128,9 @@ def once(datapath: str, state: Path) -> dict:
         outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
         times = replies(outputs)
         gaps = worst_gaps(times, failed_at)
+        said_json = [l for l in failed.stdout.splitlines() if l.startswith("{")]
+        steps = json.loads(said_json[-1]) if said_json else {}
+        heard = controller_heard(Path(record.run_dir), steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
     finally:
@@ -125,6 +143,8 @@ def once(datapath: str, state: Path) -> dict:
             "worst_gap_ms": round(worst[1], 1), "worst_pair": list(worst[0]),
             "outage_ms": round(worst[1] - INTERVAL_MS, 1), "replies_lost": lost,
             "probes": count * len(gaps), "started": start,
+            "fail_command_ms": steps.get("took_ms"), "controller_heard_ms": heard,
+            "pair_outages_ms": sorted(round(g - INTERVAL_MS, 1) for g in gaps.values()),
             "median_outage_of_interrupted_ms": round(hit[len(hit) // 2], 1) if hit else 0.0}
 
 
@@ -142,10 +162,12 @@ def main() -> None:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
-            print(f"{r['datapath']}: worst outage {r['outage_ms']} ms over {r['pairs']} pairs, "
+            print(f"{r['datapath']}: worst outage {r['outage_ms']} ms (worst reply gap "
+                  f"{r['worst_gap_ms']} ms) over {r['pairs']} pairs, "
                   f"{r['replies_lost']} of {r['probes']} replies lost "
                   f"({r['pairs_interrupted']} interrupted, median "
-                  f"{r['median_outage_of_interrupted_ms']} ms; worst {r['worst_pair']})")
+                  f"{r['median_outage_of_interrupted_ms']} ms; worst {r['worst_pair']}); "
+                  f"the controller heard of the ports down at {r['controller_heard_ms']} ms")
 
 
 if __name__ == "__main__":

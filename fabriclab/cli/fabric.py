@@ -132,12 +132,15 @@ def fabric_document(exp: xp.Experiment, fabric) -> dict:
             "warnings": list(fabric.warnings), "timings_s": dict(fabric.timings)}
 
 def fail(req: FailRequest, ui: Console) -> int:
-    """Take a link or a switch of the running fabric down (``fail``) or up (``restore``)."""
+    """Take a link or a switch of the running fabric down (``fail``) or up (``restore``);
+    ``--json`` also gives when it began (the wall clock) and how long it took."""
+    began, start = time.time(), time.monotonic()
     done = set_links_of_running_fabric(Registry(req.state_dir), req.targets, up=req.up,
                                        run_id=req.run)
     ui.print(done)
     if req.json:
-        emit({"done": done})
+        emit({"done": done, "began": round(began, 6),
+              "took_ms": round((time.monotonic() - start) * 1000, 1)})
     return EXIT_OK
 
 

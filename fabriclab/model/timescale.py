@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from testbed.errors import ConfigError
-from testbed.model.congestion import PFC_WATCHDOG_MS, frame_bytes
+from testbed.model.congestion import PFC_POLL_MS, PFC_WATCHDOG_MS, frame_bytes
 from testbed.model.spec import Backend, Datapath, TestbedSpec
 from testbed.plan.fidelity import (
     HEADROOM,
@@ -147,10 +147,8 @@ def scaled(data: dict, n: float) -> dict:
     if n == 1:
         return out
     pfc = (out.get("fabric") or {}).get("pfc")
-    if isinstance(pfc, dict) and "watchdog_ms" not in pfc:
-        # its default is a time of the real fabric as well: unscaled, a pause held some 100
-        # packet times would be broken mid-incast (and the lossless class then drops)
-        pfc["watchdog_ms"] = PFC_WATCHDOG_MS
+    if isinstance(pfc, dict):
+        _pfc_defaults(pfc, out["fabric"], n)
     for section, keys in TIME_KEYS.items():
         if section in out:
             _scale(out[section], keys, n)
@@ -162,6 +160,22 @@ def scaled(data: dict, n: float) -> dict:
         if replay.get("size_scale") == "real":  # sizes are the real ones already
             replay["size_scale"] = 1
     return out
+
+
+def _pfc_defaults(pfc: dict, fabric: dict, n: float) -> None:
+    """PFC's times as a real fabric's where the file leaves them out (scaled with the rest):
+    the storm watchdog's 500 ms (unscaled, a pause held some 100 packet times would be broken
+    mid-incast, and the lossless class would drop), and the agent's polling, one packet time
+    of the host link (a switch notices its queue cross XOFF within about a packet; with the
+    machine's fixed 2 ms instead, the pause came a fraction of a packet time late at N and
+    half that at 2N, and a lossless incast's completion moved with N), though never under
+    the machine's 2 ms nor over the 100 ms its agent keeps up with (as emulated)."""
+    pfc.setdefault("watchdog_ms", PFC_WATCHDOG_MS)
+    rate = (fabric.get("host_link") or {}).get("rate_mbps")
+    if "poll_ms" not in pfc and rate:
+        packet_ms = frame_bytes(int(fabric.get("mtu", 1500))) * 8 / (rate * 1e3)
+        most = EMULATED_BOUNDS["fabric.pfc.poll_ms"][1]
+        pfc["poll_ms"] = min(max(packet_ms, PFC_POLL_MS / n), most / n)
 
 
 def _scale(node: object, keys: tuple[str, ...], factor: float) -> None:

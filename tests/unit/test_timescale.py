@@ -64,12 +64,24 @@ def test_scaling_divides_rates_multiplies_times_and_keeps_sizes():
     assert replay["replay"] == {"time_scale": 50, "size_scale": 1}
 
 
-def test_the_pfc_watchdogs_default_is_a_real_time_too():
-    pfc = lambda d: ts.scaled({"fabric": {"pfc": d}}, 1000)["fabric"]["pfc"]  # noqa: E731
+def test_pfcs_default_times_are_the_real_fabrics_too():
+    def pfc(d: dict, n: float = 1000, rate_mbps: float = 400_000) -> dict:
+        fabric = {"pfc": d, "mtu": 4200, "host_link": {"rate_mbps": rate_mbps}}
+        return ts.scaled({"fabric": fabric}, n)["fabric"]["pfc"]
+
     # given or not, the watchdog is the real fabric's time: a pause the unscaled default
     # broke mid-incast at 2N (100 packet times at N, 50 at 2N) dropped in a lossless class
     assert pfc({"priorities": [3]})["watchdog_ms"] == pytest.approx(PFC_WATCHDOG_MS * 1000)
     assert pfc({"priorities": [3], "watchdog_ms": 0.2})["watchdog_ms"] == pytest.approx(200)
+    # the agent polls once per packet time of the host link (4,218 bytes at 400 Gbit/s:
+    # 84 ns), scaled: 5.1 ms at N = 60,000 and twice that at 2N
+    packet_ms = frame_bytes(4200) * 8 / 400e9 * 1e3
+    assert pfc({}, 60_000)["poll_ms"] == pytest.approx(packet_ms * 60_000)
+    assert pfc({}, 120_000)["poll_ms"] == pytest.approx(packet_ms * 120_000)
+    # ... but never under the machine's own 2 ms nor over 100 ms, as emulated
+    assert pfc({}, 1000)["poll_ms"] == pytest.approx(2.0)
+    assert pfc({}, 10_000_000)["poll_ms"] == pytest.approx(100.0)
+    assert pfc({"poll_ms": 1e-4}, 60_000)["poll_ms"] == pytest.approx(6.0)  # as given
     assert ts.scaled({"fabric": {"pfc": {"priorities": [3]}}}, 1)["fabric"]["pfc"] == {
         "priorities": [3]}
 
