@@ -1,0 +1,65 @@
+"""The failure service (testbed.fabric.failures.FailureInjector) against a fake fabric: a
+degrade is applied as a rate change, and the bytes offered to the link's switch ports are
+watched every millisecond until they fit the new rate."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fabriclab.model import experiment as xp
+from testbed.fabric.failures import FailureInjector
+from testbed.plan.failplan import plan_failures
+from tests.unit.fakefabric import FakeFabric
+
+
+class OfferingFabric(FakeFabric):
+    """Its link's ports are offered 8 MB/s until ``calm_after_s`` after the degrade, then
+    nothing."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.rated_at: float | None = None
+        self.calm_after_s = 0.05
+
+    def set_rates(self, pairs, factor: float, netlink=None) -> dict[str, float]:
+        self.rated_at = time.monotonic()
+        return super().set_rates(pairs, factor, netlink)
+
+    def offered_bytes(self, names: set[str]) -> dict[str, int]:
+        since = time.monotonic() - (self.rated_at or time.monotonic())
+        offered = int(min(since, self.calm_after_s) * 8_000_000)
+        return {name: offered for name in names}
+
+    def link_counters(self, names, netlink=None) -> dict:
+        return {}
+
+
+def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_path):
+    exp = xp.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4,
+                                              "fabric_link": {"rate_mbps": 8}},
+                    "workload": {"collectives": [{"op": "all_reduce", "size": 64,
+                                                  "ranks": 2}]}})
+    fabric = OfferingFabric(exp, tmp_path)
+    events = plan_failures(exp.topology, [{"at_s": 0.0, "link": ["agg1_1", "core1"],
+                                                "action": "degrade", "rate_factor": 0.5}])
+    injector = FailureInjector(fabric, events)
+    stop = threading.Event()
+    thread = threading.Thread(target=injector, args=(stop,))
+    thread.start()
+    try:
+        injector.begin()
+        time.sleep(0.4)
+        injector.finish()
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    (event,) = injector.report()
+    assert fabric.log == ["set_rates [('agg1_1', 'core1')] x0.5"]
+    assert event["action"] == "degrade" and event["rate_factor"] == 0.5
+    move = event["move_off"]
+    # both switch ends of agg1_1-core1, at half of 8 Mbit/s now
+    assert sorted(move["rates_mbps"].values()) == [4.0, 4.0]
+    assert move["samples"] > 50  # every millisecond or so, on a busy machine fewer
+    for took in move["ms"].values():  # 8 MB/s offered for 50 ms against 0.5 MB/s
+        assert 40 <= took <= 120, move
