@@ -71,6 +71,21 @@ def replies(outputs: dict[str, str]) -> dict[tuple, list[float]]:
     return times
 
 
+def gap_windows(times: dict[tuple, list[float]], began: float) -> list[tuple[float, float]]:
+    """Each interrupted pair's longest gap as (last reply before, first reply after, in ms
+    after ``began``; the pair), longest first."""
+    out = []
+    for pair, stamps in times.items():
+        stamps = sorted(stamps)
+        spans = [(b - a, a, b) for a, b in zip(stamps, stamps[1:]) if b >= began]
+        if spans:
+            _, a, b = max(spans)
+            if b - a > 2.5 * INTERVAL_MS / 1000:
+                out.append((round((a - began) * 1000, 1), round((b - began) * 1000, 1),
+                            "->".join(pair)))
+    return sorted(out, key=lambda w: w[0] - w[1])
+
+
 def worst_gaps(times: dict[tuple, list[float]], failed_at: float) -> dict[tuple, float]:
     """(source, target) -> its longest gap between two replies that spans the failure, in ms
     (0 when its replies did not go on past it)."""
@@ -82,18 +97,23 @@ def worst_gaps(times: dict[tuple, list[float]], failed_at: float) -> dict[tuple,
     return gaps
 
 
-def controller_heard(run_dir: Path, failed_at: float) -> list[float]:
-    """When the controller heard of each port the failure took down, in ms after the fail
-    command began cutting (its status document's events, stamped with the wall clock)."""
+def controller_heard(run_dir: Path, failed_at: float) -> list[dict]:
+    """Each reroute of the controller after the fail command began cutting: what caused it,
+    when the controller heard of it, sent its changes and had every switch's barrier
+    answered, in ms after the command began (its status document, the wall clock)."""
     try:
-        events = json.loads((run_dir / "controller-status.json").read_text())["events"]
+        reroutes = json.loads((run_dir / "controller-status.json").read_text())["reroutes"]
     except (OSError, ValueError, KeyError):
         return []
     out = []
-    for line in events:
-        stamp, _, text = line.partition(" ")
-        if text.endswith(" down") and float(stamp) >= failed_at:
-            out.append(round((float(stamp) - failed_at) * 1000, 1))
+    for r in reroutes:
+        if r["heard"] < failed_at:
+            continue
+        heard = (r["heard"] - failed_at) * 1000
+        out.append({"cause": r["cause"], "heard_ms": round(heard, 1),
+                    "sent_ms": round(heard + r["sent_ms"], 1),
+                    "installed_ms": round(heard + max(r["installed_ms"].values(), default=0),
+                                          1), "switches": len(r["switches"])})
     return out
 
 
@@ -128,9 +148,10 @@ def once(datapath: str, state: Path) -> dict:
         outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
         times = replies(outputs)
         gaps = worst_gaps(times, failed_at)
-        said_json = [l for l in failed.stdout.splitlines() if l.startswith("{")]
-        steps = json.loads(said_json[-1]) if said_json else {}
+        doc = re.search(r"^\{", failed.stdout, re.M)  # --json's document
+        steps = json.loads(failed.stdout[doc.start():]) if doc else {}
         heard = controller_heard(Path(record.run_dir), steps.get("began", failed_at))
+        windows = gap_windows(times, steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
     finally:
@@ -143,7 +164,9 @@ def once(datapath: str, state: Path) -> dict:
             "worst_gap_ms": round(worst[1], 1), "worst_pair": list(worst[0]),
             "outage_ms": round(worst[1] - INTERVAL_MS, 1), "replies_lost": lost,
             "probes": count * len(gaps), "started": start,
-            "fail_command_ms": steps.get("took_ms"), "controller_heard_ms": heard,
+            "fail_command_ms": steps.get("took_ms"), "fail_steps_s": steps.get("steps_s"),
+            "controller_heard_ms": heard,
+            "gap_windows_ms": windows,
             "pair_outages_ms": sorted(round(g - INTERVAL_MS, 1) for g in gaps.values()),
             "median_outage_of_interrupted_ms": round(hit[len(hit) // 2], 1) if hit else 0.0}
 

@@ -168,20 +168,29 @@ class FabricController(app_manager.OSKenApp):
                     "moves": adaptive.moves if adaptive else 0, "cpu_s": cpu.user + cpu.system}
 
     # -- sending -----------------------------------------------------------------------------
-    def _send(self, name: str, ops: list[Op]) -> None:
+    def _send(self, name: str, ops: list[Op]) -> int | None:
+        """Send a switch its ops; returns the xid of the last barrier among them."""
         dp = self.datapaths.get(name)
         if dp is None:
-            return
+            return None
         self.op_counts.update(str(op.kind) for op in ops)
+        barrier = None
         for op in ops:
             for msg in to_messages(dp, op):
                 dp.send_msg(msg)
                 if op.kind == OpKind.BARRIER:
                     self.session.barrier_sent(name, msg.xid)
+                    barrier = msg.xid
+        return barrier
 
-    def _send_all(self, per_switch: dict[str, list[Op]]) -> None:
+    def _send_all(self, per_switch: dict[str, list[Op]]) -> dict[str, int]:
+        """Send every switch its ops; returns each switch's last barrier xid."""
+        barriers = {}
         for name, ops in per_switch.items():
-            self._send(name, ops)
+            xid = self._send(name, ops)
+            if xid is not None:
+                barriers[name] = xid
+        return barriers
 
     # -- handlers ----------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
@@ -258,10 +267,15 @@ class FabricController(app_manager.OSKenApp):
         dp = ev.msg.datapath
         desc = ev.msg.desc
         live = _live(dp.ofproto, desc) and ev.msg.reason != dp.ofproto.OFPPR_DELETE
-        changes = self.policy.port_status(dp.id, desc.port_no, live, time.time())
+        heard = time.time()
+        changes = self.policy.port_status(dp.id, desc.port_no, live, heard)
         self.port_events += 1
         self.reroutes += any(changes.values())
-        self._send_all(changes)
+        barriers = self._send_all(changes)
+        if any(changes.values()):
+            switch = self.policy.topo.switch_by_dpid(dp.id)
+            self.session.reroute(f"{switch.name if switch else dp.id} port {desc.port_no} "
+                                 f"{'up' if live else 'down'}", heard, time.time(), barriers)
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
@@ -270,7 +284,7 @@ class FabricController(app_manager.OSKenApp):
         switch = self.policy.topo.switch_by_dpid(ev.msg.datapath.id)
         if switch is None:
             return
-        self.session.barrier_replied(switch.name, ev.msg.xid)
+        self.session.barrier_replied(switch.name, ev.msg.xid, time.time())
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])

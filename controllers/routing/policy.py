@@ -63,11 +63,12 @@ class FabricPolicy:
     # -- queries ------------------------------------------------------------------------------
     def link_state(self) -> dict[str, bool]:
         """Link name -> up, from the port states reported so far (unknown counts as up)."""
-        state = {}
-        for link in self.topo.links:
-            ends = [e for e in (link.a, link.b) if self.topo.nodes[e.node].is_switch]
-            state[link.name] = all(self.port_up.get((e.node, e.port), True) for e in ends)
-        return state
+        return {link.name: self._link_up(link) for link in self.topo.links}
+
+    def _link_up(self, link) -> bool:
+        """Whether every switch end of ``link`` is up (an unknown port counts as up)."""
+        return all(self.port_up.get((e.node, e.port), True) for e in (link.a, link.b)
+                   if self.topo.nodes[e.node].is_switch)
 
     def desired(self) -> dict[str, SwitchTables]:
         if self._desired is None:
@@ -214,13 +215,20 @@ class FabricPolicy:
         """A port's state; the tables are computed again only when it changes a link's (an
         unknown port counts as up: a switch connecting with every port live changes
         nothing, where recomputing every switch's tables at each of 80 connections cost the
-        controller 5 s of a k=8 fabric's bring-up)."""
+        controller 5 s of a k=8 fabric's bring-up; the second end of a failed link to report
+        changes nothing either, where recomputing delayed the first end's reroute: the
+        switches' answers waited behind it)."""
         changed = self.port_up.get((switch, port), True) != live
+        if not changed:
+            return
+        link = self.topo.link_at(switch, port)
+        before = self._link_up(link) if link is not None else None
         self.port_up[(switch, port)] = live
-        if changed:
-            self._desired = None
-            if self.adaptive is not None:
-                self.adaptive.drop_dead_paths(self.link_state())
+        if link is not None and self._link_up(link) == before:
+            return
+        self._desired = None
+        if self.adaptive is not None:
+            self.adaptive.drop_dead_paths(self.link_state())
 
     def _sync(self, name: str) -> list[Op]:
         new = self.desired()[name]

@@ -31,12 +31,17 @@ class Session:
         self.warm: dict[str, dict] = {}  # switch -> what its warm start found and changed
         self.fabric_ends = [(e.node, e.port) for link in policy.topo.links
                             if link.tier == "fabric" for e in (link.a, link.b)]
+        # each port event's reroute: when it was heard, its changes sent, each switch's
+        # barrier answered (the last MAX_EVENTS)
+        self.reroutes: list[dict] = []
+        self._awaited: dict[tuple[str, int], dict] = {}  # (switch, barrier xid) -> reroute
 
     # -- barriers ------------------------------------------------------------------------------
     def connected(self, switch: str) -> None:
         """A (re)connection starts from scratch: earlier barriers are never answered."""
         self.pending.pop(switch, None)
         self.programmed.discard(switch)
+        self._awaited = {k: v for k, v in self._awaited.items() if k[0] != switch}
 
     def disconnected(self, switch: str) -> None:
         self.pending.pop(switch, None)
@@ -46,8 +51,22 @@ class Session:
         self.pending.setdefault(switch, set()).add(xid)
         self.programmed.discard(switch)
 
-    def barrier_replied(self, switch: str, xid: int) -> bool:
-        """Returns whether the switch is now programmed."""
+    def reroute(self, cause: str, heard: float, sent: float,
+                barriers: dict[str, int]) -> None:
+        """A port event's changes went out at ``sent`` (heard at ``heard``), each switch's
+        ending with the barrier ``barriers[switch]``."""
+        item = {"cause": cause, "heard": heard, "sent_ms": round((sent - heard) * 1000, 2),
+                "switches": sorted(barriers), "installed_ms": {}}
+        self.reroutes = self.reroutes[-(MAX_EVENTS - 1):] + [item]
+        for switch, xid in barriers.items():
+            self._awaited[(switch, xid)] = item
+
+    def barrier_replied(self, switch: str, xid: int, now: float | None = None) -> bool:
+        """Returns whether the switch is now programmed (``now``: when the reply came, for a
+        reroute's timing)."""
+        item = self._awaited.pop((switch, xid), None)
+        if item is not None and now is not None:
+            item["installed_ms"][switch] = round((now - item["heard"]) * 1000, 2)
         pending = self.pending.get(switch, set())
         pending.discard(xid)
         if not pending:
@@ -106,4 +125,5 @@ class Session:
             "warm_start": self.warm,
             "errors": self.errors[-MAX_ERRORS:],
             "events": [f"{t:.3f} {text}" for t, text in policy.events[-MAX_EVENTS:]],
+            "reroutes": [{**r, "heard": round(r["heard"], 6)} for r in self.reroutes],
         }

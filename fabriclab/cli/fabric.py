@@ -133,14 +133,16 @@ def fabric_document(exp: xp.Experiment, fabric) -> dict:
 
 def fail(req: FailRequest, ui: Console) -> int:
     """Take a link or a switch of the running fabric down (``fail``) or up (``restore``);
-    ``--json`` also gives when it began (the wall clock) and how long it took."""
-    began, start = time.time(), time.monotonic()
+    ``--json`` also gives how long it took, and on one machine when its first step began
+    (the wall clock) and each step's time after that."""
+    start, timings = time.monotonic(), {}
     done = set_links_of_running_fabric(Registry(req.state_dir), req.targets, up=req.up,
-                                       run_id=req.run)
+                                       run_id=req.run, timings=timings)
     ui.print(done)
     if req.json:
-        emit({"done": done, "began": round(began, 6),
-              "took_ms": round((time.monotonic() - start) * 1000, 1)})
+        emit({"done": done, "took_ms": round((time.monotonic() - start) * 1000, 1),
+              **({"began": round(timings.pop("began"), 6), "steps_s": timings}
+                 if "began" in timings else {})})
     return EXIT_OK
 
 

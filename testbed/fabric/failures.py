@@ -189,10 +189,12 @@ class FailureInjector:
 
 
 def set_links_of_running_fabric(registry, target: list[str], up: bool,
-                                run_id: str | None = None) -> str:
+                                run_id: str | None = None, timings: dict | None = None) -> str:
     """Take a link (or every link of a switch) of a fabric that ``fabriclab up`` keeps running
     down or up: both ends, by netlink (a host's end in its namespace). The controller sees the
-    port status as with any failure. Returns what was done.
+    port status as with any failure. Returns what was done; ``timings``, if given, gets the
+    wall clock when the links' first step began (``began``) and each step's time after it
+    (:func:`testbed.fabric.linkfail.set_links`).
 
     Raises:
         TestbedError: no running fabric (or several and no ``run_id``).
@@ -225,8 +227,11 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
             if lost:
                 set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False)
     try:
-        set_links(netlink, [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b))
-                            for a, b in links], up, cut, signal)
+        pairs = [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b)) for a, b in links]
+        began = time.time()
+        steps = set_links(netlink, pairs, up, cut, signal)
+        if timings is not None:
+            timings.update(steps, began=began)
     finally:
         netlink.close()
         if cut is not None:

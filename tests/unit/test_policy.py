@@ -57,7 +57,10 @@ def test_link_down_is_routed_around_and_restored():
     switches = _connect_all(topo, policy)
     link = topo.find_link("agg1_1", "core1")
     ops = policy.port_status(topo.nodes["agg1_1"].dpid, link.end("agg1_1").port, False, 1.0)
+    desired = policy.desired()
     ops2 = policy.port_status(topo.nodes["core1"].dpid, link.end("core1").port, False, 1.0)
+    # the link's other end changes nothing: no ops, and no tables computed again
+    assert not any(ops2.values()) and policy.desired() is desired
     for name, o in list(ops.items()) + list(ops2.items()):
         switches[name].apply(o)
     assert all(op.kind in ("group_mod", "barrier") for o in ops.values() for op in o)
