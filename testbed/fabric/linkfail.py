@@ -74,6 +74,11 @@ class LinkCut:
             total += value.value if value is not None else 0
         return total
 
+    def dropped_at(self, ifindex: int) -> int:
+        """Frames the cut dropped so far at one root-namespace interface (by its index)."""
+        value = self.drops.lookup(ctypes.c_uint32(ifindex))
+        return value.value if value is not None else 0
+
     def close(self) -> None:
         self.drops.close()
         if self.fd >= 0:

@@ -7,6 +7,7 @@ agent that makes priorities lossless; their counters read as one congestion docu
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ from testbed.fabric.services import FabricRun
 from testbed.fabric.switches import Switches
 from testbed.linux import ovs, packages
 from testbed.linux.netlink import Netlink
+from testbed.model.congestion import frame_bytes
 from testbed.model.share import LocalShare
 from testbed.model.spec import TestbedSpec
 from testbed.model.topology import Link
@@ -51,6 +53,7 @@ class PortServices:
         self.marker: Marker | None = None
         self.cut: LinkCut | None = None
         self.pfc_agent: PfcAgent | None = None
+        self._index: dict[str, int] = {}  # a root-namespace port's interface index
 
     # -- the build -----------------------------------------------------------------------------
     def attach_markers(self) -> None:
@@ -189,10 +192,19 @@ class PortServices:
         return {"rated_s": round(time.monotonic() - start, 4)}
 
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
-        """Switch port -> bytes offered to its egress so far (None without the marker)."""
+        """Switch port -> bytes offered to its egress so far (None without the marker): what
+        reached the marker, and what a cut dropped before it (a failed link), as full
+        frames."""
         if self.marker is None:
             return None
-        return self.marker.offered({n for n in names if n in self.marker.index})
+        out = self.marker.offered({n for n in names if n in self.marker.index})
+        if self.cut is not None:
+            frame = frame_bytes(self.spec.fabric.mtu)
+            for name in out:
+                index = self._index.get(name) or self._index.setdefault(
+                    name, socket.if_nametoindex(name))
+                out[name] += self.cut.dropped_at(index) * frame
+        return out
 
     def cut_drops(self, pairs: list[tuple[str, str]],
                   netlink: Netlink | None = None) -> int | None:

@@ -122,6 +122,11 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
     assert applied[2]["steps_s"]["up_s"] <= applied[2]["steps_s"]["signalled_s"]
     # the cut's program counted (None: no cut loaded, the failure only took the veths down)
     assert isinstance(applied[2]["cut_drops"], int), applied[2]
+    # a failure's ports are watched (what reaches them and what their cut drops) against 0
+    move = applied[0]["move_off"]
+    assert set(move["rates_mbps"].values()) == {0.0} and set(move["ms"]) == set(
+        move["rates_mbps"]), move
+    assert "move_off" not in applied[2]  # a repair moves nothing off
 
 
 def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(state_dir,
