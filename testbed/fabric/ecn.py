@@ -194,13 +194,13 @@ class Marker:
         self.cfg.update(key, cfg)
         self.ports[ifindex] = (ifname, float(rate_bytes_s))
 
-    def offered(self, names: set[str]) -> dict[str, int]:
-        """Switch port -> the bytes offered to its egress so far, every priority (those its
-        queue then dropped too): one lookup per port and priority."""
+    def offered(self, names: set[str], prios: set[int] | None = None) -> dict[str, int]:
+        """Switch port -> the bytes offered to its egress so far, of ``prios`` (default every
+        priority; those its queue then dropped too): one lookup per port and priority."""
         out = {}
         for name in names:
             total = 0
-            for prio in range(PRIORITIES):
+            for prio in (range(PRIORITIES) if prios is None else prios):
                 value = self.count.lookup(_CountKey(self.index[name], prio))
                 total += value.bytes if value is not None else 0
             out[name] = total

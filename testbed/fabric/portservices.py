@@ -197,7 +197,9 @@ class PortServices:
         frames."""
         if self.marker is None:
             return None
-        out = self.marker.offered({n for n in names if n in self.marker.index})
+        # the priorities packets can have here: those of the DSCPs, and 0 (not IP)
+        prios = {0, *self.spec.fabric.traffic_classes.table()}
+        out = self.marker.offered({n for n in names if n in self.marker.index}, prios)
         if self.cut is not None:
             frame = frame_bytes(self.spec.fabric.mtu)
             for name in out:
