@@ -129,7 +129,8 @@ class EbpfSwitches:
         self.maps = {name: bpf.Map(self.pin_dir / name, k, v) for name, k, v in (
             ("sw_ports", ctypes.c_uint32, PortId), ("sw_out", PortId, PortOut),
             ("sw_masks", TableId, MaskValue), ("sw_flows", FlowKey, Action),
-            ("sw_groups", GroupId, Group), ("sw_load", PortId, PortLoad))}
+            ("sw_groups", GroupId, Group), ("sw_load", PortId, PortLoad),
+            ("sw_dead", PortId, ctypes.c_uint64))}
         # switch -> its flow keys in the map and what they hold, by subtable mask and key
         self.written: dict[int, dict[tuple, tuple[FlowKey, tuple]]] = {}
         self.masks: dict[int, list[bytes | None]] = {}  # switch -> its subtables' masks written
@@ -165,6 +166,12 @@ class EbpfSwitches:
         """A port's load set: its rate (a degraded link's), and its queue (a test's)."""
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(
             level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s)))
+
+    def dead_drops(self, sw: int, port: int) -> int:
+        """Packets the switch sent towards its port while the port was not live (a group
+        with no live bucket counts them at its first)."""
+        value = self.maps["sw_dead"].lookup(PortId(sw, port))
+        return value.value if value is not None else 0
 
     def set_port_rate(self, sw: int, port: int, rate_bytes_s: int) -> None:
         """A port's drain rate changed (a degraded link), its queue as the datapath left it."""

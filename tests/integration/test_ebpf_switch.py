@@ -104,6 +104,19 @@ def test_an_ebpf_switch_forwards_by_its_flow_table_and_groups(star):
     # a SELECT group with one live bucket carries everything; with none, nothing
     switches.set_group(7, 5, "select", [3, 2], [1, 0])
     assert _ping(tag, 1, 3)
+    # what is still sent towards a port that is not live is counted there (a failed link's
+    # traffic that no group could move): a group with no live bucket counts at its first
+    switches.set_group(7, 6, "select", [3])
+    switches.set_table(7, tss.compile_table([_route(3, (("group", 6),)),
+                                             _route(2, (("output", 3),)),
+                                             FlowEntry(0, (), ())]))
+    switches.set_live(7, 3, False)
+    before = switches.dead_drops(7, 3)
+    _send_udp(tag, 1, 3, 5)
+    _send_udp(tag, 1, 2, 4)
+    assert switches.dead_drops(7, 3) - before == 9
+    switches.set_live(7, 3, True)
+    switches.set_table(7, tss.compile_table(table))
     # without an entry for h2 the table-miss entry drops it
     switches.set_table(7, tss.compile_table([_route(1, (("output", 1),)),
                                              FlowEntry(0, (), ())]))

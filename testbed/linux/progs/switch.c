@@ -111,6 +111,10 @@ struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, struct port_id); __type(value, struct port_load); } sw_load SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 262144);
 	 __type(key, struct flowlet_key); __type(value, struct flowlet); } sw_flowlets SEC(".maps");
+/* Packets sent to a port that is not live (its link failed; a group with no live bucket
+ * counts them at its first): what the fabric still sends into a failed link */
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, struct port_id); __type(value, __u64); } sw_dead SEC(".maps");
 /* (switch, the forward flow's hash of basis 0) -> when an acknowledgement of it last passed
  * with ECE set */
 struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 65536);
@@ -257,13 +261,27 @@ static __always_inline void echoed(__u32 sw, __u32 h0)
 	bpf_map_update_elem(&sw_echoes, &key, &now, BPF_ANY);
 }
 
+static __always_inline int dead_drop(__u32 sw, __u32 port)
+{
+	struct port_id id = { sw, port };
+	__u64 *n = bpf_map_lookup_elem(&sw_dead, &id), one = 1;
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&sw_dead, &id, &one, BPF_NOEXIST);
+	return TC_ACT_SHOT;
+}
+
 static __always_inline int output(struct __sk_buff *skb, __u32 sw, __u32 port)
 {
 	struct port_id id = { sw, port };
 	struct port_out *out = bpf_map_lookup_elem(&sw_out, &id);
 
-	if (!out || !out->live)
+	if (!out)
 		return TC_ACT_SHOT;
+	if (!out->live)
+		return dead_drop(sw, port);
 	account(sw, port, skb->len);
 	if (skb->sk) {
 		if (bpf_clone_redirect(skb, out->ifindex, 0))
@@ -413,7 +431,7 @@ static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gi
 				  g->selection == SEL_FLOWLET ?
 				  flow_hash(0, pkt->src, pkt->dst, pkt->proto, pkt->sport,
 					    pkt->dport) : 0);
-		return port ? output(skb, sw, port) : TC_ACT_SHOT;
+		return port ? output(skb, sw, port) : dead_drop(sw, g->ports[0]);
 	}
 	if (g->kind == G_FF) {
 		for (i = 0; i < MAX_BUCKETS; i++) {
@@ -422,7 +440,7 @@ static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gi
 			if (live(sw, g->ports[i]))
 				return output(skb, sw, g->ports[i]);
 		}
-		return TC_ACT_SHOT;
+		return dead_drop(sw, g->ports[0]);
 	}
 	for (i = 0; i < MAX_BUCKETS; i++) {
 		if (i >= g->n)
@@ -431,7 +449,7 @@ static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gi
 			total += g->weights[i];
 	}
 	if (!total)
-		return TC_ACT_SHOT;
+		return dead_drop(sw, g->ports[0]);
 	point = flow_hash(g->basis, pkt->src, pkt->dst, pkt->proto, pkt->sport, pkt->dport) % total;
 	for (i = 0; i < MAX_BUCKETS; i++) {
 		if (i >= g->n)
