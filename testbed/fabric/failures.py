@@ -27,6 +27,7 @@ from testbed.plan.failplan import (
     FINE_SPAN_S,
     SAMPLE_S,
     FailureEvent,
+    alternatives,
     live_links,
     throughput_around,
     time_to_move_off,
@@ -52,6 +53,8 @@ class FailureInjector:
         # the event being watched (its index in applied), its ports' rates now, until when
         self._watch: tuple[int, dict[str, float], float] | None = None
         self._fine: dict[int, list[tuple[float, dict[str, int]]]] = {}  # index -> samples
+        self._rates: dict[int, dict[str, float]] = {}  # index -> watched port -> bytes/s
+        self._groups: dict[int, dict[str, list[str]]] = {}  # index -> port -> alternatives
         self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
@@ -122,20 +125,32 @@ class FailureInjector:
 
     def _start_watch(self, event: FailureEvent, at: float) -> None:
         """Watch the bytes offered to the event's switch ports (each link's ends at switches:
-        one per direction) from now, each against the rate its link has now (0: failed)."""
-        topo, rates = self.fabric.topo, {}
+        one per direction) from now, each against the rate its link has now (0: failed), and
+        to the ports their switches could use instead (:func:`alternatives`)."""
+        topo, rates, groups = self.fabric.topo, {}, {}
+        factor = 0.0 if event.action == "down" else (event.rate_factor or 1.0)
+        changed = {topo.find_link(a, b).name for a, b in event.links}
         for a, b in event.links:
             link = topo.find_link(a, b)
-            rate = 0.0 if event.action == "down" else \
-                link.rate_mbps * 1e6 / 8 * (event.rate_factor or 1.0)
             for end in (link.a, link.b):
-                if topo.nodes[end.node].is_switch:
-                    rates[end.ifname] = rate
+                if not topo.nodes[end.node].is_switch:
+                    continue
+                rates[end.ifname] = link.rate_mbps * 1e6 / 8 * factor
+                others = alternatives(topo, link, end.node)
+                if others:
+                    groups[end.ifname] = [o.end(end.node).ifname for o in others]
+                    for o in others:
+                        rates.setdefault(o.end(end.node).ifname, o.rate_mbps * 1e6 / 8 * (
+                            factor if o.name in changed else 1.0))
         index = len(self.applied) - 1
         self._watch = (index, rates, at + FINE_SPAN_S)
         self._fine[index] = []
-        self.applied[index]["move_off"] = {"rates_mbps": {p: round(r * 8 / 1e6, 3)
-                                                          for p, r in rates.items()}}
+        self._groups[index] = groups
+        watched = {p for p in rates if p not in {o for g in groups.values() for o in g}
+                   or p in groups}
+        self.applied[index]["move_off"] = {"rates_mbps": {p: round(rates[p] * 8 / 1e6, 3)
+                                                          for p in sorted(watched)}}
+        self._rates[index] = rates
 
     def _watch_ports(self, now: float) -> float | None:
         """One sample of the watched ports' offered bytes; when the next is due (None:
@@ -155,15 +170,24 @@ class FailureInjector:
         return now + FINE_SAMPLE_S
 
     def _move_off(self, index: int, item: dict) -> dict:
-        """The event's time to move off per watched port (:func:`time_to_move_off`), in ms."""
+        """The event's time to move off per watched port (:func:`time_to_move_off`), in ms:
+        by its share of its alternatives' traffic where it has some."""
         samples = self._fine.get(index) or []
+        rates, groups = self._rates.get(index, {}), self._groups.get(index, {})
         doc = dict(item["move_off"])
         frame = frame_bytes(self.fabric.spec.fabric.mtu)
         doc["ms"] = {}
-        for port, mbps in doc["rates_mbps"].items():
+        for port in doc["rates_mbps"]:
             series = [(t, c[port]) for t, c in samples if port in c]
-            took = time_to_move_off(series, item["applied_s"], mbps * 1e6 / 8, frame)
+            others = groups.get(port)
+            sibling = None if not others else [
+                (t, sum(c.get(o, 0) for o in others)) for t, c in samples]
+            took = time_to_move_off(series, item["applied_s"], rates[port], frame,
+                                    siblings=sibling,
+                                    sibling_rate_bytes_s=sum(rates[o] for o in others or ()))
             doc["ms"][port] = None if took is None else round(took * 1000, 1)
+        if groups:
+            doc["alternatives"] = {p: list(o) for p, o in groups.items()}
         doc["samples"] = len(samples)
         return doc
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from testbed.errors import ConfigError
-from testbed.model.topology import Topology
+from testbed.model.topology import ROLE_TIER, Topology
 
 #: The delivered throughput is sampled this often while failures are planned.
 SAMPLE_S = 0.25
@@ -158,20 +158,29 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
 
 
 def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s: float,
-                     frame_bytes: int, window_s: float = MOVE_WINDOW_S) -> float | None:
+                     frame_bytes: int, window_s: float = MOVE_WINDOW_S,
+                     siblings: list[tuple[float, int]] | None = None,
+                     sibling_rate_bytes_s: float = 0.0) -> float | None:
     """How long after an event at ``at_s`` the traffic offered to a port took to fit what it
-    carries now (0 for a failed link): the end of the last window of ``window_s`` whose
-    offered bytes were over ``rate_bytes_s`` (by more than :data:`MOVE_TOLERANCE`, plus one
-    frame), less ``at_s``; 0.0 if none was; None while the last one sampled still is.
+    carries now: the end of the last window of ``window_s`` in which it did not fit, less
+    ``at_s``; 0.0 if it always did; None while the last one sampled still did not.
+
+    Without ``siblings`` a window fits when the port was offered at most its rate (more by
+    at most :data:`MOVE_TOLERANCE`, plus one frame; 0 for a failed link). With ``siblings``
+    (the cumulative bytes offered to the ports its switch could send the same traffic to
+    instead, of ``sibling_rate_bytes_s`` together) a window fits when the port's share of
+    what all of them were offered is at most its share of their rate (with the same
+    tolerance and one frame): a loaded group moves traffic off a degraded port by giving it
+    less of the load, even while every port is busy.
 
     Args:
         samples: ``(seconds, cumulative bytes offered to the port)``, in order, at least
-            from ``at_s`` on.
+            from ``at_s`` on; ``siblings`` likewise, at the same times.
     """
     after = [s for s in samples if s[0] >= at_s]
+    others = dict(s for s in (siblings or ()) if s[0] >= at_s)
     if len(after) < 2:
         return None
-    limit = rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
     last_over, start = None, 0
     for t, b in after:
         while after[start][0] < t - window_s:
@@ -179,13 +188,34 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         t0, b0 = after[start]
         if t - t0 < window_s * 0.5:  # too short a window yet
             continue
-        if (b - b0) * window_s / (t - t0) > limit:
+        if siblings is not None and t in others and t0 in others:
+            mine, rest = b - b0, others[t] - others[t0]
+            share = rate_bytes_s / (rate_bytes_s + sibling_rate_bytes_s) \
+                if rate_bytes_s + sibling_rate_bytes_s else 0.0
+            over = mine + rest > 0 and mine > share * MOVE_TOLERANCE * (mine + rest) \
+                + frame_bytes
+        else:
+            over = (b - b0) * window_s / (t - t0) > \
+                rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
+        if over:
             last_over = t
     if last_over is None:
         return 0.0
     if last_over >= after[-1][0]:
         return None
     return round(last_over - at_s, 4)
+
+
+def alternatives(topo: Topology, link, switch: str) -> list:
+    """The links ``switch`` could send the traffic it sends into ``link`` over instead: going
+    up a Clos, its other links to switches of the same role as the link's other end (an
+    aggregation switch's other uplinks to the core); going down, none (one path leads down
+    to each destination)."""
+    mine, peer = topo.nodes[switch], topo.nodes[link.other(switch).node]
+    if not peer.is_switch or ROLE_TIER.get(peer.role, -1) <= ROLE_TIER.get(mine.role, -1):
+        return []
+    return [l for l in topo.ports(switch).values() if l is not link
+            and topo.nodes[l.other(switch).node].role == peer.role]
 
 
 def _live(topo: Topology, link, port_up: dict[str, bool]) -> bool:
