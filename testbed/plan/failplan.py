@@ -28,6 +28,8 @@ MOVE_WINDOW_S = 0.005
 #: A port's offered rate fits its link when at most this share above the link's rate, plus
 #: one frame per window (a packet in passage).
 MOVE_TOLERANCE = 1.05
+#: ... and has moved off once every window fits for this long (TCP's bursts aside)
+MOVE_SETTLE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,9 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
                      siblings: list[tuple[float, int]] | None = None,
                      sibling_rate_bytes_s: float = 0.0) -> float | None:
     """How long after an event at ``at_s`` the traffic offered to a port took to fit what it
-    carries now: the end of the last window of ``window_s`` in which it did not fit, less
-    ``at_s``; 0.0 if it always did; None while the last one sampled still did not.
+    carries now: the end of the last window of ``window_s`` in which it did not fit before
+    the windows first fit for :data:`MOVE_SETTLE_S` in a row, less ``at_s``; 0.0 if they fit
+    from the start; None if they never fit that long.
 
     Without ``siblings`` a window fits when the port was offered at most its rate (more by
     at most :data:`MOVE_TOLERANCE`, plus one frame; 0 for a failed link). With ``siblings``
@@ -181,7 +184,7 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
     others = dict(s for s in (siblings or ()) if s[0] >= at_s)
     if len(after) < 2:
         return None
-    last_over, start = None, 0
+    last_over, settled_from, start = None, None, 0
     for t, b in after:
         while after[start][0] < t - window_s:
             start += 1
@@ -198,12 +201,12 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
             over = (b - b0) * window_s / (t - t0) > \
                 rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
         if over:
-            last_over = t
-    if last_over is None:
-        return 0.0
-    if last_over >= after[-1][0]:
-        return None
-    return round(last_over - at_s, 4)
+            last_over, settled_from = t, None
+            continue
+        settled_from = t if settled_from is None else settled_from
+        if t - settled_from >= MOVE_SETTLE_S:
+            return 0.0 if last_over is None else round(last_over - at_s, 4)
+    return None
 
 
 def alternatives(topo: Topology, link, switch: str) -> list:
