@@ -192,18 +192,20 @@ class PortServices:
         return {"rated_s": round(time.monotonic() - start, 4)}
 
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
-        """Switch port -> bytes offered to its egress so far (None without the marker): what
-        reached the marker, and for a failed link what its cut dropped before it and what
-        its switch sent towards it while it was not live, as full frames."""
+        """Switch port -> bytes offered to its egress so far: what an eBPF switch sent to it
+        (and towards it while it was not live), else what reached the marker and what a cut
+        dropped before it, as full frames; None with neither."""
+        frame = frame_bytes(self.spec.fabric.mtu)
+        counted = self.switches.offered_bytes(names, frame)
+        if counted is not None:
+            return counted
         if self.marker is None:
             return None
         # the priorities packets can have here: those of the DSCPs, and 0 (not IP)
         prios = {0, *self.spec.fabric.traffic_classes.table()}
         out = self.marker.offered({n for n in names if n in self.marker.index}, prios)
-        frame = frame_bytes(self.spec.fabric.mtu)
-        for name in out:
-            out[name] += self.switches.dead_drops(name) * frame
-            if self.cut is not None:
+        if self.cut is not None:
+            for name in out:
                 index = self._index.get(name) or self._index.setdefault(
                     name, socket.if_nametoindex(name))
                 out[name] += self.cut.dropped_at(index) * frame

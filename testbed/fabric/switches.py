@@ -238,6 +238,15 @@ class Switches:
         if self.ebpf is not None and ifname in self.ebpf_ports:
             self.ebpf.set_port_rate(*self.ebpf_ports[ifname], rate_bytes_s)
 
+    def offered_bytes(self, names: set[str], frame: int) -> dict[str, int] | None:
+        """Port -> bytes an eBPF switch sent to it, and towards it while it was not live (as
+        full frames of ``frame`` bytes); None on Open vSwitch (its switches do not count)."""
+        if self.ebpf is None:
+            return None
+        return {name: self.ebpf.sent_bytes(*self.ebpf_ports[name])
+                + self.ebpf.dead_drops(*self.ebpf_ports[name]) * frame
+                for name in names if name in self.ebpf_ports}
+
     def dead_drops(self, ifname: str) -> int:
         """Packets an eBPF switch sent towards its port ``ifname`` while it was not live (0 on
         Open vSwitch, whose groups do not say)."""

@@ -83,7 +83,7 @@ class PortLoad(ctypes.Structure):
 
     _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("level", ctypes.c_uint64), ("last_ns", ctypes.c_uint64),
-                ("rate_bytes_s", ctypes.c_uint64)]
+                ("rate_bytes_s", ctypes.c_uint64), ("sent_bytes", ctypes.c_uint64)]
 
 
 def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
@@ -162,10 +162,16 @@ class EbpfSwitches:
         return self.maps["sw_load"].lookup(PortId(sw, port))
 
     def set_port_load(self, sw: int, port: int, rate_bytes_s: int, level: int = 0,
-                      last_ns: int = 0) -> None:
+                      last_ns: int = 0, sent_bytes: int = 0) -> None:
         """A port's load set: its rate (a degraded link's), and its queue (a test's)."""
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(
-            level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s)))
+            level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s),
+            sent_bytes=int(sent_bytes)))
+
+    def sent_bytes(self, sw: int, port: int) -> int:
+        """Every byte switch ``sw`` sent to its port so far (what the port was offered)."""
+        load = self.port_load(sw, port)
+        return load.sent_bytes if load is not None else 0
 
     def dead_drops(self, sw: int, port: int) -> int:
         """Packets the switch sent towards its port while the port was not live (a group
@@ -176,8 +182,10 @@ class EbpfSwitches:
     def set_port_rate(self, sw: int, port: int, rate_bytes_s: int) -> None:
         """A port's drain rate changed (a degraded link), its queue as the datapath left it."""
         load = self.port_load(sw, port)
-        level, last = (load.level, load.last_ns) if load is not None else (0, 0)
-        self.set_port_load(sw, port, rate_bytes_s, level, last)
+        if load is None:
+            self.set_port_load(sw, port, rate_bytes_s)
+        else:
+            self.set_port_load(sw, port, rate_bytes_s, load.level, load.last_ns, load.sent_bytes)
 
     def set_live(self, sw: int, port: int, live: bool) -> None:
         """A port's liveness, as groups' buckets watch it."""

@@ -91,6 +91,7 @@ struct port_load {
 	__u64 level;
 	__u64 last_ns;
 	__u64 rate_bytes_s;
+	__u64 sent_bytes;	/* every byte the switch sent to the port (its offered load) */
 };
 struct flowlet_key { __u32 sw, group, hash; };
 struct flowlet { __u32 port, pad; __u64 last_ns, decided_ns; };
@@ -231,6 +232,7 @@ __noinline int account(__u32 sw, __u32 port, __u32 len)
 	gone = drained(l, now, &elapsed);
 	l->level = (l->level > gone ? l->level - gone : 0) + len;
 	l->last_ns += elapsed;
+	l->sent_bytes += len;
 	bpf_spin_unlock(&l->lock);
 	return 1;
 }
