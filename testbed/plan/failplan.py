@@ -168,13 +168,13 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
     the windows first fit for :data:`MOVE_SETTLE_S` in a row, less ``at_s``; 0.0 if they fit
     from the start; None if they never fit that long.
 
-    Without ``siblings`` a window fits when the port was offered at most its rate (more by
-    at most :data:`MOVE_TOLERANCE`, plus one frame; 0 for a failed link). With ``siblings``
-    (the cumulative bytes offered to the ports its switch could send the same traffic to
-    instead, of ``sibling_rate_bytes_s`` together) a window fits when the port's share of
-    what all of them were offered is at most its share of their rate (with the same
-    tolerance and one frame): a loaded group moves traffic off a degraded port by giving it
-    less of the load, even while every port is busy.
+    A window fits when the port was offered at most its rate (more by at most
+    :data:`MOVE_TOLERANCE`, plus one frame; 0 for a failed link), or, with ``siblings`` (the
+    cumulative bytes offered to the ports its switch could send the same traffic to instead,
+    of ``sibling_rate_bytes_s`` together), when its share of what all of them were offered is
+    at most its share of their rate (with the same tolerance and one frame): a loaded group
+    moves traffic off a degraded port by giving it less of the load, even while every port
+    is busy.
 
     Args:
         samples: ``(seconds, cumulative bytes offered to the port)``, in order, at least
@@ -191,15 +191,13 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         t0, b0 = after[start]
         if t - t0 < window_s * 0.5:  # too short a window yet
             continue
-        if siblings is not None and t in others and t0 in others:
+        over = (b - b0) * window_s / (t - t0) > \
+            rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
+        if over and siblings is not None and t in others and t0 in others:
             mine, rest = b - b0, others[t] - others[t0]
             share = rate_bytes_s / (rate_bytes_s + sibling_rate_bytes_s) \
                 if rate_bytes_s + sibling_rate_bytes_s else 0.0
-            over = mine + rest > 0 and mine > share * MOVE_TOLERANCE * (mine + rest) \
-                + frame_bytes
-        else:
-            over = (b - b0) * window_s / (t - t0) > \
-                rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
+            over = mine > share * MOVE_TOLERANCE * (mine + rest) + frame_bytes
         if over:
             last_over, settled_from = t, None
             continue
