@@ -211,7 +211,8 @@ class ExperimentRun:
         if placement is not None:
             self.doc.cluster = placement
         if exp.failures:
-            self.injector = FailureInjector(fabric, exp.failures)
+            self.injector = FailureInjector(fabric, exp.failures,
+                                            exp.time_scale.n if exp.time_scale else 1.0)
             stack.callback(fabric.stop_thread, fabric.start_thread(self.injector, "failures"))
         return Services(tele, monitor, self.injector)
 

@@ -41,9 +41,11 @@ class FailureInjector:
     fabric delivers to the hosts (its ports toward them) every ``SAMPLE_S`` until
     :meth:`finish`; a fabric service thread."""
 
-    def __init__(self, fabric: FailureFabric, events: tuple[FailureEvent, ...]) -> None:
+    def __init__(self, fabric: FailureFabric, events: tuple[FailureEvent, ...],
+                 time_scale: float = 1.0) -> None:
         self.fabric = fabric
         self.events = events
+        self.time_scale = time_scale  # N: a time-scaled fabric's real time is its time / N
         self.began: float | None = None
         self.ended_s: float | None = None
         self._begin = threading.Event()
@@ -186,6 +188,11 @@ class FailureInjector:
                                     siblings=sibling,
                                     sibling_rate_bytes_s=sum(rates[o] for o in others or ()))
             doc["ms"][port] = None if took is None else round(took * 1000, 1)
+        if self.time_scale != 1:  # the real fabric's: its time and rates
+            doc["real_ms"] = {p: None if v is None else round(v / self.time_scale, 4)
+                              for p, v in doc["ms"].items()}
+            doc["real_rates_mbps"] = {p: round(v * self.time_scale, 3)
+                                      for p, v in doc["rates_mbps"].items()}
         if groups:
             doc["alternatives"] = {p: list(o) for p, o in groups.items()}
         doc["samples"] = len(samples)

@@ -63,3 +63,10 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     assert move["samples"] > 50  # every millisecond or so, on a busy machine fewer
     for took in move["ms"].values():  # 8 MB/s offered for 50 ms against 0.5 MB/s
         assert 40 <= took <= 120, move
+    assert "real_ms" not in move  # not time-scaled
+    scaled = FailureInjector(fabric, events, time_scale=10)
+    scaled.applied, scaled._fine = injector.applied, injector._fine
+    scaled._rates, scaled._groups = injector._rates, injector._groups
+    (again,) = scaled.report()
+    assert again["move_off"]["real_ms"] == {p: v / 10 for p, v in move["ms"].items()}
+    assert set(again["move_off"]["real_rates_mbps"].values()) == {40.0}
