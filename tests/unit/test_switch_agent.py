@@ -199,6 +199,18 @@ def test_a_switch_whose_connection_the_controller_closes_connects_again():
             agent.stop()
 
 
+def _install_edge(conn: socket.socket, tables: dict) -> None:
+    """As the controller: greet the switch on ``conn`` and install edge1_1's ``tables``,
+    waiting for the barrier's reply."""
+    dp = FakeDatapath()
+    conn.sendall(_wire(parser.OFPHello(dp), 1) + _wire(parser.OFPFeaturesRequest(dp), 2))
+    _read_messages(conn, parser.OFPSwitchFeatures)
+    ops = diff_tables(None, tables["edge1_1"])
+    conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
+                          for m in to_messages(dp, op)))
+    _read_messages(conn, parser.OFPBarrierReply)
+
+
 @pytest.mark.skipif(shutil.which("ovs-ofctl") is None, reason="needs ovs-ofctl "
                     "(apt-get install openvswitch-switch)")
 def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tmp_path):
@@ -213,14 +225,7 @@ def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tm
         try:
             conn, _ = server.accept()
             with conn:
-                dp = FakeDatapath()
-                conn.sendall(_wire(parser.OFPHello(dp), 1)
-                             + _wire(parser.OFPFeaturesRequest(dp), 2))
-                _read_messages(conn, parser.OFPSwitchFeatures)
-                ops = diff_tables(None, tables["edge1_1"])
-                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
-                                      for m in to_messages(dp, op)))
-                _read_messages(conn, parser.OFPBarrierReply)
+                _install_edge(conn, tables)
 
                 def ofctl(*args: str) -> subprocess.CompletedProcess:
                     return subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", args[0],
@@ -296,14 +301,7 @@ def test_dump_groups_shows_an_ebpf_switchs_local_selection_methods(tmp_path):
         try:
             conn, _ = server.accept()
             with conn:
-                dp = FakeDatapath()
-                conn.sendall(_wire(parser.OFPHello(dp), 1)
-                             + _wire(parser.OFPFeaturesRequest(dp), 2))
-                _read_messages(conn, parser.OFPSwitchFeatures)
-                ops = diff_tables(None, tables["edge1_1"])
-                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
-                                      for m in to_messages(dp, op)))
-                _read_messages(conn, parser.OFPBarrierReply)
+                _install_edge(conn, tables)
                 groups = read_groups(tmp_path / "edge1_1.mgmt")
         finally:
             agent.stop()

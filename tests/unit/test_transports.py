@@ -324,35 +324,31 @@ def test_uet_sprays_over_entropies_and_reuses_those_without_ce():
     assert single.summary()["entropies"] == 1
 
 
-def test_uet_leaves_a_path_whose_rtt_shows_a_queue():
-    # a quarter of the entropies hash onto a path with 6 ms of queue (3 base RTTs): RED marks
-    # at low probability may never report it, the RTT does
-    def queue_on_path_0(pkt, n):
-        return [0.006] if pkt.entropy % 4 == 0 else [0.0]
+def _on_a_queued_path(**cfg_kw) -> tuple[float, dict]:
+    """400 packets of one queue pair over entropies of which a quarter hash onto a path with
+    6 ms of queue (3 base RTTs): the share of them sent there past the first exploration,
+    and the sender's counters."""
+    cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.5, entropies=16, **cfg_kw)
+    tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
+    sent = []
+    tx.offer(400 * MSS)
+    run(tx, rx, mangle=lambda pkt, n: sent.append(pkt.entropy)
+        or ([0.006] if pkt.entropy % 4 == 0 else [0.0]))
+    assert tx.una == 400 and rx.delivered == 400 * MSS
+    later = sent[100:]
+    counters = tx.summary()
+    assert counters["entropies_explored"] + counters["entropies_recycled"] == len(sent)
+    return sum(1 for e in later if e % 4 == 0) / len(later), counters
 
-    shares = {}
-    for slack in (0.0, 1.0):
-        cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.5, entropies=16, path_slack=slack)
-        tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
-        sent = []
-        tx.offer(400 * MSS)
-        run(tx, rx, mangle=lambda pkt, n: sent.append(pkt.entropy) or queue_on_path_0(pkt, n))
-        assert tx.una == 400 and rx.delivered == 400 * MSS
-        later = sent[100:]  # past the first exploration
-        shares[slack] = sum(1 for e in later if e % 4 == 0) / len(later)
+
+def test_uet_leaves_a_path_whose_rtt_shows_a_queue():
+    # RED marks at low probability may never report the queue, the RTT does
+    shares = {slack: _on_a_queued_path(path_slack=slack)[0] for slack in (0.0, 1.0)}
     assert shares[0.0] > 0.15, shares  # blind recycling keeps using it
     assert shares[1.0] < shares[0.0] / 2, shares
     # the same path, each choice of entropy: oblivious keeps its quarter, the others leave it
     for choice in ("oblivious", "reps", "bitmap"):
-        cfg = UetConfig(MSS, 8e6, 0.002, rto_s=0.5, entropies=16, entropy=choice)
-        tx, rx = UetSender(QP, cfg, 0.0), UetReceiver(QP, cfg)
-        sent = []
-        tx.offer(400 * MSS)
-        run(tx, rx, mangle=lambda pkt, n: sent.append(pkt.entropy) or queue_on_path_0(pkt, n))
-        assert tx.una == 400 and rx.delivered == 400 * MSS
-        shares[choice] = sum(1 for e in sent[100:] if e % 4 == 0) / len(sent[100:])
-        counters = tx.summary()
-        assert counters["entropies_explored"] + counters["entropies_recycled"] == len(sent)
+        shares[choice], counters = _on_a_queued_path(entropy=choice)
         assert (counters["entropies_penalised"] > 0) == (choice != "oblivious"), choice
     assert shares["oblivious"] == pytest.approx(0.25, abs=0.03), shares
     assert shares["reps"] < 0.15 and shares["bitmap"] < 0.15, shares
