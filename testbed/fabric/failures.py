@@ -129,7 +129,7 @@ class FailureInjector:
         """Watch the bytes offered to the event's switch ports (each link's ends at switches:
         one per direction) from now, each against the rate its link has now (0: failed), and
         to the ports their switches could use instead (:func:`alternatives`)."""
-        topo, rates, groups = self.fabric.topo, {}, {}
+        topo, rates, groups, ends = self.fabric.topo, {}, {}, []
         factor = 0.0 if event.action == "down" else (event.rate_factor or 1.0)
         changed = {topo.find_link(a, b).name for a, b in event.links}
         for a, b in event.links:
@@ -137,6 +137,7 @@ class FailureInjector:
             for end in (link.a, link.b):
                 if not topo.nodes[end.node].is_switch:
                     continue
+                ends.append(end.ifname)
                 rates[end.ifname] = link.rate_mbps * 1e6 / 8 * factor
                 others = alternatives(topo, link, end.node)
                 if others:
@@ -148,10 +149,8 @@ class FailureInjector:
         self._watch = (index, rates, at + FINE_SPAN_S)
         self._fine[index] = []
         self._groups[index] = groups
-        watched = {p for p in rates if p not in {o for g in groups.values() for o in g}
-                   or p in groups}
         self.applied[index]["move_off"] = {"rates_mbps": {p: round(rates[p] * 8 / 1e6, 3)
-                                                          for p in sorted(watched)}}
+                                                          for p in sorted(ends)}}
         self._rates[index] = rates
 
     def _watch_ports(self, now: float) -> float | None:

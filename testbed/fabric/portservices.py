@@ -206,9 +206,9 @@ class PortServices:
         out = self.marker.offered({n for n in names if n in self.marker.index}, prios)
         if self.cut is not None:
             for name in out:
-                index = self._index.get(name) or self._index.setdefault(
-                    name, socket.if_nametoindex(name))
-                out[name] += self.cut.dropped_at(index) * frame
+                if name not in self._index:
+                    self._index[name] = socket.if_nametoindex(name)
+                out[name] += self.cut.dropped_at(self._index[name]) * frame
         return out
 
     def cut_drops(self, pairs: list[tuple[str, str]],

@@ -247,13 +247,6 @@ class Switches:
                 + self.ebpf.dead_drops(*self.ebpf_ports[name]) * frame
                 for name in names if name in self.ebpf_ports}
 
-    def dead_drops(self, ifname: str) -> int:
-        """Packets an eBPF switch sent towards its port ``ifname`` while it was not live (0 on
-        Open vSwitch, whose groups do not say)."""
-        if self.ebpf is None or ifname not in self.ebpf_ports:
-            return 0
-        return self.ebpf.dead_drops(*self.ebpf_ports[ifname])
-
     def close(self) -> None:
         """The eBPF switches' agent and maps closed (bridges and daemons go with the run
         record)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from fabriclab.model import experiment as xp
 from testbed.fabric.failures import FailureInjector
 from testbed.plan.failplan import plan_failures
@@ -68,5 +70,6 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     scaled.applied, scaled._fine = injector.applied, injector._fine
     scaled._rates, scaled._groups = injector._rates, injector._groups
     (again,) = scaled.report()
-    assert again["move_off"]["real_ms"] == {p: v / 10 for p, v in move["ms"].items()}
+    assert again["move_off"]["real_ms"] == pytest.approx(
+        {p: v / 10 for p, v in move["ms"].items()})
     assert set(again["move_off"]["real_rates_mbps"].values()) == {40.0}
