@@ -129,17 +129,24 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
     assert "move_off" not in applied[2]  # a repair moves nothing off
 
 
+def _two_flows_and(state_dir, tmp_path, failure: str) -> dict:
+    """Two 10 MiB cross-pod flows from edge1_1 on disjoint paths (D-mod-k) and one
+    ``failure`` event: the complete run's document."""
+    exp = tmp_path / "two-flows.yaml"
+    exp.write_text(PINNED + "workload:\n  collectives:\n"
+                   "    - {op: flows, size: 10MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
+                   f"failures:\n  - {failure}\n")
+    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
+    assert doc["complete"] is True
+    return doc
+
+
 def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(state_dir,
                                                                             tmp_path):
     """Two cross-pod flows from edge1_1, which D-mod-k sends up different aggregation switches;
     at 6 s (the agents start 1-2 s after the workload does) one of edge1_1's uplinks fails,
     and from then on both share the other one."""
-    exp = tmp_path / "fail.yaml"
-    exp.write_text(PINNED + "workload:\n  collectives:\n"
-                   "    - {op: flows, size: 10MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
-                   "failures:\n  - {at_s: 6, link: [edge1_1, agg1_1], action: down}\n")
-    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
-    assert doc["complete"] is True
+    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 6, link: [edge1_1, agg1_1], action: down}")
     (failure,) = doc["failures"]
     tp = failure["throughput"]
     assert tp["windows_s"]["before"] == pytest.approx([failure["applied_s"] - 3,
@@ -154,13 +161,8 @@ def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(sta
     """The same two flows; at 6 s edge1_1-agg1_1 drops to half its rate (both directions):
     one flow is left 5 Mbit/s, the other keeps 10, and the bytes offered to the link's two
     switch ports are sampled every millisecond against the new rate."""
-    exp = tmp_path / "degrade.yaml"
-    exp.write_text(PINNED + "workload:\n  collectives:\n"
-                   "    - {op: flows, size: 10MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
-                   "failures:\n  - {at_s: 6, link: [edge1_1, agg1_1], action: degrade, "
-                   "rate_factor: 0.5}\n")
-    _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
-    assert doc["complete"] is True
+    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 6, link: [edge1_1, agg1_1], "
+                         "action: degrade, rate_factor: 0.5}")
     (event,) = doc["failures"]
     assert event["action"] == "degrade" and event["rate_factor"] == 0.5 and not event["errors"]
     tp = event["throughput"]
