@@ -92,6 +92,7 @@ class HostsAndLinks:
                 registry.track_netns_name(record, host)
                 try:
                     netns.name(host, self.hosts.pid(host))
+                    registry.netns_named(record, host, netns.inode(host))
                     continue
                 except netns.NameTaken:  # taken since the look (another fabric naming it)
                     registry.untrack_netns_name(record, host)

@@ -56,8 +56,9 @@ def keep_logs(fabric) -> Path | None:
 
 @contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Ignore SIGINT/SIGTERM while tearing down, so a second Ctrl-C cannot leak resources."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    """Ignore SIGINT, SIGTERM and SIGHUP while tearing down, so a second Ctrl-C (or the second
+    SIGHUP of a dropped ssh session) cannot leak resources."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for sig in saved:
             signal.signal(sig, signal.SIG_IGN)

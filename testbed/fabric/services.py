@@ -49,18 +49,19 @@ class FabricRun:
         """Clean what runs killed with SIGKILL left (``orphans``: also unrecorded leftovers;
         a cluster machine's registry knows only its own runs), refuse while another fabric
         is up, and record a new run with its private run directory."""
-        report = cleanup.clean(self.registry, orphans=orphans)
-        if report.runs:
-            self.log(f"cleaned {len(report.runs)} stale run(s)")
-        if report.errors:
-            raise TestbedError("cannot clean what earlier runs left behind (see 'fabriclab "
-                               "clean'):\n  " + "\n  ".join(report.errors))
-        live = [r for r in self.registry.runs() if r.owner_alive()]
-        if live:
-            raise TestbedError(f"another fabric is up (run {live[0].run_id}, pid "
-                               f"{live[0].owner_pid}); 'fabriclab down' tears it down")
-        work = self.registry.state_dir / "work"
-        self.record = record = self.registry.new_run(work)
+        with self.registry.exclusive():  # from the check until the run is recorded
+            report = cleanup.clean(self.registry, orphans=orphans)
+            if report.runs:
+                self.log(f"cleaned {len(report.runs)} stale run(s)")
+            if report.errors:
+                raise TestbedError("cannot clean what earlier runs left behind (see "
+                                   "'fabriclab clean'):\n  " + "\n  ".join(report.errors))
+            live = [r for r in self.registry.runs() if r.owner_alive()]
+            if live:
+                raise TestbedError(f"another fabric is up (run {live[0].run_id}, pid "
+                                   f"{live[0].owner_pid}); 'fabriclab down' tears it down")
+            work = self.registry.state_dir / "work"
+            self.record = record = self.registry.new_run(work)
         record.run_dir = str(work / record.run_id)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.chmod(0o700)  # job specs, sockets, logs: the run's own, nobody else's

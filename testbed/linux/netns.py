@@ -48,6 +48,22 @@ def name(netns_name: str, pid: int) -> None:
                            f"{RUN_DIR / netns_name} was not made")
 
 
+def inode(netns_name: str) -> int | None:
+    """The namespace a name stands for (its nsfs inode), None when there is no such name."""
+    try:
+        return os.stat(RUN_DIR / netns_name).st_ino
+    except OSError:
+        return None
+
+
+def process_inode(pid: int) -> int | None:
+    """The network namespace of process ``pid`` (its nsfs inode), None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
 def unname(netns_name: str) -> bool:
     """Remove the name ``netns_name`` (nothing when it is gone already).
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from testbed.linux import bpf, netns, ovs, procfs
 from testbed.errors import TestbedError
 from testbed.linux.netlink import Netlink
-from testbed.runs.registry import (Registry, Role, RunRecord, TrackedProcess, proc_start_time,
-                               stop_processes)
+from testbed.runs.registry import (Registry, Role, RunRecord, TrackedProcess, known_state_dirs,
+                                   proc_start_time, stop_processes)
 
 
 @dataclass
@@ -41,8 +41,8 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     errors_before = len(report.errors)
     try:
         if record.bridges:  # bridges and QoS rows of the machine's Open vSwitch
-            existing = set(ovs.bridges_by_run())
-            mine = [b for b in record.bridges if b in existing]
+            tagged = ovs.bridges_by_run()  # a bridge of that name tagged by another run stays
+            mine = [b for b in record.bridges if tagged.get(b) == record.run_id]
             ovs.delete_bridges(mine)
             ovs.delete_qos({record.run_id})
             report.bridges += len(mine)
@@ -50,7 +50,8 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
         report.errors.append(f"{record.run_id}: bridges: {err}")
     for name in record.netns_names:  # first: a name keeps its namespace (and veths) alive
         try:
-            netns.unname(name)
+            if _netns_name_is_ours(record, name, report):
+                netns.unname(name)
         except TestbedError as err:
             report.errors.append(f"{record.run_id}: {err}")
     tracked = {p.pid for p in record.processes}
@@ -107,10 +108,30 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
     return report
 
 
+def _netns_name_is_ours(record: RunRecord, name: str, report: CleanReport) -> bool:
+    """Whether ``/run/netns/NAME`` still stands for the run's host of that name: the namespace
+    recorded once named, or (a run stopped before recording it) its host shell's, still
+    running. A name that stands for another namespace, or for one nothing of the run vouches
+    for, stays (a name is only a name: another fabric may hold it now)."""
+    now = netns.inode(name)
+    if now is None:
+        return False
+    want = record.netns_inodes.get(name)
+    if want is None:
+        shells = [p for p in record.processes if p.role == str(Role.host(name)) and p.alive()]
+        want = netns.process_inode(shells[0].pid) if shells else None
+    if want != now:
+        report.skipped.append(f"{record.run_id}: network namespace name {name} (it stands for "
+                              "a namespace not of this run; left alone)")
+        return False
+    return True
+
+
 def clean(registry: Registry, include_live: bool = False, orphans: bool = True) -> CleanReport:
     """Clean every recorded run whose owner is gone (or all, with ``include_live``), then
-    (``orphans``) any fabriclab-tagged OVS bridge that no live run owns: a cluster machine's
-    registry (which knows only its own runs) leaves those to the main one. A record that cannot
+    (``orphans``) any fabriclab-tagged OVS bridge that no live run owns, in any state directory
+    of the machine or its cluster machines' (a cluster machine's registry, which knows only its
+    own runs, leaves those to the main one). A record that cannot
     be read is an error of the report (its resources stay until someone looks), never skipped
     in silence."""
     report = CleanReport()
@@ -119,6 +140,8 @@ def clean(registry: Registry, include_live: bool = False, orphans: bool = True) 
     report.errors += unreadable
     for record in records:
         if not record.here():  # a namespace machine's part: its interfaces are in there
+            if record.owner_alive():
+                live_ids.add(record.run_id)
             report.skipped.append(f"{record.run_id} (made in network namespace "
                                   f"{record.netns}: clean it there)")
             continue
@@ -130,6 +153,7 @@ def clean(registry: Registry, include_live: bool = False, orphans: bool = True) 
     if not orphans or not ovs.db_answers():
         return report
     try:
+        live_ids |= live_run_ids(registry.state_dir)  # every state directory's, machines'
         orphans = [b for b, run in ovs.bridges_by_run().items() if run not in live_ids]
         ovs.delete_bridges(orphans)
         ovs.delete_qos(keep=live_ids)
@@ -137,6 +161,18 @@ def clean(registry: Registry, include_live: bool = False, orphans: bool = True) 
     except TestbedError as err:
         report.errors.append(f"orphan bridges: {err}")
     return report
+
+
+def live_run_ids(state_dir: Path) -> set[str]:
+    """The ids of every live run this machine recorded: in ``state_dir``, in every state
+    directory a run was recorded in, and in each one's cluster machines' (``machines/*``)."""
+    roots = dict.fromkeys([Path(state_dir).resolve(), *known_state_dirs()])
+    dirs = [d for root in roots for d in (root, *sorted((root / "machines").glob("*")))]
+    live = set()
+    for state in dirs:
+        records, _ = Registry(state).scan()
+        live |= {r.run_id for r in records if r.owner_alive()}
+    return live
 
 
 def _daemons_by_pidfile(record: RunRecord) -> list[TrackedProcess]:

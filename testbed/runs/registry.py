@@ -7,6 +7,7 @@ start time, so a recycled PID is never signalled.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ import time
 import uuid
 import zlib
 from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 from testbed.errors import TestbedError
@@ -107,6 +110,7 @@ class RunRecord:
     sysctls: dict[str, str] = field(default_factory=dict)  # raised for a while: old values
     files: list[str] = field(default_factory=list)  # outside the run directory (discovery)
     netns_names: list[str] = field(default_factory=list)  # hosts' names in /run/netns
+    netns_inodes: dict[str, int] = field(default_factory=dict)  # each name's namespace, once made
     netns: str = field(default_factory=current_netns)  # where its interfaces are
     link_group: int = 0  # the link group its veths are in (0: none; deleted by name)
 
@@ -144,6 +148,40 @@ def link_group_of(run_id: str) -> int:
     return (zlib.crc32(run_id.encode()) & 0x7FFFFFFF) or 1
 
 
+#: every state directory a run was recorded in on this machine, one path per line: the orphan
+#: sweep spares what a live run of any of them tagged (under /run: a reboot empties it)
+STATE_DIR_INDEX = DEFAULT_STATE_DIR / "state-dirs"
+
+
+def known_state_dirs(index: Path | None = None) -> list[Path]:
+    """The state directories runs were recorded in on this machine, those still there."""
+    try:
+        lines = (index or STATE_DIR_INDEX).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return [Path(line) for line in dict.fromkeys(lines) if line and Path(line).is_dir()]
+
+
+def _index_state_dir(state_dir: Path, index: Path | None = None) -> None:
+    """Add ``state_dir`` to the machine's index (dropping directories gone since); a user who
+    cannot write the index (not root) builds no fabric whose bridges the sweep could meet."""
+    index = index or STATE_DIR_INDEX
+    line = str(state_dir.resolve())
+    if line in map(str, known_state_dirs(index)):
+        return
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(index, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    with os.fdopen(fd, "r+", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        kept = [p for p in dict.fromkeys(fh.read().splitlines()) if p and Path(p).is_dir()]
+        fh.seek(0)
+        fh.truncate()
+        fh.write("".join(f"{p}\n" for p in dict.fromkeys([*kept, line])))
+
+
 class Registry:
     """Run records in ``state_dir/runs``."""
 
@@ -152,7 +190,21 @@ class Registry:
         self.runs_dir = self.state_dir / "runs"
         self._lock = threading.Lock()  # records are updated from start-up threads
 
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The state directory to this process alone (other processes wait): the live-run
+        check and a new run's record under it, so two invocations at once cannot both see no
+        fabric up and both build."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def new_run(self, run_dir: Path) -> RunRecord:
+        _index_state_dir(self.state_dir)
         pid = os.getpid()
         run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         record = RunRecord(run_id, pid, proc_start_time(pid) or 0, str(run_dir),
@@ -231,6 +283,14 @@ class Registry:
             if name not in record.netns_names:
                 record.netns_names.append(name)
         self.save(record)
+
+    def netns_named(self, record: RunRecord, name: str, inode: int | None) -> None:
+        """Record which namespace a name of the run stands for, once made (cleanup removes the
+        name only while it still stands for that one)."""
+        if inode is not None:
+            with self._lock:
+                record.netns_inodes[name] = inode
+            self.save(record)
 
     def untrack_netns_name(self, record: RunRecord, name: str) -> None:
         """Forget a name that turned out to be someone else's (cleanup must not remove it)."""
