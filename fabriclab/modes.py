@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -26,10 +25,10 @@ from fabriclab.model.document import RunDocument
 from fabriclab.model.results import variant_row
 from fabriclab.options import RunRequest
 from fabriclab.runner import RunView, run_experiment
-from fabriclab.rundirs import check_out_dir, is_complete, read_document
+from fabriclab.rundirs import is_complete, read_document, writing_to
 from fabriclab.shared import SharedFabric
 from testbed.errors import ConfigError, TestbedError
-from testbed.linux.files import write_json_atomic
+from testbed.linux.files import copy_tree, make_dirs, write_bytes_atomic, write_json_atomic
 from testbed.model.spec import Backend
 from testbed.runs.registry import Registry
 
@@ -86,7 +85,14 @@ def run_file(req: RunRequest, view: RunView) -> Outcome:
     if req.parallel and not exp.cells:
         raise ConfigError("--parallel", "runs a sweep's cells at once, one per machine of a "
                                         "cluster; this experiment has no sweep section")
-    check_out_dir(req.out, req.resume, req.force)
+    with writing_to(req.out, req.resume, req.force) as aside:
+        if aside is not None:
+            view.say(f"--force: the earlier run in {req.out} moved to {aside}")
+        return _run_into_out(req, exp, view)
+
+
+def _run_into_out(req: RunRequest, exp: xp.Experiment, view: RunView) -> Outcome:
+    """:func:`run_file`'s run, its output directory locked and checked."""
     vm = resolve_backend(exp, req.backend, req.state_dir) == Backend.VM
     if exp.cells:
         if vm:
@@ -143,7 +149,7 @@ def run_variants(req: RunRequest, exp: xp.Experiment, view: RunView,
     finally:
         shared.close()
     doc = [r.to_json() for r in rows]
-    (out / "variants.json").write_text(json.dumps(doc, indent=1))
+    write_json_atomic(out / "variants.json", doc)
     view.variants_done(exp.name, rows)
     view.say(f"results: {out}/<variant>/results.json; side by side: {out / 'variants.json'}")
     return Outcome(doc, failed=bool(failed))
@@ -200,7 +206,7 @@ def run_sweep(req: RunRequest, exp: xp.Experiment, view: RunView,
     todo = sw.pending(cells, finished)
     view.say(f"sweep: {len(cells)} cells ({len(finished)} complete already), "
              f"{len(todo)} to run into {out}")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     for cell in cells:
         if cell.name in finished:
             sweep.record(cell, read_document(out / cell.name / "results.json"), None)
@@ -283,8 +289,8 @@ def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: Swee
                 error = got["error"]
                 for rel, data in got["files"].items():
                     path = out / cell.name / rel
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(data)
+                    make_dirs(path.parent)
+                    write_bytes_atomic(path, data)
             except Exception as err:  # noqa: BLE001 - the machine died: its cell failed
                 error, lost = f"machine {name}: {type(err).__name__}: {err}"[:2000], True
             doc = read_document(out / cell.name / "results.json")
@@ -373,7 +379,7 @@ def in_vm(file: Path, state_dir: Path, exp: xp.Experiment, cli_args: str, view: 
     if not verbose:
         view.say(result.output.rstrip())
     if results_to is not None and (result.out_dir / "results").is_dir():
-        shutil.copytree(result.out_dir / "results", results_to, dirs_exist_ok=True)
+        copy_tree(result.out_dir / "results", results_to)
         view.say(f"results copied to {results_to}")
     view.say(f"guest run: exit {result.returncode} after {result.duration_s:.0f} s; "
              f"console log {result.console}")

@@ -4,7 +4,12 @@ several directories side by side (``fabriclab compare``)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fabriclab.model import document
@@ -12,6 +17,7 @@ from fabriclab.model import sweep as sw
 from fabriclab.model.rundir import experiment_document
 from fabriclab.model.results import upgrade, variant_row
 from testbed.errors import ConfigError
+from testbed.linux.files import WriteError, make_dirs, open_dir
 
 #: the files that make a directory a run directory (one run, variants, a sweep)
 PREVIOUS_RUN = ("results.json", "variants.json", "sweep.json")
@@ -32,6 +38,54 @@ def check_out_dir(out: Path, resume: bool, force: bool) -> None:
     if earlier and not (resume or force):
         raise ConfigError("--out", f"{out} already holds a run ({', '.join(earlier)}); "
                                    "--resume finishes it, --force overwrites it")
+
+
+@contextmanager
+def writing_to(out: Path, resume: bool, force: bool) -> Iterator[Path | None]:
+    """``out`` to this run alone while it runs (a lock on the directory itself: a second run
+    into it, a ``--resume`` too, is refused rather than running the same cells), checked
+    under that lock (:func:`check_out_dir`); with ``force``, an earlier run's files moved
+    aside first, so that nothing of it is taken for this run's. Yields where they went (None:
+    nothing was there).
+
+    Raises:
+        ConfigError: (``--out``) another run writes there, or it holds a run and neither
+            ``resume`` nor ``force`` was given.
+    """
+    make_dirs(out)
+    fd = open_dir(out)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError("--out", f"{out} is being written by another fabriclab run "
+                                       "right now: wait for it, or give another --out") from None
+        check_out_dir(out, resume, force)
+        yield _set_aside(out, fd) if force else None
+    finally:
+        os.close(fd)
+
+
+def _set_aside(out: Path, fd: int) -> Path | None:
+    """Every entry of ``out`` (open as ``fd``) moved into a sibling ``NAME.replaced-DATE``."""
+    entries = sorted(os.listdir(fd))
+    if not entries:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = out.with_name(f"{out.name}.replaced-{stamp}" + (f"-{n}" if n else ""))
+        if not os.path.lexists(aside):
+            break
+    aside_fd = open_dir(aside, create=True)
+    try:
+        for name in entries:
+            os.rename(name, name, src_dir_fd=fd, dst_dir_fd=aside_fd)
+    except OSError as err:
+        raise WriteError(out, f"moving the earlier run aside to {aside}: "
+                              f"{err.strerror or err}", err.errno) from err
+    finally:
+        os.close(aside_fd)
+    return aside
 
 
 def is_complete(path: Path, raw: dict | None = None) -> bool:

@@ -12,7 +12,6 @@ hands in a :class:`RunView`.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -31,7 +30,7 @@ from testbed.errors import TestbedError
 from testbed.contract import RunningFabric
 from testbed.fabric.failures import FailureInjector
 from testbed.linux import environment
-from testbed.linux.files import write_json_atomic, write_text_atomic
+from testbed.linux.files import copy_file, make_dirs, write_json_atomic, write_text_atomic
 from testbed.model.congestion import link_utilization, summarize_congestion
 from testbed.plan import delayline
 from fabriclab import delayprobe
@@ -104,16 +103,13 @@ def batch_text(jobs: list[Job]) -> str:
 def _keep_logs(fabric: RunningFabric, out_dir: Path) -> None:
     """Copy the controller's log and stderr (a restarted one's predecessors' too) and the
     agents' logs into ``out_dir/logs`` before the fabric's run directory goes."""
-    logs = out_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = make_dirs(out_dir / "logs")
     run_dir = Path(fabric.run_dir)
     sources = [run_dir / "controller.log", run_dir / "controller.stderr",
                *sorted(run_dir.glob("controller-*.stderr")), *sorted((run_dir / "logs").glob("*.log"))]
     for src in sources:
-        try:
-            shutil.copyfile(src, logs / src.name)
-        except OSError:
-            pass  # not written (no controller, or an agent that logged nothing)
+        if src.is_file():  # (not written: no controller, or an agent that logged nothing)
+            copy_file(src, logs / src.name)
 
 
 @dataclass
@@ -170,7 +166,7 @@ class ExperimentRun:
         run and the environment."""
         exp = self.exp
         self.marks["start"] = time.monotonic()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.out_dir)
         self.doc = results.new_document(exp.name, exp.source,
                                         time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                         exp.fabric_summary())

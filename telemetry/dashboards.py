@@ -23,6 +23,7 @@ from grafana_foundation_sdk.builders import heatmap, stat, timeseries
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+from testbed.linux.files import make_dirs, write_text_atomic
 
 DATASOURCE_UID = "fabriclab-prometheus"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
@@ -210,11 +211,11 @@ def render(spec: DashboardSpec) -> str:
 
 def write(out_dir: Path = OUT_DIR) -> list[Path]:
     """Write every dashboard's JSON; returns the files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir)
     paths = []
     for spec in DASHBOARDS:
         path = out_dir / f"{spec.uid}.json"
-        path.write_text(render(spec))
+        write_text_atomic(path, render(spec))
         paths.append(path)
     return paths
 

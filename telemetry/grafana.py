@@ -15,6 +15,7 @@ from pathlib import Path
 
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, grafana_interval
 from testbed.errors import TestbedError
+from testbed.linux.files import write_text_atomic
 
 IMAGE = "grafana/grafana:11.6.0"
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
@@ -55,10 +56,7 @@ def save_password(directory: Path, password: str) -> Path:
     """Write ``password`` to ``directory/grafana-admin-password`` readable by its owner only
     (created 0600, never world-readable even for a moment)."""
     path = Path(directory) / "grafana-admin-password"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(password + "\n")
-    os.chmod(path, 0o600)
+    write_text_atomic(path, password + "\n", mode=0o600)  # no link followed, nothing chmod-ed
     return path
 
 

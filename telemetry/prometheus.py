@@ -23,6 +23,7 @@ import yaml
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_config, server_args
 from testbed.errors import TestbedError
 from testbed.poll import wait_for
+from testbed.linux.files import make_dirs, open_append, write_text_atomic
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 60.0
@@ -78,12 +79,12 @@ class Prometheus:
 
     def __enter__(self) -> Prometheus:
         binary = prometheus_binary()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         config = self.directory / "prometheus.yml"
         doc = self.config or scrape_config(self.targets, self.interval_s, self.labels)
-        config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        write_text_atomic(config, yaml.safe_dump(doc, sort_keys=False))
         self.port = self.port or free_port()
-        log = open(self.directory / "prometheus.log", "ab")  # noqa: SIM115 - the child's
+        log = open_append(self.directory / "prometheus.log")  # the child's
         try:
             self.process = subprocess.Popen(
                 server_args(binary, config, self.directory / "data", f"{LOOPBACK}:{self.port}"),

@@ -20,6 +20,20 @@ def shown(value: object, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+_CONTROL = "".join(chr(c) for c in (*range(0, 9), *range(11, 32), 127, *range(128, 160)))
+_NO_CONTROL = str.maketrans(_CONTROL, "?" * len(_CONTROL))
+
+
+def printable(text: str, limit: int = 4000, line_limit: int = 500) -> str:
+    """A message as a terminal may show it: control characters (an escape sequence in a
+    file's key would drive the terminal) as ``?``, each line cut at ``line_limit`` and the
+    whole at ``limit`` characters."""
+    lines = [line if len(line) <= line_limit else line[:line_limit] + "..."
+             for line in text.translate(_NO_CONTROL).split("\n")]
+    out = "\n".join(lines)
+    return out if len(out) <= limit else out[:limit] + "... (cut)"
+
+
 class ConfigError(ValueError):
     """Invalid user input. ``str(err)`` reads ``fabric.k: must be even, got 5``."""
 

@@ -15,6 +15,7 @@ from fabriclab.cli.output import EXIT_OK, emit
 from fabriclab.cli.requests import ExportRequest
 from fabriclab.model import experiment as xp
 from fabriclab.model import htsim, prediction
+from testbed.linux.files import make_dirs, write_text_atomic
 
 #: the simulated time htsim runs for: this many times the predicted workload (flows that have
 #: not finished by then are reported unfinished by htsim)
@@ -24,16 +25,16 @@ END_MARGIN = 5.0
 def export(req: ExportRequest, ui: Console) -> int:
     exp = xp.load(req.file)
     out = req.out or Path(f"export-{exp.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     docs = []
     for name, one in prediction.targets(exp):
         n = one.time_scale.n if one.time_scale else 1.0
         real_s = prediction.workload_wall_s(one) / n
         made = htsim.export(one, max(100.0, END_MARGIN * real_s * 1e6))
         for file, text in made.files.items():
-            (out / file).write_text(text)
+            write_text_atomic(out / file, text)
         line = shlex.join(made.command)
-        (out / f"{made.name}.cmd").write_text(line + "\n")
+        write_text_atomic(out / f"{made.name}.cmd", line + "\n")
         ui.print(f"{escape(made.name)}: {escape(str(out))}/{{{', '.join(made.files)}}}")
         ui.print(f"  cd {escape(str(out))} && {escape(line)}")
         for note in made.notes:

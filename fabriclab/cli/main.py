@@ -23,7 +23,7 @@ from fabriclab.cli.output import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, co
 from fabriclab.options import TelemetryOptions, parse_exporter
 from fabriclab.signals import Terminated, raise_on_stop_signals
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
-from testbed.errors import ConfigError, TestbedError
+from testbed.errors import ConfigError, TestbedError, printable
 from testbed.model.spec import Backend
 from testbed.paths import DEFAULT_STATE_DIR
 
@@ -368,12 +368,17 @@ def main(argv: list[str] | None = None) -> int:
         request = to_request(args, ui)
         return COMMANDS[args.command].handler()(request, ui)
     except ConfigError as err:
-        errors.print(f"[red]config error:[/red] {escape(str(err))}")
+        errors.print(f"[red]config error:[/red] {escape(printable(str(err)))}")
         return EXIT_CONFIG
     except TestbedError as err:
-        errors.print(f"[red]testbed error:[/red] {escape(str(err))}")
+        errors.print(f"[red]testbed error:[/red] {escape(printable(str(err)))}")
         for note in getattr(err, "__notes__", []):
-            errors.print(f"  {escape(note)}")
+            errors.print(f"  {escape(printable(note))}")
+        return EXIT_SYSTEM
+    except OSError as err:  # the system refused (a full disk, a permission): named, not a bug
+        where = getattr(err, "filename", None)
+        errors.print(f"[red]system error:[/red] {escape(printable(err.strerror or str(err)))}"
+                     + (f": {escape(printable(str(where)))}" if where else ""))
         return EXIT_SYSTEM
     except (KeyboardInterrupt, Terminated) as err:
         if verbose:
@@ -382,26 +387,37 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except Exception as err:  # noqa: BLE001 - a bug: one line here, the traceback in a file
         where = _save_traceback(args.state_dir)
-        errors.print(f"[red]internal error:[/red] {escape(type(err).__name__)}: {escape(str(err))}"
+        errors.print(f"[red]internal error:[/red] {escape(type(err).__name__)}: "
+                     f"{escape(printable(str(err)))}"
                  f" (a bug in fabriclab; the traceback: {where})")
         return EXIT_SYSTEM
 
 
+#: the newest tracebacks kept in ``STATE_DIR/errors`` (older ones are removed)
+KEPT_TRACEBACKS = 20
+
+
 def _save_traceback(state_dir: Path) -> str:
-    """The current exception's traceback in ``STATE_DIR/errors/`` (or the temporary folder
-    where that is not writable); returns where."""
+    """The current exception's traceback in ``STATE_DIR/errors/`` (the oldest beyond
+    :data:`KEPT_TRACEBACKS` removed), or the temporary folder where that is not writable;
+    returns where."""
     import tempfile
     import traceback
+
+    from testbed.linux.files import make_dirs, write_text_atomic
 
     text = traceback.format_exc()
     name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
     for folder in (Path(state_dir) / "errors", Path(tempfile.gettempdir())):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / name).write_text(text)
-            return str(folder / name)
-        except OSError:
+            make_dirs(folder)
+            write_text_atomic(folder / name, text, mode=0o600)
+        except (OSError, TestbedError):
             continue
+        if folder.name == "errors":
+            for old in sorted(folder.glob("*-*.txt"))[:-KEPT_TRACEBACKS]:
+                old.unlink(missing_ok=True)
+        return str(folder / name)
     return "not saved: " + text.strip().splitlines()[-1]
 
 

@@ -24,6 +24,8 @@ from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, 
 from testbed.errors import ConfigError
 from testbed.plan.failplan import FailureEvent, plan_failures
 from testbed.plan.trim import TrimSpec
+from traffic.workloads import budget
+from traffic.workloads.workload import read_regular
 from testbed.model.servers import ScaleUp, ServerSpec
 from testbed.model.spec import (
     DEFAULT_QUEUE_KB,
@@ -126,9 +128,8 @@ def load(path: str | Path, cluster: str | None = None) -> Experiment:
     """
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as err:
-        raise ConfigError(str(path), f"cannot read: {err.strerror}") from None
+        text = read_regular(str(path), str(path), MOST_FILE_BYTES,
+                            limit_note="an experiment file may have").decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), f"not a text file: byte {err.start} is not UTF-8; an "
                                      "experiment file is YAML text") from None
@@ -145,6 +146,8 @@ def load(path: str | Path, cluster: str | None = None) -> Experiment:
     return parse(data, source=str(path))
 
 
+MOST_FILE_BYTES = 4 << 20  # an experiment file's most (traces and logs are files of their own)
+MOST_DEPTH = 64  # the deepest an experiment file's mappings and lists nest
 MAX_NUMBER_CHARS = 64  # the longest plain scalar read as a number (or boolean, or null)
 
 
@@ -164,7 +167,16 @@ class StrictLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(
                 None, None, f"anchors (&{event.anchor}) are not supported in an experiment "
                 "file: write the value out", event.start_mark)
-        return super().compose_node(parent, index)
+        depth = getattr(self, "_depth", 0)
+        if depth >= MOST_DEPTH:  # (composing recurses: 3,000 levels overflowed Python's stack)
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MOST_DEPTH} levels (no field is)",
+                event.start_mark)
+        self._depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -203,7 +215,13 @@ def _finite(data: object, path: str = "") -> None:
 def parse(data: object, source: str = MEMORY) -> Experiment:
     """Validate already-parsed YAML/JSON data and return the experiment (workload included:
     trace and NCCL log files are read here, once, relative to ``source``'s folder), with its
-    variants, each validated as a whole experiment."""
+    variants and sweep cells, each validated as a whole experiment, all of them within one
+    planning budget (:mod:`traffic.workloads.budget`)."""
+    with budget.planning():
+        return _parse_all(data, source)
+
+
+def _parse_all(data: object, source: str) -> Experiment:
     if not isinstance(data, dict):
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
     _finite(data)

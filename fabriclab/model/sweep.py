@@ -64,6 +64,13 @@ def value_label(value: object, index: int) -> str:
     return f"#{index}"
 
 
+#: the most cells a sweep may plan (variants x every combination of the axes x repetitions),
+#: and the most of them that differ (each is validated as a whole experiment, a few ms each):
+#: checked before any is made (a few lines of axes multiply into millions)
+MOST_CELLS = 10_000
+MOST_DISTINCT_CELLS = 200
+
+
 def plan_cells(sweep: dict, variants: list[str | None]) -> list[CellPlan]:
     """The cells of a ``sweep`` section, in order: variants outermost, then the axes in the
     order written (the last one fastest), then the repetitions.
@@ -81,6 +88,12 @@ def plan_cells(sweep: dict, variants: list[str | None]) -> list[CellPlan]:
         if len(set(seen)) != len(seen):
             raise ConfigError(f"sweep.axes.{path}", "a value is listed twice")
     repetitions = int(sweep.get("repetitions", 1))
+    distinct = len(variants) * math.prod(len(v) for v in axes.values())
+    if distinct * repetitions > MOST_CELLS or distinct > MOST_DISTINCT_CELLS:
+        raise ConfigError("sweep", f"plans {distinct * repetitions:,} cells, {distinct:,} of "
+                                   "them different (variants x the axes' values, x "
+                                   f"repetitions); at most {MOST_CELLS:,} and "
+                                   f"{MOST_DISTINCT_CELLS:,} different")
     labels = axis_labels(list(axes))
     cells = []
     for variant in variants:

@@ -4,13 +4,13 @@ and a spawned process reaped."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from testbed.linux.files import copy_file, make_dirs
 from testbed.plan.reachability import (
     Reachability,
     evaluate,
@@ -49,8 +49,8 @@ def keep_logs(fabric) -> Path | None:
     kept = run.registry.state_dir / "logs" / f"failed-{record.run_id}"
     for path in logs:
         target = kept / path.relative_to(run_dir)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
+        make_dirs(target.parent)
+        copy_file(path, target)
     return kept
 
 

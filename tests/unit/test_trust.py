@@ -8,6 +8,10 @@ import signal
 
 from fabriclab.signals import Terminated, raise_on_stop_signals
 from testbed.fabric.lifecycle import signals_deferred
+from tests.privileges import needs_root
+
+#: the planted links' owner must be another user than the one writing (root, here)
+PLANTS = needs_root("planting a link as another user (lchown)")
 
 
 def test_a_dropped_ssh_sessions_second_sighup_does_not_interrupt_teardown():
@@ -135,3 +139,253 @@ def test_a_namespace_name_standing_for_another_namespace_is_left(tmp_path, monke
     report = cleanup.clean_record(dead, registry)
     assert unnamed == ["h2"]
     assert any("h1" in s and "left alone" in s for s in report.skipped)
+
+
+NOBODY = 65534
+
+
+def _planted_link(link, target) -> None:
+    """A symbolic link as another user (nobody) would plant it in a directory of theirs."""
+    os.symlink(target, link)
+    os.lchown(link, NOBODY, NOBODY)
+
+
+@PLANTS
+def test_a_link_planted_at_the_temporary_name_is_not_followed(tmp_path):
+    """The temporary file was ``.NAME.PID.tmp``: a link planted there made root's write land
+    on its target."""
+    from testbed.linux.files import write_text_atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    _planted_link(out / f".results.json.{os.getpid()}.tmp", victim)
+    _planted_link(out / "report.html", victim)  # the file itself a link: replaced, not followed
+    write_text_atomic(out / "results.json", "{}")
+    write_text_atomic(out / "report.html", "<html>")
+    assert victim.read_text() == "precious"
+    assert (out / "results.json").read_text() == "{}" and not (out / "report.html").is_symlink()
+
+
+@PLANTS
+def test_a_folder_that_is_another_users_link_is_refused(tmp_path):
+    """``--out runs/x`` where runs/x is someone else's link to a system folder: the results
+    used to be written there."""
+    import pytest
+
+    from testbed.linux.files import WriteError, make_dirs, write_text_atomic
+
+    system = tmp_path / "etc"
+    system.mkdir()
+    _planted_link(tmp_path / "runs", system)
+    with pytest.raises(WriteError, match="symbolic link of uid 65534"):
+        write_text_atomic(tmp_path / "runs" / "results.json", "{}")
+    with pytest.raises(WriteError, match="symbolic link of uid 65534"):
+        make_dirs(tmp_path / "runs" / "v1")
+    assert list(system.iterdir()) == []
+    os.symlink(system, tmp_path / "mine")  # root's own link is followed
+    write_text_atomic(tmp_path / "mine" / "ok.json", "{}")
+    assert (system / "ok.json").read_text() == "{}"
+
+
+@PLANTS
+def test_the_grafana_password_and_the_prometheus_log_follow_no_link(tmp_path):
+    """``telemetry DIR``: the password file was opened through a link (its target then
+    chmod-ed 0600 and overwritten), the log appended to through one."""
+    import pytest
+
+    from telemetry.grafana import save_password
+    from testbed.linux.files import WriteError, open_append
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    victim.chmod(0o644)
+    _planted_link(tmp_path / "grafana-admin-password", victim)
+    path = save_password(tmp_path, "x" * 16)
+    assert victim.read_text() == "precious" and victim.stat().st_mode & 0o777 == 0o644
+    assert path.read_text() == "x" * 16 + "\n" and path.stat().st_mode & 0o777 == 0o600
+    _planted_link(tmp_path / "prometheus.log", victim)
+    with pytest.raises(WriteError, match="prometheus.log"):
+        open_append(tmp_path / "prometheus.log")
+    assert victim.read_text() == "precious"
+
+
+def test_a_full_disk_is_a_named_system_error_and_leaves_the_earlier_file(tmp_path,
+                                                                          monkeypatch):
+    """A full disk was an "internal error" and left the temporary file behind."""
+    import errno
+
+    import pytest
+
+    from testbed.linux import files
+
+    target = tmp_path / "results.json"
+    files.write_text_atomic(target, "earlier")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(files.WriteError, match="results.json: No space left on device .*full"):
+        files.write_text_atomic(target, "later")
+    assert target.read_text() == "earlier" and sorted(os.listdir(tmp_path)) == ["results.json"]
+
+
+def test_an_os_error_is_a_system_error_not_an_internal_one(tmp_path, monkeypatch, capsys):
+    """An OSError out of a command (a permission, a full disk outside the writers) printed
+    "internal error ... a bug in fabriclab" with a traceback file."""
+    import errno
+
+    from fabriclab.cli import main as cli
+
+    def refuse(*_args, **_kw):
+        raise PermissionError(errno.EACCES, "Permission denied", "/some/file")
+
+    monkeypatch.setattr(cli, "to_request", refuse)
+    assert cli.main(["--state-dir", str(tmp_path), "ls"]) == 3
+    err = capsys.readouterr().err
+    assert "system error" in err and "/some/file" in err and "internal error" not in err
+
+
+def test_force_moves_the_earlier_run_aside_and_a_second_writer_is_refused(tmp_path):
+    """``--force`` left an earlier sweep's cells beside the new run's (the report showed them);
+    two runs into one ``--out`` (two ``--resume`` too) both ran."""
+    import pytest
+
+    from fabriclab.rundirs import writing_to
+    from testbed.errors import ConfigError
+
+    out = tmp_path / "out"
+    (out / "old-cell").mkdir(parents=True)
+    (out / "sweep.json").write_text("{}")
+    with writing_to(out, resume=False, force=True) as aside:
+        assert list(out.iterdir()) == []
+        assert sorted(p.name for p in aside.iterdir()) == ["old-cell", "sweep.json"]
+        with pytest.raises(ConfigError, match="being written by another fabriclab run"):
+            with writing_to(out, resume=True, force=False):
+                pass
+    with writing_to(out, resume=True, force=False) as aside:  # free again once done
+        assert aside is None
+
+
+# -- bounded expansion ------------------------------------------------------------------------
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _validate_in_time(path, limit_s: float = 2.0) -> tuple[int, str]:
+    """``fabriclab validate PATH`` in a thread: (exit code, output), failing the test when it
+    takes over ``limit_s`` (a hang stays in its daemon thread)."""
+    import contextlib
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from fabriclab.cli.experiments import validate
+    from fabriclab.cli.requests import ValidateRequest
+
+    out, result = io.StringIO(), []
+
+    def run():
+        with contextlib.redirect_stderr(out):
+            result.append(validate(ValidateRequest([path]), Console(file=out, width=300)))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert result, f"validate {path.name} took over {limit_s} s"
+    return result[0], out.getvalue()
+
+
+def _shipped(name: str, tmp_path, change) -> object:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "experiments" / name).read_text())
+    change(doc)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_hostile_counts_are_refused_by_field_before_anything_is_expanded(tmp_path):
+    """The property suite's ``experts: 96844`` took 463 s to validate; ``iterations:
+    100000000`` looped; a 1.3 KB sweep planned 21.6 million cells."""
+    experts = _shipped("moe.yaml", tmp_path,
+                       lambda d: d["workload"]["training"].update(experts=96844))
+    code, out = _validate_in_time(experts)
+    assert code == 2 and "workload.training.experts" in out
+    many = _shipped("moe.yaml", tmp_path,  # each count allowed, their product not
+                    lambda d: d["workload"]["training"].update(experts=1024))
+    code, out = _validate_in_time(many)
+    assert code == 2 and "draws" in out
+    iterations = _shipped("training.yaml", tmp_path,
+                          lambda d: d["workload"]["training"].update(iterations=10 ** 8))
+    code, out = _validate_in_time(iterations)
+    assert code == 2 and "workload.training.iterations" in out
+
+    def huge_sweep(doc):
+        doc["sweep"] = {"axes": {f"fabric.mtu": list(range(1500, 1560)),
+                                 "workload.timeout_s": list(range(100, 160)),
+                                 "fabric.fabric_link.rate_mbps": list(range(1, 61))},
+                        "repetitions": 100}
+
+    code, out = _validate_in_time(_shipped("sweep-oversubscription.yaml", tmp_path, huge_sweep))
+    assert code == 2 and "sweep: plans 21,600,000 cells" in out
+
+
+def test_a_files_runs_together_stay_within_one_planning_budget(tmp_path):
+    """Each run of a file within its bounds, but variants multiplying them: refused once
+    their sum is over (validating every variant of a near-limit job took seconds)."""
+    def variants(doc):
+        doc["workload"]["training"].update(iterations=500, layers=48)
+        doc["variants"] = [{"name": f"v{i}", "set": {"workload.timeout_s": 100 + i}}
+                           for i in range(3)]
+
+    code, out = _validate_in_time(_shipped("training.yaml", tmp_path, variants))
+    assert code == 2 and "over all the file's runs" in out
+
+
+def test_a_fifo_a_folder_and_deep_nesting_are_refused_by_name(tmp_path):
+    """A FIFO as the experiment file hung; a folder as a trace, or 3,000 levels of nesting,
+    ended in exit 3 and a long traceback."""
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    code, out = _validate_in_time(fifo)
+    assert code == 2 and "is not a regular file" in out
+    code, out = _validate_in_time(_shipped("nccl-replay.yaml", tmp_path, lambda d: d[
+        "workload"].update(nccl_log=str(tmp_path))))
+    assert code == 2 and "workload.nccl_log" in out and "not a regular file" in out
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("version: 1\nname: x\nfabric: " + "[" * 3000 + "]" * 3000 + "\n")
+    code, out = _validate_in_time(deep)
+    assert code == 2 and "nested deeper than" in out
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"# " + b"x" * (5 << 20) + b"\n")
+    code, out = _validate_in_time(big)
+    assert code == 2 and "over the 4 MiB an experiment file may have" in out
+
+
+def test_messages_carry_no_control_characters_and_are_cut_short():
+    """A key with a terminal escape sequence was echoed as it was, a long value whole."""
+    from testbed.errors import printable
+
+    shown = printable("variants[0].set.\x1b]0;owned\x07x: " + "y" * 10_000 + "\nnext\r")
+    assert "\x1b" not in shown and "\x07" not in shown and "\r" not in shown
+    assert shown.splitlines()[1] == "next?" and len(shown.splitlines()[0]) < 600
+
+
+def test_tracebacks_kept_are_pruned(tmp_path):
+    """Every internal error left a file in STATE_DIR/errors, without end."""
+    from fabriclab.cli import main as cli
+
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    for i in range(30):
+        (errors / f"20260101-0000{i:02d}-1.txt").write_text("old")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        where = cli._save_traceback(tmp_path)
+    kept = sorted(p.name for p in errors.iterdir())
+    assert len(kept) == cli.KEPT_TRACEBACKS and where.endswith(kept[-1])

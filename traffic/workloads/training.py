@@ -30,10 +30,15 @@ import random
 from dataclasses import dataclass, fields
 
 from testbed.errors import ConfigError
-from traffic.workloads import moe
+from traffic.workloads import budget, moe
 from traffic.workloads.schedules import Schedule, build, merge
 
 FIELD = "workload.training"
+
+
+#: the most of each count a training job may ask for (checked before anything is expanded)
+MOST = {"iterations": 1_000, "layers": 1_024, "micro_batches": 1_024, "experts": 4_096,
+        "seq_len": 1 << 20, "micro_batch": 1_024}
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class TrainingSpec:
         Raises:
             ConfigError: naming the field (``workload.training.pp``).
         """
+        self._check_bounds()
         if self.layers % self.pp:
             raise ConfigError(f"{FIELD}.pp", f"{self.layers} layers do not split into "
                                              f"{self.pp} stages")
@@ -117,6 +123,31 @@ class TrainingSpec:
                                                   "MoE layers): a rank runs one collective at "
                                                   "a time")
         return self
+
+    def _check_bounds(self) -> None:
+        """Each count within :data:`MOST`."""
+        for key, most in MOST.items():
+            if getattr(self, key) > most:
+                raise ConfigError(f"{FIELD}.{key}", f"at most {most:,}, got "
+                                                    f"{getattr(self, key):,}")
+
+    def charge(self) -> None:
+        """Charge the file's planning budget (:mod:`traffic.workloads.budget`) with what
+        the job expands to, before it is expanded: its communication phases and its MoE
+        layers' expert draws."""
+        pp = max(1, self.pp)
+        layers = self.layers // pp
+        moe_layers = layers // self.moe_every if self.moe_every and self.ep > 1 else 0
+        planned = self.iterations * (self.micro_batches * 2 * pp * (2 * layers + 4 * moe_layers
+                                                                     + 1) + 1)
+        budget.charge(FIELD, "phases", planned, f"plans {planned:,} communication phases "
+                      "(iterations x micro_batches x stages x layers)")
+        routings = (self.iterations * self.micro_batches * pp * moe_layers
+                    * self.tp * max(1, self.dp // max(1, self.ep)))
+        draws = routings * self.ep * self.seq_len * self.micro_batch * self.expert_count
+        budget.charge(f"{FIELD}.experts", "draws", draws,
+                      f"routing {routings:,} MoE layers' tokens to {self.expert_count:,} "
+                      f"experts takes {draws:,} draws (fewer experts, tokens or iterations)")
 
 
 @dataclass(frozen=True)
@@ -183,6 +214,7 @@ def _rank_factors(c: TrainingSpec):
 def phases(spec: TrainingSpec) -> list[Phase]:
     """The phases of ``spec.iterations`` iterations."""
     c = spec.check()
+    c.charge()
     tp, pp, dp, ep = c.tp, c.pp, c.dp, c.ep
     world = c.world_size
     rank = lambda t, d, p: t + tp * (d + dp * p)  # noqa: E731

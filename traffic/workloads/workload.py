@@ -161,19 +161,36 @@ def _read(base_dir: str, path: str, field: str) -> str:
 
 
 def _read_bytes(base_dir: str, path: str, field: str) -> bytes:
-    """A workload file's bytes: a regular file (a FIFO or a device would block or never
-    end), at most :data:`MAX_INPUT_BYTES`."""
-    full = os.path.join(base_dir, path)
+    """A workload file's bytes (:func:`read_regular`, at most :data:`MAX_INPUT_BYTES`)."""
+    return read_regular(os.path.join(base_dir, path), field, MAX_INPUT_BYTES, path,
+                        "a workload file may have (fabriclab --max-input-mb N raises it)")
+
+
+def read_regular(full: str, field: str, most: int, shown_as: str | None = None,
+                 limit_note: str = "such a file may have") -> bytes:
+    """A regular file's bytes (a FIFO or a device would block or never end; a folder is
+    not a file), at most ``most``.
+
+    Raises:
+        ConfigError: naming ``field``, the file (as ``shown_as``) and why it was not read.
+    """
+    shown_as = shown_as or full
     try:  # non-blocking: opening a FIFO with no writer would wait forever
         fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
-        raise ConfigError(field, f"cannot read {path}: {err.strerror}") from err
+        raise ConfigError(field, f"cannot read {shown_as}: {err.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # (before fdopen, which refuses a folder by itself)
+        os.close(fd)
+        raise ConfigError(field, f"{shown_as} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(field, f"{path} is not a regular file")
-        if st.st_size > MAX_INPUT_BYTES:
-            raise ConfigError(field, f"{path} is {st.st_size / 2**20:,.0f} MiB, over the "
-                                     f"{MAX_INPUT_BYTES >> 20} MiB a workload file may have "
-                                     "(fabriclab --max-input-mb N raises it)")
-        return fh.read(MAX_INPUT_BYTES + 1)
+        if st.st_size > most:
+            raise ConfigError(field, f"{shown_as} is {st.st_size / 2**20:,.1f} MiB, over the "
+                                     f"{most / 2**20:g} MiB {limit_note}")
+        try:
+            data = fh.read(most + 1)
+        except OSError as err:
+            raise ConfigError(field, f"cannot read {shown_as}: {err.strerror}") from None
+    if len(data) > most:  # grew while read
+        raise ConfigError(field, f"{shown_as} is over the {most / 2**20:g} MiB {limit_note}")
+    return data
