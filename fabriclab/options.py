@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
+from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK, MIN_SCRAPE_INTERVAL_S
 from testbed.errors import ConfigError
 from testbed.paths import DEFAULT_STATE_DIR
 
@@ -31,8 +31,10 @@ class TelemetryOptions:
     exporter_port: int = 0
 
     def __post_init__(self) -> None:
-        if self.interval_s <= 0:
-            raise ConfigError("--scrape-interval", f"must be > 0, got {self.interval_s}")
+        if not self.interval_s >= MIN_SCRAPE_INTERVAL_S:
+            raise ConfigError("--scrape-interval", f"must be {MIN_SCRAPE_INTERVAL_S} s or more "
+                                                   "(an exporter reads the fabric at most "
+                                                   f"that often), got {self.interval_s}")
         if self.keep is not None and not self.prometheus:
             raise ConfigError("--keep", "needs --telemetry")
         if not 0 <= self.exporter_port <= 65535:

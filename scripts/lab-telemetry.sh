@@ -60,11 +60,23 @@ install -m 0644 telemetry/grafana/provisioning/datasources/fabriclab.yaml "$PROV
 install -m 0644 telemetry/grafana/provisioning/dashboards/fabriclab.yaml "$PROVISIONING/dashboards/"
 install -m 0644 telemetry/grafana/dashboards/*.json "$DASHBOARDS/"
 
+# Grafana's admin is never admin/admin: a password made once for this VM, readable by root only
+# (the VM's Grafana is reached only through the host's loopback forwards; visitors may view)
+PASSWORD_FILE=/etc/fabriclab/grafana-admin-password
+if [ ! -s "$PASSWORD_FILE" ]; then
+  install -d -m 0700 /etc/fabriclab
+  (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$PASSWORD_FILE")
+fi
+GRAFANA_PASSWORD=$(cat "$PASSWORD_FILE")
+export GF_SECURITY_ADMIN_PASSWORD=$GRAFANA_PASSWORD  # (the container's compose file reads it)
+
 grafana_settings() {  # the environment of Debian's grafana-server unit
   local file=/etc/default/grafana-server key
   touch "$file"
+  chmod 0600 "$file"
   for key in PROMETHEUS_URL FABRICLAB_SCRAPE_INTERVAL GF_SERVER_HTTP_PORT GF_AUTH_ANONYMOUS_ENABLED \
-             GF_AUTH_ANONYMOUS_ORG_ROLE GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH; do
+             GF_AUTH_ANONYMOUS_ORG_ROLE GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH \
+             GF_SECURITY_ADMIN_PASSWORD GF_USERS_ALLOW_SIGN_UP; do
     sed -i "/^$key=/d" "$file"
   done
   cat >> "$file" <<EOF
@@ -74,6 +86,8 @@ GF_SERVER_HTTP_PORT=3000
 GF_AUTH_ANONYMOUS_ENABLED=true
 GF_AUTH_ANONYMOUS_ORG_ROLE=Viewer
 GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH=$DASHBOARDS/fabriclab-fabric.json
+GF_SECURITY_ADMIN_PASSWORD=$GRAFANA_PASSWORD
+GF_USERS_ALLOW_SIGN_UP=false
 EOF
 }
 
@@ -98,12 +112,16 @@ if [ "$grafana" = package ]; then
   grafana_settings
   systemctl enable grafana-server >/dev/null 2>&1
   systemctl restart grafana-server
+  # (the variable sets the password of a new database only: an existing admin's is reset)
+  grafana-cli --homepath /usr/share/grafana admin reset-admin-password "$GRAFANA_PASSWORD" \
+    >/dev/null 2>&1 || true
 fi
 if [ -n "$grafana" ]; then
   wait_http http://127.0.0.1:3000/api/health 120 || {
     echo "Grafana did not answer on port 3000 within 120 s" >&2; exit 1; }
   echo "grafana=$grafana" > "$STATUS"
-  grafana_line="Grafana:    $HOST_GRAFANA  (dashboards in the folder fabriclab)"
+  grafana_line="Grafana:    $HOST_GRAFANA  (dashboards in the folder fabriclab; visitors view,
+            the admin's password is in $PASSWORD_FILE in the VM)"
 else
   echo "grafana=unreachable" > "$STATUS"
   grafana_line="Grafana:    not installed: this VM reaches neither Grafana's package repository

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import Metric
 
 from telemetry.model import metrics
-from telemetry.model.promconfig import DISCOVERY_DIR, LOOPBACK, discovery_groups
+from telemetry.model.promconfig import (DISCOVERY_DIR, LOOPBACK, MIN_SCRAPE_INTERVAL_S,
+                                         discovery_groups)
 from telemetry.prometheus import Prometheus
 from testbed.contract import TelemetryFabric
 from testbed.linux.files import write_json_atomic
@@ -41,14 +42,21 @@ def _version() -> str:
 BUILD_INFO = metrics.build_info(_version(), platform.python_version())
 
 
+#: the least time between two netlink reads of one exporter: scrapes closer together (anyone
+#: on the machine may ask as often as they like) are answered from the last reading
+MIN_READ_INTERVAL_S = MIN_SCRAPE_INTERVAL_S
+
+
 class FabricCollector:
-    """Every switch port's counters, queues, marks, pauses and state.
+    """Every switch port's counters, queues, marks, pauses and state, read at most once per
+    :data:`MIN_READ_INTERVAL_S` however often it is scraped.
 
     Args:
         fabric: the running :class:`testbed.fabric.fabric.Fabric`.
     """
 
     def __init__(self, fabric: TelemetryFabric) -> None:
+        self._cached: tuple[float, list[Metric]] | None = None  # (read at, families)
         self.fabric = fabric
         self.ports = metrics.port_labels(fabric.topo)
         self.lock = threading.Lock()  # one scrape at a time on the netlink socket
@@ -58,17 +66,25 @@ class FabricCollector:
         self.cpu_s = 0.0  # CPU time of every scrape so far (reading and shaping)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self.read()
+
+    def read(self) -> list[Metric]:
+        """The fabric's metric families: read now, or the last reading if it is under
+        :data:`MIN_READ_INTERVAL_S` old."""
         with self.lock:
             start, cpu = time.monotonic(), time.thread_time()
+            if self._cached is not None and start - self._cached[0] < MIN_READ_INTERVAL_S:
+                return self._cached[1]
             if self.netlink is None:
                 self.netlink = Netlink()
             links = self.fabric.link_counters(set(self.ports), self.netlink)
             congestion = self.fabric.congestion(self.netlink)
             self.scrape_s = time.monotonic() - start
             families = metrics.fabric_families(self.ports, links, congestion)
+            self._cached = (start, families)
             self.scrapes += 1
             self.cpu_s += time.thread_time() - cpu
-        yield from families
+            return families
 
     def close(self) -> None:
         with self.lock:

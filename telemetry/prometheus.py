@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from telemetry.model import promconfig
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, scrape_config, server_args
 from testbed.errors import TestbedError
 from testbed.poll import wait_for
@@ -37,13 +37,6 @@ def prometheus_binary() -> str:
         raise TestbedError("telemetry needs Prometheus: 'apt-get install prometheus' "
                            "(scripts/setup.sh installs it)")
     return path
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port the OS has free on ``host`` now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class Prometheus:
@@ -83,9 +76,9 @@ class Prometheus:
         config = self.directory / "prometheus.yml"
         doc = self.config or scrape_config(self.targets, self.interval_s, self.labels)
         write_text_atomic(config, yaml.safe_dump(doc, sort_keys=False))
-        self.port = self.port or free_port()
         log = open_append(self.directory / "prometheus.log")  # the child's
-        try:
+        self._log_from = log.tell()  # this start's lines (the log is appended across starts)
+        try:  # port 0: Prometheus binds one of the OS's and says which (no window between)
             self.process = subprocess.Popen(
                 server_args(binary, config, self.directory / "data", f"{LOOPBACK}:{self.port}"),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -104,10 +97,15 @@ class Prometheus:
         self.stop()
 
     def _ready(self) -> bool:
+        if not self.port:
+            log = (self.directory / "prometheus.log").read_bytes()[self._log_from:]
+            self.port = promconfig.listening_port(log.decode(errors="replace")) or 0
         if self.process.poll() is not None:
             tail = (self.directory / "prometheus.log").read_text(errors="replace")[-2000:]
             raise TestbedError(f"Prometheus exited with code {self.process.returncode}",
                                stderr=tail)
+        if not self.port:
+            return False
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
                 return resp.status == 200

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 DEFAULT_SCRAPE_INTERVAL_S = 1.0
+#: the shortest scrape interval: an exporter reads the fabric at most this often (a scrape
+#: sooner is answered from its last reading)
+MIN_SCRAPE_INTERVAL_S = 0.5
 #: where exporters listen unless told otherwise
 LOOPBACK = "127.0.0.1"
 #: A run's data stays as long as its directory does.
@@ -66,7 +71,7 @@ def server_args(binary: str, config: Path, data_dir: Path, listen: str) -> list[
     its data over HTTP; SIGTERM flushes it at the end of a run)."""
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--storage.tsdb.retention.time={RETENTION}", f"--web.listen-address={listen}",
-            "--log.level=warn"]
+            "--log.level=info"]  # (info: the port it chose, on port 0)
 
 
 #: Where a standing Prometheus (the lab VM's service on 9090) discovers the exporters of every
@@ -156,3 +161,13 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+_LISTENING = re.compile(r'msg="Listening on" address=\S*:(\d+)')
+
+
+def listening_port(log: str) -> int | None:
+    """The port a Prometheus started on port 0 listens on, from its log (``msg="Listening
+    on" address=127.0.0.1:40257``); None until it says."""
+    found = _LISTENING.search(log)
+    return int(found.group(1)) if found and 0 < int(found.group(1)) < 65536 else None

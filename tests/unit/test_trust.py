@@ -389,3 +389,44 @@ def test_tracebacks_kept_are_pruned(tmp_path):
         where = cli._save_traceback(tmp_path)
     kept = sorted(p.name for p in errors.iterdir())
     assert len(kept) == cli.KEPT_TRACEBACKS and where.endswith(kept[-1])
+
+
+# -- services ---------------------------------------------------------------------------------
+def test_an_exporter_reads_the_fabric_at_most_once_per_half_second(monkeypatch):
+    """Every scrape re-read netlink: anyone on the machine could make an exporter read the
+    whole fabric as fast as they could ask."""
+    from types import SimpleNamespace
+
+    from telemetry import exporter
+
+    reads = []
+    fabric = SimpleNamespace(topo=None, link_counters=lambda ports, nl: reads.append(1) or {},
+                             congestion=lambda nl: {})
+    monkeypatch.setattr(exporter.metrics, "port_labels", lambda topo: {})
+    monkeypatch.setattr(exporter.metrics, "fabric_families", lambda *a: ["families"])
+    monkeypatch.setattr(exporter, "Netlink", lambda: SimpleNamespace(close=lambda: None))
+    now = [100.0]
+    monkeypatch.setattr(exporter.time, "monotonic", lambda: now[0])
+    collector = exporter.FabricCollector(fabric)
+    for _ in range(50):
+        assert list(collector.collect()) == ["families"]
+    assert len(reads) == 1
+    now[0] += exporter.MIN_READ_INTERVAL_S
+    list(collector.collect())
+    assert len(reads) == 2
+
+
+def test_prometheus_binds_a_port_of_its_own_and_reports_it(tmp_path):
+    """The port was chosen by binding and closing a socket, then handed to Prometheus: free
+    for anyone to take in between."""
+    import socket
+
+    from telemetry.model.promconfig import listening_port
+    from telemetry.prometheus import Prometheus
+
+    assert listening_port('level=info msg="Listening on" address=127.0.0.1:40257') == 40257
+    assert listening_port('msg="Start listening for connections" address=127.0.0.1:0') is None
+    with Prometheus(tmp_path / "prom", {}, 1.0) as prom:
+        assert prom.port > 0
+        with socket.socket() as sock:  # it is Prometheus's: taken
+            assert sock.connect_ex(("127.0.0.1", prom.port)) == 0
