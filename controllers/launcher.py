@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="OpenFlow port (0: one from the OS, written to --port-file once "
                              "listening: no other process can take it in between)")
     parser.add_argument("--port-file", help="where the listening port is written")
+    parser.add_argument("--listen-fd", type=int,
+                        help="a listening socket inherited from the fabric (TCP, or a unix "
+                             "socket in the run's directory), served instead of binding one: "
+                             "it stays open across restarts, so no other process can take "
+                             "the port in between")
     parser.add_argument("--tls-dir", help="OpenFlow over TLS with the run's certificates "
                                           "(testbed.linux.pki): switches must present one")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     _dead_when_the_connection_ends(controller.Datapath)
-    _listen_and_say(controller, args.port == 0, args.port_file)
+    _listen_and_say(controller, args.port == 0, args.port_file, args.listen_fd)
     app_manager.AppManager.run_apps([args.user_app or args.app])
     return 0
 
@@ -122,25 +127,58 @@ def _os_ken_args(args: argparse.Namespace) -> list[str]:
     return listen
 
 
-def _listen_and_say(controller_module, any_port: bool, port_file: str | None) -> None:
-    """os-ken's server socket, bound to a port of the OS's choosing when ``any_port`` (and its
-    number written to ``port_file`` once listening): the port is held from bind to listen,
-    where choosing a free port first and binding it later left a window for another process.
-    """
+def _listen_and_say(controller_module, any_port: bool, port_file: str | None,
+                    listen_fd: int | None = None) -> None:
+    """os-ken's server socket: the one inherited as ``listen_fd``, or one bound to a port of
+    the OS's choosing when ``any_port``; its port (0 for a unix socket) is written to
+    ``port_file`` once listening. A port chosen free first and bound later left a window for
+    another process; an inherited socket leaves none, even between two controllers."""
+    import socket
+
+    from os_ken.lib import hub
+
     base = controller_module.StreamServer
+    inherited = socket.socket(fileno=listen_fd) if listen_fd is not None else None
 
     class Server(base):
         def __init__(self, listen_info, *a, **kw):
             if any_port:
                 listen_info = (listen_info[0], 0)
-            super().__init__(listen_info, *a, **kw)
+            own_listen = hub.listen
+            if inherited is not None:  # os-ken's constructor calls hub.listen: hand it ours
+                hub.listen = lambda *_a, **_kw: inherited
+            try:
+                super().__init__(listen_info, *a, **kw)
+            finally:
+                hub.listen = own_listen
+            if self.server.family == socket.AF_UNIX:  # os-ken sets TCP_NODELAY on each
+                handle = self.handle
+                self.handle = lambda sock, addr: handle(_UnixSocket(fileno=sock.detach()),
+                                                        addr or "unix")
             if port_file:
+                name = self.server.getsockname()
                 tmp = f"{port_file}.tmp"
                 with open(tmp, "w", encoding="utf-8") as fh:
-                    fh.write(str(self.server.getsockname()[1]))
+                    fh.write(str(name[1] if isinstance(name, tuple) else 0))
                 os.replace(tmp, port_file)
 
     controller_module.StreamServer = Server
+
+
+def _unix_socket_class():
+    import socket
+
+    class UnixSocket(socket.socket):
+        """A switch's connection over a unix socket: TCP's options are no error on it."""
+
+        def setsockopt(self, level, *args):
+            if level != socket.IPPROTO_TCP:
+                super().setsockopt(level, *args)
+
+    return UnixSocket
+
+
+_UnixSocket = _unix_socket_class()
 
 
 def _dead_when_the_connection_ends(datapath_class) -> None:

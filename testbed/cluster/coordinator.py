@@ -211,6 +211,8 @@ class ClusterFabric:
                     self.run.close(self.run.stop_threads())
                 except TestbedError as err:
                     errors.append(f"coordinator: {err}")
+            if self.controller is not None:
+                self.controller.close()
             if self.cluster is not None:
                 self.cluster.close()
                 self.cluster = None

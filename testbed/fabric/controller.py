@@ -13,6 +13,7 @@ import json
 import os
 import select
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -30,6 +31,11 @@ from testbed.poll import wait_for
 
 
 CONTROLLER_WATCH_S = 0.2  # the longest the controller's watch waits before looking again
+#: ``controller.restart``: the wait before each take-over within :data:`RESTART_WINDOW_S` of
+#: the first; one more death in the window is a service error (a controller that dies at once
+#: is not restarted for ever)
+RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0)
+RESTART_WINDOW_S = 60.0
 
 
 def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -95,6 +101,72 @@ class Controller:
         self.events: list[dict] = []  # its deaths (watch)
         self.pki: RunPki | None = None  # OpenFlow over TLS: the run's certificates
         self._ending = None  # a controller stopped on purpose (a restart)
+        #: the OpenFlow listening socket, the fabric's: every controller of the run serves it
+        #: (a restart leaves the port to no one) until :meth:`close`
+        self._listener: socket.socket | None = None
+        self._bound: Path | None = None  # the unix socket's file, once bound
+        self.restarts: list[float] = []  # when each take-over began (rate-limited)
+
+    @property
+    def channel(self) -> str:
+        """How the switches reach it: ``tls`` (the run's own certificates, both ways), where
+        the datapath can; else ``unix`` (a socket in the run's directory, root's only: the
+        machine's Open vSwitch keeps one SSL setting for all its bridges); ``tcp`` only when
+        ``controller.tls`` is false (or for a cluster's coordinator without TLS)."""
+        tls = self.spec.controller.tls
+        if tls is False:
+            return "tcp"
+        kernel_ovs = getattr(self.switches, "kernel_ovs", None)
+        if kernel_ovs is None:  # a cluster's coordinator: its switches are elsewhere
+            return "tls" if tls else "tcp"
+        return "unix" if kernel_ovs and tls is None else "tls"
+
+    @property
+    def socket_path(self) -> Path:
+        """The unix socket of the ``unix`` channel: in the switches' Open vSwitch's run
+        directory (where it agrees to connect), named after the run, 0600."""
+        return Path(self.switches.socket_dir) / f"fabriclab-{self.run.record.run_id}.sock"
+
+    @property
+    def target(self) -> str:
+        """The switches' controller target, as Open vSwitch writes it."""
+        if self.channel == "unix":
+            return f"unix:{self.socket_path}"
+        return f"{'ssl' if self.channel == 'tls' else 'tcp'}:{self.listen}:{self.of_port}"
+
+    def _listening(self, port: int) -> socket.socket:
+        """The run's listening socket, made on first use: on ``port`` (0: the OS's choice)
+        of the listen address, or the unix socket (0600, root's)."""
+        if self._listener is not None:
+            return self._listener
+        if self.channel == "unix":
+            self._bound = self.socket_path
+            self.run.track_file(self._bound)  # (a crash leaves it to 'fabriclab clean')
+            self._bound.unlink(missing_ok=True)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            folder = os.open(self.socket_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:  # (through its folder's descriptor: a path may be longer than 107 bytes)
+                sock.bind(f"/proc/self/fd/{folder}/{self.socket_path.name}")
+            finally:
+                os.close(folder)
+            os.chmod(self.socket_path, 0o600)
+        else:
+            family = socket.AF_INET6 if ":" in self.listen else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.listen, port))
+        sock.listen(128)
+        self._listener = sock
+        return sock
+
+    def close(self) -> None:
+        """The listening socket closed (the fabric is down: its controllers are gone)."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._bound is not None:
+            self._bound.unlink(missing_ok=True)
+            self._bound = None
 
     @property
     def run_dir(self) -> Path:
@@ -122,7 +194,18 @@ class Controller:
             tail = self._keep_stderr(proc)
             self.events.append({"t": died_at, "event": "died", "cause": cause, "pid": proc.pid})
             if self.spec.controller.restart and not stop.is_set():
-                self._take_over(proc, died_at, stop)
+                recent = [t for t in self.restarts if died_at - t < RESTART_WINDOW_S]
+                if len(recent) < len(RESTART_BACKOFF_S):
+                    if not stop.wait(RESTART_BACKOFF_S[len(recent)]):
+                        self.restarts.append(time.time())
+                        self._take_over(proc, died_at, stop)
+                    continue
+                self.events.append({"t": time.time(), "event": "restart given up",
+                                    "cause": cause})
+                self.run.errors.append(
+                    f"controller: {cause}, after {len(recent)} restarts within "
+                    f"{RESTART_WINDOW_S:g} s: not restarted again (the switches forward on "
+                    "what is installed)" + (f"; its stderr: {tail}" if tail else ""))
                 continue
             self.run.errors.append(
                 f"controller: {cause} (the switches forward on what is installed; failover, "
@@ -154,7 +237,8 @@ class Controller:
             self.events.append({"t": time.time(), "event": "restart failed",
                                 "cause": "the fabric went down first"
                                 if stop.is_set() else str(err)})
-            if not stop.is_set():
+            alive = self.process is not None and self.process.poll() is None
+            if not stop.is_set() and alive:  # (a dead one is the watch's next death)
                 self.run.errors.append(f"controller: restarting it failed: {err}")
             return
         now, warm = time.time(), self.status().get("warm_start", {})
@@ -195,17 +279,21 @@ class Controller:
         self.wait_programmed()
 
     def start(self, port: int = 0, warm: bool = False) -> None:
-        """The controller process, listening on ``port`` (0: one the OS gives it, held from
-        bind to listen; its number comes back in ``controller.port``)."""
+        """The controller process, serving the run's listening socket (made on ``port`` the
+        first time, 0: one the OS gives; held by the fabric from then on)."""
         topo_path = self.run_dir / "topology.json"
         topo_path.write_text(json.dumps(self.topo.to_dict()))
-        if self.spec.controller.tls and self.pki is None:
+        if self.channel == "tls" and self.pki is None:
             self.pki = make_run_pki(self.run_dir / "pki", self.run.record.run_id, self.listen)
         self.port_file.unlink(missing_ok=True)
         ctl = self.spec.controller
+        listener = self._listening(port)
+        if self.channel != "unix":
+            port = listener.getsockname()[1]
         cmd = [sys.executable, "-m", "controllers.launcher", "--topology", str(topo_path),
                "--status", str(self.status_path), "--port", str(port),
                "--port-file", str(self.port_file), "--host", self.listen,
+               "--listen-fd", str(listener.fileno()),
                "--log", str(self.run_dir / "controller.log")] + (
                    ["--user-app", ctl.app] if ctl.app else [
                        "--routing", ctl.routing, "--ecmp-seed", ctl.ecmp_seed,
@@ -218,10 +306,8 @@ class Controller:
                    ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.process = self.run.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,
-                                          stderr=err)
+                                          stderr=err, pass_fds=(listener.fileno(),))
         self.of_port = port
-        if not port:  # what the switches are told: known once it listens
-            self.wait_listening()
 
     @property
     def port_file(self) -> Path:

@@ -147,6 +147,8 @@ class Fabric:
     @property
     def controller_address(self) -> str:
         """Where the switches here reach the controller (``host:port``)."""
+        if self.controller_at is None and self.controller.channel == "unix":
+            return f"unix:{self.controller.socket_path}"
         host, port = self.controller_at or self.controller.address
         return f"{host}:{port}"
 
@@ -243,7 +245,8 @@ class Fabric:
             ctl.wait_listening()
         self.switches.create(self.controller_at or ctl.address,
                              ctl.pki if ctl is not None else None,
-                             ctl.client_tls if ctl is not None else lambda: None)
+                             ctl.client_tls if ctl is not None else lambda: None,
+                             ctl.target if ctl is not None else None)
 
     def wait_ready(self) -> None:
         """Wait until the controller here has programmed every switch and probed every link,
@@ -295,6 +298,8 @@ class Fabric:
                 if part is not None:
                     part.close()
             self.run.close(stuck)
+            if self.controller is not None:
+                self.controller.close()
         self.timings["down_total"] = time.monotonic() - start
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from pathlib import Path
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -102,10 +103,23 @@ class Switches:
             self.run.save()
 
     # -- the build -----------------------------------------------------------------------------
+    @property
+    def kernel_ovs(self) -> bool:
+        """Whether the switches here are bridges of the machine's own Open vSwitch (kernel
+        datapath: one SSL setting for all its bridges)."""
+        return not self.ebpf_datapath and self.ovs_datapath != "netdev"
+
+    @property
+    def socket_dir(self) -> Path:
+        """Where a unix socket for the controller may be: Open vSwitch connects only to one
+        in its own run directory (the machine's, for the kernel datapath; root's, 0755)."""
+        return Path(ovs.SYSTEM_RUNDIR)
+
     def create(self, controller: tuple[str, int], pki: RunPki | None,
-               tls: Callable[[], ssl.SSLContext | None]) -> None:
+               tls: Callable[[], ssl.SSLContext | None], target: str | None = None) -> None:
         """Every switch here, connecting to the controller at ``controller`` (over TLS with
-        the run's certificates ``pki``; ``tls`` makes the eBPF agent's client context)."""
+        the run's certificates ``pki``; ``tls`` makes the eBPF agent's client context), or at
+        the Open vSwitch ``target`` the controller here gives (``unix:PATH``)."""
         if self.spec.controller.tls and pki is None:
             raise TestbedError("controller.tls: the switches of a fabric over a cluster have "
                                "no certificates of the run (OpenFlow over TLS runs on one "
@@ -121,7 +135,7 @@ class Switches:
         self.run.record.bridges = sorted(specs)
         self.run.save()
         address, port = controller
-        target = f"{'ssl' if pki is not None else 'tcp'}:{address}:{port}"
+        target = target or f"{'ssl' if pki is not None else 'tcp'}:{address}:{port}"
         # a controller of the user's may speak any version (os-ken's LLDP discovery: to 1.4)
         protocols = ("OpenFlow15" if self.spec.controller.own
                      else "OpenFlow10,OpenFlow13,OpenFlow14,OpenFlow15")

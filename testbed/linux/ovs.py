@@ -101,7 +101,8 @@ def signal_loss(ifname: str, lost: bool, db: str | None = None) -> None:
 SIGNAL_SEEN_S = 0.2
 
 
-SYSTEM_DB = "/var/run/openvswitch/db.sock"
+SYSTEM_RUNDIR = "/var/run/openvswitch"
+SYSTEM_DB = f"{SYSTEM_RUNDIR}/db.sock"
 _CLIENT_LOCK = threading.Lock()
 
 

@@ -276,7 +276,9 @@ class ControllerSpec:
     flowlet_gap_us: float = 0.0  # local_adaptive flowlets' gap (0: the fabric's base RTT)
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
-    tls: bool = False  # OpenFlow over TLS with the run's own certificates
+    #: OpenFlow over TLS with the run's own certificates; None: wherever the datapath can
+    #: (else a unix socket of the run's); False: plain TCP on the listen address
+    tls: bool | None = None
     app: str = ""  # a user's os-ken app (the path of a Python file) instead of the routing
     remote: str = ""  # host:port of a controller the user runs
     settle_s: float = 2.0  # app or remote: every flow table unchanged this long is "ready"

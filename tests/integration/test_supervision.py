@@ -236,3 +236,80 @@ def test_openflow_runs_over_tls_with_the_runs_own_certificates(state_dir, datapa
                 with ctx.wrap_socket(raw, server_hostname=fabric.listen) as tls:
                     tls.sendall(hello)  # ... and it wants this run's switch certificate
                     assert tls.recv(64) == b""
+
+
+DEFAULT = """version: 1
+name: rogue
+fabric: {topology: leaf_spine, leaves: 2, spines: 2, hosts_per_leaf: 2}
+controller: {restart: true}
+"""
+
+
+@DATAPATHS
+def test_a_rogue_local_client_can_neither_pose_as_a_switch_nor_take_the_port(state_dir,
+                                                                              datapath):
+    """A default fabric (no ``controller.tls`` given): a local client that speaks OpenFlow to
+    the controller's port and claims a switch's datapath id gets no OpenFlow answer (it was
+    greeted and taken for the switch over plain TCP); while the controller restarts its port
+    stays the fabric's (it was free for anyone to bind); the new controller programs every
+    switch again."""
+    import socket
+    import struct
+
+    from testbed.fabric.fabric import Fabric
+    from tests.integration.conftest import experiment
+
+    with Fabric(experiment(DEFAULT, datapath), state_dir=state_dir) as fabric:
+        ctl = fabric.controller
+        assert ctl.channel == "tls", ctl.channel
+        programmed = sorted(ctl.status()["programmed"])
+        dpid = next(sw.dpid for sw in fabric.topo.switches if sw.name == "leaf1")
+        hello = struct.pack("!BBHI", 6, 0, 8, 1)
+        features = struct.pack("!BBHIQIBB2xII", 6, 6, 32, 2, dpid, 0, 254, 0, 0, 0)
+        with socket.create_connection(ctl.address, timeout=5) as rogue:
+            rogue.sendall(hello + features)
+            try:
+                answer = rogue.recv(64)
+            except (ConnectionResetError, TimeoutError):
+                answer = b""
+        assert not answer.startswith(b"\x06"), answer  # no OpenFlow: a TLS alert or nothing
+        assert sorted(ctl.status()["programmed"]) == programmed
+        assert not ctl.status().get("errors")
+        os.kill(ctl.process.pid, signal.SIGKILL)  # the controller dies; restart: true
+        with socket.socket() as squatter:
+            with pytest.raises(OSError) as err:
+                squatter.bind(ctl.address)
+            assert err.value.errno == 98  # EADDRINUSE: the fabric holds it through the restart
+        wait_for(lambda: any(e["event"] == "restarted" for e in ctl.events), 60,
+                 "the controller to be restarted")
+        reach = fabric.reachability(count=1)
+        assert reach.complete and reach.ok == reach.pairs == 12, reach.to_dict()
+
+
+def test_the_unix_channel_programs_every_switch_and_only_root_can_open_it(state_dir,
+                                                                           monkeypatch):
+    """The channel of the machine's own Open vSwitch (kernel datapath, one SSL setting for all
+    bridges): a unix socket of root's in its run directory. This machine's kernel has no such
+    datapath, so a private vswitchd is pointed at one in its own run directory instead (the
+    controller's side is the same)."""
+    import stat
+
+    from testbed.fabric.fabric import Fabric
+    from testbed.fabric.switches import Switches
+    from testbed.linux.files import make_dirs
+    from tests.integration.conftest import experiment
+
+    monkeypatch.setattr(Switches, "kernel_ovs", property(lambda self: True))
+    # (a private vswitchd connects to a unix socket in its own run directory only)
+    monkeypatch.setattr(Switches, "socket_dir",
+                        property(lambda self: make_dirs(self.run.run_dir / "ovs0")))
+    one_vswitchd = DEFAULT.replace("name: rogue", "name: rogue\nemulator: {vswitchd_instances: 1}")
+    with Fabric(experiment(one_vswitchd, "ovs"), state_dir=state_dir) as fabric:
+        ctl = fabric.controller
+        assert ctl.channel == "unix" and ctl.pki is None
+        path = ctl.socket_path
+        assert stat.S_ISSOCK(path.stat().st_mode) and path.stat().st_mode & 0o777 == 0o600
+        assert fabric.controller_address == f"unix:{path}"
+        reach = fabric.reachability(count=1)
+        assert reach.complete and reach.ok == reach.pairs == 12, reach.to_dict()
+    assert not path.exists()

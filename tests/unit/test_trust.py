@@ -430,3 +430,51 @@ def test_prometheus_binds_a_port_of_its_own_and_reports_it(tmp_path):
         assert prom.port > 0
         with socket.socket() as sock:  # it is Prometheus's: taken
             assert sock.connect_ex(("127.0.0.1", prom.port)) == 0
+
+
+def test_a_controller_that_dies_at_once_is_restarted_five_times_then_reported(tmp_path,
+                                                                               monkeypatch):
+    """After a failed take-over the watch restarted the controller again and again, for
+    ever; now with a backoff, and a sixth death within a minute is one service error."""
+    import subprocess
+    import sys
+    import threading
+    from types import SimpleNamespace
+
+    from testbed.fabric import controller as ctl_mod
+    from testbed.model.spec import ControllerSpec
+    from testbed.poll import wait_for
+
+    monkeypatch.setattr(ctl_mod, "RESTART_BACKOFF_S", (0.0, 0.01, 0.02, 0.03, 0.04))
+
+    def stop(proc, timeout_s=5.0):
+        proc.wait()
+        return 0
+
+    run = SimpleNamespace(errors=[], stop=stop, run_dir=tmp_path)
+    spec = SimpleNamespace(controller=ControllerSpec(restart=True))
+    ctl = ctl_mod.Controller(spec, topo=None, run=run, listen="127.0.0.1")
+    started = []
+
+    def start(port=0, warm=False):  # a controller that exits at once
+        (tmp_path / "controller.stderr").write_text("no such module\n")
+        ctl.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"],
+                                       stderr=subprocess.DEVNULL)
+        started.append(ctl.process)
+
+    monkeypatch.setattr(ctl, "start", start)
+    monkeypatch.setattr(ctl, "wait_listening", lambda timeout_s=20.0, stop=None:
+                        ctl._check_alive(stop) or wait_for(lambda: ctl.process.poll() is not None
+                                                           and ctl._check_alive(stop), 5, "x"))
+    start()
+    done = threading.Event()
+    watch = threading.Thread(target=ctl.watch, args=(done,), daemon=True)
+    watch.start()
+    try:
+        wait_for(lambda: any(e["event"] == "restart given up" for e in ctl.events), 20,
+                 "the watch to give up")
+    finally:
+        done.set()
+        watch.join(5)
+    assert len(started) == 1 + len(ctl_mod.RESTART_BACKOFF_S)
+    assert len(run.errors) == 1 and "not restarted again" in run.errors[0], run.errors
