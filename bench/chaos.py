@@ -1,7 +1,10 @@
 """Chaos as a benchmark: rounds of a quickstart run (``fabriclab run --telemetry``), each with a
 random signal (TERM, KILL, HUP) to a random part of it (the orchestrator, the controller, a
-traffic agent, a private vswitchd, the Prometheus server) at a random time, then
-``fabriclab clean`` where the orchestrator could not tear down (it was SIGKILLed, or hung).
+traffic agent, a private vswitchd, the Prometheus server) at a random time, or one of the
+faults of a shared machine (bench/chaosfaults.py: a second run at once, a full disk under
+``--out``, a double SIGHUP in teardown, a rogue OpenFlow client, the controller's port
+squatted during a restart), then ``fabriclab clean`` where the orchestrator could not tear
+down (it was SIGKILLed, or hung).
 After each round the machine is compared with what it was before: every namespace, interface,
 bridge, BPF pin, process and container left is a leak.
 
@@ -14,7 +17,10 @@ Counted, by part and signal:
   takes the signal and lives (Prometheus reloads its configuration on SIGHUP, a vswitchd
   reopens its log) is counted as ``survived``;
 * **next-run failures**: a run that failed before its fault was delivered (what an earlier
-  round left broke it).
+  round left broke it);
+* **rogue**: a rogue OpenFlow client answered, or the controller's port taken, or a run
+  harmed by either;
+* **lost**: results written before a fault unreadable afterwards, or a temporary file left.
 
     python bench/chaos.py [--rounds N] [--seed S] [--json FILE]
 
@@ -41,6 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import chaosfaults as cf  # noqa: E402
 from fabriclab.model.document import RunDocument  # noqa: E402
 from fabriclab.rundirs import read_document  # noqa: E402
 from testbed.runs.leaks import leaked, machine_state  # noqa: E402
@@ -83,10 +90,13 @@ class Round:
     cleaned: bool = False
     leaks: dict = field(default_factory=dict)
     said: str = ""  # what results.json or the console said of the fault
+    rogue: bool = False  # a rogue was answered, took the port, or harmed the run
+    lost: bool = False  # results written before the fault unreadable, or a temporary file left
 
     @property
     def ok(self) -> bool:
-        return not (self.hang or self.silent or self.next_run_failure or self.leaks)
+        return not (self.hang or self.silent or self.next_run_failure or self.leaks
+                    or self.rogue or self.lost)
 
 
 def _cli(state: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -189,6 +199,12 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
     if rnd.hang or (part == "orchestrator" and sig == "KILL" and rnd.delivered):
         _cli(state, "clean")
         rnd.cleaned = True
+    return _settle(rnd, state, baseline)
+
+
+def _settle(rnd: Round, state: Path, baseline: dict) -> Round:
+    """The machine compared with ``baseline`` (a little while for processes to end), then
+    cleaned for the next round whatever this one left."""
     deadline = time.monotonic() + 15
     while True:  # a process's end may trail its parent's exit a little
         rnd.leaks = leaked(baseline, machine_state())
@@ -200,18 +216,109 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
     return rnd
 
 
+def play_fault(number: int, fault: str, datapath: str, delay_s: float, work: Path,
+               baseline: dict) -> Round:
+    """One round of a shared machine's fault (:mod:`bench.chaosfaults`)."""
+    rnd = Round(number, fault, "-", datapath, round(delay_s, 2))
+    state, text = work / f"state{number}", experiment(datapath)
+    if fault == "twin":
+        runs = [cf.start_run(number, work, text, work / f"out{number}{t}", t, state=state)
+                for t in "ab"]
+        ends = [cf.finish(r, START_S + HANG_S) for r in runs]
+        rnd.delivered, rnd.hang = True, any(h for _, h in ends)
+        rnd.exit_code = max(c for c, _ in ends)
+        logs = [(work / f"run{number}{t}.log").read_text(errors="replace") for t in "ab"]
+        refused = [log for log in logs if "another fabric is up" in log]
+        rnd.said = "one refused: another fabric is up" if refused else ""
+        rnd.silent = sorted(c for c, _ in ends) != [0, 3] or len(refused) != 1
+    elif fault == "full-disk":
+        rnd.delivered = True
+        _full_disk(rnd, number, work, text)
+    else:
+        if fault == "squat":
+            text = cf.restartable(text)
+        run = cf.start_run(number, work, text, work / f"out{number}", state=state)
+        record = cf.wait_job(state, run, START_S)
+        if record is not None:
+            time.sleep(delay_s)
+            rnd.delivered = run.poll() is None
+        if rnd.delivered:
+            _deliver(rnd, fault, run, record)
+        rnd.exit_code, rnd.hang = cf.finish(run, HANG_S)
+        if fault != "double-hup" and rnd.exit_code != 0:  # the rogue harmed the run
+            rnd.rogue = True
+        if not rnd.delivered and rnd.exit_code != 0:
+            rnd.next_run_failure = True
+        doc = read_document(work / f"out{number}" / "results.json")
+        if fault == "squat" and doc is not None:
+            rnd.said = _said("controller", doc)
+        if rnd.hang:
+            _cli(state, "clean")
+            rnd.cleaned = True
+    return _settle(rnd, state, baseline)
+
+
+def _deliver(rnd: Round, fault: str, run: subprocess.Popen, record) -> None:
+    """The fault of a running job: two SIGHUPs a moment apart, a rogue switch, or the
+    controller killed and its port tried."""
+    if fault == "double-hup":
+        os.kill(run.pid, signal.SIGHUP)
+        time.sleep(0.3)  # the teardown has begun
+        os.kill(run.pid, signal.SIGHUP)
+        return
+    port = cf.controller_port(record)
+    if port is None:
+        rnd.rogue, rnd.said = True, "no controller port to try"
+        return
+    if fault == "rogue-switch":
+        rnd.rogue = cf.rogue_switch(port)
+        rnd.said = "the rogue got OpenFlow" if rnd.rogue else "the rogue got no OpenFlow"
+        return
+    ctl = next((p for p in record.processes if p.kind.kind == "controller" and p.alive()), None)
+    if ctl is None:
+        rnd.rogue, rnd.said = True, "no controller to kill"
+        return
+    os.kill(ctl.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and not rnd.rogue:
+        rnd.rogue = cf.squat(port)
+        time.sleep(0.01)
+
+
+def _full_disk(rnd: Round, number: int, work: Path, text: str) -> None:
+    """A run whose ``--out`` fills a small tmpfs, beside an earlier result on it."""
+    disk = work / f"disk{number}"
+    cf.mount_small_disk(disk)
+    try:
+        earlier = disk / "earlier.json"
+        earlier.write_text(json.dumps({"complete": True}))
+        run = cf.start_run(number, work, text, disk / "out", telemetry=False)
+        rnd.exit_code, rnd.hang = cf.finish(run, START_S + HANG_S)
+        log = (work / f"run{number}.log").read_text(errors="replace")
+        rnd.said = next((line for line in log.splitlines() if "No space left" in line), "")
+        rnd.silent = not (rnd.exit_code == 3 and rnd.said and "internal error" not in log)
+        first = disk / "out" / "results.json"
+        rnd.lost = (not cf.readable(earlier) or bool(cf.tmp_files(disk / "out"))
+                    or (first.exists() and not cf.readable(first)))
+        rnd.said = rnd.said[:300]
+    finally:
+        cf.unmount(disk)
+
+
 def schedule(rounds: int, seed: int) -> list[tuple[str, str, str, float]]:
-    """(part, signal, datapath, delay) of each round: every part in turn (shuffled), a random
-    signal and delay; a vswitchd exists on the Open vSwitch datapath only."""
+    """(part, signal, datapath, delay) of each round: every part and fault in turn
+    (shuffled), a random signal and delay; a vswitchd exists on the Open vSwitch datapath
+    only. A fault's signal is ``-``."""
     rng = random.Random(seed)
-    parts = list(PARTS)
+    parts = list(PARTS) + list(cf.FAULTS)
     rng.shuffle(parts)
     out = []
     for i in range(rounds):
         part = parts[i % len(parts)]
         datapath = "ovs" if part == "vswitchd" else rng.choice(["ovs", "ebpf"])
         delay = rng.uniform(0.0, 6.0) if part == "orchestrator" else rng.uniform(0.0, 2.0)
-        out.append((part, rng.choice(sorted(SIGNALS)), datapath, delay))
+        sig = rng.choice(sorted(SIGNALS))
+        out.append((part, "-" if part in cf.FAULTS else sig, datapath, delay))
     return out
 
 
@@ -223,7 +330,8 @@ def table(rounds: list[Round]) -> list[dict]:
                                                    "rounds": 0, "delivered": 0,
                                                    "survived": 0, "leaks": 0,
                                                    "hangs": 0, "silent": 0,
-                                                   "next_run_failures": 0, "exits": {}})
+                                                   "next_run_failures": 0, "rogue": 0,
+                                                   "lost": 0, "exits": {}})
         row["rounds"] += 1
         row["delivered"] += r.delivered
         row["survived"] += r.survived
@@ -231,6 +339,8 @@ def table(rounds: list[Round]) -> list[dict]:
         row["hangs"] += r.hang
         row["silent"] += r.silent
         row["next_run_failures"] += r.next_run_failure
+        row["rogue"] += r.rogue
+        row["lost"] += r.lost
         row["exits"][str(r.exit_code)] = row["exits"].get(str(r.exit_code), 0) + 1
     return [rows[k] for k in sorted(rows)]
 
@@ -245,26 +355,33 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="fabriclab-chaos-") as tmp:
         for i, (part, sig, datapath, delay) in enumerate(schedule(args.rounds, args.seed)):
-            rnd = play(i, part, sig, datapath, delay, Path(tmp), baseline)
+            rnd = (play_fault(i, part, datapath, delay, Path(tmp), baseline)
+                   if part in cf.FAULTS else play(i, part, sig, datapath, delay, Path(tmp),
+                                                  baseline))
             rounds.append(rnd)
-            print(f"round {i + 1}/{args.rounds}: SIG{sig} to the {part} ({datapath}) after "
+            what = part if sig == "-" else f"SIG{sig} to the {part}"
+            print(f"round {i + 1}/{args.rounds}: {what} ({datapath}) after "
                   f"{rnd.delay_s:.1f} s: exit {rnd.exit_code} in {rnd.exit_s} s"
                   + ("" if rnd.delivered else " (not delivered)")
                   + (" (it survived the signal)" if rnd.survived else "")
                   + (f"; leaks {rnd.leaks}" if rnd.leaks else "")
                   + ("; HANG" if rnd.hang else "") + ("; SILENT" if rnd.silent else "")
                   + ("; NEXT-RUN FAILURE" if rnd.next_run_failure else "")
+                  + ("; ROGUE" if rnd.rogue else "") + ("; LOST" if rnd.lost else "")
                   + (f"; said: {rnd.said[:160]}" if rnd.said else ""), flush=True)
-            if rnd.next_run_failure or rnd.hang:
-                print((Path(tmp) / f"run{i}.log").read_text(errors="replace")[-3000:])
+            if not rnd.ok:
+                for log in sorted(Path(tmp).glob(f"run{i}*.log")):
+                    print(log.read_text(errors="replace")[-3000:])
     rows = table(rounds)
     totals = {k: sum(r[k] for r in rows) for k in ("rounds", "delivered", "survived", "leaks",
-                                                     "hangs", "silent", "next_run_failures")}
+                                                     "hangs", "silent", "next_run_failures",
+                                                     "rogue", "lost")}
     print(json.dumps(totals))
     if args.json:
         args.json.write_text(json.dumps({"seed": args.seed, "totals": totals, "table": rows,
                                          "rounds": [asdict(r) for r in rounds]}, indent=1))
-    bad = totals["leaks"] + totals["hangs"] + totals["silent"] + totals["next_run_failures"]
+    bad = sum(totals[k] for k in ("leaks", "hangs", "silent", "next_run_failures", "rogue",
+                                  "lost"))
     return 1 if bad else 0
 
 

@@ -263,12 +263,15 @@ def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: Swee
     its run directory comes back into ``out/<cell>``. A failed cell is recorded and the rest
     go on; a machine that dies fails its cell, and the others take the cells left. Returns
     the number of machines."""
+    from fabriclab.cellagent import CellAgent
     from testbed.cluster.machines import Cluster  # Ray: only for a cluster
 
     if exp.cluster is None:
         raise ConfigError("--parallel", "runs a sweep's cells on the machines of a cluster: "
                                         "give --cluster ADDRESS or the cluster section")
-    cluster = Cluster(exp.cluster.address)
+    cluster = Cluster(exp.cluster.address, agent=CellAgent)
+    for warning in cluster.warnings:
+        view.warn(warning)
     cells: queue.Queue = queue.Queue()
     for cell in todo:
         cells.put(cell)
@@ -282,10 +285,10 @@ def run_cells_on_machines(exp: xp.Experiment, todo: list, out: Path, sweep: Swee
             except queue.Empty:
                 return
             view.say(f"cell {cell.name}: on {name}")
-            alone = dataclasses.replace(cell.experiment, cluster=None)
+            doc = {k: v for k, v in cell.experiment.raw.items() if k != "cluster"}
             error, lost = None, False
             try:
-                got = machine.run_cell(run_experiment, alone, cell.name)
+                got = machine.run_cell(doc, cell.experiment.source, cell.name)
                 error = got["error"]
                 for rel, data in got["files"].items():
                     path = out / cell.name / rel

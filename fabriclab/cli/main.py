@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run records and caches (default {DEFAULT_STATE_DIR})")
     parser.add_argument("--max-input-mb", type=int, default=None, metavar="N",
                         help="the largest trace or NCCL log an experiment may read (default 64)")
+    parser.add_argument("--insecure-cluster", action="store_true",
+                        help="join a Ray cluster without its token authentication (whoever "
+                             "reaches the cluster is then root on every machine)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = {}
     for name, command in COMMANDS.items():
@@ -360,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     ui = console(to_stderr=args.json)
     raise_on_stop_signals()
     verbose = args.command == "up" and args.verbose
+    if args.insecure_cluster:
+        from testbed.cluster import machines
+        machines.INSECURE_ALLOWED = True
     if args.max_input_mb is not None:
         from traffic.workloads import workload
         workload.MAX_INPUT_BYTES = max(1, args.max_input_mb) << 20

@@ -11,7 +11,7 @@ import platform
 import sys
 from pathlib import Path
 
-from testbed.errors import TestbedError
+from testbed.errors import ConfigError, TestbedError
 from testbed.plan.remote import checked_argv
 from testbed.runs.registry import DEFAULT_STATE_DIR
 
@@ -48,46 +48,41 @@ class MachineAgent:
                 "cores": os.cpu_count(), "revision": versions["git_revision"]}
 
     # -- the fabric's part -----------------------------------------------------------------
-    def build(self, spec, part, controller_at: tuple[str, int]) -> dict:
-        """Build ``part`` of ``spec`` here, its switches connecting to ``controller_at``;
+    def build(self, spec: object, part: object, controller_at: object,
+              controller_pki: object = None) -> dict:
+        """Build this machine's part of a fabric, its switches connecting to
+        ``controller_at`` (over TLS with ``controller_pki``, the switches' certificates);
         returns the run's id, directory, step timings and warnings. On failure nothing of it
-        stays."""
+        stays. Everything arrives as data and is checked before anything is built: ``spec``
+        a :class:`testbed.model.partition.PartSpec` as plain data, ``part`` the names of the
+        machine's share (:func:`testbed.model.partition.part_to_plain`), ``controller_at``
+        an address and a port."""
         from testbed.fabric.fabric import Fabric
         from testbed.fabric.lifecycle import up_or_down
+        from testbed.linux.pki import check_switch_pki
+        from testbed.model.partition import PartSpec, part_from_plain
+        from testbed.model.plain import from_plain
 
         if self.fabric is not None:
             raise TestbedError(f"{self.name}: a fabric part is already up here")
-        fabric = Fabric(spec, machine_state_dir(self.name), part=part,
-                        controller_at=controller_at)
+        try:
+            typed = from_plain(PartSpec, spec)
+            share = part_from_plain(typed.topology, part)
+            pki = None if controller_pki is None else check_switch_pki(controller_pki)
+        except (TypeError, ValueError) as err:  # (a ConfigError is a ValueError)
+            raise ConfigError("build", f"{self.name}: refused: {err}") from None
+        if share.machine != self.name:
+            raise ConfigError("part.machine", f"this is machine {self.name}, not "
+                                              f"{share.machine!r}")
+        address = _controller_address(controller_at)
+        fabric = Fabric(typed, machine_state_dir(self.name), part=share,
+                        controller_at=address, controller_pki=pki)
         up_or_down(fabric)  # a failed build tears itself down
         self.fabric = fabric
         return {"run_id": fabric.record.run_id, "run_dir": str(fabric.run_dir),
                 "timings": dict(fabric.timings), "warnings": list(fabric.warnings),
                 "red_marking": fabric.red_marking, "datapath": fabric.datapath_type,
                 "vswitchds": fabric.vswitchd_count}
-
-    def run_cell(self, run, exp, name: str) -> dict:
-        """Run a whole experiment (a sweep cell) on this machine alone with ``run(exp, out,
-        state_dir)`` (the experiment layer's ``run_experiment``); returns its run directory's
-        files (``relative path -> bytes``) and its error, if it failed."""
-        import shutil
-        import time
-
-        from testbed.errors import ConfigError
-
-        state = machine_state_dir(self.name)
-        out = state / "cells" / f"{name}-{time.time_ns()}"
-        error = None
-        try:
-            try:
-                run(exp, out, state)
-            except (ConfigError, TestbedError) as err:
-                error = str(err)
-            files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*")
-                     if p.is_file()}
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
-        return {"files": files, "error": error}
 
     def settle(self) -> None:
         self._part().settle()
@@ -219,3 +214,21 @@ def machine_state_dirs(root: Path = DEFAULT_STATE_DIR) -> list[Path]:
     """Every cluster machine's state directory under ``root`` (``fabriclab clean``)."""
     folder = machine_state_dir("-", root).parent
     return sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []
+
+
+def _controller_address(value: object) -> tuple[str, int]:
+    """The controller's ``(address, port)`` as it arrives (a list of two).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    import ipaddress
+
+    try:
+        host, port = value
+        ipaddress.ip_address(host)
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(port)
+    except (TypeError, ValueError):
+        raise ConfigError("controller_at", "the controller's address is [IP, port]") from None
+    return host, port

@@ -45,9 +45,10 @@ from testbed.fabric.lifecycle import probe_pairs, signals_deferred, up_or_down
 from testbed.plan.failplan import cut_off_reason
 from testbed.linux.files import write_json_atomic
 from testbed.plan.fidelity import machine_budget_mbit_hops, saturation_table
-from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition,
-                               check_cluster_spec, cut_links, links_by_machine, machine_of,
-                               machine_part, partition)
+from testbed.model.plain import to_plain
+from testbed.model.partition import (FIRST_VNI, Machine, MachinePart, Partition, PartSpec,
+                                     check_cluster_spec, cut_links, links_by_machine,
+                                     machine_of, machine_part, part_to_plain, partition)
 from testbed.plan.reachability import Reachability
 from testbed.runs.registry import DEFAULT_STATE_DIR, Registry
 from testbed.model.spec import Fidelity, TestbedSpec
@@ -143,10 +144,19 @@ class ClusterFabric:
         target = self.controller.address
         self.built = {}
         errors = []
+        # sent as data: the settings and each share by name, and the switches' certificates
+        spec = to_plain(PartSpec.of(self.spec))
+        pki = self.controller.pki.switch_side() if self.controller.pki is not None else None
+        if pki is None and self.controller.channel == "tcp":
+            self.warnings.append(
+                f"OpenFlow runs over plain TCP on the underlay ({listen}:"
+                f"{self.controller.of_port}): set controller.tls: true (with the eBPF or the "
+                "userspace datapath on every machine) so that only this run's switches and "
+                "controller talk")
         with ThreadPoolExecutor(max_workers=len(self.parts)) as pool:
             timeout_s = self.spec.controller.ready_timeout_s + CALL_GRACE_S * 2
-            futures = {name: pool.submit(self.machine(name).build, self.spec, part, target,
-                                         timeout_s)
+            futures = {name: pool.submit(self.machine(name).build, spec, part_to_plain(part),
+                                         target, pki, timeout_s)
                        for name, part in self.parts.items()}
             for name, future in futures.items():
                 try:

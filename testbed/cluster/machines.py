@@ -48,6 +48,30 @@ AGENT_CONCURRENCY = 256
 CALL_GRACE_S = 60.0
 #: the Ray namespace of fabriclab's named actors (another driver finds a fabric's by name)
 NAMESPACE = "fabriclab"
+#: join a cluster without Ray's token authentication (``fabriclab --insecure-cluster``): its
+#: actors run as root what they are sent, so whoever reaches the cluster is root everywhere
+INSECURE_ALLOWED = False
+
+
+def check_authentication(address: str) -> list[str]:
+    """Refuse a cluster joined without Ray's token authentication, unless the user allowed
+    it (:data:`INSECURE_ALLOWED`); returns the warning to show then.
+
+    Raises:
+        TestbedError: ``RAY_AUTH_MODE`` is not ``token`` and nothing allowed it.
+    """
+    if os.environ.get("RAY_AUTH_MODE") == "token":
+        return []
+    if not INSECURE_ALLOWED:
+        raise TestbedError(
+            f"the Ray cluster at {address} would be joined without authentication "
+            "(RAY_AUTH_MODE is not 'token'): whoever reaches it could call the machines' "
+            "actors, which run as root and build fabrics. Start every Ray node and fabriclab "
+            "with RAY_AUTH_MODE=token and one token (docs/cluster.md), or give "
+            "'fabriclab --insecure-cluster' to join it anyway")
+    return [f"the Ray cluster at {address} is joined without authentication "
+            "(--insecure-cluster): whoever reaches it can call the machines' actors, which "
+            "run as root and build fabrics"]
 
 
 class MachineHandle:
@@ -67,14 +91,18 @@ class MachineHandle:
     def _call(self, method: Callable, *args, timeout_s: float = CALL_GRACE_S):
         return self.cluster.call(self.name, method.__name__, *args, timeout_s=timeout_s)
 
-    def build(self, spec, part, controller_at: tuple[str, int], timeout_s: float) -> dict:
-        return self._call(MachineAgent.build, spec, part, controller_at, timeout_s=timeout_s)
+    def build(self, spec: dict, part: dict, controller_at: tuple[str, int],
+              controller_pki: dict[str, str] | None, timeout_s: float) -> dict:
+        """This machine's part, sent as data (:meth:`MachineAgent.build`)."""
+        return self._call(MachineAgent.build, spec, part, list(controller_at), controller_pki,
+                          timeout_s=timeout_s)
 
-    def run_cell(self, run, exp, name: str) -> dict:
-        """A whole experiment on this machine (no timeout: a cell runs as long as it runs)."""
+    def run_cell(self, doc: dict, source: str, name: str) -> dict:
+        """A whole experiment on this machine, sent as its document (the cluster's actors
+        are ``fabriclab.cellagent.CellAgent``s; no timeout: a cell runs as long as it
+        runs)."""
         agent = self.cluster.agents[self.name]
-        return self.cluster.ray.get(getattr(agent, MachineAgent.run_cell.__name__).remote(
-            run, exp, name))
+        return self.cluster.ray.get(agent.run_cell.remote(doc, source, name))
 
     def settle(self) -> None:
         self._call(MachineAgent.settle)
@@ -146,6 +174,8 @@ class Cluster:
 
     With ``attach`` (``names`` of a running fabric's actors, from its ``cluster.json``), the
     actors are those of that fabric, found by name: nothing is started, probed or ended.
+    ``agent``: the actors' class (a :class:`MachineAgent`; the experiment layer's runs whole
+    cells too).
 
     Raises:
         TestbedError: Ray not installed, the cluster unreachable, a Ray version mismatch, a
@@ -154,7 +184,7 @@ class Cluster:
     """
 
     def __init__(self, address: str, timeout_s: float = 60.0,
-                 attach: dict[str, str] | None = None) -> None:
+                 attach: dict[str, str] | None = None, agent: type = MachineAgent) -> None:
         self.owned = attach is None
         self.agents: dict[str, object] = {}
         self.names: dict[str, str] = {}
@@ -165,13 +195,7 @@ class Cluster:
             raise TestbedError("a cluster needs Ray, fabriclab's 'cluster' extra: "
                                + CLUSTER_EXTRA) from err
         self.ray = ray
-        self.warnings: list[str] = []
-        if os.environ.get("RAY_AUTH_MODE") != "token":
-            self.warnings.append(
-                f"the Ray cluster at {address} is joined without authentication "
-                "(RAY_AUTH_MODE is not 'token'): whoever reaches it can call the machines' "
-                "actors, which run as root and build fabrics; start every Ray node and "
-                "fabriclab with RAY_AUTH_MODE=token and one token (docs/cluster.md)")
+        self.warnings: list[str] = check_authentication(address)
         _reach_head(address)
         try:
             with _python_signal_handlers():
@@ -191,7 +215,7 @@ class Cluster:
         if attach is not None:
             self._attach(attach)
             return
-        remote = ray.remote(num_cpus=0, max_concurrency=AGENT_CONCURRENCY)(MachineAgent)
+        remote = ray.remote(num_cpus=0, max_concurrency=AGENT_CONCURRENCY)(agent)
         token = os.urandom(4).hex()
         for node in ray.nodes():
             if not node.get("Alive"):

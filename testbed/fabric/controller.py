@@ -25,7 +25,7 @@ from typing import Protocol
 from testbed.errors import TestbedError
 from testbed.fabric.services import FabricRun
 from testbed.linux.pki import RunPki, make_run_pki
-from testbed.model.spec import TestbedSpec
+from testbed.model.spec import Datapath, TestbedSpec
 from testbed.model.topology import Topology
 from testbed.poll import wait_for
 
@@ -117,8 +117,10 @@ class Controller:
         if tls is False:
             return "tcp"
         kernel_ovs = getattr(self.switches, "kernel_ovs", None)
-        if kernel_ovs is None:  # a cluster's coordinator: its switches are elsewhere
-            return "tls" if tls else "tcp"
+        if kernel_ovs is None:  # a cluster's coordinator: its switches are elsewhere, their
+            # kernel unknown here; eBPF switches take TLS everywhere
+            ebpf = self.spec.emulator.datapath == Datapath.EBPF
+            return "tls" if tls or (tls is None and ebpf) else "tcp"
         return "unix" if kernel_ovs and tls is None else "tls"
 
     @property
@@ -334,12 +336,7 @@ class Controller:
 
     def client_tls(self) -> ssl.SSLContext | None:
         """The switches' side of OpenFlow over TLS (None: plain TCP)."""
-        if self.pki is None:
-            return None
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.load_verify_locations(self.pki.ca)
-        ctx.load_cert_chain(self.pki.switch_cert, self.pki.switch_key)
-        return ctx
+        return self.pki.client_context() if self.pki is not None else None
 
     def _check_alive(self, stop=None) -> None:
         """Raises TestbedError when the controller exited, the switches refused its OpenFlow

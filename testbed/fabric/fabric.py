@@ -42,6 +42,7 @@ from testbed.fabric.switches import Switches
 from testbed.linux import capabilities
 from testbed.linux.cpu import machine_cpu_s, process_cpu_s
 from testbed.linux.netlink import Netlink
+from testbed.linux.pki import write_switch_pki
 from testbed.model.partition import MachinePart
 from testbed.model.share import LocalShare
 from testbed.model.spec import EcnMarker, TestbedSpec
@@ -72,14 +73,18 @@ class Fabric:
         failable: links may be failed while it is up without a plan for it (``fabriclab
             fail`` on a fabric ``fabriclab up`` keeps): their cut is loaded (the eBPF
             toolchain installed when missing), as for an experiment with ``failures``.
+        controller_pki: with ``controller_at``, the switches' certificates of the run
+            (:meth:`testbed.linux.pki.RunPki.switch_side`): they reach it over TLS.
     """
 
     def __init__(self, spec: TestbedSpec, state_dir: Path = DEFAULT_STATE_DIR,
                  log: Callable[[str], None] = lambda _msg: None,
                  part: MachinePart | None = None,
                  controller_at: tuple[str, int] | None = None,
-                 listen: str = LOOPBACK, failable: bool = False) -> None:
+                 listen: str = LOOPBACK, failable: bool = False,
+                 controller_pki: dict[str, str] | None = None) -> None:
         self.spec = spec
+        self.controller_pki = controller_pki
         self.topo = spec.topology
         self.share = LocalShare(spec.topology, part)
         self.plan = None  # the whole fabric's partition over machines (a ClusterFabric's)
@@ -241,12 +246,14 @@ class Fabric:
 
     def _create_switches(self) -> None:
         ctl = self.controller
-        if self.controller_at is None:
-            ctl.wait_listening()
-        self.switches.create(self.controller_at or ctl.address,
-                             ctl.pki if ctl is not None else None,
-                             ctl.client_tls if ctl is not None else lambda: None,
-                             ctl.target if ctl is not None else None)
+        if ctl is None:  # a cluster machine's part: the coordinator's controller
+            pki = None if self.controller_pki is None else \
+                write_switch_pki(self.run_dir / "pki", self.controller_pki)
+            self.switches.create(self.controller_at, pki,
+                                 pki.client_context if pki is not None else lambda: None)
+            return
+        ctl.wait_listening()
+        self.switches.create(ctl.address, ctl.pki, ctl.client_tls, ctl.target)
 
     def wait_ready(self) -> None:
         """Wait until the controller here has programmed every switch and probed every link,

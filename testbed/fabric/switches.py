@@ -121,9 +121,8 @@ class Switches:
         the run's certificates ``pki``; ``tls`` makes the eBPF agent's client context), or at
         the Open vSwitch ``target`` the controller here gives (``unix:PATH``)."""
         if self.spec.controller.tls and pki is None:
-            raise TestbedError("controller.tls: the switches of a fabric over a cluster have "
-                               "no certificates of the run (OpenFlow over TLS runs on one "
-                               "machine); leave it false for a cluster")
+            raise TestbedError("controller.tls: no certificate of the run reached this "
+                               "machine's switches (its coordinator speaks plain TCP)")
         if self.ebpf_datapath:
             self._create_ebpf(controller, tls())
             return

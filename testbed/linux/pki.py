@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +23,56 @@ VALID_DAYS = 30
 
 @dataclass(frozen=True)
 class RunPki:
-    """The files of a run's certificates."""
+    """The files of a run's certificates (a cluster machine has the switches' only)."""
 
     ca: Path
-    controller_cert: Path
-    controller_key: Path
+    controller_cert: Path | None
+    controller_key: Path | None
     switch_cert: Path
     switch_key: Path
+
+    def switch_side(self) -> dict[str, str]:
+        """What a cluster machine's switches need, as text (sent to its actor as data): the
+        authority's certificate and the switches' certificate and key."""
+        return {"ca": self.ca.read_text(), "switch_cert": self.switch_cert.read_text(),
+                "switch_key": self.switch_key.read_text()}
+
+    def client_context(self) -> ssl.SSLContext:
+        """The switches' side of OpenFlow over TLS: this run's controller only, this run's
+        switch certificate presented."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(self.ca)
+        ctx.load_cert_chain(self.switch_cert, self.switch_key)
+        return ctx
+
+
+def check_switch_pki(texts: object) -> dict[str, str]:
+    """The switches' certificates as a cluster machine receives them: three PEM texts that
+    load (:meth:`RunPki.switch_side`).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if not isinstance(texts, dict) or set(texts) != {"ca", "switch_cert", "switch_key"} \
+            or not all(isinstance(v, str) and len(v) < 20_000 for v in texts.values()):
+        raise ValueError("the switches' certificates are {ca, switch_cert, switch_key} PEM text")
+    x509.load_pem_x509_certificate(texts["ca"].encode())
+    x509.load_pem_x509_certificate(texts["switch_cert"].encode())
+    serialization.load_pem_private_key(texts["switch_key"].encode(), password=None)
+    return texts
+
+
+def write_switch_pki(directory: Path, texts: object) -> RunPki:
+    """A cluster machine's copy of the switches' certificates (:func:`check_switch_pki`),
+    written 0600 under ``directory`` (created 0700)."""
+    texts = check_switch_pki(texts)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return RunPki(ca=_write(directory / "ca.pem", texts["ca"].encode(), 0o600),
+                  controller_cert=None, controller_key=None,
+                  switch_cert=_write(directory / "switch-cert.pem",
+                                     texts["switch_cert"].encode(), 0o600),
+                  switch_key=_write(directory / "switch-key.pem",
+                                    texts["switch_key"].encode(), 0o600))
 
 
 def _name(common: str) -> x509.Name:

@@ -13,10 +13,11 @@ with the fewest hosts for its budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+from dataclasses import dataclass, fields
 
 from testbed.errors import ConfigError
-from testbed.model.spec import TestbedSpec
+from testbed.model.spec import Requirement, TestbedSpec
 from testbed.model.topology import Link, Topology
 
 
@@ -270,3 +271,78 @@ def check_cluster_spec(spec: TestbedSpec) -> None:
         raise ConfigError(f"controller.{key}", "a controller of your own is not offered on a "
                                                "cluster yet (readiness is read from each "
                                                "machine's switches): run it on one machine")
+
+
+# -- a machine's part as data (what the coordinator sends its actor) -------------------------
+@dataclass(frozen=True, kw_only=True)
+class PartSpec(TestbedSpec):
+    """A cluster machine's copy of the fabric's settings, sent as plain data
+    (:mod:`testbed.model.plain`): the testbed's settings and what the experiment adds to
+    them that a machine's build reads (planned failures, its workload's requirements)."""
+
+    failures_planned: bool = False
+    needs: tuple[Requirement, ...] = ()
+
+    @classmethod
+    def of(cls, spec: TestbedSpec) -> PartSpec:
+        """The part of ``spec`` (an experiment, or any TestbedSpec) a machine needs."""
+        base = {f.name: getattr(spec, f.name) for f in fields(TestbedSpec)}
+        return cls(**base, failures_planned=spec.plans_failures(),
+                   needs=tuple(spec.requirements()))
+
+    def plans_failures(self) -> bool:
+        return self.failures_planned
+
+    def requirements(self) -> list[Requirement]:
+        return list(self.needs)
+
+
+def part_to_plain(part: MachinePart) -> dict:
+    """A machine's share as names: the machine, where every node is built, and its tunnels
+    (link, VNI, both machines and underlay addresses); :func:`part_from_plain` rebuilds it
+    from the topology."""
+    return {"machine": part.machine,
+            "nodes": sorted(part.nodes),
+            "tunnels": [{"link": t.link.name, "vni": t.vni, "a_machine": t.a_machine,
+                         "b_machine": t.b_machine, "a_underlay": t.a_underlay,
+                         "b_underlay": t.b_underlay} for t, _ in part.tunnels]}
+
+
+def part_from_plain(topo: Topology, doc: object) -> MachinePart:
+    """The :class:`MachinePart` ``doc`` names, every name checked against ``topo``.
+
+    Raises:
+        ConfigError: naming the first entry that is not of this fabric.
+    """
+    if not isinstance(doc, dict) or set(doc) != {"machine", "nodes", "tunnels"}:
+        raise ConfigError("part", "a machine's part is {machine, nodes, tunnels}")
+    machine, nodes, tunnels = doc["machine"], doc["nodes"], doc["tunnels"]
+    if not isinstance(machine, str) or not machine:
+        raise ConfigError("part.machine", "a machine's name is a string")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n in topo.nodes
+                                              for n in nodes):
+        raise ConfigError("part.nodes", "must be nodes of the fabric's topology")
+    links = {l.name: l for l in topo.links}
+    place = {n: machine for n in nodes}
+    cut = []
+    for i, t in enumerate(tunnels if isinstance(tunnels, list) else [None]):
+        if not isinstance(t, dict) or t.get("link") not in links \
+                or not isinstance(t.get("vni"), int) or not 0 < t["vni"] < 1 << 24 \
+                or machine not in (t.get("a_machine"), t.get("b_machine")):
+            raise ConfigError(f"part.tunnels[{i}]", "not a cut link of this fabric and machine")
+        for end in ("a_underlay", "b_underlay"):
+            try:
+                ipaddress.ip_address(t.get(end))
+            except ValueError:
+                raise ConfigError(f"part.tunnels[{i}].{end}", "not an address") from None
+        link = links[t["link"]]
+        tunnel = CutLink(link, t["vni"], str(t["a_machine"]), str(t["b_machine"]),
+                         t["a_underlay"], t["b_underlay"])
+        for end, other in ((link.a.node, t["a_machine"]), (link.b.node, t["b_machine"])):
+            place.setdefault(end, str(other))
+        cut.append(tunnel)
+    plan = Partition((Machine(machine, 0.0),), place, tuple(t.link for t in cut), {})
+    try:
+        return machine_part(topo, plan, cut, machine)
+    except ValueError as err:
+        raise ConfigError("part", str(err)) from None

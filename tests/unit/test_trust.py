@@ -478,3 +478,83 @@ def test_a_controller_that_dies_at_once_is_restarted_five_times_then_reported(tm
         watch.join(5)
     assert len(started) == 1 + len(ctl_mod.RESTART_BACKOFF_S)
     assert len(run.errors) == 1 and "not restarted again" in run.errors[0], run.errors
+
+
+# -- the cluster ------------------------------------------------------------------------------
+def test_a_cluster_without_token_authentication_is_refused_unless_allowed(monkeypatch):
+    """Joining without Ray's token authentication was a warning (never shown on the
+    --parallel path): whoever reaches the cluster is root on every machine."""
+    import pytest
+
+    from testbed.cluster import machines
+    from testbed.errors import TestbedError
+
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(machines, "INSECURE_ALLOWED", False)
+    with pytest.raises(TestbedError, match="--insecure-cluster"):
+        machines.Cluster("127.0.0.1:9")
+    monkeypatch.setattr(machines, "INSECURE_ALLOWED", True)  # said: on to the head
+    with pytest.raises(TestbedError, match="cannot reach the Ray cluster's head"):
+        machines.Cluster("127.0.0.1:9")
+    assert "joined without authentication" in machines.check_authentication("x:1")[0]
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert machines.check_authentication("x:1") == []
+
+
+def test_a_cell_arrives_as_data_and_a_callable_is_never_run(tmp_path, monkeypatch):
+    """A machine's actor ran whatever callable it was sent with a cell."""
+    from fabriclab import cellagent
+    from testbed.cluster import agent
+
+    monkeypatch.setattr(cellagent, "machine_state_dir", lambda name: tmp_path / name)
+    ran = []
+    worker = cellagent.CellAgent("m1")
+    got = worker.run_cell(lambda *a: ran.append(a), "exp.yaml", "c1")
+    assert ran == [] and got["files"] == {} and "not plain JSON data" in got["error"]
+    assert "is a path" in worker.run_cell({}, 7, "c1")["error"]
+    assert "one run on one machine" in worker.run_cell({"sweep": {}}, "x.yaml", "c1")["error"]
+    bad = worker.run_cell({"version": 1, "name": "x", "fabric": {"topology": "nope"}},
+                          "x.yaml", "c1")
+    assert bad["error"].startswith("config error: fabric.topology"), bad
+    assert not hasattr(agent.MachineAgent, "run_cell")  # the testbed's actor runs no cells
+
+
+def test_a_build_arrives_as_data_checked_before_anything_is_built(monkeypatch):
+    """A machine's actor built whatever Python objects it was sent (a pickled spec and
+    part); now plain data, each name checked against the fabric, the certificates as PEM."""
+    import json
+
+    import pytest
+
+    from fabriclab.model import experiment as xp
+    from testbed.cluster.agent import MachineAgent
+    from testbed.errors import ConfigError
+    from testbed.model.partition import (Machine, PartSpec, cut_links, machine_part,
+                                         part_to_plain, partition)
+    from testbed.model.plain import to_plain
+
+    exp = xp.load(ROOT / "experiments" / "quickstart.yaml")
+    plan = partition(exp.topology, [Machine("m1", 1e5), Machine("m2", 1e5)])
+    tunnels = cut_links(plan, {"m1": "10.0.0.1", "m2": "10.0.0.2"}, exp.fabric.mtu, {})
+    part = part_to_plain(machine_part(exp.topology, plan, tunnels, "m1"))
+    spec = json.loads(json.dumps(to_plain(PartSpec.of(exp))))
+    built = []
+    monkeypatch.setattr("testbed.fabric.fabric.Fabric", lambda *a, **kw: built.append(kw))
+    worker = MachineAgent("m1")
+    refusals = {
+        "a callable": (lambda: 0, part, ["10.0.0.1", 6653], None),
+        "a field of another type": ({**spec, "fabric": {**spec["fabric"], "mtu": "x"}}, part,
+                                    ["10.0.0.1", 6653], None),
+        "a node of no fabric": (spec, {**part, "nodes": ["nowhere"]}, ["10.0.0.1", 6653], None),
+        "another machine's part": (spec, {**part, "machine": "m2"}, ["10.0.0.1", 6653], None),
+        "a host name as the controller": (spec, part, ["evil.example", 6653], None),
+        "no certificate": (spec, part, ["10.0.0.1", 6653], {"ca": "x"}),
+    }
+    for what, args in refusals.items():
+        with pytest.raises(ConfigError):
+            worker.build(*args)
+        assert built == [], what
+    with pytest.raises(AttributeError):  # (past the checks: the stand-in builds nothing)
+        worker.build(spec, part, ["10.0.0.1", 6653], None)
+    assert built and built[0]["controller_at"] == ("10.0.0.1", 6653)
