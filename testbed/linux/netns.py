@@ -49,11 +49,15 @@ def name(netns_name: str, pid: int) -> None:
 
 
 def inode(netns_name: str) -> int | None:
-    """The namespace a name stands for (its nsfs inode), None when there is no such name."""
+    """The namespace a name stands for (its nsfs inode); 0 when the name stands for none
+    here (its file is not a namespace: the mount is gone, or in another mount namespace);
+    None when there is no such name."""
     try:
-        return os.stat(RUN_DIR / netns_name).st_ino
+        st = os.stat(RUN_DIR / netns_name)
+        nsfs = os.stat("/proc/self/ns/net").st_dev
     except OSError:
         return None
+    return st.st_ino if st.st_dev == nsfs else 0
 
 
 def process_inode(pid: int) -> int | None:

@@ -109,13 +109,16 @@ def clean_record(record: RunRecord, registry: Registry, report: CleanReport | No
 
 
 def _netns_name_is_ours(record: RunRecord, name: str, report: CleanReport) -> bool:
-    """Whether ``/run/netns/NAME`` still stands for the run's host of that name: the namespace
-    recorded once named, or (a run stopped before recording it) its host shell's, still
-    running. A name that stands for another namespace, or for one nothing of the run vouches
-    for, stays (a name is only a name: another fabric may hold it now)."""
+    """Whether ``/run/netns/NAME`` is the run's to remove: it stands for the run's host of
+    that name (the namespace recorded once named, or, a run stopped before recording it, its
+    host shell's, still running), or for no namespace at all (the file its mount left). A
+    name that stands for another namespace, or for one nothing of the run vouches for, stays
+    (a name is only a name: another fabric may hold it now)."""
     now = netns.inode(name)
     if now is None:
         return False
+    if now == 0:  # a file that stands for no namespace (its mount gone): the run's leftover
+        return True
     want = record.netns_inodes.get(name)
     if want is None:
         shells = [p for p in record.processes if p.role == str(Role.host(name)) and p.alive()]

@@ -4,7 +4,9 @@ experiments mutated (a node replaced by a hostile value, keys dropped or added, 
 and spliced), JSON-lines traces and NCCL logs mutated the same way. Each case runs the whole
 ``validate`` command in-process (load, model, fidelity, ECN and PFC explanations) on a file.
 
-About 10,000 cases per run (:data:`CASES`); ``FABRICLAB_PROPERTY_SCALE`` multiplies them. The
+Sweeps (axes over any field of a shipped file, hostile values and repetitions), training jobs
+(every count made hostile) and nesting (thousands of levels of YAML flow collections) are
+drawn too. About 10,000 cases per run (:data:`CASES`); ``FABRICLAB_PROPERTY_SCALE`` multiplies them. The
 cases are the same from run to run (a fixed seed: a test run does not pass or fail by draw);
 ``FABRICLAB_PROPERTY_EXPLORE=1`` draws new ones, which is how the suite found what it found."""
 
@@ -36,7 +38,8 @@ NCCL = sorted((ROOT / "tests" / "unit" / "data" / "nccl").glob("*.log"))
 SCALE = float(os.environ.get("FABRICLAB_PROPERTY_SCALE", "1"))
 EXPLORE = os.environ.get("FABRICLAB_PROPERTY_EXPLORE") == "1"
 #: generated cases per test, by test (their sum is the run's count)
-CASES = {"schema": 150, "mutated": 4_000, "text": 2_000, "trace": 2_000, "nccl": 2_000}
+CASES = {"schema": 150, "mutated": 3_000, "text": 1_700, "trace": 1_800, "nccl": 1_800,
+         "sweep": 700, "training": 700, "nesting": 300}
 LIMIT_S = 2.0
 EXIT_OK, EXIT_CONFIG = 0, 2
 TRACE = [{"op": "all_reduce", "size": "1MiB", "ranks": 4},
@@ -271,5 +274,83 @@ def test_mutated_nccl_logs_validate_or_name_a_line(folder):
     def check(text):
         (folder / "mutated.log").write_text(text)
         _validate(_workload_file(folder, "nccl", "nccl_log: mutated.log"))
+
+    check()
+
+
+SWEEPABLE = [d for d in SHIPPED_DOCS if "workload" in d]
+
+
+@st.composite
+def swept_documents(draw):
+    """A shipped experiment with a sweep over a few of its own fields (values drawn as the
+    mutations draw them, lists of up to 12) and a hostile repetition count."""
+    doc = json.loads(json.dumps(draw(st.sampled_from(SWEEPABLE))))
+    doc.pop("sweep", None)
+    leaves = [p for p in _paths(doc) if p and all(isinstance(k, str) for k in p)
+              and p[0] not in ("version", "name", "description")]
+    axes = {}
+    for _ in range(draw(st.integers(1, 4))):
+        path = ".".join(draw(st.sampled_from(leaves)))
+        axes[path] = draw(st.lists(st.one_of(NUMBERS, SCALARS), min_size=0, max_size=12))
+    doc["sweep"] = {"axes": axes,
+                    "repetitions": draw(st.one_of(st.integers(-2, 200), NUMBERS))}
+    return doc
+
+
+TRAINING_KEYS = ("iterations", "layers", "micro_batches", "experts", "seq_len", "micro_batch",
+                 "tp", "dp", "ep", "pp", "moe_every", "top_k", "hidden", "params")
+TRAINED = [d for d in SHIPPED_DOCS if (d.get("workload") or {}).get("training")]
+
+
+@st.composite
+def trained_documents(draw):
+    """A shipped training experiment with its counts made hostile (huge ones above all)."""
+    doc = json.loads(json.dumps(draw(st.sampled_from(TRAINED))))
+    training = doc["workload"]["training"]
+    for _ in range(draw(st.integers(1, 4))):
+        training[draw(st.sampled_from(TRAINING_KEYS))] = draw(st.one_of(
+            st.integers(0, 10 ** 9), st.sampled_from([1, 2, 4, 16, 4096, 96844, 10 ** 8]),
+            NUMBERS))
+    return doc
+
+
+def test_sweeps_validate_or_name_a_field_within_bounds(folder):
+    seen = {"ok": 0, "config": 0}
+
+    @_settings("sweep")
+    @given(swept_documents())
+    def check(doc):
+        _validate_document(folder / "swept.yaml", doc, seen)
+
+    check()
+    assert seen["config"] > 0, seen
+
+
+def test_training_counts_validate_or_name_a_field_within_bounds(folder):
+    seen = {"ok": 0, "config": 0}
+
+    @_settings("training")
+    @given(trained_documents())
+    def check(doc):
+        _validate_document(folder / "trained.yaml", doc, seen)
+
+    check()
+    assert seen["ok"] > 0 and seen["config"] > 0, seen
+
+
+def test_deep_nesting_is_refused_by_name(folder):
+    @_settings("nesting")
+    @given(st.integers(1, 6000), st.sampled_from(["[", "{a: ", "- "]),
+           st.sampled_from(["fabric", "workload", "variants", "sweep"]))
+    def check(depth, opener, key):
+        closer = {"[": "]", "{a: ": "}", "- ": ""}[opener]
+        if opener == "- ":  # block style: each level indented further
+            body = "".join("\n" + "  " * (i + 1) + "- " for i in range(min(depth, 400))) + "1"
+        else:
+            body = opener * depth + "1" + closer * depth
+        path = folder / "nested.yaml"
+        path.write_text(f"version: 1\nname: nested\n{key}: {body}\n")
+        _validate(path)
 
     check()

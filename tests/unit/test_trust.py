@@ -131,13 +131,14 @@ def test_a_namespace_name_standing_for_another_namespace_is_left(tmp_path, monke
 
     registry = Registry(tmp_path / "state")
     dead = registry.new_run(tmp_path / "work")
-    dead.owner_pid, dead.netns_names, dead.netns_inodes = 2 ** 22 + 5, ["h1", "h2"], {"h1": 7,
-                                                                                      "h2": 8}
+    dead.owner_pid, dead.netns_names = 2 ** 22 + 5, ["h1", "h2", "h3"]
+    dead.netns_inodes = {"h1": 7, "h2": 8, "h3": 9}
     unnamed: list[str] = []
-    monkeypatch.setattr(cleanup.netns, "inode", {"h1": 9, "h2": 8}.get)
+    # h3's file stands for no namespace any more (its mount gone): the run's leftover
+    monkeypatch.setattr(cleanup.netns, "inode", {"h1": 9, "h2": 8, "h3": 0}.get)
     monkeypatch.setattr(cleanup.netns, "unname", unnamed.append)
     report = cleanup.clean_record(dead, registry)
-    assert unnamed == ["h2"]
+    assert unnamed == ["h2", "h3"]
     assert any("h1" in s and "left alone" in s for s in report.skipped)
 
 
@@ -338,7 +339,7 @@ def test_a_files_runs_together_stay_within_one_planning_budget(tmp_path):
     """Each run of a file within its bounds, but variants multiplying them: refused once
     their sum is over (validating every variant of a near-limit job took seconds)."""
     def variants(doc):
-        doc["workload"]["training"].update(iterations=500, layers=48)
+        doc["workload"]["training"].update(iterations=200, layers=48)
         doc["variants"] = [{"name": f"v{i}", "set": {"workload.timeout_s": 100 + i}}
                            for i in range(3)]
 

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from testbed.errors import ConfigError
 
 #: the most of each unit a file's runs expand to together: communication phases (each a
-#: collective the agents run) and MoE expert draws (tokens x experts, about 1 s of numpy per
-#: 20 million here)
-MOST = {"phases": 100_000, "draws": 20_000_000}
+#: collective the agents run; about 5 us each to plan here) and MoE expert draws (tokens x
+#: experts; about 60 ns each here): a quarter and half a second of this machine's planning
+MOST = {"phases": 50_000, "draws": 10_000_000}
 
 _spent: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
     "planning_budget", default=None)
