@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-dir", help="OpenFlow over TLS with the run's certificates "
                                           "(testbed.linux.pki): switches must present one")
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="the controller's exporter's port (a restart: its predecessor's, "
+                             "so that Prometheus's target stays; 0: one from the OS)")
     parser.add_argument("--log", help="log file (default: stderr)")
     parser.add_argument("--app", default="controllers.app", help="os-ken app module")
     parser.add_argument("--user-app", help="a user's os-ken app (a Python file) run instead "
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in
                             ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
                              "spray_weights", "poll_interval_s", "warm_start", "granularity",
-                             "flowlet_gap_us")],
+                             "flowlet_gap_us", "metrics_port")],
                            group="fabriclab")
     cfg.CONF(args=_os_ken_args(args), project="os_ken")
     cfg.CONF.set_override("topology", args.topology, group="fabriclab")
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("warm_start", "1" if args.warm_start else "", group="fabriclab")
     cfg.CONF.set_override("granularity", str(args.granularity), group="fabriclab")
     cfg.CONF.set_override("flowlet_gap_us", str(args.flowlet_gap_us), group="fabriclab")
+    cfg.CONF.set_override("metrics_port", str(args.metrics_port), group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

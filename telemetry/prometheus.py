@@ -141,10 +141,12 @@ class Prometheus:
             params["time"] = f"{at:.3f}"
         return self.api("query", **params)["result"]
 
-    def scraped_after(self, moment: float) -> bool:
-        """Whether every target was scraped after ``moment`` (Unix time)."""
-        targets = self.api("targets")["activeTargets"]
-        return bool(targets) and all(
+    def scraped_after(self, moment: float, among: set[str] | None = None) -> bool:
+        """Whether every target (of ``among``, by scrape URL) was scraped after ``moment``
+        (Unix time)."""
+        targets = [t for t in self.api("targets")["activeTargets"]
+                   if among is None or t["scrapeUrl"] in among]
+        return (bool(targets) or among is not None) and all(
             t["health"] == "up" and _timestamp(t["lastScrape"]) > moment for t in targets)
 
     def ended(self) -> str | None:
@@ -159,10 +161,13 @@ class Prometheus:
                f"{self.directory / 'prometheus.log'})"
 
     def wait_scraped(self, timeout_s: float | None = None) -> None:
-        """Wait until every target has been scraped once more from now (the last counters
-        are in the data before the run stops it)."""
+        """Wait until every target that answers has been scraped once more from now (the
+        last counters are in the data before the run stops it); one that is down now (an
+        exporter that ended) is not waited for."""
         moment = time.time()
-        wait_for(lambda: self.scraped_after(moment),
+        up = {t["scrapeUrl"] for t in self.api("targets")["activeTargets"]
+              if t["health"] == "up"}
+        wait_for(lambda: self.scraped_after(moment, up),
                  timeout_s or max(10.0, 5 * self.interval_s), "a last scrape of every target")
 
 

@@ -55,6 +55,12 @@ def _exited(proc: subprocess.Popen, timeout_s: float) -> bool:
     return proc.poll() is not None
 
 
+def _port_of(target: object) -> int:
+    """The port of a ``host:port`` target (0: none)."""
+    port = str(target or "").rpartition(":")[2]
+    return int(port) if port.isdigit() else 0
+
+
 def exit_cause(returncode: int) -> str:
     """How a process ended, from its Popen return code (negative: the signal)."""
     if returncode < 0:
@@ -106,6 +112,7 @@ class Controller:
         self._listener: socket.socket | None = None
         self._bound: Path | None = None  # the unix socket's file, once bound
         self.restarts: list[float] = []  # when each take-over began (rate-limited)
+        self.metrics_port = 0  # the exporter's port a restarted controller serves again
 
     @property
     def channel(self) -> str:
@@ -230,6 +237,7 @@ class Controller:
         every switch programmed again) and what its warm start found and changed, as an event
         (a failure to take over is a service error)."""
         self.run.stop(dead)  # reaped, out of the run record
+        self.metrics_port = _port_of(self.status().get("metrics")) or self.metrics_port
         self.status_path.unlink(missing_ok=True)  # the dead one's: not what the new one says
         try:
             self.start(self.of_port, warm=True)
@@ -304,7 +312,8 @@ class Controller:
                        "--poll-interval-s", str(ctl.poll_interval_s),
                        "--granularity", ctl.granularity,
                        "--flowlet-gap-us", str(ctl.flowlet_gap_us)]) + (
-                   ["--warm-start"] if warm else []) + (
+                   ["--warm-start", "--metrics-port", str(self.metrics_port)] if warm
+                   else []) + (
                    ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])
         with open(self.run_dir / "controller.stderr", "w", encoding="utf-8") as err:
             self.process = self.run.spawn(None, cmd, "controller", stdout=subprocess.DEVNULL,

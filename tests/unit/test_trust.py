@@ -559,3 +559,22 @@ def test_a_build_arrives_as_data_checked_before_anything_is_built(monkeypatch):
     with pytest.raises(AttributeError):  # (past the checks: the stand-in builds nothing)
         worker.build(spec, part, ["10.0.0.1", 6653], None)
     assert built and built[0]["controller_at"] == ("10.0.0.1", 6653)
+
+
+def test_the_last_scrape_waits_for_targets_that_answer_only(tmp_path, monkeypatch):
+    """A restarted controller's exporter (a target that ended) made every run that kept its
+    controller through a restart fail at the end: "timed out waiting for a last scrape"."""
+    import time
+
+    from telemetry.prometheus import Prometheus
+
+    prom = Prometheus(tmp_path, {}, 1.0)
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now + 60))
+    monkeypatch.setattr(prom, "api", lambda path, **kw: {"activeTargets": [
+        {"scrapeUrl": "http://127.0.0.1:1/metrics", "health": "up", "lastScrape": stamp},
+        {"scrapeUrl": "http://127.0.0.1:2/metrics", "health": "down",
+         "lastScrape": "2026-01-01T00:00:00Z"}]})
+    started = time.monotonic()
+    prom.wait_scraped(timeout_s=5)
+    assert time.monotonic() - started < 2
