@@ -221,6 +221,16 @@ def play_fault(number: int, fault: str, datapath: str, delay_s: float, work: Pat
     """One round of a shared machine's fault (:mod:`bench.chaosfaults`)."""
     rnd = Round(number, fault, "-", datapath, round(delay_s, 2))
     state, text = work / f"state{number}", experiment(datapath)
+    began = time.monotonic()
+    try:
+        _fault(rnd, number, fault, delay_s, work, state, text)
+    finally:
+        rnd.exit_s = round(time.monotonic() - began, 2)  # (from the round's start)
+    return _settle(rnd, state, baseline)
+
+
+def _fault(rnd: Round, number: int, fault: str, delay_s: float, work: Path, state: Path,
+           text: str) -> None:
     if fault == "twin":
         runs = [cf.start_run(number, work, text, work / f"out{number}{t}", t, state=state)
                 for t in "ab"]
@@ -245,7 +255,7 @@ def play_fault(number: int, fault: str, datapath: str, delay_s: float, work: Pat
         if rnd.delivered:
             _deliver(rnd, fault, run, record)
         rnd.exit_code, rnd.hang = cf.finish(run, HANG_S)
-        if fault != "double-hup" and rnd.exit_code != 0:  # the rogue harmed the run
+        if rnd.delivered and fault != "double-hup" and rnd.exit_code != 0:  # harmed by it
             rnd.rogue = True
         if not rnd.delivered and rnd.exit_code != 0:
             rnd.next_run_failure = True
@@ -255,7 +265,6 @@ def play_fault(number: int, fault: str, datapath: str, delay_s: float, work: Pat
         if rnd.hang:
             _cli(state, "clean")
             rnd.cleaned = True
-    return _settle(rnd, state, baseline)
 
 
 def _deliver(rnd: Round, fault: str, run: subprocess.Popen, record) -> None:

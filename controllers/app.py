@@ -112,7 +112,9 @@ class FabricController(app_manager.OSKenApp):
         self.poll_times = metrics.poll_histogram()
         # the controller's exporter (127.0.0.1; the status names it): on the port its
         # predecessor served (a restart keeps Prometheus's target), else one from the OS
-        self.exporter = self._exporter(int(conf.metrics_port or 0))
+        self.exporter = Exporter([CallbackCollector(
+            lambda: metrics.controller_families(self.metric_stats(), self.poll_times))],
+            port=int(conf.metrics_port or 0)).start(or_any=True)
         self.write_status(force=True)
         hub.spawn(self._status_loop)
         hub.spawn(self._lldp_loop)
@@ -153,15 +155,6 @@ class FabricController(app_manager.OSKenApp):
                                "stats_cpu_s": round(self.cpu["stats"], 3),
                                "placement_cpu_s": round(self.cpu["placement"], 3)}
         write_json_atomic(self.status_path, doc)
-
-    def _exporter(self, port: int) -> Exporter:
-        collect = CallbackCollector(
-            lambda: metrics.controller_families(self.metric_stats(), self.poll_times))
-        try:
-            return Exporter([collect], port=port).start()
-        except OSError as err:  # taken meanwhile: one from the OS (the status says which)
-            LOG.warning("metrics port %d: %s; serving on another", port, err)
-            return Exporter([collect]).start()
 
     def metric_stats(self) -> dict:
         """The counters :func:`telemetry.model.metrics.controller_families` exports."""

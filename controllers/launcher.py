@@ -77,23 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     from os_ken.base import app_manager
     from os_ken.controller import controller  # noqa: F401 - registers the ofp-* options
 
-    cfg.CONF.register_opts([cfg.StrOpt(name) for name in
-                            ("topology", "status", "routing", "ecmp_seed", "ecmp_selection",
-                             "spray_weights", "poll_interval_s", "warm_start", "granularity",
-                             "flowlet_gap_us", "metrics_port")],
-                           group="fabriclab")
+    settings = {"topology": args.topology, "status": args.status, "routing": args.routing,
+                "ecmp_seed": args.ecmp_seed, "ecmp_selection": args.ecmp_selection,
+                "spray_weights": args.spray_weights, "poll_interval_s": args.poll_interval_s,
+                "warm_start": "1" if args.warm_start else "", "granularity": args.granularity,
+                "flowlet_gap_us": args.flowlet_gap_us, "metrics_port": args.metrics_port}
+    cfg.CONF.register_opts([cfg.StrOpt(name) for name in settings], group="fabriclab")
     cfg.CONF(args=_os_ken_args(args), project="os_ken")
-    cfg.CONF.set_override("topology", args.topology, group="fabriclab")
-    cfg.CONF.set_override("status", args.status, group="fabriclab")
-    cfg.CONF.set_override("routing", str(args.routing), group="fabriclab")
-    cfg.CONF.set_override("ecmp_seed", str(args.ecmp_seed), group="fabriclab")
-    cfg.CONF.set_override("ecmp_selection", str(args.ecmp_selection), group="fabriclab")
-    cfg.CONF.set_override("spray_weights", str(args.spray_weights), group="fabriclab")
-    cfg.CONF.set_override("poll_interval_s", str(args.poll_interval_s), group="fabriclab")
-    cfg.CONF.set_override("warm_start", "1" if args.warm_start else "", group="fabriclab")
-    cfg.CONF.set_override("granularity", str(args.granularity), group="fabriclab")
-    cfg.CONF.set_override("flowlet_gap_us", str(args.flowlet_gap_us), group="fabriclab")
-    cfg.CONF.set_override("metrics_port", str(args.metrics_port), group="fabriclab")
+    for name, value in settings.items():
+        cfg.CONF.set_override(name, str(value), group="fabriclab")
 
     def _stop(signum, _frame):
         # os-ken's native threads cannot be unwound by SystemExit from a handler; the app keeps

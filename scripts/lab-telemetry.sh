@@ -62,12 +62,10 @@ install -m 0644 telemetry/grafana/dashboards/*.json "$DASHBOARDS/"
 
 # Grafana's admin is never admin/admin: a password made once for this VM, readable by root only
 # (the VM's Grafana is reached only through the host's loopback forwards; visitors may view)
+# shellcheck source=scripts/services.sh
+. scripts/services.sh  # (the working directory is the project's)
 PASSWORD_FILE=/etc/fabriclab/grafana-admin-password
-if [ ! -s "$PASSWORD_FILE" ]; then
-  install -d -m 0700 /etc/fabriclab
-  (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$PASSWORD_FILE")
-fi
-GRAFANA_PASSWORD=$(cat "$PASSWORD_FILE")
+GRAFANA_PASSWORD=$(grafana_admin_password "$PASSWORD_FILE")
 export GF_SECURITY_ADMIN_PASSWORD=$GRAFANA_PASSWORD  # (the container's compose file reads it)
 
 grafana_settings() {  # the environment of Debian's grafana-server unit

@@ -42,14 +42,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   # (policy-rc.d), which is fine: tests start Prometheus by hand when they need it.
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Debian's prometheus package enables its own service, listening on every interface and used by
-# nothing here (each run starts its own Prometheus on loopback): stopped and disabled, unless the
-# lab VM's standing configuration (scripts/lab-telemetry.sh, which enables it) owns it.
-if [ -d /run/systemd/system ] && systemctl is-enabled prometheus >/dev/null 2>&1 \
-   && ! grep -q fabriclab /etc/prometheus/prometheus.yml 2>/dev/null; then
-  log "disabling Debian's own Prometheus service (unused; it listens on every interface)"
-  systemctl disable --now prometheus >/dev/null 2>&1 || true
-fi
+# shellcheck source=scripts/services.sh
+. scripts/services.sh  # (the working directory is the project's)
+disable_unused_prometheus
 
 ovs_ctl=/usr/share/openvswitch/scripts/ovs-ctl
 # Under systemd (the lab VM) its service owns the daemons; without it (CI, containers) ovs-ctl.

@@ -194,10 +194,17 @@ class Exporter:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> Exporter:
-        """Serve (in a daemon thread)."""
-        self.server, self.thread = start_http_server(self.port, addr=self.host,
-                                                     registry=self.registry)
+    def start(self, or_any: bool = False) -> Exporter:
+        """Serve (in a daemon thread); ``or_any``: on a port from the OS if the one asked
+        for is taken."""
+        try:
+            self.server, self.thread = start_http_server(self.port, addr=self.host,
+                                                         registry=self.registry)
+        except OSError:
+            if not (or_any and self.port):
+                raise
+            self.server, self.thread = start_http_server(0, addr=self.host,
+                                                         registry=self.registry)
         self.port = self.server.server_port
         return self
 

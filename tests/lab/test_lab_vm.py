@@ -183,6 +183,24 @@ def test_vagrant_up_gives_a_ready_lab(lab):
         with urllib.request.urlopen(
                 f"http://127.0.0.1:{vagrant.ports['grafana']}/api/health", timeout=10) as resp:
             assert json.load(resp)["database"] == "ok"
+        # its admin is not admin/admin: the VM's own password (root's file) is
+        import base64
+        import urllib.error
+
+        def admin(password: str) -> int:
+            auth = base64.b64encode(f"admin:{password}".encode()).decode()
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{vagrant.ports['grafana']}/api/admin/settings",
+                headers={"Authorization": f"Basic {auth}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        assert admin("admin") == 401
+        secret = vagrant.ssh("sudo cat /etc/fabriclab/grafana-admin-password").stdout.strip()
+        assert admin(secret) == 200
 
     # the quickstart fabric inside, on the kernel datapath
     start = time.monotonic()
