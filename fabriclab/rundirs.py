@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +56,7 @@ def writing_to(out: Path, resume: bool, force: bool) -> Iterator[Path | None]:
     make_dirs(out)
     fd = open_dir(out)
     try:
+        _refuse_shared(out, os.fstat(fd))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -64,6 +66,20 @@ def writing_to(out: Path, resume: bool, force: bool) -> Iterator[Path | None]:
         yield _set_aside(out, fd) if force else None
     finally:
         os.close(fd)
+
+
+def _refuse_shared(out: Path, st: os.stat_result) -> None:
+    """Root writes no results into a folder others may change under it: one writable by its
+    group or by everyone (unless sticky, as /tmp is, where no one may replace another's
+    file)."""
+    if os.geteuid() != 0:
+        return
+    shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+    if shared:
+        raise ConfigError("--out", f"{out} is writable by others (mode "
+                                   f"{stat.S_IMODE(st.st_mode):04o}): a run as root writes its "
+                                   "results only where no other user can change them; "
+                                   "'chmod go-w' it or give another --out")
 
 
 def _set_aside(out: Path, fd: int) -> Path | None:

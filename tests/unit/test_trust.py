@@ -268,3 +268,22 @@ def test_force_moves_the_earlier_run_aside_and_a_second_writer_is_refused(tmp_pa
                 pass
     with writing_to(out, resume=True, force=False) as aside:  # free again once done
         assert aside is None
+
+
+@needs_root("the refusal is root's: another user's run writes with that user's rights")
+def test_root_refuses_an_output_directory_others_may_write(tmp_path):
+    """Root wrote results into a folder any user could change under it."""
+    import pytest
+
+    from fabriclab.rundirs import writing_to
+    from testbed.errors import ConfigError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by others"):
+        with writing_to(shared, resume=False, force=False):
+            pass
+    shared.chmod(0o1777)  # sticky, as /tmp: no one replaces another's file
+    with writing_to(shared, resume=False, force=False):
+        pass
