@@ -73,6 +73,9 @@ def test_the_quickstart_fabric_runs_partitioned_over_two_machines(tmp_path, data
         assert doc["datapath"].startswith("ebpf") == (datapath == "ebpf"), doc["datapath"]
         assert doc["vswitchd_instances"] == (20 if datapath == "ovs" else 0)
         assert doc["controller"].startswith("10.250.0.1:")  # the coordinator's underlay
+        # OpenFlow over TLS where every machine's switches can (eBPF); said where not
+        plain = [w for w in doc["warnings"] if "OpenFlow runs over plain TCP" in w]
+        assert bool(plain) == (datapath != "ebpf"), doc["warnings"]
         out = tmp_path / "cluster"
         run = fabriclab_cli(["run", str(exp), "--out", str(out), "--cluster", cluster.address],
                    tmp_path / "coord", cluster)

@@ -116,7 +116,9 @@ def test_a_machine_handle_offers_every_method_of_its_actor_with_its_parameters()
     def public(cls) -> dict:
         return {n: f for n, f in vars(cls).items() if callable(f) and not n.startswith("_")}
 
-    actor = public(MachineAgent)
+    from fabriclab.cellagent import CellAgent
+
+    actor = {**public(MachineAgent), **public(CellAgent)}  # (--parallel's actors run cells)
     handle = public(MachineHandle)
     assert set(handle) == set(actor) - {"probe"}  # the cluster probes each actor itself
     for name, method in handle.items():

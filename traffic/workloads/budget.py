@@ -1,10 +1,11 @@
-"""What planning one experiment file may expand to, over all its runs (pure).
+"""What planning one experiment file may cost, over all its runs (pure).
 
-A file's base, variants and sweep cells are each planned in full when it is validated; a
-training job's phases and its MoE layers' expert draws are the costly part. The file's parse
-opens a :func:`planning` budget; each training job charges what it will expand to
-(:func:`charge`) before expanding it, so the whole file's validation stays bounded however its
-runs multiply. Outside a budget nothing is counted."""
+A file's base, variants and sweep cells are each planned in full when it is validated: every
+transfer of every collective's schedule (a training job's phases, a trace's entries) and every
+MoE expert draw. The file's parse opens a :func:`planning` budget; schedules charge each
+transfer as they make it and training jobs their expert draws before drawing them
+(:func:`charge`), each unit at what it costs this machine to plan, so the whole file's
+validation stays bounded however its runs multiply. Outside a budget nothing is counted."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from contextlib import contextmanager
 
 from testbed.errors import ConfigError
 
-#: the most of each unit a file's runs expand to together: communication phases (each a
-#: collective the agents run; about 5 us each to plan here) and MoE expert draws (tokens x
-#: experts; about 60 ns each here): a quarter and half a second of this machine's planning
-MOST = {"phases": 50_000, "draws": 10_000_000}
+#: what one unit costs to plan here, ns: a transfer of a schedule (built, merged, checked)
+#: and a MoE expert draw (a Gumbel key and its share of the top-k selection)
+COST_NS = {"transfers": 3_000, "draws": 60}
+#: the most planning a file's runs may cost together, ns
+MOST_NS = 1_200_000_000
 
 _spent: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
     "planning_budget", default=None)
@@ -26,24 +28,28 @@ _spent: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
 @contextmanager
 def planning() -> Iterator[dict[str, int]]:
     """One file's budget, for the duration of its parse; yields what was spent so far."""
-    token = _spent.set(spent := {unit: 0 for unit in MOST})
+    token = _spent.set(spent := {"ns": 0, **{unit: 0 for unit in COST_NS}})
     try:
         yield spent
     finally:
         _spent.reset(token)
 
 
-def charge(field: str, unit: str, amount: int, what: str) -> None:
-    """Spend ``amount`` of ``unit`` for one run's ``what`` (``plans N phases``).
+def charge(field: str, unit: str, amount: int = 1, what: str = "") -> None:
+    """Spend ``amount`` of ``unit`` (for ``what``, said when it is refused).
 
     Raises:
-        ConfigError: naming ``field``, once a run alone, or the file's runs together, would
-            expand to more than :data:`MOST` allows.
+        ConfigError: naming ``field``, once the file's runs together would cost more than
+            :data:`MOST_NS` to plan.
     """
     spent = _spent.get()
-    total = amount + (spent[unit] if spent is not None else 0)
-    if total > MOST[unit]:
-        together = "" if total == amount else f" ({total:,} over all the file's runs)"
-        raise ConfigError(field, f"{what}{together}; at most {MOST[unit]:,} {unit}")
-    if spent is not None:
-        spent[unit] = total
+    if spent is None:
+        return
+    spent[unit] += amount
+    spent["ns"] += amount * COST_NS[unit]
+    if spent["ns"] > MOST_NS:
+        raise ConfigError(field, (f"{what}: " if what else "")
+                          + f"the file's runs together would take about "
+                          f"{spent['ns'] / 1e9:.1f} s to plan ({spent['transfers']:,} "
+                          f"transfers, {spent['draws']:,} MoE expert draws); at most "
+                          f"{MOST_NS / 1e9:g} s: fewer variants, cells, iterations or ranks")

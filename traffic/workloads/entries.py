@@ -229,7 +229,7 @@ def training_spec(raw: dict) -> training.TrainingSpec:
     fields = {k: v for k, v in presets.resolve(raw).items() if k != "ranks"}
     fields["stragglers"] = tuple((s["rank"], float(s["slowdown"]))
                                  for s in fields.get("stragglers", ()))
-    return training.TrainingSpec(**fields).check()
+    return training.TrainingSpec(**training.whole_counts(fields)).check()
 
 
 def training_job(topo: Topology, raw: dict, index: int, connections: int,

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from testbed.errors import ConfigError
+from traffic.workloads import budget
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 ALGORITHMS = {"all_reduce": ("ring", "rhd", "tree"), "reduce_scatter": ("ring",),
@@ -86,6 +87,7 @@ class Schedule:
                 raise ConfigError(self.field_path, f"{self.op} over {self.ranks} ranks: more "
                                   f"than {MAX_TRANSFERS:,} transfers (an all-to-all over 512 "
                                   "ranks has 261,632); use fewer ranks")
+            budget.charge(self.field_path, "transfers")
             self.transfers.append(Transfer(step, src, dst, nbytes))
 
     @property

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import math
 import random
+import dataclasses
 from dataclasses import dataclass, fields
 
 from testbed.errors import ConfigError
@@ -38,7 +39,27 @@ FIELD = "workload.training"
 
 #: the most of each count a training job may ask for (checked before anything is expanded)
 MOST = {"iterations": 1_000, "layers": 1_024, "micro_batches": 1_024, "experts": 4_096,
-        "seq_len": 1 << 20, "micro_batch": 1_024}
+        "seq_len": 1 << 20, "micro_batch": 1_024, "hidden": 1 << 20, "params": 10 ** 13,
+        "tp": 8_192, "pp": 8_192, "dp": 8_192, "ep": 8_192, "top_k": 4_096,
+        "dtype_bytes": 16, "grad_dtype_bytes": 16, "moe_every": 1_024}
+
+
+def whole_counts(fields: dict) -> dict:
+    """``fields`` with the counts that YAML gave as whole floats (``2.0``: the schema's
+    integers allow them) as ints.
+
+    Raises:
+        ConfigError: a count that is not a whole number.
+    """
+    counts = {f.name for f in dataclasses.fields(TrainingSpec) if f.type in ("int", int)}
+    out = dict(fields)
+    for key in counts & set(fields):
+        value = fields[key]
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ConfigError(f"{FIELD}.{key}", f"a whole number, got {value}")
+            out[key] = int(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -85,8 +106,15 @@ class TrainingSpec:
         return self.tp * self.pp * self.dp
 
     def scaled(self, nbytes: float) -> int:
-        """Bytes times ``size_scale``, at least 1."""
-        return max(1, round(nbytes * self.size_scale))
+        """Bytes times ``size_scale``, at least 1.
+
+        Raises:
+            ConfigError: (``size_scale``) a product past any size (no float holds it)."""
+        try:
+            return max(1, round(nbytes * self.size_scale))
+        except (OverflowError, ValueError):
+            raise ConfigError(f"{FIELD}.size_scale", f"scales {nbytes:.3g} bytes past any "
+                                                     "size") from None
 
     @property
     def expert_count(self) -> int:
@@ -132,22 +160,18 @@ class TrainingSpec:
                                                     f"{getattr(self, key):,}")
 
     def charge(self) -> None:
-        """Charge the file's planning budget (:mod:`traffic.workloads.budget`) with what
-        the job expands to, before it is expanded: its communication phases and its MoE
-        layers' expert draws."""
+        """Charge the file's planning budget (:mod:`traffic.workloads.budget`) with the MoE
+        layers' expert draws, before they are drawn (each schedule's transfers are charged
+        as they are made)."""
         pp = max(1, self.pp)
-        layers = self.layers // pp
-        moe_layers = layers // self.moe_every if self.moe_every and self.ep > 1 else 0
-        planned = self.iterations * (self.micro_batches * 2 * pp * (2 * layers + 4 * moe_layers
-                                                                     + 1) + 1)
-        budget.charge(FIELD, "phases", planned, f"plans {planned:,} communication phases "
-                      "(iterations x micro_batches x stages x layers)")
+        moe_layers = self.layers // pp // self.moe_every if self.moe_every and self.ep > 1 \
+            else 0
         routings = (self.iterations * self.micro_batches * pp * moe_layers
                     * self.tp * max(1, self.dp // max(1, self.ep)))
         draws = routings * self.ep * self.seq_len * self.micro_batch * self.expert_count
         budget.charge(f"{FIELD}.experts", "draws", draws,
                       f"routing {routings:,} MoE layers' tokens to {self.expert_count:,} "
-                      f"experts takes {draws:,} draws (fewer experts, tokens or iterations)")
+                      "experts")
 
 
 @dataclass(frozen=True)
