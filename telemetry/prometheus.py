@@ -141,12 +141,13 @@ class Prometheus:
             params["time"] = f"{at:.3f}"
         return self.api("query", **params)["result"]
 
-    def scraped_after(self, moment: float, among: set[str] | None = None) -> bool:
-        """Whether every target (of ``among``, by scrape URL) was scraped after ``moment``
-        (Unix time)."""
+    def scraped_after(self, moment: float, skip: frozenset[str] = frozenset()) -> bool:
+        """Whether every target (but those of ``skip``, by scrape URL) was scraped after
+        ``moment`` (Unix time); False while Prometheus lists none (it applies its targets a
+        few seconds after it starts)."""
         targets = [t for t in self.api("targets")["activeTargets"]
-                   if among is None or t["scrapeUrl"] in among]
-        return (bool(targets) or among is not None) and all(
+                   if t["scrapeUrl"] not in skip]
+        return bool(targets) and all(
             t["health"] == "up" and _timestamp(t["lastScrape"]) > moment for t in targets)
 
     def ended(self) -> str | None:
@@ -161,13 +162,13 @@ class Prometheus:
                f"{self.directory / 'prometheus.log'})"
 
     def wait_scraped(self, timeout_s: float | None = None) -> None:
-        """Wait until every target that answers has been scraped once more from now (the
-        last counters are in the data before the run stops it); one that is down now (an
-        exporter that ended) is not waited for."""
+        """Wait until every target has been scraped once more from now (the last counters
+        are in the data before the run stops it); one that is down now (an exporter that
+        ended: a restarted controller's predecessor) is not waited for."""
         moment = time.time()
-        up = {t["scrapeUrl"] for t in self.api("targets")["activeTargets"]
-              if t["health"] == "up"}
-        wait_for(lambda: self.scraped_after(moment, up),
+        down = frozenset(t["scrapeUrl"] for t in self.api("targets")["activeTargets"]
+                         if t["health"] == "down")
+        wait_for(lambda: self.scraped_after(moment, down),
                  timeout_s or max(10.0, 5 * self.interval_s), "a last scrape of every target")
 
 

@@ -246,7 +246,7 @@ class Fabric:
 
     def _create_switches(self) -> None:
         ctl = self.controller
-        if ctl is None:  # a cluster machine's part: the coordinator's controller
+        if self.controller_at is not None:  # a cluster's coordinator's, or the user's remote
             pki = None if self.controller_pki is None else \
                 write_switch_pki(self.run_dir / "pki", self.controller_pki)
             self.switches.create(self.controller_at, pki,
