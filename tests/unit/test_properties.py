@@ -315,27 +315,27 @@ def trained_documents(draw):
     return doc
 
 
-def test_sweeps_validate_or_name_a_field_within_bounds(folder):
+def _drawn_documents(folder: Path, name: str, documents) -> dict[str, int]:
+    """Each document ``documents`` draws validated (:func:`_validate_document`) as the
+    ``name`` cases; returns how many built and how many were refused by field."""
     seen = {"ok": 0, "config": 0}
 
-    @_settings("sweep")
-    @given(swept_documents())
+    @_settings(name)
+    @given(documents)
     def check(doc):
-        _validate_document(folder / "swept.yaml", doc, seen)
+        _validate_document(folder / f"{name}.yaml", doc, seen)
 
     check()
+    return seen
+
+
+def test_sweeps_validate_or_name_a_field_within_bounds(folder):
+    seen = _drawn_documents(folder, "sweep", swept_documents())
     assert seen["config"] > 0, seen
 
 
 def test_training_counts_validate_or_name_a_field_within_bounds(folder):
-    seen = {"ok": 0, "config": 0}
-
-    @_settings("training")
-    @given(trained_documents())
-    def check(doc):
-        _validate_document(folder / "trained.yaml", doc, seen)
-
-    check()
+    seen = _drawn_documents(folder, "training", trained_documents())
     assert seen["ok"] > 0 and seen["config"] > 0, seen
 
 
