@@ -117,9 +117,10 @@ class Controller:
     @property
     def channel(self) -> str:
         """How the switches reach it: ``tls`` (the run's own certificates, both ways), where
-        the datapath can; else ``unix`` (a socket in the run's directory, root's only: the
-        machine's Open vSwitch keeps one SSL setting for all its bridges); ``tcp`` only when
-        ``controller.tls`` is false (or for a cluster's coordinator without TLS)."""
+        the datapath can; else ``unix`` (a socket of root's only, in Open vSwitch's run
+        directory: the machine's Open vSwitch keeps one SSL setting for all its bridges);
+        ``tcp`` only when ``controller.tls`` is false (or for a cluster's coordinator whose
+        machines may be on the kernel datapath)."""
         tls = self.spec.controller.tls
         if tls is False:
             return "tcp"
