@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -129,8 +130,6 @@ def _listen_and_say(controller_module, any_port: bool, port_file: str | None,
     the OS's choosing when ``any_port``; its port (0 for a unix socket) is written to
     ``port_file`` once listening. A port chosen free first and bound later left a window for
     another process; an inherited socket leaves none, even between two controllers."""
-    import socket
-
     from os_ken.lib import hub
 
     base = controller_module.StreamServer
@@ -161,20 +160,13 @@ def _listen_and_say(controller_module, any_port: bool, port_file: str | None,
     controller_module.StreamServer = Server
 
 
-def _unix_socket_class():
-    import socket
+class _UnixSocket(socket.socket):
+    """A switch's connection over a unix socket: TCP's options are no error on it (os-ken
+    sets TCP_NODELAY on every connection)."""
 
-    class UnixSocket(socket.socket):
-        """A switch's connection over a unix socket: TCP's options are no error on it."""
-
-        def setsockopt(self, level, *args):
-            if level != socket.IPPROTO_TCP:
-                super().setsockopt(level, *args)
-
-    return UnixSocket
-
-
-_UnixSocket = _unix_socket_class()
+    def setsockopt(self, level, *args):
+        if level != socket.IPPROTO_TCP:
+            super().setsockopt(level, *args)
 
 
 def _dead_when_the_connection_ends(datapath_class) -> None:
