@@ -23,9 +23,14 @@ Counted, by part and signal:
 * **lost**: results written before a fault unreadable afterwards, or a temporary file left.
 
     python bench/chaos.py [--rounds N] [--seed S] [--json FILE]
+    python bench/chaos.py --start N [--json FILE]
 
-Needs root, Open vSwitch running and Prometheus (what ``make setup`` installs). The 6-round
-version runs in ``make test`` (tests/integration/test_chaos.py).
+``--start N`` plays N rounds of a stop signal (HUP, TERM, INT in turn) to the orchestrator at
+moments spread evenly over its first 4 s: its imports, the handlers' installation, the
+live-run check and the build.
+
+Needs root, Open vSwitch running and Prometheus (what ``make setup`` installs). A 10-round
+version and a 12-round ``--start`` run in ``make test`` (tests/integration/test_chaos.py).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ from testbed.runs.registry import Registry, proc_start_time  # noqa: E402
 
 PARTS = ("orchestrator", "controller", "agent", "vswitchd", "prometheus")
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP}
+STOPS = {"HUP": signal.SIGHUP, "TERM": signal.SIGTERM, "INT": signal.SIGINT}
+START_SPREAD_S = 4.0  # --start: the stops' moments spread over the orchestrator's first 4 s
 HANG_S = 60.0  # a run that has not exited this long after its fault hangs
 START_S = 120.0  # the longest a run may take to reach the point its fault waits for
 
@@ -177,7 +184,7 @@ def play(number: int, part: str, sig: str, datapath: str, delay_s: float, work: 
         time.sleep(delay_s)
     faulted_at = time.monotonic()
     if target is not None and run.poll() is None and proc_start_time(target[0]) == target[1]:
-        os.kill(target[0], SIGNALS[sig])
+        os.kill(target[0], {**SIGNALS, **STOPS}[sig])
         rnd.delivered = True
         if part != "orchestrator":  # (its exit, tearing down, is what is measured)
             time.sleep(0.5)
@@ -331,6 +338,14 @@ def schedule(rounds: int, seed: int) -> list[tuple[str, str, str, float]]:
     return out
 
 
+def start_schedule(rounds: int) -> list[tuple[str, str, str, float]]:
+    """``--start``: a stop signal to the orchestrator at moments spread evenly over its first
+    :data:`START_SPREAD_S`, the stops in turn, on the eBPF datapath."""
+    stops = sorted(STOPS)
+    return [("orchestrator", stops[i % len(stops)], "ebpf", START_SPREAD_S * i / rounds)
+            for i in range(rounds)]
+
+
 def table(rounds: list[Round]) -> list[dict]:
     """Counts by part and signal."""
     rows = {}
@@ -358,12 +373,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--start", type=int, metavar="N",
+                        help="instead: N stop signals to the orchestrator over its first "
+                             f"{START_SPREAD_S:g} s")
     parser.add_argument("--json", type=Path, help="write every round and the table here")
     args = parser.parse_args(argv)
+    plan = start_schedule(args.start) if args.start else schedule(args.rounds, args.seed)
+    args.rounds = len(plan)
     baseline = machine_state()
     rounds: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="fabriclab-chaos-") as tmp:
-        for i, (part, sig, datapath, delay) in enumerate(schedule(args.rounds, args.seed)):
+        for i, (part, sig, datapath, delay) in enumerate(plan):
             rnd = (play_fault(i, part, datapath, delay, Path(tmp), baseline)
                    if part in cf.FAULTS else play(i, part, sig, datapath, delay, Path(tmp),
                                                   baseline))

@@ -21,7 +21,7 @@ from fabriclab.cli import requests as rq
 from fabriclab.cli.output import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SYSTEM, console,
                                   error_console)
 from fabriclab.options import TelemetryOptions, parse_exporter
-from fabriclab.signals import Terminated, raise_on_stop_signals
+from fabriclab.signals import Terminated, raise_on_stop_signals, stop_received
 from telemetry.model.promconfig import DEFAULT_SCRAPE_INTERVAL_S, LOOPBACK
 from testbed.errors import ConfigError, TestbedError, printable
 from testbed.model.spec import Backend
@@ -359,9 +359,22 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    ui = console(to_stderr=args.json)
     raise_on_stop_signals()
+    try:
+        code = _handle(build_parser().parse_args(argv))
+    except (KeyboardInterrupt, Terminated):  # before the handler's own try, or after it
+        return EXIT_INTERRUPTED
+    lost = stop_received()
+    if code == 0 and lost is not None:  # dropped where no exception could unwind (a library)
+        error_console().print(f"[red]{lost} arrived but could not interrupt the command:[/red] "
+                              "it went on to the end; exit 130 all the same")
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _handle(args: argparse.Namespace) -> int:
+    """The command's handler on its request; every error turned into its exit code."""
+    ui = console(to_stderr=args.json)
     verbose = args.command == "up" and args.verbose
     if args.insecure_cluster:
         from testbed.cluster import machines

@@ -28,3 +28,19 @@ def test_ten_rounds_of_chaos_leave_nothing_hide_nothing_and_hang_nothing(tmp_pat
             doc["totals"]["next_run_failures"], doc["totals"]["rogue"],
             doc["totals"]["lost"]) == (0, 0, 0, 0, 0, 0), proc.stdout[-6000:]
     assert proc.returncode == 0, proc.stdout[-4000:]
+
+
+def test_a_stop_at_any_moment_of_a_runs_start_ends_it_and_leaves_nothing(tmp_path):
+    """HUP, TERM and INT to the orchestrator at 12 moments of its first 4 s (imports, the
+    handlers' installation, the live-run check, the build): never exit 0, nothing left."""
+    out = tmp_path / "start.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--start", "12",
+                           "--json", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=1200)
+    assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["totals"]["delivered"] == 12, proc.stdout[-4000:]
+    assert [r["exit_code"] for r in doc["rounds"] if r["exit_code"] == 0] == [], proc.stdout
+    assert (doc["totals"]["leaks"], doc["totals"]["hangs"], doc["totals"]["silent"],
+            doc["totals"]["next_run_failures"]) == (0, 0, 0, 0), proc.stdout[-6000:]
+    assert proc.returncode == 0, proc.stdout[-4000:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from pathlib import Path
 
 from fabriclab.signals import Terminated, raise_on_stop_signals
 from testbed.fabric.lifecycle import signals_deferred
@@ -18,6 +20,7 @@ def test_a_dropped_ssh_sessions_second_sighup_does_not_interrupt_teardown():
     """An ssh session that drops sends SIGHUP twice: the first starts the teardown, the second
     (in it) used to raise Terminated out of it and leak what was left."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    hook = sys.unraisablehook
     try:
         raise_on_stop_signals()
         finished = False
@@ -30,6 +33,79 @@ def test_a_dropped_ssh_sessions_second_sighup_does_not_interrupt_teardown():
             pass
         assert finished
         assert signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN  # handlers back after
+    finally:
+        sys.unraisablehook = hook
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+#: a stop signal handled inside a weak reference's callback (where Python drops an exception,
+#: as in the import machinery's module-lock callbacks), then the command's own code
+SWALLOWED = """
+import os, signal, sys, time, weakref
+from fabriclab.signals import Terminated, raise_on_stop_signals, stop_received
+
+class Thing:
+    pass
+
+def callback(_ref):
+    os.kill(os.getpid(), signal.SIG{name})
+    for _ in range(1000):  # the handler runs here, inside the callback
+        pass
+
+raise_on_stop_signals()
+thing = Thing()
+ref = weakref.ref(thing, callback)
+try:
+    del thing
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("lost", stop_received())
+except (Terminated, KeyboardInterrupt) as err:
+    print("unwound", type(err).__name__, stop_received())
+"""
+
+
+def test_a_stop_dropped_inside_a_callback_still_unwinds_the_command():
+    """A SIGHUP 0.4 s into a run, on a loaded machine, landed in a module lock's weak
+    reference callback during an import: Python printed "Exception ignored" and the run went
+    on to exit 0. The stop is now delivered again once the callback returns."""
+    import subprocess
+    import sys
+
+    for name, raised in (("HUP", "Terminated"), ("TERM", "Terminated"),
+                         ("INT", "KeyboardInterrupt")):
+        out = subprocess.run([sys.executable, "-c", SWALLOWED.replace("{name}", name)],
+                             capture_output=True, text=True, timeout=60,
+                             cwd=Path(__file__).resolve().parents[2])
+        assert out.stdout.split() == ["unwound", raised, f"SIG{name}"], out.stderr
+
+
+def test_a_command_a_stop_reached_too_late_to_unwind_does_not_exit_0(monkeypatch, capsys):
+    """Where a library drops the stop's exception and the command runs on to its end, the
+    exit says it was stopped (130), never 0."""
+    from fabriclab.cli import main as cli
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    sent = []
+
+    def swallowing(_request, _ui):
+        if not sent:
+            sent.append(signal.SIGHUP)
+            try:
+                os.kill(os.getpid(), signal.SIGHUP)
+            except Terminated:  # as a library's bare except would
+                pass
+        return 0
+
+    monkeypatch.setattr(cli.Command, "handler", lambda self: swallowing)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    try:
+        assert cli.main(["clean"]) == 130
+        assert "SIGHUP arrived but could not interrupt" in capsys.readouterr().err
+        assert cli.main(["clean"]) == 0  # the next command starts with no stop recorded
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
