@@ -123,7 +123,9 @@ class Hpcc(WindowControl):
             self.updates += 1
         cfg = self.cfg
         if self.u >= cfg.eta or self.stage >= cfg.max_stage:
-            w = self.wc / (self.u / cfg.eta) + cfg.additive_bytes
+            # U of 0 (no queue and no bytes between two stamps of one instant): the ceiling
+            w = (self.wc / (self.u / cfg.eta) if self.u > 0 else 4.0 * cfg.bdp_bytes) \
+                + cfg.additive_bytes
             if update:
                 self.stage = 0
                 if w < self.wc:
