@@ -101,9 +101,10 @@ def _stamp(pkt: Packet, now: float, rng: random.Random, counters: list[int], rat
 
 def drive(sender: Twin, receiver: Twin, rng: random.Random, net: Network, rtt_s: float,
           rate_bps: float, offers: list[tuple[float, int]], until_s: float,
-          max_steps: int = 4000) -> int:
+          max_steps: int = 4000, credit=None) -> int:
     """Run both pairs until every offer is acknowledged, ``until_s`` or ``max_steps``;
-    returns the steps taken."""
+    returns the steps taken. ``credit``: the receiver's credit scheduler (the reference's
+    :class:`~traffic.transports.rccc.CreditReceiver`), whose grants go to both senders."""
     now, seq = 0.0, itertools.count()
     wire: list = []  # (arrival, seq, to_receiver, packet)
     pending = sorted(offers)
@@ -113,8 +114,12 @@ def drive(sender: Twin, receiver: Twin, rng: random.Random, net: Network, rtt_s:
             sender.call("offer", pending.pop(0)[1])
         while (pkt := sender.call("poll", now)) is not None:
             _send(pkt, now, rng, net, wire, seq, counters, rate_bps)
+        for qp, total in credit.poll(now) if credit else ():
+            grant = Packet(Kind.GRANT, qp, sack=total)
+            heapq.heappush(wire, (now + net.delay_s, next(seq), False, grant))
         times = [t for t in (sender.call("next_send_time"), sender.call("timer"),
-                             receiver.call("timer")) if t is not None and t < 1e300]
+                             receiver.call("timer"), credit and credit.next_time())
+                 if t is not None and t < 1e300]
         if wire:
             times.append(wire[0][0])
         if pending:
@@ -126,10 +131,15 @@ def drive(sender: Twin, receiver: Twin, rng: random.Random, net: Network, rtt_s:
             break
         while wire and wire[0][0] <= now:
             _, _, to_receiver, pkt = heapq.heappop(wire)
-            if to_receiver:
+            if to_receiver and pkt.kind == Kind.REQ:
+                credit.on_request(pkt.qp, pkt.sack)
+            elif to_receiver:
+                before = receiver.same("received_bytes") if credit else 0
                 for reply in receiver.call("on_packet", pkt, now):
                     if rng.random() >= net.reply_loss:
                         heapq.heappush(wire, (now + net.delay_s, next(seq), False, reply))
+                if credit:
+                    credit.on_data(pkt.qp, receiver.same("received_bytes") - before)
             else:
                 sender.call("on_packet", pkt, now)
         timer = sender.call("timer")
@@ -144,7 +154,8 @@ def drive(sender: Twin, receiver: Twin, rng: random.Random, net: Network, rtt_s:
 
 def _send(pkt: Packet, now: float, rng: random.Random, net: Network, wire: list, seq,
           counters: list[int], rate_bps: float) -> None:
-    if pkt.kind != Kind.DATA:  # a credit request: to the receiver's side, not modelled
+    if pkt.kind == Kind.REQ:  # a credit request: to the receiver's credit scheduler
+        heapq.heappush(wire, (now + net.delay_s, next(seq), True, pkt))
         return
     if rng.random() < net.loss:
         return

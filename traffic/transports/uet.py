@@ -291,8 +291,8 @@ class UetSender:
             low = bits & -bits
             psn = pkt.ack + low.bit_length()
             bits ^= low
-            if psn < self.nxt and psn not in self.acked:
-                newly.append(psn)
+            if self.una <= psn < self.nxt and psn not in self.acked:  # (a stale ACK's
+                newly.append(psn)  # bits below una are acknowledged already)
         acked_bytes = 0
         for psn in set(newly):
             self.acked.add(psn)

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from traffic.transports.packet import MAX_ECHO, SACK_BITS, Flag, Kind, Packet
 from traffic.transports.uet_control import UetConfig
 
+#: a PSN this far or more beyond the cumulative one is not this queue pair's (a stray or forged
+#: datagram): ignored, so that no datagram makes a receiver track millions of PSNs
+PSN_WINDOW = 1 << 20
+
 
 @dataclass
 class UetReceiver:
@@ -43,6 +47,9 @@ class UetReceiver:
     def on_packet(self, pkt: Packet, now: float) -> list[Packet]:
         st = self.stats
         st["packets"] += 1
+        if pkt.psn - self.cum >= PSN_WINDOW or (not self.cfg.reliable
+                                                 and pkt.ack - self.cum >= PSN_WINDOW):
+            return []
         st["ce"] += 1 if pkt.ce else 0
         out = []
         if pkt.trimmed:  # its header only: NACK it at once (nothing placed)

@@ -1,6 +1,7 @@
 /* traffic.native._engine: the compiled transport engine (docs/transports.md, "Engines"). */
 #include "py_common.h"
 #include "py_roce.h"
+#include "py_uet.h"
 
 static PyObject *rng_draws(PyObject *mod, PyObject *args) {
     /* the first n draws of randrange(below) from random.Random(seed): for the tests that
@@ -51,7 +52,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",
                                     "The compiled transport engine", -1, methods};
 
 PyMODINIT_FUNC PyInit__engine(void) {
-    PyTypeObject *types[] = {&fl_RoceSenderType, &fl_RoceReceiverType};
+    PyTypeObject *types[] = {&fl_RoceSenderType, &fl_RoceReceiverType, &fl_UetSenderType,
+                             &fl_UetReceiverType};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;

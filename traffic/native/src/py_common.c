@@ -191,3 +191,17 @@ PyObject *fl_py_time(bool have, double at) {
         Py_RETURN_NONE;
     return PyFloat_FromDouble(at);
 }
+
+PyObject *fl_py_counters(const char *const *names, const int64_t *values, int n) {
+    PyObject *out = PyDict_New();
+    for (int i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(values[i]);
+        if (!v || PyDict_SetItemString(out, names[i], v)) {
+            Py_XDECREF(v);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    return out;
+}

@@ -20,6 +20,8 @@ int fl_attr_int(PyObject *o, const char *name, int64_t *out);
 int fl_attr_bool(PyObject *o, const char *name, bool *out);
 /* a (src, ch) tuple */
 int fl_py_qp(PyObject *qp, int *src, int *ch);
+/* a dict of counters: names[i] -> values[i] */
+PyObject *fl_py_counters(const char *const *names, const int64_t *values, int n);
 /* Py_None for false, a float otherwise */
 PyObject *fl_py_time(bool have, double at);
 
