@@ -93,21 +93,25 @@ def test_ring_all_reduce_and_all_to_all_over_loopback(tmp_path):
                for r in results)
 
 
-def test_the_udp_transports_move_every_byte_over_loopback(tmp_path):
-    import pytest
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_the_udp_transports_move_every_byte_over_loopback(tmp_path, engine):
+    from traffic.native import engine as compiled
 
+    if engine == "native" and compiled is None:
+        pytest.skip("the compiled engine is not built")
     a2a = build("all_to_all", 4, 256 << 10)
     colls = [Collective("all_to_all", HOSTS, a2a)]
     # loopback has no switches to pace against: 200 Mbit/s, a 1 ms RTT
     scale = {"rate_bps": 200e6, "base_rtt_s": 0.001, "mss": 8936}
     for transport, spray, dcqcn in (("rocev2", False, "connectx"), ("uet", True, "paper")):
         reports = _run_agents(tmp_path, colls, 1, transport=transport, spray=spray,
-                              scale=scale, dcqcn=dcqcn)
+                              scale=scale, dcqcn=dcqcn, options={"engine": engine})
         for rank, report in enumerate(reports):
             timing = report.collectives[0]
             assert sum(f.bytes for f in timing.flows) == a2a.received_by(rank)
             t = timing.transport
             assert t["transport"] == transport and t["tx_bytes"] >= a2a.sent_by(rank)
+            assert t["engine"] == engine
         results = summarize(colls, reports, rate_mbps=200, mtu=9000)
         assert results[0].transport["tx_packets"] > 0, transport
         constants = results[0].transport["constants"]  # printed with the results

@@ -25,7 +25,7 @@ FOLDERS = {
     "testbed/cluster": ADAPTER, "testbed/vm": ADAPTER, "testbed/switch": ADAPTER,
     "testbed/openflow": PURE,
     "traffic": PURE, "traffic/workloads": PURE, "traffic/measure": PURE, "traffic/predict": PURE,
-    "traffic/transports": PURE, "traffic/agents": ADAPTER,
+    "traffic/transports": PURE, "traffic/agents": ADAPTER, "traffic/native": ADAPTER,
     "controllers": ADAPTER, "controllers/routing": PURE,
     "telemetry": ADAPTER, "telemetry/model": PURE,
     "fabriclab": ADAPTER, "fabriclab/model": PURE, "fabriclab/cli": ADAPTER,

@@ -47,6 +47,7 @@ from traffic.workloads.schedules import chunk_sizes
 from traffic.measure.results import LEAST_KEYS, MOST_KEYS
 from traffic.agents import tcpinfo
 from traffic.agents.engine import UdpEngine
+from traffic.agents.native import choose
 from traffic.transports.packet import Scale
 
 BUF = memoryview(bytearray(1 << 20))
@@ -95,7 +96,10 @@ class Agent:
         if spec.transport != "tcp":
             scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
             delays = spec.scale.get("delays_s")
-            self.engine = UdpEngine(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
+            engine_class, why = choose(spec.transport_options)
+            if why:
+                print(why, file=sys.stderr)
+            self.engine = engine_class(spec.transport, rank, [r.ip for r in spec.ranks], spec.port,
                                     scale, spec.dscp, spec.spray, dcqcn=spec.dcqcn,
                                     options=spec.transport_options,
                                     ranks=spec.ranks,

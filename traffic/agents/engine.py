@@ -101,7 +101,7 @@ class UdpEngine:
             self.cfg = RoceConfig.scaled(scale, dcqcn, self.options.congestion_control,
                                          spray=self.spray, entropies=entropies)
         else:
-            opt = {k: getattr(self.options, k) for k in PER_KIND["uet"]}
+            opt = {k: getattr(self.options, k) for k in PER_KIND["uet"] if k != "engine"}
             self.cfg = UetConfig.scaled(scale, spray=self.spray, entropies=entropies, **opt)
         cnp_dscp = self.cfg.cnp_dscp if transport == "rocev2" else dscp
         self.cnp_tos = (socket.IPPROTO_IP, socket.IP_TOS, bytes([cnp_dscp << 2]))
@@ -210,7 +210,7 @@ class UdpEngine:
 
     def summary(self) -> dict:
         """Totals over the queue pairs so far (the agent diffs them per collective)."""
-        out = {**transport_settings(self.transport, self.spray, self.cfg),
+        out = {**transport_settings(self.transport, self.spray, self.cfg), "engine": "python",
                "local_drops": self.local_drops, **self.timing.summary()}
         if self.credit is not None:
             out["rx_grants"] = self.credit.grants

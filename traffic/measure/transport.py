@@ -31,13 +31,18 @@ def transport_settings(transport: str, spray: bool, cfg) -> dict:
 def queue_pair_totals(senders: list, receivers: list) -> dict:
     """The senders' counters (``tx_``) and the receivers' (``rx_``), summed; a window is no
     counter."""
+    return counter_totals([s.summary() for s in senders], [r.stats for r in receivers])
+
+
+def counter_totals(senders: list[dict], receivers: list[dict]) -> dict:
+    """:func:`queue_pair_totals` of the senders' summaries and the receivers' counters."""
     out: dict = {}
-    for s in senders:
-        for k, v in s.summary().items():
+    for summary in senders:
+        for k, v in summary.items():
             if isinstance(v, (int, float)) and k != "cwnd_bytes":
                 out[f"tx_{k}"] = out.get(f"tx_{k}", 0) + v
-    for r in receivers:
-        for k, v in r.stats.items():
+    for stats in receivers:
+        for k, v in stats.items():
             out[f"rx_{k}"] = out.get(f"rx_{k}", 0) + v
     return out
 

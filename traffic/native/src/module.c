@@ -3,6 +3,8 @@
 #include "py_roce.h"
 #include "py_uet.h"
 
+extern PyTypeObject fl_HostType;
+
 static PyObject *rng_draws(PyObject *mod, PyObject *args) {
     /* the first n draws of randrange(below) from random.Random(seed): for the tests that
      * check the generator against Python's */
@@ -53,7 +55,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_engine",
 
 PyMODINIT_FUNC PyInit__engine(void) {
     PyTypeObject *types[] = {&fl_RoceSenderType, &fl_RoceReceiverType, &fl_UetSenderType,
-                             &fl_UetReceiverType};
+                             &fl_UetReceiverType, &fl_HostType};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;

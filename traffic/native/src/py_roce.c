@@ -165,24 +165,27 @@ static PyObject *sender_on_timer(SenderObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *sender_stats(SenderObject *self, void *unused) {
-    const fl_roce_sender *s = &self->s;
+PyObject *fl_py_roce_stats(const fl_roce_sender *s) {
     return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "packets", s->st_packets, "bytes", s->st_bytes,
                          "retransmitted", s->st_retx, "retransmitted_bytes", s->st_retx_bytes,
                          "naks", s->st_naks, "cnps", s->st_cnps, "timeouts", s->st_timeouts,
                          "entropies", s->n_entropies);
 }
 
-static PyObject *sender_summary(SenderObject *self, PyObject *unused) {
-    PyObject *out = sender_stats(self, NULL);
+static PyObject *sender_stats(SenderObject *self, void *unused) {
+    return fl_py_roce_stats(&self->s);
+}
+
+PyObject *fl_py_roce_summary(const fl_roce_sender *s) {
+    PyObject *out = fl_py_roce_stats(s);
     if (!out)
         return NULL;
-    PyObject *cuts = PyLong_FromLongLong(self->s.has_cc ? self->s.cc.cuts : 0);
+    PyObject *cuts = PyLong_FromLongLong(s->has_cc ? s->cc.cuts : 0);
     if (!cuts || PyDict_SetItemString(out, "rate_cuts", cuts))
         goto fail;
     Py_DECREF(cuts);
-    if (self->s.window_cc) {
-        PyObject *w = PyLong_FromLongLong((long long)self->s.cc.window);
+    if (s->window_cc) {
+        PyObject *w = PyLong_FromLongLong((long long)s->cc.window);
         if (!w || PyDict_SetItemString(out, "cwnd_bytes", w)) {
             Py_XDECREF(w);
             Py_DECREF(out);
@@ -197,14 +200,21 @@ fail:
     return NULL;
 }
 
-static PyObject *sender_describe(SenderObject *self, PyObject *unused) {
+static PyObject *sender_summary(SenderObject *self, PyObject *unused) {
+    return fl_py_roce_summary(&self->s);
+}
+
+PyObject *fl_py_roce_describe(const fl_roce_sender *s) {
     char text[256];
-    const fl_roce_sender *s = &self->s;
     snprintf(text, sizeof text,
              "%lld/%zu packets acknowledged, next %lld, rate %.3f Mbit/s, %lld timeouts",
              (long long)s->una, s->lengths.len, (long long)s->nxt, fl_roce_rate_bps(s) / 1e6,
              (long long)s->st_timeouts);
     return PyUnicode_FromString(text);
+}
+
+static PyObject *sender_describe(SenderObject *self, PyObject *unused) {
+    return fl_py_roce_describe(&self->s);
 }
 
 static PyObject *sender_lengths(SenderObject *self, void *unused) {
@@ -301,7 +311,10 @@ static PyObject *receiver_on_timer(ReceiverObject *self, PyObject *arg) {
 }
 
 static PyObject *receiver_stats(ReceiverObject *self, void *unused) {
-    const fl_roce_receiver *r = &self->r;
+    return fl_py_roce_rx_stats(&self->r);
+}
+
+PyObject *fl_py_roce_rx_stats(const fl_roce_receiver *r) {
     return Py_BuildValue("{sLsLsLsLsLsLsL}", "packets", r->st_packets, "out_of_order",
                          r->st_ooo, "duplicates", r->st_dups, "naks", r->st_naks, "cnps",
                          r->st_cnps, "ce", r->st_ce, "trimmed", r->st_trimmed);

@@ -7,5 +7,10 @@
 
 extern PyTypeObject fl_RoceSenderType, fl_RoceReceiverType;
 int fl_read_roce_cfg(PyObject *cfg, fl_roce_cfg *out);
+/* a sender's summary and counters, its state in a line; a receiver's counters */
+PyObject *fl_py_roce_stats(const fl_roce_sender *s);
+PyObject *fl_py_roce_summary(const fl_roce_sender *s);
+PyObject *fl_py_roce_describe(const fl_roce_sender *s);
+PyObject *fl_py_roce_rx_stats(const fl_roce_receiver *r);
 
 #endif

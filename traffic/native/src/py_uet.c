@@ -139,12 +139,11 @@ static PyObject *sender_on_timer(SenderObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *sender_stats(SenderObject *self, void *unused) {
+PyObject *fl_py_uet_stats(const fl_uet_sender *s) {
     static const char *const names[] = {
         "packets", "bytes", "retransmitted", "retransmitted_bytes", "naks", "timeouts",
         "sack_losses", "spurious", "ce_acks", "probes", "trim_naks", "credit_requests",
         "grants", "credit_stalls", "lost", "lost_bytes", "entropies"};
-    const fl_uet_sender *s = &self->s;
     int64_t values[] = {s->st_packets, s->st_bytes, s->st_retx, s->st_retx_bytes, s->st_naks,
                         s->st_timeouts, s->st_sack_losses, s->st_spurious, s->st_ce_acks,
                         s->st_probes, s->st_trim_naks, s->st_credit_requests, s->st_grants,
@@ -152,13 +151,16 @@ static PyObject *sender_stats(SenderObject *self, void *unused) {
     return fl_py_counters(names, values, sizeof values / sizeof *values);
 }
 
-static PyObject *sender_summary(SenderObject *self, PyObject *unused) {
+static PyObject *sender_stats(SenderObject *self, void *unused) {
+    return fl_py_uet_stats(&self->s);
+}
+
+PyObject *fl_py_uet_summary(const fl_uet_sender *s) {
     static const char *const names[] = {"rate_cuts", "cwnd_bytes", "entropies_recycled",
                                         "entropies_explored", "entropies_penalised"};
-    const fl_uet_sender *s = &self->s;
     int64_t values[] = {s->window.cuts, s->window.cwnd, s->paths.recycled, s->paths.explored,
                         s->paths.penalised};
-    PyObject *out = sender_stats(self, NULL);
+    PyObject *out = fl_py_uet_stats(s);
     PyObject *more = fl_py_counters(names, values, sizeof values / sizeof *values);
     PyObject *ms = PyFloat_FromDouble(s->reo_wnd * 1e3);
     PyObject *rounded = ms ? PyObject_CallMethod(ms, "__round__", "i", 3) : NULL;
@@ -175,9 +177,12 @@ static PyObject *sender_summary(SenderObject *self, PyObject *unused) {
     return out;
 }
 
-static PyObject *sender_describe(SenderObject *self, PyObject *unused) {
+static PyObject *sender_summary(SenderObject *self, PyObject *unused) {
+    return fl_py_uet_summary(&self->s);
+}
+
+PyObject *fl_py_uet_describe(const fl_uet_sender *s) {
     char text[256];
-    const fl_uet_sender *s = &self->s;
     snprintf(text, sizeof text,
              "%lld/%zu packets acknowledged, %lld in flight, %lld to resend, window %lld B, "
              "timeout %.2f s, %lld timeouts",
@@ -185,6 +190,10 @@ static PyObject *sender_describe(SenderObject *self, PyObject *unused) {
              (long long)fl_uet_retx_len(s), (long long)s->window.cwnd, fl_uet_rto_s(s),
              (long long)s->st_timeouts);
     return PyUnicode_FromString(text);
+}
+
+static PyObject *sender_describe(SenderObject *self, PyObject *unused) {
+    return fl_py_uet_describe(&self->s);
 }
 
 static PyObject *sender_lengths(SenderObject *self, void *unused) {
@@ -297,13 +306,16 @@ static PyObject *receiver_on_timer(ReceiverObject *self, PyObject *arg) {
     return n < 0 ? PyErr_NoMemory() : fl_py_packets(out, n);
 }
 
-static PyObject *receiver_stats(ReceiverObject *self, void *unused) {
+PyObject *fl_py_uet_rx_stats(const fl_uet_receiver *r) {
     static const char *const names[] = {"packets", "out_of_order", "duplicates", "naks", "ce",
                                         "acks", "trimmed", "lost", "lost_bytes"};
-    const fl_uet_receiver *r = &self->r;
     int64_t values[] = {r->st_packets, r->st_ooo, r->st_dups, r->st_naks, r->st_ce,
                         r->st_acks, r->st_trimmed, r->st_lost, r->st_lost_bytes};
     return fl_py_counters(names, values, sizeof values / sizeof *values);
+}
+
+static PyObject *receiver_stats(ReceiverObject *self, void *unused) {
+    return fl_py_uet_rx_stats(&self->r);
 }
 
 static PyObject *receiver_delivered(ReceiverObject *self, void *u) {
