@@ -398,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                   + ("; NEXT-RUN FAILURE" if rnd.next_run_failure else "")
                   + ("; ROGUE" if rnd.rogue else "") + ("; LOST" if rnd.lost else "")
                   + (f"; said: {rnd.said[:160]}" if rnd.said else ""), flush=True)
-            if not rnd.ok:
-                for log in sorted(Path(tmp).glob(f"run{i}*.log")):
+            if not rnd.ok:  # the round's output and any traceback fabriclab kept
+                for log in sorted(Path(tmp).glob(f"run{i}*.log")) + sorted(
+                        Path(tmp).glob(f"state{i}/errors/*.txt")):
                     print(log.read_text(errors="replace")[-3000:])
     rows = table(rounds)
     totals = {k: sum(r[k] for r in rows) for k in ("rounds", "delivered", "survived", "leaks",
