@@ -17,7 +17,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 want="extras=$EXTRAS groups=$DEP_GROUPS"
 stamp="$VENV/.fabriclab-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+# the compiled transport engine (setup.py) is built by the install: again when its sources change
+native_changed() { [ -n "$(find traffic/native/src setup.py -newer "$stamp" 2>/dev/null | head -1)" ]; }
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || native_changed \
    || { [ -n "$EXTRAS$DEP_GROUPS" ] && ! grep -qxF "$want" "$stamp"; }; then
   quiet() { grep -vE "WARNING: Location|^ *$" >&2 || true; }
   if [ -n "$DEP_GROUPS" ]; then  # dependency groups need pip 25.1 or newer
