@@ -86,7 +86,7 @@ def transport_totals(per_rank: list[dict | None]) -> dict | None:
         return None
     out: dict = {k: rows[0][k] for k in ("transport", "spray", "dcqcn", "constants",
                                          "delivery", "rccc", "nscc", "congestion_control",
-                                         "entropy")
+                                         "entropy", "engine")
                  if k in rows[0]}
     for row in rows:
         _add(out, row)

@@ -44,6 +44,7 @@ class TransportCounters(Record):
     congestion_control: str | None = optional()
     dcqcn: str | None = optional()
     constants: str | None = optional()
+    engine: str | None = optional()  # the agents' engine: native (compiled) or python
     rtt_min_us: float | None = optional()  # the least round trip a sender saw (any rank)
     # the least, over the senders' peers, of the round trip measured over its path's unloaded
     # one (a time-scaled fabric's agents know the latter)
