@@ -8,8 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${FABRICLAB_VENV:-$ROOT/.venv}
+# gcc and python3-dev build the compiled transport engine at install (setup.py; without them
+# the agents run the Python engine)
 PACKAGES=(mininet openvswitch-switch python3-openvswitch iperf3 fping tcpdump prometheus python3-venv python3-pip
-          iproute2 ethtool procps)
+          iproute2 ethtool procps gcc python3-dev)
 # installed the first time an experiment needs them (testbed/linux/packages.py), by the tests'
 # set-up (scripts/test-deps.sh), and in the lab VM's box: the eBPF toolchain (ECN marker, link
 # cuts) and the full-kernel guest's tools
