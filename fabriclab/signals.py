@@ -10,6 +10,7 @@ as "Exception ignored" and dropped (the import machinery's module-lock callbacks
 place). A stop signal landing there would be lost and the command would run on to exit 0. So
 the stop is delivered again, once the callback has returned, through ``sys.unraisablehook``,
 and :func:`stop_received` tells the command's exit that a stop arrived whatever became of it.
+Inside a call that must not be cut (:mod:`testbed.stops`), a stop waits until it returns.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import signal
 import sys
 import threading
 import time
+
+from testbed import stops
 
 #: the stop signals this module turns into exceptions
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -37,9 +40,11 @@ _earlier_hook = sys.unraisablehook
 def _on_signal(signum, _frame) -> None:
     name = signal.Signals(signum).name
     _received.append(name)
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(name)
+    exc = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(name)
+    if stops.holding():  # inside a library call an exception must not cut (testbed.stops)
+        stops.defer(exc)
+        return
+    raise exc
 
 
 def _signal_of(exc: BaseException | None, exc_type: type) -> signal.Signals | None:

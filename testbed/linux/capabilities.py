@@ -25,6 +25,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from testbed.linux.files import write_json_atomic
 from testbed.linux.rawnl import in_netns
 from testbed.model.spec import Requirement
+from testbed.stops import held
 
 PROBED_QDISCS = ("htb", "tbf", "pfifo", "bfifo", "netem", "red", "fq_codel", "fq", "sfq",
                  "prio", "cake", "clsact", "ingress")
@@ -73,13 +74,15 @@ def _boot_id() -> str:
 
 
 def probe_qdiscs() -> dict[str, bool]:
-    """Which qdisc kinds the kernel knows, tried in a throwaway namespace."""
-    with in_netns(None):  # anonymous: gone when the socket closes
-        ipr = IPRoute()
-    with ipr:
-        lo = ipr.link_lookup(ifname="lo")[0]
-        ipr.link("set", index=lo, state="up")
-        return {kind: _qdisc_known(ipr, lo, kind) for kind in PROBED_QDISCS}
+    """Which qdisc kinds the kernel knows, tried in a throwaway namespace (stops held off
+    meanwhile: testbed.stops)."""
+    with held():
+        with in_netns(None):  # anonymous: gone when the socket closes
+            ipr = IPRoute()
+        with ipr:
+            lo = ipr.link_lookup(ifname="lo")[0]
+            ipr.link("set", index=lo, state="up")
+            return {kind: _qdisc_known(ipr, lo, kind) for kind in PROBED_QDISCS}
 
 
 def _qdisc_known(ipr: IPRoute, index: int, kind: str) -> bool:

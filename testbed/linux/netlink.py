@@ -18,6 +18,7 @@ from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 
 from testbed.errors import TestbedError
+from testbed.stops import HeldCalls, held
 from testbed.linux.rawnl import (
     NLM_F_CREATE_EXCL,
     NLM_F_REQUEST_ACK,
@@ -54,6 +55,12 @@ ETH_P_IP = 0x0800
 RELAY_PRIO = 10  # the delay relay's filter at a host NIC's ingress: after any BPF program
 
 
+def _ipr() -> HeldCalls:
+    """An IPRoute whose calls a stop does not cut (see testbed.stops)."""
+    with held():
+        return HeldCalls(IPRoute())
+
+
 @contextmanager
 def _request(what: str) -> Iterator[None]:
     try:
@@ -67,7 +74,7 @@ class Netlink:
     """Root-namespace and per-namespace rtnetlink sockets, opened once and reused."""
 
     def __init__(self) -> None:
-        self.root = IPRoute()
+        self.root = _ipr()
         self._ns: dict[int, IPRoute] = {}
         self._dump: QdiscDump | None = None
         self._links: LinkDump | None = None
@@ -98,7 +105,7 @@ class Netlink:
             return self.root
         if pid not in self._ns:
             with _request(f"open namespace of pid {pid}"), in_netns(f"/proc/{pid}/ns/net"):
-                self._ns[pid] = IPRoute()
+                self._ns[pid] = _ipr()
         return self._ns[pid]
 
     # -- links ------------------------------------------------------------------------------
