@@ -1,7 +1,8 @@
-/* RoceSender and RoceReceiver for Python: the native state machines behind the reference's
- * interface (traffic/transports/rocev2.py), for the differential tests and the sans-I/O
- * tests run against both. */
+/* RoceSender and RoceReceiver for Python: the compiled state machines behind the reference's
+ * interface (traffic/transports/rocev2.py): its configuration read, its counters built, the
+ * table py_qp.c calls through. */
 #include "py_roce.h"
+#include "py_qp.h"
 
 #include <stdio.h>
 
@@ -83,99 +84,13 @@ int fl_read_roce_cfg(PyObject *cfg, fl_roce_cfg *o) {
     return 0;
 }
 
-/* ---- RoceSender ----------------------------------------------------------------------- */
-typedef struct {
-    PyObject_HEAD fl_roce_sender s;
-    bool ready;
-} SenderObject;
-
-static int sender_init(SenderObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"qp", "cfg", "now", "entropy", "seed", NULL};
-    PyObject *qp, *cfg;
-    double now;
-    int entropy = 0;
-    unsigned long long seed = 1;
-    int src, ch;
-    fl_roce_cfg c;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOd|iK", names, &qp, &cfg, &now, &entropy,
-                                     &seed) ||
-        fl_py_qp(qp, &src, &ch) || fl_read_roce_cfg(cfg, &c))
-        return -1;
-    if (self->ready)
-        fl_roce_sender_free(&self->s);
-    if (fl_roce_sender_init(&self->s, &c, src, ch, now, entropy, seed)) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->ready = true;
-    return 0;
-}
-
-static void sender_dealloc(SenderObject *self) {
-    if (self->ready)
-        fl_roce_sender_free(&self->s);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *sender_offer(SenderObject *self, PyObject *arg) {
-    long long n = PyLong_AsLongLong(arg);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    int64_t end = fl_roce_offer(&self->s, n);
-    return end < 0 ? PyErr_NoMemory() : PyLong_FromLongLong(end);
-}
-
-static PyObject *sender_poll(SenderObject *self, PyObject *arg) {
-    double now = PyFloat_AsDouble(arg);
-    fl_packet p;
-    if (now == -1.0 && PyErr_Occurred())
-        return NULL;
-    if (!fl_roce_poll(&self->s, now, &p))
-        Py_RETURN_NONE;
-    return fl_py_packet(&p);
-}
-
-static PyObject *sender_next_send_time(SenderObject *self, PyObject *unused) {
-    double at;
-    bool have = fl_roce_next_send_time(&self->s, &at);
-    return fl_py_time(have, at);
-}
-
-static PyObject *sender_on_packet(SenderObject *self, PyObject *args) {
-    PyObject *pkt;
-    double now;
-    fl_packet p;
-    if (!PyArg_ParseTuple(args, "Od", &pkt, &now) || fl_py_to_packet(pkt, &p))
-        return NULL;
-    fl_roce_sender_on_packet(&self->s, &p, now);
-    Py_RETURN_NONE;
-}
-
-static PyObject *sender_timer(SenderObject *self, PyObject *unused) {
-    double at;
-    bool have = fl_roce_sender_timer(&self->s, &at);
-    return fl_py_time(have, at);
-}
-
-static PyObject *sender_on_timer(SenderObject *self, PyObject *arg) {
-    double now = PyFloat_AsDouble(arg);
-    if (now == -1.0 && PyErr_Occurred())
-        return NULL;
-    fl_roce_sender_on_timer(&self->s, now);
-    Py_RETURN_NONE;
-}
-
+/* ---- counters ------------------------------------------------------------------------ */
 PyObject *fl_py_roce_stats(const fl_roce_sender *s) {
     return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "packets", s->st_packets, "bytes", s->st_bytes,
                          "retransmitted", s->st_retx, "retransmitted_bytes", s->st_retx_bytes,
                          "naks", s->st_naks, "cnps", s->st_cnps, "timeouts", s->st_timeouts,
                          "entropies", s->n_entropies);
 }
-
-static PyObject *sender_stats(SenderObject *self, void *unused) {
-    return fl_py_roce_stats(&self->s);
-}
-
 PyObject *fl_py_roce_summary(const fl_roce_sender *s) {
     PyObject *out = fl_py_roce_stats(s);
     if (!out)
@@ -199,11 +114,6 @@ fail:
     Py_DECREF(out);
     return NULL;
 }
-
-static PyObject *sender_summary(SenderObject *self, PyObject *unused) {
-    return fl_py_roce_summary(&self->s);
-}
-
 PyObject *fl_py_roce_describe(const fl_roce_sender *s) {
     char text[256];
     snprintf(text, sizeof text,
@@ -212,140 +122,116 @@ PyObject *fl_py_roce_describe(const fl_roce_sender *s) {
              (long long)s->st_timeouts);
     return PyUnicode_FromString(text);
 }
-
-static PyObject *sender_describe(SenderObject *self, PyObject *unused) {
-    return fl_py_roce_describe(&self->s);
-}
-
-static PyObject *sender_lengths(SenderObject *self, void *unused) {
-    PyObject *out = PyList_New((Py_ssize_t)self->s.lengths.len);
-    for (size_t i = 0; out && i < self->s.lengths.len; i++)
-        PyList_SET_ITEM(out, i, PyLong_FromLong(FL_AT(self->s.lengths, int32_t, i)));
-    return out;
-}
-
-static PyObject *sender_una(SenderObject *self, void *u) { return PyLong_FromLongLong(self->s.una); }
-static PyObject *sender_nxt(SenderObject *self, void *u) { return PyLong_FromLongLong(self->s.nxt); }
-static PyObject *sender_high(SenderObject *self, void *u) { return PyLong_FromLongLong(self->s.high); }
-static PyObject *sender_rate(SenderObject *self, void *u) {
-    return PyFloat_FromDouble(fl_roce_rate_bps(&self->s));
-}
-static PyObject *sender_window(SenderObject *self, void *u) {
-    if (!self->s.window_cc)
-        Py_RETURN_NONE;
-    return PyFloat_FromDouble(self->s.cc.window);
-}
-
-static PyMethodDef sender_methods[] = {
-    {"offer", (PyCFunction)sender_offer, METH_O, "queue a message; the PSN it ends before"},
-    {"poll", (PyCFunction)sender_poll, METH_O, "the packet to send now, or None"},
-    {"next_send_time", (PyCFunction)sender_next_send_time, METH_NOARGS, NULL},
-    {"on_packet", (PyCFunction)sender_on_packet, METH_VARARGS, NULL},
-    {"timer", (PyCFunction)sender_timer, METH_NOARGS, NULL},
-    {"on_timer", (PyCFunction)sender_on_timer, METH_O, NULL},
-    {"summary", (PyCFunction)sender_summary, METH_NOARGS, NULL},
-    {"describe", (PyCFunction)sender_describe, METH_NOARGS, NULL},
-    {NULL}};
-
-static PyGetSetDef sender_getset[] = {
-    {"una", (getter)sender_una, NULL, NULL, NULL},
-    {"acked", (getter)sender_una, NULL, NULL, NULL},
-    {"nxt", (getter)sender_nxt, NULL, NULL, NULL},
-    {"high", (getter)sender_high, NULL, NULL, NULL},
-    {"rate_bps", (getter)sender_rate, NULL, NULL, NULL},
-    {"window", (getter)sender_window, NULL, "HPCC's or Swift's window (None: DCQCN)", NULL},
-    {"lengths", (getter)sender_lengths, NULL, NULL, NULL},
-    {"stats", (getter)sender_stats, NULL, NULL, NULL},
-    {NULL}};
-
-PyTypeObject fl_RoceSenderType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "traffic.native._engine.RoceSender",
-    .tp_basicsize = sizeof(SenderObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "The requester side of a RoCEv2-like queue pair (compiled)",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)sender_init,
-    .tp_dealloc = (destructor)sender_dealloc,
-    .tp_methods = sender_methods,
-    .tp_getset = sender_getset,
-};
-
-/* ---- RoceReceiver --------------------------------------------------------------------- */
-typedef struct {
-    PyObject_HEAD fl_roce_receiver r;
-} ReceiverObject;
-
-static int receiver_init(ReceiverObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"qp", "cfg", NULL};
-    PyObject *qp, *cfg;
-    int src, ch;
-    fl_roce_cfg c;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO", names, &qp, &cfg) ||
-        fl_py_qp(qp, &src, &ch) || fl_read_roce_cfg(cfg, &c))
-        return -1;
-    fl_roce_receiver_init(&self->r, &c, src, ch);
-    return 0;
-}
-
-static PyObject *receiver_on_packet(ReceiverObject *self, PyObject *args) {
-    PyObject *pkt;
-    double now;
-    fl_packet p, out[2];
-    if (!PyArg_ParseTuple(args, "Od", &pkt, &now) || fl_py_to_packet(pkt, &p))
-        return NULL;
-    return fl_py_packets(out, fl_roce_receiver_on_packet(&self->r, &p, now, out));
-}
-
-static PyObject *receiver_timer(ReceiverObject *self, PyObject *unused) {
-    double at;
-    bool have = fl_roce_receiver_timer(&self->r, &at);
-    return fl_py_time(have, at);
-}
-
-static PyObject *receiver_on_timer(ReceiverObject *self, PyObject *arg) {
-    double now = PyFloat_AsDouble(arg);
-    fl_packet out[1];
-    if (now == -1.0 && PyErr_Occurred())
-        return NULL;
-    return fl_py_packets(out, fl_roce_receiver_on_timer(&self->r, now, out));
-}
-
-static PyObject *receiver_stats(ReceiverObject *self, void *unused) {
-    return fl_py_roce_rx_stats(&self->r);
-}
-
 PyObject *fl_py_roce_rx_stats(const fl_roce_receiver *r) {
     return Py_BuildValue("{sLsLsLsLsLsLsL}", "packets", r->st_packets, "out_of_order",
                          r->st_ooo, "duplicates", r->st_dups, "naks", r->st_naks, "cnps",
                          r->st_cnps, "ce", r->st_ce, "trimmed", r->st_trimmed);
 }
 
-static PyObject *receiver_delivered(ReceiverObject *self, void *u) {
-    return PyLong_FromLongLong(self->r.delivered);
+/* ---- the tables and types ------------------------------------------------------------ */
+static int tx_init(void *s, PyObject *cfg, int src, int ch, double now, int entropy,
+                   uint64_t seed) {
+    fl_roce_cfg c;
+    if (fl_read_roce_cfg(cfg, &c))
+        return -1;
+    return fl_roce_sender_init(s, &c, src, ch, now, entropy, seed) ? (PyErr_NoMemory(), -1) : 0;
 }
-static PyObject *receiver_expected(ReceiverObject *self, void *u) {
-    return PyLong_FromLongLong(self->r.expected);
+static const fl_vec *tx_lengths(const void *s) { return &((const fl_roce_sender *)s)->lengths; }
+static int64_t tx_una(const void *s) { return ((const fl_roce_sender *)s)->una; }
+static int64_t tx_nxt(const void *s) { return ((const fl_roce_sender *)s)->nxt; }
+
+static const fl_sender_ops sender_ops = {
+    tx_init,
+    (void (*)(void *))fl_roce_sender_free,
+    (int64_t (*)(void *, int64_t))fl_roce_offer,
+    (bool (*)(void *, double, fl_packet *))fl_roce_poll,
+    (bool (*)(void *, double *))fl_roce_next_send_time,
+    (void (*)(void *, const fl_packet *, double))fl_roce_sender_on_packet,
+    (bool (*)(void *, double *))fl_roce_sender_timer,
+    (void (*)(void *, double))fl_roce_sender_on_timer,
+    (PyObject * (*)(const void *)) fl_py_roce_stats,
+    (PyObject * (*)(const void *)) fl_py_roce_summary,
+    (PyObject * (*)(const void *)) fl_py_roce_describe,
+    tx_lengths,
+    tx_una,
+    tx_nxt,
+};
+
+static int sender_init(fl_SenderObject *self, PyObject *args, PyObject *kw) {
+    return fl_sender_init(self, &sender_ops, args, kw);
 }
 
-static PyMethodDef receiver_methods[] = {
-    {"on_packet", (PyCFunction)receiver_on_packet, METH_VARARGS, "the replies to a DATA packet"},
-    {"timer", (PyCFunction)receiver_timer, METH_NOARGS, NULL},
-    {"on_timer", (PyCFunction)receiver_on_timer, METH_O, NULL},
+static PyObject *sender_high(fl_SenderObject *self, void *u) {
+    return PyLong_FromLongLong(self->s.roce.high);
+}
+static PyObject *sender_rate(fl_SenderObject *self, void *u) {
+    return PyFloat_FromDouble(fl_roce_rate_bps(&self->s.roce));
+}
+static PyObject *sender_window(fl_SenderObject *self, void *u) {
+    if (!self->s.roce.window_cc)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble(self->s.roce.cc.window);
+}
+
+static PyGetSetDef sender_getset[] = {
+    FL_SENDER_GETSET,
+    {"acked", (getter)fl_sender_una, NULL, "every PSN below is acknowledged", NULL},
+    {"high", (getter)sender_high, NULL, NULL, NULL},
+    {"rate_bps", (getter)sender_rate, NULL, NULL, NULL},
+    {"window", (getter)sender_window, NULL, "HPCC's or Swift's window (None: DCQCN)", NULL},
     {NULL}};
+
+PyTypeObject fl_RoceSenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "traffic.native._engine.RoceSender",
+    .tp_basicsize = sizeof(fl_SenderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The requester side of a RoCEv2-like queue pair (compiled)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)sender_init,
+    .tp_dealloc = (destructor)fl_sender_dealloc,
+    .tp_methods = fl_sender_methods,
+    .tp_getset = sender_getset,
+};
+
+static int rx_init(void *r, PyObject *cfg, int src, int ch) {
+    fl_roce_cfg c;
+    if (fl_read_roce_cfg(cfg, &c))
+        return -1;
+    fl_roce_receiver_init(r, &c, src, ch);
+    return 0;
+}
+static void rx_free(void *r) {}
+static int64_t rx_delivered(const void *r) { return ((const fl_roce_receiver *)r)->delivered; }
+
+static const fl_receiver_ops receiver_ops = {
+    rx_init,
+    rx_free,
+    (int (*)(void *, const fl_packet *, double, fl_packet *))fl_roce_receiver_on_packet,
+    (bool (*)(void *, double *))fl_roce_receiver_timer,
+    (int (*)(void *, double, fl_packet *))fl_roce_receiver_on_timer,
+    (PyObject * (*)(const void *)) fl_py_roce_rx_stats,
+    rx_delivered,
+};
+
+static int receiver_init(fl_ReceiverObject *self, PyObject *args, PyObject *kw) {
+    return fl_receiver_init(self, &receiver_ops, args, kw);
+}
+
+static PyObject *receiver_expected(fl_ReceiverObject *self, void *u) {
+    return PyLong_FromLongLong(self->r.roce.expected);
+}
 
 static PyGetSetDef receiver_getset[] = {
-    {"delivered", (getter)receiver_delivered, NULL, NULL, NULL},
-    {"expected", (getter)receiver_expected, NULL, NULL, NULL},
-    {"stats", (getter)receiver_stats, NULL, NULL, NULL},
-    {NULL}};
+    FL_RECEIVER_GETSET, {"expected", (getter)receiver_expected, NULL, NULL, NULL}, {NULL}};
 
 PyTypeObject fl_RoceReceiverType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "traffic.native._engine.RoceReceiver",
-    .tp_basicsize = sizeof(ReceiverObject),
+    .tp_basicsize = sizeof(fl_ReceiverObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "The responder side of a RoCEv2-like queue pair (compiled)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)receiver_init,
-    .tp_methods = receiver_methods,
+    .tp_dealloc = (destructor)fl_receiver_dealloc,
+    .tp_methods = fl_receiver_methods,
     .tp_getset = receiver_getset,
 };
