@@ -11,10 +11,26 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import random
 from dataclasses import dataclass, field
 
+import pytest
+
+from traffic.native import engine
 from traffic.transports.packet import INT_SIZE, Flag, Hop, Kind, Packet
+
+#: the differential tests need the compiled engine
+needs_engine = pytest.mark.skipif(engine is None, reason="the compiled engine is not built")
+#: FABRICLAB_DIFFERENTIAL_SCALE multiplies the sequences each test runs
+SCALE = float(os.environ.get("FABRICLAB_DIFFERENTIAL_SCALE", "1"))
+#: a test's sequences in this many cases, so that a failure names its seeds' block
+BLOCKS = 10
+
+
+def seeds(block: int, sequences: int) -> range:
+    """The seeds of one block of a test's ``sequences`` (scaled)."""
+    return range(block, int(sequences * SCALE), BLOCKS)
 
 
 class Diverged(AssertionError):

@@ -5,22 +5,19 @@ counter compared (tests/unit/differential.py)."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
-from tests.unit.differential import Network, Twin, drive
+from tests.unit.differential import BLOCKS, Network, Twin, drive, needs_engine, seeds
 from traffic.native import engine
 from traffic.transports.packet import Scale, wire_bytes
 from traffic.transports.rccc import CreditReceiver
 from traffic.transports.uet import UetReceiver, UetSender
 from traffic.transports.uet_control import UetConfig
 
-pytestmark = pytest.mark.skipif(engine is None, reason="the compiled engine is not built")
-
-#: sequences per run (FABRICLAB_DIFFERENTIAL_SCALE multiplies them)
-SEQUENCES = int(3000 * float(os.environ.get("FABRICLAB_DIFFERENTIAL_SCALE", "1")))
+pytestmark = needs_engine
+SEQUENCES = 3000
 
 
 def config(rng: random.Random) -> tuple[UetConfig, Scale]:
@@ -60,8 +57,7 @@ def one(seed: int) -> None:
         receiver.same(attr)
 
 
-@pytest.mark.parametrize("block", range(10))
+@pytest.mark.parametrize("block", range(BLOCKS))
 def test_the_compiled_uet_emits_what_the_reference_emits(block):
-    """A tenth of the sequences per case (so that a failure names its seeds' block)."""
-    for seed in range(block, SEQUENCES, 10):
+    for seed in seeds(block, SEQUENCES):
         one(seed)
