@@ -8,8 +8,11 @@ agents' CPU seconds over the job (every rank's process) and that CPU per DATA pa
 receiving and acknowledging it, retransmissions counted), and the machine's idle share. Where the
 agents' CPU per second of the job nears a core per agent, they, not the fabric, set the pace.
 
+Each transport and rate runs once per engine (``--engines``): the compiled one (traffic/native)
+and the Python one, side by side.
+
 Usage: bench/agents.py [--rates 20 50 100 200] [--transports uet rocev2] [--size 8MiB]
-                       [--json out.json]
+                       [--engines native python] [--json out.json]
 """
 
 from __future__ import annotations
@@ -39,16 +42,19 @@ def experiment(rate: float, size: str) -> xp.Experiment:
         f"workload:\n  collectives:\n    - {{op: all_reduce, size: {size}, ranks: 4}}\n"))
 
 
-def measure(transport: str, rate: float, size: str) -> dict:
+def measure(transport: str, rate: float, size: str, engine: str) -> dict:
     exp = experiment(rate, size)
     (job,) = exp.workload.jobs
     with Fabric(exp) as fabric:
         before = cpu.sample([])
-        (result,) = run_job(fabric, list(job.collectives), timeout_s=600, transport=transport)
+        (result,) = run_job(fabric, list(job.collectives), timeout_s=600, transport=transport,
+                            options={"engine": engine})
         after = cpu.sample([])
     packets = (result.transport or {}).get("tx_packets", 0)  # DATA sent (retransmissions too)
     seconds = result.duration_s
-    return {"transport": transport, "rate_mbps": rate, "efficiency": round(result.efficiency, 3),
+    ran = (result.transport or {}).get("engine")
+    return {"transport": transport, "engine": ran, "rate_mbps": rate,
+            "efficiency": round(result.efficiency, 3),
             "seconds": round(seconds, 2), "agent_cpu_s": round(result.agent_cpu_s, 2),
             "packets": packets,
             "us_per_packet": round(result.agent_cpu_s * 1e6 / packets, 1) if packets else None,
@@ -61,13 +67,17 @@ def main() -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=[20, 50, 100, 200])
     parser.add_argument("--transports", nargs="+", default=["uet", "rocev2"])
     parser.add_argument("--size", default="8MiB")
+    parser.add_argument("--engines", nargs="+", default=["native", "python"],
+                        choices=["native", "python"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [measure(t, r, args.size) for t in args.transports for r in args.rates]
-    print(f"{'transport':9} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
+    rows = [measure(t, r, args.size, e) for t in args.transports for r in args.rates
+            for e in args.engines]
+    print(f"{'transport':9} {'engine':7} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
           f"{'packets':>8} {'us/pkt':>7} {'cores':>6} {'idle%':>6}")
     for r in rows:
-        print(f"{r['transport']:9} {r['rate_mbps']:>7g} {r['efficiency']:>6} {r['seconds']:>6} "
+        print(f"{r['transport']:9} {r['engine'] or '?':7} {r['rate_mbps']:>7g} "
+              f"{r['efficiency']:>6} {r['seconds']:>6} "
               f"{r['agent_cpu_s']:>11} {r['packets']:>8} {r['us_per_packet'] or 0:>7} "
               f"{r['agent_cores'] or 0:>6} {r['idle_pct']:>6}")
     if args.json:

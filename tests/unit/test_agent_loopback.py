@@ -144,11 +144,23 @@ def test_uet_with_receiver_credits_and_each_delivery_mode_moves_every_byte(tmp_p
             assert t["rx_lost"] == 0 and t["tx_retransmitted"] == 0
 
 
-def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate():
+def _engine_class(engine: str) -> type:
+    """The agent engine class named, or a skip where it is not built."""
+    from traffic.agents import native
+
+    engine_class, why = native.choose({"engine": engine})
+    if why:
+        pytest.skip(why)
+    return engine_class
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_the_udp_engine_paces_its_queue_pairs_together_at_the_nic_rate(engine):
     import threading
 
-    from traffic.agents.engine import UdpEngine
     from traffic.transports.packet import Scale, mss_for, wire_bytes
+
+    UdpEngine = _engine_class(engine)
 
     ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     rate, mss, size = 40e6, mss_for(9000), 1 << 20
@@ -199,6 +211,38 @@ def test_rocev2_sends_its_cnps_in_their_own_dscp():
         peer.close()
         engine.close()
     assert tos == [(Kind.CNP, CNP_DSCP), (Kind.ACK, 26)]
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_ce_marked_packet_is_answered_by_a_cnp_in_its_own_dscp_and_an_ack(engine):
+    """Through the engine's sockets: DATA arriving CE-marked (its IP header's ECN bits) is
+    answered by a CNP in the CNP class and an ACK in the job's."""
+    import socket
+
+    from traffic.transports.packet import Flag, Kind, Packet, Scale, mss_for
+    from traffic.transports.rocev2 import CNP_DSCP
+
+    port = _free_port()
+    udp = _engine_class(engine)("rocev2", 0, ["127.0.0.1", "127.0.0.2"], port,
+                                Scale(40e6, 0.001, mss_for(9000)), dscp=26)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.2", 0))
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    peer.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 26 << 2 | 0b11)  # CE
+    peer.settimeout(5)
+    udp.start()
+    try:
+        udp.expect(1, 0, 100, lambda: None)
+        data = Packet(Kind.DATA, (1, 0), psn=0, length=100, flags=Flag.LAST)
+        peer.sendto(data.encode() + bytes(100), ("127.0.0.1", port))
+        got = []
+        for _ in range(2):
+            raw, anc, _flags, _addr = peer.recvmsg(200, socket.CMSG_SPACE(4))
+            got.append((Packet.decode(raw).kind, anc[0][2][0] >> 2))
+    finally:
+        peer.close()
+        udp.close()
+    assert sorted(got) == sorted([(Kind.CNP, CNP_DSCP), (Kind.ACK, 26)])
 
 
 def test_a_udp_engine_wake_up_asks_only_the_queue_pairs_it_touched():
@@ -258,19 +302,24 @@ def test_a_silent_connection_does_not_stall_the_agents(tmp_path):
         sock.close()
 
 
-def test_a_queue_pair_to_a_peer_gone_ends_with_a_named_error(monkeypatch):
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_queue_pair_to_a_peer_gone_ends_with_a_named_error(monkeypatch, engine):
     """Nothing answers at rank 1 (no agent there): rank 0's queue pair retransmits, and after
     the stall limit the engine reports it by name instead of retrying until the job's
     timeout."""
     import threading
 
     from traffic.agents import engine as eng
+    from traffic.agents import native
     from traffic.transports.packet import Scale, mss_for
 
+    engine_class, why = native.choose({"engine": engine})
+    if why:
+        pytest.skip(why)
     monkeypatch.setattr(eng, "STALL_LIMIT_S", 1.0)
     for transport in ("uet", "rocev2"):
-        e = eng.UdpEngine(transport, 0, ["127.0.0.1", "127.0.0.2"], _free_port(),
-                          Scale(40e6, 0.001, mss_for(9000)))
+        e = engine_class(transport, 0, ["127.0.0.1", "127.0.0.2"], _free_port(),
+                         Scale(40e6, 0.001, mss_for(9000)))
         e.start()
         try:
             e.send(1, 0, 1 << 20, threading.Event().set)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from testbed.plan.delayline import EDGES_US, OVER
+from traffic.agents import engine as engine_module
 from traffic.agents.engine import UdpEngine
 from traffic.measure.transport import counter_totals, transport_settings
 from traffic.native import engine as compiled
@@ -50,7 +51,7 @@ class NativeUdpEngine(UdpEngine):
             self.transport, self.cfg, self.rank, len(self.ips), addresses, self.port,
             self.listen.fileno(), [s.fileno() for s in self.pool], self.nic_rate_bps,
             self.nic_slack_s, self.cnp_tos[2][0], credit, self.timing.delays_s,
-            self.timing.rtts_s)
+            self.timing.rtts_s, engine_module.STALL_LIMIT_S)
         self.callbacks: dict[int, Callable[[], None]] = {}
         self.tokens = itertools.count(1)
         self._errors: list[str] = []
@@ -60,10 +61,8 @@ class NativeUdpEngine(UdpEngine):
     # the base class's constructor sets ``errors``; here they are the compiled loop's
     @property
     def errors(self) -> list[str]:
-        if not self._errors and hasattr(self, "host"):
-            error = self.host.snapshot()["error"]
-            if error:
-                self._errors.append(error)
+        if not self._errors and hasattr(self, "host") and self.host.error:
+            self._errors.append(self.host.error)
         return self._errors
 
     @errors.setter

@@ -200,7 +200,7 @@ static void check_stalls(fl_host *h, double now) {
     for (int i = 0; i < h->n_tx; i++) {
         fl_tx *t = h->tx[i];
         if (t->has_progress && tx_una(h, t) < tx_len(h, t) &&
-            now - t->progress_since > FL_STALL_LIMIT_S) {
+            now - t->progress_since > h->stall_limit_s) {
             snprintf(h->error, sizeof h->error,
                      "%s to rank %d channel %d: nothing acknowledged for %.0f s while "
                      "retransmitting; the peer is gone or every path to it cut",
@@ -325,6 +325,7 @@ static void *loop(void *arg) {
         timers(h, now);
         grants(h, now);
         transmit(h, now);
+        fl_io_flush(h);
         double wait = fl_max(0.0, next_wake(h, fl_now()));
         pthread_mutex_unlock(&h->lock);
         struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
@@ -347,7 +348,9 @@ static void *loop(void *arg) {
             }
         }
         release(h, fl_now());
+        fl_io_flush(h);
     }
+    fl_io_flush(h);
     pthread_mutex_unlock(&h->lock);
     uint64_t one = 1;
     if (write(h->done_fd, &one, sizeof one) < 0) { /* the waiter times out all the same */

@@ -13,7 +13,6 @@
 #include "uet.h"
 
 #define FL_LATE_BUCKETS 9 /* testbed/plan/delayline.py's EDGES_US and the overflow */
-#define FL_STALL_LIMIT_S 30.0
 #define FL_BACKOFF_S 0.001
 #define FL_IDLE_WAKE_S 0.05
 #define BATCH 64 /* datagrams per recvmmsg */
@@ -93,7 +92,7 @@ typedef struct {
     struct sockaddr_in held_addr;
     int turn;
     int64_t local_drops;
-    double stall_check_at;
+    double stall_check_at, stall_limit_s;
     /* receiver credits (uet with rccc) */
     bool has_credit;
     fl_credit_rx credit;
@@ -116,6 +115,12 @@ typedef struct {
     int64_t *done;
     size_t n_done, cap_done;
     uint8_t *rbuf; /* BATCH datagrams' room */
+    /* replies (ACK, NAK, CNP, GRANT, PONG) waiting to leave together (sendmmsg) */
+    int n_out;
+    uint8_t out_buf[BATCH][FL_HEADER_SIZE + FL_INT_SIZE];
+    struct sockaddr_in out_to[BATCH];
+    size_t out_len[BATCH];
+    bool out_cnp[BATCH];
     char error[512];
 } fl_host;
 
@@ -141,6 +146,7 @@ bool fl_io_send_data(fl_host *h, int fd, const fl_packet *p, const struct sockad
                      double now);
 void fl_io_reply(fl_host *h, const fl_packet *p, const struct sockaddr_in *to, double now);
 void fl_io_nic_sent(fl_host *h, double now, int64_t payload);
+void fl_io_flush(fl_host *h); /* the replies queued, sent */
 void fl_deliver(fl_host *h, const fl_packet *p, const struct sockaddr_in *from,
                 bool data_socket, double now);
 int fl_peer_of(const fl_host *h, const struct sockaddr_in *addr);

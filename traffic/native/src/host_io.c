@@ -63,29 +63,53 @@ bool fl_io_send_data(fl_host *h, int fd, const fl_packet *p, const struct sockad
 }
 
 void fl_io_reply(fl_host *h, const fl_packet *p, const struct sockaddr_in *to, double now) {
-    uint8_t buf[FL_HEADER_SIZE + FL_INT_SIZE];
-    struct iovec iov = {buf, fl_encode(p, buf)};
-    char control[CMSG_SPACE(sizeof(int))];
-    struct msghdr msg = {.msg_name = (void *)to, .msg_namelen = sizeof *to, .msg_iov = &iov,
-                         .msg_iovlen = 1};
-    if (p->kind == K_CNP) { /* in its own class (the fabric may serve it first) */
-        memset(control, 0, sizeof control);
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = IPPROTO_IP;
-        c->cmsg_type = IP_TOS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &h->cnp_tos, sizeof(int));
+    if (h->n_out == BATCH)
+        fl_io_flush(h);
+    int i = h->n_out++;
+    h->out_len[i] = fl_encode(p, h->out_buf[i]);
+    h->out_to[i] = *to;
+    h->out_cnp[i] = p->kind == K_CNP; /* in its own class (the fabric may serve it first) */
+    fl_io_nic_sent(h, now, 0);       /* replies take the NIC's time too */
+}
+
+void fl_io_flush(fl_host *h) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    char control[BATCH][CMSG_SPACE(sizeof(int))];
+    for (int i = 0; i < h->n_out; i++) {
+        iov[i] = (struct iovec){h->out_buf[i], h->out_len[i]};
+        msgs[i].msg_hdr = (struct msghdr){.msg_name = &h->out_to[i],
+                                          .msg_namelen = sizeof h->out_to[i],
+                                          .msg_iov = &iov[i], .msg_iovlen = 1};
+        if (h->out_cnp[i]) {
+            memset(control[i], 0, sizeof control[i]);
+            msgs[i].msg_hdr.msg_control = control[i];
+            msgs[i].msg_hdr.msg_controllen = sizeof control[i];
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[i].msg_hdr);
+            c->cmsg_level = IPPROTO_IP;
+            c->cmsg_type = IP_TOS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &h->cnp_tos, sizeof(int));
+        }
     }
-    if (sendmsg(h->listen_fd, &msg, 0) < 0) {
-        if (errno != EAGAIN && errno != ENOBUFS)
+    int done = 0;
+    while (done < h->n_out) {
+        int n = sendmmsg(h->listen_fd, msgs + done, (unsigned)(h->n_out - done), 0);
+        if (n > 0) {
+            done += n;
+            continue;
+        }
+        if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR)
             snprintf(h->error, sizeof h->error, "udp engine: reply: %s", strerror(errno));
-        else
+        else if (errno != EINTR) { /* the host's queue is full: a reply is lost, as on a NIC */
             h->local_drops++;
-        return;
+            done++;
+            continue;
+        }
+        if (errno != EINTR)
+            break;
     }
-    fl_io_nic_sent(h, now, 0); /* replies take the NIC's time too */
+    h->n_out = 0;
 }
 
 /* ---- the delay line: a binary heap by (due, seq) ------------------------------------------ */
@@ -255,6 +279,7 @@ void fl_io_read(fl_host *h, int fd, bool data_socket, double now) {
                 fl_deliver(h, &p, &from[i], data_socket, now);
         }
         done += n;
+        fl_io_flush(h); /* this batch's acknowledgements leave together */
         if (n < BATCH)
             return;
     }

@@ -43,18 +43,19 @@ static int address(const char *ip, int port, struct sockaddr_in *out) {
 static int host_init(HostObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"transport", "cfg", "rank", "n_ranks", "addresses", "port",
                             "listen_fd", "pool_fds", "nic_rate_bps", "nic_slack_s", "cnp_tos",
-                            "credit", "delays_s", "rtts_s", NULL};
+                            "credit", "delays_s", "rtts_s", "stall_limit_s", NULL};
     const char *transport;
     PyObject *cfg, *addresses, *pool, *credit = Py_None, *delays = Py_None, *rtts = Py_None;
     int rank, n_ranks, port, listen_fd, cnp_tos;
-    double nic_rate, nic_slack;
+    double nic_rate, nic_slack, stall_limit = 30.0;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "a Host is set up once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOiiOiiOddi|OOO", names, &transport, &cfg,
-                                     &rank, &n_ranks, &addresses, &port, &listen_fd, &pool,
-                                     &nic_rate, &nic_slack, &cnp_tos, &credit, &delays, &rtts))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOiiOiiOddi|OOOd", names, &transport,
+                                     &cfg, &rank, &n_ranks, &addresses, &port, &listen_fd,
+                                     &pool, &nic_rate, &nic_slack, &cnp_tos, &credit, &delays,
+                                     &rtts, &stall_limit))
         return -1;
     fl_host *h = &self->h;
     memset(h, 0, sizeof *h);
@@ -69,6 +70,7 @@ static int host_init(HostObject *self, PyObject *args, PyObject *kw) {
     h->nic_rate_bps = nic_rate;
     h->nic_slack_s = nic_slack;
     h->cnp_tos = cnp_tos;
+    h->stall_limit_s = stall_limit;
     PyObject *fast = PySequence_Fast(pool, "pool_fds: a list of descriptors");
     if (!fast)
         return -1;
@@ -255,6 +257,14 @@ static PyObject *host_snapshot(HostObject *self, PyObject *unused) {
 
 static PyObject *host_done_fd(HostObject *self, void *u) { return PyLong_FromLong(self->h.done_fd); }
 
+static PyObject *host_error(HostObject *self, void *u) {
+    char error[sizeof self->h.error];
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->h.lock);
+    memcpy(error, self->h.error, sizeof error);
+    pthread_mutex_unlock(&self->h.lock);
+    Py_END_ALLOW_THREADS return PyUnicode_FromString(error);
+}
+
 static PyMethodDef host_methods[] = {
     {"start", (PyCFunction)host_start, METH_NOARGS, "start the engine's thread"},
     {"stop", (PyCFunction)host_stop, METH_NOARGS, "stop it and wait for it"},
@@ -265,8 +275,10 @@ static PyMethodDef host_methods[] = {
     {"snapshot", (PyCFunction)host_snapshot, METH_NOARGS, "every counter, and the stalled"},
     {NULL}};
 
-static PyGetSetDef host_getset[] = {{"done_fd", (getter)host_done_fd, NULL, NULL, NULL},
-                                    {NULL}};
+static PyGetSetDef host_getset[] = {
+    {"done_fd", (getter)host_done_fd, NULL, NULL, NULL},
+    {"error", (getter)host_error, NULL, "why the engine stopped ('': it did not)", NULL},
+    {NULL}};
 
 PyTypeObject fl_HostType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "traffic.native._engine.Host",
