@@ -4,9 +4,12 @@
 A leaf-spine of two leaves (two hosts each) on the eBPF datapath, so that the switches cost
 little; one collective per transport and rate (a 4-rank all-reduce: every host sends and
 receives at once), ``--size`` bytes. Per row: the achieved efficiency against the ideal, the
-agents' CPU seconds over the job (every rank's process) and that CPU per DATA packet (sending,
-receiving and acknowledging it, retransmissions counted), and the machine's idle share. Where the
-agents' CPU per second of the job nears a core per agent, they, not the fabric, set the pace.
+agents' CPU seconds over the job (every rank's process, its start-up included) and the CPU per
+DATA packet (sending, receiving and acknowledging it, retransmissions counted) at the margin:
+the job runs again at twice the size, and the extra CPU over the extra packets is the cost of a
+packet, without the processes' start-up (Python's imports, the barrier), which a longer job
+amortises; and the machine's idle share. Where the agents' CPU per second of the job nears a
+core per agent, they, not the fabric, set the pace.
 
 Each transport and rate runs once per engine (``--engines``): the compiled one (traffic/native)
 and the Python one, side by side.
@@ -31,6 +34,7 @@ from fabriclab.model import experiment as xp  # noqa: E402
 from testbed.fabric.fabric import Fabric  # noqa: E402
 from testbed.linux import cpu  # noqa: E402
 from traffic.agents.runner import run_job  # noqa: E402
+from traffic.workloads.entries import parse_size  # noqa: E402
 
 
 def experiment(rate: float, size: str) -> xp.Experiment:
@@ -42,7 +46,7 @@ def experiment(rate: float, size: str) -> xp.Experiment:
         f"workload:\n  collectives:\n    - {{op: all_reduce, size: {size}, ranks: 4}}\n"))
 
 
-def measure(transport: str, rate: float, size: str, engine: str) -> dict:
+def run_once(transport: str, rate: float, size: str, engine: str) -> dict:
     exp = experiment(rate, size)
     (job,) = exp.workload.jobs
     with Fabric(exp) as fabric:
@@ -50,16 +54,26 @@ def measure(transport: str, rate: float, size: str, engine: str) -> dict:
         (result,) = run_job(fabric, list(job.collectives), timeout_s=600, transport=transport,
                             options={"engine": engine})
         after = cpu.sample([])
-    packets = (result.transport or {}).get("tx_packets", 0)  # DATA sent (retransmissions too)
-    seconds = result.duration_s
-    ran = (result.transport or {}).get("engine")
-    return {"transport": transport, "engine": ran, "rate_mbps": rate,
-            "efficiency": round(result.efficiency, 3),
+    return {"result": result, "packets": (result.transport or {}).get("tx_packets", 0),
+            "idle_pct": cpu.usage(before, after).idle_pct}
+
+
+def measure(transport: str, rate: float, size: str, engine: str) -> dict:
+    """One row: the job at ``size`` and again at twice it (the CPU per packet at the margin)."""
+    one = run_once(transport, rate, size, engine)
+    two = run_once(transport, rate, 2 * parse_size(size, "--size"), engine)
+    result, packets, seconds = one["result"], one["packets"], one["result"].duration_s
+    extra = two["packets"] - packets
+    margin = (two["result"].agent_cpu_s - result.agent_cpu_s) / extra if extra > 0 else None
+    return {"transport": transport, "engine": (result.transport or {}).get("engine"),
+            "rate_mbps": rate, "efficiency": round(result.efficiency, 3),
             "seconds": round(seconds, 2), "agent_cpu_s": round(result.agent_cpu_s, 2),
             "packets": packets,
-            "us_per_packet": round(result.agent_cpu_s * 1e6 / packets, 1) if packets else None,
+            "us_per_packet_with_startup": (round(result.agent_cpu_s * 1e6 / packets, 1)
+                                           if packets else None),
+            "us_per_packet": round(margin * 1e6, 1) if margin is not None else None,
             "agent_cores": round(result.agent_cpu_s / seconds, 2) if seconds else None,
-            "idle_pct": round(cpu.usage(before, after).idle_pct, 1)}
+            "idle_pct": round(one["idle_pct"], 1)}
 
 
 def main() -> int:
@@ -74,11 +88,12 @@ def main() -> int:
     rows = [measure(t, r, args.size, e) for t in args.transports for r in args.rates
             for e in args.engines]
     print(f"{'transport':9} {'engine':7} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
-          f"{'packets':>8} {'us/pkt':>7} {'cores':>6} {'idle%':>6}")
+          f"{'packets':>8} {'us/pkt':>7} {'(+start)':>8} {'cores':>6} {'idle%':>6}")
     for r in rows:
         print(f"{r['transport']:9} {r['engine'] or '?':7} {r['rate_mbps']:>7g} "
               f"{r['efficiency']:>6} {r['seconds']:>6} "
               f"{r['agent_cpu_s']:>11} {r['packets']:>8} {r['us_per_packet'] or 0:>7} "
+              f"{r['us_per_packet_with_startup'] or 0:>8} "
               f"{r['agent_cores'] or 0:>6} {r['idle_pct']:>6}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -316,6 +317,8 @@ static void release(fl_host *h, double now) {
 static void *loop(void *arg) {
     fl_host *h = arg;
     struct epoll_event ev[16];
+    /* wake-ups on time: the kernel may otherwise defer a timed wait by 50 us (timer slack) */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     pthread_mutex_lock(&h->lock);
     while (!h->stop && !h->error[0]) {
         commands(h);
