@@ -8,7 +8,9 @@ agents' CPU seconds over the job (every rank's process, its start-up included) a
 DATA packet (sending, receiving and acknowledging it, retransmissions counted) at the margin:
 the job runs again at twice the size, and the extra CPU over the extra packets is the cost of a
 packet, without the processes' start-up (Python's imports, the barrier), which a longer job
-amortises; and the machine's idle share. Where the agents' CPU per second of the job nears a
+amortises; of it, the share in user space (the engine's own work: the rest is the kernel's,
+its system calls and the emulated fabric's forwarding of each packet, which runs in the
+sender's); and the machine's idle share. Where the agents' CPU per second of the job nears a
 core per agent, they, not the fabric, set the pace.
 
 Each transport and rate runs once per engine (``--engines``): the compiled one (traffic/native)
@@ -62,9 +64,11 @@ def measure(transport: str, rate: float, size: str, engine: str) -> dict:
     """One row: the job at ``size`` and again at twice it (the CPU per packet at the margin)."""
     one = run_once(transport, rate, size, engine)
     two = run_once(transport, rate, 2 * parse_size(size, "--size"), engine)
-    result, packets, seconds = one["result"], one["packets"], one["result"].duration_s
+    result, packets, seconds = one["result"], one["packets"], one["result"].time_us / 1e6
     extra = two["packets"] - packets
     margin = (two["result"].agent_cpu_s - result.agent_cpu_s) / extra if extra > 0 else None
+    user = ((two["result"].agent_user_cpu_s - result.agent_user_cpu_s) / extra if extra > 0
+            else None)
     return {"transport": transport, "engine": (result.transport or {}).get("engine"),
             "rate_mbps": rate, "efficiency": round(result.efficiency, 3),
             "seconds": round(seconds, 2), "agent_cpu_s": round(result.agent_cpu_s, 2),
@@ -72,6 +76,7 @@ def measure(transport: str, rate: float, size: str, engine: str) -> dict:
             "us_per_packet_with_startup": (round(result.agent_cpu_s * 1e6 / packets, 1)
                                            if packets else None),
             "us_per_packet": round(margin * 1e6, 1) if margin is not None else None,
+            "user_us_per_packet": round(user * 1e6, 1) if user is not None else None,
             "agent_cores": round(result.agent_cpu_s / seconds, 2) if seconds else None,
             "idle_pct": round(one["idle_pct"], 1)}
 
@@ -88,11 +93,12 @@ def main() -> int:
     rows = [measure(t, r, args.size, e) for t in args.transports for r in args.rates
             for e in args.engines]
     print(f"{'transport':9} {'engine':7} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
-          f"{'packets':>8} {'us/pkt':>7} {'(+start)':>8} {'cores':>6} {'idle%':>6}")
+          f"{'packets':>8} {'us/pkt':>7} {'user':>6} {'(+start)':>8} {'cores':>6} {'idle%':>6}")
     for r in rows:
         print(f"{r['transport']:9} {r['engine'] or '?':7} {r['rate_mbps']:>7g} "
               f"{r['efficiency']:>6} {r['seconds']:>6} "
               f"{r['agent_cpu_s']:>11} {r['packets']:>8} {r['us_per_packet'] or 0:>7} "
+              f"{r['user_us_per_packet'] or 0:>6} "
               f"{r['us_per_packet_with_startup'] or 0:>8} "
               f"{r['agent_cores'] or 0:>6} {r['idle_pct']:>6}")
     if args.json:

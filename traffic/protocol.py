@@ -157,6 +157,8 @@ class AgentReport:
     collectives: tuple[CollectiveTiming, ...]
     cpu_s: float = 0.0
     connections: tuple[Connection, ...] = ()  # the TCP connections it sent on
+    user_cpu_s: float = 0.0  # of cpu_s, in user space (the rest in the kernel: its system
+    # calls and the fabric's forwarding of what it sent, which runs in them)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -170,4 +172,5 @@ class AgentReport:
                                           c.get("transport"), c.get("released"))
                          for c in d["collectives"]),
                    d.get("cpu_s", 0.0),
-                   tuple(Connection(**c) for c in d.get("connections", ())))
+                   tuple(Connection(**c) for c in d.get("connections", ())),
+                   d.get("user_cpu_s", 0.0))

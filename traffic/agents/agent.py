@@ -444,7 +444,7 @@ def main(argv: list[str]) -> int:
         listener.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     sys.stdout.write(AgentReport(rank, host, tuple(results), usage.ru_utime + usage.ru_stime,
-                                 tuple(agent.connections)).to_json())
+                                 tuple(agent.connections), usage.ru_utime).to_json())
     return 0
 
 

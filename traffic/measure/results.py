@@ -36,6 +36,7 @@ class CollectiveResult:
     flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     label: str = ""
     agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
+    agent_user_cpu_s: float = 0.0  # of those, in user space (the rest: the kernel's)
     gap_s: float = 0.0  # compute time before it (training workloads)
     communicator_size: int = 0  # ranks per communicator (len(ranks) unless groups ran at once)
     iteration: int | None = None  # training workloads: the iteration it belongs to
@@ -172,4 +173,5 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             **_compute(coll, per_rank)))
     if out:
         out[0].agent_cpu_s = sum(r.cpu_s for r in reports)
+        out[0].agent_user_cpu_s = round(sum(r.user_cpu_s for r in reports), 3)
     return out

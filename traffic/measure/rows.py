@@ -109,6 +109,7 @@ class CollectiveRow(Record):
     flow_completion_s: FlowCompletion = field(default_factory=FlowCompletion)
     label: str = ""
     agent_cpu_s: float = 0.0
+    agent_user_cpu_s: float = 0.0  # of agent_cpu_s, in user space
     gap_s: float = 0.0
     communicator_size: int = 0
     iteration: int | None = None
