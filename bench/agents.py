@@ -90,8 +90,12 @@ def main() -> int:
                         choices=["native", "python"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [measure(t, r, args.size, e) for t in args.transports for r in args.rates
-            for e in args.engines]
+    rows = []
+    for t in args.transports:
+        for r in args.rates:
+            for e in args.engines:
+                rows.append(measure(t, r, args.size, e))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"{'transport':9} {'engine':7} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
           f"{'packets':>8} {'us/pkt':>7} {'user':>6} {'(+start)':>8} {'cores':>6} {'idle%':>6}")
     for r in rows:

@@ -14,8 +14,9 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-#: the histogram's upper edges, microseconds (the last bucket is everything above)
-EDGES_US = (250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
+#: the histogram's upper edges, microseconds (the last bucket is everything above); the
+#: compiled agent engine counts in the same (traffic/native/src/host_io.c)
+EDGES_US = (25, 50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
 OVER = f"over_{EDGES_US[-1]}"
 
 

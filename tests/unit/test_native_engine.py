@@ -48,3 +48,11 @@ def test_an_unknown_engine_is_refused_by_name():
 
     with pytest.raises(ValueError, match="engine 'c': one of native, python"):
         TransportOptions(engine="c")
+
+
+@needs_engine
+def test_the_compiled_engine_counts_lateness_in_the_python_buckets():
+    from testbed.plan.delayline import EDGES_US
+    from traffic.native import engine
+
+    assert engine.LATENESS_EDGES_US == EDGES_US

@@ -237,7 +237,7 @@ def test_delay_line_releases_in_order_and_lateness_buckets():
         late.released(s)
     late.sent(0.0015)
     got = late.summary()
-    assert got["rx"]["le_250"] == 1 and got["rx"]["le_500"] == 1 and got["rx"]["le_1000"] == 1
+    assert got["rx"]["le_100"] == 1 and got["rx"]["le_500"] == 1 and got["rx"]["le_1000"] == 1
     assert got["rx"][delayline.OVER] == 1 and got["tx"]["le_2000"] == 1
     assert delayline.quantile_us(got["rx"], 0.5) == 500
     assert delayline.quantile_us(got["rx"], 0.99) == 2 * delayline.EDGES_US[-1]

@@ -12,7 +12,8 @@
 #include "roce.h"
 #include "uet.h"
 
-#define FL_LATE_BUCKETS 9 /* testbed/plan/delayline.py's EDGES_US and the overflow */
+#define FL_LATE_BUCKETS 12 /* testbed/plan/delayline.py's EDGES_US and the overflow */
+extern const double fl_late_edges_us[FL_LATE_BUCKETS - 1];
 #define FL_BACKOFF_S 0.001
 #define FL_IDLE_WAKE_S 0.05
 #define BATCH 64 /* datagrams per recvmmsg */

@@ -15,11 +15,13 @@
 
 static const uint8_t zeros[65536];
 
+const double fl_late_edges_us[FL_LATE_BUCKETS - 1] = {25,   50,   100,  250,   500,  1000,
+                                                       2000, 4000, 8000, 16000, 32000};
+
 void fl_late(int64_t *hist, double late_s) {
-    static const double edges_us[] = {250, 500, 1000, 2000, 4000, 8000, 16000, 32000};
     double us = late_s * 1e6;
     int i = 0;
-    while (i < FL_LATE_BUCKETS - 1 && us > edges_us[i])
+    while (i < FL_LATE_BUCKETS - 1 && us > fl_late_edges_us[i])
         i++;
     hist[i]++;
 }

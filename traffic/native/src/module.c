@@ -2,6 +2,7 @@
 #include "py_common.h"
 #include "py_roce.h"
 #include "py_uet.h"
+#include "host.h"
 
 extern PyTypeObject fl_HostType;
 
@@ -62,6 +63,14 @@ PyMODINIT_FUNC PyInit__engine(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+    PyObject *edges = PyTuple_New(FL_LATE_BUCKETS - 1);
+    for (int i = 0; edges && i < FL_LATE_BUCKETS - 1; i++)
+        PyTuple_SET_ITEM(edges, i, PyLong_FromLong((long)fl_late_edges_us[i]));
+    if (!edges || PyModule_AddObject(m, "LATENESS_EDGES_US", edges) < 0) {
+        Py_XDECREF(edges);
+        Py_DECREF(m);
+        return NULL;
+    }
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         const char *name = strrchr(types[i]->tp_name, '.') + 1;
         Py_INCREF(types[i]);
