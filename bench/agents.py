@@ -8,9 +8,10 @@ agents' CPU seconds over the job (every rank's process, its start-up included) a
 DATA packet (sending, receiving and acknowledging it, retransmissions counted) at the margin:
 the job runs again at twice the size, and the extra CPU over the extra packets is the cost of a
 packet, without the processes' start-up (Python's imports, the barrier), which a longer job
-amortises; of it, the share in user space (the engine's own work: the rest is the kernel's,
+amortises (the cores taken likewise, at the margin); of it, the share in user space (the engine's own work: the rest is the kernel's,
 its system calls and the emulated fabric's forwarding of each packet, which runs in the
-sender's); and the machine's idle share. Where the agents' CPU per second of the job nears a
+sender's); how late the agents sent paced packets and released held ones against their
+schedule (p99, an upper bound: the histogram's bucket); and the machine's idle share. Where the agents' CPU per second of the job nears a
 core per agent, they, not the fabric, set the pace.
 
 Each transport and rate runs once per engine (``--engines``): the compiled one (traffic/native)
@@ -35,6 +36,7 @@ import yaml  # noqa: E402
 from fabriclab.model import experiment as xp  # noqa: E402
 from testbed.fabric.fabric import Fabric  # noqa: E402
 from testbed.linux import cpu  # noqa: E402
+from testbed.plan.delayline import quantile_us  # noqa: E402
 from traffic.agents.runner import run_job  # noqa: E402
 from traffic.workloads.entries import parse_size  # noqa: E402
 
@@ -65,6 +67,7 @@ def measure(transport: str, rate: float, size: str, engine: str) -> dict:
     one = run_once(transport, rate, size, engine)
     two = run_once(transport, rate, 2 * parse_size(size, "--size"), engine)
     result, packets, seconds = one["result"], one["packets"], one["result"].time_us / 1e6
+    lateness = (result.transport or {}).get("lateness_us") or {}
     extra = two["packets"] - packets
     margin = (two["result"].agent_cpu_s - result.agent_cpu_s) / extra if extra > 0 else None
     user = ((two["result"].agent_user_cpu_s - result.agent_user_cpu_s) / extra if extra > 0
@@ -77,7 +80,11 @@ def measure(transport: str, rate: float, size: str, engine: str) -> dict:
                                            if packets else None),
             "us_per_packet": round(margin * 1e6, 1) if margin is not None else None,
             "user_us_per_packet": round(user * 1e6, 1) if user is not None else None,
-            "agent_cores": round(result.agent_cpu_s / seconds, 2) if seconds else None,
+            "agent_cores": (round((two["result"].agent_cpu_s - result.agent_cpu_s)
+                                  / (two["result"].time_us / 1e6 - seconds), 2)
+                            if two["result"].time_us / 1e6 > seconds else None),
+            "late_tx_p99_us": quantile_us(lateness.get("tx", {}), 0.99),
+            "late_rx_p99_us": quantile_us(lateness.get("rx", {}), 0.99),
             "idle_pct": round(one["idle_pct"], 1)}
 
 
@@ -97,14 +104,15 @@ def main() -> int:
                 rows.append(measure(t, r, args.size, e))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"{'transport':9} {'engine':7} {'Mbit/s':>7} {'eff':>6} {'s':>6} {'agent cpu s':>11} "
-          f"{'packets':>8} {'us/pkt':>7} {'user':>6} {'(+start)':>8} {'cores':>6} {'idle%':>6}")
+          f"{'packets':>8} {'us/pkt':>7} {'user':>6} {'(+start)':>8} {'cores':>6} "
+          f"{'late99':>7} {'idle%':>6}")
     for r in rows:
         print(f"{r['transport']:9} {r['engine'] or '?':7} {r['rate_mbps']:>7g} "
               f"{r['efficiency']:>6} {r['seconds']:>6} "
               f"{r['agent_cpu_s']:>11} {r['packets']:>8} {r['us_per_packet'] or 0:>7} "
               f"{r['user_us_per_packet'] or 0:>6} "
               f"{r['us_per_packet_with_startup'] or 0:>8} "
-              f"{r['agent_cores'] or 0:>6} {r['idle_pct']:>6}")
+              f"{r['agent_cores'] or 0:>6} {r['late_tx_p99_us'] or 0:>7g} {r['idle_pct']:>6}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
