@@ -20,9 +20,10 @@ link's rate times the longest path's unloaded round trip). Without ``time_scale`
 scaled (N = 1): the emulated-unit files of before read as they did.
 
 ``auto`` picks the smallest N at which this machine keeps up (:func:`choose`): the datapath's
-measured budget of bits times switch hops, the agents' CPU per packet when a UDP transport runs,
-and the agents' timing (their event loop wakes within about a millisecond: a packet time must
-be several of those). Wall-clock guards (timeouts, the controller's readiness) are not scaled.
+measured budget of bits times switch hops, the agents' CPU per packet when a UDP transport runs
+(by engine: the compiled one's is about a third of the Python one's), and the agents' timing
+(their event loop wakes within about a millisecond, the compiled one's within 250 us: a packet
+time must be several of those). Wall-clock guards (timeouts, the controller's readiness) are not scaled.
 """
 
 from __future__ import annotations
@@ -281,15 +282,21 @@ def judge(scale: TimeScale, counters: list,
 
 # -- choosing N ----------------------------------------------------------------------------
 
-#: The agents' CPU per DATA packet (all agents, sending and receiving, the kernel's forwarding
-#: in their system calls included), measured with bench/agents.py on a 2-core machine of the
-#: CI kind (docs/measurements/transports.md, 2026-12-02: 4 ranks, 20 Mbit/s)
-AGENT_CPU_S_PER_PACKET = {"uet": 265e-6, "rocev2": 313e-6}
+#: The agents' CPU per DATA packet by engine (transport.engine) and transport (all agents,
+#: sending and receiving, the kernel's forwarding in their system calls included), at the
+#: margin (the start-up left out), measured with bench/agents.py at 50 Mbit/s on a 2-core
+#: machine of the CI kind, the larger of two runs (docs/measurements/transports.md,
+#: 2026-12-06)
+AGENT_CPU_S_PER_PACKET = {"python": {"uet": 283e-6, "rocev2": 286e-6},
+                          "native": {"uet": 82e-6, "rocev2": 79e-6}}
 AGENT_HEADROOM = 0.5  # the agents may take half the machine; the switches and hosts the rest
-#: The agents' event loop sleeps in epoll, whose timeout counts whole milliseconds: a packet
-#: or an ACK is handled up to about a millisecond after its time. A packet's time on a host
-#: link must be several of those for the lateness to stay well under one packet time.
-LOOP_GRANULARITY_S = 1e-3
+#: How late an agent's event loop may handle a packet or an ACK after its time, by engine: the
+#: Python one sleeps in epoll, whose timeout counts whole milliseconds (p99 lateness 1-2 ms
+#: measured); the compiled one to the nanosecond with 1 us of timer slack (p99 at most 250
+#: us, the same runs). The hosts' delay relay is Python's. A packet's time on a host link must
+#: be several of those for the lateness to stay well under one packet time.
+LOOP_GRANULARITY_S = {"python": 1e-3, "native": 250e-6}
+RELAY_GRANULARITY_S = LOOP_GRANULARITY_S["python"]
 PACKET_TIME_IN_WAKES = 4
 #: The hosts' delay relay's CPU per packet it holds (one read and one write on a TUN device,
 #: a heap push and pop; testbed.linux.tunrelay), measured on a 2-core machine of the CI kind
@@ -390,8 +397,8 @@ def nice(n: float) -> float:
 
 def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
            saturation_mbit_hops: float, cores: int, transports: set[str],
-           headroom: float, measured_cores: int,
-           relay: bool = False) -> tuple[float, tuple[Bound, ...]]:
+           headroom: float, measured_cores: int, relay: bool = False,
+           engines: frozenset[str] = frozenset({"native"})) -> tuple[float, tuple[Bound, ...]]:
     """The smallest N (rounded by :func:`nice`) at which this machine keeps up with
     ``senders`` hosts sending at their real line rate at once.
 
@@ -406,6 +413,7 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
         headroom: the share of the datapath's saturation a run may use.
         measured_cores: the cores of the machine the saturation point was measured on.
         relay: the hosts' delay relay holds every packet (``emulator.delay_line: hosts``).
+        engines: the agents' engines the UDP transports' jobs run (``native``, ``python``).
     """
     rate_mbps = real_rate_gbps * 1e3
     budget = headroom * saturation_mbit_hops * max(1, cores) / measured_cores
@@ -415,14 +423,18 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
                     f"hops against the datapath's {budget:,.0f} Mbit-hop/s with headroom")]
     packets = senders * rate_mbps * 1e6 / 8 / frame_bytes(mtu)
     real_packet_s = frame_bytes(mtu) * 8 / (rate_mbps * 1e6)
-    least_packet_s = PACKET_TIME_IN_WAKES * LOOP_GRANULARITY_S
-    udp = sorted(t for t in transports if t in AGENT_CPU_S_PER_PACKET)
+    udp = sorted(t for t in transports if t in AGENT_CPU_S_PER_PACKET["python"])
+    engines = sorted(engines or {"native"})
+    granularity = max(([LOOP_GRANULARITY_S[e] for e in engines] if udp else [])
+                      + ([RELAY_GRANULARITY_S] if relay else []), default=0.0)
+    least_packet_s = PACKET_TIME_IN_WAKES * granularity
     if udp:
-        cost = max(AGENT_CPU_S_PER_PACKET[t] for t in udp)
+        cost = max(AGENT_CPU_S_PER_PACKET[e][t] for t in udp for e in engines)
         bounds.append(Bound("agents' CPU", packets * cost / (AGENT_HEADROOM * max(1, cores)),
                             f"{senders} senders' {packets:,.0f} packets/s at the real rate x "
-                            f"{cost * 1e6:.0f} us of the agents' CPU each ({'/'.join(udp)}) "
-                            f"against {AGENT_HEADROOM:.0%} of {cores} cores"))
+                            f"{cost * 1e6:.0f} us of the agents' CPU each ({'/'.join(udp)}, "
+                            f"{'/'.join(engines)} engine) against {AGENT_HEADROOM:.0%} of "
+                            f"{cores} cores"))
     if udp or relay:
         who = "agents'" if udp else "delay relay's"
         bounds.append(Bound(f"{who} timing", least_packet_s / real_packet_s,
@@ -445,6 +457,7 @@ def auto(real: TestbedSpec, workload: Workload | None,
     ``cores`` cores."""
     jobs = workload.jobs if workload else ()
     transports = {j.transport for j in jobs}
+    engines = frozenset(j.transport_options.engine for j in jobs if j.transport != "tcp")
     senders = 0
     for batch in (workload.batches() if workload else []):
         senders = max(senders, sum(max((len({t.src for t in c.schedule.transfers})
@@ -460,7 +473,8 @@ def auto(real: TestbedSpec, workload: Workload | None,
         mean_hops=mean_switch_hops(real.topology), mtu=real.fabric.mtu,
         saturation_mbit_hops=saturation_mbit_hops(real.fabric.mtu, saturation_table(datapath)),
         cores=cores, transports=transports, headroom=HEADROOM,
-        measured_cores=MEASURED_CORES, relay=real.fabric.delay_line == "hosts")
+        measured_cores=MEASURED_CORES, relay=real.fabric.delay_line == "hosts",
+        engines=engines or frozenset({"native"}))
 
 
 def delay_line(spec: TestbedSpec, workload: Workload | None, emulator: dict) -> str:

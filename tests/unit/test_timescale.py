@@ -130,6 +130,23 @@ def test_buffers_in_bdps_and_their_errors():
     assert red.kmin_bytes == pytest.approx(exp.bdp()["bdp_bytes"] / 4, rel=0.01)
 
 
+def test_the_compiled_engine_lets_auto_run_the_fabric_faster(monkeypatch):
+    """The agents' CPU and timing bounds follow the engine the jobs run."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    by_engine = {}
+    for engine in ("native", "python"):
+        data = real_incast(time_scale="auto")
+        data["workload"]["transport"] = {"kind": "uet", "engine": engine}
+        scale = xp.parse(data).time_scale
+        by_engine[engine] = {b.name: b.least for b in scale.bounds}
+        assert f"{engine} engine" in next(b.why for b in scale.bounds
+                                          if b.name == "agents' CPU")
+    native, python = by_engine["native"], by_engine["python"]
+    assert native["agents' CPU"] == pytest.approx(python["agents' CPU"] * (
+        ts.AGENT_CPU_S_PER_PACKET["native"]["uet"] / ts.AGENT_CPU_S_PER_PACKET["python"]["uet"]))
+    assert native["agents' timing"] == pytest.approx(python["agents' timing"] / 4)
+
+
 def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     exp = xp.parse(real_incast(time_scale="auto"))
@@ -141,7 +158,7 @@ def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):
     assert exp.raw["emulator"]["time_scale"] == scale.n  # as run
     assert "auto:" in scale.describe() and "packets per BDP" in scale.describe()
     # the emulated packet time leaves the agents' wake-ups a quarter of it
-    assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S
+    assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S["native"]
     # twice the cores: the CPU bound halves (the timing bound stays)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     wider = xp.parse(real_incast(time_scale="auto")).time_scale
