@@ -398,3 +398,30 @@ def test_the_agents_delay_line_makes_the_links_latency_over_loopback(tmp_path):
     assert 0 <= t["probe_excess_min_us"] <= t["probe_excess_max_us"] < 20_000, t
     released = sum(t["lateness_us"]["rx"].values())
     assert released >= 2 * (256 << 10) // 8936, t["lateness_us"]  # every packet was held
+
+
+def test_a_peer_slow_to_say_its_rank_is_accepted_and_a_silent_one_holds_up_nobody():
+    """An agent descheduled between its connect and its hello (16 agents starting on 2 cores)
+    was dropped after 2 s, and the job failed at its barrier ("connection closed")."""
+    import threading
+
+    from traffic.agents.agent import HELLO, accept_hellos
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    addr = listener.getsockname()
+    silent = socket.create_connection(addr)
+    slow = socket.create_connection(addr)
+    quick = socket.create_connection(addr)
+    quick.sendall(HELLO.pack(2, 0))
+    threading.Timer(2.5, lambda: slow.sendall(HELLO.pack(1, 0))).start()
+    start = time.monotonic()
+    try:
+        got = accept_hellos(listener, 2, time.monotonic() + 10)
+        assert sorted(got) == [(1, 0), (2, 0)] and time.monotonic() - start < 8
+        for conn in got.values():
+            conn.close()
+    finally:
+        for sock in (silent, slow, quick, listener):
+            sock.close()

@@ -144,7 +144,8 @@ def test_the_compiled_engine_lets_auto_run_the_fabric_faster(monkeypatch):
     native, python = by_engine["native"], by_engine["python"]
     assert native["agents' CPU"] == pytest.approx(python["agents' CPU"] * (
         ts.AGENT_CPU_S_PER_PACKET["native"]["uet"] / ts.AGENT_CPU_S_PER_PACKET["python"]["uet"]))
-    assert native["agents' timing"] == pytest.approx(python["agents' timing"] / 4)
+    assert native["agents' timing"] == pytest.approx(python["agents' timing"] * (
+        ts.LOOP_GRANULARITY_S["native"] / ts.LOOP_GRANULARITY_S["python"]))
 
 
 def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import queue
 import resource
+import selectors
 import socket
 import struct
 import sys
@@ -54,7 +55,6 @@ BUF = memoryview(bytearray(1 << 20))
 HELLO = struct.Struct("!II")  # sender rank, channel
 CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
 CONNECT_TIMEOUT_S = 30.0
-HELLO_TIMEOUT_S = 2.0  # a connection that has not said its rank by then is not a peer
 #: the congestion control of connections inside a server's scale-up domain when the job pins
 #: none: NVLink moves data on credits, without pacing, and a window-based sender is its nearer
 #: model; BBR paces at its last share of the link, so where two connections share a scale-up
@@ -127,17 +127,8 @@ class Agent:
         accepted: dict[tuple[int, int], socket.socket] = {}
 
         def accept() -> None:
-            listener.settimeout(CONNECT_TIMEOUT_S)
-            while len(accepted) < len(expected):
-                conn, _ = listener.accept()
-                conn.settimeout(HELLO_TIMEOUT_S)  # a peer says who it is at once
-                try:
-                    hello = _recv_exact(conn, HELLO.size)
-                except OSError:  # silent or gone: not one of the job's ranks, next one
-                    conn.close()
-                    continue
-                conn.settimeout(None)
-                accepted[HELLO.unpack(hello)] = conn
+            accepted.update(accept_hellos(listener, len(expected),
+                                          time.monotonic() + CONNECT_TIMEOUT_S))
 
         acceptor = threading.Thread(target=accept, daemon=True)
         acceptor.start()
@@ -368,6 +359,54 @@ def _delta(before: dict, after: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def accept_hellos(listener: socket.socket, count: int,
+                  deadline: float) -> dict[tuple[int, int], socket.socket]:
+    """The first ``count`` connections to say who they are (a hello: rank, channel), each
+    hello read as it comes, over a selector of them all: a silent stranger holds up nobody,
+    and a peer slow to say its rank (descheduled on a busy machine: 16 agents starting on 2
+    cores) is not dropped for it. Connections silent at ``deadline``, or closed before their
+    hello, are closed."""
+    accepted: dict[tuple[int, int], socket.socket] = {}
+    partial: dict[socket.socket, bytes] = {}
+    listener.setblocking(False)
+    with selectors.DefaultSelector() as sel:
+        sel.register(listener, selectors.EVENT_READ)
+        try:
+            while len(accepted) < count and time.monotonic() < deadline:
+                for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                    conn = key.fileobj
+                    if conn is listener:
+                        try:
+                            conn, _ = listener.accept()
+                        except BlockingIOError:
+                            continue
+                        conn.setblocking(False)
+                        partial[conn] = b""
+                        sel.register(conn, selectors.EVENT_READ)
+                        continue
+                    try:
+                        chunk = conn.recv(HELLO.size - len(partial[conn]))
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    if chunk:
+                        partial[conn] += chunk
+                    if chunk and len(partial[conn]) < HELLO.size:
+                        continue
+                    sel.unregister(conn)
+                    hello = partial.pop(conn)
+                    if not chunk:  # gone before saying who it is: not one of the job's
+                        conn.close()
+                        continue
+                    conn.setblocking(True)
+                    accepted[HELLO.unpack(hello)] = conn
+        finally:
+            for conn in partial:
+                conn.close()
+    return accepted
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
