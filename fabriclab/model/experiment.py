@@ -219,7 +219,7 @@ def _set_path(data: dict, path: str, value: object, where: str) -> None:
             node.pop(last)
         else:
             node[last] = value
-    except (IndexError, KeyError, TypeError):
+    except (IndexError, KeyError, TypeError, AttributeError):  # (a number or a string there)
         raise ConfigError(where, f"{path!r} does not lead anywhere in the base "
                                  "experiment") from None
 

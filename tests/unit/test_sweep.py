@@ -83,6 +83,9 @@ def test_axes_with_the_same_last_field_keep_their_whole_paths_and_variants_nest(
     ({"axes": {"controller.routing": ["ecmp", "bogus"]}}, "controller.routing", "bogus"),
     ({"axes": {"workload.collectives[3].size": ["1MiB"]}}, "sweep.axes.workload.collectives[3].size",
      "does not lead anywhere"),
+    # a path through a number, the field removed (null): was AttributeError (the property
+    # suite's draw), an internal error
+    ({"axes": {"name.x": [None]}}, "sweep.axes.name.x", "does not lead anywhere"),
     ({"axes": {"controller.routing": ["ecmp"]}, "repetitions": 0}, "sweep.repetitions", ""),
 ])
 def test_a_bad_sweep_is_refused_before_anything_runs_naming_the_field(section, field, words):
