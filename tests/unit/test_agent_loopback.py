@@ -310,12 +310,9 @@ def test_a_queue_pair_to_a_peer_gone_ends_with_a_named_error(monkeypatch, engine
     import threading
 
     from traffic.agents import engine as eng
-    from traffic.agents import native
     from traffic.transports.packet import Scale, mss_for
 
-    engine_class, why = native.choose({"engine": engine})
-    if why:
-        pytest.skip(why)
+    engine_class = _engine_class(engine)
     monkeypatch.setattr(eng, "STALL_LIMIT_S", 1.0)
     for transport in ("uet", "rocev2"):
         e = engine_class(transport, 0, ["127.0.0.1", "127.0.0.2"], _free_port(),

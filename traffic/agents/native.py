@@ -12,6 +12,7 @@ as the Python engine's thread does.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable
 
@@ -80,7 +81,6 @@ class NativeUdpEngine(UdpEngine):
             self.thread.join(5)
         for sock in [self.listen, *self.pool]:
             sock.close()
-        import os
         for fd in (self.wake_r, self.wake_w):
             os.close(fd)
 

@@ -90,10 +90,8 @@ static fl_tx *sender(fl_host *h, int peer, int ch, const struct sockaddr_in *add
     t->peer = peer;
     t->ch = ch;
     t->addr = *addr;
-    int64_t entropies = h->transport == T_ROCE ? h->roce.entropies : h->uet.entropies;
     int entropy = (int)((peer * 31 + ch) % (h->n_pool ? h->n_pool : 1));
     uint64_t seed = (uint64_t)(h->rank * 1000 + peer * 10 + ch);
-    (void)entropies;
     int bad = h->transport == T_ROCE
                   ? fl_roce_sender_init(&t->s.roce, &h->roce, h->rank, ch, fl_now(), entropy,
                                         seed)
