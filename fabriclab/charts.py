@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from fabriclab.model import sweep as sw  # noqa: E402
 from fabriclab.model.document import RunDocument  # noqa: E402
 from fabriclab.model.results import job_summaries  # noqa: E402
+from traffic.measure.flows import SIZE_BINS, size_bin  # noqa: E402
 from traffic.measure.results import row_label  # noqa: E402
 
 WIDTH_IN = 13.0  # the page is full width: plots as wide as a laptop screen shows them
@@ -88,14 +89,15 @@ def efficiency_chart(runs) -> str:
 
 
 def fct_cdf_chart(runs) -> str | None:
-    """Flow completion CDFs: one panel per job label, one line per run, and the ideal (the
-    collective at line rate: its ``ideal_s``) as a dashed line."""
+    """When the transfers ended, from their collective's start: one panel per job label, one
+    line per run, and the ideal (the collective at line rate: its ``ideal_s``) as a dashed
+    line."""
     by_label: dict[str, dict[str, list[float]]] = {}
     ideal: dict[str, float] = {}
     for run in runs:
         for row in run.flows:
             label = row_label(row)
-            by_label.setdefault(label, {}).setdefault(run.name, []).append(float(row["done_s"]))
+            by_label.setdefault(label, {}).setdefault(run.name, []).append(float(row["end_s"] if "end_s" in row else row["done_s"]))
         for c in run.doc.collectives:
             if c.ideal_s:
                 ideal[c.name] = min(ideal.get(c.name, c.ideal_s), c.ideal_s)
@@ -115,7 +117,38 @@ def fct_cdf_chart(runs) -> str | None:
             ax.axvline(ideal[label], color="k", ls="--", lw=1,
                        label=f"ideal {ideal[label]:.3g} s")
         ax.set_title(label, fontsize=9)
-        ax.set_xlabel("completion (s from the collective's start)", fontsize=8)
+        ax.set_xlabel("transfer's end (s from the collective's start)", fontsize=8)
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("CDF of transfers")
+    return png(fig)
+
+
+def slowdown_cdf_chart(runs) -> str | None:
+    """Slowdown CDFs by flow size, as congestion-control papers draw them: one panel per size
+    bin (:data:`traffic.measure.flows.SIZE_BINS`), one line per run; slowdown is a transfer's
+    FCT over its time alone on the idle fabric (log axis)."""
+    by_bin: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        for row in run.flows:
+            if row.get("slowdown"):
+                by_bin.setdefault(size_bin(int(row["bytes"])), {}).setdefault(
+                    run.name, []).append(float(row["slowdown"]))
+    if not by_bin:
+        return None
+    order = [b for b in (size_bin(n) for n in (*SIZE_BINS, SIZE_BINS[-1] + 1)) if b in by_bin]
+    fig, axes = plt.subplots(1, len(order), figsize=(WIDTH_IN, 3.2), squeeze=False,
+                             layout="constrained")
+    for ax, label in zip(axes[0], order):
+        for name, values in list(by_bin[label].items())[:OVERLAID]:
+            values.sort()
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name,
+                    lw=1, drawstyle="steps-post", marker="o" if len(values) < 5 else None, ms=4)
+        ax.axvline(1.0, color="k", ls="--", lw=1)
+        ax.set_xscale("log")
+        total = sum(len(v) for v in by_bin[label].values())
+        ax.set_title(f"{label} ({total} transfers)", fontsize=9)
+        ax.set_xlabel("slowdown (FCT / alone on the idle fabric)", fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("CDF of transfers")

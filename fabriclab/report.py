@@ -29,6 +29,7 @@ from fabriclab.model.document import RunDocument
 from fabriclab.model.results import gbps_text, job_summaries, upgrade, us_text
 from fabriclab.rundirs import read_document
 from testbed.errors import ConfigError
+from traffic.measure.flows import slowdown_by_size
 
 DETAILED_RUNS = 8  # runs that get their own heatmap, timelines and drawing
 
@@ -166,6 +167,21 @@ def numbers_table(doc: RunDocument) -> str:
                   rows, numeric_from=3)
 
 
+def slowdown_table(runs) -> str:
+    """Per run and flow-size bin: transfers, and their p50, p99 and max slowdown."""
+    rows = []
+    for run in runs:
+        pairs = [(int(f["bytes"]), float(f["slowdown"])) for f in run.flows
+                 if f.get("slowdown")]
+        for label, q in slowdown_by_size(pairs).items():
+            rows.append([run.name, label, q["flows"], f"{q['p50']:.2f}", f"{q['p99']:.2f}",
+                         f"{q['max']:.2f}"])
+    if not rows:
+        return ""
+    return _table(["run", "flow size", "transfers", "slowdown p50", "p99", "max"], rows,
+                  numeric_from=2)
+
+
 def jobs_table(doc: RunDocument) -> str:
     """Several jobs at once: each one's time together and alone, the slowdown measured and
     predicted, and the links it shared."""
@@ -236,8 +252,14 @@ def render(out: Path, runs: list[Run]) -> str:
     if len(runs) > 1:
         parts += ["<h2>The runs overlaid</h2>", _img(charts.overlay_chart(runs),
                                                      "the runs overlaid")]
-    parts += ["<h2>Flow completion</h2>", _img(charts.fct_cdf_chart(runs),
-                                               "flow completion CDFs")]
+    parts += ["<h2>Transfers' ends</h2>", _img(charts.fct_cdf_chart(runs),
+                                               "when the transfers ended")]
+    slow = slowdown_table(runs)
+    if slow:
+        parts += ["<h2>Slowdown by flow size</h2>",
+                  "<p>Each transfer's FCT (from its sender's first byte to its receiver's "
+                  "last) over its time alone on the idle fabric (flows.csv).</p>",
+                  _img(charts.slowdown_cdf_chart(runs), "slowdown CDFs by flow size"), slow]
     scale = first.real_scale
     if scale:
         parts += ["<h2>Real-equivalent units</h2>",

@@ -277,21 +277,26 @@ class ExperimentRun:
                     row.job_name = outcome.job.name
                 if self.exp.real_scale is not None:
                     row.real = d.RealFigures.from_json(self.exp.real_scale.collective(row))
-            self.flows += rundir.flow_rows(outcome.job.index, outcome.results)
             workload.measured(outcome.job.index, rows)
             self.view.measured(len(outcome.results))
-        self.predict_as_hashed(fabric, batch, outcomes, self.doc.collectives[first_row:])
+        hashed = self.predict_as_hashed(fabric, batch, outcomes,
+                                        self.doc.collectives[first_row:])
+        for outcome in outcomes:
+            if outcome.error is None:
+                self.flows += rundir.flow_rows(outcome.job.index, outcome.results,
+                                               outcome.connections, hashed)
         return errors
 
     def predict_as_hashed(self, fabric: RunningFabric, batch: list[Job], outcomes: list,
-                          rows: list[d.CollectiveRow]) -> None:
+                          rows: list[d.CollectiveRow]) -> list[dict]:
         """Beside the prediction over hash draws, the batch's collectives predicted on the
         paths its connections took (ECMP on eBPF switches, whose hash is known):
         ``predicted_hashed_s`` per row and ``links_as_hashed`` per phase of ``traffic.json``,
-        or why not (``prediction.as_hashed_missing``)."""
+        or why not (``prediction.as_hashed_missing``). Returns the connections' rows with their
+        paths (none where not known)."""
         doc = self.doc.prediction
         if not doc or any(o.error is not None for o in outcomes):
-            return
+            return []
         why = prediction.hashing_known(self.exp, fabric.datapath_type)
         paths = None
         if why is None:
@@ -303,14 +308,16 @@ class ExperimentRun:
         if paths is None:  # the first batch's reason (they share the fabric)
             if doc.as_hashed_missing is None:
                 doc.as_hashed_missing = why
-            return
+            return []
         prediction.attach_hashed(rows, self.hashing.predict(batch, paths))
-        self.traffic.setdefault("connections", []).extend(traffic_out.hashed_connections(
-            self.hashing.router, batch, {o.job.index: o.connections for o in outcomes}, paths))
+        hashed = traffic_out.hashed_connections(
+            self.hashing.router, batch, {o.job.index: o.connections for o in outcomes}, paths)
+        self.traffic.setdefault("connections", []).extend(hashed)
         links = self.hashing.links(batch, paths)
         for phase in self.traffic.get("phases", []):
             if (phase["job"], phase["index"]) in links:
                 phase["links_as_hashed"] = links[(phase["job"], phase["index"])]
+        return hashed
 
     def record(self, fabric: RunningFabric, services: Services, before: dict,
                began: float, batch: tuple[int, list[Job]] | None = None) -> list[str]:

@@ -118,8 +118,23 @@ class FlowTiming:
 
 
 @dataclass(frozen=True)
+class SendTiming:
+    """A transfer an agent sent: when it handed the first byte to its connections (wall
+    clock), and the retransmissions on them from then to the next transfer to the same peer
+    (or to the next collective's start; TCP: ``TCP_INFO``, the UDP transports' own)."""
+
+    src: int
+    dst: int
+    step: int
+    bytes: int
+    start: float
+    retransmitted: int | None = None
+
+
+@dataclass(frozen=True)
 class CollectiveTiming:
-    """One rank's view of one collective: when it started and ended, and its receives."""
+    """One rank's view of one collective: when it started and ended, its receives and its
+    sends."""
 
     index: int
     start: float
@@ -127,6 +142,7 @@ class CollectiveTiming:
     flows: tuple[FlowTiming, ...]
     transport: dict | None = None  # this rank's transport counters in it (TCP: TCP_INFO)
     released: float | None = None  # when the rank left the barrier its gap counts from
+    sends: tuple[SendTiming, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,7 +185,8 @@ class AgentReport:
         return cls(d["rank"], d["host"],
                    tuple(CollectiveTiming(c["index"], c["start"], c["end"],
                                           tuple(FlowTiming(**f) for f in c["flows"]),
-                                          c.get("transport"), c.get("released"))
+                                          c.get("transport"), c.get("released"),
+                                          tuple(SendTiming(**t) for t in c.get("sends", ())))
                          for c in d["collectives"]),
                    d.get("cpu_s", 0.0),
                    tuple(Connection(**c) for c in d.get("connections", ())),

@@ -181,7 +181,7 @@ def real_scale(doc: RunDocument) -> Table:
         real = row.real
         if not real:
             continue
-        fct = real.flow_completion_s
+        fct = real.fct_s if real.fct_s.p50 is not None else real.flow_end_s
         table.add_row(str(row.job), row.name, f"{real.bytes:,}", us_text(real.time_us),
                       gbps_text(real.algbw_GBps), gbps_text(real.busbw_GBps),
                       *("-" if q is None else f"{q * 1e6:,.1f}" for q in (fct.p50, fct.p99)),

@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 from testbed.model.records import DocumentError, Record, optional
 from traffic.measure.rows import CollectiveRow, FlowCompletion, RealFigures, TransportCounters
 
-#: the version this fabriclab writes; 1 is every results.json written before it had one
-VERSION = 2
+#: the version this fabriclab writes; 1 is every results.json written before it had one; 3
+#: renamed ``flow_completion_s`` (when transfers ended, from the collective's start) to
+#: ``flow_end_s`` and added each transfer's own completion time (``fct_s``) and ``slowdown``
+VERSION = 3
 
 __all__ = ["VERSION", "CollectiveRow", "DocumentError", "FlowCompletion", "RealFigures",
            "RunDocument", "TransportCounters", "read", "upgrade"]
@@ -428,9 +430,12 @@ _OLD_UNITS = {"duration_s": ("time_us", 1e6), "algbw_gbps": ("algbw_GBps", 1 / 8
 
 def upgrade(doc):
     """A results, variants or sweep document written before the units were NCCL-tests' (rows
-    with ``duration_s``, ``*_gbps``, ``busbw_mbps``), in today's fields: runs made before
-    still report, compare and resume. Anything else is returned as it is."""
+    with ``duration_s``, ``*_gbps``, ``busbw_mbps``) or before version 3 (``flow_completion_s``,
+    now ``flow_end_s``), in today's fields: runs made before still report, compare and resume.
+    Anything else is returned as it is."""
     if isinstance(doc, dict):
+        if isinstance(doc.get("flow_completion_s"), dict) and "flow_end_s" not in doc:
+            doc["flow_end_s"] = doc.pop("flow_completion_s")  # before version 3
         for old, (new, factor) in _OLD_UNITS.items():
             if isinstance(doc.get(old), (int, float)) and new not in doc and (
                     old != "duration_s" or "bytes" in doc):  # a collective's, not a VM run's

@@ -169,7 +169,8 @@ def job_summaries(rows: list[CollectiveRow]) -> list[JobSummary]:
 @dataclass
 class VariantJob(Record):
     """One job of a variant's line: its mean busbw and efficiency, and the worst flow
-    completion p50 and p99 over its repetitions."""
+    completion p50 and p99 over its repetitions (each transfer's own FCT; for runs before
+    version 3 of results.json, when transfers ended from the collective's start)."""
 
     op: str
     label: str = ""
@@ -273,8 +274,8 @@ def variant_row(doc: RunDocument | None, variant: str | None = None,
         bdp_bytes=doc.fabric.bdp_bytes, reordered=reordered(doc))
     for s in job_summaries(doc.collectives):
         rows = [r for r in doc.collectives if (r.job, r.op, r.bytes) == (s.job, s.op, s.bytes)]
-        fct = {q: max((getattr(r.flow_completion_s, q) or 0.0 for r in rows), default=0.0)
-               for q in ("p50", "p99")}
+        fct = {q: max((getattr(r.fct_s if r.fct_s.p50 is not None else r.flow_end_s, q)
+                       or 0.0 for r in rows), default=0.0) for q in ("p50", "p99")}
         tput = [r.throughput_of_ideal for r in rows if r.throughput_of_ideal]
         row.jobs.append(VariantJob(s.op, s.label, s.ranks, s.busbw_GBps, s.efficiency,
                                    fct["p50"], fct["p99"],

@@ -75,13 +75,13 @@ class RealScale:
 
     def collective(self, row: CollectiveRow) -> dict:
         """A results row's real-equivalent figures."""
-        fct = row.flow_completion_s.to_json()
         return {"bytes": round(row.bytes * self.size_ratio),
                 "time_us": row.time_us * self.time_ratio,
                 "algbw_GBps": row.algbw_GBps * self.rate_ratio,
                 "busbw_GBps": row.busbw_GBps * self.rate_ratio,
-                "flow_completion_s": {q: v * self.time_ratio for q, v in fct.items()
-                                      if v is not None}}
+                **{name: {q: v * self.time_ratio for q, v in figure.to_json().items()
+                          if v is not None}
+                   for name, figure in (("flow_end_s", row.flow_end_s), ("fct_s", row.fct_s))}}
 
     def describe(self) -> str:
         """One line for the run's output."""

@@ -169,6 +169,15 @@ def red_plan(mode: str, k_bytes: int, kmin_bytes: int, kmax_bytes: int, pmax: fl
     return None
 
 
+def htb_burst_bytes(rate_mbps: float, mtu: int) -> int:
+    """The HTB burst of a link end without lossless classes (with them it is less): tokens
+    for :data:`BURST_TIME_S` at line rate, at least one super-packet. An idle link end sends
+    that much at once, and one packet more (a class may send while its tokens are not
+    negative): what a transfer starting on idle links can gain on the line rate
+    (:mod:`traffic.measure.flows`)."""
+    return int(max(rate_mbps * 1e6 / 8 * BURST_TIME_S, GSO_MAX_BYTES + mtu))
+
+
 def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
                  queue_packets: int | None = None, delay_us: float = 0.0,
                  priorities: tuple[int, ...] = (),
@@ -197,7 +206,7 @@ def plan_shaping(rate_mbps: float, mtu: int, queue_kb: int | None = None,
     """
     lossless = lossless or {}
     rate_bytes_s = rate_mbps * 1e6 / 8
-    burst = int(max(rate_bytes_s * BURST_TIME_S, GSO_MAX_BYTES + mtu))
+    burst = htb_burst_bytes(rate_mbps, mtu)
     if lossless:  # a paused class saves up its burst and sends it at once when resumed
         burst = int(max(rate_bytes_s * BURST_TIME_S, LOSSLESS_BURST_FRAMES * frame_bytes(mtu)))
     quantum = int(min(HTB_MAX_QUANTUM, max(frame_bytes(mtu), GSO_MAX_BYTES)))

@@ -53,7 +53,7 @@ def _figures(results: api.Results) -> dict[str, float]:
     rows = doc.collectives
     bdp = doc.fabric.bdp_bytes
     return {"time_us": sum(r.real.time_us for r in rows) / len(rows),
-            "fct_p50_us": sum(r.real.flow_completion_s.p50 for r in rows) / len(rows) * 1e6,
+            "fct_p50_us": sum(r.real.fct_s.p50 for r in rows) / len(rows) * 1e6,
             "throughput": sum(r.throughput_of_ideal for r in rows) / len(rows),
             "queue_p99_bdp": max(p.queue_p99_bytes for p in doc.congestion.ports.values())
             / bdp}

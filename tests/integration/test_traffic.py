@@ -52,8 +52,11 @@ def test_ring_all_reduce_and_all_to_all_complete_near_line_rate(make_fabric):
             # pairwise steps of 170 KiB each wait for the step before: TCP restarts per step,
             # so the efficiency varies with the machine's load; it must complete sensibly
             assert 0.5 <= res.efficiency <= 1.05, res
-        assert 0 < res.flow_completion_s["p50"] <= res.flow_completion_s["max"] <= \
-            res.time_us / 1e6
+        assert 0 < res.flow_end_s["p50"] <= res.flow_end_s["max"] <= res.time_us / 1e6
+        # each transfer from its sender's start: no longer than its end from the collective's
+        # start, and no shorter than alone on the idle fabric but for the shapers' burst
+        assert 0 < res.fct_s["p50"] <= res.fct_s["max"] <= res.flow_end_s["max"] + 1e-6
+        assert all(f.fct_s <= f.end_s + 1e-6 and f.ideal_fct_s > 0 for f in res.flows)
 
 
 def test_a_stuck_rank_is_named(make_fabric):
@@ -90,7 +93,7 @@ def test_fabriclab_run_writes_results_json(state_dir, tmp_path):
         ("all_to_all", 2, 0, 2)]
     for row in rows:
         for key in ("ranks", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "efficiency",
-                    "ideal_s", "flow_completion_s"):
+                    "ideal_s", "flow_end_s", "fct_s", "slowdown"):
             assert key in row
         low = 0.5 if row["concurrent_jobs"] == 1 else 0.2  # concurrent jobs share h1_1_1
         assert low < row["efficiency"] <= 1.15  # HTB burst tokens speed the first KiB

@@ -89,8 +89,14 @@ def test_ring_all_reduce_and_all_to_all_over_loopback(tmp_path):
         assert len({c.dport for c in report.connections}) == 1  # the agents' port
     results = summarize(colls, reports, rate_mbps=10_000, mtu=9000)
     assert [r.op for r in results] == ["all_reduce", "all_to_all"]
-    assert all(r.time_us > 0 and r.flow_completion_s["max"] <= r.time_us / 1e6 + 1e-6
+    assert all(r.time_us > 0 and r.flow_end_s["max"] <= r.time_us / 1e6 + 1e-6
                for r in results)
+    # every transfer (a 4-rank ring: 6 steps of 4; the all-to-all: 12 pairs) has its
+    # sender's start, before its end
+    assert [len(r.flows) for r in results] == [24, 12]
+    for r in results:
+        assert all(0 <= f.start_s <= f.end_s <= r.time_us / 1e6 + 1e-6 for f in r.flows)
+        assert all(f.retransmitted == 0 for f in r.flows)  # TCP_INFO, on loopback
 
 
 @pytest.mark.parametrize("engine", ["python", "native"])
@@ -114,6 +120,11 @@ def test_the_udp_transports_move_every_byte_over_loopback(tmp_path, engine):
             assert t["engine"] == engine
         results = summarize(colls, reports, rate_mbps=200, mtu=9000)
         assert results[0].transport["tx_packets"] > 0, transport
+        # every transfer with its sender's start and the queue pairs' retransmissions on it
+        # (summed per peer: they add up to the job's)
+        sent = results[0].flows
+        assert len(sent) == 12 and all(0 <= f.start_s < f.end_s for f in sent)
+        assert sum(f.retransmitted for f in sent) == results[0].transport["tx_retransmitted"]
         constants = results[0].transport["constants"]  # printed with the results
         assert ("DCQCN (connectx)" in constants) if transport == "rocev2" else "UET" in constants
         if transport == "uet":
@@ -402,7 +413,7 @@ def test_a_peer_slow_to_say_its_rank_is_accepted_and_a_silent_one_holds_up_nobod
     was dropped after 2 s, and the job failed at its barrier ("connection closed")."""
     import threading
 
-    from traffic.agents.agent import HELLO, accept_hellos
+    from traffic.agents.connect import HELLO, accept_hellos
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ from testbed.errors import ConfigError
 ROW = {"job": 0, "repetition": 1, "label": "", "op": "all_reduce", "algorithm": "ring",
        "ranks": ["h1", "h2"], "bytes": 1024, "time_us": 500.0, "algbw_GBps": 0.002,
        "busbw_GBps": 0.002, "ideal_s": 0.0004, "efficiency": 0.8,
-       "flow_completion_s": {"p50": 0.0003}, "start_unix_s": 1.0, "communicator_size": 2}
+       "flow_end_s": {"p50": 0.0003}, "start_unix_s": 1.0, "communicator_size": 2}
 
 
 def test_the_package_offers_the_api_by_name():
@@ -32,7 +32,7 @@ def test_results_read_back_typed(tmp_path):
     res = api.Results.read(tmp_path)
     (c,) = res.collectives
     assert (res.experiment, res.complete, res.error) == ("x", True, None)
-    assert (c.op, c.time_us, c.busbw_GBps, c.ranks, c.flow_completion_s.p50) == (
+    assert (c.op, c.time_us, c.busbw_GBps, c.ranks, c.flow_end_s.p50) == (
         "all_reduce", 500.0, 0.002, ["h1", "h2"], 0.0003)
     assert res.document.collectives[0].start_unix_s == 1.0  # the whole document, typed
 

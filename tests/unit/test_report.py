@@ -42,15 +42,19 @@ def _run_dir(path: Path, eff: float, failed_link: str | None = None) -> None:
                             "algbw_GBps": eff * 0.01, "busbw_GBps": eff * 0.01,
                             "efficiency": eff, "label": "ar", "ideal_s": 0.8,
                             "start_unix_s": 1002.5,
-                            "flow_completion_s": {"p50": 0.4, "p99": 0.9}}],
+                            "flow_end_s": {"p50": 0.4, "p99": 0.9}}],
            "fidelity": {"verdict": "ok", "reasons": [], "idle_pct": {"median": 50.0}},
            "controller": {"links_down": [failed_link] if failed_link else []},
            "real_scale": {"real_rate_gbps": 400, "real_rtt_us": 10, "emulated_rate_mbps": 10,
                           "emulated_rtt_ms": 20, "rate_ratio": 40000.0, "time_ratio": 5e-4,
                           "size_ratio": 20.0, "scales": "bandwidth", "does_not_scale": "cpu"}}
     (path / "results.json").write_text(json.dumps(doc))
+    # five transfers, two size bins: 4 KiB (slowdown 1.5 to 3.0) and 4 MiB (slowdown 1.1)
     (path / "flows.csv").write_text(rundir.flows_csv(
-        [[0, 0, "ar", "all_reduce", "h1_1", "h2_1", s, 1024, 0.1 * (s + 1)] for s in range(5)]))
+        [[0, 0, "ar", "all_reduce", "h1_1", "h2_1", s, 4096 if s < 4 else 4 << 20,
+          1002.5 + 0.05 * s, 0.05 * s, 0.05 * s + 0.1 * (s + 1), 0.1 * (s + 1),
+          0.1 * (s + 1) / (1.5 + 0.5 * s if s < 4 else 1.1), 1.5 + 0.5 * s if s < 4 else 1.1,
+          0.1, 0, "tcp", "", "", "", "", ""] for s in range(5)]))
     (path / "environment.json").write_text(json.dumps({"software": {"kernel": "6.x"},
                                                        "machine": {"cores": 2}}))
     (path / "experiment.json").write_text(json.dumps({"sha256": "0", "experiment": {
@@ -70,8 +74,13 @@ def test_a_variants_report_inlines_every_plot_and_the_verdicts(tmp_path):
     (out / "variants.json").write_text(json.dumps([{"variant": "a"}, {"variant": "b"}]))
     page = report.write_report(out).read_text()
     images = _images(page)
-    # efficiency, the runs overlaid, FCT CDFs, and per run: topology, heatmap, queues
-    assert len(images) == 3 + 2 * 3 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    # efficiency, the runs overlaid, transfers' ends, slowdown by size, and per run:
+    # topology, heatmap, queues
+    assert len(images) == 4 + 2 * 3 and all(i.startswith(b"\x89PNG\r\n\x1a\n") for i in images)
+    # slowdown per size bin and run: 4 small transfers (1.5 to 3.0), one large
+    assert page.count("<td>&lt;=10KiB</td><td class=n>4</td><td class=n>2.00</td>"
+                      "<td class=n>3.00</td>") == 2
+    assert page.count("<td>&lt;=10MiB</td><td class=n>1</td><td class=n>1.10</td>") == 2
     # per run: its collectives as NCCL-tests prints them, its files, its experiment file
     assert page.count("<th>busbw GB/s</th>") == 2 and "<td class=n>1,000,000.0</td>" not in page
     assert "<td class=n>1000000</td>" in page  # 1 s: us as NCCL-tests prints them
@@ -94,7 +103,7 @@ def test_a_sweep_report_finds_its_cells(tmp_path):
         {"name": "k=1,r1", "cell": "k=1"}, {"name": "k=1,r2", "cell": "k=1"}]}))
     runs = report.load_runs(out)
     assert [r.group for r in runs] == ["k=1", "k=1"]
-    assert len(_images(report.render(out, runs))) == 3 + 2 * 3
+    assert len(_images(report.render(out, runs))) == 4 + 2 * 3
 
 
 def test_collectives_are_marked_on_the_timelines_clock():

@@ -4,7 +4,8 @@ label), the nccl-tests-like per-job summary, and a failed run keeping what it me
 import pytest
 
 from fabriclab.model import results
-from fabriclab.model.document import Congestion, CollectiveRow, Iteration, TransportCounters, read
+from fabriclab.model.document import (Congestion, CollectiveRow, FlowCompletion, Iteration,
+                                      TransportCounters, read)
 from traffic.measure.results import CollectiveResult
 
 
@@ -72,8 +73,8 @@ def test_job_summaries_average_repetitions():
 def test_a_variant_row_compares_queues_and_jobs():
     doc = results.new_document("x", "x.yaml", "now", {"variant": "ecn"})
     fast, slow = _row(1.0), _row(2.0)
-    fast.flow_completion_s = {"p50": 0.4, "p99": 0.9, "max": 1.0}
-    slow.flow_completion_s = {"p50": 0.5, "p99": 1.8, "max": 2.0}
+    fast.flow_end_s = {"p50": 0.4, "p99": 0.9, "max": 1.0}
+    slow.flow_end_s = {"p50": 0.5, "p99": 1.8, "max": 2.0}
     results.add_rows(doc, 0, [fast, slow], 1)
     doc.congestion = Congestion.from_json({"drops": 3, "ecn_marked": 40,
                                            "queue_max_bytes": 9000, "queue_p99_bytes": 8000,
@@ -82,7 +83,11 @@ def test_a_variant_row_compares_queues_and_jobs():
     row = results.variant_row(doc)
     assert (row.variant, row.complete, row.drops, row.ecn_marked) == ("ecn", True, 3, 40)
     (job,) = row.jobs
-    assert (job.fct_p50_s, job.fct_p99_s) == (0.5, 1.8)
+    assert (job.fct_p50_s, job.fct_p99_s) == (0.5, 1.8)  # rows before fct_s: their ends
+    for collective, (p50, p99) in zip(doc.collectives, ((0.3, 0.7), (0.45, 1.5))):
+        collective.fct_s = FlowCompletion(p50, p99, p99)  # each transfer from its own start
+    (measured,) = results.variant_row(doc).jobs
+    assert (measured.fct_p50_s, measured.fct_p99_s) == (0.45, 1.5)
     assert job.busbw_GBps == pytest.approx(1e6 / 1.5 / 1e9)
     assert results.VariantRow.from_json(row.to_json()) == row  # variants.json reads back
     missing = results.variant_row(None, "pfc", "build failed")
@@ -144,7 +149,7 @@ def test_a_variant_row_says_which_transport_and_what_it_did():
            "collectives": [{"job": 0, "op": "flows", "algorithm": "direct", "bytes": 8,
                             "time_us": 10.0, "algbw_GBps": 1.0, "busbw_GBps": 1.0,
                             "efficiency": 0.5, "communicator_size": 2, "transport": t,
-                            "flow_completion_s": {"p50": 1.0, "p99": 2.0}}] * 2})
+                            "flow_end_s": {"p50": 1.0, "p99": 2.0}}] * 2})
     row = variant_row(doc).transport
     assert row.label == "uet RUD+RCCC" and row.tx_retransmitted == 6
     assert row.tx_grants == 80 and row.trimmed == 5

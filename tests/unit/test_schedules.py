@@ -154,7 +154,8 @@ def test_nccl_log_bad_lines():
 
 
 def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
-    from traffic.protocol import AgentReport, AgentSpec, CollectiveTiming, FlowTiming
+    from traffic.protocol import (AgentReport, AgentSpec, CollectiveTiming, FlowTiming,
+                                  SendTiming)
     from traffic.measure.results import job_spec, summarize
     from traffic.workloads.workload import Collective
 
@@ -165,17 +166,29 @@ def test_runner_summary_uses_the_slowest_rank_and_nccl_tests_metrics():
     assert spec.connections == 4 and len(spec.collectives[0].transfers) == 4
     assert AgentSpec.from_json(spec.to_json()) == spec  # what the agents read back
     reports = [AgentReport(0, "a", (CollectiveTiming(0, 10.0, 11.5, (
-                   FlowTiming(1, 0, 0, 500_000, 10.8),)),), cpu_s=0.5),
+                   FlowTiming(1, 0, 0, 500_000, 10.8),), sends=(
+                   SendTiming(0, 1, 1, 500_000, 10.9, 2),)),), cpu_s=0.5),
                AgentReport(1, "b", (CollectiveTiming(0, 10.0, 12.0, (
-                   FlowTiming(0, 1, 1, 500_000, 12.0),)),), cpu_s=0.25)]
+                   FlowTiming(0, 1, 1, 500_000, 12.0),), sends=(
+                   SendTiming(1, 0, 0, 500_000, 10.0, None),)),), cpu_s=0.25)]
     reports = [AgentReport.from_json(r.to_json()) for r in reports]
-    (res,) = summarize([coll], reports, rate_mbps=10, mtu=9000)
+    (res,) = summarize([coll], reports, rate_mbps=10, mtu=9000,
+                       ideal_fct=lambda src, dst, n: (n * 8 / 10e6, n * 8 / 9e6))
+    # each transfer from its sender's start: b's step 0 (0.8 s), a's step 1 (1.1 s); alone,
+    # each takes 0.4 s at 10 Mbit/s
+    assert [(f.src, f.dst, f.start_s, f.end_s, f.retransmitted) for f in res.flows] == [
+        ("a", "b", 0.9, 2.0, 2), ("b", "a", 0.0, 0.8, None)]
+    assert res.flows[0].line_rate_fct_s == pytest.approx(500_000 * 8 / 9e6)
+    assert res.fct_s == {"p50": pytest.approx(0.8), "p99": pytest.approx(1.1),
+                         "max": pytest.approx(1.1)}
+    assert res.slowdown == {"p50": pytest.approx(2.0), "p99": pytest.approx(2.75),
+                            "max": pytest.approx(2.75)}
     assert res.time_us == pytest.approx(2.0e6)
     assert res.algbw_GBps == pytest.approx(1_000_000 / 2.0 / 1e9)  # NCCL-tests: GB/s
     assert res.busbw_GBps == pytest.approx(res.algbw_GBps)  # 2(n-1)/n = 1 for n = 2
     assert res.efficiency == pytest.approx(res.busbw_GBps * 8e3 / 10)  # 10 Mbit/s links
-    assert res.flow_completion_s == {"p50": pytest.approx(0.8), "p99": pytest.approx(2.0),
-                                     "max": pytest.approx(2.0)}
+    assert res.flow_end_s == {"p50": pytest.approx(0.8), "p99": pytest.approx(2.0),
+                              "max": pytest.approx(2.0)}
     assert res.agent_cpu_s == pytest.approx(0.75)
     with pytest.raises(ValueError):
         job_spec([coll, Collective("all_reduce", ("b", "a"), coll.schedule)],

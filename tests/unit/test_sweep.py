@@ -119,7 +119,7 @@ def _doc(name: str, eff: float, complete: bool = True) -> dict:
                              "ranks": ["a", "b", "c", "d"], "time_us": 1e6,
                              "algbw_GBps": eff * 0.01, "busbw_GBps": eff * 0.015,
                              "efficiency": eff, "label": "ar",
-                             "flow_completion_s": {"p50": 0.5, "p99": 0.9}}]}
+                             "flow_end_s": {"p50": 0.5, "p99": 0.9}}]}
 
 
 def _request(out: Path, resume=False) -> RunRequest:

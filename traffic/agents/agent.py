@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import queue
 import resource
-import selectors
 import socket
-import struct
 import sys
 import threading
 import time
@@ -43,18 +41,18 @@ from testbed.errors import TestbedError
 from testbed.linux.files import write_text_atomic
 from testbed.poll import wait_for
 from traffic.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connection,
-                                       FlowTiming)
+                              FlowTiming, SendTiming)
 from traffic.workloads.schedules import chunk_sizes
 from traffic.measure.results import LEAST_KEYS, MOST_KEYS
 from traffic.agents import tcpinfo
+from traffic.agents.connect import (CONNECT_TIMEOUT_S, HELLO, accept_hellos, connect,
+                                    recv_exact)
 from traffic.agents.engine import UdpEngine
 from traffic.agents.native import choose
 from traffic.transports.packet import Scale
 
 BUF = memoryview(bytearray(1 << 20))
-HELLO = struct.Struct("!II")  # sender rank, channel
 CONTROL = 0xFFFF  # the channel number of the barrier connection every rank opens to rank 0
-CONNECT_TIMEOUT_S = 30.0
 #: the congestion control of connections inside a server's scale-up domain when the job pins
 #: none: NVLink moves data on credits, without pacing, and a window-based sender is its nearer
 #: model; BBR paces at its last share of the link, so where two connections share a scale-up
@@ -136,7 +134,7 @@ class Agent:
         for peer in sorted(send_to):
             self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
-                sock = _connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port)
+                sock = connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port)
                 self._congestion_control(sock, peer)
                 if self.spec.dscp:  # the traffic class; TCP keeps the ECN bits itself
                     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.spec.dscp << 2)
@@ -147,7 +145,7 @@ class Agent:
                                                    dport))
         if self.rank != 0:
             self.state = "connecting to rank 0 (barrier)"
-            sock = _connect(ranks[0].ip, self.spec.port)
+            sock = connect(ranks[0].ip, self.spec.port)
             sock.sendall(HELLO.pack(self.rank, CONTROL))
             self.control = [sock]
         self.state = ("waiting for connections from ranks "
@@ -182,12 +180,12 @@ class Agent:
         self.state = "in the barrier before the next collective"
         if self.rank == 0:
             for sock in self.control:
-                _recv_exact(sock, 1)
+                recv_exact(sock, 1)
             for sock in self.control:
                 sock.sendall(b"g")
         else:
             self.control[0].sendall(b"a")
-            _recv_exact(self.control[0], 1)
+            recv_exact(self.control[0], 1)
 
     # -- data movement -------------------------------------------------------------------
     def _finish(self, work: Work) -> None:
@@ -259,12 +257,14 @@ class Agent:
         everything its queue pairs did (a NACK that comes after a collective's last flow
         completed is counted too)."""
         timings, snapshots = [], []
+        sends = Sends(self._retransmitted)
         released = time.time()
         for index, coll in enumerate(self.spec.collectives):
             if coll.barrier:
                 if self.spec.barrier:
                     self.barrier()  # every collective starts together, as NCCL-tests times them
                 released = time.time()
+                sends.close_all()
                 time.sleep(coll.gap_for(self.rank))  # the compute before it (training)
             else:  # an overlapped bucket: released its gap after the last barrier
                 time.sleep(max(0.0, released + coll.gap_for(self.rank) - time.time()))
@@ -283,6 +283,8 @@ class Agent:
                     shares = chunk_sizes(nbytes, self.channels)
                     with self.lock:
                         self.remaining[key] = sum(1 for n in shares if n) or 1
+                    if src == self.rank:
+                        sends.start(index, key, nbytes)
                     if not any(shares):
                         self._finish(Work(index, step, peer, 0, key))
                     for ch, share in enumerate(shares):
@@ -304,8 +306,19 @@ class Agent:
             # retransmissions until every rank's sends are acknowledged
             self.barrier()
         snapshots.append(self._counters())
-        return [CollectiveTiming(*timing[:4], _delta(before, after), timing[4])
+        sends.close_all()
+        return [CollectiveTiming(*timing[:4], _delta(before, after), timing[4],
+                                 tuple(sends.of(timing[0])))
                 for timing, before, after in zip(timings, snapshots, snapshots[1:])]
+
+    def _retransmitted(self, peer: int) -> int | None:
+        """What was sent again so far to ``peer``: its connections' ``TCP_INFO``
+        retransmissions, or the UDP engine's queue pairs' retransmitted packets."""
+        if self.engine is not None:
+            return self.engine.retransmitted(peer)
+        counts = [tcpinfo.read(sock).get("total_retrans") for (kind, p, _ch), sock
+                  in list(self.socks.items()) if kind == "send" and p == peer]
+        return None if not counts or None in counts else sum(counts)
 
     def _counters(self) -> dict:
         """The transport's counters now: the UDP engine's, or the TCP connections' own."""
@@ -346,6 +359,37 @@ class Agent:
             sock.close()
 
 
+class Sends:
+    """The transfers a rank sends, each with its start and the retransmissions on its peer's
+    connections from then to the next transfer to that peer, or to the next collective's start
+    (after its barrier: what was still in flight at the end is counted)."""
+
+    def __init__(self, retransmitted) -> None:
+        self.retransmitted = retransmitted  # peer -> the count so far (None: not known)
+        self.open: dict[int, tuple[int, tuple, int, float, int | None]] = {}  # by peer
+        self.done: dict[int, list[SendTiming]] = {}  # by collective
+
+    def start(self, index: int, key: tuple, nbytes: int) -> None:
+        peer = key[3]
+        now, count = time.time(), self.retransmitted(peer)
+        self._close(peer, count)
+        self.open[peer] = (index, key, nbytes, now, count)
+
+    def _close(self, peer: int, count: int | None) -> None:
+        if peer not in self.open:
+            return
+        index, (_i, step, src, dst), nbytes, start, before = self.open.pop(peer)
+        again = None if count is None or before is None else count - before
+        self.done.setdefault(index, []).append(SendTiming(src, dst, step, nbytes, start, again))
+
+    def close_all(self) -> None:
+        for peer in list(self.open):
+            self._close(peer, self.retransmitted(peer))
+
+    def of(self, index: int) -> list[SendTiming]:
+        return self.done.get(index, [])
+
+
 def _delta(before: dict, after: dict) -> dict:
     """The engine's counters over one collective (a histogram's buckets each; a least value,
     ``*_min_us``, ``*_min_ratio``, is the least so far; ``*_max_us`` the greatest)."""
@@ -359,84 +403,6 @@ def _delta(before: dict, after: dict) -> dict:
         else:
             out[k] = v
     return out
-
-
-def accept_hellos(listener: socket.socket, count: int,
-                  deadline: float) -> dict[tuple[int, int], socket.socket]:
-    """The first ``count`` connections to say who they are (a hello: rank, channel), each
-    hello read as it comes, over a selector of them all: a silent stranger holds up nobody,
-    and a peer slow to say its rank (descheduled on a busy machine: 16 agents starting on 2
-    cores) is not dropped for it. Connections silent at ``deadline``, or closed before their
-    hello, are closed."""
-    accepted: dict[tuple[int, int], socket.socket] = {}
-    partial: dict[socket.socket, bytes] = {}
-    listener.setblocking(False)
-    with selectors.DefaultSelector() as sel:
-        sel.register(listener, selectors.EVENT_READ)
-        try:
-            while len(accepted) < count and time.monotonic() < deadline:
-                for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
-                    conn = key.fileobj
-                    if conn is listener:
-                        try:
-                            conn, _ = listener.accept()
-                        except BlockingIOError:
-                            continue
-                        conn.setblocking(False)
-                        partial[conn] = b""
-                        sel.register(conn, selectors.EVENT_READ)
-                        continue
-                    try:
-                        chunk = conn.recv(HELLO.size - len(partial[conn]))
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        chunk = b""
-                    if chunk:
-                        partial[conn] += chunk
-                    if chunk and len(partial[conn]) < HELLO.size:
-                        continue
-                    sel.unregister(conn)
-                    hello = partial.pop(conn)
-                    if not chunk:  # gone before saying who it is: not one of the job's
-                        conn.close()
-                        continue
-                    conn.setblocking(True)
-                    accepted[HELLO.unpack(hello)] = conn
-        finally:
-            for conn in partial:
-                conn.close()
-    return accepted
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise OSError("connection closed during hello")
-        data += chunk
-    return data
-
-
-def _connect(ip: str, port: int) -> socket.socket:
-    """A connection to a peer's agent, retried until it listens (``CONNECT_TIMEOUT_S``)."""
-    errors: list[OSError] = []
-
-    def attempt() -> socket.socket | None:
-        try:
-            sock = socket.create_connection((ip, port), timeout=5)
-        except OSError as err:  # the peer's agent is not listening yet
-            errors[:] = [err]
-            return None
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-
-    try:
-        return wait_for(attempt, CONNECT_TIMEOUT_S, f"{ip}:{port} to accept")
-    except TestbedError as err:
-        raise OSError(f"{err} (last: {errors[0] if errors else 'no attempt'})") from None
 
 
 def _publish_state(agent: Agent, path: str) -> None:

@@ -14,7 +14,7 @@ Payload bytes come from one zero buffer (``sendmsg`` with the header and a view 
 
 Pacing: each queue pair paces itself (uet at the line rate within its window, rocev2 at its
 DCQCN rate), and the engine paces their sum at the NIC's rate, round robin over the queue pairs
-that may send, at most ``NIC_BURST_FRAMES`` frames (or ``NIC_AHEAD_S``) ahead of the wire. A
+that may send, at most ``ahead_of_the_wire_bytes`` (:mod:`.packet`) ahead of the wire. A
 DATA packet the host's queue refuses (its NIC paused by PFC) waits and goes first, as on a NIC.
 
 The engine caches each queue pair's next send time and timer, recomputing those of the queue
@@ -36,10 +36,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from traffic.measure.transport import (queue_pair_totals, stalled_queue_pairs,
-                                       transport_settings)
+from traffic.measure.transport import (queue_pair_totals, retransmitted_to,
+                                       stalled_queue_pairs, transport_settings)
 from traffic.transports.delayline import AgentTiming
-from traffic.transports.packet import Flag, Kind, Packet, Scale, wire_bytes
+from traffic.transports.packet import (Flag, Kind, Packet, Scale, ahead_of_the_wire_bytes,
+                                       wire_bytes)
 from traffic.transports.rccc import CreditReceiver
 from traffic.transports.rocev2 import RoceConfig, RoceReceiver, RoceSender
 from traffic.transports.uet import UetReceiver, UetSender
@@ -51,9 +52,6 @@ ECT0 = 0b10
 CE = 0b11
 IDLE_WAKE_S = 0.05
 BACKOFF_S = 0.001  # after a full socket buffer (our own NIC queue is full)
-NIC_BURST_FRAMES = 2  # how far ahead of the wire the engine may send, and at least this long
-# ahead: the loop wakes late on a busy machine; two frames left the NIC idle half the time
-NIC_AHEAD_S = 0.003
 #: A queue pair with data unacknowledged this long (retransmitting all along) ends the job with
 #: an error naming it: the peer is gone or the path cut for good
 STALL_LIMIT_S = 30.0
@@ -132,8 +130,8 @@ class UdpEngine:
             payload_rate = self.nic_rate_bps / 8 * scale.mss / wire_bytes(scale.mss)
             self.credit = CreditReceiver(payload_rate, self.cfg.rccc_window_bytes, scale.mss,
                                          self.cfg.rccc_initial_bytes)
-        self.nic_slack_s = max(NIC_BURST_FRAMES * wire_bytes(scale.mss) * 8 / self.nic_rate_bps,
-                               NIC_AHEAD_S)
+        self.nic_slack_s = ahead_of_the_wire_bytes(self.nic_rate_bps / 1e6, scale.mss) * 8 \
+            / self.nic_rate_bps
         self.turn = 0  # round robin over the queue pairs
         # cached per queue pair (see the module's docstring): when each sender may send next
         # and when its timer fires, when each receiver's does; refreshed for the touched ones
@@ -216,6 +214,9 @@ class UdpEngine:
             out["rx_grants"] = self.credit.grants
         return {**out, **queue_pair_totals(list(self.senders.values()),
                                            list(self.receivers.values()))}
+
+    def retransmitted(self, peer: int) -> int:
+        return retransmitted_to(self.senders, peer)
 
     def stalled(self) -> list[str]:
         """The queue pairs with work left, and where each stands (for a stuck job's report;

@@ -125,6 +125,11 @@ class NativeUdpEngine(UdpEngine):
             out["rx_grants"] = snap["grants"]
         return {**out, **counter_totals(snap["senders"], snap["receivers"])}
 
+    def retransmitted(self, peer: int) -> int:
+        snap = self.host.snapshot()
+        return sum(s["retransmitted"] for (p, _ch), s in zip(snap["tx_keys"], snap["senders"])
+                   if p == peer)
+
     def stalled(self) -> list[str]:
         out = []
         for row in self.host.snapshot()["stalled"]:

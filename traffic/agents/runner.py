@@ -18,10 +18,12 @@ from pathlib import Path
 
 from testbed.contract import TrafficFabric
 from testbed.errors import TestbedError
+from traffic.measure.flows import IdealFct
+from traffic.measure.results import AGENT_PORT, CollectiveResult, job_spec, summarize
+from traffic.measure.transport import goodput_fraction
 from traffic.predict.ideal import FluidModel
 from traffic.protocol import AgentReport, Connection
-from traffic.measure.results import AGENT_PORT, CollectiveResult, job_spec, summarize
-from traffic.transports.packet import mss_for
+from traffic.transports.packet import ahead_of_the_wire_bytes, mss_for, wire_bytes
 from traffic.workloads.workload import DEFAULT_CONNECTIONS, DEFAULT_TIMEOUT_S, Collective, Job
 
 START_DELAY_S = 1.0
@@ -222,5 +224,11 @@ def run_job(fabric: TrafficFabric, collectives: list[Collective], connections: i
                                 for c in r.connections)
     # a rank's scale-out rate: its NIC's, times the planes its ports are on
     rate = sum(topo.host_link(nic).rate_mbps for nic in topo.nics(hosts[0]))
+    mtu = fabric.spec.fabric.mtu
+    goodput = (goodput_fraction(mtu) if transport == "tcp"
+               else mss_for(mtu) / wire_bytes(mss_for(mtu)))
+    ideal = IdealFct(topo, {tier: fabric.spec.fabric.link(tier).delay_us
+                            for tier in ("host", "fabric")}, mtu, goodput,
+                     None if transport == "tcp" else ahead_of_the_wire_bytes(rate, mss_for(mtu)))
     return summarize(collectives, sorted(reports, key=lambda r: r.rank), rate,
-                     fabric.spec.fabric.mtu, FluidModel(topo) if topo.servers else None)
+                     mtu, FluidModel(topo) if topo.servers else None, ideal)

@@ -3,15 +3,19 @@ from their reports with NCCL-tests' metrics (:mod:`traffic.agents.runner` runs t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from traffic.measure import metrics
+from traffic.measure.flows import FlowResult, quantiles
 from traffic.predict.ideal import FluidModel
 from traffic.protocol import AgentReport, AgentSpec, CollectiveSpec, RankSpec
 from traffic.measure.transport import goodput_fraction
 from traffic.workloads.workload import Collective
 
 AGENT_PORT = 17000
+#: (source host, destination host, bytes) -> (ideal FCT, line-rate FCT) in seconds
+IdealFct = Callable[[str, str, int], tuple[float, float]]
 
 
 def row_label(row: dict) -> str:
@@ -33,7 +37,8 @@ class CollectiveResult:
     busbw_GBps: float  # noqa: N815
     ideal_s: float
     efficiency: float
-    flow_completion_s: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    # when its transfers ended, in seconds from the collective's start (p50, p99, max)
+    flow_end_s: dict[str, float] = field(default_factory=dict)
     label: str = ""
     agent_cpu_s: float = 0.0  # CPU seconds of all agents over the whole job (first row only)
     agent_user_cpu_s: float = 0.0  # of those, in user space (the rest: the kernel's)
@@ -50,9 +55,10 @@ class CollectiveResult:
     compute_s: float | None = None  # the slowest rank's compute from that barrier to its start
     ready_unix_s: float | None = None  # when the last rank started it (its compute done)
     barrier: bool = True  # False: an overlapped bucket (released, not after the previous one)
-    # every transfer: (source host, destination host, step, bytes, seconds from the start to
-    # its last byte); flows.csv, not results.json
-    flows: list[tuple[str, str, int, int, float]] = field(default_factory=list)
+    fct_s: dict[str, float] = field(default_factory=dict)  # each from its own start to its end
+    slowdown: dict[str, float] = field(default_factory=dict)  # FCT over ideal FCT
+    # every transfer (flows.csv, not results.json)
+    flows: list[FlowResult] = field(default_factory=list)
 
 
 def job_spec(collectives: list[Collective], ips: dict[str, str], connections: int,
@@ -133,18 +139,39 @@ def _compute(coll: Collective, per_rank: list) -> dict:
                                    if c.released is not None), 6)}
 
 
+def _flows(coll: Collective, per_rank: list, start: float,
+           ideal_fct: IdealFct | None) -> list[FlowResult]:
+    """Every transfer the ranks received, with its sender's start (sorted by hosts, step)."""
+    sent = {(t.src, t.dst, t.step): t for c in per_rank for t in c.sends}
+    out = []
+    for c in per_rank:
+        for f in c.flows:
+            send = sent.get((f.src, f.dst, f.step))
+            src, dst = coll.hosts[f.src], coll.hosts[f.dst]
+            ideal, line = ideal_fct(src, dst, f.bytes) if ideal_fct else (None, None)
+            out.append(FlowResult(
+                src, dst, f.step, f.bytes,
+                round((send.start if send else c.start) - start, 6), round(f.done - start, 6),
+                ideal, send.retransmitted if send else None, line))
+    return sorted(out, key=lambda f: (f.src, f.dst, f.step))
+
+
 def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mbps: float,
-              mtu: int, fluid: FluidModel | None = None) -> list[CollectiveResult]:
+              mtu: int, fluid: FluidModel | None = None,
+              ideal_fct: IdealFct | None = None) -> list[CollectiveResult]:
     """Per-collective results from the agents' reports (pure). With ``fluid`` (servers of
     GPUs: their collectives cross two domains at two rates) the ideal time is what the
-    schedule's byte counts predict on the fabric, link by link (:mod:`traffic.predict.ideal`)."""
+    schedule's byte counts predict on the fabric, link by link (:mod:`traffic.predict.ideal`).
+    ``ideal_fct(src, dst, bytes)``: a transfer's times alone on the idle fabric, as emulated
+    and at line rate (each transfer's slowdown; :mod:`traffic.measure.flows`)."""
     out = []
     for index, coll in enumerate(collectives):
         per_rank = [r.collectives[index] for r in reports]
         start = min(c.start for c in per_rank)
         end = max(c.end for c in per_rank)
         duration = max(end - start, 1e-9)
-        fcts = [f.done - c.start for c in per_rank for f in c.flows]
+        flows = _flows(coll, per_rank, start, ideal_fct)
+        fcts = [f.end_s for f in flows]  # from the collective's start: its flows' ends
         sched = coll.schedule
         n = sched.communicator_size
         if fluid is not None and coll.servers is not None:
@@ -157,17 +184,17 @@ def summarize(collectives: list[Collective], reports: list[AgentReport], rate_mb
             metrics.algbw_GBps(sched.size_bytes, duration),
             metrics.busbw_GBps(coll.op, n, sched.size_bytes, duration), ideal,
             metrics.efficiency(coll.op, n, sched.size_bytes, duration, rate_mbps),
-            {"p50": metrics.percentile(fcts, 50), "p99": metrics.percentile(fcts, 99),
-             "max": max(fcts)} if fcts else {}, coll.label, gap_s=coll.gap_s,
+            quantiles(fcts), coll.label, gap_s=coll.gap_s,
+            fct_s=quantiles([f.fct_s for f in flows]),
+            slowdown=quantiles([f.slowdown for f in flows if f.slowdown is not None]),
             communicator_size=n, iteration=coll.iteration,
             transport=transport_totals([c.transport for c in per_rank]),
             throughput_of_ideal=metrics.throughput_of_ideal(
-                [(f.bytes, f.done - c.start) for c in per_rank for f in c.flows], rate_mbps,
+                [(f.bytes, f.end_s) for f in flows], rate_mbps,
                 goodput_fraction(mtu)) if coll.op == "flows" and fcts else None,
             scale_out_bytes=coll.scale_out_bytes(),
             moved_bytes=coll.moved_bytes() if coll.servers is not None else None,
-            flows=sorted((coll.hosts[f.src], coll.hosts[f.dst], f.step, f.bytes,
-                          round(f.done - start, 6)) for c in per_rank for f in c.flows),
+            flows=flows,
             start_unix_s=round(start, 6),
             start_skew_s=round(max(c.start for c in per_rank) - start, 6),
             **_compute(coll, per_rank)))

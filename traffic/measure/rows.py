@@ -13,7 +13,9 @@ from testbed.model.records import Record, optional
 
 @dataclass
 class FlowCompletion(Record):
-    """When a collective's flows completed, from its start, in seconds (p50, p99, max)."""
+    """One figure over a collective's transfers: p50, p99 and max (``flow_end_s``: when they
+    ended, in seconds from the collective's start; ``fct_s``: each one's completion time, from
+    its own start; ``slowdown``: FCT over its ideal on the idle fabric)."""
 
     p50: float | None = None
     p99: float | None = None
@@ -84,7 +86,8 @@ class RealFigures(Record):
     time_us: float
     algbw_GBps: float  # noqa: N815
     busbw_GBps: float  # noqa: N815
-    flow_completion_s: FlowCompletion = field(default_factory=FlowCompletion)
+    flow_end_s: FlowCompletion = field(default_factory=FlowCompletion)
+    fct_s: FlowCompletion = field(default_factory=FlowCompletion)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -106,7 +109,9 @@ class CollectiveRow(Record):
     ranks: list[str] = field(default_factory=list)
     ideal_s: float = 0.0
     concurrent_jobs: int = 1
-    flow_completion_s: FlowCompletion = field(default_factory=FlowCompletion)
+    flow_end_s: FlowCompletion = field(default_factory=FlowCompletion)
+    fct_s: FlowCompletion = field(default_factory=FlowCompletion)
+    slowdown: FlowCompletion = field(default_factory=FlowCompletion)
     label: str = ""
     agent_cpu_s: float = 0.0
     agent_user_cpu_s: float = 0.0  # of agent_cpu_s, in user space

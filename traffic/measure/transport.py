@@ -47,6 +47,12 @@ def counter_totals(senders: list[dict], receivers: list[dict]) -> dict:
     return out
 
 
+def retransmitted_to(senders: dict, peer: int) -> int:
+    """Packets the senders (by (peer, channel)) to ``peer`` sent again so far (read from
+    another thread than theirs: a count may be one packet behind)."""
+    return sum(s.stats["retransmitted"] for (p, _ch), s in list(senders.items()) if p == peer)
+
+
 def stalled_queue_pairs(transport: str, senders: dict, recv_waits: dict,
                         receivers: dict) -> list[str]:
     """The queue pairs with work left, and where each stands: senders (by (peer, channel))

@@ -181,6 +181,19 @@ def packetize(lengths: list[int], last_of_message: set[int], nbytes: int, mss: i
     return len(lengths)
 
 
+#: how far ahead of the wire an agent's engine may send: this many frames, and at least this
+#: long ahead (the loop wakes late on a busy machine; two frames left the NIC idle half the
+#: time)
+NIC_BURST_FRAMES = 2
+NIC_AHEAD_S = 0.003
+
+
+def ahead_of_the_wire_bytes(rate_mbps: float, mss: int) -> float:
+    """How far an agent's engine may run ahead of its NIC's line rate, in bytes on the wire
+    (:data:`NIC_BURST_FRAMES`, :data:`NIC_AHEAD_S`)."""
+    return max(NIC_BURST_FRAMES * wire_bytes(mss), NIC_AHEAD_S * rate_mbps * 1e6 / 8)
+
+
 def mss_for(mtu: int) -> int:
     """Payload bytes of a transport packet in one frame: the MTU less IPv4, UDP and the
     transport's header."""

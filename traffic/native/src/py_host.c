@@ -213,9 +213,13 @@ static PyObject *host_snapshot(HostObject *self, PyObject *unused) {
     /* every queue pair's counters and the engine's, read under the engine's lock */
     fl_host *h = &self->h;
     Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&h->lock);
-    Py_END_ALLOW_THREADS PyObject *tx = PyList_New(0), *rx = PyList_New(0), *stalled = PyList_New(0);
-    for (int i = 0; tx && stalled && i < h->n_tx; i++) {
+    Py_END_ALLOW_THREADS PyObject *tx = PyList_New(0), *rx = PyList_New(0), *stalled = PyList_New(0),
+                                       *keys = PyList_New(0);
+    for (int i = 0; tx && stalled && keys && i < h->n_tx; i++) {
         fl_tx *t = h->tx[i];
+        PyObject *key = Py_BuildValue("(ii)", t->peer, t->ch);
+        PyList_Append(keys, key);
+        Py_XDECREF(key);
         bool roce = h->transport == T_ROCE;
         PyObject *s = roce ? fl_py_roce_summary(&t->s.roce) : fl_py_uet_summary(&t->s.uet);
         PyList_Append(tx, s);
@@ -245,7 +249,8 @@ static PyObject *host_snapshot(HostObject *self, PyObject *unused) {
         }
     }
     PyObject *out = Py_BuildValue(
-        "{sNsNsNsLsNsNsNsNsNsNsLsLss}", "senders", tx, "receivers", rx, "stalled", stalled,
+        "{sNsNsNsNsLsNsNsNsNsNsNsLsLss}", "senders", tx, "tx_keys", keys, "receivers", rx,
+        "stalled", stalled,
         "local_drops", (long long)h->local_drops, "late_tx", hist(h->late_tx), "late_rx",
         hist(h->late_rx), "rtt_min_s", opt(h->has_rtt_min, h->rtt_min_s), "rtt_min_ratio",
         opt(h->has_rtt_ratio, h->rtt_min_ratio), "probe_min_s", opt(h->has_probe, h->probe_min_s),
