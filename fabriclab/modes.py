@@ -74,7 +74,7 @@ def run_file(req: RunRequest, view: RunView) -> Outcome:
         ConfigError: a bad file, option or output directory (nothing ran).
         TestbedError: a single run failed (its document says what it measured).
     """
-    exp = xp.load(req.file, cluster=req.cluster)
+    exp = xp.load(req.file, cluster=req.cluster, seed=req.seed)
     if exp.workload is None:
         raise ConfigError("workload", "'fabriclab run' needs a workload section with collectives")
     if req.out is None:  # runs/<name>, as `make run` writes
@@ -100,8 +100,9 @@ def _run_into_out(req: RunRequest, exp: xp.Experiment, view: RunView) -> Outcome
                                        "backend runs single experiments")
         outcome = run_sweep(req, exp, view)
     elif vm:
+        seed = "" if req.seed is None else f" --seed {int(req.seed)}"
         return in_vm(req.file, req.state_dir, exp, "run --backend host /job/experiment.yaml "
-                     "--out \"$FABRICLAB_OUT/results\"", view, json_doc=req.json,
+                     f"--out \"$FABRICLAB_OUT/results\"{seed}", view, json_doc=req.json,
                      verbose=req.verbose, accel=req.vm_accel, results_to=req.out)
     elif exp.variants:
         outcome = run_variants(req, exp, view)

@@ -72,6 +72,7 @@ class RunRequest:
         json: the caller wants the results document (a guest run writes it too).
         verbose: a guest's console line by line.
         vm_accel: the guest's CPU: ``tcg`` (emulated) or ``kvm``.
+        seed: the run seed (None: the file's ``seed``, else 1).
     """
 
     file: Path
@@ -86,3 +87,4 @@ class RunRequest:
     json: bool = False
     verbose: bool = False
     vm_accel: str = "tcg"
+    seed: int | None = None

@@ -206,6 +206,10 @@ class ExperimentRun:
         placement = fabric.placement()  # on a cluster: the partition, machines, builds
         if placement is not None:
             self.doc.cluster = placement
+        facts = fabric.provenance() if hasattr(fabric, "provenance") else {}
+        self.doc.provenance = d.Provenance.from_json(
+            {"seed": exp.seed, **facts, "software": environment.document()["software"]},
+            "provenance")
         if exp.failures:
             self.injector = FailureInjector(fabric, exp.failures,
                                             exp.time_scale.n if exp.time_scale else 1.0)
@@ -413,6 +417,8 @@ class ExperimentRun:
             services.injector.finish()
             self.doc.failures = self._failures(services.injector)
         self.doc.fidelity = self._fidelity(services)
+        if self.doc.provenance is not None:
+            self.doc.provenance.tcp_congestion_control = results.congestion_controls(self.doc)
         write_json_atomic(self.out_dir / "timeline.json", services.monitor.timeline(),
                           indent=None)
         results.finish(self.doc)

@@ -80,6 +80,8 @@ class AgentSpec:
     scale: dict | None = None  # UDP transports: rate_bps, base_rtt_s, mss of the fabric
     dcqcn: str = "paper"  # rocev2: DCQCN's profile
     transport_options: dict | None = None  # traffic.transports.options.TransportOptions
+    seed: str | None = None  # the data connections' source ports derive from it (None: the
+    # kernel's choice)
 
     def rank_of(self, host: str) -> int:
         for i, rank in enumerate(self.ranks):
@@ -103,7 +105,7 @@ class AgentSpec:
                          for c in d["collectives"]),
                    d.get("barrier", True), d.get("congestion_control"), d.get("dscp", 0),
                    d.get("transport", "tcp"), d.get("spray"), d.get("scale"),
-                   d.get("dcqcn", "paper"), d.get("transport_options"))
+                   d.get("dcqcn", "paper"), d.get("transport_options"), d.get("seed"))
 
 
 @dataclass(frozen=True)

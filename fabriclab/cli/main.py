@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "are kept, the rest run")
     p["run"].add_argument("--force", action="store_true",
                           help="overwrite the run --out already holds")
+    p["run"].add_argument("--seed", type=int, default=None, metavar="N",
+                          help="the run seed every random choice derives from (permutations, "
+                               "placements, the connections' source ports and so ECMP paths); "
+                               "the file's seed by default, else 1")
     p["run"].add_argument("--parallel", action="store_true",
                           help="a sweep's cells at once, one per machine of the cluster, each "
                                "built whole on its machine")
@@ -335,7 +339,8 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
     if name == "run":
         return rq.RunRequest(args.file, args.out, args.state_dir, args.backend, args.cluster,
                              args.resume, args.force, args.parallel,
-                             telemetry_options(args, ui), args.json, False, args.vm_accel)
+                             telemetry_options(args, ui), args.json, False, args.vm_accel,
+                             args.seed)
     if name in ("fail", "restore"):
         return rq.FailRequest(args.target, name == "restore", args.run, args.state_dir,
                               args.json)

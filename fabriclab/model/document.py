@@ -20,11 +20,12 @@ from traffic.measure.rows import CollectiveRow, FlowCompletion, RealFigures, Tra
 
 #: the version this fabriclab writes; 1 is every results.json written before it had one; 3
 #: renamed ``flow_completion_s`` (when transfers ended, from the collective's start) to
-#: ``flow_end_s`` and added each transfer's own completion time (``fct_s``) and ``slowdown``
+#: ``flow_end_s`` and added each transfer's own completion time (``fct_s``), ``slowdown`` and
+#: the run's ``provenance``
 VERSION = 3
 
-__all__ = ["VERSION", "CollectiveRow", "DocumentError", "FlowCompletion", "RealFigures",
-           "RunDocument", "TransportCounters", "read", "upgrade"]
+__all__ = ["VERSION", "CollectiveRow", "DocumentError", "FlowCompletion", "Provenance",
+           "RealFigures", "RunDocument", "TransportCounters", "read", "upgrade"]
 
 
 @dataclass
@@ -355,6 +356,22 @@ class ProgramRun(Record):
 
 
 @dataclass
+class Provenance(Record):
+    """What a run ran on, to reproduce it: the run seed, the datapath and why it was chosen,
+    the TCP congestion controls the sockets ran (read back from them), the hosts' sysctls
+    and what tc holds at each kind of link end as applied, and the software's versions."""
+
+    seed: int = 1
+    datapath: str = ""
+    datapath_why: str = ""
+    tcp_congestion_control: list[str] = field(default_factory=list)
+    host_sysctls: dict[str, str] = field(default_factory=dict)
+    qdiscs: dict[str, str] = field(default_factory=dict)
+    software: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RunDocument(Record):
     """A run's ``results.json``: complete, or failed with what it measured and why."""
 
@@ -384,6 +401,7 @@ class RunDocument(Record):
     replay: dict[str, Any] | None = optional()
     machine: str | None = optional()  # a sweep cell run on a cluster's machine: which
     program: ProgramRun | None = optional()
+    provenance: Provenance | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

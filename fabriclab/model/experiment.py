@@ -39,7 +39,7 @@ from testbed.model.spec import (
     Requirement,
     TestbedSpec,
 )
-from fabriclab.model import sweep
+from fabriclab.model import seeds, sweep
 from fabriclab.model.controller import local_adaptive, parse_controller
 from fabriclab.model import timescale, yamlfile
 from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
@@ -68,6 +68,11 @@ class Experiment(TestbedSpec):
     real_scale: RealScale | None = None  # scale: the real fabric this one stands for
     time_scale: timescale.TimeScale | None = None  # emulator.time_scale: the file is real units
     cluster: ClusterSpec | None = None  # cluster: partitioned over a Ray cluster's machines
+
+    @property
+    def seed(self) -> int:
+        """The run seed (:mod:`fabriclab.model.seeds`)."""
+        return seeds.run_seed(self.raw)
 
     def plans_failures(self) -> bool:
         return bool(self.failures)
@@ -116,9 +121,10 @@ class Cell:
         return self.plan.name
 
 
-def load(path: str | Path, cluster: str | None = None) -> Experiment:
+def load(path: str | Path, cluster: str | None = None, seed: int | None = None) -> Experiment:
     """Read, validate and return an experiment file (``cluster``: the Ray cluster's address
-    to run it on, as the file's ``cluster.address`` would say).
+    to run it on, as the file's ``cluster.address`` would say; ``seed``: the run seed, as
+    the file's ``seed`` would say).
 
     Raises:
         ConfigError: naming the field path of the first problem (all problems are listed).
@@ -126,6 +132,8 @@ def load(path: str | Path, cluster: str | None = None) -> Experiment:
     data = yamlfile.read(Path(path))
     if cluster is not None and isinstance(data, dict):
         data["cluster"] = {**(data.get("cluster") or {}), "address": cluster}
+    if seed is not None and isinstance(data, dict):
+        data["seed"] = seed
     return parse(data, source=str(path))
 
 
@@ -227,6 +235,7 @@ def _set_path(data: dict, path: str, value: object, where: str) -> None:
 def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     """One experiment (the base, or a variant), already checked against the schema: its real
     units read (:mod:`fabriclab.model.timescale`), scaled by ``emulator.time_scale``."""
+    data = seeds.apply(data)  # the run seed where a feature's own is left out
     units, real = timescale.real_units(data), None
     if timescale.bdp_fields(units):  # the fabric's BDP first: the same at any N
         bare = timescale.without_bdp(units)
@@ -274,6 +283,9 @@ def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
         base = str(Path(source).parent) if source != MEMORY else "."
         workload = parse_workload(spec.topology, data["workload"], base, check_entry=check_entry,
                                   real_rate_gbps=(data.get("scale") or {}).get("real_rate_gbps"))
+        seed = seeds.run_seed(data)  # the source ports of the jobs' connections
+        workload = dataclasses.replace(workload, jobs=tuple(
+            dataclasses.replace(job, seed=seed) for job in workload.jobs))
     else:
         _ = spec.topology  # semantic checks of the shape happen in the model
     hpcc = workload is not None and any(j.transport == "rocev2" and

@@ -56,6 +56,12 @@ def finish(doc: RunDocument) -> None:
     doc.complete = True
 
 
+def congestion_controls(doc: RunDocument) -> list[str]:
+    """The TCP congestion controls the run's sockets ran, as read back from them."""
+    return sorted({cc for r in doc.collectives if r.transport and r.transport.transport == "tcp"
+                   for cc in (r.transport.congestion_control or "").split("+") if cc})
+
+
 def gbps_text(value: float) -> str:
     """A bandwidth in GB/s, four significant digits (emulated rates are hundredths)."""
     return f"{value:.4g}"

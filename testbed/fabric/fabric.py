@@ -49,6 +49,7 @@ from testbed.model.spec import EcnMarker, TestbedSpec
 from testbed.model.topology import Link
 from testbed.plan.failplan import cut_off_reason
 from testbed.plan.fidelity import FidelityVerdict
+from testbed.plan.portplan import applied
 from testbed.plan.reachability import Reachability
 from testbed.runs.registry import DEFAULT_STATE_DIR, Registry, RunRecord
 
@@ -143,6 +144,13 @@ class Fabric:
         if self.spec.emulator.datapath == "ebpf":
             return "ebpf"
         return self.caps.datapath_type if self.caps is not None else None
+
+    def provenance(self) -> dict:
+        """What this fabric runs on, for a run's record: the datapath and why, the hosts'
+        sysctls and what tc holds at each kind of link end."""
+        return {"datapath": self.datapath_type or "", "datapath_why": self.datapath_choice,
+                "host_sysctls": dict(self.links.sysctls) if self.links is not None else {},
+                "qdiscs": applied(self.spec, self.red_marking)}
 
     @property
     def vswitchd_count(self) -> int:

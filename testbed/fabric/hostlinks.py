@@ -47,6 +47,7 @@ class HostsAndLinks:
         self.red_marking = red_marking
         self.warnings = warnings
         self.hosts: Hosts | None = None
+        self.sysctls: dict[str, str] = {}  # each host's, as applied
 
     def pid(self, host: str) -> int:
         """The process that holds ``host``'s network namespace."""
@@ -72,6 +73,7 @@ class HostsAndLinks:
                         "net.ipv4.conf.default.rp_filter": "0"}
             if any(s.scale_up == "cube_mesh" for s in self.topo.servers):
                 sysctls["net.ipv4.ip_forward"] = "1"  # a GPU relays for its cube-mesh pairs
+        self.sysctls = dict(sysctls)  # as applied (the run's provenance)
         topo, here = self.topo, self.share.here
         nics = {h.name: topo.nic_owner(h.name) for h in topo.hosts
                 if topo.nic_owner(h.name) != h.name and here(h.name)}  # planes' NICs

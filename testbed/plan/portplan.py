@@ -97,3 +97,17 @@ def scale_up_mac(ip: str, port: int) -> str:
     ``02:00:`` and the address)."""
     return f"02:{port:02x}:" + ":".join(f"{int(b):02x}" for b in ip.split("."))
 
+
+
+def applied(spec: TestbedSpec, red_marking: bool = False) -> dict[str, str]:
+    """What tc holds at each kind of link end (the first link of each tier's), one line each:
+    a run's provenance."""
+    out: dict[str, str] = {}
+    for link in spec.topology.links:
+        if link.tier == "host" and "host NIC" not in out:
+            out["host NIC"] = link_plan(spec, link, True, red_marking).describe()
+        out.setdefault(f"{link.tier} link, switch port",
+                       link_plan(spec, link, False, red_marking).describe())
+    for link in spec.topology.scale_up[:1]:
+        out["scale-up link"] = scale_up_plan(spec, link).describe()
+    return out

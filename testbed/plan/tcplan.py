@@ -138,6 +138,21 @@ class Shaping:
     red: RedPlan | None = None  # one class: a RED leaf 10: instead of the fifo
     acks_first: bool = False  # one class: TCP's acknowledgements in 1:20 first
 
+    def describe(self) -> str:
+        """One line of what this link end's tc holds (the run's provenance)."""
+        leaf = ("netem" if self.queue_kind == "netem" else "red" if self.red
+                else self.queue_kind)
+        unit = "packets" if self.queue_kind in ("netem", "pfifo") else "bytes"
+        text = (f"htb rate {self.rate_kbit} kbit burst {self.burst_bytes} B quantum "
+                f"{self.quantum_bytes} B, {leaf} limit {self.queue_limit} {unit}")
+        if self.delay_us:
+            text += f", delay {self.delay_us:g} us"
+        if self.classes:
+            text += ", classes " + " ".join(
+                f"p{c.priority}:{'lossless tbf' if c.lossless else 'red' if c.red else 'fifo'}"
+                f"{' strict' if c.strict else ''}" for c in self.classes)
+        return text + (", TCP acknowledgements first" if self.acks_first else "")
+
     @property
     def ack_rate_kbit(self) -> int:
         """What the acknowledgements' class is guaranteed (the rest is the data class's)."""

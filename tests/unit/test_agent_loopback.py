@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from traffic.agents import tcpinfo
+
 from tests.privileges import may_set_congestion_control
 from traffic.protocol import AgentReport
 from traffic.measure.results import job_spec, summarize
@@ -97,6 +99,27 @@ def test_ring_all_reduce_and_all_to_all_over_loopback(tmp_path):
     for r in results:
         assert all(0 <= f.start_s <= f.end_s <= r.time_us / 1e6 + 1e-6 for f in r.flows)
         assert all(f.retransmitted == 0 for f in r.flows)  # TCP_INFO, on loopback
+    # the congestion control as the kernel ran it, read back from the sending sockets
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        assert {r.transport["congestion_control"] for r in results} == {
+            tcpinfo.congestion_control(probe)}
+
+
+def test_a_run_seed_draws_every_connections_source_port_and_another_seed_others(tmp_path):
+    from traffic.agents.connect import SOURCE_PORTS, SourcePorts
+
+    a2a = build("all_to_all", 4, 64 << 10)
+    colls = [Collective("all_to_all", HOSTS, a2a)]
+    drawn = {}
+    for seed in ("7/0", "8/0"):
+        reports = _run_agents(tmp_path, colls, 2, seed=seed)
+        for rank, report in enumerate(reports):
+            # opened peer by peer, channel by channel: the ports in the order the key draws them
+            opened = sorted(report.connections, key=lambda c: (c.dst, c.channel))
+            assert [c.sport for c in opened] == SourcePorts(f"{seed}/{rank}").order[:6]
+            assert all(c.sport in SOURCE_PORTS for c in opened)
+        drawn[seed] = {c.five_tuple for r in reports for c in r.connections}
+    assert not drawn["7/0"] & drawn["8/0"]  # another seed, other 5-tuples
 
 
 @pytest.mark.parametrize("engine", ["python", "native"])

@@ -96,13 +96,15 @@ def test_a_wrong_value_is_named_by_its_field(tmp_path):
 
 
 def test_a_later_versions_keys_are_kept_and_written_back():
-    raw = _before() | {"version": 99, "seed": 7, "provenance": {"datapath": "ebpf"}}
+    raw = _before() | {"version": 99, "seed": 7, "provenance": {"datapath": "ebpf",
+                                                               "since_v99": 1}}
     raw["collectives"][0]["slowdown_p99"] = 1.4
     for row in raw["collectives"]:
         row["flow_end_s"] = row.pop("flow_completion_s")
     raw["congestion"]["ports"]["edge1_1-eth1"]["ecn_marked"] = 3
     doc = read(copy.deepcopy(raw))
-    assert doc.version == 99 and doc.extra == {"seed": 7, "provenance": {"datapath": "ebpf"}}
+    assert doc.version == 99 and doc.extra == {"seed": 7}
+    assert doc.provenance.datapath == "ebpf" and doc.provenance.extra == {"since_v99": 1}
     assert doc.collectives[0].extra == {"slowdown_p99": 1.4}
     assert doc.to_json() == raw
 

@@ -22,6 +22,7 @@ from testbed.errors import TestbedError
 from testbed.contract import RunningFabric
 from testbed.fabric.fabric import Fabric
 from traffic.agents.runner import JobOutcome
+from traffic.measure.flows import FlowResult
 from traffic.measure.results import CollectiveResult
 
 from tests.unit.fakefabric import FakeFabric
@@ -142,7 +143,8 @@ def _runner(calls: list, fail_batch: int | None = None, raise_error=None):
             fabric.sent_bytes += 1_000_000
             rows = tuple(CollectiveResult(c.op, "ring", list(c.hosts), c.schedule.size_bytes,
                                           0.5, 0.01, 0.015, 0.4, 0.8, {"p50": 0.2, "p99": 0.4},
-                                          c.label, flows=[("h1_1", "h2_1", 0, 100, 0.3)])
+                                          c.label,
+                                          flows=[FlowResult("h1_1", "h2_1", 0, 100, 0.0, 0.3)])
                          for c in job.collectives)
             out.append(JobOutcome(job, rows))
         return out

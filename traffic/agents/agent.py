@@ -45,8 +45,8 @@ from traffic.protocol import (AgentReport, AgentSpec, CollectiveTiming, Connecti
 from traffic.workloads.schedules import chunk_sizes
 from traffic.measure.results import LEAST_KEYS, MOST_KEYS
 from traffic.agents import tcpinfo
-from traffic.agents.connect import (CONNECT_TIMEOUT_S, HELLO, accept_hellos, connect,
-                                    recv_exact)
+from traffic.agents.connect import (CONNECT_TIMEOUT_S, HELLO, SourcePorts, accept_hellos,
+                                    connect, recv_exact)
 from traffic.agents.engine import UdpEngine
 from traffic.agents.native import choose
 from traffic.transports.packet import Scale
@@ -131,10 +131,12 @@ class Agent:
         acceptor = threading.Thread(target=accept, daemon=True)
         acceptor.start()
         ranks = self.spec.ranks
+        ports = None if self.spec.seed is None else SourcePorts(f"{self.spec.seed}/{self.rank}")
         for peer in sorted(send_to):
             self.state = f"connecting to rank {peer}"
             for ch in range(self.channels):
-                sock = connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port)
+                sock = connect(ranks[peer].address_for(ranks[self.rank], ch), self.spec.port,
+                               ports)
                 self._congestion_control(sock, peer)
                 if self.spec.dscp:  # the traffic class; TCP keeps the ECN bits itself
                     sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.spec.dscp << 2)
@@ -324,7 +326,12 @@ class Agent:
         """The transport's counters now: the UDP engine's, or the TCP connections' own."""
         if self.engine is not None:
             return self.engine.summary()
-        return tcpinfo.totals(self.socks.values())
+        out = tcpinfo.totals(self.socks.values())
+        sending = [sock for (kind, _p, _c), sock in self.socks.items() if kind == "send"]
+        if sending:  # as the kernel runs it, read back from the sockets
+            out["congestion_control"] = "+".join(sorted({tcpinfo.congestion_control(sock)
+                                                         for sock in sending}))
+        return out
 
     def _dispatch(self, sending: bool, queues: dict, work: Work, channel: int) -> None:
         """Hand one channel's share of a transfer to its connection's thread, or to the UDP

@@ -1,9 +1,11 @@
 """How the agents of a job find each other over TCP: a connection to a peer's agent (retried
-until it listens, from a source port of the job's choosing where one is given), and the
+until it listens, from a source port drawn from the run seed where one is given), and the
 hellos that name each accepted connection's rank and channel."""
 
 from __future__ import annotations
 
+import errno
+import random
 import selectors
 import socket
 import struct
@@ -14,6 +16,10 @@ from testbed.poll import wait_for
 
 HELLO = struct.Struct("!II")  # sender rank, channel
 CONNECT_TIMEOUT_S = 30.0
+#: where the agents' data connections' source ports are drawn from (:class:`SourcePorts`):
+#: below Linux's ephemeral range (32768-60999, the kernel's own choices) and above the
+#: agents' listening ports
+SOURCE_PORTS = range(20000, 32768)
 
 
 def accept_hellos(listener: socket.socket, count: int,
@@ -74,15 +80,43 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def connect(ip: str, port: int) -> socket.socket:
-    """A connection to a peer's agent, retried until it listens (``CONNECT_TIMEOUT_S``)."""
+class SourcePorts:
+    """The source ports of one agent's data connections, in the order it opens them, drawn
+    from :data:`SOURCE_PORTS` by a key (the run seed, job and rank): the same key, the same
+    ports, so the 5-tuples an ECMP switch hashes repeat from run to run. A port this host
+    cannot use (bound, or its 4-tuple still in TIME_WAIT from a run before on a fabric kept
+    up) gives way to the next one drawn."""
+
+    def __init__(self, key: str) -> None:
+        self.order = random.Random(key).sample(SOURCE_PORTS, len(SOURCE_PORTS))
+        self.at = 0
+
+    def take(self) -> int:
+        if self.at >= len(self.order):
+            raise OSError("no source port left to draw")
+        self.at += 1
+        return self.order[self.at - 1]
+
+
+def connect(ip: str, port: int, ports: SourcePorts | None = None) -> socket.socket:
+    """A connection to a peer's agent, retried until it listens (``CONNECT_TIMEOUT_S``), from
+    the next source port of ``ports`` (None: the kernel's choice)."""
     errors: list[OSError] = []
+    sport = [ports.take() if ports else 0]
 
     def attempt() -> socket.socket | None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock = socket.create_connection((ip, port), timeout=5)
-        except OSError as err:  # the peer's agent is not listening yet
+            sock.settimeout(5)
+            if sport[0]:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("", sport[0]))
+            sock.connect((ip, port))
+        except OSError as err:  # the peer's agent is not listening yet, or the port is taken
+            sock.close()
             errors[:] = [err]
+            if sport[0] and err.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                sport[0] = ports.take()
             return None
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -98,7 +98,7 @@ def run_batch(fabric: TrafficFabric, jobs: list[Job]) -> list[JobOutcome]:
                               AGENT_PORT + i, start_at + job.offset_s, job.congestion_control,
                               job.dscp,
                               job.transport, job.spray, job.dcqcn,
-                              job.transport_options.to_dict(), seen)
+                              job.transport_options.to_dict(), seen, f"{job.seed}/{job.index}")
             outcomes[i] = JobOutcome(job, tuple(results), connections=tuple(seen))
         except TestbedError as err:
             outcomes[i] = JobOutcome(job, error=err)
@@ -181,12 +181,15 @@ def run_job(fabric: TrafficFabric, collectives: list[Collective], connections: i
             dscp: int = 0, transport: str = "tcp",
             spray: bool | None = None, dcqcn: str = "paper",
             options: dict | None = None,
-            connections_seen: list[Connection] | None = None) -> list[CollectiveResult]:
+            connections_seen: list[Connection] | None = None,
+            seed: str | None = None) -> list[CollectiveResult]:
     """Run ``collectives`` (in order, on the same ranks) over ``fabric``.
 
     Jobs that run at once need their own ``port`` (their agents may share hosts) and can share a
     ``start_at`` wall-clock time. ``connections_seen`` gets the TCP connections the ranks sent
-    on (their 5-tuples: the paths an ECMP fabric gave them follow from those).
+    on (their 5-tuples: the paths an ECMP fabric gave them follow from those); ``seed`` draws
+    their source ports (the run seed and the job: :class:`traffic.agents.connect.SourcePorts`;
+    None: the kernel's choice).
 
     Raises:
         TestbedError: when an agent fails or the job outlives ``timeout_s`` (naming the ranks).
@@ -207,7 +210,7 @@ def run_job(fabric: TrafficFabric, collectives: list[Collective], connections: i
     planes = {h: tuple(topo.nodes[n].ip for n in topo.nics(h)[1:]) for h in hosts}
     servers = {h: topo.server_of(h).index for h in hosts if topo.server_of(h)}
     spec = job_spec(collectives, ips, connections, start_at, port, congestion_control, dscp,
-                    transport, spray, scale, dcqcn, planes, servers, options)
+                    transport, spray, scale, dcqcn, planes, servers, options, seed)
     name = f"job-{port}-{time.time_ns()}.json"  # in the run directory (each machine's)
     fabric.write_file(name, spec.to_json())
     procs: dict[str, subprocess.Popen] = {}

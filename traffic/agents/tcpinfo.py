@@ -50,6 +50,15 @@ def read(sock: socket.socket) -> dict[str, int]:
         return {}
 
 
+def congestion_control(sock: socket.socket) -> str:
+    """The congestion control a socket runs (``TCP_CONGESTION``), as the kernel reports it."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+    except OSError:
+        return "unknown"
+    return raw.split(b"\0", 1)[0].decode() or "unknown"
+
+
 def totals(socks) -> dict:
     """Every socket's counters summed, named as the transports' (``tx_bytes``, ...), with
     ``transport: tcp``."""

@@ -67,10 +67,11 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
              spray: bool | None = None, scale: dict | None = None,
              dcqcn: str = "paper", planes: dict[str, tuple[str, ...]] | None = None,
              servers: dict[str, int] | None = None,
-             options: dict | None = None) -> AgentSpec:
+             options: dict | None = None, seed: str | None = None) -> AgentSpec:
     """The spec every agent reads. All collectives must use the same rank hosts (one job).
     ``planes``: a multi-plane fabric's other NIC addresses per host; ``servers``: each GPU's
-    server."""
+    server; ``seed``: what the connections' source ports derive from (None: the kernel's
+    choice)."""
     hosts = collectives[0].hosts
     if any(c.hosts != hosts for c in collectives):
         raise ValueError("one job, one rank list")
@@ -81,7 +82,7 @@ def job_spec(collectives: list[Collective], ips: dict[str, str], connections: in
                      tuple(CollectiveSpec(c.op, c.gap_s, tuple(c.schedule.transfers),
                                           c.gaps, c.barrier) for c in collectives), congestion_control=congestion_control,
                      dscp=dscp, transport=transport, spray=spray, scale=scale,
-                     dcqcn=dcqcn, transport_options=options)
+                     dcqcn=dcqcn, transport_options=options, seed=seed)
 
 
 def transport_totals(per_rank: list[dict | None]) -> dict | None:

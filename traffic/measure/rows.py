@@ -69,10 +69,13 @@ class TransportCounters(Record):
 
     @property
     def label(self) -> str:
-        """``uet RUD+RCCC``, ``uet ROD, no NSCC``, ``rocev2 HPCC``, ``rocev2 DCQCN (connectx)``."""
+        """``uet RUD+RCCC``, ``uet ROD, no NSCC``, ``rocev2 HPCC``, ``rocev2 DCQCN (connectx)``,
+        ``tcp cubic``."""
         if self.transport == "uet":
             return (f"uet {str(self.delivery or 'rud').upper()}" + ("+RCCC" if self.rccc else "")
                     + ("" if self.nscc in (None, True) else ", no NSCC"))
+        if self.transport == "tcp":  # the congestion control the sockets ran, read back
+            return f"tcp {self.congestion_control}" if self.congestion_control else "tcp"
         cc = self.congestion_control or ("dcqcn" if self.dcqcn else "off")
         return f"rocev2 {cc.upper()}" + (f" ({self.dcqcn})" if cc == "dcqcn" and self.dcqcn
                                          else "")

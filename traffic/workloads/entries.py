@@ -73,6 +73,7 @@ class Job:
     name: str = ""  # workload.jobs: the job's name
     offset_s: float = 0.0  # workload.jobs: its start after the batch's
     alone_of: str = ""  # the named job this one runs alone (its slowdown's baseline)
+    seed: int = 1  # the run seed: its agents' source ports derive from it (with its index)
 
 
 @dataclass(frozen=True)
