@@ -30,7 +30,7 @@ test: setup test-deps
 	$(VENV)/bin/python -m pytest -v --durations=15 -m "not lab" tests
 
 unit:
-	FABRICLAB_VENV=$(abspath $(VENV)) FABRICLAB_EXTRAS=test,cluster,grafana FABRICLAB_GROUPS=dev \
+	FABRICLAB_VENV=$(abspath $(VENV)) FABRICLAB_EXTRAS=test,cluster,grafana,frames FABRICLAB_GROUPS=dev \
 	  ./scripts/venv.sh
 	$(VENV)/bin/python -m pytest -v -m "not integration" tests/unit
 

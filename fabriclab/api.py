@@ -201,6 +201,15 @@ class Results:
                    "; ".join(f"{n}: {r.error}" for n, r in runs.items() if r.error) or None,
                    runs=runs)
 
+    def to_dataframe(self, kind: str = "collectives"):
+        """A pandas data frame of every run here (a sweep's cells, the variants, or the one
+        run): one row per collective (``kind="collectives"``) or per transfer (``"flows"``,
+        flows.csv's columns), each run's name and parameters (a sweep's axes by field path,
+        ``variant``, ``cell_repetition``) as columns. Needs pandas (``fabriclab[frames]``)."""
+        from fabriclab.frames import dataframe
+
+        return dataframe(self.directory, kind)
+
 
 def run(experiment: xp.Experiment | str | Path, out: str | Path | None = None,
         state_dir: str | Path = DEFAULT_STATE_DIR, force: bool = False, resume: bool = False,

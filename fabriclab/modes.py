@@ -108,6 +108,8 @@ def _run_into_out(req: RunRequest, exp: xp.Experiment, view: RunView) -> Outcome
         outcome = run_variants(req, exp, view)
     else:
         outcome = run_single(req, exp, view)
+    if exp.cells or exp.variants:
+        write_tables(req.out, view)
     write_report(req.out, view)
     return outcome
 
@@ -337,6 +339,17 @@ def run_one(req: RunRequest, exp: xp.Experiment, out: Path, view: RunView,
         view.closed()
     view.run_done(doc, out)
     return doc
+
+
+def write_tables(out: Path, view: RunView) -> None:
+    """The tidy tables across the runs in ``out`` (:func:`fabriclab.frames.write_tables`);
+    a failure says so and leaves the runs' own files as they are."""
+    from fabriclab.frames import write_tables as write
+
+    try:
+        view.say(f"tables across the runs: {', '.join(write(out))}")
+    except Exception as err:  # noqa: BLE001 - each run's files stand without them
+        view.warn(f"tables across the runs not written: {type(err).__name__}: {err}")
 
 
 def write_report(out: Path, view: RunView) -> None:

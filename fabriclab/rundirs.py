@@ -14,9 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fabriclab.model import document
-from fabriclab.model import sweep as sw
 from fabriclab.model.rundir import experiment_document
-from fabriclab.model.results import upgrade, variant_row
 from testbed.errors import ConfigError
 from testbed.linux.files import WriteError, make_dirs, open_dir
 
@@ -151,40 +149,3 @@ def load_document(path: Path) -> document.RunDocument:
         raise ConfigError(f"{path}: {e.field}", e.message) from None
     except ValueError as e:
         raise ConfigError(str(path), f"is not JSON: {e}") from None
-
-
-def compare_rows(dirs: list[Path]) -> list[dict]:
-    """The runs under each directory, one line each: a sweep's cells (mean over repetitions),
-    a run's variants, or a single run. Lines: ``{"run", "complete", "error", "jobs": [{"label",
-    "efficiency", "busbw_GBps", "n"}]}``.
-
-    Raises:
-        ConfigError: a directory that holds no run.
-    """
-    lines = []
-    for d in dirs:
-        if (d / "sweep.json").is_file():
-            doc = upgrade(json.loads((d / "sweep.json").read_text()))
-            for line in sw.summarize(doc["cells"]):
-                lines.append({"run": f"{d}/{line['cell']}", "complete": line["failed"] == 0,
-                              "error": "; ".join(line["errors"]) or None,
-                              "jobs": [{"label": j["label"], "n": j["efficiency"]["n"],
-                                        "efficiency": j["efficiency"]["mean"],
-                                        "busbw_GBps": j["busbw_GBps"]["mean"]}
-                                       for j in line["jobs"]]})
-            continue
-        docs = []
-        if (d / "results.json").is_file():
-            docs.append((str(d), load_document(d / "results.json")))
-        elif (d / "variants.json").is_file():
-            for row in json.loads((d / "variants.json").read_text()):
-                path = d / str(row["variant"]) / "results.json"
-                docs.append((f"{d}/{row['variant']}", load_document(path)))
-        else:
-            require_run(d)  # raises: neither file is there
-        for name, doc in docs:
-            row = variant_row(doc)
-            lines.append({"run": name, "complete": row.complete, "error": row.error,
-                          "jobs": [{"label": j.name, "n": 1, "efficiency": j.efficiency,
-                                    "busbw_GBps": j.busbw_GBps} for j in row.jobs]})
-    return lines

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 
-FABRICLAB_VENV=$(realpath -m "$VENV") FABRICLAB_EXTRAS=test,cluster,grafana FABRICLAB_GROUPS=dev \
+FABRICLAB_VENV=$(realpath -m "$VENV") FABRICLAB_EXTRAS=test,cluster,grafana,frames FABRICLAB_GROUPS=dev \
   ./scripts/venv.sh
 
 mapfile -t wanted < <(./scripts/setup.sh --later)

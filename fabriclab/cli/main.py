@@ -133,6 +133,25 @@ def _launch_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
                                   "are replaced in each rank's)")
 
 
+def _run_only_arguments(run: argparse.ArgumentParser) -> None:
+    """``fabriclab run``'s own options (beside those it shares with ``up``)."""
+    run.add_argument("--out", type=Path, help="directory for results.json, the report "
+                                              "and the run's files (default runs/NAME, "
+                                              "NAME the experiment's)")
+    run.add_argument("--resume", action="store_true",
+                     help="finish an interrupted run in --out: complete cells and variants "
+                          "are kept, the rest run")
+    run.add_argument("--force", action="store_true",
+                     help="overwrite the run --out already holds")
+    run.add_argument("--seed", type=int, default=None, metavar="N",
+                     help="the run seed every random choice derives from (permutations, "
+                          "placements, the connections' source ports and so ECMP paths); "
+                          "the file's seed by default, else 1")
+    run.add_argument("--parallel", action="store_true",
+                     help="a sweep's cells at once, one per machine of the cluster, each "
+                          "built whole on its machine")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fabriclab", description=DESCRIPTION,
                                      epilog=__doc__.split("\n\n", 1)[1].strip())
@@ -187,21 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     _target_arguments(p)
     p["up"].add_argument("--out", type=Path, help="with --telemetry: where Prometheus stores "
                                                   "(default runs/up-<time>)")
-    p["run"].add_argument("--out", type=Path, help="directory for results.json, the report "
-                                                   "and the run's files (default runs/NAME, "
-                                                   "NAME the experiment's)")
-    p["run"].add_argument("--resume", action="store_true",
-                          help="finish an interrupted run in --out: complete cells and variants "
-                               "are kept, the rest run")
-    p["run"].add_argument("--force", action="store_true",
-                          help="overwrite the run --out already holds")
-    p["run"].add_argument("--seed", type=int, default=None, metavar="N",
-                          help="the run seed every random choice derives from (permutations, "
-                               "placements, the connections' source ports and so ECMP paths); "
-                               "the file's seed by default, else 1")
-    p["run"].add_argument("--parallel", action="store_true",
-                          help="a sweep's cells at once, one per machine of the cluster, each "
-                               "built whole on its machine")
+    _run_only_arguments(p["run"])
     p["telemetry"].add_argument("dir", type=Path,
                                 help="the run's output directory (or a variant's)")
     p["telemetry"].add_argument("--port", type=int, default=0,
@@ -239,6 +244,9 @@ def _other_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
                              help="a run, variants or sweep directory (fabriclab run's --out)")
     p["compare"].add_argument("dirs", nargs="+", metavar="DIR", type=Path,
                               help="run, variants or sweep directories")
+    p["compare"].add_argument("--baseline", metavar="RUN", default=None,
+                              help="the run the others' changes are given against (the end of "
+                                   "its name, as the table prints it; default: the first)")
     p["graph"].add_argument("file", type=Path, metavar="FILE", help="the experiment file (YAML)")
     p["graph"].add_argument("--format", choices=("png", "svg", "dot", "mermaid", "json"),
                             default="png", help="a picture, text for Graphviz or Mermaid, or "
@@ -349,7 +357,7 @@ def to_request(args: argparse.Namespace, ui: Console) -> object:
     if name == "report":
         return rq.ReportRequest(args.dir, args.json)
     if name == "compare":
-        return rq.CompareRequest(args.dirs, args.json)
+        return rq.CompareRequest(args.dirs, args.json, args.baseline)
     if name == "telemetry":
         return rq.ServeRequest(args.dir, args.port, args.grafana)
     if name == "top":

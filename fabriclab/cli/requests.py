@@ -172,6 +172,7 @@ class ReportRequest:
 class CompareRequest:
     dirs: list[Path]
     json: bool = False
+    baseline: str | None = None  # the run the others' changes are against (default: first)
 
 
 @dataclass(frozen=True)

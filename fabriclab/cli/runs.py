@@ -17,7 +17,8 @@ from fabriclab.model.results import VariantRow
 from fabriclab.modes import run_file
 from fabriclab.report import write_report
 from fabriclab.runner import RunView, batch_text
-from fabriclab.rundirs import compare_rows, require_run
+from fabriclab.frames import compare_rows
+from fabriclab.rundirs import require_run
 
 
 class TerminalView(RunView):
@@ -166,10 +167,14 @@ def report(req: ReportRequest, ui: Console) -> int:
 
 
 def compare(req: CompareRequest, ui: Console) -> int:
-    """Runs side by side: each job's efficiency (busbw / link rate) per run."""
-    lines = compare_rows(req.dirs)
+    """Runs side by side: each job's efficiency, time, FCT and slowdown per run, their change
+    against the baseline run, and where the runs' provenance differs."""
+    lines = compare_rows(req.dirs, req.baseline)
     if req.json:
         emit(lines)
         return EXIT_OK
     ui.print(tables.compare(lines))
+    differ = tables.provenance_diff(lines)
+    if differ is not None:
+        ui.print(differ)
     return EXIT_OK

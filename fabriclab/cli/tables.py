@@ -341,21 +341,54 @@ def sweep(name: str, summary: list[dict]) -> Table:
 
 
 def compare(lines: list[dict]) -> Table:
-    """Runs side by side (:func:`fabriclab.rundirs.compare_rows`): each job's efficiency."""
+    """Runs side by side (:func:`fabriclab.frames.compare_rows`): per job its efficiency,
+    time, FCT p50/p99 and slowdown p99, each with its change against the baseline run."""
     labels = list(dict.fromkeys(j["label"] for line in lines for j in line["jobs"]))
     table = Table(title="runs compared", box=None, header_style="bold")
     table.add_column("run")
     table.add_column("status")
+    shown = (("efficiency", "eff", "{:.3f}"), ("time_us", "time us", "{:,.0f}"),
+             ("fct_p50_s", "fct p50 s", "{:.4g}"), ("fct_p99_s", "fct p99 s", "{:.4g}"),
+             ("slowdown_p99", "slowdown p99", "{:.2f}"))
     for label in labels:
-        table.add_column(f"{label} eff", justify="right")
+        for _key, name, _fmt in shown:
+            table.add_column(f"{label} {name}", justify="right")
     for line in lines:
         by_label = {j["label"]: j for j in line["jobs"]}
-        cells = [("-" if by_label.get(label, {}).get("efficiency") is None else
-                  f"{by_label[label]['efficiency']:.3f}"
-                  + (f" (n={by_label[label]['n']})" if by_label[label]["n"] > 1 else ""))
-                 for label in labels]
+        cells = []
+        for label in labels:
+            job = by_label.get(label, {})
+            for key, _name, fmt in shown:
+                cells.append(_compared(job, key, fmt))
+            if job.get("n", 1) > 1:
+                cells[-len(shown)] += f" (n={job['n']})"
         table.add_row(line["run"], "ok" if line["complete"] else "failed", *cells)
-    table.caption = "eff: busbw / link rate (a sweep's cell: the mean over its complete runs)"
+    table.caption = ("eff: busbw / link rate; fct: each transfer's completion time; slowdown: "
+                     "FCT over alone on the idle fabric; (+x%): against the first run (or "
+                     "--baseline); a sweep's cell: the mean over its complete runs")
+    return table
+
+
+def _compared(job: dict, key: str, fmt: str) -> str:
+    value, delta = job.get(key), job.get(f"delta_{key}")
+    if value is None:
+        return "-"
+    text = fmt.format(value)
+    return text + (f" ({delta:+.1%})" if delta else "")
+
+
+def provenance_diff(lines: list[dict]) -> Table | None:
+    """What differs between the compared runs' provenance (seed, datapath, congestion
+    control, sysctls, qdiscs, software); None when nothing does."""
+    keys = list(dict.fromkeys(k for line in lines for k in line.get("provenance_differs", {})))
+    if not keys:
+        return None
+    table = Table(title="provenance that differs", box=None, header_style="bold")
+    table.add_column("field")
+    for line in lines:
+        table.add_column(line["run"])
+    for k in keys:
+        table.add_row(k, *(str(line["provenance_differs"].get(k, "-")) for line in lines))
     return table
 
 

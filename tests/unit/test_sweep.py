@@ -14,7 +14,8 @@ from fabriclab.model.document import read
 from fabriclab.modes import run_sweep
 from fabriclab.options import RunRequest
 from fabriclab.runner import RunView
-from fabriclab.rundirs import check_out_dir, compare_rows
+from fabriclab.frames import compare_rows
+from fabriclab.rundirs import check_out_dir
 from testbed.errors import TestbedError
 
 from fabriclab.model import sweep

@@ -1,0 +1,105 @@
+"""Tables across runs (fabriclab/model/tidy.py, fabriclab/frames.py): one row per collective
+or transfer of every cell, its parameters as columns, as CSV, Parquet and a data frame."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fabriclab import frames
+from fabriclab.api import Results
+from fabriclab.model import rundir
+from testbed.errors import ConfigError
+
+pandas = pytest.importorskip("pandas")
+
+
+def _cell(path, k: int, efficiency: float) -> None:
+    path.mkdir(parents=True)
+    rows = [{"job": 0, "repetition": rep, "op": "all_reduce", "algorithm": "ring",
+             "bytes": 1 << 20, "communicator_size": 4, "time_us": 1e6 / efficiency,
+             "algbw_GBps": 0.01, "busbw_GBps": 0.01 * efficiency, "efficiency": efficiency,
+             "fct_s": {"p50": 0.2, "p99": 0.3}, "slowdown": {"p50": 1.1, "p99": 1.5 * k}}
+            for rep in range(2)]
+    (path / "results.json").write_text(json.dumps({
+        "experiment": "sw", "complete": True, "version": 3, "collectives": rows,
+        "provenance": {"seed": 7, "datapath": "ebpf"}}))
+    (path / "flows.csv").write_text(rundir.flows_csv(
+        [[0, rep, "", "all_reduce", "h1", "h2", s, 1024 * (k + s), "1.5", 0.0, 0.1, 0.1, 0.05,
+          2.0, 0.06, 0, "tcp", "10.0.0.1", "20001", "10.0.0.2", 17000, "h1>s1>h2"]
+         for rep in range(2) for s in range(3)]))
+
+
+def _sweep(tmp_path):
+    out = tmp_path / "sweep"
+    cells = []
+    for k, eff in ((4, 0.9), (6, 0.7)):
+        name = f"fabric.k={k}"
+        _cell(out / name, k, eff)
+        cells.append({"cell": name, "name": name, "values": {"fabric.k": k},
+                      "variant": None, "repetition": 0, "complete": True, "error": None,
+                      "jobs": []})
+    (out / "sweep.json").write_text(json.dumps({"experiment": "sw", "cells": cells}))
+    return out
+
+
+def test_a_sweep_is_one_table_per_kind_with_its_axes_as_columns(tmp_path):
+    out = _sweep(tmp_path)
+    table = frames.records(out)
+    assert len(table) == 4  # 2 cells x 2 repetitions
+    assert [(r["run"], r["fabric.k"], r["repetition"], r["efficiency"]) for r in table] == [
+        ("fabric.k=4", 4, 0, 0.9), ("fabric.k=4", 4, 1, 0.9),
+        ("fabric.k=6", 6, 0, 0.7), ("fabric.k=6", 6, 1, 0.7)]
+    assert table[0]["slowdown_p99"] == 6.0 and table[0]["seed"] == 7
+    assert table[0]["datapath"] == "ebpf" and table[0]["transport"] == "tcp"
+    flows = frames.records(out, "flows")
+    assert len(flows) == 12 and flows[0]["bytes"] == 4096 and flows[0]["fabric.k"] == 4
+    assert flows[0]["slowdown"] == 2.0 and flows[0]["retransmitted"] == 0
+    assert flows[0]["path"] == "h1>s1>h2"
+    with pytest.raises(ConfigError, match="kind"):
+        frames.records(out, "iterations")
+
+
+def test_results_to_dataframe_gives_one_row_per_collective_per_cell(tmp_path):
+    out = _sweep(tmp_path)
+    df = Results.read(out).to_dataframe()
+    assert len(df) == 4 and set(df["fabric.k"]) == {4, 6}
+    assert df.groupby("fabric.k")["efficiency"].mean().to_dict() == {4: 0.9, 6: 0.7}
+    flows = Results.read(out / "fabric.k=6").to_dataframe("flows")  # one run alone
+    assert len(flows) == 6 and flows["fct_s"].dtype.kind == "f"
+
+
+def test_the_tables_are_written_beside_the_cells_as_csv_and_parquet(tmp_path):
+    out = _sweep(tmp_path)
+    written = frames.write_tables(out)
+    assert written == ["collectives.csv", "flows.csv", "collectives.parquet", "flows.parquet"]
+    back = pandas.read_parquet(out / "collectives.parquet")
+    assert len(back) == 4 and list(back.columns[:2]) == ["run", "fabric.k"]
+    assert (out / "flows.csv").read_text().splitlines()[0].startswith("run,fabric.k,cell_repetition,job,")
+    with pytest.raises(ConfigError, match="holds no run"):
+        frames.runs(tmp_path / "nothing")
+
+
+def test_compare_gives_times_fct_slowdown_their_change_and_what_provenance_differs(tmp_path):
+    from fabriclab.cli import tables
+    from fabriclab.frames import compare_rows
+
+    out = _sweep(tmp_path)
+    doc = json.loads((out / "fabric.k=6" / "results.json").read_text())
+    doc["provenance"]["seed"] = 8
+    (out / "fabric.k=6" / "results.json").write_text(json.dumps(doc))
+    lines = compare_rows([out])
+    first, second = (line["jobs"][0] for line in lines)
+    assert (first["n"], first["time_us"], first["slowdown_p99"]) == (2, pytest.approx(1e6 / 0.9),
+                                                                     6.0)
+    assert first["delta_time_us"] == 0 and second["delta_efficiency"] == pytest.approx(
+        0.7 / 0.9 - 1)
+    assert second["delta_time_us"] == pytest.approx(0.9 / 0.7 - 1)
+    assert [line["provenance_differs"] for line in lines] == [{"seed": 7}, {"seed": 8}]
+    against = compare_rows([out], baseline="k=6")  # the changes against the second
+    assert against[0]["jobs"][0]["delta_efficiency"] == pytest.approx(0.9 / 0.7 - 1)
+    with pytest.raises(ConfigError, match="--baseline"):
+        compare_rows([out], baseline="k=8")
+    assert tables.compare(lines).row_count == 2
+    assert tables.provenance_diff(lines).row_count == 1
