@@ -255,9 +255,12 @@ def _other_arguments(p: dict[str, argparse.ArgumentParser]) -> None:
                             help="where to write it (default: text to stdout, a picture to "
                                  "NAME.FORMAT here, NAME the file's)")
     p["export"].add_argument("file", type=Path, metavar="FILE", help="the experiment file (YAML)")
-    p["export"].add_argument("--format", choices=("htsim",), default="htsim",
+    p["export"].add_argument("--format", choices=("htsim", "containerlab", "networkx", "gml",
+                                                  "hpcc", "mininet"), default="htsim",
                              help="htsim: ultraethernet/uet-htsim's topology and connection "
-                                  "matrix files and command line, per variant (default)")
+                                  "matrix files and command line, per variant (default); "
+                                  "containerlab, networkx (node-link JSON), gml, hpcc: the "
+                                  "topology; mininet: a module for mn --custom")
     p["export"].add_argument("-o", "--out", type=Path, metavar="DIR",
                              help="where to write them (default export-NAME, NAME the "
                                   "experiment's)")

@@ -22,6 +22,7 @@ from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, 
 from testbed.errors import ConfigError
 from testbed.plan.failplan import FailureEvent, plan_failures
 from testbed.plan.trim import TrimSpec
+from testbed.model.custom import clos_only, link_settings
 from testbed.model.servers import ScaleUp, ServerSpec
 from testbed.model.spec import (
     DEFAULT_QUEUE_KB,
@@ -39,13 +40,14 @@ from testbed.model.spec import (
     Requirement,
     TestbedSpec,
 )
-from fabriclab.model import seeds, sweep
+from fabriclab.model import seeds, sweep, topofiles
 from fabriclab.model.controller import local_adaptive, parse_controller
 from fabriclab.model import timescale, yamlfile
 from fabriclab.model.scale import DEFAULT_REAL_RTT_US, RealScale
 from fabriclab.model.schema import check, check_entry, schema
 from traffic.workloads import budget
-from traffic.workloads.workload import Workload, parse_workload
+from traffic.workloads import workload as workload_files
+from traffic.workloads.workload import Workload, parse_workload, read_regular
 
 MEMORY = "<memory>"
 
@@ -92,7 +94,9 @@ class Experiment(TestbedSpec):
         extra = {} if servers is None else {
             "servers": servers.count, "gpus_per_server": servers.gpus_per_server,
             "scale_up": str(servers.scale_up), "scale_up_rate_mbps": servers.scale_up_rate_mbps}
-        return {"topology": self.topology.kind, **self.fabric.shape, **extra,
+        shape = self.fabric.shape if self.topology.kind != "custom" else {
+            k: len(v) for k, v in self.fabric.shape.items()}  # its counts: the file has it all
+        return {"topology": self.topology.kind, **shape, **extra,
                 "variant": self.variant,
                 "host_rate_mbps": self.fabric.host_link.rate_mbps,
                 "fabric_rate_mbps": self.fabric.fabric_link.rate_mbps,
@@ -163,6 +167,10 @@ def _parse_all(data: object, source: str) -> Experiment:
         raise ConfigError("", f"{source}: an experiment is a mapping at the top level")
     _finite(data)
     check(data, schema())
+    custom = _custom_fabric(data, source)
+    if custom is not data:  # its imported nodes and links checked as if written out
+        data = custom
+        check(data, schema())
     base = {k: v for k, v in data.items() if k not in ("variants", "sweep")}
     experiment = _parse_one(base, source, None)  # the base's own errors come first
     variants, raws = [], {None: base}
@@ -298,6 +306,7 @@ def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
             spec.fabric, int_telemetry=spec.fabric.int_telemetry or hpcc, delay_line=line))
         spec.__dict__.update(cached)  # the same shape: not built again
     _ = spec.pfc  # thresholds in order, headroom enough (the delay line known)
+    clos_only(str(spec.controller.routing), spec.fabric.topology)
     spec = local_adaptive(spec)
     failures = plan_failures(spec.topology, data.get("failures", []))
     if failures and workload is None:
@@ -345,6 +354,36 @@ MAX_HOSTS = 8192
 MAX_LINKS = 32_768
 
 
+def _custom_fabric(data: dict, source: str) -> dict:
+    """A custom fabric's nodes and links read from the file ``fabric.import`` names (the
+    experiment as run holds them, not the import), and its links' delays and queue carried
+    to their tiers (:func:`testbed.model.custom.link_settings`)."""
+    fab = data.get("fabric")
+    if not isinstance(fab, dict) or fab.get("topology") != "custom":
+        return data
+    fab = dict(fab)
+    imported = fab.pop("import", None)
+    if imported is not None:
+        if "nodes" in fab or "links" in fab:
+            raise ConfigError("fabric.import", "give nodes and links, or import them; not both")
+        base = Path(source).parent if source != MEMORY else Path(".")
+        raw = read_regular(str(base / imported["file"]), "fabric.import.file",
+                           workload_files.MAX_INPUT_BYTES, imported["file"])
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError("fabric.import.file", f"not UTF-8 text (byte {err.start})") from None
+        fab["nodes"], fab["links"] = topofiles.read(imported["format"], text)
+    for key in ("nodes", "links"):
+        if key not in fab:
+            raise ConfigError(f"fabric.{key}", "required for topology custom (or fabric.import)")
+    try:
+        fab = link_settings(fab)
+    except ConfigError as err:
+        raise err.under("fabric") from None
+    return {**data, "fabric": fab}
+
+
 def _host_count(kind: str, raw: dict) -> tuple[int, str]:
     """How many hosts the shape makes, and the field that sets it (arithmetic, no model)."""
     servers = raw.get("servers")
@@ -352,6 +391,8 @@ def _host_count(kind: str, raw: dict) -> tuple[int, str]:
         return servers["count"] * servers["gpus_per_server"], "fabric.servers.count"
     if kind == "fat_tree":
         return raw["k"] ** 3 // 4, "fabric.k"
+    if kind == "custom":
+        return sum(1 for n in raw["nodes"] if n.get("kind") == "host"), "fabric.nodes"
     return raw["leaves"] * raw["hosts_per_leaf"], "fabric.leaves"
 
 
@@ -363,6 +404,8 @@ def _link_count(kind: str, raw: dict, hosts: int) -> tuple[int, str]:
         return 3 * raw["k"] ** 3 // 4 + scale_up, "fabric.k"
     if kind == "ring":
         return raw["leaves"] + hosts, "fabric.leaves"
+    if kind == "custom":
+        return len(raw["links"]), "fabric.links"
     if kind == "rail_optimized":
         servers = raw["servers"]
         groups = -(-servers["count"] // raw.get("servers_per_leaf", servers["count"]))
@@ -388,9 +431,9 @@ def _fabric(raw: dict) -> FabricSpec:
     if kind == "rail_optimized" and "servers" not in raw:
         raise ConfigError("fabric.servers", "required for topology rail_optimized (its hosts "
                                             "are the servers' GPUs)")
-    if kind == "ring" and "servers" in raw:
+    if kind in ("ring", "custom") and "servers" in raw:
         raise ConfigError("fabric.servers", "servers go on a leaf_spine, fat_tree or "
-                                            "rail_optimized fabric, not a ring")
+                                            f"rail_optimized fabric, not a {kind}")
     hosts, where = _host_count(kind, raw)
     if hosts > MAX_HOSTS:
         raise ConfigError(where, f"{hosts:,} hosts: more than the {MAX_HOSTS:,} a fabric may "

@@ -13,6 +13,7 @@ import networkx as nx
 
 from testbed.errors import ConfigError
 from testbed.model.builders import fat_tree, leaf_spine, ring
+from testbed.model.custom import custom
 from testbed.model.congestion import (
     EcnSpec,
     EcnThresholds,
@@ -92,7 +93,8 @@ class Backend(StrEnum):
 
 #: The shape parameters of each topology kind (the experiment file's ``fabric`` keys).
 SHAPE_KEYS = {"fat_tree": ("k",), "leaf_spine": ("leaves", "spines", "hosts_per_leaf"),
-              "ring": ("leaves", "hosts_per_leaf"), "rail_optimized": ("spines",)}
+              "ring": ("leaves", "hosts_per_leaf"), "rail_optimized": ("spines",),
+              "custom": ("nodes", "links")}
 #: optional shape keys, by topology
 OPTIONAL_SHAPE_KEYS = {"rail_optimized": ("servers_per_leaf", "planes")}
 
@@ -476,6 +478,8 @@ def build_topology(spec: FabricSpec) -> Topology:
             topo = fat_tree(spec.shape["k"], *rates)
         elif spec.topology == "ring":
             topo = ring(spec.shape["leaves"], spec.shape["hosts_per_leaf"], *rates)
+        elif spec.topology == "custom":
+            return custom(spec.shape["nodes"], spec.shape["links"], *rates)
         else:
             topo = leaf_spine(spec.shape["leaves"], spec.shape["spines"],
                               spec.shape["hosts_per_leaf"], *rates)
