@@ -17,7 +17,9 @@ mapfile -t wanted < <(./scripts/setup.sh --later)
 # python3-torch: Debian's CPU build of PyTorch 1.13 (gloo included, no CUDA: 145 packages,
 # 545 MB installed, against the several GB of PyPI's default wheel), for examples/torch_*.py
 # openmpi-bin, python3-mpi4py: Debian's Open MPI and mpi4py, for examples/mpi_allreduce.py
-wanted+=(tmux chromium python3-torch openmpi-bin python3-mpi4py)
+# bridge-utils, iputils-ping: Mininet's spanning-tree bridges and its pingall, for a fabric
+# exported as a Mininet module (fabriclab export --format mininet)
+wanted+=(tmux chromium python3-torch openmpi-bin python3-mpi4py bridge-utils iputils-ping)
 missing=()
 for pkg in "${wanted[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
