@@ -193,7 +193,10 @@ class ExperimentRun:
         self.marks["up"] = time.monotonic()
         stack.callback(_keep_logs, fabric, self.out_dir)  # also when the run fails
         self.view.started(fabric, exp.workload.collective_count)
-        labels = {"experiment": exp.name, **({"variant": opts.variant} if opts.variant else {})}
+        # the run's own directory names it among a sweep's cells; a run without a variant is
+        # the base (every label has a value: the dashboards' variables list them)
+        labels = {"experiment": exp.name, "variant": opts.variant or "base",
+                  "cell": self.out_dir.name}
         tele = stack.enter_context(RunTelemetry(
             fabric, self.out_dir / "prometheus" if opts.prometheus else None,
             opts.interval_s, labels, str(exp.controller.routing),

@@ -22,20 +22,25 @@ from grafana_foundation_sdk.builders import dashboard as gdash
 from grafana_foundation_sdk.builders import heatmap, stat, timeseries
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableOption, VariableRefresh
 from testbed.linux.files import make_dirs, write_text_atomic
 
-DATASOURCE_UID = "fabriclab-prometheus"
-DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+DATASOURCE_UID = "fabriclab-prometheus"  # the provisioned one: the datasource variable's default
+#: every panel's and variable's datasource: the dashboard's ``datasource`` variable, so that a
+#: Grafana with several Prometheus servers (one per run kept) shows any of them
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 OUT_DIR = Path(__file__).resolve().parent / "grafana" / "dashboards"
 RATE = "$__rate_interval"
-PORT = 'switch=~"$switch", tier=~"$tier"'
+#: which run: every series carries the run's experiment, variant and cell (the run's own
+#: directory: a sweep cell's, a variant's, a single run's) as labels
+RUN = 'experiment=~"$experiment", variant=~"$variant", cell=~"$cell"'
+PORT = f'switch=~"$switch", tier=~"$tier", {RUN}'
 UTIL = (f"rate(fabriclab_port_transmit_bytes_total{{{PORT}}}[{RATE}])"
         f" / fabriclab_port_speed_bytes{{{PORT}}}")
 #: a panel whose series exist only while its feature works (collectives, statistics rounds)
 #: shows 0 rather than nothing when it does not
 ZERO = " or on() vector(0)"
-JOB = 'workload_job=~"$job"'
+JOB = f'workload_job=~"$job", {RUN}'
 
 
 @dataclass(frozen=True)
@@ -50,10 +55,12 @@ class PanelSpec:
     description: str = ""
 
 
-def resolved(expr: str, variables: dict[str, str], rate_interval: str) -> str:
-    """``expr`` with its dashboard variables and ``$__rate_interval`` filled in, as Grafana
-    sends it to Prometheus."""
+def resolved(expr: str, variables: dict[str, str], rate_interval: str,
+             interval: str | None = None) -> str:
+    """``expr`` with its dashboard variables, ``$__rate_interval`` and ``$__interval`` (the
+    query's step; default: the rate interval) filled in, as Grafana sends it to Prometheus."""
     expr = expr.replace("$__rate_interval", rate_interval)
+    expr = expr.replace("$__interval", interval or rate_interval)
     for name, value in sorted(variables.items(), key=lambda kv: -len(kv[0])):
         expr = expr.replace(f"${name}", value)
     return expr
@@ -76,11 +83,26 @@ class DashboardSpec:
     panels: tuple[PanelSpec, ...]
 
 
+#: the run's variables, first on every dashboard
+RUN_VARIABLES = tuple(Variable(label, "fabriclab_build_info", label)
+                      for label in ("experiment", "variant", "cell"))
 PORT_VARIABLES = (Variable("switch", "fabriclab_port_transmit_bytes_total", "switch"),
                   Variable("tier", "fabriclab_port_transmit_bytes_total", "tier"))
+ENDED = f"fabriclab_collective_duration_seconds_count{{{RUN}}}"
+#: marks on every dashboard's time axis: each collective's start (the first sample of its
+#: start timestamp's series) and each collective's end (its count going up, or appearing)
+ANNOTATIONS = (
+    ("collective starts", "green",
+     f"fabriclab_collective_started_timestamp_seconds{{{RUN}}} unless "
+     f"fabriclab_collective_started_timestamp_seconds{{{RUN}}} offset $__interval"),
+    ("collective ends", "#8e8e8e",
+     f"(sum by (workload_job, label) ({ENDED} - {ENDED} offset $__interval) > 0) or "
+     f"(sum by (workload_job, label) ({ENDED}) unless sum by (workload_job, label) "
+     f"({ENDED} offset $__interval))"),
+)
 
 DASHBOARDS = (
-    DashboardSpec("fabriclab-fabric", "fabriclab / fabric", PORT_VARIABLES, (
+    DashboardSpec("fabriclab-fabric", "fabriclab / fabric", (*RUN_VARIABLES, *PORT_VARIABLES), (
         PanelSpec("Utilization per tier (max over links)", f"max by (tier) ({UTIL})",
                   "percentunit", legend="{{tier}}"),
         PanelSpec("Utilization per link", UTIL, "percentunit", "heatmap",
@@ -105,7 +127,8 @@ DASHBOARDS = (
                   description="Switch ports whose link has no carrier (failed links)."),
     )),
     DashboardSpec("fabriclab-collectives", "fabriclab / collectives", (
-        Variable("job", "fabriclab_collective_busbw_bytes_per_second", "workload_job"),), (
+        *RUN_VARIABLES,
+        Variable("job", "fabriclab_collective_busbw_bytes_per_second", "workload_job")), (
         PanelSpec("Bus bandwidth (latest collective)",
                   f"fabriclab_collective_busbw_bytes_per_second{{{JOB}}}{ZERO}", "Bps",
                   legend="job {{workload_job}} {{label}} {{transport}} {{routing}}"),
@@ -135,23 +158,26 @@ DASHBOARDS = (
                   legend="{{transport}}",
                   description="The UDP transports' cuts (TCP's are not counted: 0)."),
     )),
-    DashboardSpec("fabriclab-controller", "fabriclab / controller", (), (
-        PanelSpec("Switches", "fabriclab_controller_switches", "short", legend="{{state}}"),
+    DashboardSpec("fabriclab-controller", "fabriclab / controller", RUN_VARIABLES, (
+        PanelSpec("Switches", f"fabriclab_controller_switches{{{RUN}}}", "short",
+                  legend="{{state}}"),
         PanelSpec("OpenFlow operations sent", "sum by (kind) "
-                  f"(rate(fabriclab_controller_openflow_operations_total[{RATE}]))", "ops",
-                  legend="{{kind}}"),
-        PanelSpec("Port events (links down or up)", "fabriclab_controller_port_events_total",
-                  "short"),
-        PanelSpec("Reroutes", "fabriclab_controller_reroutes_total", "short",
+                  f"(rate(fabriclab_controller_openflow_operations_total{{{RUN}}}[{RATE}]))",
+                  "ops", legend="{{kind}}"),
+        PanelSpec("Port events (links down or up)",
+                  f"fabriclab_controller_port_events_total{{{RUN}}}", "short"),
+        PanelSpec("Reroutes", f"fabriclab_controller_reroutes_total{{{RUN}}}", "short",
                   description="Port events that changed forwarding."),
         PanelSpec("Stats poll p99", "histogram_quantile(0.99, sum by (le) "
-                  "(fabriclab_controller_stats_poll_seconds_bucket)) >= 0" + ZERO, "s",
-                  description="Adaptive routing's statistics rounds (0: no rounds)."),
-        PanelSpec("Elephants placed", "fabriclab_controller_elephants_placed_total", "short"),
-        PanelSpec("Controller CPU", 'rate(process_cpu_seconds_total{job="controller"}'
+                  f"(fabriclab_controller_stats_poll_seconds_bucket{{{RUN}}})) >= 0" + ZERO,
+                  "s", description="Adaptive routing's statistics rounds (0: no rounds)."),
+        PanelSpec("Elephants placed", f"fabriclab_controller_elephants_placed_total{{{RUN}}}",
+                  "short"),
+        PanelSpec("Controller CPU", f'rate(process_cpu_seconds_total{{job="controller", {RUN}}}'
                   f"[{RATE}])", "percentunit"),
     )),
-    DashboardSpec("fabriclab-fidelity", "fabriclab / emulator fidelity", PORT_VARIABLES, (
+    DashboardSpec("fabriclab-fidelity", "fabriclab / emulator fidelity",
+                  (*RUN_VARIABLES, *PORT_VARIABLES), (
         PanelSpec("Machine CPU busy", "1 - sum by (instance, machine) (rate("
                   f'fabriclab_machine_cpu_seconds_total{{mode=~"idle|iowait"}}[{RATE}])) / '
                   "sum by (instance, machine) (fabriclab_machine_cpu_cores)", "percentunit",
@@ -194,11 +220,18 @@ def build(spec: DashboardSpec) -> dict:
     """The dashboard's JSON model."""
     board = (gdash.Dashboard(spec.title).uid(spec.uid).tags(["fabriclab", "generated"])
              .refresh("5s").time("now-15m", "now"))
+    board = board.with_variable(
+        gdash.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+        .current(VariableOption(selected=True, text=DATASOURCE_UID, value=DATASOURCE_UID)))
     for var in spec.variables:
+        # all: any value, and none (a single run has no variant)
         board = board.with_variable(
             gdash.QueryVariable(var.name).label(var.name).datasource(DATASOURCE)
             .query(f"label_values({var.metric}, {var.label})").multi(True).include_all(True)
-            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED))
+            .all_value(".*").refresh(VariableRefresh.ON_TIME_RANGE_CHANGED))
+    for title, color, expr in ANNOTATIONS:
+        board = board.annotation(gdash.AnnotationQuery().name(title).datasource(DATASOURCE)
+                                 .expr(expr).enable(True).icon_color(color))
     for panel in spec.panels:
         board = board.with_panel(_panel(panel))
     return json.loads(JSONEncoder(sort_keys=True, indent=2).encode(board.build()))
@@ -252,6 +285,14 @@ def graph_links(base_url: str, start: float, end: float,
                  for p, expr in zip(spec.panels, exprs)]
         out[spec.title] = (_graph_url(base_url, exprs, range_s, end_text), links)
     return out
+
+
+def grafana_links(base_url: str, start: float, end: float) -> dict[str, str]:
+    """Every dashboard in a Grafana at ``base_url`` over a run's time range (a past run's data
+    is found without the time picker): dashboard title -> its URL."""
+    span = {"from": math.floor(start * 1000), "to": math.ceil(end * 1000)}
+    return {spec.title: f"{base_url}/d/{spec.uid}?{urllib.parse.urlencode(span)}"
+            for spec in DASHBOARDS}
 
 
 def _graph_url(base_url: str, exprs: list[str], range_s: int, end_text: str) -> str:

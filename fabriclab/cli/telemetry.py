@@ -70,7 +70,8 @@ def serve(req: ServeRequest, ui: Console) -> int:
     interval = _scrape_interval(source)
     with Prometheus(source, {}, interval, port=req.port) as prom:
         ui.print(f"Prometheus serving {source / 'data'} at {prom.url} (Ctrl-C stops it)")
-        _say_graph_links(prom, source, interval, ui)
+        start, end = _data_range(prom)
+        _say_graph_links(prom, source, interval, (start, end), ui)
         grafana = None
         if req.grafana:
             from telemetry.grafana import (
@@ -86,6 +87,8 @@ def serve(req: ServeRequest, ui: Console) -> int:
                 ui.print(f"Grafana at {grafana.url} (anonymous: view; admin password, shown "
                          f"once: {grafana.admin_password}, kept 0600 in "
                          f"{source / 'grafana-admin-password'})")
+                for title, url in dashboards.grafana_links(grafana.url, start, end).items():
+                    ui.print(f"  {title}: {url}", soft_wrap=True)
         try:
             wait_until_stopped()
         finally:
@@ -94,13 +97,21 @@ def serve(req: ServeRequest, ui: Console) -> int:
     return EXIT_OK
 
 
-def _say_graph_links(prom: Prometheus, source: Path, interval_s: float, ui: Console) -> None:
-    """The dashboards' panels as links into this Prometheus's graph page, over the data's time
-    range: one per dashboard on the console, every panel's in ``DIR/dashboards.html``."""
+def _data_range(prom: Prometheus) -> tuple[float, float]:
+    """The time range the served data covers (Unix seconds; the last hour where it says
+    none)."""
     head = prom.api("status/tsdb").get("headStats", {})
     start_ms, end_ms = head.get("minTime", 0), head.get("maxTime", 0)
     end = end_ms / 1000 if 0 < end_ms < 1e15 else time.time()
     start = start_ms / 1000 if 0 < start_ms <= end_ms else end - 3600
+    return start, end
+
+
+def _say_graph_links(prom: Prometheus, source: Path, interval_s: float,
+                     span: tuple[float, float], ui: Console) -> None:
+    """The dashboards' panels as links into this Prometheus's graph page, over the data's time
+    range: one per dashboard on the console, every panel's in ``DIR/dashboards.html``."""
+    start, end = span
     links = dashboards.graph_links(prom.url, start, end, f"{4 * interval_s:g}s")
     page = source / "dashboards.html"
     write_text_atomic(page, dashboards.links_page(links, f"fabriclab: {source.parent.name}"))

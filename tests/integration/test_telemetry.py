@@ -215,6 +215,13 @@ def _panels_without_data(prom: Prometheus, start: float, end: float) -> list[str
                               end=f"{end:.3f}", step="1")["result"]
             if not any(v != "NaN" for series in result for _, v in series["values"]):
                 missing.append(f"{spec.uid}: {panel.title}: {expr}")
+    for name, _color, expr in dashboards.ANNOTATIONS:  # every collective's marks
+        query = dashboards.resolved(expr, {v: ".*" for v in ("experiment", "variant", "cell")},
+                                    RATE_INTERVAL, "1s")
+        marks = prom.api("query_range", query=query, start=f"{start:.3f}", end=f"{end:.3f}",
+                         step="1")["result"]
+        if not marks:
+            missing.append(f"annotation {name}: {query}")
     return missing
 
 

@@ -247,10 +247,23 @@ def test_every_dashboard_query_uses_exported_metrics_and_resolvable_variables():
         names = {v["name"] for v in board.get("templating", {}).get("list", [])}
         for var in spec.variables:
             assert var.metric in exported
+            if var in dashboards.RUN_VARIABLES:  # the run's labels: Prometheus puts them on
+                assert var.label in scrape_config({"fabric": ["h:1"]}, 1.0, {
+                    "experiment": "x", "variant": "v", "cell": "c"})[
+                    "scrape_configs"][0]["static_configs"][0]["labels"]
+                continue
             assert any(var.label in s.labels for f in text_string_to_metric_families(
                 _exposition()) for s in f.samples if s.name == var.metric), var
+        # the datasource is a variable (any Prometheus), the provisioned one by default
+        (source,) = [v for v in board["templating"]["list"] if v["name"] == "datasource"]
+        assert source["current"]["value"] == dashboards.DATASOURCE_UID
+        assert source["query"] == "prometheus"
+        for mark in board["annotations"]["list"]:
+            assert mark["datasource"]["uid"] == "${datasource}"
+            used = set(re.findall(r"fabriclab_[a-z_]+", mark["expr"]))
+            assert used and used <= exported, mark["name"]
         for panel in board["panels"]:
-            assert panel["datasource"]["uid"] == dashboards.DATASOURCE_UID
+            assert panel["datasource"]["uid"] == "${datasource}"
             for target in panel["targets"]:
                 used = set(re.findall(r"(?:fabriclab|process)_[a-z_]+", target["expr"]))
                 assert used and used <= exported, (panel["title"], used - exported)
@@ -350,3 +363,10 @@ def test_every_panel_becomes_a_link_into_prometheus_graph_page():
     page = dashboards.links_page(links, "fabriclab: quickstart")
     assert page.count("<h2>") == len(dashboards.DASHBOARDS)
     assert page.count("<li>") == sum(len(s.panels) for s in dashboards.DASHBOARDS)
+
+
+def test_a_past_runs_dashboards_open_on_its_time_range():
+    links = dashboards.grafana_links("http://127.0.0.1:3000", 1000.2, 1060.7)
+    assert set(links) == {spec.title for spec in dashboards.DASHBOARDS}
+    assert links["fabriclab / fabric"] == (
+        "http://127.0.0.1:3000/d/fabriclab-fabric?from=1000200&to=1060700")
