@@ -79,14 +79,17 @@ def dataframe(directory: str | Path, kind: str = "collectives"):
 def write_tables(directory: str | Path) -> list[str]:
     """A sweep's or a variants run's tables across its runs, beside them:
     ``collectives.csv`` and ``flows.csv``, and their Parquet twins where pandas and pyarrow
-    are installed. Returns what it wrote (and why no Parquet, if so)."""
+    are installed; a single run's Parquet twins of its own tables only (its CSVs are the
+    run's). Returns what it wrote (and why no Parquet, if so)."""
     directory = Path(directory)
     found = runs(directory)
     written = []
     tables = {"collectives": tidy.collective_records(found), "flows": tidy.flow_records(found)}
+    single = (directory / "results.json").is_file()
     for kind, rows in tables.items():
-        write_text_atomic(directory / f"{kind}.csv", tidy.to_csv(rows))
-        written.append(f"{kind}.csv")
+        if not single:
+            write_text_atomic(directory / f"{kind}.csv", tidy.to_csv(rows))
+            written.append(f"{kind}.csv")
     try:
         import pandas  # noqa: F401
         import pyarrow  # noqa: F401

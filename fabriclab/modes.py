@@ -108,8 +108,7 @@ def _run_into_out(req: RunRequest, exp: xp.Experiment, view: RunView) -> Outcome
         outcome = run_variants(req, exp, view)
     else:
         outcome = run_single(req, exp, view)
-    if exp.cells or exp.variants:
-        write_tables(req.out, view)
+    write_tables(req.out, view)
     write_report(req.out, view)
     return outcome
 
@@ -347,9 +346,9 @@ def write_tables(out: Path, view: RunView) -> None:
     from fabriclab.frames import write_tables as write
 
     try:
-        view.say(f"tables across the runs: {', '.join(write(out))}")
+        view.say(f"tables: {', '.join(write(out))}")
     except Exception as err:  # noqa: BLE001 - each run's files stand without them
-        view.warn(f"tables across the runs not written: {type(err).__name__}: {err}")
+        view.warn(f"tables not written: {type(err).__name__}: {err}")
 
 
 def write_report(out: Path, view: RunView) -> None:

@@ -173,7 +173,8 @@ def compare(req: CompareRequest, ui: Console) -> int:
     if req.json:
         emit(lines)
         return EXIT_OK
-    ui.print(tables.compare(lines))
+    for table in tables.compare(lines):
+        ui.print(table)
     differ = tables.provenance_diff(lines)
     if differ is not None:
         ui.print(differ)

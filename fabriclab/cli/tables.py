@@ -4,6 +4,8 @@ from documents; none prints."""
 
 from __future__ import annotations
 
+import os
+
 import re
 
 from rich.table import Table
@@ -340,33 +342,35 @@ def sweep(name: str, summary: list[dict]) -> Table:
     return table
 
 
-def compare(lines: list[dict]) -> Table:
-    """Runs side by side (:func:`fabriclab.frames.compare_rows`): per job its efficiency,
-    time, FCT p50/p99 and slowdown p99, each with its change against the baseline run."""
+def compare(lines: list[dict]) -> list[Table]:
+    """Runs side by side (:func:`fabriclab.frames.compare_rows`), one table per job: each run's
+    efficiency, time, FCT p50/p99 and slowdown p99, each with its change against the baseline
+    run."""
     labels = list(dict.fromkeys(j["label"] for line in lines for j in line["jobs"]))
-    table = Table(title="runs compared", box=None, header_style="bold")
-    table.add_column("run")
-    table.add_column("status")
     shown = (("efficiency", "eff", "{:.3f}"), ("time_us", "time us", "{:,.0f}"),
              ("fct_p50_s", "fct p50 s", "{:.4g}"), ("fct_p99_s", "fct p99 s", "{:.4g}"),
              ("slowdown_p99", "slowdown p99", "{:.2f}"))
-    for label in labels:
+    common = os.path.commonpath([line["run"] for line in lines]) if len(lines) > 1 else ""
+    tables = []
+    for label in labels or [""]:
+        table = Table(title=f"runs compared: {label}" if label else "runs compared", box=None,
+                      header_style="bold")
+        table.add_column(f"run (in {common})" if common else "run", no_wrap=True)
+        table.add_column("status")
+        table.add_column("n", justify="right")
         for _key, name, _fmt in shown:
-            table.add_column(f"{label} {name}", justify="right")
-    for line in lines:
-        by_label = {j["label"]: j for j in line["jobs"]}
-        cells = []
-        for label in labels:
-            job = by_label.get(label, {})
-            for key, _name, fmt in shown:
-                cells.append(_compared(job, key, fmt))
-            if job.get("n", 1) > 1:
-                cells[-len(shown)] += f" (n={job['n']})"
-        table.add_row(line["run"], "ok" if line["complete"] else "failed", *cells)
-    table.caption = ("eff: busbw / link rate; fct: each transfer's completion time; slowdown: "
-                     "FCT over alone on the idle fabric; (+x%): against the first run (or "
-                     "--baseline); a sweep's cell: the mean over its complete runs")
-    return table
+            table.add_column(name, justify="right")
+        for line in lines:
+            job = next((j for j in line["jobs"] if j["label"] == label), {})
+            name = os.path.relpath(line["run"], common) if common else line["run"]
+            table.add_row(name, "ok" if line["complete"] else "failed", str(job.get("n", "-")),
+                          *(_compared(job, key, fmt) for key, _name, fmt in shown))
+        tables.append(table)
+    tables[-1].caption = ("eff: busbw / link rate; fct: each transfer's completion time; "
+                          "slowdown: FCT over alone on the idle fabric; (+x%): against the "
+                          "first run (or --baseline); n: collectives (a sweep cell's over its "
+                          "repetitions)")
+    return tables
 
 
 def _compared(job: dict, key: str, fmt: str) -> str:

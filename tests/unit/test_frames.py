@@ -77,6 +77,12 @@ def test_the_tables_are_written_beside_the_cells_as_csv_and_parquet(tmp_path):
     back = pandas.read_parquet(out / "collectives.parquet")
     assert len(back) == 4 and list(back.columns[:2]) == ["run", "fabric.k"]
     assert (out / "flows.csv").read_text().splitlines()[0].startswith("run,fabric.k,cell_repetition,job,")
+    # one run alone: its own CSVs stay as the run wrote them, its Parquet twins beside
+    cell = out / "fabric.k=4"
+    before = (cell / "flows.csv").read_text()
+    assert frames.write_tables(cell) == ["collectives.parquet", "flows.parquet"]
+    assert (cell / "flows.csv").read_text() == before
+    assert len(pandas.read_parquet(cell / "flows.parquet")) == 6
     with pytest.raises(ConfigError, match="holds no run"):
         frames.runs(tmp_path / "nothing")
 
@@ -101,5 +107,6 @@ def test_compare_gives_times_fct_slowdown_their_change_and_what_provenance_diffe
     assert against[0]["jobs"][0]["delta_efficiency"] == pytest.approx(0.9 / 0.7 - 1)
     with pytest.raises(ConfigError, match="--baseline"):
         compare_rows([out], baseline="k=8")
-    assert tables.compare(lines).row_count == 2
+    (table,) = tables.compare(lines)  # one job: one table, a row per cell
+    assert table.row_count == 2
     assert tables.provenance_diff(lines).row_count == 1
