@@ -305,8 +305,8 @@ class ExperimentRun:
         if not doc or any(o.error is not None for o in outcomes):
             return []
         why = prediction.hashing_known(self.exp, fabric.datapath_type)
-        paths = None
-        if why is None:
+        paths, known = None, why is None
+        if known:
             if self.hashing is None:
                 self.hashing = prediction.AsHashed(self.exp)
             paths = self.hashing.paths(batch, {o.job.index: o.connections for o in outcomes})
@@ -315,7 +315,10 @@ class ExperimentRun:
         if paths is None:  # the first batch's reason (they share the fabric)
             if doc.as_hashed_missing is None:
                 doc.as_hashed_missing = why
-            return []
+            seen = {o.job.index: o.connections for o in outcomes}  # some known: their paths
+            return traffic_out.hashed_connections(
+                self.hashing.router, batch, seen,
+                self.hashing.connection_paths(batch, seen)) if known else []
         prediction.attach_hashed(rows, self.hashing.predict(batch, paths))
         hashed = traffic_out.hashed_connections(
             self.hashing.router, batch, {o.job.index: o.connections for o in outcomes}, paths)

@@ -149,8 +149,9 @@ class CollectiveTiming:
 
 @dataclass(frozen=True)
 class Connection:
-    """One TCP connection a rank sent on, as its data packets' headers name it: the 5-tuple
-    an ECMP switch hashes (protocol TCP)."""
+    """One connection a rank sent on, as its data packets' headers name it: the 5-tuple an
+    ECMP switch hashes (a TCP connection, or a UDP transport's queue pair that does not
+    spray)."""
 
     src: int  # the sending rank
     dst: int
@@ -159,11 +160,12 @@ class Connection:
     sport: int
     dst_ip: str
     dport: int
+    protocol: int = 6  # TCP; 17: a UDP transport's queue pair that keeps one source port
 
     @property
     def five_tuple(self) -> tuple[str, str, int, int, int]:
         """(source, destination, protocol, source port, destination port)."""
-        return (self.src_ip, self.dst_ip, 6, self.sport, self.dport)
+        return (self.src_ip, self.dst_ip, self.protocol, self.sport, self.dport)
 
 
 @dataclass(frozen=True)

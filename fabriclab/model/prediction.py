@@ -195,6 +195,18 @@ class AsHashed:
                 return None
         return paths
 
+    def connection_paths(self, jobs: list[Job],
+                         seen: dict[int, tuple[Connection, ...]]) -> dict[tuple, tuple]:
+        """The path each connection ``seen`` took as the switches hashed its 5-tuple (any
+        transport's: a UDP queue pair's too), whether or not every connection is known."""
+        out = {}
+        for job in jobs:
+            hosts = job.collectives[0].hosts
+            for c in seen.get(job.index, ()):
+                out[(job.index, hosts[c.src], hosts[c.dst], c.channel)] = \
+                    self.router.hashed_path(hosts[c.src], hosts[c.dst], c.channel, c.five_tuple)
+        return out
+
     def predict(self, jobs: list[Job], paths: dict[tuple, tuple]) -> list[Predicted]:
         """The collectives of ``jobs`` on ``paths``."""
         return self.predictor.batch(jobs, paths)

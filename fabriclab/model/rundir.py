@@ -33,7 +33,8 @@ COLLECTIVE_COLUMNS = ("job", "repetition", "label", "op", "algorithm", "communic
 #: (:mod:`traffic.measure.flows`);
 #: ``retransmitted``: on its connections while it was the last transfer started on them
 #: (TCP segments from TCP_INFO; the UDP transports' packets); ``src_ports``: one per
-#: connection (channel) it was split over, ``path``: each one's path as the switches hash it
+#: connection (channel) or queue pair it was split over (``sprayed``: a UDP transport's that
+#: sprays, one per packet), ``path``: each one's path as the switches hash it
 #: (eBPF switches under ECMP; empty where not known), channels separated by " | "
 FLOW_COLUMNS = ("job", "repetition", "label", "op", "src", "dst", "step", "bytes",
                 "start_unix_s", "start_s", "end_s", "fct_s", "ideal_fct_s", "slowdown",
@@ -80,17 +81,19 @@ def flow_rows(job: int, results: list, connections: tuple = (),
         by_pair: dict[tuple[str, str], list] = {}
         for c in sorted(connections, key=lambda c: (c.src, c.dst, c.channel)):
             by_pair.setdefault((hosts[c.src], hosts[c.dst]), []).append(c)
-        protocol = (r.transport or {}).get("transport", "tcp")
+        transport = r.transport or {}
+        protocol = "tcp" if transport.get("transport", "tcp") == "tcp" else "udp"
         for f in r.flows:
             conns = by_pair.get((f.src, f.dst), [])
             first = conns[0] if conns else None
+            ports = " ".join(str(c.sport) for c in conns) or (
+                "sprayed" if transport.get("spray") else "")
             rows.append([job, repetition, r.label, r.op, f.src, f.dst, f.step, f.bytes,
                          f"{r.start_unix_s + f.start_s:.6f}", _num(f.start_s),
                          _num(f.end_s), _num(round(f.fct_s, 6)), _num(_round(f.ideal_fct_s)),
                          _num(_round(f.slowdown, 4)), _num(_round(f.line_rate_fct_s)),
                          "" if f.retransmitted is None else f.retransmitted,
-                         "tcp" if protocol == "tcp" else "udp",
-                         first.src_ip if first else "", " ".join(str(c.sport) for c in conns),
+                         protocol, first.src_ip if first else "", ports,
                          first.dst_ip if first else "", first.dport if first else "",
                          " | ".join(paths.get((f.src, f.dst, c.channel), "") for c in conns)
                          if any((f.src, f.dst, c.channel) in paths for c in conns) else ""])

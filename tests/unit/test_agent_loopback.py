@@ -123,6 +123,32 @@ def test_a_run_seed_draws_every_connections_source_port_and_another_seed_others(
 
 
 @pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_run_seed_draws_the_udp_transports_source_ports_and_one_path_queue_pairs_report_them(
+        tmp_path, engine):
+    from traffic.agents.connect import SourcePorts
+    from traffic.native import engine as compiled
+
+    if engine == "native" and compiled is None:
+        pytest.skip("the compiled engine is not built")
+    a2a = build("all_to_all", 4, 64 << 10)
+    colls = [Collective("all_to_all", HOSTS, a2a)]
+    scale = {"rate_bps": 200e6, "base_rtt_s": 0.001, "mss": 8936}
+    for transport, spray in (("rocev2", False), ("uet", True)):
+        reports = _run_agents(tmp_path, colls, 1, transport=transport, spray=spray,
+                              scale=scale, options={"engine": engine}, seed="3/0")
+        for rank, report in enumerate(reports):
+            if spray:  # one source port per packet: no 5-tuple of its own
+                assert report.connections == ()
+                continue
+            pool = SourcePorts(f"3/0/{rank}/udp").order[:64]  # entropy i: the i-th drawn
+            assert {c.dst for c in report.connections} == {p for p in range(4) if p != rank}
+            for c in report.connections:
+                assert c.protocol == 17 and c.five_tuple[2] == 17
+                assert c.sport == pool[(c.dst * 31 + c.channel) % 64]
+                assert c.dst_ip == f"127.0.0.{c.dst + 1}"
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
 def test_the_udp_transports_move_every_byte_over_loopback(tmp_path, engine):
     from traffic.native import engine as compiled
 

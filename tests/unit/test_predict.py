@@ -3,6 +3,7 @@ fair sharing checked by hand, D-mod-k's predicted paths against the controller's
 ECMP's draws, spraying's even split, jobs at once sharing links, and every shipped file
 predicted within the time a user waits."""
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -182,6 +183,17 @@ def test_paths_as_hashed_are_known_for_the_controllers_ecmp_on_ebpf_switches_onl
     up = [v for k, v in links.items() if k.startswith("leaf1->spine")]
     assert sum(up) == 4 << 20 and all(v % (1 << 20) == 0 for v in up)
     assert hashing.paths([job], {0: seen[1:]}) is None  # one connection not reported
+    # a UDP transport's queue pairs: no prediction, but each reported one's path as hashed
+    # (the protocol is in the hash), for flows.csv
+    udp = tuple(Connection(c.src, c.dst, 0, c.src_ip, c.sport, c.dst_ip, 4791, protocol=17)
+                for c in seen[1:])
+    roce = dataclasses.replace(job, transport="rocev2")
+    assert hashing.paths([roce], {0: udp}) is None
+    each = hashing.connection_paths([roce], {0: udp})
+    assert len(each) == 11 and each == {
+        (0, hosts[c.src], hosts[c.dst], 0): hashing.router.hashed_path(
+            hosts[c.src], hosts[c.dst], 0, (c.src_ip, c.dst_ip, 17, c.sport, 4791))
+        for c in udp}
 
 
 def test_a_prediction_on_the_paths_as_hashed_has_no_draws_and_lies_in_the_range():

@@ -75,6 +75,11 @@ def test_collectives_and_flows_become_csv_rows():
         "retransmitted": "1", "protocol": "tcp", "src_ip": "10.0.0.1",
         "src_ports": "40001 40002", "dst_ip": "10.0.0.2", "dst_port": "17000",
         "path": "h1>s1>s2>h2 | h1>s1>s3>h2"}
+    sprayed = _result("ar")
+    sprayed.transport = {"transport": "uet", "spray": True}
+    (row, _back) = list(csv.DictReader(io.StringIO(rundir.flows_csv(
+        rundir.flow_rows(3, [sprayed])))))
+    assert (row["protocol"], row["src_ports"], row["path"]) == ("udp", "sprayed", "")
     back = parsed[3]  # no connection of its own in the list, no retransmission count
     assert (back["src_ports"], back["path"], back["retransmitted"], back["slowdown"]) == (
         "", "", "", "3")

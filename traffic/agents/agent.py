@@ -102,7 +102,9 @@ class Agent:
                                     options=spec.transport_options,
                                     ranks=spec.ranks,
                                     delays_s=[row[rank] for row in delays] if delays else None,
-                                    rtts_s=spec.scale.get("rtts_s", [None] * (rank + 1))[rank])
+                                    rtts_s=spec.scale.get("rtts_s", [None] * (rank + 1))[rank],
+                                    source_ports=None if spec.seed is None
+                                    else SourcePorts(f"{spec.seed}/{rank}/udp"))
 
     # -- connections ---------------------------------------------------------------------
     def peers(self) -> tuple[set[int], set[int]]:
@@ -118,6 +120,7 @@ class Agent:
     def connect(self, listener: socket.socket) -> None:
         send_to, recv_from = self.peers()
         if self.engine is not None:  # data over UDP: only the barrier's connections
+            self._udp_connections(send_to)
             send_to, recv_from = set(), set()
         expected = {(p, c) for p in recv_from for c in range(self.channels)}
         if self.rank == 0:
@@ -162,6 +165,18 @@ class Agent:
                 self.control.append(sock)
             else:
                 self.socks[("recv", peer, ch)] = sock
+
+    def _udp_connections(self, send_to: set[int]) -> None:
+        """The UDP transport's queue pairs that keep one source port (one path), as their
+        packets' headers name them; a sprayed one has no single 5-tuple."""
+        me = self.spec.ranks[self.rank]
+        for peer in sorted(send_to):
+            for ch in range(self.channels):
+                sport = self.engine.source_port(peer, ch)
+                if sport is not None:
+                    self.connections.append(Connection(
+                        self.rank, peer, ch, me.address_for(self.spec.ranks[peer], ch), sport,
+                        self.engine.address(peer, ch), self.spec.port, protocol=17))
 
     def _congestion_control(self, sock: socket.socket, peer: int) -> None:
         """The sender's choice is what counts: the job's, else cubic to a GPU of the same

@@ -126,3 +126,22 @@ def connect(ip: str, port: int, ports: SourcePorts | None = None) -> socket.sock
         return wait_for(attempt, CONNECT_TIMEOUT_S, f"{ip}:{port} to accept")
     except TestbedError as err:
         raise OSError(f"{err} (last: {errors[0] if errors else 'no attempt'})") from None
+
+
+def udp_socket(ip: str, port: int, tos: int, ports: SourcePorts | None = None) -> socket.socket:
+    """A non-blocking UDP socket bound to ``ip``:``port`` with ``tos`` on what it sends; port
+    0 with ``ports``: the next drawn port this host has free (else the kernel's choice)."""
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        chosen = ports.take() if ports is not None and port == 0 else port
+        try:
+            sock.bind((ip, chosen))
+        except OSError as err:
+            sock.close()
+            if chosen != port and err.errno == errno.EADDRINUSE:
+                continue  # taken on this host: the next one drawn
+            raise
+        sock.setblocking(False)
+        return sock

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from traffic.agents.connect import SourcePorts, udp_socket
 from traffic.measure.transport import (queue_pair_totals, retransmitted_to,
                                        stalled_queue_pairs, transport_settings)
 from traffic.transports.delayline import AgentTiming
@@ -86,7 +87,8 @@ class UdpEngine:
                  dscp: int = 0, spray: bool | None = None, entropies: int = 64,
                  dcqcn: str = "paper", ranks: tuple | None = None,
                  options: dict | None = None, delays_s: list[float] | None = None,
-                 rtts_s: list[float] | None = None) -> None:
+                 rtts_s: list[float] | None = None,
+                 source_ports: SourcePorts | None = None) -> None:
         if transport not in ("rocev2", "uet"):
             raise ValueError(f"unknown transport {transport!r}")
         self.transport, self.rank, self.ips = transport, rank, ips
@@ -144,9 +146,11 @@ class UdpEngine:
         self.ready_at: dict[tuple[int, int], float] = {}  # when a sender's state last changed
         self.stop = threading.Event()
         self.sel = selectors.DefaultSelector()
-        self.listen = self._socket(bind, port, tos=dscp << 2)
+        self.listen = udp_socket(bind, port, dscp << 2)
         self.listen.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        self.pool = [self._socket(bind, 0, tos=dscp << 2 | ECT0) for _ in range(entropies)]
+        # one source port per entropy value, drawn from the run seed where one is given
+        self.pool = [udp_socket(bind, 0, dscp << 2 | ECT0, source_ports)
+                     for _ in range(entropies)]
         self.sel.register(self.listen, selectors.EVENT_READ, "listen")
         for sock in self.pool:
             self.sel.register(sock, selectors.EVENT_READ, "pool")
@@ -155,14 +159,10 @@ class UdpEngine:
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
         self.thread = threading.Thread(target=self._loop, name="udp-engine", daemon=True)
 
-    @staticmethod
-    def _socket(ip: str, port: int, tos: int) -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
-        sock.bind((ip, port))
-        sock.setblocking(False)
-        return sock
+    def source_port(self, peer: int, channel: int) -> int | None:
+        """The UDP source port queue pair (peer, channel) sends from (None: it sprays)."""
+        return None if self.spray else \
+            self.pool[(peer * 31 + channel) % self.entropies].getsockname()[1]
 
     def address(self, peer: int, channel: int) -> str:
         """The address queue pair (peer, channel) sends to."""
