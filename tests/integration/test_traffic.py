@@ -71,6 +71,9 @@ def test_a_stuck_rank_is_named(make_fabric):
         "h1_1_1 cannot reach h3_1_1" in text
     # every rank says what it waits for; the others wait on rank 2, which cannot reach anyone
     assert "rank 2 (h3_1_1): connecting to rank" in text, text
+    # and where each stuck agent's main thread is, from its own stack dump
+    assert re.search(r"rank 2 \(h3_1_1\): connecting to rank[^\n]*; main thread at: "
+                     r"[^\n]*connect \(traffic/agents/", text), text
     waits = re.findall(r"rank (\d) \(\w+\): waiting for connections from ranks \[([\d, ]*)\]",
                        text)
     assert waits and all("2" in ranks.split(", ") for _, ranks in waits), text

@@ -29,8 +29,10 @@ same order; only the barrier stays on TCP. The step engine does not know which.
 
 from __future__ import annotations
 
+import faulthandler
 import queue
 import resource
+import signal
 import socket
 import sys
 import threading
@@ -439,9 +441,15 @@ def _publish_state(agent: Agent, path: str) -> None:
                     state = "; ".join([state, *agent.engine.stalled()])
                 except RuntimeError:  # a dict changed size under us: next time
                     pass
+                except Exception as err:  # noqa: BLE001 - the report says it, and goes on
+                    state = f"{state}; (the queue pairs unreadable: {err!r})"
             if state != last:
                 last = state
-                write_text_atomic(path, last)
+                try:
+                    write_text_atomic(path, last)
+                except (OSError, TestbedError) as err:  # a full disk: the next change tries
+                    print(f"state not published: {err}", file=sys.stderr)
+                    last = None
             time.sleep(0.2)
 
     threading.Thread(target=loop, daemon=True).start()
@@ -452,6 +460,9 @@ def main(argv: list[str]) -> int:
     with open(spec_path, encoding="utf-8") as fh:
         spec = AgentSpec.from_json(fh.read())
     rank = spec.rank_of(host)
+    # a stuck job's report asks for every thread's stack (SIGUSR1: the runner, at its timeout)
+    stacks = open(f"{spec_path}.rank{rank}.stacks", "w", encoding="utf-8")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     agent = Agent(spec, rank)
     _publish_state(agent, f"{spec_path}.rank{rank}")
     me = spec.ranks[rank]  # a multi-plane GPU listens on every NIC's address

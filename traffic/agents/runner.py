@@ -9,6 +9,8 @@ metrics. A job that times out names the ranks that had not finished and what eac
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -43,6 +45,8 @@ class JobOutcome:
 #: for longer than the grace (a link that flaps back is no reason to give up), it fails.
 CUT_OFF_CHECK_S = 1.0
 POLL_SLICE_S = 0.02  # each agent's turn at being waited for (all are, in turn)
+STACKS_WAIT_S = 0.5  # a stuck agent's time to dump its stacks
+STACK_FRAMES = 4  # the innermost frames of its main thread in the report
 CUT_OFF_GRACE_S = 3.0
 
 
@@ -127,6 +131,33 @@ def _agent_state(fabric: TrafficFabric, spec_name: str, rank: int, host: str) ->
         return "no state published"
 
 
+def _stacks(fabric: TrafficFabric, spec_name: str,
+            pending: dict[str, tuple[int, subprocess.Popen]]) -> dict[str, str]:
+    """Where each stuck agent's main thread is: every thread's stack dumped on SIGUSR1 (the
+    agent's faulthandler), the main thread's innermost frames kept (empty where none came)."""
+    for _rank, proc in pending.values():
+        try:
+            proc.send_signal(signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(STACKS_WAIT_S)
+    out = {}
+    for host, (rank, _proc) in pending.items():
+        try:
+            text = fabric.read_file(f"{spec_name}.rank{rank}.stacks", host)
+        except OSError:
+            continue
+        blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)
+        main = next((b for b in reversed(blocks) if re.search(r"agent\.py\", line \d+ in main",
+                                                               b)), "")
+        frames = [re.sub(r'File ".*/(traffic/[^"]+)", line (\d+) in (\w+)', r"\3 (\1:\2)",
+                         line.strip()) for line in main.splitlines()
+                  if line.strip().startswith("File")]
+        if frames:
+            out[host] = "; main thread at: " + " <- ".join(frames[:STACK_FRAMES])
+    return out
+
+
 def _wait_agents(fabric: TrafficFabric, procs: dict[str, subprocess.Popen], name: str, port: int,
                  timeout_s: float) -> list[AgentReport]:
     """Every agent's report, all watched at once: the first to fail, a cut-off that lasts, or
@@ -167,8 +198,9 @@ def _wait_agents(fabric: TrafficFabric, procs: dict[str, subprocess.Popen], name
         expired = now >= deadline
         reason = None if expired else watch.check()
         if expired or reason is not None:
+            stacks = _stacks(fabric, name, {h: (rank_of[h], p) for h, p in pending.items()})
             stuck = [f"rank {rank_of[h]} ({h}): {_agent_state(fabric, name, rank_of[h], h)}"
-                     for h in pending]
+                     + stacks.get(h, "") for h in pending]
             head = (f"the job cannot finish, {reason}" if reason else
                     f"job timed out after {timeout_s:.0f} s")
             raise TestbedError(f"{head}; still running:\n  " + "\n  ".join(stuck))
