@@ -400,7 +400,7 @@ def nice(n: float) -> float:
 def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
            saturation_mbit_hops: float, cores: int, transports: set[str],
            headroom: float, measured_cores: int, relay: bool = False,
-           engines: frozenset[str] = frozenset({"native"})) -> tuple[float, tuple[Bound, ...]]:
+           engines: frozenset[str] = frozenset({"python"})) -> tuple[float, tuple[Bound, ...]]:
     """The smallest N (rounded by :func:`nice`) at which this machine keeps up with
     ``senders`` hosts sending at their real line rate at once.
 
@@ -426,7 +426,7 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
     packets = senders * rate_mbps * 1e6 / 8 / frame_bytes(mtu)
     real_packet_s = frame_bytes(mtu) * 8 / (rate_mbps * 1e6)
     udp = sorted(t for t in transports if t in AGENT_CPU_S_PER_PACKET["python"])
-    engines = sorted(engines or {"native"})
+    engines = sorted(engines or {"python"})
     granularity = max(([LOOP_GRANULARITY_S[e] for e in engines] if udp else [])
                       + ([RELAY_GRANULARITY_S] if relay else []), default=0.0)
     least_packet_s = PACKET_TIME_IN_WAKES * granularity
@@ -476,7 +476,7 @@ def auto(real: TestbedSpec, workload: Workload | None,
         saturation_mbit_hops=saturation_mbit_hops(real.fabric.mtu, saturation_table(datapath)),
         cores=cores, transports=transports, headroom=HEADROOM,
         measured_cores=MEASURED_CORES, relay=real.fabric.delay_line == "hosts",
-        engines=engines or frozenset({"native"}))
+        engines=engines or frozenset({"python"}))
 
 
 def delay_line(spec: TestbedSpec, workload: Workload | None, emulator: dict) -> str:

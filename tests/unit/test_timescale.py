@@ -159,7 +159,7 @@ def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):
     assert exp.raw["emulator"]["time_scale"] == scale.n  # as run
     assert "auto:" in scale.describe() and "packets per BDP" in scale.describe()
     # the emulated packet time leaves the agents' wake-ups a quarter of it
-    assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S["native"]
+    assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S["python"]
     # twice the cores: the CPU bound halves (the timing bound stays)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     wider = xp.parse(real_incast(time_scale="auto")).time_scale
