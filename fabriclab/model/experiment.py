@@ -431,9 +431,9 @@ def _fabric(raw: dict) -> FabricSpec:
     if kind == "rail_optimized" and "servers" not in raw:
         raise ConfigError("fabric.servers", "required for topology rail_optimized (its hosts "
                                             "are the servers' GPUs)")
-    if kind in ("ring", "custom") and "servers" in raw:
-        raise ConfigError("fabric.servers", "servers go on a leaf_spine, fat_tree or "
-                                            f"rail_optimized fabric, not a {kind}")
+    if kind == "ring" and "servers" in raw:
+        raise ConfigError("fabric.servers", "servers go on a leaf_spine, fat_tree, custom or "
+                                            "rail_optimized fabric, not a ring")
     hosts, where = _host_count(kind, raw)
     if hosts > MAX_HOSTS:
         raise ConfigError(where, f"{hosts:,} hosts: more than the {MAX_HOSTS:,} a fabric may "

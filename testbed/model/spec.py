@@ -479,7 +479,7 @@ def build_topology(spec: FabricSpec) -> Topology:
         elif spec.topology == "ring":
             topo = ring(spec.shape["leaves"], spec.shape["hosts_per_leaf"], *rates)
         elif spec.topology == "custom":
-            return custom(spec.shape["nodes"], spec.shape["links"], *rates)
+            topo = custom(spec.shape["nodes"], spec.shape["links"], *rates)
         else:
             topo = leaf_spine(spec.shape["leaves"], spec.shape["spines"],
                               spec.shape["hosts_per_leaf"], *rates)

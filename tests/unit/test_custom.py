@@ -130,3 +130,21 @@ def test_the_mininet_module_builds_the_fabric_mininet_side():
     assert len(built.links()) == 7 and "settled_pingall" in scope["tests"]
     info = built.linkInfo("l1", "s2")
     assert info["bw"] == 40 and info["delay"] == "3us"
+
+
+def test_servers_of_gpus_go_on_a_drawn_fabric_too():
+    nodes = [{"name": n, "kind": "switch"} for n in ("s1", "la", "lb")] + [
+        {"name": f"g{i}", "kind": "host"} for i in range(4)]
+    links = [{"a": "la", "b": "s1"}, {"a": "lb", "b": "s1"}] + [
+        {"a": f"g{i}", "b": "la" if i % 2 == 0 else "lb"} for i in range(4)]
+    exp = xp.parse({"version": 1, "fabric": {
+        "topology": "custom", "nodes": nodes, "links": links,
+        "servers": {"count": 2, "gpus_per_server": 2,
+                    "scale_up": {"kind": "switch", "rate_mbps": 400}}}})
+    topo = exp.topology
+    assert [len(s.gpus) for s in topo.servers] == [2, 2] and len(topo.scale_up) == 4
+    with pytest.raises(ConfigError, match="not a ring"):
+        xp.parse({"version": 1, "fabric": {"topology": "ring", "leaves": 3, "hosts_per_leaf": 2,
+                                           "servers": {"count": 2, "gpus_per_server": 2,
+                                                       "scale_up": {"kind": "switch",
+                                                                    "rate_mbps": 400}}}})
