@@ -93,8 +93,8 @@ def write_tables(directory: str | Path) -> list[str]:
     try:
         import pandas  # noqa: F401
         import pyarrow  # noqa: F401
-    except ImportError:
-        return [*written, f"no Parquet: {WHY_NO_PARQUET}"]
+    except ImportError:  # a single run's CSVs are all it has then: nothing to say
+        return [*written, f"no Parquet: {WHY_NO_PARQUET}"] if written else []
     for kind, rows in tables.items():
         buf = io.BytesIO()
         pandas.DataFrame.from_records(rows).to_parquet(buf, index=False)

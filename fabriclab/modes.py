@@ -346,7 +346,9 @@ def write_tables(out: Path, view: RunView) -> None:
     from fabriclab.frames import write_tables as write
 
     try:
-        view.say(f"tables: {', '.join(write(out))}")
+        written = write(out)
+        if written:
+            view.say(f"tables: {', '.join(written)}")
     except Exception as err:  # noqa: BLE001 - each run's files stand without them
         view.warn(f"tables not written: {type(err).__name__}: {err}")
 
