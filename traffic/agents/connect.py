@@ -17,9 +17,10 @@ from testbed.poll import wait_for
 HELLO = struct.Struct("!II")  # sender rank, channel
 CONNECT_TIMEOUT_S = 30.0
 #: where the agents' data connections' source ports are drawn from (:class:`SourcePorts`):
-#: below Linux's ephemeral range (32768-60999, the kernel's own choices) and above the
-#: agents' listening ports
-SOURCE_PORTS = range(20000, 32768)
+#: below Linux's ephemeral range (32768-60999, the kernel's own choices), above the agents'
+#: listening ports, and below 29500 (PyTorch's rendezvous port, which a user's program run
+#: after the jobs listens on: a port still in TIME_WAIT there would be in its way)
+SOURCE_PORTS = range(20000, 29500)
 
 
 def accept_hellos(listener: socket.socket, count: int,
