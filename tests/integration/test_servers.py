@@ -68,8 +68,8 @@ def test_a_hierarchical_all_reduce_runs_with_the_byte_counts_of_its_formula(make
     coll = Collective("all_reduce", ranks, sched, "hier", servers=(1, 1, 2, 2))
     (res,) = run_job(fabric, [coll], timeout_s=120)
     sent: dict[tuple[str, str], int] = {}
-    for src, dst, _step, nbytes, _done in res.flows:
-        sent[(src, dst)] = sent.get((src, dst), 0) + nbytes
+    for f in res.flows:
+        sent[(f.src, f.dst)] = sent.get((f.src, f.dst), 0) + f.bytes
     # per GPU: 2 (g-1)/g x size inside its server, 2 (S-1)/(S g) x size to its rail peer
     for gpu in ranks:
         inside = sum(n for (s, d), n in sent.items() if s == gpu and d[:2] == gpu[:2])
