@@ -70,17 +70,18 @@ def collectives_csv(rows: list[CollectiveRow]) -> str:
 def flow_rows(job: int, results: list, connections: tuple = (),
               hashed: list[dict] | None = None) -> list[list]:
     """One job's transfers (``CollectiveResult.flows``), as :data:`FLOW_COLUMNS` rows.
-    ``connections``: the job's TCP connections (:class:`traffic.protocol.Connection`, by rank);
+    ``connections``: the job's connections (:class:`traffic.protocol.Connection`, by rank);
     ``hashed``: their paths as hashed (``traffic.json``'s ``connections`` rows)."""
     paths = {(h["src"], h["dst"], h["channel"]): ">".join(
         [h["path"][0].split("->")[0], *(link.split("->")[1] for link in h["path"])])
         for h in hashed or () if h.get("job") == job and h.get("path")}
-    rows = []
-    for repetition, r in enumerate(results):
-        hosts = r.ranks
-        by_pair: dict[tuple[str, str], list] = {}
+    by_pair: dict[tuple[str, str], list] = {}  # one job, one rank list: its connections
+    if results:
+        hosts = results[0].ranks
         for c in sorted(connections, key=lambda c: (c.src, c.dst, c.channel)):
             by_pair.setdefault((hosts[c.src], hosts[c.dst]), []).append(c)
+    rows = []
+    for repetition, r in enumerate(results):
         transport = r.transport or {}
         protocol = "tcp" if transport.get("transport", "tcp") == "tcp" else "udp"
         for f in r.flows:

@@ -17,12 +17,6 @@ from dataclasses import dataclass, field
 from fabriclab.model.document import RunDocument
 from fabriclab.model.rundir import FLOW_COLUMNS
 
-#: a collective's columns, after the run's and its parameters'
-COLLECTIVE_COLUMNS = ("job", "repetition", "label", "op", "algorithm", "ranks", "bytes",
-                      "time_us", "algbw_GBps", "busbw_GBps", "ideal_s", "efficiency",
-                      "fct_p50_s", "fct_p99_s", "slowdown_p50", "slowdown_p99", "end_p99_s",
-                      "transport", "retransmitted", "predicted_s", "predicted_hashed_s",
-                      "seed", "datapath", "fidelity", "complete")
 #: flows.csv's numeric columns (the rest stay text)
 FLOW_NUMBERS = {"job": int, "repetition": int, "step": int, "bytes": int,
                 "start_unix_s": float, "start_s": float, "end_s": float, "fct_s": float,
@@ -42,8 +36,8 @@ class Run:
 
 
 def collective_records(runs: list[Run]) -> list[dict]:
-    """One record per collective of every run: ``run``, its parameters, then
-    :data:`COLLECTIVE_COLUMNS`."""
+    """One record per collective of every run: ``run``, its parameters, then the collective's
+    figures, its transport, the run's seed, datapath, fidelity verdict and completeness."""
     out = []
     for run in runs:
         doc = run.document
