@@ -29,6 +29,8 @@ from testbed.plan.groups import flow_hash
 
 NS_PER_US, US_PER_S, NS_PER_S = 1_000, 1_000_000, 1_000_000_000
 U64 = (1 << 64) - 1
+#: a port idle this long has drained, whatever it held (switch.c DRAIN_ALL_S)
+DRAIN_ALL_S = 3600
 #: echoes of congestion within this many gaps of a flowlet's choice speak of its port before
 ECHO_HOLD_GAPS = 4
 
@@ -42,12 +44,15 @@ class PortLoad:
     last_ns: int = 0
 
     def drained(self, now_ns: int) -> tuple[int, int]:
-        """(bytes drained since ``last_ns``, the whole microseconds of it in ns); everything
-        after a second."""
+        """(bytes drained since ``last_ns``, the whole microseconds of it in ns), however
+        long the port was idle (a time-scaled fabric's queue can take seconds to drain);
+        everything after :data:`DRAIN_ALL_S`. Whole seconds and the rest apart, as the
+        datapath computes it in 64 bits."""
         us = (now_ns - self.last_ns) // NS_PER_US if now_ns > self.last_ns else 0
-        if us >= US_PER_S:
+        if us >= DRAIN_ALL_S * US_PER_S:
             return U64, now_ns - self.last_ns
-        return us * self.rate_bytes_s // US_PER_S, us * NS_PER_US
+        rate = self.rate_bytes_s
+        return us // US_PER_S * rate + us % US_PER_S * rate // US_PER_S, us * NS_PER_US
 
     def queued(self, now_ns: int) -> int:
         """The bytes queued now, as the load estimates them."""

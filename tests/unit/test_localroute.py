@@ -4,6 +4,7 @@ the least-loaded choice and its ties, and flowlets."""
 from __future__ import annotations
 
 from testbed.plan.localroute import (
+    DRAIN_ALL_S,
     NS_PER_S,
     U64,
     PortLoad,
@@ -24,9 +25,14 @@ def test_a_ports_load_drains_at_its_rate_in_whole_microseconds():
     assert load.level == 350 and load.last_ns == 1_010_000
     assert load.queued(1_011_001) == 349
     assert load.delay_ns(1_010_000) == 350 * NS_PER_S // RATE  # 280 us
-    # a second idle empties it, whatever its rate
-    assert load.drained(load.last_ns + NS_PER_S)[0] == U64
-    assert load.queued(load.last_ns + NS_PER_S) == 0
+    # seconds idle drain seconds' worth (a time-scaled queue holds seconds), exactly
+    slow = PortLoad(RATE, level=10 * RATE, last_ns=0)
+    assert slow.drained(2_500_000_999) == (2 * RATE + RATE // 2, 2_500_000_000)
+    assert slow.queued(2_500_000_000) == 10 * RATE - 2 * RATE - RATE // 2
+    assert slow.queued(10 * NS_PER_S) == 0
+    # an hour idle empties it, whatever its rate
+    assert load.drained(load.last_ns + DRAIN_ALL_S * NS_PER_S)[0] == U64
+    assert load.queued(load.last_ns + DRAIN_ALL_S * NS_PER_S) == 0
     assert PortLoad(0, level=10).delay_ns(5) == 0
 
 

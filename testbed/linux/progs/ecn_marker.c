@@ -44,6 +44,7 @@
 
 #define MAX_PRIO 8
 #define NS_PER_S 1000000000ULL
+#define DRAIN_ALL_S 3600ULL
 #define MODE_OFF 0
 #define MODE_STEP 1
 #define MODE_RED 2
@@ -364,6 +365,20 @@ static __always_inline int should_mark(const struct ecn_cfg *e, __u64 backlog)
 	return (bpf_get_prandom_u32() % PROB_SCALE) < prob;
 }
 
+/* The bytes a port of rate_bytes_s sends in elapsed ns, exactly however long (a time-scaled
+ * fabric's queue can take seconds to drain, and a pause upstream can hold its arrivals off
+ * for longer: capping the time at a second kept bytes the real queue had sent, and fed HPCC
+ * a backlog that grew with the scale). Whole seconds and the rest apart, so that 64 bits
+ * hold it at any rate below 18 GB/s; an hour drains any queue. */
+static __always_inline __u64 drain(__u64 elapsed, __u64 rate_bytes_s)
+{
+	__u64 secs = elapsed / NS_PER_S;
+
+	if (secs > DRAIN_ALL_S)
+		secs = DRAIN_ALL_S;
+	return secs * rate_bytes_s + elapsed % NS_PER_S * rate_bytes_s / NS_PER_S;
+}
+
 SEC("tc")
 int ecn_marker(struct __sk_buff *skb)
 {
@@ -407,9 +422,7 @@ int ecn_marker(struct __sk_buff *skb)
 
 	bpf_spin_lock(&q->lock);
 	elapsed = now > q->last_ns ? now - q->last_ns : 0;
-	if (elapsed > NS_PER_S)
-		elapsed = NS_PER_S;
-	drained = elapsed * cfg->rate_bytes_s / NS_PER_S;
+	drained = drain(elapsed, cfg->rate_bytes_s);
 	level = q->level_bytes - (__s64)drained;
 	if (level < -(__s64)cfg->burst_bytes)
 		level = -(__s64)cfg->burst_bytes;

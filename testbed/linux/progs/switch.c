@@ -54,6 +54,7 @@
 #define SEL_PACKET 2
 #define NS_PER_US 1000ULL
 #define US_PER_S 1000000ULL
+#define DRAIN_ALL_S 3600ULL	/* a port idle this long has drained, whatever it held */
 #define NS_PER_S 1000000000ULL
 
 #define PUNT_MAX 16384		/* bytes of a packet the controller gets at most */
@@ -198,17 +199,20 @@ static __always_inline __u32 flow_hash(__u32 basis, __u32 src, __u32 dst, __u8 p
 }
 
 /* What a port's load has drained since last_ns: whole microseconds of it (the rest is kept
- * for the next time); after a second idle, everything. */
+ * for the next time), exactly however long the port went without a packet (a time-scaled
+ * fabric's queue can take seconds to drain: a second's cap would keep bytes long gone);
+ * after an hour, everything. Whole seconds and the rest apart: 64 bits hold a second's
+ * drain at any rate below 18 TB/s. */
 static __always_inline __u64 drained(const struct port_load *l, __u64 now, __u64 *elapsed_ns)
 {
 	__u64 us = now > l->last_ns ? (now - l->last_ns) / NS_PER_US : 0;
 
-	if (us >= US_PER_S) {
+	if (us >= DRAIN_ALL_S * US_PER_S) {
 		*elapsed_ns = now - l->last_ns;
 		return ~0ULL;
 	}
 	*elapsed_ns = us * NS_PER_US;
-	return us * l->rate_bytes_s / US_PER_S;
+	return us / US_PER_S * l->rate_bytes_s + us % US_PER_S * l->rate_bytes_s / US_PER_S;
 }
 
 /* The bytes a port has queued now, as its load estimates them */
