@@ -210,11 +210,21 @@ static PyObject *hist(const int64_t *h) {
 static PyObject *opt(bool have, double v) { return fl_py_time(have, v); }
 
 static PyObject *host_snapshot(HostObject *self, PyObject *unused) {
-    /* every queue pair's counters and the engine's, read under the engine's lock */
+    /* every queue pair's counters and the engine's, read under the engine's lock.
+     *
+     * The lock order is the GIL, then the engine's lock: no thread may wait for the GIL while
+     * it holds the engine's lock. The lock is taken here with the GIL held (the engine's own
+     * thread never needs the GIL and holds its lock briefly), and nothing under it may let
+     * the GIL go: the collector, which could run a finalizer's Python code (and with it hand
+     * the GIL over), is off meanwhile. Taking the lock without the GIL and then waiting for
+     * the GIL under it deadlocked against host_wait, which takes the lock with the GIL held:
+     * an agent froze whole (its state publisher reads this while the completion thread
+     * waits). */
     fl_host *h = &self->h;
-    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&h->lock);
-    Py_END_ALLOW_THREADS PyObject *tx = PyList_New(0), *rx = PyList_New(0), *stalled = PyList_New(0),
-                                       *keys = PyList_New(0);
+    int collecting = PyGC_Disable();
+    pthread_mutex_lock(&h->lock);
+    PyObject *tx = PyList_New(0), *rx = PyList_New(0), *stalled = PyList_New(0),
+             *keys = PyList_New(0);
     for (int i = 0; tx && stalled && keys && i < h->n_tx; i++) {
         fl_tx *t = h->tx[i];
         PyObject *key = Py_BuildValue("(ii)", t->peer, t->ch);
@@ -257,6 +267,8 @@ static PyObject *host_snapshot(HostObject *self, PyObject *unused) {
         "probe_max_s", opt(h->has_probe, h->probe_max_s), "pongs", (long long)h->pongs,
         "grants", (long long)(h->has_credit ? h->credit.grants : 0), "error", h->error);
     pthread_mutex_unlock(&h->lock);
+    if (collecting)
+        PyGC_Enable();
     return out;
 }
 
