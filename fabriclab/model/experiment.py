@@ -16,6 +16,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 
 from testbed.model.congestion import EcnMode, EcnSpec, PfcSpec, TrafficClasses, frame_bytes
@@ -258,7 +259,8 @@ def _parse_one(data: dict, source: str, variant: str | None) -> Experiment:
     raw, bounds = copy.deepcopy(data), ()
     if given == "auto":  # from the real fabric (its buffers need not be known)
         real = real or _parse_emulated(units, source, variant, data, None)
-        n, bounds = timescale.auto(real, real.workload, os.cpu_count() or 1)
+        n, bounds = timescale.auto(real, real.workload, os.cpu_count() or 1,
+                                   find_spec("traffic.native._engine") is not None)
         raw["emulator"]["time_scale"] = n  # as run: a cluster's machines agree on it
     else:
         n = float(given)

@@ -400,7 +400,7 @@ def nice(n: float) -> float:
 def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
            saturation_mbit_hops: float, cores: int, transports: set[str],
            headroom: float, measured_cores: int, relay: bool = False,
-           engines: frozenset[str] = frozenset({"python"})) -> tuple[float, tuple[Bound, ...]]:
+           engines: frozenset[str] = frozenset({"native"})) -> tuple[float, tuple[Bound, ...]]:
     """The smallest N (rounded by :func:`nice`) at which this machine keeps up with
     ``senders`` hosts sending at their real line rate at once.
 
@@ -426,7 +426,7 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
     packets = senders * rate_mbps * 1e6 / 8 / frame_bytes(mtu)
     real_packet_s = frame_bytes(mtu) * 8 / (rate_mbps * 1e6)
     udp = sorted(t for t in transports if t in AGENT_CPU_S_PER_PACKET["python"])
-    engines = sorted(engines or {"python"})
+    engines = sorted(engines or {"native"})
     granularity = max(([LOOP_GRANULARITY_S[e] for e in engines] if udp else [])
                       + ([RELAY_GRANULARITY_S] if relay else []), default=0.0)
     least_packet_s = PACKET_TIME_IN_WAKES * granularity
@@ -453,13 +453,13 @@ def choose(*, senders: int, real_rate_gbps: float, mean_hops: float, mtu: int,
     return nice(max(b.least for b in bounds)), tuple(bounds)
 
 
-def auto(real: TestbedSpec, workload: Workload | None,
-         cores: int) -> tuple[float, tuple[Bound, ...]]:
+def auto(real: TestbedSpec, workload: Workload | None, cores: int,
+         native_built: bool = True) -> tuple[float, tuple[Bound, ...]]:
     """``auto``'s N for a testbed (and its workload) parsed at its real rates, on a machine of
-    ``cores`` cores."""
-    jobs = workload.jobs if workload else ()
+    ``cores`` cores (without the compiled engine built, the Python one's costs count)."""
+    jobs, engine = workload.jobs if workload else (), None if native_built else "python"
     transports = {j.transport for j in jobs}
-    engines = frozenset(j.transport_options.engine for j in jobs if j.transport != "tcp")
+    engines = frozenset(engine or j.transport_options.engine for j in jobs if j.transport != "tcp")
     senders = 0
     for batch in (workload.batches() if workload else []):
         senders = max(senders, sum(max((len({t.src for t in c.schedule.transfers})
@@ -476,7 +476,7 @@ def auto(real: TestbedSpec, workload: Workload | None,
         saturation_mbit_hops=saturation_mbit_hops(real.fabric.mtu, saturation_table(datapath)),
         cores=cores, transports=transports, headroom=HEADROOM,
         measured_cores=MEASURED_CORES, relay=real.fabric.delay_line == "hosts",
-        engines=engines or frozenset({"python"}))
+        engines=engines or frozenset({"native"}))
 
 
 def delay_line(spec: TestbedSpec, workload: Workload | None, emulator: dict) -> str:

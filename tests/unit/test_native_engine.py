@@ -26,7 +26,7 @@ def test_a_machine_without_the_compiled_engine_runs_the_python_one_and_says_so(m
 
 @needs_engine
 def test_the_compiled_engine_runs_where_it_is_built_unless_python_is_asked():
-    assert native.choose(None) == (UdpEngine, "")  # the default, for now
+    assert native.choose(None) == (native.NativeUdpEngine, "")
     assert native.choose({"engine": "native"}) == (native.NativeUdpEngine, "")
     assert native.choose({"engine": "python"}) == (UdpEngine, "")
 

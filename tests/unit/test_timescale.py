@@ -146,6 +146,12 @@ def test_the_compiled_engine_lets_auto_run_the_fabric_faster(monkeypatch):
         ts.AGENT_CPU_S_PER_PACKET["native"]["uet"] / ts.AGENT_CPU_S_PER_PACKET["python"]["uet"]))
     assert native["agents' timing"] == pytest.approx(python["agents' timing"] * (
         ts.LOOP_GRANULARITY_S["native"] / ts.LOOP_GRANULARITY_S["python"]))
+    # where the compiled engine is not built the agents run the Python one: its costs count
+    monkeypatch.setattr(xp, "find_spec", lambda name: None)
+    data = real_incast(time_scale="auto")
+    data["workload"]["transport"] = {"kind": "uet", "engine": "native"}
+    unbuilt = {b.name: b.least for b in xp.parse(data).time_scale.bounds}
+    assert unbuilt["agents' CPU"] == pytest.approx(python["agents' CPU"])
 
 
 def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):
@@ -159,7 +165,7 @@ def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):
     assert exp.raw["emulator"]["time_scale"] == scale.n  # as run
     assert "auto:" in scale.describe() and "packets per BDP" in scale.describe()
     # the emulated packet time leaves the agents' wake-ups a quarter of it
-    assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S["python"]
+    assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S["native"]
     # twice the cores: the CPU bound halves (the timing bound stays)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     wider = xp.parse(real_incast(time_scale="auto")).time_scale

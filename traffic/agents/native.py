@@ -29,7 +29,7 @@ WAIT_S = 0.2  # the completion thread's longest wait (it looks at the stop flag 
 def choose(options: dict | None) -> tuple[type, str]:
     """The engine class the options ask for, and a line saying why another runs ('' where
     the one asked for runs)."""
-    wanted = (options or {}).get("engine", "python")
+    wanted = (options or {}).get("engine", "native")
     if wanted == "native" and compiled is None:
         from traffic.native import WHY_NOT
         return UdpEngine, f"transport engine: python ({WHY_NOT})"

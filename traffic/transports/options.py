@@ -33,9 +33,7 @@ class TransportOptions:
     delivery: str = "rud"
     entropy: str = "reps"
     congestion_control: str = "dcqcn"
-    # the Python engine until the compiled one's rare stalls under an incast are found (it is
-    # asked for by name: engine: native; docs/transports.md)
-    engine: str = "python"
+    engine: str = "native"  # the compiled engine where it is built, else the Python one
 
     def __post_init__(self) -> None:
         if self.delivery not in DELIVERY_MODES:
