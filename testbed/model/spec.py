@@ -21,7 +21,6 @@ from testbed.model.congestion import (
     PfcThresholds,
     TrafficClasses,
     base_rtt_s,
-    frame_bytes,
     resolve_ecn,
     resolve_pfc,
 )
@@ -404,30 +403,19 @@ class TestbedSpec:
         return resolve_pfc(fab.pfc, fan_in, int((fab.queue_kb or 0) * 1024), fab.mtu)
 
     @cached_property
-    def longest_path(self) -> list:
-        """The links of the fabric's longest host-to-host path, from its first host."""
-        topo = self.topology
-        first = topo.hosts[0].name
-        simple = nx.Graph(list(topo.graph.edges()))  # (the multigraph's attributes: not copied)
-        paths = nx.single_source_shortest_path(simple, first)
-        far = max((p for n, p in paths.items() if not topo.nodes[n].is_switch), key=len)
-        return [topo.find_link(a, b) for a, b in zip(far, far[1:])]
-
-    @cached_property
     def base_rtt_s(self) -> float:
         """The unloaded round trip of the fabric's longest host-to-host path (the scale of the
         ECN defaults)."""
-        fab, path = self.fabric, self.longest_path
-        return base_rtt_s([l.rate_mbps for l in path], [fab.link(l.tier).delay_us for l in path], fab.mtu)
-
-    @cached_property
-    def queueing_s(self) -> float:
-        """The longest a packet can wait one way in the full switch queues of the longest path
-        (out longer than the base RTT and this both ways, a packet or its ACK was lost)."""
-        fab = self.fabric
-        limit = (fab.queue_packets * frame_bytes(fab.mtu) if fab.queue_packets
-                 else (fab.queue_kb or 0) * 1024)
-        return sum(limit * 8 / (link.rate_mbps * 1e6) for link in self.longest_path[1:])
+        topo = self.topology
+        first = topo.hosts[0].name
+        simple = nx.Graph()  # (converting the multigraph copied every edge's attributes)
+        simple.add_edges_from(topo.graph.edges())
+        paths = nx.single_source_shortest_path(simple, first)
+        far = max((p for n, p in paths.items() if not topo.nodes[n].is_switch),
+                  key=len)
+        links = [topo.find_link(a, b) for a, b in zip(far, far[1:])]
+        return base_rtt_s([l.rate_mbps for l in links],
+                          [self.fabric.link(l.tier).delay_us for l in links], self.fabric.mtu)
 
     def path_timing_s(self, hosts: list[str]) -> tuple[list[list[float]], list[list[float]]]:
         """From each of ``hosts`` to each, over a shortest path between them: the one-way

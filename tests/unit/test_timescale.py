@@ -94,10 +94,6 @@ def test_a_time_scaled_file_keeps_the_real_fabrics_regime():
         assert exp.fabric.host_link.rate_mbps == pytest.approx(400_000 / n)
         assert exp.fabric.fabric_link.delay_us == pytest.approx(0.65 * n)
         assert exp.base_rtt_s == pytest.approx(real.base_rtt_s * n)
-        # a full queue is time too: the leaf-spine's longest path has three switch queues of
-        # 2 BDPs each (the first link, the host's own, is not a switch's)
-        assert exp.queueing_s == pytest.approx(real.queueing_s * n)
-        assert real.queueing_s == pytest.approx(3 * real.fabric.queue_kb * 1024 * 8 / 400e9)
         # sizes and packets per BDP are the real fabric's, whatever N
         assert exp.bdp()["bdp_bytes"] == pytest.approx(real.bdp()["bdp_bytes"], abs=1)
         assert exp.fabric.queue_kb == real.fabric.queue_kb

@@ -453,16 +453,6 @@ def test_the_uet_timeout_stretches_with_the_measured_rtt():
     assert tx.rto_s > 0.060 and tx.summary()["timeouts"] == 0
 
 
-def test_a_uet_timeout_waits_out_every_queue_on_the_way():
-    # 100 Mbit/s, a 4.36 ms base RTT, five switch queues of 2 MiB one way (a k=4 fat tree's
-    # longest path): a packet and its acknowledgement may wait 1.68 s and still arrive
-    scale = Scale(100e6, 0.00436, MSS, queueing_s=5 * 2 * 1024 * 1024 * 8 / 100e6)
-    assert UetConfig.scaled(scale).rto_s == pytest.approx(0.00436 + 2 * scale.queueing_s)
-    # where the queues are short, 10 base RTTs (at least 200 ms) stay the least
-    short = Scale(100e6, 0.00436, MSS, queueing_s=0.01)
-    assert UetConfig.scaled(short).rto_s == short.rto_s == 0.2
-
-
 def test_a_timeout_frees_a_window_that_a_lost_packet_holds():
     # PSN 0 is NACKed and waits for resending; PSN 1, in flight, is lost; the window has
     # shrunk to one packet, which PSN 1 holds: only the timeout can free it

@@ -94,8 +94,7 @@ class Agent:
         self.state = "starting"  # what it is waiting for, published for a stuck-job report
         self.engine: UdpEngine | None = None
         if spec.transport != "tcp":
-            scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"],
-                          spec.scale.get("queueing_s", 0.0))
+            scale = Scale(spec.scale["rate_bps"], spec.scale["base_rtt_s"], spec.scale["mss"])
             delays = spec.scale.get("delays_s")
             engine_class, why = choose(spec.transport_options)
             if why:

@@ -234,7 +234,7 @@ def run_job(fabric: TrafficFabric, collectives: list[Collective], connections: i
     if transport != "tcp":
         link = topo.host_link(hosts[0])
         scale = {"rate_bps": link.rate_mbps * 1e6, "base_rtt_s": fabric.spec.base_rtt_s,
-                 "mss": mss_for(fabric.spec.fabric.mtu), "queueing_s": fabric.spec.queueing_s}
+                 "mss": mss_for(fabric.spec.fabric.mtu)}
         if fabric.spec.fabric.delay_line == "agents":  # the links' delay, held by the agents
             delays, rtts = fabric.spec.path_timing_s(list(hosts))
             scale["delays_s"] = [[round(d, 9) for d in row] for row in delays]

@@ -210,14 +210,11 @@ class Scale:
         rate_bps: the hosts' link rate.
         base_rtt_s: the unloaded RTT of the longest path.
         mss: payload bytes per packet.
-        queueing_s: the longest a packet can wait in the switches' full queues one way along
-            the longest path (0: not known).
     """
 
     rate_bps: float
     base_rtt_s: float
     mss: int
-    queueing_s: float = 0.0
 
     REF_RTT_S = 10e-6  # a data-center RTT the published constants were tuned for
     REF_RATE_BPS = 40e9  # DCQCN's evaluation rate
@@ -233,13 +230,6 @@ class Scale:
         256 KiB queue alone is 210 ms of delay, so a few microsecond-scale RTTs would fire on
         queueing, not loss."""
         return max(0.2, 10 * self.base_rtt_s)
-
-    @property
-    def lost_after_s(self) -> float:
-        """How long a packet and its acknowledgement can be delayed at most, every queue on
-        the way full both ways: out longer than this, it was lost (as htsim's UEC sets its
-        least RTO: the base RTT and the queues of a path)."""
-        return self.base_rtt_s + 2 * self.queueing_s
 
     @property
     def bdp_bytes(self) -> int:

@@ -54,9 +54,7 @@ class UetConfig:
 
     @classmethod
     def scaled(cls, scale: Scale, **kw) -> UetConfig:
-        # a timeout resends everything in flight: not before every queue on the way could
-        # have been passed (spraying's reordering and deep queues otherwise fire it on delay)
-        kw.setdefault("rto_s", max(scale.rto_s, scale.lost_after_s))
+        kw.setdefault("rto_s", scale.rto_s)
         kw.setdefault("ack_delay_s", max(0.001, scale.base_rtt_s / 2))
         return cls(scale.mss, scale.rate_bps, scale.base_rtt_s, **kw)
 
