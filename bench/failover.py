@@ -117,6 +117,26 @@ def controller_heard(run_dir: Path, failed_at: float) -> list[dict]:
     return out
 
 
+def controller_events(run_dir: Path, failed_at: float) -> list[str]:
+    """The controller's events (port changes, switches connecting or leaving) from a second
+    before the fail command began, each in ms after it: beside a gap that the reroute does
+    not explain, what else the controller saw."""
+    try:
+        events = json.loads((run_dir / "controller-status.json").read_text())["events"]
+    except (OSError, ValueError, KeyError):
+        return []
+    out = []
+    for line in events:
+        at, _, text = line.partition(" ")
+        try:
+            ms = (float(at) - failed_at) * 1000
+        except ValueError:
+            continue
+        if ms >= -1000:
+            out.append(f"{ms:.1f} {text}")
+    return out
+
+
 def once(datapath: str, state: Path) -> dict:
     exp = state / "failover.yaml"
     exp.write_text(experiment(datapath))
@@ -151,6 +171,7 @@ def once(datapath: str, state: Path) -> dict:
         doc = re.search(r"^\{", failed.stdout, re.M)  # --json's document
         steps = json.loads(failed.stdout[doc.start():]) if doc else {}
         heard = controller_heard(Path(record.run_dir), steps.get("began", failed_at))
+        events = controller_events(Path(record.run_dir), steps.get("began", failed_at))
         windows = gap_windows(times, steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
@@ -166,6 +187,7 @@ def once(datapath: str, state: Path) -> dict:
             "probes": count * len(gaps), "started": start,
             "fail_command_ms": steps.get("took_ms"), "fail_steps_s": steps.get("steps_s"),
             "controller_heard_ms": heard,
+            "controller_events_ms": events,
             "gap_windows_ms": windows,
             "pair_outages_ms": sorted(round(g - INTERVAL_MS, 1) for g in gaps.values()),
             "median_outage_of_interrupted_ms": round(hit[len(hit) // 2], 1) if hit else 0.0}
@@ -191,6 +213,11 @@ def main() -> None:
                   f"({r['pairs_interrupted']} interrupted, median "
                   f"{r['median_outage_of_interrupted_ms']} ms; worst {r['worst_pair']}); "
                   f"the controller heard of the ports down at {r['controller_heard_ms']} ms")
+            if r["gap_windows_ms"]:  # interrupted pairs: what the controller saw meanwhile
+                print("  gaps (ms after the cut began): "
+                      + "; ".join(f"{a:.0f}-{b:.0f} {pair}" for a, b, pair in
+                                  r["gap_windows_ms"][:4])
+                      + "\n  controller events: " + "; ".join(r["controller_events_ms"]))
 
 
 if __name__ == "__main__":
