@@ -89,3 +89,48 @@ def test_dctcp_on_a_kernel_without_it_is_refused_naming_the_field(state_dir, tmp
         proc.stderr, proc.stdout + proc.stderr  # errors go to stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["complete"] is False and "dctcp" in doc["error"]  # refused before building
+
+
+#: one switch; h1 sends at 20 Mbit/s into h2's port of 1 Mbit/s (125,000 bytes/s): a burst
+#: of 300 KB queues there for over two seconds
+SLOW_PORT = ("version: 1\nfabric:\n  topology: custom\n"
+             "  nodes: [{name: s1, kind: switch}, {name: h1, kind: host}, {name: h2, kind: host}]\n"
+             "  links: [{a: h1, b: s1}, {a: s1, b: h2, rate_mbps: 1}]\n"
+             "  host_link: {rate_mbps: 20, ecn: {mode: step}}\n  queue: {size_kb: 1024}\n")
+SEND = ("import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "for _ in range(int(sys.argv[2])):\n    s.sendto(bytes(1400), (sys.argv[1], 9))\n")
+
+
+def test_a_ports_virtual_queue_drains_over_a_gap_longer_than_a_second(make_fabric):
+    """The marker's virtual queue (what ECN, trimming and HPCC's INT read) drains at the port's
+    rate over however long the port goes without a packet: a one-second cap once kept the
+    bytes the real queue sent after the first second, a time-scaled fabric's tails with them."""
+    import ctypes
+    import time
+
+    fabric = make_fabric(experiment(SLOW_PORT, "ebpf"))
+    marker = fabric.marker
+    (slow,) = [i for i, (_, rate) in marker.ports.items() if rate == 125_000]
+    h2 = next(h.ip for h in fabric.topo.hosts if h.name == "h2")
+
+    def send(count: int) -> None:
+        proc = fabric.spawn("h1", [sys.executable, "-c", SEND, h2, str(count)], "send:h1")
+        proc.communicate(timeout=30)
+        fabric.stop(proc)
+
+    def level() -> tuple[int, int]:
+        q = marker.queue.lookup(ctypes.c_uint32(slow))
+        return q.level_bytes, q.last_ns
+
+    send(220)  # 308 KB at 20 Mbit/s: 0.13 s on the wire into a port that drains 125 KB/s
+    time.sleep(0.3)
+    before, then = level()
+    assert before > 200_000, before  # the burst is queued (1.6 s of it at least)
+    time.sleep(1.6)  # the port gets nothing: longer than a second
+    send(1)
+    time.sleep(0.2)
+    after, now = level()
+    drained = (now - then) * 125_000 // 1_000_000_000
+    assert now - then > 1.5e9
+    # what it held, less 1.6 s at its rate, plus the one frame (1442 bytes on the wire)
+    assert abs(after - (before - drained + 1442)) < 1500, (before, after, drained)
