@@ -97,16 +97,20 @@ def worst_gaps(times: dict[tuple, list[float]], failed_at: float) -> dict[tuple,
     return gaps
 
 
-def controller_heard(run_dir: Path, failed_at: float) -> list[dict]:
+def controller_status(run_dir: Path) -> dict:
+    """The controller's status document (empty where it cannot be read)."""
+    try:
+        return json.loads((run_dir / "controller-status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def controller_heard(status: dict, failed_at: float) -> list[dict]:
     """Each reroute of the controller after the fail command began cutting: what caused it,
     when the controller heard of it, sent its changes and had every switch's barrier
     answered, in ms after the command began (its status document, the wall clock)."""
-    try:
-        reroutes = json.loads((run_dir / "controller-status.json").read_text())["reroutes"]
-    except (OSError, ValueError, KeyError):
-        return []
     out = []
-    for r in reroutes:
+    for r in status.get("reroutes", []):
         if r["heard"] < failed_at:
             continue
         heard = (r["heard"] - failed_at) * 1000
@@ -117,16 +121,12 @@ def controller_heard(run_dir: Path, failed_at: float) -> list[dict]:
     return out
 
 
-def controller_events(run_dir: Path, failed_at: float) -> list[str]:
+def controller_events(status: dict, failed_at: float) -> list[str]:
     """The controller's events (port changes, switches connecting or leaving) from a second
     before the fail command began, each in ms after it: beside a gap that the reroute does
     not explain, what else the controller saw."""
-    try:
-        events = json.loads((run_dir / "controller-status.json").read_text())["events"]
-    except (OSError, ValueError, KeyError):
-        return []
     out = []
-    for line in events:
+    for line in status.get("events", []):
         at, _, text = line.partition(" ")
         try:
             ms = (float(at) - failed_at) * 1000
@@ -170,8 +170,9 @@ def once(datapath: str, state: Path) -> dict:
         gaps = worst_gaps(times, failed_at)
         doc = re.search(r"^\{", failed.stdout, re.M)  # --json's document
         steps = json.loads(failed.stdout[doc.start():]) if doc else {}
-        heard = controller_heard(Path(record.run_dir), steps.get("began", failed_at))
-        events = controller_events(Path(record.run_dir), steps.get("began", failed_at))
+        status = controller_status(Path(record.run_dir))
+        heard = controller_heard(status, steps.get("began", failed_at))
+        events = controller_events(status, steps.get("began", failed_at))
         windows = gap_windows(times, steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
