@@ -222,7 +222,7 @@ def check_emulated(spec: TestbedSpec, data: dict, n: float) -> None:
 
 PPB_TOLERANCE = 0.10  # measured packets per BDP within this of the real fabric's
 LATE_MEDIAN_OF_PACKET = 0.25  # the agents' median lateness, in packet times, at most
-LATE_P99_OF_PACKET = 1.0  # ... and their 99th percentile
+LATE_P99_OF_PACKET = 0.25  # ... and their 99th percentile (see PACKET_TIME_IN_WAKES)
 
 
 def judge(scale: TimeScale, counters: list,
@@ -274,8 +274,8 @@ def judge(scale: TimeScale, counters: list,
             who = "the agents and the delay relay" if relay else "the agents"
             reasons.append(f"{who} were up to {p50:g} us late (median) and {p99:g} us "
                            f"(p99) against their schedule, with a packet time of "
-                           f"{packet_us:,.0f} us: over {LATE_MEDIAN_OF_PACKET:g} and "
-                           f"{LATE_P99_OF_PACKET:g} of it")
+                           f"{packet_us:,.0f} us: over {LATE_MEDIAN_OF_PACKET:g} (median) or "
+                           f"{LATE_P99_OF_PACKET:g} (p99) of it")
     return out, reasons
 
 
@@ -295,11 +295,11 @@ AGENT_HEADROOM = 0.5  # the agents may take half the machine; the switches and h
 #: most 50-250 us with 4 agents), but with 16 agents on 2 cores its p99 was 2-4 ms all the
 #: same (experiments/transports.yaml at N = 15,000: the wait for a core, not the timer), so
 #: it is given the Python one's until it is scheduled ahead of the rest. The hosts' delay
-#: relay is Python's. A packet's time on a host link must be several of those for the
-#: lateness to stay well under one packet time.
+#: relay is Python's. A packet time must be eight of those: at four (p99 lateness a quarter
+#: packet) a lossy go-back-N incast's tail depended on N (docs/measurements/scaling.md)
 LOOP_GRANULARITY_S = {"python": 1e-3, "native": 1e-3}
 RELAY_GRANULARITY_S = LOOP_GRANULARITY_S["python"]
-PACKET_TIME_IN_WAKES = 4
+PACKET_TIME_IN_WAKES = 8
 #: The hosts' delay relay's CPU per packet it holds (one read and one write on a TUN device,
 #: a heap push and pop; testbed.linux.tunrelay), measured on a 2-core machine of the CI kind
 #: (docs/measurements/scaling.md, 2026-12-06); the relay is one process: one core at most

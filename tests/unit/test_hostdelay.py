@@ -17,8 +17,11 @@ from testbed.plan.hostdelay import RelayPort, relay_ports
 from tests.unit.test_timescale import real_incast
 
 
+N = 100_000  # auto's for 400 Gbit/s hosts and 4 KiB frames
+
+
 def _tcp_incast(**emulator) -> dict:
-    data = real_incast(time_scale=50_000, **emulator)
+    data = real_incast(time_scale=N, **emulator)
     data["workload"]["transport"] = "tcp"
     return data
 
@@ -41,7 +44,7 @@ def test_each_host_holds_packets_from_each_other_for_their_paths_one_way_delay()
     ports = {p.host: p for p in relay_ports(exp, hosts)}
     delays, _ = exp.path_timing_s(hosts)
     ip = {h.name: h.ip for h in exp.topology.hosts}
-    link_s = 650e-9 * 50_000
+    link_s = 650e-9 * N
     h11, h12, h21 = ports["h1_1"], ports["h1_2"], ports["h2_1"]
     assert h11.nic == exp.topology.host_link("h1_1").a.ifname and h11.owner == "h1_1"
     assert ip["h1_1"] not in h11.delays_s and len(h11.delays_s) == len(hosts) - 1

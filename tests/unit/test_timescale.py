@@ -164,7 +164,7 @@ def test_auto_picks_the_least_n_this_machine_keeps_up_with(monkeypatch):
     assert scale.binding().least <= scale.n <= 1.5 * scale.binding().least
     assert exp.raw["emulator"]["time_scale"] == scale.n  # as run
     assert "auto:" in scale.describe() and "packets per BDP" in scale.describe()
-    # the emulated packet time leaves the agents' wake-ups a quarter of it
+    # the emulated packet time leaves the agents' wake-ups an eighth of it
     assert scale.packet_time_s >= ts.PACKET_TIME_IN_WAKES * ts.LOOP_GRANULARITY_S["native"]
     # twice the cores: the CPU bound halves (the timing bound stays)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
@@ -281,9 +281,9 @@ def test_transport_totals_add_histograms_and_keep_the_least_rtt():
 def test_the_verdict_judges_packets_per_bdp_and_the_agents_lateness():
     from traffic.measure.rows import TransportCounters
 
-    scale = xp.parse(real_incast(time_scale=60_000)).time_scale
+    scale = xp.parse(real_incast(time_scale=120_000)).time_scale
     packet_us = scale.packet_time_s * 1e6
-    assert 4000 < packet_us < 6000  # 4 KiB at 6.7 Mbit/s
+    assert 8000 < packet_us < 12000  # 4 KiB at 3.3 Mbit/s
     on_time = {"tx": {"le_1000": 90, "le_2000": 9}, "rx": {"le_250": 100, "le_4000": 1}}
     base_us = scale.real_base_rtt_s * scale.n * 1e6
     good = TransportCounters("uet", probe_excess_max_us=0.05 * base_us, lateness_us=on_time)
@@ -301,7 +301,11 @@ def test_the_verdict_judges_packets_per_bdp_and_the_agents_lateness():
                              lateness_us={"tx": {"le_2000": 60, "le_8000": 40}, "rx": {}})
     _, reasons = ts.judge(scale, [late])
     assert len(reasons) == 1 and "late" in reasons[0]
-    assert ts.judge(scale, [TransportCounters("tcp")]) == ({"n": 60_000}, [])
+    assert ts.judge(scale, [TransportCounters("tcp")]) == ({"n": 120_000}, [])
+    # the same lateness at half the factor: a p99 of 2 ms is over a quarter of a 5 ms packet
+    half = xp.parse(real_incast(time_scale=60_000)).time_scale
+    _, reasons = ts.judge(half, [TransportCounters("uet", lateness_us=on_time)])
+    assert len(reasons) == 1 and "2000 us (p99)" in reasons[0] and "0.25 (p99)" in reasons[0]
 
 
 def test_validate_shows_n_the_regime_and_the_wall_time():
