@@ -221,7 +221,7 @@ def check_emulated(spec: TestbedSpec, data: dict, n: float) -> None:
 # -- the run's own verdict ---------------------------------------------------------------------
 
 PPB_TOLERANCE = 0.10  # measured packets per BDP within this of the real fabric's
-LATE_MEDIAN_OF_PACKET = 0.25  # the agents' median lateness, in packet times, at most
+LATE_MEDIAN_OF_PACKET = 0.125  # the agents' median lateness, in packet times, at most
 LATE_P99_OF_PACKET = 0.25  # ... and their 99th percentile (see PACKET_TIME_IN_WAKES)
 
 
