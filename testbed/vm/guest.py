@@ -148,7 +148,8 @@ def run(image: VmImage, job_sh: str, files: dict[str, Path], work_dir: Path,
         image: the guest image.
         job_sh: the bash script the guest runs in ``project/``.
         files: extra files for the job disk (archive name -> local path).
-        work_dir: where the disks, the console log and ``out/`` go (created).
+        work_dir: where the disks (removed at the end), the console log and ``out/`` go
+            (created).
         registry: run records; the QEMU process is tracked there until it is gone.
         timeout_s: hard limit; the guest is stopped after it.
         memory_mb: guest memory.
@@ -160,6 +161,19 @@ def run(image: VmImage, job_sh: str, files: dict[str, Path], work_dir: Path,
         The result; ``out_dir`` holds what the job left in ``$FABRICLAB_OUT``.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
+    job_disk, out_disk = work_dir / "job.tar", work_dir / "out.img"
+    try:  # the disks (64 MiB, in the state directory's tmpfs) go; the console and out/ stay
+        return _boot(image, job_sh, files, work_dir, registry, timeout_s, memory_mb, cpus,
+                     accel, on_console)
+    finally:
+        job_disk.unlink(missing_ok=True)
+        out_disk.unlink(missing_ok=True)
+
+
+def _boot(image: VmImage, job_sh: str, files: dict[str, Path], work_dir: Path,
+          registry: Registry, timeout_s: float, memory_mb: int, cpus: int, accel: str,
+          on_console: Callable[[str], None] | None) -> VmResult:
+    """:func:`run`'s boot and wait, its disks in ``work_dir``."""
     job_disk, out_disk = work_dir / "job.tar", work_dir / "out.img"
     console, out_dir = work_dir / "console.log", work_dir / "out"
     job_disk.write_bytes(job_archive(ROOT, job_sh, files))

@@ -108,3 +108,25 @@ def test_the_lab_vms_console_tail_is_plain_text_and_says_when_there_is_none(tmp_
         "[ *] (1 of 2) Job ssh-host-keys.service/start running (250s / no limit)", "\ufffd"]
     log.write_text("".join(f"line {i}\n" for i in range(100)))
     assert labvm.console_tail(log, lines=3).splitlines() == ["line 97", "line 98", "line 99"]
+
+
+def test_a_guest_run_keeps_its_console_and_results_and_removes_its_disks(tmp_path, monkeypatch):
+    """The job and results disks (64 MiB in the state directory, a tmpfs) go when the run
+    ends; the console log and what the job left stay. QEMU's part is played by a process that
+    writes the results tar onto the results disk, as the guest does."""
+    import sys
+
+    from testbed.runs.registry import Registry
+
+    script = ("import io, sys, tarfile\n"
+              "with tarfile.open(sys.argv[1], 'w') as tar:\n"
+              "    for name, data in (('./rc', b'0\\n'), ('./output.txt', b'done\\n')):\n"
+              "        info = tarfile.TarInfo(name); info.size = len(data)\n"
+              "        tar.addfile(info, io.BytesIO(data))\n")
+    monkeypatch.setattr(vm, "qemu_command", lambda image, job, out, console, *rest:
+                        [sys.executable, "-c", script, str(out)])
+    work = tmp_path / "vm" / "run"
+    result = vm.run(None, "true", {}, work, Registry(tmp_path / "state"), timeout_s=60)
+    assert result.returncode == 0 and result.output == "done\n"
+    assert sorted(p.name for p in work.iterdir()) == ["console.log", "out"]
+    assert (work / "out" / "rc").read_text() == "0\n"
