@@ -163,18 +163,18 @@ def run(image: VmImage, job_sh: str, files: dict[str, Path], work_dir: Path,
     work_dir.mkdir(parents=True, exist_ok=True)
     job_disk, out_disk = work_dir / "job.tar", work_dir / "out.img"
     try:  # the disks (64 MiB, in the state directory's tmpfs) go; the console and out/ stay
-        return _boot(image, job_sh, files, work_dir, registry, timeout_s, memory_mb, cpus,
-                     accel, on_console)
+        return _boot(image, job_sh, files, (job_disk, out_disk), work_dir, registry,
+                     timeout_s, memory_mb, cpus, accel, on_console)
     finally:
         job_disk.unlink(missing_ok=True)
         out_disk.unlink(missing_ok=True)
 
 
-def _boot(image: VmImage, job_sh: str, files: dict[str, Path], work_dir: Path,
-          registry: Registry, timeout_s: float, memory_mb: int, cpus: int, accel: str,
-          on_console: Callable[[str], None] | None) -> VmResult:
-    """:func:`run`'s boot and wait, its disks in ``work_dir``."""
-    job_disk, out_disk = work_dir / "job.tar", work_dir / "out.img"
+def _boot(image: VmImage, job_sh: str, files: dict[str, Path], disks: tuple[Path, Path],
+          work_dir: Path, registry: Registry, timeout_s: float, memory_mb: int, cpus: int,
+          accel: str, on_console: Callable[[str], None] | None) -> VmResult:
+    """:func:`run`'s boot and wait on its job and results ``disks``."""
+    job_disk, out_disk = disks
     console, out_dir = work_dir / "console.log", work_dir / "out"
     job_disk.write_bytes(job_archive(ROOT, job_sh, files))
     with open(out_disk, "wb") as fh:
