@@ -96,7 +96,7 @@ def test_receiver_credits_keep_an_incasts_queue_short_at_the_same_throughput():
         assert run["delivered"] == [40 * MSS] * 16
     assert credits["end"] < ideal * 1.1 + 0.02, (credits["end"], ideal)
     assert credits["end"] < plain["end"] * 1.1
-    # the credit window (2 BDPs) and the first packets' unasked credit bound the queue;
+    # the credit window (4 BDPs), paced grants and the first packets' unasked credit bound the queue;
     # the senders' own windows alone let it grow to several BDPs per sender
     assert credits["max_queue"] * 2 <= plain["max_queue"], (credits["max_queue"],
                                                             plain["max_queue"])

@@ -42,7 +42,7 @@ class UetConfig:
     ack_delay_s: float = 0.001
     path_slack: float = 1.0  # a path is slow past the flow's least RTT + this x base RTT (0: off)
     rccc_initial_bdps: float = 0.0  # RCCC: credit a queue pair starts with, unasked
-    rccc_window_bdps: float = 2.0  # RCCC: a receiver's most credit outstanding
+    rccc_window_bdps: float = 4.0  # RCCC: a receiver's most credit outstanding (granted, not arrived)
 
     def __post_init__(self) -> None:
         if self.delivery not in DELIVERY_MODES:
