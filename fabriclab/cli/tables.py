@@ -367,6 +367,8 @@ def compare(lines: list[dict]) -> list[Table]:
                           *(_compared(job, key, fmt) for key, _name, fmt in shown))
         tables.append(table)
     tables[-1].caption = ("eff: busbw / link rate; fct: each transfer's completion time; "
+                          "times in the real fabric's units (a time-scaled run's divided by "
+                          "its N); "
                           "slowdown: FCT over alone on the idle fabric; (+x%): against the "
                           "first run (or --baseline); n: collectives (a sweep cell's over its "
                           "repetitions)")

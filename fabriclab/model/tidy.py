@@ -106,16 +106,33 @@ def parameters(cell: dict) -> dict:
 COMPARED = ("efficiency", "busbw_GBps", "time_us", "fct_p50_s", "fct_p99_s", "slowdown_p99")
 
 
+def compared_records(runs: list[Run]) -> list[dict]:
+    """Per collective of every run its label and :data:`COMPARED`, times and bandwidths in
+    the real fabric's units where the run was time-scaled (``emulator.time_scale``: its
+    collectives carry them as ``real``), so that runs at different N compare."""
+    out = []
+    for run in runs:
+        for r in run.document.collectives if run.document else []:
+            real = r.real
+            fct = real.fct_s if real and real.fct_s.p50 is not None else r.fct_s
+            out.append({"label": r.name, "efficiency": r.efficiency,
+                        "busbw_GBps": real.busbw_GBps if real else r.busbw_GBps,
+                        "time_us": real.time_us if real else r.time_us,
+                        "fct_p50_s": fct.p50, "fct_p99_s": fct.p99,
+                        "slowdown_p99": r.slowdown.p99})
+    return out
+
+
 def compare_lines(lines: list[tuple[str, list[Run]]]) -> list[dict]:
     """One line per (name, runs) (a run, a variant, a sweep cell over its repetitions): per
-    job label the mean of :data:`COMPARED` over the runs' collectives and their count ``n``,
-    whether all runs completed, their errors, and the provenance they share (a value the
-    runs of the line disagree on: ``"(mixed)"``)."""
+    job label the mean of :data:`COMPARED` over the runs' collectives (in the real fabric's
+    units: :func:`compared_records`) and their count ``n``, whether all runs completed, their
+    errors, and the provenance they share (a value the runs of the line disagree on:
+    ``"(mixed)"``)."""
     out = []
     for name, runs in lines:
-        records = collective_records(runs)
         jobs: dict[str, list[dict]] = {}
-        for r in records:
+        for r in compared_records(runs):
             jobs.setdefault(r["label"], []).append(r)
         docs = [run.document for run in runs if run.document is not None]
         out.append({"run": name, "complete": bool(docs) and len(docs) == len(runs)

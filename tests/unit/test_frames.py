@@ -110,3 +110,25 @@ def test_compare_gives_times_fct_slowdown_their_change_and_what_provenance_diffe
     (table,) = tables.compare(lines)  # one job: one table, a row per cell
     assert table.row_count == 2
     assert tables.provenance_diff(lines).row_count == 1
+
+
+def test_compare_puts_a_time_scaled_run_in_the_real_fabrics_units(tmp_path):
+    """A run at time scale N keeps its emulated figures and the real ones beside them
+    (``real``); compare puts it beside a run at N = 1 in the real fabric's units."""
+    from fabriclab.frames import compare_rows
+
+    out = _sweep(tmp_path)
+    doc = json.loads((out / "fabric.k=6" / "results.json").read_text())
+    for row in doc["collectives"]:  # the same collective, run at N = 15
+        row["real"] = {"bytes": row["bytes"], "time_us": row["time_us"],
+                       "algbw_GBps": row["algbw_GBps"], "busbw_GBps": row["busbw_GBps"],
+                       "fct_s": {"p50": 0.2, "p99": 0.3}}
+        row["time_us"] *= 15
+        row["busbw_GBps"] /= 15
+        row["fct_s"] = {"p50": 3.0, "p99": 4.5}
+    (out / "fabric.k=6" / "results.json").write_text(json.dumps(doc))
+    first, second = (line["jobs"][0] for line in compare_rows([out]))
+    assert second["time_us"] == pytest.approx(1e6 / 0.7)
+    assert second["busbw_GBps"] == pytest.approx(0.01 * 0.7)
+    assert (second["fct_p50_s"], second["fct_p99_s"]) == (0.2, 0.3)
+    assert second["delta_time_us"] == pytest.approx(0.9 / 0.7 - 1)
