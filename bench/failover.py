@@ -26,6 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.linux.cpu import machine_cpu_s  # noqa: E402
 from testbed.model.topology import from_dict  # noqa: E402
 from testbed.poll import wait_for  # noqa: E402
 from testbed.runs.registry import Registry  # noqa: E402
@@ -137,6 +138,44 @@ def controller_events(status: dict, failed_at: float) -> list[str]:
     return out
 
 
+class StallWatch:
+    """Whether the machine itself stopped: a thread asks for 1 ms sleeps and keeps the wall
+    clock of each wake-up, and the machine's CPU time stolen by its hypervisor every 10 ms. A
+    gap between wake-ups far over 1 ms is a stall of this process (scheduling, the kernel, or
+    the hypervisor: then the steal grows), beside which the probes' gaps can be read."""
+
+    def __init__(self) -> None:
+        self.wakes: list[float] = []
+        self.steal: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            self.wakes.append(now)
+            if not self.steal or now - self.steal[-1][0] >= 0.01:
+                self.steal.append((now, machine_cpu_s()["steal"]))
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def report(self, began: float, until_s: float = 1.0) -> dict:
+        """The longest gap between wake-ups from 100 ms before ``began`` to ``until_s`` after
+        it (ms, and where it began, ms after ``began``), and the CPU time stolen meanwhile."""
+        lo, hi = began - 0.1, began + until_s
+        wakes = [t for t in self.wakes if lo <= t <= hi]
+        gaps = [(b - a, a) for a, b in zip(wakes, wakes[1:])]
+        gap, at = max(gaps, default=(0.0, began))
+        stolen = [s for t, s in self.steal if lo <= t <= hi]
+        return {"longest_wake_gap_ms": round(gap * 1000, 1),
+                "at_ms": round((at - began) * 1000, 1),
+                "steal_ms": round((stolen[-1] - stolen[0]) * 1000, 1) if stolen else None}
+
+
 def once(datapath: str, state: Path) -> dict:
     exp = state / "failover.yaml"
     exp.write_text(experiment(datapath))
@@ -159,6 +198,7 @@ def once(datapath: str, state: Path) -> dict:
         sources = [h for h in hosts if h.name.split("_")[0] in ("h1", "h3", "h4")]
         count = int(PROBE_S * 1000 / INTERVAL_MS)
         start = time.time()
+        watch = StallWatch()
         probes = {h.name: probe(pids[h.name], pod2, count) for h in sources}
         time.sleep(FAIL_AT_S)
         failed_at = time.time()
@@ -166,6 +206,7 @@ def once(datapath: str, state: Path) -> dict:
         if failed.returncode != 0:
             raise SystemExit(failed.stdout + failed.stderr)
         outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
+        watch.stop()
         times = replies(outputs)
         gaps = worst_gaps(times, failed_at)
         doc = re.search(r"^\{", failed.stdout, re.M)  # --json's document
@@ -174,6 +215,7 @@ def once(datapath: str, state: Path) -> dict:
         heard = controller_heard(status, steps.get("began", failed_at))
         events = controller_events(status, steps.get("began", failed_at))
         windows = gap_windows(times, steps.get("began", failed_at))
+        stall = watch.report(steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
     finally:
@@ -190,6 +232,7 @@ def once(datapath: str, state: Path) -> dict:
             "controller_heard_ms": heard,
             "controller_events_ms": events,
             "gap_windows_ms": windows,
+            "machine_stall": stall,
             "pair_outages_ms": sorted(round(g - INTERVAL_MS, 1) for g in gaps.values()),
             "median_outage_of_interrupted_ms": round(hit[len(hit) // 2], 1) if hit else 0.0}
 
@@ -213,7 +256,8 @@ def main() -> None:
                   f"{r['replies_lost']} of {r['probes']} replies lost "
                   f"({r['pairs_interrupted']} interrupted, median "
                   f"{r['median_outage_of_interrupted_ms']} ms; worst {r['worst_pair']}); "
-                  f"the controller heard of the ports down at {r['controller_heard_ms']} ms")
+                  f"the controller heard of the ports down at {r['controller_heard_ms']} ms; "
+                  f"this process's longest wake-up gap {r['machine_stall']}")
             if r["gap_windows_ms"]:  # interrupted pairs: what the controller saw meanwhile
                 print("  gaps (ms after the cut began): "
                       + "; ".join(f"{a:.0f}-{b:.0f} {pair}" for a, b, pair in
