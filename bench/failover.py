@@ -34,7 +34,7 @@ from testbed.runs.registry import Registry  # noqa: E402
 INTERVAL_MS = 20
 PROBE_S = 4.0
 FAIL_AT_S = 1.5
-REPLY = re.compile(r"^\[(\d+\.\d+)\] (\S+)\s+: \[\d+\], \d+ bytes")
+REPLY = re.compile(r"^\[(\d+\.\d+)\] (\S+)\s+: \[(\d+)\], \d+ bytes, ([\d.]+) ms")
 
 
 def experiment(datapath: str) -> str:
@@ -70,6 +70,24 @@ def replies(outputs: dict[str, str]) -> dict[tuple, list[float]]:
             if m:
                 times.setdefault((source, m.group(2)), []).append(float(m.group(1)))
     return times
+
+
+def late_replies(outputs: dict[str, str], began: float, until_s: float = 1.0) -> dict:
+    """Whether a gap was the network's or the prober's: over the replies that came from
+    ``began`` to ``until_s`` after it, the longest round trip (ms; a packet held in the
+    fabric comes back late) and the longest pause between two sends of one prober (ms, a
+    send's time being its reply's less its round trip: a prober that could not send)."""
+    rtts, sends = [], {}
+    for source, text in outputs.items():
+        for line in text.splitlines():
+            m = REPLY.match(line)
+            if m and began <= float(m.group(1)) <= began + until_s:
+                rtt = float(m.group(4))
+                rtts.append(rtt)
+                sends.setdefault(source, []).append(float(m.group(1)) - rtt / 1000)
+    pauses = [(b - a) * 1000 for s in sends.values() for a, b in zip(sorted(s), sorted(s)[1:])]
+    return {"rtt_max_ms": round(max(rtts, default=0.0), 1),
+            "send_pause_max_ms": round(max(pauses, default=0.0), 1)}
 
 
 def gap_windows(times: dict[tuple, list[float]], began: float) -> list[tuple[float, float]]:
@@ -216,6 +234,7 @@ def once(datapath: str, state: Path) -> dict:
         events = controller_events(status, steps.get("began", failed_at))
         windows = gap_windows(times, steps.get("began", failed_at))
         stall = watch.report(steps.get("began", failed_at))
+        stall.update(late_replies(outputs, steps.get("began", failed_at)))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
     finally:

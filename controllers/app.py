@@ -34,7 +34,7 @@ from os_ken.lib.packet import arp, ethernet, ipv4, lldp, packet, tcp, udp
 from os_ken.ofproto import ofproto_v1_5
 
 from controllers.routing.adaptive import FlowKey
-from controllers.routing.ofmsgs import read_groups_by_layout, to_messages
+from controllers.routing.ofmsgs import read_groups_by_layout
 from controllers.readback import ReadBack, WarmStart
 from controllers.routing.policy import FabricPolicy
 from controllers.routing.tables import (
@@ -47,6 +47,7 @@ from controllers.routing.tables import (
     SwitchTables,
 )
 from controllers.routing.session import Session
+from controllers.outbox import Outbox
 from telemetry.model import metrics
 from telemetry.exporter import CallbackCollector, Exporter
 from testbed.linux.files import write_json_atomic
@@ -96,7 +97,8 @@ class FabricController(app_manager.OSKenApp):
         self.warm_start = bool(conf.warm_start)
         self.readback = WarmStart(self.policy.topo, self._warm_started)
         self.lock = threading.RLock()
-        self.datapaths: dict[str, object] = {}
+        self.out = Outbox(self.policy, self.session)  # the switches' connections: sending
+        self.datapaths = self.out.datapaths
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
         self.poll_s = float(conf.poll_interval_s)
         self.pending_flow_stats: set[str] = set()
@@ -107,7 +109,6 @@ class FabricController(app_manager.OSKenApp):
         self.wake = threading.Event()  # a new flow: the statistics loop looks at its due time
         self.status_written_at, self.status_pending = 0.0, False
         self.round_started = 0.0
-        self.op_counts: Counter[str] = Counter()  # OpenFlow operations sent, by kind
         self.port_events = self.reroutes = 0
         self.poll_times = metrics.poll_histogram()
         # the controller's exporter (127.0.0.1; the status names it): on the port its
@@ -135,8 +136,9 @@ class FabricController(app_manager.OSKenApp):
     def _status_loop(self) -> None:
         while True:
             hub.sleep(STATUS_INTERVAL_S)
-            if self.status_pending:
-                with self.lock:
+            with self.lock:
+                self.out.release(self.out.stager.expired(time.time()))
+                if self.status_pending:
                     self.write_status()
 
     def _write_status(self) -> None:
@@ -163,36 +165,11 @@ class FabricController(app_manager.OSKenApp):
             adaptive = self.policy.adaptive
             return {"switches_expected": len(self.policy.topo.switches),
                     "connected": len(self.policy.connected),
-                    "programmed": len(self.session.programmed), "ops": dict(self.op_counts),
+                    "programmed": len(self.session.programmed), "ops": dict(self.out.op_counts),
                     "port_events": self.port_events, "reroutes": self.reroutes,
                     "links_down": sum(1 for up in self.policy.link_state().values() if not up),
                     "placements": adaptive.placements if adaptive else 0,
                     "moves": adaptive.moves if adaptive else 0, "cpu_s": cpu.user + cpu.system}
-
-    # -- sending -----------------------------------------------------------------------------
-    def _send(self, name: str, ops: list[Op]) -> int | None:
-        """Send a switch its ops; returns the xid of the last barrier among them."""
-        dp = self.datapaths.get(name)
-        if dp is None:
-            return None
-        self.op_counts.update(str(op.kind) for op in ops)
-        barrier = None
-        for op in ops:
-            for msg in to_messages(dp, op):
-                dp.send_msg(msg)
-                if op.kind == OpKind.BARRIER:
-                    self.session.barrier_sent(name, msg.xid)
-                    barrier = msg.xid
-        return barrier
-
-    def _send_all(self, per_switch: dict[str, list[Op]]) -> dict[str, int]:
-        """Send every switch its ops; returns each switch's last barrier xid."""
-        barriers = {}
-        for name, ops in per_switch.items():
-            xid = self._send(name, ops)
-            if xid is not None:
-                barriers[name] = xid
-        return barriers
 
     # -- handlers ----------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
@@ -237,8 +214,9 @@ class FabricController(app_manager.OSKenApp):
         if switch is not None:
             self.datapaths[switch.name] = dp
             self.session.connected(switch.name)  # a reconnect starts from scratch
-            self._send(switch.name, ops)
-            self._send_all(self.policy.reconcile())
+            self.out.release(self.out.stager.left(switch.name))
+            self.out.send(switch.name, ops)
+            self.out.send_all(self.policy.reconcile())
         return ops
 
     @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, MAIN_DISPATCHER)
@@ -258,9 +236,11 @@ class FabricController(app_manager.OSKenApp):
         if switch is not None and self.datapaths.get(switch.name) is dp:
             del self.datapaths[switch.name]
             self.session.disconnected(switch.name)
-            changes = self.policy.switch_disconnected(dp.id, time.time())  # a switch failure
+            self.out.release(self.out.stager.left(switch.name))
+            heard = time.time()
+            changes = self.policy.switch_disconnected(dp.id, heard)  # a switch failure
             self.reroutes += any(changes.values())
-            self._send_all(changes)
+            self.out.reroute(changes, f"{switch.name} disconnected", heard)
             self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
@@ -273,11 +253,9 @@ class FabricController(app_manager.OSKenApp):
         changes = self.policy.port_status(dp.id, desc.port_no, live, heard)
         self.port_events += 1
         self.reroutes += any(changes.values())
-        barriers = self._send_all(changes)
-        if any(changes.values()):
-            switch = self.policy.topo.switch_by_dpid(dp.id)
-            self.session.reroute(f"{switch.name if switch else dp.id} port {desc.port_no} "
-                                 f"{'up' if live else 'down'}", heard, time.time(), barriers)
+        switch = self.policy.topo.switch_by_dpid(dp.id)
+        self.out.reroute(changes, f"{switch.name if switch else dp.id} port {desc.port_no} "
+                      f"{'up' if live else 'down'}", heard)
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
@@ -287,6 +265,7 @@ class FabricController(app_manager.OSKenApp):
         if switch is None:
             return
         self.session.barrier_replied(switch.name, ev.msg.xid, time.time())
+        self.out.release(self.out.stager.answered(switch.name, ev.msg.xid))
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -326,7 +305,7 @@ class FabricController(app_manager.OSKenApp):
         key = FlowKey(ip.src, ip.dst, ip.proto, l4.src_port if l4 else 0,
                       l4.dst_port if l4 else 0)
         ops = self.policy.new_flow(dp.id, in_port, key, time.time())
-        self._send_all(ops)
+        self.out.send_all(ops)
         if ops:  # a flow learned now (not another punted packet of a known one): its first
             self.wake.set()  # sample may be due before the next poll
 
@@ -388,7 +367,7 @@ class FabricController(app_manager.OSKenApp):
             self.policy.flow_stats(dpid, counters, now)
         self.flow_counters.clear()
         self.stats_rounds += 1
-        self._send_all(self.policy.adapt(now))
+        self.out.send_all(self.policy.adapt(now))
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)

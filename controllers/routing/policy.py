@@ -58,6 +58,8 @@ class FabricPolicy:
         self.connected: set[str] = set()
         self.mismatches: dict[str, list[PortMismatch]] = {}
         self.events: list[tuple[float, str]] = []
+        # each switch's tables before the ops last computed for it (loop-free staging)
+        self.previous: dict[str, SwitchTables | None] = {}
         self._desired: dict[str, SwitchTables] | None = None
 
     # -- queries ------------------------------------------------------------------------------
@@ -232,7 +234,8 @@ class FabricPolicy:
 
     def _sync(self, name: str) -> list[Op]:
         new = self.desired()[name]
-        ops = diff_tables(self.installed.get(name), new)
+        self.previous[name] = self.installed.get(name)
+        ops = diff_tables(self.previous[name], new)
         self.installed[name] = new
         return ops
 

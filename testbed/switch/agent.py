@@ -329,6 +329,9 @@ class SwitchAgent:
         """Open switch ``name``'s connection to the controller with ``session`` (a new one at
         each connection, holding the ports' liveness) and queue its hello."""
         sock = socket.create_connection(self.controller, timeout=5)
+        # each message leaves at once, as Open vSwitch's connections do (Nagle's algorithm would
+        # hold a barrier's reply while an earlier message waits for its acknowledgement)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.tls is not None:  # the handshake while the socket blocks (at most 5 s)
             sock = self.tls.wrap_socket(sock, server_hostname=self.controller[0])
         sock.setblocking(False)
