@@ -59,6 +59,22 @@ def _states(switches, stages: dict[str, list[Op]], base=None):
         yield applied, state
 
 
+def _staged_without_loops(topo, policy, switches, changes, dead: set):
+    """Check the changes in two stages form no loop in any order (checked mixes); returns
+    the stages."""
+    stages = {name: split(policy.previous[name], ops) for name, ops in changes.items()}
+    first = {name: f for name, (f, _) in stages.items() if f}
+    then = {name: t for name, (_, t) in stages.items() if t}
+    for applied, state in _states(switches, first):
+        assert _loop(topo, state, dead) is None, applied
+    done = copy.deepcopy(switches)
+    for name, ops in first.items():
+        done[name].apply(ops)
+    for applied, state in _states(switches, then, base=done):
+        assert _loop(topo, state, dead) is None, applied
+    return first, then
+
+
 def test_a_core_links_failure_all_at_once_can_loop_and_in_two_stages_cannot():
     topo = fat_tree(4)
     policy = FabricPolicy(topo)
@@ -69,19 +85,10 @@ def test_a_core_links_failure_all_at_once_can_loop_and_in_two_stages_cannot():
     loops = [applied for applied, state in _states(switches, changes)
              if _loop(topo, state, dead)]
     assert ("core1",) in loops  # core1 first: back up to agg3_1, which sends it to core1
-    stages = {name: split(policy.previous[name], ops) for name, ops in changes.items()}
-    first = {name: f for name, (f, _) in stages.items() if f}
-    then = {name: t for name, (_, t) in stages.items() if t}
+    first, then = _staged_without_loops(topo, policy, switches, changes, dead)
     assert sorted(first) == sorted(changes) and sorted(then) == ["core1"]
     core_first = [op.entry.ports for op in first["core1"] if op.kind == OpKind.GROUP_MOD]
     assert core_first == [(), ()]  # no way to pod 2 until the others have stopped using it
-    for applied, state in _states(switches, first):
-        assert _loop(topo, state, dead) is None, applied
-    done = copy.deepcopy(switches)
-    for name, ops in first.items():
-        done[name].apply(ops)
-    for applied, state in _states(switches, then, base=done):
-        assert _loop(topo, state, dead) is None, applied
 
 
 def test_a_links_repair_in_two_stages_forms_no_loop_either():
@@ -92,17 +99,8 @@ def test_a_links_repair_in_two_stages_forms_no_loop_either():
     for name, ops in changes.items():
         switches[name].apply(ops)
     changes, _ = _fail(topo, policy, "core1", "agg2_1", up=True)
-    stages = {name: split(policy.previous[name], ops) for name, ops in changes.items()}
-    first = {name: f for name, (f, _) in stages.items() if f}
-    then = {name: t for name, (_, t) in stages.items() if t}
     assert any(_loop(topo, state, set()) for _, state in _states(switches, changes))
-    for applied, state in _states(switches, first):
-        assert _loop(topo, state, set()) is None, applied
-    done = copy.deepcopy(switches)
-    for name, ops in first.items():
-        done[name].apply(ops)
-    for applied, state in _states(switches, then, base=done):
-        assert _loop(topo, state, set()) is None, applied
+    _staged_without_loops(topo, policy, switches, changes, set())
 
 
 def test_a_group_narrows_to_the_ports_it_keeps_in_its_new_order_and_weights():
@@ -166,13 +164,4 @@ def test_other_failures_in_two_stages_form_no_loop(a, b):
     policy = FabricPolicy(topo)
     switches = _connect_all(topo, policy)
     changes, dead = _fail(topo, policy, a, b)
-    stages = {name: split(policy.previous[name], ops) for name, ops in changes.items()}
-    first = {name: f for name, (f, _) in stages.items() if f}
-    then = {name: t for name, (_, t) in stages.items() if t}
-    for applied, state in _states(switches, first):
-        assert _loop(topo, state, dead) is None, applied
-    done = copy.deepcopy(switches)
-    for name, ops in first.items():
-        done[name].apply(ops)
-    for applied, state in _states(switches, then, base=done):
-        assert _loop(topo, state, dead) is None, applied
+    _staged_without_loops(topo, policy, switches, changes, dead)
