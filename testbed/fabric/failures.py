@@ -29,6 +29,7 @@ from testbed.plan.failplan import (
     FailureEvent,
     alternatives,
     live_links,
+    move_off_unmeasured,
     throughput_around,
     time_to_move_off,
 )
@@ -178,7 +179,10 @@ class FailureInjector:
         doc = dict(item["move_off"])
         frame = frame_bytes(self.fabric.spec.fabric.mtu)
         doc["ms"] = {}
-        for port in doc["rates_mbps"]:
+        why = move_off_unmeasured([t for t, _ in samples], item["applied_s"])
+        if why:
+            doc["unmeasured"] = why
+        for port in doc["rates_mbps"] if not why else ():
             series = [(t, c[port]) for t, c in samples if port in c]
             others = groups.get(port)
             sibling = None if not others else [
@@ -187,6 +191,7 @@ class FailureInjector:
                                     siblings=sibling,
                                     sibling_rate_bytes_s=sum(rates[o] for o in others or ()))
             doc["ms"][port] = None if took is None else round(took * 1000, 1)
+        doc["ms"].update({port: None for port in doc["rates_mbps"] if port not in doc["ms"]})
         if self.time_scale != 1:  # the real fabric's: its time and rates
             doc["real_ms"] = {p: None if v is None else round(v / self.time_scale, 4)
                               for p, v in doc["ms"].items()}

@@ -159,6 +159,20 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
     return doc
 
 
+def move_off_unmeasured(times: list[float], at_s: float) -> str | None:
+    """Why the samples taken at ``times`` (s) cannot say when a port moved off after an event
+    at ``at_s`` (None: they can): they must cover a settling period and a window after it,
+    or "never fitted" and "not measured" would read the same."""
+    after = [t for t in times if t >= at_s]
+    need = MOVE_SETTLE_S + MOVE_WINDOW_S
+    covered = after[-1] - after[0] if len(after) > 1 else 0.0
+    if covered < need:
+        return (f"{len(after)} samples over {covered * 1000:.0f} ms after the event, under the "
+                f"{need * 1000:.0f} ms a move needs (the next event came first, or the machine "
+                "held the watcher back)")
+    return None
+
+
 def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s: float,
                      frame_bytes: int, window_s: float = MOVE_WINDOW_S,
                      siblings: list[tuple[float, int]] | None = None,

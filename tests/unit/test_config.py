@@ -228,6 +228,16 @@ def test_the_time_to_move_off_is_when_the_offered_rate_last_exceeded_the_link():
     assert time_to_move_off([(1.0, 0)], 1.0, rate, 1500) is None
 
 
+def test_samples_too_few_to_tell_a_move_off_say_so_instead_of_never():
+    from testbed.plan.failplan import move_off_unmeasured
+    every_ms = [1.0 + i * 0.001 for i in range(200)]
+    assert move_off_unmeasured(every_ms, 1.0) is None
+    assert move_off_unmeasured(every_ms[:70], 1.0) is None  # 69 ms: enough to tell
+    why = move_off_unmeasured(every_ms[:20], 1.0)  # the next event came 20 ms in
+    assert why.startswith("20 samples over 19 ms") and "55 ms" in why
+    assert "0 samples" in move_off_unmeasured([0.5, 0.9], 1.0)
+
+
 def test_a_degraded_port_of_a_group_moves_off_when_its_share_fits_its_rate():
     from testbed.model.builders import fat_tree
     from testbed.plan.failplan import alternatives, time_to_move_off
