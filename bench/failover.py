@@ -85,7 +85,7 @@ def late_replies(outputs: dict[str, str], began: float, until_s: float = 1.0) ->
                 rtt = float(m.group(4))
                 rtts.append(rtt)
                 sends.setdefault(source, []).append(float(m.group(1)) - rtt / 1000)
-    pauses = [(b - a) * 1000 for s in sends.values() for a, b in zip(sorted(s), sorted(s)[1:])]
+    pauses = [(b - a) * 1000 for s in map(sorted, sends.values()) for a, b in zip(s, s[1:])]
     return {"rtt_max_ms": round(max(rtts, default=0.0), 1),
             "send_pause_max_ms": round(max(pauses, default=0.0), 1)}
 

@@ -254,8 +254,9 @@ class FabricController(app_manager.OSKenApp):
         self.port_events += 1
         self.reroutes += any(changes.values())
         switch = self.policy.topo.switch_by_dpid(dp.id)
-        self.out.reroute(changes, f"{switch.name if switch else dp.id} port {desc.port_no} "
-                      f"{'up' if live else 'down'}", heard)
+        cause = (f"{switch.name if switch else dp.id} port {desc.port_no} "
+                 f"{'up' if live else 'down'}")
+        self.out.reroute(changes, cause, heard)
         self.write_status()
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
