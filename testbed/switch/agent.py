@@ -79,7 +79,9 @@ class _Conn:
     sock: socket.socket
     session: SwitchSession
     dirty: bool = False
-    groups: set[int] = field(default_factory=set)  # installed in the datapath
+    # what the datapath holds: the session's groups and flows as last installed
+    groups: dict[int, object] = field(default_factory=dict)
+    flows: dict[tuple, FlowEntry] = field(default_factory=dict)
     out: bytes = b""
 
 
@@ -247,15 +249,20 @@ class SwitchAgent:
                 pass
 
     def _install(self, conn: _Conn) -> None:
+        """The session's tables into the datapath: the groups that changed, the flow table if
+        a flow did (a reroute changes a group or two, one message each, and each message is
+        installed before the next is read)."""
         session, sw = conn.session, conn.spec.index
         for gid, group in session.groups.items():
-            self.datapath.set_group(sw, gid, group.kind, list(group.ports),
-                                    list(group.weights) or None, group.hash_basis,
-                                    group.selection, group.gap_us)
-        self.datapath.set_table(sw, tss.compile_table(session.flows.values()))
-        for gid in conn.groups - set(session.groups):
+            if conn.groups.get(gid) != group:
+                self.datapath.set_group(sw, gid, group.kind, list(group.ports),
+                                        list(group.weights) or None, group.hash_basis,
+                                        group.selection, group.gap_us)
+        if session.flows != conn.flows:
+            self.datapath.set_table(sw, tss.compile_table(session.flows.values()))
+        for gid in set(conn.groups) - set(session.groups):
             self.datapath.delete_group(sw, gid)
-        conn.groups = set(session.groups)
+        conn.groups, conn.flows = dict(session.groups), dict(session.flows)
         conn.dirty = False
 
     def _serve(self) -> None:
@@ -335,7 +342,8 @@ class SwitchAgent:
         if self.tls is not None:  # the handshake while the socket blocks (at most 5 s)
             sock = self.tls.wrap_socket(sock, server_hostname=self.controller[0])
         sock.setblocking(False)
-        conn = _Conn(self.switches[name], sock, session, groups=set(session.groups))
+        conn = _Conn(self.switches[name], sock, session, groups=dict(session.groups),
+                     flows=dict(session.flows))
         session.on_change = lambda _f, _g, c=conn: setattr(c, "dirty", True)
         conn.out = session.start()
         self.conns[name] = conn
