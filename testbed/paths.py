@@ -8,3 +8,6 @@ DEFAULT_STATE_DIR = Path("/run/fabriclab")
 #: such as ``ovs-ofctl`` read a switch's tables there, as at an Open vSwitch bridge's)
 SWITCH_MGMT_DIR = "switches"
 MGMT_SUFFIX = ".mgmt"
+#: there too, the switch agent's datagram socket another process tells a lost signal by (an
+#: interface name per datagram: ``fabriclab fail`` as it marks the port dead)
+SIGNAL_SOCKET = "agent.signal"

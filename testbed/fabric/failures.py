@@ -22,6 +22,7 @@ from testbed.contract import FailureFabric
 from testbed.linux import ovs
 from testbed.errors import TestbedError
 from testbed.model.congestion import frame_bytes
+from testbed.paths import SWITCH_MGMT_DIR
 from testbed.plan.failplan import (
     FINE_SAMPLE_S,
     FINE_SPAN_S,
@@ -255,12 +256,13 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
     cut = LinkCut(pins[0]) if pins else None
     netlink = Netlink()
     signal = None
-    if switches:  # eBPF switches: not live in their maps at once; the carrier tells their agent
+    if switches:  # eBPF switches: not live in their maps at once, and their agent told
         from testbed.linux.ebpfswitch import set_live_pinned
+        from testbed.switch.agent import tell_lost_signal
 
         def signal(end: End, lost: bool) -> None:
-            if lost:
-                set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False)
+            if lost and set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False):
+                tell_lost_signal(Path(record.run_dir) / SWITCH_MGMT_DIR, end.ifname)
     try:
         pairs = [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b)) for a, b in links]
         began = time.time()

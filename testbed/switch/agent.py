@@ -14,6 +14,7 @@ as ``ovs-ofctl`` (:mod:`testbed.switch.mgmt`). The datapath is anything with the
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import ssl
@@ -28,6 +29,7 @@ from testbed.plan import tss
 from testbed.model.openflow import FlowEntry
 from testbed.openflow.replies import PortCounters
 from testbed.openflow.session import Port, SwitchSession
+from testbed.paths import SIGNAL_SOCKET
 from testbed.switch.mgmt import Management
 
 
@@ -106,6 +108,32 @@ class _Counters:
 
 RECONNECT_S, RECONNECT_MAX_S = 0.1, 2.0  # a lost connection's first retry, and the longest wait
 _PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside switch names
+_SIGNALS = "\0signals"
+
+
+def _in_folder(folder: Path, name: str) -> tuple[int, str]:
+    """An address for ``folder/name`` however long its path (a Unix address holds 108
+    bytes): through the folder's descriptor, which the caller closes."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    return fd, f"/proc/self/fd/{fd}/{name}"
+
+
+def tell_lost_signal(folder: Path, ifname: str) -> bool:
+    """Tell the switch agent whose management folder is ``folder`` that the link behind its
+    port ``ifname`` lost its signal (another process's failure: the agent sends the port's
+    status at once instead of at the carrier's loss, 6-16 ms later). False: no agent there."""
+    try:
+        fd, address = _in_folder(folder, SIGNAL_SOCKET)
+    except OSError:
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(ifname.encode(), address)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class SwitchAgent:
@@ -144,6 +172,7 @@ class SwitchAgent:
         self.raw: socket.socket | None = None  # the controller's packet-outs go out by it
         self._waker = socket.socketpair()  # another thread's message to send: a byte here
         self.mgmt: Management | None = None  # the switches' management sockets
+        self.signals: socket.socket | None = None  # lost signals told by other processes
 
     def start(self) -> None:
         for name, spec in self.switches.items():
@@ -160,6 +189,8 @@ class SwitchAgent:
                                              for name, spec in self.switches.items()})
         self._waker[0].setblocking(False)
         self.selector.register(self._waker[0], selectors.EVENT_READ, _WAKE)
+        if self.mgmt_dir is not None:
+            self._listen_signals(self.mgmt_dir)
         self.selector.register(self.datapath.punts, selectors.EVENT_READ, _PUNTS)
         if self.links is not None:
             self.selector.register(self.links, selectors.EVENT_READ, _LINKS)
@@ -180,6 +211,10 @@ class SwitchAgent:
         if self.mgmt is not None:
             self.mgmt.close()
             self.mgmt = None
+        if self.signals is not None:
+            self.signals.close()
+            (self.mgmt_dir / SIGNAL_SOCKET).unlink(missing_ok=True)
+            self.signals = None
         if self.raw is not None:
             self.raw.close()
             self.raw = None
@@ -223,6 +258,34 @@ class SwitchAgent:
         not live at once. Its return is the carrier's, announced when the link is up."""
         if lost and ifname in self.port_of:
             self.set_port(*self.port_of[ifname], False)
+
+    def _listen_signals(self, folder: Path) -> None:
+        """The datagram socket other processes tell a lost signal by (:func:`tell_lost_signal`);
+        without it they are heard at the carrier's loss."""
+        path = folder / SIGNAL_SOCKET
+        path.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            fd, address = _in_folder(folder, SIGNAL_SOCKET)
+            try:
+                sock.bind(address)
+            finally:
+                os.close(fd)
+            path.chmod(0o600)
+        except OSError as err:
+            sock.close()
+            self.errors.append(f"agent: no signal socket {path}: {err}")
+            return
+        sock.setblocking(False)
+        self.signals = sock
+        self.selector.register(sock, selectors.EVENT_READ, _SIGNALS)
+
+    def _signalled(self) -> None:
+        try:
+            ifname = self.signals.recv(256).decode(errors="replace")
+        except OSError:
+            return
+        self.signal(ifname, True)
 
     def _punts(self) -> None:
         for head, data in self.datapath.read_punts():
@@ -285,6 +348,8 @@ class SwitchAgent:
                 self._links()
             elif key.data == _WAKE:
                 self._waker[0].recv(4096)
+            elif key.data == _SIGNALS:
+                self._signalled()
             elif isinstance(key.data, tuple) and self.mgmt is not None:  # a tool's socket
                 self.mgmt.event(key.data, key.fileobj)
             elif key.data in self.conns and events & selectors.EVENT_READ:

@@ -247,6 +247,39 @@ def _install_edge(conn: socket.socket, tables: dict) -> None:
     _read_messages(conn, parser.OFPBarrierReply)
 
 
+def test_another_process_tells_the_agent_a_lost_signal_and_the_controller_hears_at_once(
+        tmp_path):
+    """``fabriclab fail`` marks the port dead in the datapath and tells the agent over its
+    datagram socket (a deep folder: the address goes through the folder's descriptor): the
+    port's status goes out then, not at the carrier's loss; it is sent once."""
+    from testbed.switch.agent import tell_lost_signal
+
+    folder = tmp_path / ("deep" * 30)
+    maps = FakeMaps()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        agent, topo = edge_agent(server, maps, mgmt_dir=folder)
+        tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
+        agent.start()
+        try:
+            conn, _ = server.accept()
+            with conn:
+                _install_edge(conn, tables)
+                port = topo.ports("edge1_1")[3].end("edge1_1").ifname
+                assert tell_lost_signal(folder, port)
+                (status,) = [m for m in _read_messages(conn, parser.OFPPortStatus)
+                             if isinstance(m, parser.OFPPortStatus)]
+                assert (status.desc.port_no, status.desc.state) == (3, ofp.OFPPS_LINK_DOWN)
+                assert maps.live[(3, 3)] is False
+                assert tell_lost_signal(folder, port)  # told again: nothing more to say
+                conn.settimeout(0.3)
+                with pytest.raises(socket.timeout):
+                    conn.recv(65536)
+        finally:
+            agent.stop()
+    assert not (folder / "agent.signal").exists()
+    assert not tell_lost_signal(folder, "x")  # no agent there
+
+
 @pytest.mark.skipif(shutil.which("ovs-ofctl") is None, reason="needs ovs-ofctl "
                     "(apt-get install openvswitch-switch)")
 def test_ovs_ofctl_reads_an_ebpf_switchs_tables_through_its_management_socket(tmp_path):
