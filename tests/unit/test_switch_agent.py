@@ -4,6 +4,7 @@ barrier's reply, a port's carrier change reaches the datapath first and the cont
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import socket
@@ -168,35 +169,19 @@ def test_a_reroute_writes_only_the_group_it_changes():
     """A group mod rewrites that group in the datapath and nothing else: not the other
     groups, not the compiled flow table (each message is installed before the next is read;
     rewriting everything per message slowed a reroute's five switches down)."""
-    topo = fat_tree(4)
-    tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
     maps = FakeMaps()
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        agent, _ = edge_agent(server, maps)
-        agent.start()
-        try:
-            conn, _ = server.accept()
-            with conn:
-                dp = FakeDatapath()
-                conn.sendall(_wire(parser.OFPHello(dp), 1)
-                             + _wire(parser.OFPFeaturesRequest(dp), 2))
-                _read_messages(conn, parser.OFPSwitchFeatures)
-                ops = diff_tables(None, tables["edge1_1"])
-                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
-                                      for m in to_messages(dp, op)))
-                _read_messages(conn, parser.OFPBarrierReply)
-                assert maps.calls.count("table") >= 1 and maps.calls.count("group") >= 7
-                maps.calls.clear()
-                gid, group = sorted(tables["edge1_1"].groups.items())[0]
-                narrowed = dataclasses.replace(group, ports=group.ports[:1])
-                mods = [Op(OpKind.GROUP_MOD, narrowed), Op(OpKind.BARRIER)]
-                conn.sendall(b"".join(_wire(m, 50 + i) for i, op in enumerate(mods)
-                                      for m in to_messages(dp, op)))
-                _read_messages(conn, parser.OFPBarrierReply)
-                assert maps.calls == ["group"]
-                assert maps.groups[(3, gid)][1] == list(group.ports[:1])
-        finally:
-            agent.stop()
+    with programmed_edge(maps) as (_agent, _topo, conn, tables):
+        assert maps.calls.count("table") >= 1 and maps.calls.count("group") >= 7
+        maps.calls.clear()
+        dp = FakeDatapath()
+        gid, group = sorted(tables["edge1_1"].groups.items())[0]
+        narrowed = dataclasses.replace(group, ports=group.ports[:1])
+        mods = [Op(OpKind.GROUP_MOD, narrowed), Op(OpKind.BARRIER)]
+        conn.sendall(b"".join(_wire(m, 50 + i) for i, op in enumerate(mods)
+                              for m in to_messages(dp, op)))
+        _read_messages(conn, parser.OFPBarrierReply)
+        assert maps.calls == ["group"]
+        assert maps.groups[(3, gid)][1] == list(group.ports[:1])
 
 
 def edge_agent(server: socket.socket, maps=None, tls=None,
@@ -256,28 +241,37 @@ def test_another_process_tells_the_agent_a_lost_signal_and_the_controller_hears_
 
     folder = tmp_path / ("deep" * 30)
     maps = FakeMaps()
+    with programmed_edge(maps, folder) as (_agent, topo, conn, _tables):
+        port = topo.ports("edge1_1")[3].end("edge1_1").ifname
+        assert tell_lost_signal(folder, port)
+        (status,) = [m for m in _read_messages(conn, parser.OFPPortStatus)
+                     if isinstance(m, parser.OFPPortStatus)]
+        assert (status.desc.port_no, status.desc.state) == (3, ofp.OFPPS_LINK_DOWN)
+        assert maps.live[(3, 3)] is False
+        assert tell_lost_signal(folder, port)  # told again: nothing more to say
+        conn.settimeout(0.3)
+        with pytest.raises(socket.timeout):
+            conn.recv(65536)
+    assert not (folder / "agent.signal").exists()
+    assert not tell_lost_signal(folder, "x")  # no agent there
+
+
+@contextlib.contextmanager
+def programmed_edge(maps=None, mgmt_dir=None, routing=Routing.ECMP, **kw):
+    """An agent serving edge1_1 (:func:`edge_agent`) that the controller's side has greeted and
+    programmed with edge1_1's tables (``routing``, ``kw``: compute_tables'): (the agent, the
+    topology, the controller's end of the connection, the tables); stopped on the way out."""
     with socket.create_server(("127.0.0.1", 0)) as server:
-        agent, topo = edge_agent(server, maps, mgmt_dir=folder)
-        tables = compute_tables(topo, {l.name: True for l in topo.links}, Routing.ECMP)
+        agent, topo = edge_agent(server, maps, mgmt_dir=mgmt_dir)
+        tables = compute_tables(topo, {l.name: True for l in topo.links}, routing, **kw)
         agent.start()
         try:
             conn, _ = server.accept()
             with conn:
                 _install_edge(conn, tables)
-                port = topo.ports("edge1_1")[3].end("edge1_1").ifname
-                assert tell_lost_signal(folder, port)
-                (status,) = [m for m in _read_messages(conn, parser.OFPPortStatus)
-                             if isinstance(m, parser.OFPPortStatus)]
-                assert (status.desc.port_no, status.desc.state) == (3, ofp.OFPPS_LINK_DOWN)
-                assert maps.live[(3, 3)] is False
-                assert tell_lost_signal(folder, port)  # told again: nothing more to say
-                conn.settimeout(0.3)
-                with pytest.raises(socket.timeout):
-                    conn.recv(65536)
+                yield agent, topo, conn, tables
         finally:
             agent.stop()
-    assert not (folder / "agent.signal").exists()
-    assert not tell_lost_signal(folder, "x")  # no agent there
 
 
 @pytest.mark.skipif(shutil.which("ovs-ofctl") is None, reason="needs ovs-ofctl "
@@ -362,18 +356,9 @@ def test_dump_groups_shows_an_ebpf_switchs_local_selection_methods(tmp_path):
     from testbed.switch.groupdump import read_groups
 
     tmp_path = tmp_path / ("deep" * 30)  # longer than a Unix address holds
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        agent, topo = edge_agent(server, mgmt_dir=tmp_path)
-        tables = compute_tables(topo, {l.name: True for l in topo.links},
-                                Routing.LOCAL_ADAPTIVE, local=("flowlet", 120))
-        agent.start()
-        try:
-            conn, _ = server.accept()
-            with conn:
-                _install_edge(conn, tables)
-                groups = read_groups(tmp_path / "edge1_1.mgmt")
-        finally:
-            agent.stop()
+    with programmed_edge(None, tmp_path, Routing.LOCAL_ADAPTIVE, local=("flowlet", 120)) as (
+            _agent, _topo, _conn, tables):
+        groups = read_groups(tmp_path / "edge1_1.mgmt")
     want = tables["edge1_1"].groups
     assert sorted(g.group_id for g in groups) == sorted(want), groups
     lines = [describe(g) for g in groups]
