@@ -98,7 +98,6 @@ class FabricController(app_manager.OSKenApp):
         self.readback = WarmStart(self.policy.topo, self._warm_started)
         self.lock = threading.RLock()
         self.out = Outbox(self.policy, self.session)  # the switches' connections: sending
-        self.datapaths = self.out.datapaths
         self.port_desc: dict[int, dict[int, tuple[str, bool]]] = {}
         self.poll_s = float(conf.poll_interval_s)
         self.pending_flow_stats: set[str] = set()
@@ -212,7 +211,7 @@ class FabricController(app_manager.OSKenApp):
         if found is not None and not ops:  # nothing differs: the barrier's reply says so
             ops = [Op(OpKind.BARRIER)]
         if switch is not None:
-            self.datapaths[switch.name] = dp
+            self.out.datapaths[switch.name] = dp
             self.session.connected(switch.name)  # a reconnect starts from scratch
             self.out.release(self.out.stager.left(switch.name))
             self.out.send(switch.name, ops)
@@ -233,8 +232,8 @@ class FabricController(app_manager.OSKenApp):
         switch = self.policy.topo.switch_by_dpid(dp.id)
         if switch is not None:
             self.readback.forget(switch.name, dp)
-        if switch is not None and self.datapaths.get(switch.name) is dp:
-            del self.datapaths[switch.name]
+        if switch is not None and self.out.datapaths.get(switch.name) is dp:
+            del self.out.datapaths[switch.name]
             self.session.disconnected(switch.name)
             self.out.release(self.out.stager.left(switch.name))
             heard = time.time()
@@ -337,7 +336,7 @@ class FabricController(app_manager.OSKenApp):
             self.round_started = time.monotonic()
             access = only or {sw.name for sw in self.policy.topo.access_switches}
             self.early_rounds += 1 if only else 0
-            for name, dp in sorted(self.datapaths.items()):
+            for name, dp in sorted(self.out.datapaths.items()):
                 parser, ofp = dp.ofproto_parser, dp.ofproto
                 if not only:
                     dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
@@ -454,7 +453,7 @@ class FabricController(app_manager.OSKenApp):
             hub.sleep(LLDP_INTERVAL_S * (5 if verified else 1))
 
     def _send_probes(self, name: str) -> None:
-        dp = self.datapaths.get(name)
+        dp = self.out.datapaths.get(name)
         if dp is None:
             return
         for port, link in self.policy.topo.ports(name).items():

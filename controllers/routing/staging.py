@@ -79,13 +79,13 @@ class Stager:
     timeout_s: float = STAGE_TIMEOUT_S
     held: dict[str, list[Op]] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)  # switch -> first-stage barrier xid
-    since: float = 0.0
     cause: str = ""  # the held stage's reroute: what caused it, when it was heard
     heard: float = 0.0
 
     def plan(self, old: dict[str, SwitchTables | None], changes: dict[str, list[Op]],
              now: float, cause: str = "") -> tuple[dict[str, list[Op]], bool]:
-        """What to send now of ``changes`` (``old``: each switch's tables before them), and
+        """What to send now of ``changes`` (``old``: each switch's tables before them; ``now``:
+        when the reroute was heard, from which its second stage's wait counts), and
         whether a second stage is now held (the first's barriers to be :meth:`awaiting`):
         the first stage, or everything at once where no group loses a port; a stage still
         held for one of these switches goes before it."""
@@ -94,7 +94,7 @@ class Stager:
         first = {name: f for name, (f, _) in stages.items() if f}
         if first:
             self.held.update({name: t for name, (_, t) in stages.items() if t})
-            self.waiting, self.since, self.cause, self.heard = {}, now, cause, now
+            self.waiting, self.cause, self.heard = {}, cause, now
         now_ops = first or {name: ops for name, ops in changes.items() if ops}
         names = list(dict.fromkeys([*stale, *now_ops]))
         return {n: [*stale.get(n, []), *now_ops.get(n, [])] for n in names}, bool(first)
@@ -118,7 +118,7 @@ class Stager:
 
     def expired(self, now: float) -> dict[str, list[Op]]:
         """The held stage, if its first has waited ``timeout_s`` for an answer."""
-        return self._release() if self.held and now - self.since >= self.timeout_s else {}
+        return self._release() if self.held and now - self.heard >= self.timeout_s else {}
 
     def before_send(self, per_switch: dict[str, list[Op]]) -> dict[str, list[Op]]:
         """``per_switch`` with each switch's held stage first (and no longer held)."""

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from testbed.errors import TestbedError
 from testbed.fabric.services import FabricRun
+from testbed.linux.files import unix_address
 from testbed.linux.pki import RunPki, make_run_pki
 from testbed.model.spec import Datapath, TestbedSpec
 from testbed.model.topology import Topology
@@ -154,11 +155,8 @@ class Controller:
             self.run.track_file(self._bound)  # (a crash leaves it to 'fabriclab clean')
             self._bound.unlink(missing_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            folder = os.open(self.socket_path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:  # (through its folder's descriptor: a path may be longer than 107 bytes)
-                sock.bind(f"/proc/self/fd/{folder}/{self.socket_path.name}")
-            finally:
-                os.close(folder)
+            with unix_address(self.socket_path) as address:  # a path may be a long one
+                sock.bind(address)
             os.chmod(self.socket_path, 0o600)
         else:
             family = socket.AF_INET6 if ":" in self.listen else socket.AF_INET

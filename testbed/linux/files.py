@@ -11,7 +11,7 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -101,6 +101,19 @@ def open_dir(path: str | Path, create: bool = False) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+@contextlib.contextmanager
+def unix_address(path: str | Path) -> Iterator[str]:
+    """An AF_UNIX address for ``path`` however long it is (an address holds 107 bytes; a run
+    directory's can be deeper): through its folder's descriptor in ``/proc/self/fd``, open
+    while the caller binds or connects, as Open vSwitch binds its own sockets."""
+    path = Path(path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{folder}/{path.name}"
+    finally:
+        os.close(folder)
 
 
 def make_dirs(path: str | Path) -> Path:

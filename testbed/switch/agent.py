@@ -14,7 +14,6 @@ as ``ovs-ofctl`` (:mod:`testbed.switch.mgmt`). The datapath is anything with the
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import ssl
@@ -25,8 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 from testbed.errors import TestbedError
+from testbed.linux.files import unix_address
 from testbed.plan import tss
-from testbed.model.openflow import FlowEntry
+from testbed.model.openflow import FlowEntry, GroupEntry
 from testbed.openflow.replies import PortCounters
 from testbed.openflow.session import Port, SwitchSession
 from testbed.paths import SIGNAL_SOCKET
@@ -82,7 +82,7 @@ class _Conn:
     session: SwitchSession
     dirty: bool = False
     # what the datapath holds: the session's groups and flows as last installed
-    groups: dict[int, object] = field(default_factory=dict)
+    groups: dict[int, GroupEntry] = field(default_factory=dict)
     flows: dict[tuple, FlowEntry] = field(default_factory=dict)
     out: bytes = b""
 
@@ -111,29 +111,17 @@ _PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside s
 _SIGNALS = "\0signals"
 
 
-def _in_folder(folder: Path, name: str) -> tuple[int, str]:
-    """An address for ``folder/name`` however long its path (a Unix address holds 108
-    bytes): through the folder's descriptor, which the caller closes."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    return fd, f"/proc/self/fd/{fd}/{name}"
-
-
 def tell_lost_signal(folder: Path, ifname: str) -> bool:
     """Tell the switch agent whose management folder is ``folder`` that the link behind its
     port ``ifname`` lost its signal (another process's failure: the agent sends the port's
     status at once instead of at the carrier's loss, 6-16 ms later). False: no agent there."""
     try:
-        fd, address = _in_folder(folder, SIGNAL_SOCKET)
-    except OSError:
-        return False
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        with unix_address(folder / SIGNAL_SOCKET) as address, \
+                socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.sendto(ifname.encode(), address)
         return True
     except OSError:
         return False
-    finally:
-        os.close(fd)
 
 
 class SwitchAgent:
@@ -266,11 +254,8 @@ class SwitchAgent:
         path.unlink(missing_ok=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            fd, address = _in_folder(folder, SIGNAL_SOCKET)
-            try:
+            with unix_address(path) as address:
                 sock.bind(address)
-            finally:
-                os.close(fd)
             path.chmod(0o600)
         except OSError as err:
             sock.close()

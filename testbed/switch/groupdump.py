@@ -6,13 +6,13 @@ socket (OpenFlow 1.5, ``OFPMP_GROUP_DESC``) and printed as ``ovs-ofctl`` prints 
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from pathlib import Path
 
 from os_ken.ofproto import ofproto_v1_5 as ofp
 
+from testbed.linux.files import unix_address
 from testbed.model.openflow import GroupEntry
 from testbed.openflow.groups import BadGroup, read_desc
 
@@ -65,22 +65,19 @@ def read_groups(path: Path, timeout_s: float = 5.0) -> list[GroupEntry]:
         OSError: no switch listening there, or no complete answer within ``timeout_s``.
         BadGroup: as :func:`read_replies`.
     """
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(f"/proc/self/fd/{folder}/{path.name}")
-            sock.sendall(request())
-            buf, groups = b"", []
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise OSError(f"{path}: the switch closed the connection before answering")
-                buf += chunk
-                found, done, used = read_replies(buf)
-                groups += found
-                buf = buf[used:]
-                if done:
-                    return groups
-    finally:
-        os.close(folder)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        with unix_address(path) as address:
+            sock.connect(address)
+        sock.sendall(request())
+        buf, groups = b"", []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise OSError(f"{path}: the switch closed the connection before answering")
+            buf += chunk
+            found, done, used = read_replies(buf)
+            groups += found
+            buf = buf[used:]
+            if done:
+                return groups

@@ -6,7 +6,6 @@ agent's loop (:mod:`testbed.switch.agent`): its selector, its lock."""
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.linux.files import unix_address
 from testbed.openflow.session import SwitchSession
 from testbed.paths import MGMT_SUFFIX
 
@@ -58,25 +58,22 @@ class Management:
         self.specs = dict(switches)
         errors = []
         self.folder.mkdir(parents=True, exist_ok=True)
-        folder = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for name in switches:
-                path = self.folder / f"{name}{MGMT_SUFFIX}"
-                path.unlink(missing_ok=True)
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    sock.bind(f"/proc/self/fd/{folder}/{path.name}")
-                    path.chmod(0o600)  # root's, as Open vSwitch's are
-                    sock.listen(4)
-                except OSError as err:
-                    sock.close()
-                    errors.append(f"{name}: no management socket {path}: {err}")
-                    continue
-                sock.setblocking(False)
-                self.listeners.append(sock)
-                self.selector.register(sock, selectors.EVENT_READ, ("listen", name))
-        finally:
-            os.close(folder)
+        for name in switches:
+            path = self.folder / f"{name}{MGMT_SUFFIX}"
+            path.unlink(missing_ok=True)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with unix_address(path) as address:
+                    sock.bind(address)
+                path.chmod(0o600)  # root's, as Open vSwitch's are
+                sock.listen(4)
+            except OSError as err:
+                sock.close()
+                errors.append(f"{name}: no management socket {path}: {err}")
+                continue
+            sock.setblocking(False)
+            self.listeners.append(sock)
+            self.selector.register(sock, selectors.EVENT_READ, ("listen", name))
         return errors
 
     def event(self, key: tuple, sock: socket.socket) -> None:
