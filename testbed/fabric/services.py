@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from testbed import stops
 from testbed.errors import TestbedError
 from testbed.fabric.lifecycle import reap
 from testbed.linux import bpf
@@ -126,15 +127,18 @@ class FabricRun:
             :meth:`close` (or ``fabriclab clean`` after a SIGKILL) ends it otherwise.
         """
         record = self._require(role)
-        if host is None:
-            popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-            proc = subprocess.Popen(argv, start_new_session=True, **popen_kwargs)
-        elif self.host_popen is None:
+        if host is not None and self.host_popen is None:
             raise TestbedError(f"{role}: no host {host} on this machine")
-        else:
-            proc = self.host_popen(host, argv, **popen_kwargs)
-        self._processes.append(proc)
-        self.registry.track_process(record, proc.pid, role)
+        # a stop landing between the fork and the tracking would leave an untracked process
+        # that no teardown ends: it waits until the process is tracked (testbed.stops)
+        with stops.held():
+            if host is None:
+                popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+                proc = subprocess.Popen(argv, start_new_session=True, **popen_kwargs)
+            else:
+                proc = self.host_popen(host, argv, **popen_kwargs)
+            self._processes.append(proc)
+            self.registry.track_process(record, proc.pid, role)
         return proc
 
     def stop(self, proc: subprocess.Popen, timeout_s: float = 5.0) -> int:

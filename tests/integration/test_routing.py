@@ -75,8 +75,10 @@ def test_adaptive_routing_gives_each_elephant_its_own_uplink(make_fabric, datapa
         assert min(up) > 0.3 * sum(up), (leaf, up)
     assert status["placements"] >= 4 and status["flows"] >= 4
     # from the last sample in which it had not sent (an upper bound of when it started) to its
-    # pinning: within two polls (plus the round's own latency)
-    assert max(status["reaction_s"]) <= 2 * 0.5 + 0.1, status
+    # pinning: within two polls, plus the rounds' own latency (0.5-0.66 s seen, once 1.12 s on a
+    # loaded machine: two polls and 0.12 s late), short of the three polls a flow missed by its
+    # first sample would take
+    assert max(status["reaction_s"]) < 3 * 0.5 - 0.1, status
     assert result.efficiency > 0.6, result  # 0.78-0.96 seen: the split is what is tested
 
 

@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from fabriclab.signals import Terminated, raise_on_stop_signals
 from testbed.fabric.lifecycle import signals_deferred
 from tests.privileges import needs_root
@@ -426,3 +428,35 @@ def test_a_held_stop_is_raised_once_when_the_outermost_call_returns():
         worker.start()
         worker.join()
     assert other == [False]  # another thread's calls hold nothing of the main thread's
+
+
+def test_a_stop_between_a_spawn_and_its_tracking_waits_until_the_process_is_tracked(tmp_path):
+    """A stop that landed after a host's process was forked but before the run tracked it left
+    a traffic agent running after the teardown (bench/chaos.py, a SIGHUP 3 s into a run): the
+    stop now waits until the process is in the run record, whose teardown ends it."""
+    import subprocess
+
+    from fabriclab import signals
+    from fabriclab.signals import _on_signal
+    from testbed.fabric.services import FabricRun
+    from testbed.runs.registry import Registry
+
+    run = FabricRun(Registry(tmp_path), lambda line: None)
+    run.open(orphans=False)
+    started = []
+
+    def popen_then_stop(host, argv, **kw):
+        started.append(subprocess.Popen(argv, **kw))
+        _on_signal(signal.SIGHUP, None)  # delivered here, as the fork returns
+        return started[-1]
+
+    run.host_popen = popen_then_stop
+    try:
+        with pytest.raises(Terminated):
+            run.spawn("h1", ["sleep", "30"], "agent:1:h1")
+    finally:
+        signals._received.clear()  # the stop was this test's, not a command's
+    (proc,) = started
+    assert [p.pid for p in run.record.processes] == [proc.pid]
+    run.close([])
+    assert proc.poll() is not None  # ended by the teardown, by its PID
