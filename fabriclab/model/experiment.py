@@ -283,6 +283,9 @@ def _parse_emulated(data: dict, source: str, variant: str | None, raw: dict,
         fabric=_fabric(data["fabric"]),
         controller=parse_controller(data.get("controller", {}), source),
         emulator=EmulatorSpec(**_typed(emulator, _EMULATOR_TYPES)))
+    if emulator.get("fault_notices") is True and spec.emulator.datapath == Datapath.OVS:
+        raise ConfigError("emulator.fault_notices", "the switches' fault notices are the eBPF "
+                          "switches'; Open vSwitch has none (emulator.datapath: ebpf or auto)")
     if n is not None:
         timescale.check_emulated(spec, data, n)
     for tier in ("host", "fabric"):
@@ -343,7 +346,7 @@ def _other_config(raw: dict) -> dict[str, str]:
 # schema-checked sections -> typed spec fields (absent keys keep the spec's defaults)
 _EMULATOR_TYPES = {"vswitchd_instances": lambda v: v, "fidelity": Fidelity, "backend": Backend,
                    "ovs_other_config": _other_config, "queue_sample_ms": float,
-                   "ecn_marker": EcnMarker, "datapath": Datapath}
+                   "ecn_marker": EcnMarker, "datapath": Datapath, "fault_notices": bool}
 
 
 def _typed(raw: dict, types: dict) -> dict:

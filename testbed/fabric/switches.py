@@ -193,9 +193,12 @@ class Switches:
                 self.ebpf_ports[ifname] = (index, number)
                 mac = f"02:fb:00:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}:{number & 0xFF:02x}"
                 ports.append(Port(number, ifname, mac, speed_kbps=int(link.rate_mbps * 1000)))
-            specs[sw.name] = SwitchSpec(index, sw.dpid, ports)
+            peers = {number: link.other(sw.name).node
+                     for number, link in topo.ports(sw.name).items() if link.tier == "fabric"}
+            specs[sw.name] = SwitchSpec(index, sw.dpid, ports, peers)
         self.agent = SwitchAgent(self.ebpf, specs, controller, LinkEvents(), tls=tls,
-                                 mgmt_dir=self.run.run_dir / SWITCH_MGMT_DIR)
+                                 mgmt_dir=self.run.run_dir / SWITCH_MGMT_DIR,
+                                 notify=self.spec.emulator.fault_notices)
         self.agent.start()
 
     # -- readings ------------------------------------------------------------------------------

@@ -322,6 +322,9 @@ class EmulatorSpec:
     queue_sample_ms: float = 50.0  # switch queues sampled during a workload (0: not at all)
     ecn_marker: EcnMarker = EcnMarker.AUTO
     datapath: Datapath = Datapath.AUTO  # resolved when the fabric is built
+    #: the eBPF switches tell each other the destinations they stranded
+    #: (:mod:`testbed.plan.notices`); Open vSwitch has no such notices
+    fault_notices: bool = True
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from testbed.errors import TestbedError
 from testbed.linux.files import unix_address
-from testbed.plan import tss
+from testbed.plan import notices, tss
 from testbed.model.openflow import FlowEntry, GroupEntry
 from testbed.openflow.replies import PortCounters
 from testbed.openflow.session import Port, SwitchSession
@@ -73,6 +73,9 @@ class SwitchSpec:
     index: int
     dpid: int
     ports: list[Port]
+    #: port number -> the switch behind it (switch-to-switch links only): where fault notices
+    #: go (:mod:`testbed.plan.notices`)
+    peers: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,8 +137,16 @@ class SwitchAgent:
 
     def __init__(self, datapath: Datapath, switches: dict[str, SwitchSpec],
                  controller: tuple[str, int], links: LinkWatch | None = None,
-                 tls: ssl.SSLContext | None = None, mgmt_dir: Path | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, mgmt_dir: Path | None = None,
+                 notify: bool = True) -> None:
         self.datapath = datapath
+        #: fault notices between the switches (:mod:`testbed.plan.notices`): on, the groups
+        #: installed are the controller's less the ports whose switch stranded their routes
+        self.notify = notify
+        self.excluded: notices.Exclusions = {}
+        self.notices_due = False
+        #: what the notices did: (monotonic time, switch, group id, the ports it stopped using)
+        self.notice_log: list[tuple[float, str, int, tuple[int, ...]]] = []
         self.mgmt_dir = mgmt_dir  # each switch's management socket here (None: none)
         self.tls = tls  # OpenFlow over TLS: the run's client context (controller.tls)
         self.switches = switches
@@ -236,6 +247,7 @@ class SwitchAgent:
                 return
             self.datapath.set_live(conn.spec.index, port, live)
             conn.out += conn.session.port_status(port, live)
+            self.notices_due = self.notify
         try:
             self._waker[1].send(b"x")
         except OSError:  # stopped
@@ -296,12 +308,16 @@ class SwitchAgent:
             except OSError:  # a port that is down (ENETDOWN): the frame is lost, as on a wire
                 pass
 
-    def _install(self, conn: _Conn) -> None:
+    def _install(self, conn: _Conn, notify: bool = True) -> None:
         """The session's tables into the datapath: the groups that changed, the flow table if
         a flow did (a reroute changes a group or two, one message each, and each message is
-        installed before the next is read)."""
+        installed before the next is read). A group goes in less the ports fault notices
+        took from it."""
         session, sw = conn.session, conn.spec.index
+        stopped = self.excluded.get(self.by_index[sw], {})
+        installed = {}
         for gid, group in session.groups.items():
+            installed[gid] = group = notices.narrowed(group, stopped.get(gid))
             if conn.groups.get(gid) != group:
                 self.datapath.set_group(sw, gid, group.kind, list(group.ports),
                                         list(group.weights) or None, group.hash_basis,
@@ -310,8 +326,35 @@ class SwitchAgent:
             self.datapath.set_table(sw, tss.compile_table(session.flows.values()))
         for gid in set(conn.groups) - set(session.groups):
             self.datapath.delete_group(sw, gid)
-        conn.groups, conn.flows = dict(session.groups), dict(session.flows)
+        conn.groups, conn.flows = installed, dict(session.flows)
         conn.dirty = False
+        if notify:  # the new tables may strand a destination, or no longer strand one
+            self.notices_due = self.notify and (self.notices_due or bool(self.excluded)
+                                                or _may_strand(session))
+
+    def _notices(self) -> None:
+        """Fault notices over every connected switch, from the controller's tables and the
+        ports' liveness: the groups whose stopped ports changed are installed again."""
+        self.notices_due = False
+        with self.lock:
+            conns = dict(self.conns)
+        views = {name: notices.SwitchView(
+                    tuple(c.session.flows.values()), c.session.groups,
+                    frozenset(n for n, p in c.session.ports.items() if not p.live), c.spec.peers)
+                 for name, c in conns.items()}
+        excluded = notices.exclusions(views) if any(
+            v.dead or any(not g.ports for g in v.groups.values()) for v in views.values()) else {}
+        if excluded == self.excluded:
+            return
+        before, self.excluded = self.excluded, excluded
+        now = time.monotonic()
+        for name, conn in conns.items():
+            old, new = before.get(name, {}), excluded.get(name, {})
+            for gid in set(old) | set(new):
+                if old.get(gid) != new.get(gid) and len(self.notice_log) < 1000:
+                    self.notice_log.append((now, name, gid, tuple(sorted(new.get(gid, ())))))
+            if old != new:
+                self._install(conn, notify=False)
 
     def _serve(self) -> None:
         """The agent's loop; what it did not expect is recorded (``errors``) and the loop goes
@@ -339,6 +382,8 @@ class SwitchAgent:
                 self.mgmt.event(key.data, key.fileobj)
             elif key.data in self.conns and events & selectors.EVENT_READ:
                 self._receive(key.data, self.conns[key.data])
+        if self.notices_due:
+            self._notices()
         for name, conn in list(self.conns.items()):  # what is to send, sent or waited for
             try:
                 with self.lock:
@@ -432,3 +477,9 @@ class SwitchAgent:
                 self._retry_later(name, old)
                 if len(self.disconnects) < 100:
                     self.disconnects.append(f"{name}: reconnecting: {err}")
+
+
+def _may_strand(session: SwitchSession) -> bool:
+    """Whether a switch's tables may strand a destination: a dead port or an empty group."""
+    return (any(not p.live for p in session.ports.values())
+            or any(not g.ports for g in session.groups.values()))
