@@ -261,8 +261,10 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         from testbed.switch.agent import tell_lost_signal
 
         def signal(end: End, lost: bool) -> None:
-            if lost and set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False):
+            if lost:  # the agent first (a datagram: it marks the port, tells the controller
+                # and the switch's neighbours), then the maps, in case the agent is slow
                 tell_lost_signal(Path(record.run_dir) / SWITCH_MGMT_DIR, end.ifname)
+                set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False)
     try:
         pairs = [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b)) for a, b in links]
         began = time.time()
