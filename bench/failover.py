@@ -5,7 +5,10 @@ a pair is the longest gap between two of its replies less the probe interval; th
 every pair is the number reported (the traffic through core1 and agg2_1 is the one rerouted:
 by the switches' own groups where they see the dead port, by the controller elsewhere).
 
-    python bench/failover.py [--datapath ovs|ebpf] [--repeat N] [--json]
+    python bench/failover.py [--datapath ovs|ebpf] [--no-notices] [--repeat N] [--json]
+
+``--no-notices``: the eBPF switches without their fault notices (``emulator.fault_notices``),
+so that only the controller moves the other pods' traffic off core1.
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ FAIL_AT_S = 1.5
 REPLY = re.compile(r"^\[(\d+\.\d+)\] (\S+)\s+: \[(\d+)\], \d+ bytes, ([\d.]+) ms")
 
 
-def experiment(datapath: str) -> str:
+def experiment(datapath: str, notices: bool = True) -> str:
     """The quickstart's fabric without its workload, on ``datapath`` (the userspace Open vSwitch
     at 10 Mbit/s, within its budget; the probes are what counts)."""
     doc = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
     doc.pop("workload", None)
     doc.setdefault("emulator", {})["datapath"] = datapath
+    if not notices:
+        doc["emulator"]["fault_notices"] = False
     if datapath == "ovs":
         for tier in ("host_link", "fabric_link"):
             doc["fabric"][tier]["rate_mbps"] = 10
@@ -194,9 +199,9 @@ class StallWatch:
                 "steal_ms": round((stolen[-1] - stolen[0]) * 1000, 1) if stolen else None}
 
 
-def once(datapath: str, state: Path) -> dict:
+def once(datapath: str, state: Path, notices: bool = True) -> dict:
     exp = state / "failover.yaml"
-    exp.write_text(experiment(datapath))
+    exp.write_text(experiment(datapath, notices))
     up = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
                            "up", str(exp)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, cwd=ROOT)
@@ -243,7 +248,8 @@ def once(datapath: str, state: Path) -> dict:
         reader.join(timeout=10)
     worst = max(gaps.items(), key=lambda kv: kv[1])
     hit = sorted(g - INTERVAL_MS for g in gaps.values() if g > 2.5 * INTERVAL_MS)
-    return {"datapath": datapath, "pairs": len(gaps), "pairs_interrupted": len(hit),
+    return {"datapath": datapath, "fault_notices": notices, "pairs": len(gaps),
+            "pairs_interrupted": len(hit),
             "worst_gap_ms": round(worst[1], 1), "worst_pair": list(worst[0]),
             "outage_ms": round(worst[1] - INTERVAL_MS, 1), "replies_lost": lost,
             "probes": count * len(gaps), "started": start,
@@ -259,13 +265,15 @@ def once(datapath: str, state: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datapath", choices=["ovs", "ebpf"], default="ebpf")
+    ap.add_argument("--no-notices", action="store_true",
+                    help="the eBPF switches without their fault notices")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="fabriclab-failover-") as tmp:
-            results.append(once(args.datapath, Path(tmp)))
+            results.append(once(args.datapath, Path(tmp), not args.no_notices))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

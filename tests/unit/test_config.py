@@ -496,11 +496,3 @@ def test_every_file_the_schema_names_exists():
     named = set(re.findall(r"\b((?:docs|fabriclab|testbed|traffic|controllers|telemetry|"
                            r"examples|experiments)/[\w/.-]+\.(?:md|py|yaml|json|c))\b", text))
     assert named and not [p for p in named if not (root / p).exists()]
-
-
-def test_fault_notices_are_on_by_default_and_off_when_asked():
-    """On wherever the datapath has them (true with Open vSwitch is refused: bad/)."""
-    base = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
-    assert config.parse(base).emulator.fault_notices is True
-    off = config.parse({**base, "emulator": {"datapath": "ovs", "fault_notices": False}})
-    assert off.emulator.fault_notices is False

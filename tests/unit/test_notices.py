@@ -240,3 +240,14 @@ def test_the_switch_agent_applies_the_notices_to_the_datapath_and_lifts_them():
                 for conn in conns.values():
                     conn.close()
         assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
+
+
+def test_fault_notices_are_on_by_default_and_off_when_asked():
+    """On wherever the datapath has them (true with Open vSwitch is refused by field:
+    tests/unit/bad/fault-notices-on-ovs.yaml)."""
+    from fabriclab.model import experiment
+
+    base = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4}}
+    assert experiment.parse(base).emulator.fault_notices is True
+    off = experiment.parse({**base, "emulator": {"datapath": "ovs", "fault_notices": False}})
+    assert off.emulator.fault_notices is False
