@@ -77,6 +77,27 @@ def replies(outputs: dict[str, str]) -> dict[tuple, list[float]]:
     return times
 
 
+def lost_probes(outputs: dict[str, str], began: float) -> list[tuple[float, str]]:
+    """Each probe without a reply (between a pair's first and last replied ones): when it was
+    sent, in ms after ``began`` (its pair's replied probes' send times, one interval apart per
+    sequence number), and its pair; in the order sent."""
+    lost = []
+    for source, text in outputs.items():
+        seqs: dict[str, dict[int, float]] = {}
+        for line in text.splitlines():
+            m = REPLY.match(line)
+            if m:  # the send's time: the reply's less its round trip
+                seqs.setdefault(m.group(2), {})[int(m.group(3))] = (
+                    float(m.group(1)) - float(m.group(4)) / 1000)
+        for target, sent in seqs.items():
+            first = min(sent)
+            for seq in range(first, max(sent)):
+                if seq not in sent:
+                    at = sent[first] + (seq - first) * INTERVAL_MS / 1000
+                    lost.append((round((at - began) * 1000, 1), f"{source}->{target}"))
+    return sorted(lost)
+
+
 def late_replies(outputs: dict[str, str], began: float, until_s: float = 1.0) -> dict:
     """Whether a gap was the network's or the prober's: over the replies that came from
     ``began`` to ``until_s`` after it, the longest round trip (ms; a packet held in the
@@ -240,6 +261,7 @@ def once(datapath: str, state: Path, notices: bool = True) -> dict:
         windows = gap_windows(times, steps.get("began", failed_at))
         stall = watch.report(steps.get("began", failed_at))
         stall.update(late_replies(outputs, steps.get("began", failed_at)))
+        lost_at = lost_probes(outputs, steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
     finally:
@@ -258,6 +280,7 @@ def once(datapath: str, state: Path, notices: bool = True) -> dict:
             "controller_events_ms": events,
             "gap_windows_ms": windows,
             "machine_stall": stall,
+            "lost_probes_sent_ms": lost_at,
             "pair_outages_ms": sorted(round(g - INTERVAL_MS, 1) for g in gaps.values()),
             "median_outage_of_interrupted_ms": round(hit[len(hit) // 2], 1) if hit else 0.0}
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from ipaddress import IPv4Network
 
 from testbed.model.openflow import CONTROLLER_PORT, FlowEntry, GroupEntry
@@ -47,6 +48,7 @@ class SwitchView:
     peers: dict[int, str] = field(default_factory=dict)
 
 
+@lru_cache(maxsize=65536)  # the same entries, every time a switch's tables change
 def destination(entry: FlowEntry) -> IPv4Network | None:
     """The destinations a route forwards: its ``ipv4_dst`` prefix, where it matches nothing
     else but the Ethernet type; None for any other flow."""
@@ -61,6 +63,7 @@ def destination(entry: FlowEntry) -> IPv4Network | None:
         return None
 
 
+@lru_cache(maxsize=65536)
 def _forwarding(entry: FlowEntry) -> tuple[str, int] | None:
     """A route's way out: ("group", id) or ("output", port); None for anything else."""
     for name, value in entry.actions:
@@ -70,6 +73,10 @@ def _forwarding(entry: FlowEntry) -> tuple[str, int] | None:
 
 
 def _covered(dsts: Iterable[IPv4Network], stranded: set[IPv4Network]) -> bool:
+    if not stranded:
+        return False
+    if all(d in stranded for d in dsts):  # the same prefixes, as routes mostly are
+        return True
     return all(any(d.subnet_of(s) for s in stranded) for d in dsts)
 
 

@@ -109,6 +109,9 @@ class _Counters:
         return self.datapath.counters(self.spec.index, mask, key)
 
 
+#: how long after a table change the notices are worked out again (a port's change: at once);
+#: notices only take ports away, so ones a few milliseconds stale still loop nowhere
+NOTICES_COALESCE_S = 0.005
 RECONNECT_S, RECONNECT_MAX_S = 0.1, 2.0  # a lost connection's first retry, and the longest wait
 _PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside switch names
 _SIGNALS = "\0signals"
@@ -144,7 +147,8 @@ class SwitchAgent:
         #: installed are the controller's less the ports whose switch stranded their routes
         self.notify = notify
         self.excluded: notices.Exclusions = {}
-        self.notices_due = False
+        #: when the notices are to be worked out again (monotonic; None: nothing changed)
+        self.notices_at: float | None = None
         #: what the notices did: (monotonic time, switch, group id, the ports it stopped using)
         self.notice_log: list[tuple[float, str, int, tuple[int, ...]]] = []
         self.mgmt_dir = mgmt_dir  # each switch's management socket here (None: none)
@@ -247,7 +251,7 @@ class SwitchAgent:
                 return
             self.datapath.set_live(conn.spec.index, port, live)
             conn.out += conn.session.port_status(port, live)
-            self.notices_due = self.notify
+            self.notices_at = 0.0 if self.notify else None  # a port: at once
         try:
             self._waker[1].send(b"x")
         except OSError:  # stopped
@@ -278,11 +282,14 @@ class SwitchAgent:
         self.selector.register(sock, selectors.EVENT_READ, _SIGNALS)
 
     def _signalled(self) -> None:
-        try:
-            ifname = self.signals.recv(256).decode(errors="replace")
-        except OSError:
-            return
-        self.signal(ifname, True)
+        """Every lost signal told so far (a failure's ends come together: one round of
+        notices for all of them)."""
+        while True:
+            try:
+                ifname = self.signals.recv(256).decode(errors="replace")
+            except OSError:  # none left (EAGAIN)
+                return
+            self.signal(ifname, True)
 
     def _punts(self) -> None:
         for head, data in self.datapath.read_punts():
@@ -328,14 +335,16 @@ class SwitchAgent:
             self.datapath.delete_group(sw, gid)
         conn.groups, conn.flows = installed, dict(session.flows)
         conn.dirty = False
-        if notify:  # the new tables may strand a destination, or no longer strand one
-            self.notices_due = self.notify and (self.notices_due or bool(self.excluded)
-                                                or _may_strand(session))
+        if notify and self.notify and self.notices_at is None and (
+                self.excluded or _may_strand(session)):
+            # the new tables may strand a destination, or no longer strand one: worked out
+            # once the messages that come together are in (a reroute's dozen group mods)
+            self.notices_at = time.monotonic() + NOTICES_COALESCE_S
 
     def _notices(self) -> None:
         """Fault notices over every connected switch, from the controller's tables and the
         ports' liveness: the groups whose stopped ports changed are installed again."""
-        self.notices_due = False
+        self.notices_at = None
         with self.lock:
             conns = dict(self.conns)
         views = {name: notices.SwitchView(
@@ -369,7 +378,9 @@ class SwitchAgent:
     def _serve_once(self) -> None:
         if self.reconnect_at:
             self._reconnect()
-        for key, events in self.selector.select(timeout=0.1):
+        wait = 0.1 if self.notices_at is None else min(0.1, max(
+            0.0, self.notices_at - time.monotonic()))
+        for key, events in self.selector.select(timeout=wait):
             if key.data == _PUNTS:
                 self._punts()
             elif key.data == _LINKS:
@@ -382,7 +393,7 @@ class SwitchAgent:
                 self.mgmt.event(key.data, key.fileobj)
             elif key.data in self.conns and events & selectors.EVENT_READ:
                 self._receive(key.data, self.conns[key.data])
-        if self.notices_due:
+        if self.notices_at is not None and time.monotonic() >= self.notices_at:
             self._notices()
         for name, conn in list(self.conns.items()):  # what is to send, sent or waited for
             try:
