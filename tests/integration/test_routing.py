@@ -205,3 +205,39 @@ def test_a_dead_vswitchd_is_a_switch_failure_routed_around(make_fabric):
     status = fabric.controller_status()
     assert any(f"{core} disconnected" in e for e in status.get("events", [])), status
     assert core not in flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
+
+
+@pytest.mark.parametrize("notices", [True, False])
+def test_the_ebpf_switches_route_around_a_remote_failure_while_the_controller_is_stopped(
+        make_fabric, notices):
+    """A probe flow through a core (traced), the core's link down into the destination's pod
+    failed with the controller stopped (SIGSTOP: a controller that is slow or far away): the
+    switches' fault notices move the flow off that core on their own, within the probes'
+    5 ms steps; without them nothing moves it until the controller runs again."""
+    import os
+    import signal
+
+    from traffic.agents.probe import measure_outage
+
+    fabric = make_fabric(experiment(
+        K4 + f"emulator: {{fault_notices: {str(notices).lower()}}}\n", "ebpf"))
+    sport, dport = 30000, 7777
+    path = flow_path(fabric, "h1_1_1", "h2_1_1", "udp", sport, dport)
+    core, agg = path[3], path[4]  # h1_1_1, edge1_x, agg1_x, core, agg2_x, ...
+    assert core.startswith("core") and agg.startswith("agg2_"), path
+    pid = fabric.controller.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        result = measure_outage(fabric, "h1_1_1", "h2_1_1",
+                                lambda: fabric.set_link(core, agg, up=False), seconds=1.5,
+                                at_s=0.5, port=dport, sport=sport)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    print(f"[outage] notices {notices}: {result['outage_s'] * 1e3:.1f} ms, answered "
+          f"{result['answered']} of {result['sent']}")
+    if notices:  # the other pods' aggregation switches leave the core: 0-5 ms measured
+        assert result["outage_s"] <= 0.050, result
+        assert result["answered"] >= result["sent"] - 10, result
+    else:  # nothing answered after the cut (a third of the way in; the last probes unanswered
+        # count as no outage): the probes of the second after it all lost
+        assert result["answered"] <= result["sent"] * 0.5 / 1.5 + 2, result
