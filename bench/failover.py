@@ -5,16 +5,20 @@ a pair is the longest gap between two of its replies less the probe interval; th
 every pair is the number reported (the traffic through core1 and agg2_1 is the one rerouted:
 by the switches' own groups where they see the dead port, by the controller elsewhere).
 
-    python bench/failover.py [--datapath ovs|ebpf] [--no-notices] [--repeat N] [--json]
+    python bench/failover.py [--datapath ovs|ebpf] [--no-notices] [--stop-controller MS]
+                             [--repeat N] [--json]
 
 ``--no-notices``: the eBPF switches without their fault notices (``emulator.fault_notices``),
-so that only the controller moves the other pods' traffic off core1.
+so that only the controller moves the other pods' traffic off core1. ``--stop-controller MS``:
+the controller stopped (SIGSTOP) from just before the fail command until MS after it began (a
+controller that is busy, slow or far away): what the switches do on their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import subprocess
@@ -220,7 +224,7 @@ class StallWatch:
                 "steal_ms": round((stolen[-1] - stolen[0]) * 1000, 1) if stolen else None}
 
 
-def once(datapath: str, state: Path, notices: bool = True) -> dict:
+def once(datapath: str, state: Path, notices: bool = True, stop_ms: float = 0.0) -> dict:
     exp = state / "failover.yaml"
     exp.write_text(experiment(datapath, notices))
     up = subprocess.Popen([sys.executable, "-m", "fabriclab.cli", "--state-dir", str(state),
@@ -245,6 +249,10 @@ def once(datapath: str, state: Path, notices: bool = True) -> dict:
         watch = StallWatch()
         probes = {h.name: probe(pids[h.name], pod2, count) for h in sources}
         time.sleep(FAIL_AT_S)
+        controller = [p.pid for p in record.processes if p.kind.kind == "controller"]
+        if stop_ms:
+            os.kill(controller[0], signal.SIGSTOP)
+            threading.Timer(stop_ms / 1000, os.kill, (controller[0], signal.SIGCONT)).start()
         failed_at = time.time()
         failed = cli(state, "fail", "core1", "agg2_1", "--json")
         if failed.returncode != 0:
@@ -270,7 +278,8 @@ def once(datapath: str, state: Path, notices: bool = True) -> dict:
         reader.join(timeout=10)
     worst = max(gaps.items(), key=lambda kv: kv[1])
     hit = sorted(g - INTERVAL_MS for g in gaps.values() if g > 2.5 * INTERVAL_MS)
-    return {"datapath": datapath, "fault_notices": notices, "pairs": len(gaps),
+    return {"datapath": datapath, "fault_notices": notices,
+            "controller_stopped_ms": stop_ms, "pairs": len(gaps),
             "pairs_interrupted": len(hit),
             "worst_gap_ms": round(worst[1], 1), "worst_pair": list(worst[0]),
             "outage_ms": round(worst[1] - INTERVAL_MS, 1), "replies_lost": lost,
@@ -290,13 +299,16 @@ def main() -> None:
     ap.add_argument("--datapath", choices=["ovs", "ebpf"], default="ebpf")
     ap.add_argument("--no-notices", action="store_true",
                     help="the eBPF switches without their fault notices")
+    ap.add_argument("--stop-controller", type=float, default=0.0, metavar="MS",
+                    help="the controller stopped until MS after the fail command began")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="fabriclab-failover-") as tmp:
-            results.append(once(args.datapath, Path(tmp), not args.no_notices))
+            results.append(once(args.datapath, Path(tmp), not args.no_notices,
+                                args.stop_controller))
     if args.json:
         print(json.dumps(results, indent=2))
     else:
