@@ -250,11 +250,14 @@ def once(datapath: str, state: Path, notices: bool = True, stop_ms: float = 0.0)
         probes = {h.name: probe(pids[h.name], pod2, count) for h in sources}
         time.sleep(FAIL_AT_S)
         controller = [p.pid for p in record.processes if p.kind.kind == "controller"]
-        if stop_ms:
+        if stop_ms:  # from before the command starts (a second of Python's start-up)
             os.kill(controller[0], signal.SIGSTOP)
-            threading.Timer(stop_ms / 1000, os.kill, (controller[0], signal.SIGCONT)).start()
         failed_at = time.time()
         failed = cli(state, "fail", "core1", "agg2_1", "--json")
+        if stop_ms:  # until stop_ms after it began cutting
+            began = json.loads(failed.stdout[failed.stdout.find("{"):]).get("began", failed_at)
+            time.sleep(max(0.0, began + stop_ms / 1000 - time.time()))
+            os.kill(controller[0], signal.SIGCONT)
         if failed.returncode != 0:
             raise SystemExit(failed.stdout + failed.stderr)
         outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
