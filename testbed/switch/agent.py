@@ -335,10 +335,11 @@ class SwitchAgent:
             self.datapath.delete_group(sw, gid)
         conn.groups, conn.flows = installed, dict(session.flows)
         conn.dirty = False
-        if notify and self.notify and self.notices_at is None and (
-                self.excluded or _may_strand(session)):
-            # the new tables may strand a destination, or no longer strand one: worked out
-            # once the messages that come together are in (a reroute's dozen group mods)
+        if notify and self.notify and self.notices_at is None and (self.excluded or any(
+                _may_strand(c.session) for c in list(self.conns.values()))):
+            # the new tables may strand a destination (here or behind a neighbour), or no
+            # longer strand one: worked out once the messages that come together are in (a
+            # reroute's dozen group mods)
             self.notices_at = time.monotonic() + NOTICES_COALESCE_S
 
     def _notices(self) -> None:
