@@ -70,51 +70,49 @@ def probe(pid: int, targets: list[str], count: int) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
-def replies(outputs: dict[str, str]) -> dict[tuple, list[float]]:
+def parse_replies(outputs: dict[str, str]) -> list[tuple[str, str, int, float, float]]:
+    """Every reply fping printed: (source, target, sequence number, when it came, its round
+    trip in ms)."""
+    return [(source, m.group(2), int(m.group(3)), float(m.group(1)), float(m.group(4)))
+            for source, text in outputs.items() for line in text.splitlines()
+            if (m := REPLY.match(line))]
+
+
+def replies(parsed: list[tuple]) -> dict[tuple, list[float]]:
     """(source, target) -> when its replies came."""
     times: dict[tuple, list[float]] = {}
-    for source, text in outputs.items():
-        for line in text.splitlines():
-            m = REPLY.match(line)
-            if m:
-                times.setdefault((source, m.group(2)), []).append(float(m.group(1)))
+    for source, target, _seq, at, _rtt in parsed:
+        times.setdefault((source, target), []).append(at)
     return times
 
 
-def lost_probes(outputs: dict[str, str], began: float) -> list[tuple[float, str]]:
+def lost_probes(parsed: list[tuple], began: float) -> list[tuple[float, str]]:
     """Each probe without a reply (between a pair's first and last replied ones): when it was
     sent, in ms after ``began`` (its pair's replied probes' send times, one interval apart per
     sequence number), and its pair; in the order sent."""
+    sent: dict[tuple, dict[int, float]] = {}
+    for source, target, seq, at, rtt in parsed:  # the send's time: the reply's less its RTT
+        sent.setdefault((source, target), {})[seq] = at - rtt / 1000
     lost = []
-    for source, text in outputs.items():
-        seqs: dict[str, dict[int, float]] = {}
-        for line in text.splitlines():
-            m = REPLY.match(line)
-            if m:  # the send's time: the reply's less its round trip
-                seqs.setdefault(m.group(2), {})[int(m.group(3))] = (
-                    float(m.group(1)) - float(m.group(4)) / 1000)
-        for target, sent in seqs.items():
-            first = min(sent)
-            for seq in range(first, max(sent)):
-                if seq not in sent:
-                    at = sent[first] + (seq - first) * INTERVAL_MS / 1000
-                    lost.append((round((at - began) * 1000, 1), f"{source}->{target}"))
+    for (source, target), times in sent.items():
+        first = min(times)
+        for seq in range(first, max(times)):
+            if seq not in times:
+                at = times[first] + (seq - first) * INTERVAL_MS / 1000
+                lost.append((round((at - began) * 1000, 1), f"{source}->{target}"))
     return sorted(lost)
 
 
-def late_replies(outputs: dict[str, str], began: float, until_s: float = 1.0) -> dict:
+def late_replies(parsed: list[tuple], began: float, until_s: float = 1.0) -> dict:
     """Whether a gap was the network's or the prober's: over the replies that came from
     ``began`` to ``until_s`` after it, the longest round trip (ms; a packet held in the
     fabric comes back late) and the longest pause between two sends of one prober (ms, a
     send's time being its reply's less its round trip: a prober that could not send)."""
     rtts, sends = [], {}
-    for source, text in outputs.items():
-        for line in text.splitlines():
-            m = REPLY.match(line)
-            if m and began <= float(m.group(1)) <= began + until_s:
-                rtt = float(m.group(4))
-                rtts.append(rtt)
-                sends.setdefault(source, []).append(float(m.group(1)) - rtt / 1000)
+    for source, _target, _seq, at, rtt in parsed:
+        if began <= at <= began + until_s:
+            rtts.append(rtt)
+            sends.setdefault(source, []).append(at - rtt / 1000)
     pauses = [(b - a) * 1000 for s in map(sorted, sends.values()) for a, b in zip(s, s[1:])]
     return {"rtt_max_ms": round(max(rtts, default=0.0), 1),
             "send_pause_max_ms": round(max(pauses, default=0.0), 1)}
@@ -224,6 +222,24 @@ class StallWatch:
                 "steal_ms": round((stolen[-1] - stolen[0]) * 1000, 1) if stolen else None}
 
 
+def fail(state: Path, record, stop_ms: float) -> subprocess.CompletedProcess:
+    """``fabriclab fail core1 agg2_1``; with ``stop_ms``, the controller stopped from before
+    the command starts (a second of Python's start-up) until ``stop_ms`` after the command
+    began cutting (its ``--json`` document's ``began``), and continued whatever happens."""
+    if not stop_ms:
+        return cli(state, "fail", "core1", "agg2_1", "--json")
+    pid = next(p.pid for p in record.processes if p.kind.kind == "controller")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        failed = cli(state, "fail", "core1", "agg2_1", "--json")
+        doc = re.search(r"^\{", failed.stdout, re.M)
+        began = json.loads(failed.stdout[doc.start():]).get("began", 0.0) if doc else 0.0
+        time.sleep(max(0.0, began + stop_ms / 1000 - time.time()))
+        return failed
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def once(datapath: str, state: Path, notices: bool = True, stop_ms: float = 0.0) -> dict:
     exp = state / "failover.yaml"
     exp.write_text(experiment(datapath, notices))
@@ -249,30 +265,24 @@ def once(datapath: str, state: Path, notices: bool = True, stop_ms: float = 0.0)
         watch = StallWatch()
         probes = {h.name: probe(pids[h.name], pod2, count) for h in sources}
         time.sleep(FAIL_AT_S)
-        controller = [p.pid for p in record.processes if p.kind.kind == "controller"]
-        if stop_ms:  # from before the command starts (a second of Python's start-up)
-            os.kill(controller[0], signal.SIGSTOP)
         failed_at = time.time()
-        failed = cli(state, "fail", "core1", "agg2_1", "--json")
-        if stop_ms:  # until stop_ms after it began cutting
-            began = json.loads(failed.stdout[failed.stdout.find("{"):]).get("began", failed_at)
-            time.sleep(max(0.0, began + stop_ms / 1000 - time.time()))
-            os.kill(controller[0], signal.SIGCONT)
+        failed = fail(state, record, stop_ms)
         if failed.returncode != 0:
             raise SystemExit(failed.stdout + failed.stderr)
-        outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
-        watch.stop()
-        times = replies(outputs)
-        gaps = worst_gaps(times, failed_at)
         doc = re.search(r"^\{", failed.stdout, re.M)  # --json's document
         steps = json.loads(failed.stdout[doc.start():]) if doc else {}
+        outputs = {name: p.communicate(timeout=60)[0] for name, p in probes.items()}
+        watch.stop()
+        parsed = parse_replies(outputs)
+        times = replies(parsed)
+        gaps = worst_gaps(times, failed_at)
         status = controller_status(Path(record.run_dir))
         heard = controller_heard(status, steps.get("began", failed_at))
         events = controller_events(status, steps.get("began", failed_at))
         windows = gap_windows(times, steps.get("began", failed_at))
         stall = watch.report(steps.get("began", failed_at))
-        stall.update(late_replies(outputs, steps.get("began", failed_at)))
-        lost_at = lost_probes(outputs, steps.get("began", failed_at))
+        stall.update(late_replies(parsed, steps.get("began", failed_at)))
+        lost_at = lost_probes(parsed, steps.get("began", failed_at))
         lost = sum(count - len(t) for t in times.values())
         cli(state, "restore", "core1", "agg2_1")
     finally:

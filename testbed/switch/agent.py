@@ -353,7 +353,7 @@ class SwitchAgent:
                     frozenset(n for n, p in c.session.ports.items() if not p.live), c.spec.peers)
                  for name, c in conns.items()}
         excluded = notices.exclusions(views) if any(
-            v.dead or any(not g.ports for g in v.groups.values()) for v in views.values()) else {}
+            _may_strand(c.session) for c in conns.values()) else {}
         if excluded == self.excluded:
             return
         before, self.excluded = self.excluded, excluded
