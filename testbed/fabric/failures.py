@@ -260,22 +260,15 @@ def set_links_of_running_fabric(registry, target: list[str], up: bool,
         from testbed.linux.ebpfswitch import set_live_pinned
         from testbed.switch.agent import tell_lost_signal
 
-        told: set[str] = set()
-        lock = threading.Lock()
-
-        def signal(end: End, lost: bool) -> None:
-            """The agent first, of every switch end at once (a datagram each: it marks the
-            ports, tells the controller and the switches' neighbours), then the maps, in case
-            the agent is slow (one call per end, from the steps' threads)."""
+        def signal(ends: list[End], lost: bool) -> None:
+            """The agent first (a datagram per end: it marks the ports, tells the controller
+            and the switches' neighbours), then the maps, in case the agent is slow."""
             if not lost:
                 return
-            with lock:
-                untold = [e.ifname for pair in pairs for e in pair
-                          if e.switch and e.ifname not in told]
-                told.update(untold)
-            for ifname in untold:
-                tell_lost_signal(Path(record.run_dir) / SWITCH_MGMT_DIR, ifname)
-            set_live_pinned(switches[0], socket.if_nametoindex(end.ifname), False)
+            for e in ends:
+                tell_lost_signal(Path(record.run_dir) / SWITCH_MGMT_DIR, e.ifname)
+            for e in ends:
+                set_live_pinned(switches[0], socket.if_nametoindex(e.ifname), False)
     try:
         pairs = [(end(topo.find_link(a, b).a), end(topo.find_link(a, b).b)) for a, b in links]
         began = time.time()

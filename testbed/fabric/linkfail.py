@@ -87,16 +87,17 @@ class LinkCut:
 
 
 def set_links(netlink: Netlink, links: list[tuple[End, End]], up: bool,
-              cut: LinkCut | None, signal: Callable[[End, bool], None] | None = None
-              ) -> dict[str, float]:
+              cut: LinkCut | None,
+              signal: Callable[[list[End], bool], None] | None = None) -> dict[str, float]:
     """Fail (``up=False``) or repair the links, all at once, in the order of the module's doc.
 
     Args:
         netlink: the caller's sockets.
         links: both ends of each link.
         cut: the run's cut program, or None (the veths only).
-        signal: tells a switch end's Open vSwitch of the loss of signal (default
-            :func:`testbed.linux.ovs.signal_loss`).
+        signal: tells the switches of the loss (or return) of signal at their ends, given
+            every switch end at once (default: each end's Open vSwitch,
+            :func:`testbed.linux.ovs.signal_loss`, in parallel: one OVSDB transaction each).
 
     Returns:
         When each step was done, in seconds after the call: ``cut_s``, ``signalled_s``,
@@ -104,7 +105,7 @@ def set_links(netlink: Netlink, links: list[tuple[End, End]], up: bool,
     """
     if signal is None:
         ovs.has_ovsdb_client()  # imported here, not in the pool's threads (a fabric did already)
-        signal = lambda end, lost: ovs.signal_loss(end.ifname, lost, end.db)  # noqa: E731
+        signal = _tell_each_vswitchd
     ends = [e for pair in links for e in pair]
     switch_ends = [e for e in ends if e.switch]
     start = time.monotonic()
@@ -114,11 +115,8 @@ def set_links(netlink: Netlink, links: list[tuple[End, End]], up: bool,
         times[step] = round(time.monotonic() - start, 4)
 
     def tell(lost: bool) -> None:
-        if not switch_ends:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(switch_ends))) as pool:
-            for future in [pool.submit(signal, e, lost) for e in switch_ends]:
-                future.result()
+        if switch_ends:
+            signal(switch_ends, lost)
 
     if not up:
         if cut is not None:
@@ -141,3 +139,10 @@ def set_links(netlink: Netlink, links: list[tuple[End, End]], up: bool,
         tell(False)
         mark("signalled_s")
     return times
+
+
+def _tell_each_vswitchd(ends: list[End], lost: bool) -> None:
+    """Each end's Open vSwitch told of the loss (or return) of signal, all at once."""
+    with ThreadPoolExecutor(max_workers=min(8, len(ends))) as pool:
+        for future in [pool.submit(ovs.signal_loss, e.ifname, lost, e.db) for e in ends]:
+            future.result()

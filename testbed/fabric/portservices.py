@@ -162,7 +162,8 @@ class PortServices:
         each step's time after the call."""
         ends = [self.link_ends(self.share.topo.find_link(a, b)) for a, b in pairs]
         agent = self.switches.agent
-        signal = None if agent is None else lambda end, lost: agent.signal(end.ifname, lost)
+        signal = None if agent is None else lambda ends, lost: [
+            agent.signal(end.ifname, lost) for end in ends]
         return set_links(netlink or self.netlink, [e for e in ends if e], up, self.cut, signal)
 
     def set_rates(self, pairs: list[tuple[str, str]], factor: float,

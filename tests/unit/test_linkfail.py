@@ -23,8 +23,8 @@ class Steps:
         self.log.append(("mend", end.ifname))
 
     # Open vSwitch
-    def signal(self, end, lost):
-        self.log.append(("lost" if lost else "regained", end.ifname))
+    def signal(self, ends, lost):
+        self.log += [("lost" if lost else "regained", end.ifname) for end in ends]
 
 
 LINKS = [(End("edge1_1-eth3", None, True, "/run/a.sock"), End("agg1_1-eth1", None, True)),
