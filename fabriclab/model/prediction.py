@@ -14,7 +14,7 @@ from testbed.model.topology import hostname
 from traffic.measure import metrics
 from traffic.predict.iterations import iterations
 from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor
-from traffic.predict.router import Router
+from traffic.predict.router import LOCAL_FLOWLET, LOCAL_PACKET, Router
 from traffic.measure.transport import goodput_fraction
 from traffic.protocol import Connection
 from traffic.workloads.program import Program, Reported
@@ -24,13 +24,28 @@ from traffic.workloads.workload import Collective, Job
 WHAT = ("max-min sharing of the links by each step's connections on the paths the switches "
         "give them (dmodk exact, ecmp the expectation over hash draws: the draws' mean "
         "corrected by their busiest-link bounds against those of 1024 path draws, spray and "
-        "sprayed transports evenly split, adaptive placed on the least loaded path), at the "
+        "sprayed transports evenly split, adaptive placed on the least loaded path, "
+        "switch-local flowlets at each switch on the next hop it gave the fewest of the "
+        "step's connections (ties drawn; the mean over the draws), switch-local packets "
+        "evenly split), at the "
         "link rates times the payload share at the MTU; a pairwise all-to-all alone at each "
         "rank's own pace (a sender held to a 64 KiB receive window until its receiver "
         "reaches the step); elsewhere, where several shared links bound a step, TCP's uneven "
         "shares drawn (share_cv); 1 ms per step and connection to a peer for the agents' "
         "hand-off and 0.4 ms per rank for the spread of a barrier's release; no queues, "
         "losses or slow start")
+
+
+def routing_of(ctl) -> str:
+    """The routing the prediction assumes: the controller's mode (switch-local adaptive
+    routing's by its granularity: :data:`~traffic.predict.router.LOCAL_FLOWLET`,
+    :data:`~traffic.predict.router.LOCAL_PACKET`); an app's or a remote controller's routes
+    are unknown: ECMP's."""
+    if not ctl.own:
+        return "ecmp"
+    if str(ctl.routing) == "local_adaptive":
+        return LOCAL_PACKET if str(ctl.granularity) == "packet" else LOCAL_FLOWLET
+    return str(ctl.routing)
 
 
 def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
@@ -40,7 +55,7 @@ def predict(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
     if exp.workload is None:
         return []
     ctl = exp.controller
-    routing = str(ctl.routing) if ctl.own else "ecmp"  # an app's or remote's routes: unknown
+    routing = routing_of(ctl)  # an app's or remote's routes: unknown
     predictor = Predictor(exp.topology, routing, str(ctl.ecmp_seed),
                           goodput_fraction(exp.fabric.mtu), draws,
                           share_cv=SHARE_CV if share_cv is None else share_cv)
@@ -82,7 +97,7 @@ def program_rows(exp: xp.Experiment, program: Program, reports: list[Reported],
             coll = Collective(rep.op, hosts, schedule, label=rep.label)
             if predictor is None:
                 ctl = exp.controller
-                predictor = Predictor(exp.topology, str(ctl.routing) if ctl.own else "ecmp",
+                predictor = Predictor(exp.topology, routing_of(ctl),
                                       str(ctl.ecmp_seed), goodput, DEFAULT_DRAWS,
                                       share_cv=SHARE_CV)
             (p,) = predictor.batch([Job(job, (coll,), 1, program.timeout_s)])
@@ -114,7 +129,7 @@ def document(exp: xp.Experiment, draws: int = DEFAULT_DRAWS,
         row["busbw_GBps"] = round(metrics.busbw_GBps(coll.op, n, coll.schedule.size_bytes, comm)
                                   if coll.op in metrics.BUS_FACTOR else 0.0, 6)
         rows.append(row)
-    out = {"routing": str(exp.controller.routing) if exp.controller.own else "ecmp",
+    out = {"routing": routing_of(exp.controller),
            "draws": draws, "share_cv": SHARE_CV if share_cv is None else share_cv,
            "model": WHAT, "collectives": rows}
     if exp.workload is not None:
@@ -228,7 +243,7 @@ def attach_hashed(rows: list[CollectiveRow], predicted: list[Predicted]) -> None
 def router(exp: xp.Experiment) -> Router:
     """The paths of ``exp``'s fabric under its routing."""
     ctl = exp.controller
-    return Router(exp.topology, str(ctl.routing) if ctl.own else "ecmp", str(ctl.ecmp_seed),
+    return Router(exp.topology, routing_of(ctl), str(ctl.ecmp_seed),
                   goodput_fraction(exp.fabric.mtu))
 
 

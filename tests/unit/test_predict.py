@@ -268,6 +268,45 @@ def test_adaptive_places_connections_on_the_least_loaded_paths():
     assert adaptive.seconds == pytest.approx(1.0)  # one per spine
 
 
+def test_switch_local_flowlets_balance_each_switchs_own_ports_blind_to_the_links_beyond():
+    """Switch-local adaptive routing by flowlet: each switch puts a step's connections on the
+    next hop it has put the fewest on. Two flows from one leaf to another take both spines
+    (line rate, as ``adaptive``). On a k=4 fat-tree a random permutation never sends two
+    flows up one link, but flows still meet on the way down, where no switch on the way up
+    looks: a shift permutation slower than line rate, faster than ECMP's draws. By packet:
+    an even split."""
+    topo = leaf_spine(2, 2, 2)
+    hosts = [h.name for h in topo.hosts]
+    wl = Workload((_job(topo, flows([(0, 2), (1, 3)], 4, 12_500_000), hosts),))
+    local = Predictor(topo, "local_flowlet", **NO_OVERHEAD).workload(wl)[0]
+    assert local.seconds == pytest.approx(1.0) and local.high_s == pytest.approx(1.0)
+    topo = fat_tree(4)
+    hosts = [h.name for h in topo.hosts]
+    router = Router(topo, "local_flowlet")
+    up = {i for (a, b), i in router.index.items()
+          if (a.startswith("edge") and b.startswith("agg"))
+          or (a.startswith("agg") and b.startswith("core"))}
+    rng = random.Random(3)
+    for _ in range(20):
+        dst = list(range(16))
+        rng.shuffle(dst)
+        placed: dict[int, int] = {}
+        for i, j in enumerate(dst):
+            if i != j:
+                router.path(hosts[i], hosts[j], 0, rng, placed=placed)
+        assert max(placed.get(i, 0) for i in up) == 1
+    sched = flows([(i, (i + 5) % 16) for i in range(16)], 16, 12_500_000)
+    wl = Workload((_job(topo, sched, hosts),))
+    kw = dict(draws=32, **NO_OVERHEAD, share_cv=0.0)
+    local = Predictor(topo, "local_flowlet", **kw).workload(wl)[0]
+    ecmp = Predictor(topo, "ecmp", **kw).workload(wl)[0]
+    # a collective lasts as long as its slowest flow: two meeting on a downlink make it 2 s
+    assert local.draws == 32 and 1.0 <= local.low_s <= local.high_s <= 2.0
+    assert local.seconds < 0.8 * ecmp.seconds
+    packet = Predictor(topo, "local_packet", **kw).workload(wl)[0]
+    assert packet.seconds == pytest.approx(1.0, rel=1e-6)
+
+
 SHIPPED = ["quickstart.yaml", "rails.yaml", "sweep-oversubscription.yaml", "routing-compare.yaml",
            "transports.yaml", "incast.yaml"]
 

@@ -16,7 +16,12 @@ the path the switches give it:
 * ``spray`` (or a sprayed transport, uet by default): each connection split evenly over the
   next hops at every switch (ideal per-link sharing);
 * ``adaptive``: each connection placed, largest first, on the path whose busiest link it
-  loads least (what a load-aware router at best reaches).
+  loads least (what a load-aware router at best reaches);
+* ``local_adaptive`` by flowlet (``local_flowlet``): each step's new connections in a random
+  order, each switch putting each on the next hop it has put the fewest of the step's
+  connections on, ties drawn (a switch balances its own ports, blind to the links beyond;
+  flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. By packet
+  (``local_packet``): an even split at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);
 the next step starts a hand-off after the slowest has ended (:data:`STEP_OVERHEAD_S` per
@@ -43,7 +48,7 @@ from testbed.model.topology import Topology
 from traffic.predict.flowsim import finish_times
 from traffic.predict.pathdraws import BoundDraws, step_bound
 from traffic.predict.progress import completion, own_connections
-from traffic.predict.router import Router, sprayed
+from traffic.predict.router import LOCAL_FLOWLET, Router, sprayed
 from traffic.predict.shares import Shares
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
@@ -137,7 +142,10 @@ class Predictor:
         :meth:`Router.hashed_path`), which then replaces the hash draws."""
         router = self.router
         random_paths = not paths and any(router.random_paths(sprayed(j)) for j in jobs)
-        draws = (self.draws if random_paths else min(self.draws, SHARE_DRAWS)
+        # switch-local flowlets break the switches' ties by draw as well (no bound for those)
+        drawn = random_paths or (not paths and router.routing == LOCAL_FLOWLET
+                                 and not all(sprayed(j) for j in jobs))
+        draws = (self.draws if drawn else min(self.draws, SHARE_DRAWS)
                  if self.share_cv > 0 else 1)
         times: dict[tuple[int, int], list[float]] = {}
         bounds: dict[tuple[int, int], list[float]] = {}
@@ -154,7 +162,7 @@ class Predictor:
                                           shares, bound).items():
                 times.setdefault(key, []).append(seconds)
                 bounds.setdefault(key, []).append(bound.get(key, 0.0))
-            if draw == 0 and not random_paths and not self._shared_steps:
+            if draw == 0 and not drawn and not self._shared_steps:
                 draws = 1  # every link carried one flow at a time: no draw can differ
                 break
         many = (BoundDraws(router, self.seed).means(self._steps(jobs))
@@ -219,19 +227,17 @@ class Predictor:
                 continue
             for step in range(max(steps.values())):
                 flows, owner, keys = [], [], []
-                for j in now:
-                    coll = j.collectives[k]
-                    for src, dst, ch, nbytes in self.connections(j, coll, step):
-                        key = (j.index, src, dst, ch)
-                        if key not in paths:
-                            paths[key] = router.path(src, dst, ch, rng, sprayed(j))
-                        flows.append((nbytes, paths[key]))
-                        owner.append(j.index)
-                        keys.append(key)
-                        if loads is not None:
-                            load = loads.setdefault((j.index, k), {})
-                            for link, w in paths[key]:
-                                load[link] = load.get(link, 0.0) + w * nbytes
+                conns = [(j, *c) for j in now for c in self.connections(j, j.collectives[k], step)]
+                self._place(conns, paths, rng)
+                for j, src, dst, ch, nbytes in conns:
+                    key = (j.index, src, dst, ch)
+                    flows.append((nbytes, paths[key]))
+                    owner.append(j.index)
+                    keys.append(key)
+                    if loads is not None:
+                        load = loads.setdefault((j.index, k), {})
+                        for link, w in paths[key]:
+                            load[link] = load.get(link, 0.0) + w * nbytes
                 if not flows:
                     continue
                 for j in now:
@@ -258,6 +264,22 @@ class Predictor:
                                                + self.step_overhead_s * j.connections)
         return out
 
+    def _place(self, conns: list[tuple], paths: dict, rng: random.Random) -> None:
+        """Paths for a step's connections (``(job, src, dst, channel, bytes)``) that have
+        none yet; under switch-local flowlets in a random order (as their first packets
+        come), each switch counting the step's connections it already placed."""
+        router, placed = self.router, None
+        new = list({(j.index, s, d, ch): (j, s, d, ch) for j, s, d, ch, _n in conns
+                    if (j.index, s, d, ch) not in paths}.items())
+        if router.routing == LOCAL_FLOWLET:
+            placed = {}
+            for j, s, d, ch, _n in conns:
+                for link, _w in paths.get((j.index, s, d, ch), ()):
+                    placed[link] = placed.get(link, 0) + 1
+            rng.shuffle(new)
+        for key, (j, s, d, ch) in new:
+            paths[key] = router.path(s, d, ch, rng, sprayed(j), placed)
+
     def _paced(self, job: Job, k: int) -> bool:
         """Whether collective ``k`` of ``job`` runs at its ranks' own pace when alone
         (:func:`~traffic.predict.progress.own_connections`)."""
@@ -276,6 +298,7 @@ class Predictor:
         flows = []
         for step in range(coll.schedule.steps):
             mine = []
+            self._place([(job, *c) for c in self.connections(job, coll, step)], paths, rng)
             for t in coll.schedule.transfers:
                 if t.step != step:
                     continue
@@ -284,8 +307,6 @@ class Predictor:
                     if not nbytes:
                         continue
                     key = (job.index, src, dst, ch)
-                    if key not in paths:
-                        paths[key] = router.path(src, dst, ch, rng, sprayed(job))
                     mine.append((nbytes, paths[key]))
                     flows.append((step, t.src, t.dst, float(nbytes), paths[key]))
                     if loads is not None:

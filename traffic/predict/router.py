@@ -1,7 +1,10 @@
 """The paths a fabric's connections take under a routing mode (pure): D-mod-k's exact up-ports,
 ECMP's hash draws (seeded, or as an eBPF switch hashes a given 5-tuple), packet spraying's even
-split and adaptive routing's candidates, as (link index, share of the bytes) over the fabric's
-directed links, each link's capacity at the wire's payload share."""
+split, adaptive routing's candidates and switch-local adaptive routing's choices (by flowlet:
+each switch puts a connection on the next hop it has placed the fewest of the step's
+connections on, blind to the links beyond; by packet: an even split, as spraying), as (link
+index, share of the bytes) over the fabric's directed links, each link's capacity at the
+wire's payload share."""
 
 from __future__ import annotations
 
@@ -15,6 +18,9 @@ from traffic.predict.ideal import FluidModel
 from traffic.workloads.workload import Job
 
 Link = tuple[str, str]  # a directed link: (from node, to node)
+#: switch-local adaptive routing's modes (``controller.routing: local_adaptive``), by its
+#: granularity
+LOCAL_FLOWLET, LOCAL_PACKET = "local_flowlet", "local_packet"
 
 
 class Router:
@@ -55,14 +61,16 @@ class Router:
         return not spray and self.routing == "ecmp"
 
     def path(self, src: str, dst: str, channel: int, rng: random.Random,
-             spray: bool = False) -> tuple[tuple[int, float], ...]:
+             spray: bool = False,
+             placed: dict[int, int] | None = None) -> tuple[tuple[int, float], ...]:
         """The links (index, share of the bytes) of one connection from host ``src`` to
-        ``dst``."""
+        ``dst``; switch-local flowlets with ``placed`` (link index -> connections on it so
+        far, updated): at each switch the next hop it placed the fewest on (ties: ``rng``)."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
         s, d, a, b = self.ends(src, dst, channel)
         hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
-        if spray or self.routing in ("spray",):
+        if spray or self.routing in ("spray", LOCAL_PACKET):
             hops |= self._split(a, b)
         elif a != b:
             draw = rng.getrandbits(32)
@@ -72,6 +80,11 @@ class Router:
                 if self.routing == "dmodk":
                     pick = nxt[dmodk_port(self.topo, node, self.number[d], list(range(len(nxt))),
                                           len(nxt))]
+                elif self.routing == LOCAL_FLOWLET and placed is not None:
+                    fewest = min(placed.get(self.index[(node, n)], 0) for n in nxt)
+                    pick = rng.choice([n for n in nxt
+                                       if placed.get(self.index[(node, n)], 0) == fewest])
+                    placed[self.index[(node, pick)]] = fewest + 1
                 elif self.shared_hash:
                     pick = nxt[draw % len(nxt)]
                 else:
