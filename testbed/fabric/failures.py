@@ -26,11 +26,13 @@ from testbed.paths import SWITCH_MGMT_DIR
 from testbed.plan.failplan import (
     FINE_SAMPLE_S,
     FINE_SPAN_S,
+    MOVE_WINDOW_S,
     SAMPLE_S,
     FailureEvent,
     alternatives,
     live_links,
     move_off_unmeasured,
+    move_window_s,
     throughput_around,
     time_to_move_off,
 )
@@ -174,13 +176,16 @@ class FailureInjector:
 
     def _move_off(self, index: int, item: dict) -> dict:
         """The event's time to move off per watched port (:func:`time_to_move_off`), in ms:
-        by its share of its alternatives' traffic where it has some."""
+        by its share of its alternatives' traffic where it has some; over windows of at
+        least four frames at the port's rate (``window_ms``, the resolution)."""
         samples = self._fine.get(index) or []
         rates, groups = self._rates.get(index, {}), self._groups.get(index, {})
         doc = dict(item["move_off"])
         frame = frame_bytes(self.fabric.spec.fabric.mtu)
-        doc["ms"] = {}
-        why = move_off_unmeasured([t for t, _ in samples], item["applied_s"])
+        window = {p: move_window_s(rates[p], frame) for p in doc["rates_mbps"]}
+        doc["ms"], doc["window_ms"] = {}, {p: round(w * 1000, 1) for p, w in window.items()}
+        why = move_off_unmeasured([t for t, _ in samples], item["applied_s"],
+                                  max(window.values(), default=MOVE_WINDOW_S))
         if why:
             doc["unmeasured"] = why
         for port in doc["rates_mbps"] if not why else ():
@@ -189,7 +194,7 @@ class FailureInjector:
             sibling = None if not others else [
                 (t, sum(c.get(o, 0) for o in others)) for t, c in samples]
             took = time_to_move_off(series, item["applied_s"], rates[port], frame,
-                                    siblings=sibling,
+                                    window[port], siblings=sibling,
                                     sibling_rate_bytes_s=sum(rates[o] for o in others or ()))
             doc["ms"][port] = None if took is None else round(took * 1000, 1)
         doc["ms"].update({port: None for port in doc["rates_mbps"] if port not in doc["ms"]})
@@ -198,6 +203,8 @@ class FailureInjector:
                               for p, v in doc["ms"].items()}
             doc["real_rates_mbps"] = {p: round(v * self.time_scale, 3)
                                       for p, v in doc["rates_mbps"].items()}
+            doc["real_window_ms"] = {p: round(v / self.time_scale, 4)
+                                     for p, v in doc["window_ms"].items()}
         if groups:
             doc["alternatives"] = {p: list(o) for p, o in groups.items()}
         doc["samples"] = len(samples)

@@ -25,6 +25,11 @@ SETTLE_S = 1.0
 FINE_SAMPLE_S = 0.001
 FINE_SPAN_S = 2.0
 MOVE_WINDOW_S = 0.005
+#: ... or over windows that hold this many full frames at the port's rate, where that is
+#: longer (a slow link's, a time-scaled fabric's: a 9,000-byte frame takes 21.6 ms of a
+#: 3.3 Mbit/s port, and a 5 ms window, which holds one frame or none, would read a port
+#: offered twice its rate as fitting it; :func:`move_window_s`)
+MOVE_FRAMES = 4
 #: A port's offered rate fits its link when at most this share above the link's rate, plus
 #: one frame per window (a packet in passage).
 MOVE_TOLERANCE = 1.05
@@ -159,12 +164,23 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
     return doc
 
 
-def move_off_unmeasured(times: list[float], at_s: float) -> str | None:
+def move_window_s(rate_bytes_s: float, frame_bytes: int) -> float:
+    """The window a port's offered rate is measured over: :data:`MOVE_WINDOW_S`, or long
+    enough to hold :data:`MOVE_FRAMES` frames of ``frame_bytes`` at ``rate_bytes_s``,
+    whichever is longer; a failed link's (rate 0): the first. It is the resolution of
+    :func:`time_to_move_off`."""
+    if rate_bytes_s <= 0:
+        return MOVE_WINDOW_S
+    return max(MOVE_WINDOW_S, MOVE_FRAMES * frame_bytes / rate_bytes_s)
+
+
+def move_off_unmeasured(times: list[float], at_s: float,
+                        window_s: float = MOVE_WINDOW_S) -> str | None:
     """Why the samples taken at ``times`` (s) cannot say when a port moved off after an event
     at ``at_s`` (None: they can): they must cover a settling period and a window after it,
     or "never fitted" and "not measured" would read the same."""
     after = [t for t in times if t >= at_s]
-    need = MOVE_SETTLE_S + MOVE_WINDOW_S
+    need = MOVE_SETTLE_S + window_s
     covered = after[-1] - after[0] if len(after) > 1 else 0.0
     if covered < need:
         return (f"{len(after)} samples over {covered * 1000:.0f} ms after the event, under the "

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from fabriclab.model import experiment as xp
+from testbed.model.congestion import frame_bytes
 from testbed.fabric.failures import FailureInjector
 from testbed.plan.failplan import plan_failures
 from tests.unit.fakefabric import FakeFabric
@@ -51,7 +52,7 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     thread.start()
     try:
         injector.begin()
-        time.sleep(0.4)
+        time.sleep(0.5)
         injector.finish()
     finally:
         stop.set()
@@ -63,8 +64,11 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     # both switch ends of agg1_1-core1, at half of 8 Mbit/s now
     assert sorted(move["rates_mbps"].values()) == [4.0, 4.0]
     assert move["samples"] > 50  # every millisecond or so, on a busy machine fewer
+    # windows of four full frames at 0.5 MB/s (72 ms at 9,000-byte frames): the resolution
+    window = 4 * frame_bytes(exp.fabric.mtu) / 0.5e6 * 1000
+    assert move["window_ms"] == {p: pytest.approx(window, abs=0.1) for p in move["ms"]}
     for took in move["ms"].values():  # 8 MB/s offered for 50 ms against 0.5 MB/s
-        assert 40 <= took <= 120, move
+        assert 40 <= took <= 50 + window + 20, move
     assert "real_ms" not in move  # not time-scaled
     scaled = FailureInjector(fabric, events, time_scale=10)
     scaled.applied, scaled._fine = injector.applied, injector._fine
@@ -73,3 +77,33 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     assert again["move_off"]["real_ms"] == pytest.approx(
         {p: v / 10 for p, v in move["ms"].items()})
     assert set(again["move_off"]["real_rates_mbps"].values()) == {40.0}
+
+
+def test_a_slow_ports_rate_is_measured_over_windows_of_four_frames():
+    """A time-scaled fabric's port at 3.3 Mbit/s sends a 9,038-byte frame in 21.7 ms: a 5 ms
+    window holds one frame or none, and reads a port offered less than its rate as over it
+    whenever a frame lands in it (never fitting). Windows of four frames read the rate."""
+    from testbed.plan.failplan import MOVE_WINDOW_S, move_window_s, time_to_move_off
+    rate, frame = 3.33e6 / 8, 9038
+
+    def offered(factor_then_after):  # cumulative bytes every ms, whole frames as they come
+        samples, total, due = [], 0, 0.0
+        for i in range(1500):
+            t = round(0.99 + i * 0.001, 4)
+            due += factor_then_after(t) * rate * 0.001
+            while due >= frame:
+                total, due = total + frame, due - frame
+            samples.append((t, total))
+        return samples
+
+    under = offered(lambda t: 0.9)
+    assert time_to_move_off(under, 1.0, rate, frame) is None  # 5 ms: "never fitted"
+    window = move_window_s(rate, frame)
+    assert window == pytest.approx(4 * frame / rate)  # 87 ms
+    assert move_window_s(100e6 / 8, frame) == MOVE_WINDOW_S  # 4 frames: 2.9 ms at 100 Mbit/s
+    assert move_window_s(0.0, frame) == MOVE_WINDOW_S  # a failed link
+    assert time_to_move_off(under, 1.0, rate, frame, window) == 0.0
+    # twice its rate for 300 ms after the event, then 0.9 of it: moved off after 300 ms
+    over = offered(lambda t: 2 if t < 1.3 else 0.9)
+    took = time_to_move_off(over, 1.0, rate, frame, window)
+    assert took is not None and 0.3 <= took <= 0.3 + window + 0.002
