@@ -178,8 +178,8 @@ def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(sta
     assert set(move["rates_mbps"].values()) == {5.0} and len(move["rates_mbps"]) == 2, move
     assert move["samples"] > 500, move  # two seconds at one a millisecond, give or take
     assert set(move["ms"]) == set(move["rates_mbps"]), move
-    # measured over windows of four full frames at 5 Mbit/s (9.8 ms), not 5 ms (two frames)
-    assert all(w == pytest.approx(4 * 1538 * 8 / 5e6 * 1e3, abs=0.1)
+    # measured over windows of four full frames at 5 Mbit/s (57.8 ms), not 5 ms (under one)
+    assert all(w == pytest.approx(4 * 9038 * 8 / 5e6 * 1e3, abs=0.1)
                for w in move["window_ms"].values()), move
 
 
