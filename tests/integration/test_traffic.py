@@ -179,7 +179,7 @@ def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(sta
     assert move["samples"] > 500, move  # two seconds at one a millisecond, give or take
     assert set(move["ms"]) == set(move["rates_mbps"]), move
     # measured over windows of four full frames at 5 Mbit/s (57.8 ms), not 5 ms (under one)
-    assert all(w == pytest.approx(4 * 9038 * 8 / 5e6 * 1e3, abs=0.1)
+    assert all(w == pytest.approx(4 * 9038 * 8 / 5e6 * 1e3, rel=0.01)
                for w in move["window_ms"].values()), move
 
 
