@@ -61,6 +61,7 @@ class FailureInjector:
         self._fine: dict[int, list[tuple[float, dict[str, int]]]] = {}  # index -> samples
         self._rates: dict[int, dict[str, float]] = {}  # index -> watched port -> bytes/s
         self._groups: dict[int, dict[str, list[str]]] = {}  # index -> port -> alternatives
+        self._windows: dict[int, dict[str, float]] = {}  # index -> port -> its window, s
         self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
@@ -133,7 +134,8 @@ class FailureInjector:
         """Watch the bytes offered to the event's switch ports (each link's ends at switches:
         one per direction) from now, each against the rate its link has now (0: failed), and
         to the ports their switches could use instead (:func:`alternatives`)."""
-        topo, rates, groups, ends = self.fabric.topo, {}, {}, []
+        topo, rates, groups, ends, windows = self.fabric.topo, {}, {}, [], {}
+        frame = frame_bytes(self.fabric.spec.fabric.mtu)
         factor = 0.0 if event.action == "down" else (event.rate_factor or 1.0)
         changed = {topo.find_link(a, b).name for a, b in event.links}
         for a, b in event.links:
@@ -143,6 +145,10 @@ class FailureInjector:
                     continue
                 ends.append(end.ifname)
                 rates[end.ifname] = link.rate_mbps * 1e6 / 8 * factor
+                # a failed link's sized by its rate as built: one frame per window is then
+                # a quarter of what it carried, not more than all of it on a slow link
+                windows[end.ifname] = move_window_s(rates[end.ifname]
+                                                    or link.rate_mbps * 1e6 / 8, frame)
                 others = alternatives(topo, link, end.node)
                 if others:
                     groups[end.ifname] = [o.end(end.node).ifname for o in others]
@@ -153,6 +159,7 @@ class FailureInjector:
         self._watch = (index, rates, at + FINE_SPAN_S)
         self._fine[index] = []
         self._groups[index] = groups
+        self._windows[index] = windows
         self.applied[index]["move_off"] = {"rates_mbps": {p: round(rates[p] * 8 / 1e6, 3)
                                                           for p in sorted(ends)}}
         self._rates[index] = rates
@@ -182,7 +189,7 @@ class FailureInjector:
         rates, groups = self._rates.get(index, {}), self._groups.get(index, {})
         doc = dict(item["move_off"])
         frame = frame_bytes(self.fabric.spec.fabric.mtu)
-        window = {p: move_window_s(rates[p], frame) for p in doc["rates_mbps"]}
+        window = self._windows.get(index, {})
         doc["ms"], doc["window_ms"] = {}, {p: round(w * 1000, 1) for p, w in window.items()}
         why = move_off_unmeasured([t for t, _ in samples], item["applied_s"],
                                   max(window.values(), default=MOVE_WINDOW_S))

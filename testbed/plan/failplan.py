@@ -166,9 +166,9 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
 
 def move_window_s(rate_bytes_s: float, frame_bytes: int) -> float:
     """The window a port's offered rate is measured over: :data:`MOVE_WINDOW_S`, or long
-    enough to hold :data:`MOVE_FRAMES` frames of ``frame_bytes`` at ``rate_bytes_s``,
-    whichever is longer; a failed link's (rate 0): the first. It is the resolution of
-    :func:`time_to_move_off`."""
+    enough to hold :data:`MOVE_FRAMES` frames of ``frame_bytes`` at ``rate_bytes_s`` (a
+    failed link's: at its rate as built), whichever is longer; the first at rate 0. It is
+    the resolution of :func:`time_to_move_off`."""
     if rate_bytes_s <= 0:
         return MOVE_WINDOW_S
     return max(MOVE_WINDOW_S, MOVE_FRAMES * frame_bytes / rate_bytes_s)

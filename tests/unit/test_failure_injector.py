@@ -38,15 +38,19 @@ class OfferingFabric(FakeFabric):
         return {}
 
 
-def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_path):
-    exp = xp.parse({"version": 1, "fabric": {"topology": "fat_tree", "k": 4,
-                                              "fabric_link": {"rate_mbps": 8}},
-                    "workload": {"collectives": [{"op": "all_reduce", "size": 64,
-                                                  "ranks": 2}]}})
+EIGHT_MBPS = {"version": 1, "fabric": {"topology": "fat_tree", "k": 4,
+                                        "fabric_link": {"rate_mbps": 8}},
+              "workload": {"collectives": [{"op": "all_reduce", "size": 64, "ranks": 2}]}}
+
+
+def _inject(tmp_path, event: dict):
+    """One event on agg1_1-core1 of an 8 Mbit/s k=4 fat-tree whose ports are offered 8 MB/s
+    for 50 ms after a degrade (nothing after a failure), watched for 0.5 s: (the fake
+    fabric, the experiment, the event as reported, the injector)."""
+    exp = xp.parse(EIGHT_MBPS)
     fabric = OfferingFabric(exp, tmp_path)
-    events = plan_failures(exp.topology, [{"at_s": 0.0, "link": ["agg1_1", "core1"],
-                                                "action": "degrade", "rate_factor": 0.5}])
-    injector = FailureInjector(fabric, events)
+    injector = FailureInjector(fabric, plan_failures(
+        exp.topology, [{"at_s": 0.0, "link": ["agg1_1", "core1"], **event}]))
     stop = threading.Event()
     thread = threading.Thread(target=injector, args=(stop,))
     thread.start()
@@ -57,7 +61,23 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     finally:
         stop.set()
         thread.join(timeout=5)
-    (event,) = injector.report()
+    (applied,) = injector.report()
+    return fabric, exp, applied, injector
+
+
+def test_a_failed_links_window_is_sized_by_its_rate_as_built(tmp_path):
+    _fabric, exp, event, _ = _inject(tmp_path, {"action": "down"})
+    move = event["move_off"]
+    assert set(move["rates_mbps"].values()) == {0.0}
+    window = 4 * frame_bytes(exp.fabric.mtu) / 1e6 * 1000  # four frames at 8 Mbit/s: 36 ms
+    assert move["window_ms"] == {p: pytest.approx(window, abs=0.1) for p in move["ms"]}
+    assert set(move["ms"].values()) == {0.0}  # nothing offered after it
+
+
+def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_path):
+    fabric, exp, event, injector = _inject(tmp_path, {"action": "degrade",
+                                                      "rate_factor": 0.5})
+    events = injector.events
     assert fabric.log == ["set_rates [('agg1_1', 'core1')] x0.5"]
     assert event["action"] == "degrade" and event["rate_factor"] == 0.5
     move = event["move_off"]
@@ -73,6 +93,7 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     scaled = FailureInjector(fabric, events, time_scale=10)
     scaled.applied, scaled._fine = injector.applied, injector._fine
     scaled._rates, scaled._groups = injector._rates, injector._groups
+    scaled._windows = injector._windows
     (again,) = scaled.report()
     assert again["move_off"]["real_ms"] == pytest.approx(
         {p: v / 10 for p, v in move["ms"].items()})
