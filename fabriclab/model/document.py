@@ -255,8 +255,8 @@ class JobResult(Record):
 class FailureApplied(Record):
     """A link failure, repair or degradation as applied, with the throughput around it and,
     for a failure or degradation, how long the traffic offered to its ports took to fit
-    (``move_off``: ``rates_mbps``, ``ms`` (None where it never did) and ``window_ms``, the
-    resolution, per switch port)."""
+    (``move_off``: ``rates_mbps``, ``ms`` (None where it never did), ``window_ms``, the
+    resolution, and ``packet_bytes`` per switch port)."""
 
     action: str
     target: str | list[str]

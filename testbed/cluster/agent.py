@@ -187,6 +187,9 @@ class MachineAgent:
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return self._part().offered_bytes(names & self._part().switch_ports())
 
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        return self._part().largest_packets(names & self._part().switch_ports())
+
     def start_monitor(self, queue_interval_s: float) -> None:
         self.stop_monitor()
         self.monitor, self._stop_monitor = self._part().start_monitor(queue_interval_s)

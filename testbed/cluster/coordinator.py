@@ -403,6 +403,10 @@ class ClusterFabric:
                  if c is not None]
         return {k: v for c in found for k, v in c.items()} if found else None
 
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        return {k: v for c in self.on_all(lambda m: m.largest_packets(names)).values()
+                for k, v in (c or {}).items()}
+
     def cut_drops(self, pairs: list[tuple[str, str]], netlink=None) -> int | None:
         counts = [self.machine(m).cut_drops(p)
                   for m, p in links_by_machine(self.topo, self.where, pairs).items()]

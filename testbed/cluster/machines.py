@@ -157,6 +157,9 @@ class MachineHandle:
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return self._call(MachineAgent.offered_bytes, names)
 
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        return self._call(MachineAgent.largest_packets, names)
+
     def start_monitor(self, queue_interval_s: float) -> None:
         self._call(MachineAgent.start_monitor, queue_interval_s)
 

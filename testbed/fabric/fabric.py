@@ -436,3 +436,7 @@ class Fabric:
 
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return self.ports.offered_bytes(names)
+
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        """Switch port -> the largest packet offered to it so far (eBPF switches only)."""
+        return self.ports.switches.largest_packets(names)

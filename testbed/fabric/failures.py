@@ -62,6 +62,7 @@ class FailureInjector:
         self._rates: dict[int, dict[str, float]] = {}  # index -> watched port -> bytes/s
         self._groups: dict[int, dict[str, list[str]]] = {}  # index -> port -> alternatives
         self._windows: dict[int, dict[str, float]] = {}  # index -> port -> its window, s
+        self._packets: dict[int, dict[str, int]] = {}  # index -> port -> its packets' size
         self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
@@ -134,8 +135,7 @@ class FailureInjector:
         """Watch the bytes offered to the event's switch ports (each link's ends at switches:
         one per direction) from now, each against the rate its link has now (0: failed), and
         to the ports their switches could use instead (:func:`alternatives`)."""
-        topo, rates, groups, ends, windows = self.fabric.topo, {}, {}, [], {}
-        frame = frame_bytes(self.fabric.spec.fabric.mtu)
+        topo, rates, groups, ends, sizing = self.fabric.topo, {}, {}, [], {}
         factor = 0.0 if event.action == "down" else (event.rate_factor or 1.0)
         changed = {topo.find_link(a, b).name for a, b in event.links}
         for a, b in event.links:
@@ -145,10 +145,9 @@ class FailureInjector:
                     continue
                 ends.append(end.ifname)
                 rates[end.ifname] = link.rate_mbps * 1e6 / 8 * factor
-                # a failed link's sized by its rate as built: one frame per window is then
-                # a quarter of what it carried, not more than all of it on a slow link
-                windows[end.ifname] = move_window_s(rates[end.ifname]
-                                                    or link.rate_mbps * 1e6 / 8, frame)
+                # a failed link's window sized by its rate as built: one packet per window
+                # is then a quarter of what it carried, not more than all of it
+                sizing[end.ifname] = rates[end.ifname] or link.rate_mbps * 1e6 / 8
                 others = alternatives(topo, link, end.node)
                 if others:
                     groups[end.ifname] = [o.end(end.node).ifname for o in others]
@@ -159,7 +158,13 @@ class FailureInjector:
         self._watch = (index, rates, at + FINE_SPAN_S)
         self._fine[index] = []
         self._groups[index] = groups
-        self._windows[index] = windows
+        # the largest packet offered so far to each port or its alternatives (kernel TCP's
+        # segmentation-offload units pass the switches whole), at least a frame
+        frame, largest = frame_bytes(self.fabric.spec.fabric.mtu), self._largest(set(rates))
+        packet = {p: max([frame] + [largest.get(o, 0) for o in [p, *groups.get(p, [])]])
+                  for p in ends}
+        self._windows[index] = {p: move_window_s(sizing[p], packet[p]) for p in ends}
+        self._packets[index] = packet
         self.applied[index]["move_off"] = {"rates_mbps": {p: round(rates[p] * 8 / 1e6, 3)
                                                           for p in sorted(ends)}}
         self._rates[index] = rates
@@ -184,13 +189,14 @@ class FailureInjector:
     def _move_off(self, index: int, item: dict) -> dict:
         """The event's time to move off per watched port (:func:`time_to_move_off`), in ms:
         by its share of its alternatives' traffic where it has some; over windows of at
-        least four frames at the port's rate (``window_ms``, the resolution)."""
+        least four of its largest packets at the port's rate (``window_ms``, the resolution;
+        ``packet_bytes``, that packet, at least a frame)."""
         samples = self._fine.get(index) or []
         rates, groups = self._rates.get(index, {}), self._groups.get(index, {})
         doc = dict(item["move_off"])
-        frame = frame_bytes(self.fabric.spec.fabric.mtu)
         window = self._windows.get(index, {})
         doc["ms"], doc["window_ms"] = {}, {p: round(w * 1000, 1) for p, w in window.items()}
+        doc["packet_bytes"] = self._packets.get(index, {})
         why = move_off_unmeasured([t for t, _ in samples], item["applied_s"],
                                   max(window.values(), default=MOVE_WINDOW_S))
         if why:
@@ -200,8 +206,8 @@ class FailureInjector:
             others = groups.get(port)
             sibling = None if not others else [
                 (t, sum(c.get(o, 0) for o in others)) for t, c in samples]
-            took = time_to_move_off(series, item["applied_s"], rates[port], frame,
-                                    window[port], siblings=sibling,
+            took = time_to_move_off(series, item["applied_s"], rates[port],
+                                    doc["packet_bytes"][port], window[port], siblings=sibling,
                                     sibling_rate_bytes_s=sum(rates[o] for o in others or ()))
             doc["ms"][port] = None if took is None else round(took * 1000, 1)
         doc["ms"].update({port: None for port in doc["rates_mbps"] if port not in doc["ms"]})
@@ -216,6 +222,13 @@ class FailureInjector:
             doc["alternatives"] = {p: list(o) for p, o in groups.items()}
         doc["samples"] = len(samples)
         return doc
+
+    def _largest(self, names: set[str]) -> dict[str, int]:
+        """Port -> the largest packet offered to it so far ({} where nothing says)."""
+        try:
+            return self.fabric.largest_packets(names)
+        except (TestbedError, OSError):
+            return {}
 
     def _cut_drops(self, event: FailureEvent, netlink: Netlink) -> int | None:
         """Frames the cuts of the event's links dropped so far, None without the cut

@@ -263,6 +263,14 @@ class Switches:
                 + self.ebpf.dead_drops(*self.ebpf_ports[name]) * frame
                 for name in names if name in self.ebpf_ports}
 
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        """Port -> the largest packet an eBPF switch sent to it so far, bytes (none on Open
+        vSwitch)."""
+        if self.ebpf is None:
+            return {}
+        return {name: self.ebpf.largest_packet(*self.ebpf_ports[name])
+                for name in names if name in self.ebpf_ports}
+
     def close(self) -> None:
         """The eBPF switches' agent and maps closed (bridges and daemons go with the run
         record)."""

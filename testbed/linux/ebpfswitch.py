@@ -83,7 +83,8 @@ class PortLoad(ctypes.Structure):
 
     _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("level", ctypes.c_uint64), ("last_ns", ctypes.c_uint64),
-                ("rate_bytes_s", ctypes.c_uint64), ("sent_bytes", ctypes.c_uint64)]
+                ("rate_bytes_s", ctypes.c_uint64), ("sent_bytes", ctypes.c_uint64),
+                ("largest", ctypes.c_uint64)]
 
 
 def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
@@ -162,16 +163,22 @@ class EbpfSwitches:
         return self.maps["sw_load"].lookup(PortId(sw, port))
 
     def set_port_load(self, sw: int, port: int, rate_bytes_s: int, level: int = 0,
-                      last_ns: int = 0, sent_bytes: int = 0) -> None:
+                      last_ns: int = 0, sent_bytes: int = 0, largest: int = 0) -> None:
         """A port's load set: its rate (a degraded link's), and its queue (a test's)."""
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(
             level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s),
-            sent_bytes=int(sent_bytes)))
+            sent_bytes=int(sent_bytes), largest=int(largest)))
 
     def sent_bytes(self, sw: int, port: int) -> int:
         """Every byte switch ``sw`` sent to its port so far (what the port was offered)."""
         load = self.port_load(sw, port)
         return load.sent_bytes if load is not None else 0
+
+    def largest_packet(self, sw: int, port: int) -> int:
+        """The largest packet switch ``sw`` sent to its port so far, in bytes: a host's
+        segmentation-offload unit (a TCP super-packet of up to 64 KiB) passes a veth whole."""
+        load = self.port_load(sw, port)
+        return load.largest if load is not None else 0
 
     def dead_drops(self, sw: int, port: int) -> int:
         """Packets the switch sent towards its port while the port was not live (a group
@@ -185,7 +192,8 @@ class EbpfSwitches:
         if load is None:
             self.set_port_load(sw, port, rate_bytes_s)
         else:
-            self.set_port_load(sw, port, rate_bytes_s, load.level, load.last_ns, load.sent_bytes)
+            self.set_port_load(sw, port, rate_bytes_s, load.level, load.last_ns, load.sent_bytes,
+                               load.largest)
 
     def set_live(self, sw: int, port: int, live: bool) -> None:
         """A port's liveness, as groups' buckets watch it."""

@@ -25,13 +25,15 @@ SETTLE_S = 1.0
 FINE_SAMPLE_S = 0.001
 FINE_SPAN_S = 2.0
 MOVE_WINDOW_S = 0.005
-#: ... or over windows that hold this many full frames at the port's rate, where that is
-#: longer (a slow link's, a time-scaled fabric's: a 9,000-byte frame takes 21.6 ms of a
-#: 3.3 Mbit/s port, and a 5 ms window, which holds one frame or none, would read a port
-#: offered twice its rate as fitting it; :func:`move_window_s`)
-MOVE_FRAMES = 4
+#: ... or over windows that hold this many of the largest packets offered at the port's rate,
+#: where that is longer (:func:`move_window_s`): a slow or time-scaled port's frame (a
+#: 9,000-byte frame takes 21.6 ms of a 3.3 Mbit/s port: a 5 ms window, which holds one or
+#: none, would read a port offered twice its rate as fitting it), kernel TCP's
+#: segmentation-offload unit, which passes the switches whole (64 KiB: 10.5 ms of a
+#: 50 Mbit/s port)
+MOVE_PACKETS = 4
 #: A port's offered rate fits its link when at most this share above the link's rate, plus
-#: one frame per window (a packet in passage).
+#: one packet per window (one in passage: a frame, or the largest packet offered).
 MOVE_TOLERANCE = 1.05
 #: ... and has moved off once every window fits for this long (TCP's bursts aside)
 MOVE_SETTLE_S = 0.05
@@ -164,14 +166,14 @@ def throughput_around(samples: list[tuple[float, int]], at_s: float,
     return doc
 
 
-def move_window_s(rate_bytes_s: float, frame_bytes: int) -> float:
+def move_window_s(rate_bytes_s: float, packet_bytes: int) -> float:
     """The window a port's offered rate is measured over: :data:`MOVE_WINDOW_S`, or long
-    enough to hold :data:`MOVE_FRAMES` frames of ``frame_bytes`` at ``rate_bytes_s`` (a
-    failed link's: at its rate as built), whichever is longer; the first at rate 0. It is
-    the resolution of :func:`time_to_move_off`."""
+    enough to hold :data:`MOVE_PACKETS` packets of ``packet_bytes`` (the largest offered, a
+    frame at least) at ``rate_bytes_s`` (a failed link's: its rate as built), whichever is
+    longer; the first at rate 0. It is the resolution of :func:`time_to_move_off`."""
     if rate_bytes_s <= 0:
         return MOVE_WINDOW_S
-    return max(MOVE_WINDOW_S, MOVE_FRAMES * frame_bytes / rate_bytes_s)
+    return max(MOVE_WINDOW_S, MOVE_PACKETS * packet_bytes / rate_bytes_s)
 
 
 def move_off_unmeasured(times: list[float], at_s: float,
@@ -190,7 +192,7 @@ def move_off_unmeasured(times: list[float], at_s: float,
 
 
 def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s: float,
-                     frame_bytes: int, window_s: float = MOVE_WINDOW_S,
+                     packet_bytes: int, window_s: float = MOVE_WINDOW_S,
                      siblings: list[tuple[float, int]] | None = None,
                      sibling_rate_bytes_s: float = 0.0) -> float | None:
     """How long after an event at ``at_s`` the traffic offered to a port took to fit what it
@@ -199,10 +201,11 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
     from the start; None if they never fit that long.
 
     A window fits when the port was offered at most its rate (more by at most
-    :data:`MOVE_TOLERANCE`, plus one frame; 0 for a failed link), or, with ``siblings`` (the
+    :data:`MOVE_TOLERANCE`, plus one packet of ``packet_bytes``: a frame, or the largest
+    offered; 0 for a failed link), or, with ``siblings`` (the
     cumulative bytes offered to the ports its switch could send the same traffic to instead,
     of ``sibling_rate_bytes_s`` together), when its share of what all of them were offered is
-    at most its share of their rate (with the same tolerance and one frame): a loaded group
+    at most its share of their rate (with the same tolerance and one packet): a loaded group
     moves traffic off a degraded port by giving it less of the load, even while every port
     is busy.
 
@@ -222,12 +225,12 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         if t - t0 < window_s * 0.5:  # too short a window yet
             continue
         over = (b - b0) * window_s / (t - t0) > \
-            rate_bytes_s * MOVE_TOLERANCE * window_s + frame_bytes
+            rate_bytes_s * MOVE_TOLERANCE * window_s + packet_bytes
         if over and siblings is not None and t in others and t0 in others:
             mine, rest = b - b0, others[t] - others[t0]
             share = rate_bytes_s / (rate_bytes_s + sibling_rate_bytes_s) \
                 if rate_bytes_s + sibling_rate_bytes_s else 0.0
-            over = mine > share * MOVE_TOLERANCE * (mine + rest) + frame_bytes
+            over = mine > share * MOVE_TOLERANCE * (mine + rest) + packet_bytes
         if over:
             last_over, settled_from = t, None
             continue

@@ -190,3 +190,6 @@ class FakeFabric:
 
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return None
+
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        return {}

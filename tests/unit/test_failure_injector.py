@@ -34,6 +34,10 @@ class OfferingFabric(FakeFabric):
         offered = int(min(since, self.calm_after_s) * 8_000_000)
         return {name: offered for name in names}
 
+    def largest_packets(self, names: set[str]) -> dict[str, int]:
+        """agg1_1's ports have seen 12 kB packets (larger than a frame), core1's frames."""
+        return {name: 12_000 for name in names if name.startswith("agg")}
+
     def link_counters(self, names, netlink=None) -> dict:
         return {}
 
@@ -69,8 +73,10 @@ def test_a_failed_links_window_is_sized_by_its_rate_as_built(tmp_path):
     _fabric, exp, event, _ = _inject(tmp_path, {"action": "down"})
     move = event["move_off"]
     assert set(move["rates_mbps"].values()) == {0.0}
-    window = 4 * frame_bytes(exp.fabric.mtu) / 1e6 * 1000  # four frames at 8 Mbit/s: 36 ms
-    assert move["window_ms"] == {p: pytest.approx(window, abs=0.1) for p in move["ms"]}
+    # four packets at 8 Mbit/s, the rate it was built with: 48 and 36 ms
+    window = {p: 4 * b / 1e6 * 1000 for p, b in move["packet_bytes"].items()}
+    assert move["packet_bytes"]["agg1_1-eth3"] == 12_000
+    assert move["window_ms"] == {p: pytest.approx(w, abs=0.1) for p, w in window.items()}
     assert set(move["ms"].values()) == {0.0}  # nothing offered after it
 
 
@@ -84,28 +90,31 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
     # both switch ends of agg1_1-core1, at half of 8 Mbit/s now
     assert sorted(move["rates_mbps"].values()) == [4.0, 4.0]
     assert move["samples"] > 50  # every millisecond or so, on a busy machine fewer
-    # windows of four full frames at 0.5 MB/s (72 ms at 9,000-byte frames): the resolution
-    window = 4 * frame_bytes(exp.fabric.mtu) / 0.5e6 * 1000
-    assert move["window_ms"] == {p: pytest.approx(window, abs=0.1) for p in move["ms"]}
-    for took in move["ms"].values():  # 8 MB/s offered for 50 ms against 0.5 MB/s
-        assert 40 <= took <= 50 + window + 20, move
+    # windows of four packets at 0.5 MB/s (the resolution): frames at core1's end, at
+    # agg1_1's the largest the datapath saw there or at its alternative (agg1_1-core2)
+    packets = {"agg1_1-eth3": 12_000, "core1-eth1": frame_bytes(exp.fabric.mtu)}
+    assert move["packet_bytes"] == packets
+    window = {p: 4 * b / 0.5e6 * 1000 for p, b in packets.items()}  # 96 and 72 ms
+    assert move["window_ms"] == {p: pytest.approx(w, abs=0.1) for p, w in window.items()}
+    for port, took in move["ms"].items():  # 8 MB/s offered for 50 ms against 0.5 MB/s
+        assert 40 <= took <= 50 + window[port] + 20, move
     assert "real_ms" not in move  # not time-scaled
     scaled = FailureInjector(fabric, events, time_scale=10)
     scaled.applied, scaled._fine = injector.applied, injector._fine
     scaled._rates, scaled._groups = injector._rates, injector._groups
-    scaled._windows = injector._windows
+    scaled._windows, scaled._packets = injector._windows, injector._packets
     (again,) = scaled.report()
     assert again["move_off"]["real_ms"] == pytest.approx(
         {p: v / 10 for p, v in move["ms"].items()})
     assert set(again["move_off"]["real_rates_mbps"].values()) == {40.0}
 
 
-def test_a_slow_ports_rate_is_measured_over_windows_of_four_frames():
-    """A time-scaled fabric's port at 3.3 Mbit/s sends a 9,038-byte frame in 21.7 ms: a 5 ms
+def test_a_slow_ports_rate_is_measured_over_windows_of_four_packets():
+    """A time-scaled fabric's port at 3.3 Mbit/s sends a 9,014-byte frame in 21.7 ms: a 5 ms
     window holds one frame or none, and reads a port offered less than its rate as over it
     whenever a frame lands in it (never fitting). Windows of four frames read the rate."""
     from testbed.plan.failplan import MOVE_WINDOW_S, move_window_s, time_to_move_off
-    rate, frame = 3.33e6 / 8, 9038
+    rate, frame = 3.33e6 / 8, 9014
 
     def offered(factor_then_after):  # cumulative bytes every ms, whole frames as they come
         samples, total, due = [], 0, 0.0
@@ -122,6 +131,8 @@ def test_a_slow_ports_rate_is_measured_over_windows_of_four_frames():
     window = move_window_s(rate, frame)
     assert window == pytest.approx(4 * frame / rate)  # 87 ms
     assert move_window_s(100e6 / 8, frame) == MOVE_WINDOW_S  # 4 frames: 2.9 ms at 100 Mbit/s
+    # kernel TCP's 64 KiB offload units pass the switches whole: 42 ms at 50 Mbit/s
+    assert move_window_s(50e6 / 8, 65536) == pytest.approx(0.0419, abs=1e-4)
     assert move_window_s(0.0, frame) == MOVE_WINDOW_S  # a failed link
     assert time_to_move_off(under, 1.0, rate, frame, window) == 0.0
     # twice its rate for 300 ms after the event, then 0.9 of it: moved off after 300 ms

@@ -93,6 +93,7 @@ struct port_load {
 	__u64 last_ns;
 	__u64 rate_bytes_s;
 	__u64 sent_bytes;	/* every byte the switch sent to the port (its offered load) */
+	__u64 largest;		/* its largest packet (a host's segmentation-offload unit) */
 };
 struct flowlet_key { __u32 sw, group, hash; };
 struct flowlet { __u32 port, pad; __u64 last_ns, decided_ns; };
@@ -237,6 +238,8 @@ __noinline int account(__u32 sw, __u32 port, __u32 len)
 	l->level = (l->level > gone ? l->level - gone : 0) + len;
 	l->last_ns += elapsed;
 	l->sent_bytes += len;
+	if (len > l->largest)
+		l->largest = len;
 	bpf_spin_unlock(&l->lock);
 	return 1;
 }
