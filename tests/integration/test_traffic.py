@@ -181,7 +181,7 @@ def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(sta
     # measured over windows of four of the largest packets offered at 5 Mbit/s, not 5 ms:
     # kernel TCP's segmentation-offload units, which pass the eBPF switches whole, at
     # edge1_1's uplink (the flows' data); frames (acknowledgements) the other way
-    assert move["packet_bytes"]["edge1_1-eth3"] > 4 * 9014, move
+    assert move["packet_bytes"]["edge1_1-eth3"] >= 2 * 8948, move  # two segments or more
     assert move["packet_bytes"]["agg1_1-eth1"] >= 9014, move
     assert all(move["window_ms"][p] == pytest.approx(4 * b * 8 / 5e6 * 1e3, rel=0.01)
                for p, b in move["packet_bytes"].items()), move
