@@ -464,6 +464,7 @@ def _fabric(raw: dict) -> FabricSpec:
             {int(d): p for d, p in classes.get("dscp_to_priority", {}).items()},
             tuple(classes.get("strict", ()))).check(),
         host_ecn=host.get("ecn", False), host_rmem_max_kb=host.get("tcp_rmem_max_kb"),
+        host_offload_segments=host.get("offload_segments"),
         acks_first=queue.get("acks_first", False),
         pfc=_pfc(raw.get("pfc", {}), classes.get("lossless", {})),
         servers=_servers(raw["servers"]) if "servers" in raw else None,

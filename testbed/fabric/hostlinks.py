@@ -119,7 +119,8 @@ class HostsAndLinks:
                 host = self.topo.nodes[link.a.node]
                 pid = self.hosts.pid(host.name)
                 nl.create_veth(link.b.ifname, link.a.ifname, peer_pid=pid, peer_mac=host.mac,
-                               mtu=mtu, group=record.link_group)
+                               mtu=mtu, group=record.link_group,
+                               peer_segments=self.spec.fabric.host_offload_segments)
                 self._note_acks(nl.shape(link.a.ifname, self.shaping(link, host_end=True),
                                          pid=pid))
             else:

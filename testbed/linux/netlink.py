@@ -110,15 +110,19 @@ class Netlink:
 
     # -- links ------------------------------------------------------------------------------
     def create_veth(self, name: str, peer: str, peer_pid: int | None = None,
-                    peer_mac: str | None = None, mtu: int = 1500, group: int = 0) -> None:
+                    peer_mac: str | None = None, mtu: int = 1500, group: int = 0,
+                    peer_segments: int | None = None) -> None:
         """Create a veth pair ``name`` (root namespace) -- ``peer`` (in ``peer_pid``'s).
 
         Both ends are made in the root namespace and the peer is then moved: it keeps its
         interface index, unique in the root namespace, where a peer made in the other namespace
         would get that namespace's next index (2 in every host), which the eBPF marker, keyed by
         index, could not tell from a switch port's. ``group``: the run's link group (both ends;
-        teardown deletes the group in one request, :meth:`delete_group`)."""
+        teardown deletes the group in one request, :meth:`delete_group`). ``peer_segments``:
+        the peer's ``gso_max_segs`` (the most segments its TCP hands it at once)."""
         peer_spec: dict = {"ifname": peer, "mtu": mtu}
+        if peer_segments is not None:
+            peer_spec["gso_max_segs"] = peer_segments
         extra = {"group": group} if group else {}
         if peer_mac:
             peer_spec["address"] = peer_mac

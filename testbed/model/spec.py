@@ -211,6 +211,7 @@ class FabricSpec:
     traffic_classes: TrafficClasses = field(default_factory=TrafficClasses)
     host_ecn: bool = False  # hosts' TCP asks for ECN (net.ipv4.tcp_ecn = 1 in each namespace)
     host_rmem_max_kb: int | None = None  # hosts' TCP receive buffer limit (net.ipv4.tcp_rmem[2])
+    host_offload_segments: int | None = None  # hosts' NICs' gso_max_segs (None: the kernel's)
     acks_first: bool = False  # switch ports serve TCP's pure acknowledgements first, too
     pfc: PfcSpec = field(default_factory=PfcSpec)
     servers: ServerSpec | None = None  # servers of GPUs (the hosts are their GPUs)

@@ -135,11 +135,11 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
     assert "move_off" not in applied[2]  # a repair moves nothing off
 
 
-def _two_flows_and(state_dir, tmp_path, failure: str) -> dict:
+def _two_flows_and(state_dir, tmp_path, failure: str, head: str = PINNED) -> dict:
     """Two 10 MiB cross-pod flows from edge1_1 on disjoint paths (D-mod-k) and one
     ``failure`` event: the complete run's document."""
     exp = tmp_path / "two-flows.yaml"
-    exp.write_text(PINNED + "workload:\n  collectives:\n"
+    exp.write_text(head + "workload:\n  collectives:\n"
                    "    - {op: flows, size: 10MiB, pairs: [[h1_1_1, h2_1_1], [h1_1_2, h2_1_2]]}\n"
                    f"failures:\n  - {failure}\n")
     _, doc = _fabriclab_run(state_dir, exp, tmp_path / "out")
@@ -185,6 +185,18 @@ def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(sta
     assert move["packet_bytes"]["agg1_1-eth1"] >= 9014, move
     assert all(move["window_ms"][p] == pytest.approx(4 * b * 8 / 5e6 * 1e3, rel=0.01)
                for p, b in move["packet_bytes"].items()), move
+
+
+def test_hosts_that_hand_their_nics_one_segment_at_a_time_put_frames_on_the_links(state_dir,
+                                                                                tmp_path):
+    """``hosts: {offload_segments: 1}``: the same two flows, and the switches see TCP's
+    frames (the largest packet at edge1_1's uplink is one), not its offload units."""
+    head = ("version: 1\nfabric: {topology: fat_tree, k: 4, hosts: {offload_segments: 1}}\n"
+            "controller: {routing: dmodk}\n")
+    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 6, link: [edge1_1, agg1_1], "
+                         "action: degrade, rate_factor: 0.5}", head)
+    move = doc["failures"][0]["move_off"]
+    assert move["packet_bytes"] == {"edge1_1-eth3": 9014, "agg1_1-eth1": 9014}, move
 
 
 def test_a_job_whose_ranks_are_cut_off_fails_at_once(state_dir, tmp_path):

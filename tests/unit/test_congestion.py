@@ -99,6 +99,12 @@ def test_a_receive_buffer_limit_keeps_the_machines_other_values():
     assert xp.parse({"version": 1, "fabric": LS}).fabric.host_sysctls("4096 87380 6291456") == {}
 
 
+def test_the_hosts_offload_unit_is_the_kernels_unless_set():
+    assert xp.parse({"version": 1, "fabric": LS}).fabric.host_offload_segments is None
+    exp = xp.parse({"version": 1, "fabric": {**LS, "hosts": {"offload_segments": 1}}})
+    assert exp.fabric.host_offload_segments == 1
+
+
 @pytest.mark.parametrize("fabric,path,text", [
     ({"host_link": {"ecn": {"mode": "wred"}}}, "fabric.host_link.ecn.mode", "did you mean 'red'"),
     ({"host_link": {"ecn": {"mode": "red", "pmax": 2}}}, "fabric.host_link.ecn.pmax", "<= 1"),
@@ -111,6 +117,9 @@ def test_a_receive_buffer_limit_keeps_the_machines_other_values():
     ({"hosts": {"ecn": "yes"}}, "fabric.hosts.ecn", "boolean"),
     ({"hosts": {"tcp_rmem_max_kb": 8}}, "fabric.hosts.tcp_rmem_max_kb", ">= 16"),
     ({"hosts": {"tcp_rmem_max_kb": "256k"}}, "fabric.hosts.tcp_rmem_max_kb", "integer"),
+    ({"hosts": {"offload_segments": 0}}, "fabric.hosts.offload_segments", ">= 1"),
+    ({"hosts": {"offload_segments": 65}}, "fabric.hosts.offload_segments", "<= 64"),
+    ({"hosts": {"offload_segments": "1"}}, "fabric.hosts.offload_segments", "integer"),
 ])
 def test_bad_congestion_settings_name_the_field(fabric, path, text):
     with pytest.raises(ConfigError) as err:
