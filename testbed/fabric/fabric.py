@@ -437,6 +437,10 @@ class Fabric:
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return self.ports.offered_bytes(names)
 
+    def rate_factors(self) -> dict[str, float]:
+        """Switch port -> the share of its configured rate it has now, for degraded links."""
+        return dict(self.ports.rate_factors) if self.ports is not None else {}
+
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         """Switch port -> the largest packet offered to it so far (eBPF switches only)."""
         return self.ports.switches.largest_packets(names)

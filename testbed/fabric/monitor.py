@@ -117,7 +117,8 @@ class RunMonitor:
         with self.lock:
             self.samples.append(FidelitySample(
                 t, use.idle_pct if use else None, vsw,
-                {n: (c[0], c[1]) for n, c in counters.items()}, paused, self._least))
+                {n: (c[0], c[1]) for n, c in counters.items()}, paused, self._least,
+                self.fabric.rate_factors()))
             self._least = {}
             self.rows.append({"t_s": round(t - self.started, 3),
                               "idle_pct": None if use is None else round(use.idle_pct, 1),

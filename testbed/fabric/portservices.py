@@ -48,6 +48,7 @@ class PortServices:
         self.netlink = netlink
         self.pid = pid
         self.shaping = shaping
+        self.rate_factors: dict[str, float] = {}  # a degraded link's switch port -> its factor
         self.switches = switches
         self.warnings = warnings
         self.marker: Marker | None = None
@@ -187,6 +188,9 @@ class PortServices:
                                   end.pid)
                 if end.switch:
                     rate_bytes_s = rate_kbit * 1000 / 8
+                    self.rate_factors[end.ifname] = factor
+                    if factor == 1:
+                        del self.rate_factors[end.ifname]
                     if self.marker is not None and end.ifname in self.marker.index:
                         self.marker.set_rate(end.ifname, rate_bytes_s)
                     self.switches.set_port_rate(end.ifname, int(rate_bytes_s))

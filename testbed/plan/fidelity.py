@@ -271,6 +271,8 @@ class FidelitySample:
     # port -> the least backlog of the queue samples taken since the previous reading (this
     # one's included); absent: none taken, the two readings' backlogs stand for the interval
     least_backlog: dict[str, int] = field(default_factory=dict)
+    # port -> the share of its configured rate it has now, where a link was degraded
+    rate_factor: dict[str, float] = field(default_factory=dict)
 
 
 def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float],
@@ -281,7 +283,8 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
     vswitchd's median load reached :data:`VSWITCHD_BUSY_PCT` of a core, or when ports that
     had at least two frames queued at both ends of a sample interval (so had data to send
     throughout, short of a drain between the readings) sent a median share of their
-    configured rate under :data:`MIN_BACKLOGGED_RATE`. Where the queues were sampled between
+    rate under :data:`MIN_BACKLOGGED_RATE` (the configured one, times a degraded link's
+    ``rate_factor``; an interval in which that changed is left out). Where the queues were sampled between
     the readings too (``least_backlog``), every sample must hold the two frames: at 100 Mbit/s a
     256 KiB queue drains in 21 ms, so a queue seen at both ends of a second need not have
     stood in between. A port PFC paused during the interval was told to stop: its interval
@@ -303,8 +306,11 @@ def judge_fidelity(samples: list[FidelitySample], port_rate_bps: dict[str, float
             sent_a, backlog_a = a.ports[port]
             paused = b.paused_s.get(port, 0.0) > a.paused_s.get(port, 0.0)
             least = min(backlog_a, backlog_b, b.least_backlog.get(port, backlog_b))
+            if a.rate_factor.get(port) != b.rate_factor.get(port):
+                continue  # degraded or restored in the interval: no one rate to compare with
+            rate = port_rate_bps[port] * b.rate_factor.get(port, 1.0)
             if least >= 2 * frame_bytes and sent_b >= sent_a and not paused:
-                shares.append((sent_b - sent_a) * 8 / dt / port_rate_bps[port])
+                shares.append((sent_b - sent_a) * 8 / dt / rate)
     shares.sort()
     reasons = []
     out = {"samples": len(samples)}

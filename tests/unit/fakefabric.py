@@ -191,5 +191,8 @@ class FakeFabric:
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return None
 
+    def rate_factors(self) -> dict[str, float]:
+        return {}
+
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         return {}

@@ -1,5 +1,7 @@
 """Traffic patterns, max-min fair shares, the ECMP expectation, and switch sharding."""
 
+import dataclasses
+
 import pytest
 
 from testbed.errors import ConfigError
@@ -155,3 +157,19 @@ def test_a_queue_that_drained_between_two_readings_does_not_count_as_standing():
     standing = judge_fidelity(samples(40_000), {"p1": 100e6}, 9018)
     assert standing["verdict"] == "degraded"
     assert standing["backlogged_rate"]["median"] == pytest.approx(0.48)
+
+
+def test_a_degraded_links_port_is_judged_against_its_rate_now():
+    """A 10 Mbit/s port degraded to half at 2 s, queued throughout, sends 0.6 MB/s from
+    then on: 0.96 of its rate now, not 0.48 of the configured one; the interval in which the
+    rate changed is left out."""
+    from testbed.plan.fidelity import FidelitySample, judge_fidelity
+    sent = [0, 1_200_000, 2_400_000, 3_000_000, 3_600_000, 4_200_000, 4_800_000]
+    samples = [FidelitySample(float(t), 50.0, {}, {"p1": (sent[t], 30_000)}, {}, {},
+                              {"p1": 0.5} if t >= 2 else {}) for t in range(7)]
+    verdict = judge_fidelity(samples, {"p1": 10e6}, 9018)
+    assert verdict["verdict"] == "ok", verdict
+    assert verdict["backlogged_rate"]["intervals"] == 5  # 0-1 and 2-3 ... 5-6; not 1-2
+    assert verdict["backlogged_rate"]["median"] == pytest.approx(0.96)
+    blind = [dataclasses.replace(s, rate_factor={}) for s in samples]  # as judged before
+    assert judge_fidelity(blind, {"p1": 10e6}, 9018)["verdict"] == "degraded"
