@@ -188,9 +188,10 @@ class PortServices:
                                   end.pid)
                 if end.switch:
                     rate_bytes_s = rate_kbit * 1000 / 8
-                    self.rate_factors[end.ifname] = factor
                     if factor == 1:
-                        del self.rate_factors[end.ifname]
+                        self.rate_factors.pop(end.ifname, None)
+                    else:
+                        self.rate_factors[end.ifname] = factor
                     if self.marker is not None and end.ifname in self.marker.index:
                         self.marker.set_rate(end.ifname, rate_bytes_s)
                     self.switches.set_port_rate(end.ifname, int(rate_bytes_s))
