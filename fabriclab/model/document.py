@@ -256,7 +256,9 @@ class FailureApplied(Record):
     """A link failure, repair or degradation as applied, with the throughput around it and,
     for a failure or degradation, how long the traffic offered to its ports took to fit
     (``move_off``: ``rates_mbps``, ``ms`` (None where it never did), ``window_ms``, the
-    resolution, and ``packet_bytes`` per switch port)."""
+    resolution, and ``packet_bytes`` per switch port), and what the eBPF switches' fault
+    notices did in its first 2 s (``notices``: ``ms`` after it, ``switch``, ``group``,
+    ``ports_out``; an empty list: the group whole again)."""
 
     action: str
     target: str | list[str]
@@ -269,6 +271,7 @@ class FailureApplied(Record):
     cut_drops: int | None = optional()
     rate_factor: float | None = optional()
     move_off: dict[str, Any] | None = optional()
+    notices: list[dict[str, Any]] | None = optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -187,6 +187,9 @@ class MachineAgent:
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return self._part().offered_bytes(names & self._part().switch_ports())
 
+    def switch_notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        return self._part().switch_notices()
+
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         return self._part().largest_packets(names & self._part().switch_ports())
 

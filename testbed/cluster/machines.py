@@ -157,6 +157,9 @@ class MachineHandle:
     def offered_bytes(self, names: set[str]) -> dict[str, int] | None:
         return self._call(MachineAgent.offered_bytes, names)
 
+    def switch_notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        return self._call(MachineAgent.switch_notices)
+
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         return self._call(MachineAgent.largest_packets, names)
 

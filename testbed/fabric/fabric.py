@@ -441,6 +441,10 @@ class Fabric:
         """Switch port -> the share of its configured rate it has now, for degraded links."""
         return dict(self.ports.rate_factors) if self.ports is not None else {}
 
+    def switch_notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        """The switches' fault notices so far: (seconds ago, switch, group, ports out)."""
+        return self.switches.notices() if self.switches is not None else []
+
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         """Switch port -> the largest packet offered to it so far (eBPF switches only)."""
         return self.ports.switches.largest_packets(names) if self.ports is not None else {}

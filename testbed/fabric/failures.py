@@ -63,6 +63,7 @@ class FailureInjector:
         self._groups: dict[int, dict[str, list[str]]] = {}  # index -> port -> alternatives
         self._windows: dict[int, dict[str, float]] = {}  # index -> port -> its window, s
         self._packets: dict[int, dict[str, int]] = {}  # index -> port -> its packets' size
+        self._notices: dict[int, list[dict]] = {}  # index -> the switches' notices after it
         self.host_ports = {l.end(sw.name).ifname for sw in fabric.topo.switches
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
@@ -99,6 +100,7 @@ class FailureInjector:
                 if stop.wait(max(0.0, due - time.monotonic())):
                     return
         finally:
+            self._stop_watch()
             netlink.close()
 
     def _sample(self, netlink: Netlink, at: float) -> None:
@@ -106,6 +108,7 @@ class FailureInjector:
         self.samples.append((round(at, 4), sum(c["tx_bytes"] for c in counters.values())))
 
     def _apply(self, event: FailureEvent, netlink: Netlink) -> None:
+        self._stop_watch()  # the event before's: what follows is this one's
         at = time.monotonic() - self.began
         errors, steps = [], {}
         try:  # all of the event's links at once (a switch's: its every link)
@@ -116,7 +119,6 @@ class FailureInjector:
         except (TestbedError, OSError) as err:
             errors.append(f"{event.target}: {err}")
         took = time.monotonic() - self.began - at
-        self._watch = None
         self.applied.append({"at_s": event.at_s, "applied_s": round(at, 4),
                              "took_s": round(took, 4), "steps_s": steps,
                              "action": event.action, "target": event.target,
@@ -177,14 +179,32 @@ class FailureInjector:
         index, rates, until = self._watch
         at = now - self.began
         if at > until or self.ended_s is not None:
-            self._watch = None
+            self._stop_watch()
             return None
         counts = self.fabric.offered_bytes(set(rates))
         if counts is None:  # no marker on this fabric: nothing to measure with
-            self._watch = None
+            self._stop_watch()
             return None
         self._fine[index].append((at, counts))
         return now + FINE_SAMPLE_S
+
+    def _stop_watch(self) -> None:
+        """The watch over: what the switches' fault notices did in its span, kept for the
+        event (``notices``: ms after it, switch, group, the ports taken out; none: back)."""
+        if self._watch is None:
+            return
+        index, _rates, until = self._watch
+        self._watch = None
+        try:
+            found = self.fabric.switch_notices()
+        except (TestbedError, OSError):
+            return
+        now, at = time.monotonic() - self.began, self.applied[index]["applied_s"]
+        self._notices[index] = [
+            {"ms": round((now - ago - at) * 1000, 1), "switch": name, "group": gid,
+             "ports_out": list(ports)}
+            for ago, name, gid, ports in sorted(found, key=lambda n: -n[0])
+            if at <= now - ago <= until]
 
     def _move_off(self, index: int, item: dict) -> dict:
         """The event's time to move off per watched port (:func:`time_to_move_off`), in ms:
@@ -247,6 +267,8 @@ class FailureInjector:
             row = {**item, "throughput": throughput_around(samples, item["applied_s"])}
             if "move_off" in item:
                 row["move_off"] = self._move_off(index, item)
+            if self._notices.get(index):
+                row["notices"] = self._notices[index]
             out.append(row)
         return out
 

@@ -9,6 +9,7 @@ and the send buffer the userspace datapath needs while they start.
 from __future__ import annotations
 
 import os
+import time
 import ssl
 from pathlib import Path
 from collections.abc import Callable
@@ -262,6 +263,14 @@ class Switches:
         return {name: self.ebpf.sent_bytes(*self.ebpf_ports[name])
                 + self.ebpf.dead_drops(*self.ebpf_ports[name]) * frame
                 for name in names if name in self.ebpf_ports}
+
+    def notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        """What the eBPF switches' fault notices did so far (:mod:`testbed.plan.notices`):
+        (seconds ago, switch, group, the ports taken out of it; none: all back)."""
+        if self.agent is None:
+            return []
+        now = time.monotonic()
+        return [(now - t, name, gid, ports) for t, name, gid, ports in list(self.agent.notice_log)]
 
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         """Port -> the largest packet an eBPF switch sent to it so far, bytes (none on Open

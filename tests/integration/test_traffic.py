@@ -133,6 +133,14 @@ def test_failures_in_the_experiment_file_are_applied_during_the_workload(state_d
     assert set(move["rates_mbps"].values()) == {0.0} and set(move["ms"]) == set(
         move["rates_mbps"]), move
     assert "move_off" not in applied[2]  # a repair moves nothing off
+    # the eBPF switches' fault notices: core1 lost its only way to pod 1's agg1_1, so the other
+    # pods' agg_1 switches took core1's port out of their groups for pod 1 at once
+    assert doc["provenance"]["datapath"] == "ebpf", doc["provenance"]  # auto: OVS has none
+    notices = applied[0]["notices"]
+    out = {(n["switch"], tuple(n["ports_out"])) for n in notices if n["ports_out"]}
+    assert {name for name, _ in out} == {"agg2_1", "agg3_1", "agg4_1"}, notices
+    assert min(n["ms"] for n in notices) < 100, notices  # at once, not the controller's pace
+    assert all(n["ms"] < 200 for n in notices), notices  # none of the next event's
 
 
 def _two_flows_and(state_dir, tmp_path, failure: str, head: str = PINNED) -> dict:

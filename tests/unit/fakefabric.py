@@ -194,5 +194,8 @@ class FakeFabric:
     def rate_factors(self) -> dict[str, float]:
         return {}
 
+    def switch_notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        return []
+
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         return {}

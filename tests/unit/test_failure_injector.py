@@ -23,6 +23,7 @@ class OfferingFabric(FakeFabric):
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.rated_at: float | None = None
+        self.failed_at: float | None = None
         self.calm_after_s = 0.05
 
     def set_rates(self, pairs, factor: float, netlink=None) -> dict[str, float]:
@@ -37,6 +38,18 @@ class OfferingFabric(FakeFabric):
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         """agg1_1's ports have seen 12 kB packets (larger than a frame), core1's frames."""
         return {name: 12_000 for name in names if name.startswith("agg")}
+
+    def switch_notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        """After a failure, agg2_1 took port 3 out of its group 7 at once; one from long
+        before the event does not count."""
+        if self.failed_at is None:
+            return []
+        ago = time.monotonic() - self.failed_at
+        return [(ago + 30.0, "agg3_1", 2, (1,)), (ago - 0.004, "agg2_1", 7, (3,))]
+
+    def set_links(self, pairs, up: bool, netlink=None) -> dict[str, float]:
+        self.failed_at = None if up else time.monotonic()
+        return super().set_links(pairs, up, netlink)
 
     def link_counters(self, names, netlink=None) -> dict:
         return {}
@@ -78,6 +91,10 @@ def test_a_failed_links_window_is_sized_by_its_rate_as_built(tmp_path):
     assert move["packet_bytes"]["agg1_1-eth3"] == 12_000
     assert move["window_ms"] == {p: pytest.approx(w, abs=0.1) for p, w in window.items()}
     assert set(move["ms"].values()) == {0.0}  # nothing offered after it
+    # what the switches' fault notices did after it, as the agent logged them
+    (notice,) = event["notices"]
+    assert (notice["switch"], notice["group"], notice["ports_out"]) == ("agg2_1", 7, [3])
+    assert 0 <= notice["ms"] <= 50, notice
 
 
 def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_path):
