@@ -404,8 +404,8 @@ class ClusterFabric:
         return {k: v for c in found for k, v in c.items()} if found else None
 
     def switch_notices(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
-        return sorted((n for found in self.on_all(lambda m: m.switch_notices()).values()
-                       for n in found or ()), key=lambda n: -n[0])
+        return [n for found in self.on_all(lambda m: m.switch_notices()).values()
+                for n in found or ()]
 
     def largest_packets(self, names: set[str]) -> dict[str, int]:
         return {k: v for c in self.on_all(lambda m: m.largest_packets(names)).values()

@@ -9,8 +9,8 @@ and the send buffer the userspace datapath needs while they start.
 from __future__ import annotations
 
 import os
-import time
 import ssl
+import time
 from pathlib import Path
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor

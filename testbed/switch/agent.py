@@ -149,7 +149,7 @@ class SwitchAgent:
         self.excluded: notices.Exclusions = {}
         #: when the notices are to be worked out again (monotonic; None: nothing changed)
         self.notices_at: float | None = None
-        #: what the notices did: (monotonic time, switch, group id, the ports it stopped using)
+        #: what the notices did, the newest 1000: (monotonic time, switch, group, ports out)
         self.notice_log: list[tuple[float, str, int, tuple[int, ...]]] = []
         self.mgmt_dir = mgmt_dir  # each switch's management socket here (None: none)
         self.tls = tls  # OpenFlow over TLS: the run's client context (controller.tls)
@@ -361,10 +361,11 @@ class SwitchAgent:
         for name, conn in conns.items():
             old, new = before.get(name, {}), excluded.get(name, {})
             for gid in set(old) | set(new):
-                if old.get(gid) != new.get(gid) and len(self.notice_log) < 1000:
+                if old.get(gid) != new.get(gid):
                     self.notice_log.append((now, name, gid, tuple(sorted(new.get(gid, ())))))
             if old != new:
                 self._install(conn, notify=False)
+        del self.notice_log[:-1000]  # a long run's: its latest events' (failures[].notices)
 
     def _serve(self) -> None:
         """The agent's loop; what it did not expect is recorded (``errors``) and the loop goes
