@@ -87,12 +87,12 @@ class FabricController(app_manager.OSKenApp):
             self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed,
                                        conf.ecmp_selection, conf.spray_weights,
                                        float(conf.poll_interval_s), conf.granularity,
-                                       float(conf.flowlet_gap_us))
+                                       float(conf.flowlet_gap_us), conf.load)
         self.session = Session(self.policy)
         LOG.info("routing %s, ECMP seed %s, selection %s, spray weights %s, poll %s s, "
-                 "granularity %s, flowlet gap %s us", conf.routing, conf.ecmp_seed,
+                 "granularity %s, flowlet gap %s us, load %s", conf.routing, conf.ecmp_seed,
                  conf.ecmp_selection, conf.spray_weights, conf.poll_interval_s,
-                 conf.granularity, conf.flowlet_gap_us)
+                 conf.granularity, conf.flowlet_gap_us, conf.load)
         self.status_path = conf.status
         self.warm_start = bool(conf.warm_start)
         self.readback = WarmStart(self.policy.topo, self._warm_started)

@@ -22,6 +22,7 @@ from testbed.model.spec import (
     EcmpSeed,
     EcmpSelection,
     Granularity,
+    Load,
     Routing,
     SprayWeights,
 )
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults.granularity, help="local_adaptive: flowlet or packet")
     parser.add_argument("--flowlet-gap-us", type=float, default=defaults.flowlet_gap_us,
                         help="local_adaptive flowlets' idle gap, us")
+    parser.add_argument("--load", type=Load, choices=list(Load), default=defaults.load,
+                        help="local_adaptive: what a switch weighs (its ports, the next switch)")
     parser.add_argument("--warm-start", action="store_true",
                         help="read each switch's tables back and change only what differs "
                              "(a restart: the switches kept forwarding on what is installed)")
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ecmp_seed": args.ecmp_seed, "ecmp_selection": args.ecmp_selection,
                 "spray_weights": args.spray_weights, "poll_interval_s": args.poll_interval_s,
                 "warm_start": "1" if args.warm_start else "", "granularity": args.granularity,
-                "flowlet_gap_us": args.flowlet_gap_us, "metrics_port": args.metrics_port}
+                "flowlet_gap_us": args.flowlet_gap_us, "load": args.load,
+                "metrics_port": args.metrics_port}
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in settings], group="fabriclab")
     cfg.CONF(args=_os_ken_args(args), project="os_ken")
     for name, value in settings.items():

@@ -37,6 +37,9 @@ class FabricPolicy:
         poll_s: the adaptive mode's statistics interval.
         granularity: local_adaptive: ``flowlet`` or ``packet``.
         flowlet_gap_us: local_adaptive flowlets' idle gap.
+        load: local_adaptive: ``local`` (the switch's ports) or ``next_switch`` (also the
+            port the next switch must take: the groups' selection ``flowlet_next``,
+            ``packet_next``).
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
@@ -44,9 +47,10 @@ class FabricPolicy:
                  ecmp_selection: EcmpSelection = EcmpSelection.HASH,
                  spray_weights: SprayWeights = SprayWeights.CAPACITY,
                  poll_s: float = 1.0, granularity: str = "flowlet",
-                 flowlet_gap_us: float = 0.0) -> None:
+                 flowlet_gap_us: float = 0.0, load: str = "local") -> None:
         self.topo = topo
-        self.local = (str(granularity), int(round(flowlet_gap_us)))
+        ahead = "_next" if str(load) == "next_switch" else ""
+        self.local = (f"{granularity}{ahead}", int(round(flowlet_gap_us)))
         self.routing = Routing(routing)
         self.ecmp_seed = EcmpSeed(ecmp_seed)
         self.ecmp_selection = EcmpSelection(ecmp_selection)

@@ -145,7 +145,8 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
         ecmp_selection: ``hash`` or ``dp_hash`` (ecmp; spray always hashes in the datapath).
         spray_weights: ``capacity`` or ``equal`` bucket weights (spray only).
         adaptive: the adaptive mode's flows and loads (adaptive only).
-        local: local_adaptive's granularity (``flowlet``, ``packet``) and flowlet gap in us:
+        local: local_adaptive's selection (``flowlet``, ``packet``, ``flowlet_next``,
+            ``packet_next``) and flowlet gap in us:
             the groups' selection method, which the eBPF switches apply per packet.
 
     Returns:
@@ -213,7 +214,7 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
             weights = bucket_weights([shares.get((sw.name, p), 0.0) for p in ports])
             tables[sw.name].add_group(GroupEntry(
                 gid, ports, hash_basis(sw, seed), str(selection), weights,
-                gap_us=gap_us if selection == "flowlet" else 0))
+                gap_us=gap_us if str(selection).startswith("flowlet") else 0))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
 

@@ -14,6 +14,7 @@ from testbed.model.spec import (
     EcmpSeed,
     EcmpSelection,
     Granularity,
+    Load,
     Routing,
     SprayWeights,
     TestbedSpec,
@@ -23,7 +24,7 @@ _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection"
                      "spray_weights": SprayWeights, "poll_interval_s": float,
                      "ready_timeout_s": float, "restart": bool, "tls": bool, "app": str,
                      "remote": str, "settle_s": float, "granularity": Granularity,
-                     "flowlet_gap_us": float}
+                     "flowlet_gap_us": float, "load": Load}
 #: fabriclab's own routing's settings: meaningless with an app or a remote controller
 _ROUTING_KEYS = ("routing", "ecmp_seed", "ecmp_selection", "spray_weights", "poll_interval_s",
                  "restart")
@@ -32,7 +33,7 @@ _ROUTING_KEYS = ("routing", "ecmp_seed", "ecmp_selection", "spray_weights", "pol
 def parse_controller(raw: dict, source: str) -> ControllerSpec:
     """The controller section: an app's path made absolute (relative to the experiment file)
     and checked, a remote address checked, settings that do not apply refused by name;
-    ``routing`` a mode's name or ``{mode, granularity, flowlet_gap_us}``."""
+    ``routing`` a mode's name or ``{mode, granularity, flowlet_gap_us, load}``."""
     raw = dict(raw)
     routing = raw.get("routing")
     if isinstance(routing, dict):
@@ -48,6 +49,8 @@ def parse_controller(raw: dict, source: str) -> ControllerSpec:
                 raise ConfigError("controller.routing.flowlet_gap_us", "flowlets' gap; "
                                   "granularity packet moves every packet")
             raw["flowlet_gap_us"] = float(routing["flowlet_gap_us"])
+        if "load" in routing:
+            raw["load"] = Load(routing["load"])
     typed = {k: _CONTROLLER_TYPES[k](v) for k, v in raw.items()}
     user = [k for k in ("app", "remote") if raw.get(k)]
     if len(user) == 2:

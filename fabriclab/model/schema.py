@@ -50,8 +50,10 @@ def describe(error: jsonschema.ValidationError, prefix: str = "") -> tuple[str, 
     path = (prefix + path) if prefix else path.lstrip(".")
     kind = error.validator
     if kind in ("oneOf", "anyOf") and error.context:
-        # the alternative the value was meant for: one of its type, if any is
-        fitting = [e for e in error.context if e.validator != "type"] or list(error.context)
+        # the alternative the value was meant for: one it went into (an error inside it: a
+        # mapping's field), else one of its type, if any is
+        fitting = ([e for e in error.context if e.relative_path]
+                   or [e for e in error.context if e.validator != "type"] or list(error.context))
         return describe(jsonschema.exceptions.best_match(fitting), prefix)
     if kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))

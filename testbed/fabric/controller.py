@@ -310,7 +310,8 @@ class Controller:
                        "--spray-weights", ctl.spray_weights,
                        "--poll-interval-s", str(ctl.poll_interval_s),
                        "--granularity", ctl.granularity,
-                       "--flowlet-gap-us", str(ctl.flowlet_gap_us)]) + (
+                       "--flowlet-gap-us", str(ctl.flowlet_gap_us),
+                       "--load", ctl.load]) + (
                    ["--warm-start", "--metrics-port", str(self.metrics_port)] if warm
                    else []) + (
                    ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])

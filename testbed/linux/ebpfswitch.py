@@ -23,7 +23,8 @@ FIELD_BITS = {"in_port": 1, "eth_type": 2, "eth_dst": 4, "ip_dscp": 8, "ip_proto
 A_OUTPUT, A_GROUP, A_DROP, A_CONTROLLER = 1, 2, 3, 4
 G_SELECT, G_FF = 1, 2
 #: a SELECT group's selection in the datapath (progs/switch.c SEL_*): both hash methods hash
-SELECTION = {"hash": 0, "dp_hash": 0, "flowlet": 1, "packet": 2}
+SELECTION = {"hash": 0, "dp_hash": 0, "flowlet": 1, "packet": 2, "flowlet_next": 1,
+             "packet_next": 2}
 PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
 PUNT_RING_BYTES = 1 << 22  # progs/switch.c PUNT_RING
 
@@ -75,7 +76,8 @@ class Group(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_uint32), ("basis", ctypes.c_uint32), ("n", ctypes.c_uint32),
                 ("selection", ctypes.c_uint32), ("gap_ns", ctypes.c_uint64),
                 ("ports", ctypes.c_uint32 * MAX_BUCKETS),
-                ("weights", ctypes.c_uint32 * MAX_BUCKETS)]
+                ("weights", ctypes.c_uint32 * MAX_BUCKETS),
+                ("next", PortId * MAX_BUCKETS)]
 
 
 class PortLoad(ctypes.Structure):
@@ -260,10 +262,13 @@ class EbpfSwitches:
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
-                  gap_us: int = 0) -> None:
+                  gap_us: int = 0,
+                  next_ports: list[tuple[int, int] | None] | None = None) -> None:
         """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``; a SELECT
         group's ``selection``: ``hash``/``dp_hash``, or switch-local ``flowlet`` (with its
-        ``gap_us``) or ``packet``."""
+        ``gap_us``) or ``packet``; a switch-local one's ``next_ports``, per bucket: the (switch,
+        port) the switch behind it must take for the group's destinations, whose queue it
+        weighs as well (None: none; :mod:`testbed.plan.lookahead`)."""
         if len(ports) > MAX_BUCKETS:
             raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
         if selection not in SELECTION:
@@ -274,6 +279,8 @@ class EbpfSwitches:
         for i, port in enumerate(ports):
             g.ports[i] = port
             g.weights[i] = (weights or [1] * len(ports))[i]
+            if next_ports and next_ports[i] is not None:
+                g.next[i] = PortId(*next_ports[i])
         self.maps["sw_groups"].update(GroupId(sw, group_id), g)
 
     def delete_group(self, sw: int, group_id: int) -> None:

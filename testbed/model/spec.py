@@ -41,17 +41,22 @@ class Routing(StrEnum):
     DMODK = "dmodk"  # destination-based static up-port choice (InfiniBand's D-mod-k)
     SPRAY = "spray"  # the switch side of packet spraying: weighted groups hashing the entropy
     ADAPTIVE = "adaptive"  # load-aware: elephants placed by Global First Fit (Hedera), WCMP
-    # the switches choose among the equal-cost ports by their load, per flowlet or per packet
-    # (the eBPF datapath: testbed.plan.localroute)
+    # the switches choose ports by load, per flowlet or packet (eBPF: testbed.plan.localroute)
     LOCAL_ADAPTIVE = "local_adaptive"
 
 
 class Granularity(StrEnum):
-    """What a switch-local adaptive choice moves: a flowlet (a flow's packets after an idle gap)
-    or each packet."""
+    """What a switch-local choice moves: a flowlet (packets after an idle gap) or a packet."""
 
     FLOWLET = "flowlet"
     PACKET = "packet"
+
+
+class Load(StrEnum):
+    """What a switch-local choice weighs: its ports' queues, or also the next switch's port's
+    towards the destination (global load balancing: :mod:`testbed.plan.lookahead`)."""
+    LOCAL = "local"
+    NEXT_SWITCH = "next_switch"
 
 
 class SprayWeights(StrEnum):
@@ -277,6 +282,7 @@ class ControllerSpec:
     poll_interval_s: float = 1.0  # adaptive: the statistics interval
     granularity: Granularity = Granularity.FLOWLET  # local_adaptive: flowlet or packet
     flowlet_gap_us: float = 0.0  # local_adaptive flowlets' gap (0: the fabric's base RTT)
+    load: Load = Load.LOCAL  # local_adaptive: what a switch weighs (its ports, the next switch)
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
     #: OpenFlow over TLS with the run's own certificates; None: wherever the datapath can
@@ -308,7 +314,8 @@ class ControllerSpec:
         if self.remote:
             return f"remote {self.remote}"
         if self.routing == Routing.LOCAL_ADAPTIVE:
-            return f"fabriclab ({self.routing}, {self.granularity})"
+            return f"fabriclab ({self.routing}, {self.granularity}" + (
+                ", next switch)" if self.load == Load.NEXT_SWITCH else ")")
         return f"fabriclab ({self.routing})"
 
 

@@ -55,7 +55,7 @@ def read_buckets(raw: bytes, offset: int, end: int) -> list[Bucket]:
 
 
 #: selection methods: Open vSwitch's (``hash``, ``dp_hash``) and the eBPF switches' local ones
-METHODS = ("hash", "dp_hash", "flowlet", "packet")
+METHODS = ("hash", "dp_hash", "flowlet", "packet", "flowlet_next", "packet_next")
 
 
 def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str, int]:
@@ -72,7 +72,7 @@ def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str, int]:
                 selection = raw[offset + 16:offset + 32].rstrip(b"\0").decode(errors="replace")
                 param = struct.unpack_from("!Q", raw, offset + 32)[0]
                 basis = param & 0xFFFFFFFF
-                gap_us = param >> 32 if selection == "flowlet" else 0
+                gap_us = param >> 32 if selection.startswith("flowlet") else 0
         offset += (plen + 7) // 8 * 8
     return basis, selection, gap_us
 
@@ -114,7 +114,7 @@ def describe(group: GroupEntry) -> str:
         head += f",selection_method={group.selection}"
         if group.hash_basis:
             head += f",selection_method_param={group.hash_basis}"
-        if group.selection == "flowlet":
+        if group.selection.startswith("flowlet"):
             head += f",flowlet_gap_us={group.gap_us}"
     weights = group.weights or (None,) * len(group.ports)
     return head + "".join(
@@ -124,8 +124,9 @@ def describe(group: GroupEntry) -> str:
 
 def selection_property(basis: int, method: str, gap_us: int = 0) -> bytes:
     """Open vSwitch's ``selection_method`` group property: the 5-tuple's fields for ``hash``,
-    none for ``dp_hash`` (the datapath hashes the 5-tuple) or the local methods (``flowlet``:
-    ``gap_us`` in the parameter's high 32 bits; ``packet``)."""
+    none for ``dp_hash`` (the datapath hashes the 5-tuple) or the local methods (``flowlet``,
+    ``flowlet_next``: ``gap_us`` in the parameter's high 32 bits; ``packet``, ``packet_next``;
+    the ``_next`` ones weigh the next switch's port as well)."""
     if method not in METHODS:
         raise ValueError(f"unknown selection method {method!r}")
     if not 0 <= gap_us < 1 << 32:
@@ -134,9 +135,10 @@ def selection_property(basis: int, method: str, gap_us: int = 0) -> bytes:
     fields = b"" if method != "hash" else b"".join(
         struct.pack("!HBB", 0x8000, field << 1, width) + b"\xff" * width
         for field, width in ((10, 1), (11, 4), (12, 4), (13, 2), (14, 2), (15, 2), (16, 2)))
+    gap = gap_us << 32 if method.startswith("flowlet") else 0
     body = struct.pack("!HHII4x16sQ", 0xFFFF, 40 + len(fields), NTR_EXPERIMENTER,
                        NTRT_SELECTION_METHOD, method.encode(),
-                       (basis & 0xFFFFFFFF) | (gap_us << 32 if method == "flowlet" else 0)) + fields
+                       (basis & 0xFFFFFFFF) | gap) + fields
     return body + b"\0" * (-len(body) % 8)
 
 

@@ -18,6 +18,10 @@ fairly):
   chosen (FlowBender's and CLOVE-ECN's signal, read in the switch). A switch sees its own
   ports' load only; the echo is what it learns of the path beyond them (a collision further
   down, at a port no switch on the way up sees).
+
+A selection that weighs the next switch (``flowlet_next``, ``packet_next``) compares each
+port by the longer of two queues: its own, and that of the port the switch behind it must
+take towards the group's destinations (:mod:`testbed.plan.lookahead`; :func:`bucket_delay`).
 """
 
 from __future__ import annotations
@@ -68,6 +72,12 @@ class PortLoad:
     def delay_ns(self, now_ns: int) -> int:
         """How long the queue takes to drain (0 for a port of no rate)."""
         return self.queued(now_ns) * NS_PER_S // self.rate_bytes_s if self.rate_bytes_s else 0
+
+
+def bucket_delay(own_ns: int, next_ns: int | None = None) -> int:
+    """A bucket's load as a choice weighing the next switch compares it: the longer of its
+    port's queue and the next switch's port's (None: nothing weighed beyond the port)."""
+    return own_ns if next_ns is None else max(own_ns, next_ns)
 
 
 def least_loaded(ports: Sequence[int], live: Callable[[int], bool],

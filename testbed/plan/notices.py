@@ -64,7 +64,7 @@ def destination(entry: FlowEntry) -> IPv4Network | None:
 
 
 @lru_cache(maxsize=65536)
-def _forwarding(entry: FlowEntry) -> tuple[str, int] | None:
+def forwarding(entry: FlowEntry) -> tuple[str, int] | None:
     """A route's way out: ("group", id) or ("output", port); None for anything else."""
     for name, value in entry.actions:
         if name == "group" or (name == "output" and value != CONTROLLER_PORT):
@@ -84,7 +84,7 @@ def exclusions(views: dict[str, SwitchView]) -> Exclusions:
     """Per switch and group, the ports it stops using because the neighbour behind them
     stranded every destination the group forwards (empty where nothing is stranded)."""
     routes = {name: [(d, hop) for f in v.flows
-                     if (d := destination(f)) is not None and (hop := _forwarding(f))]
+                     if (d := destination(f)) is not None and (hop := forwarding(f))]
               for name, v in views.items()}
     by_group = {name: {} for name in views}  # switch -> group id -> its routes' destinations
     for name, pairs in routes.items():

@@ -25,11 +25,12 @@ from typing import Protocol
 
 from testbed.errors import TestbedError
 from testbed.linux.files import unix_address
-from testbed.plan import notices, tss
+from testbed.plan import tss
 from testbed.model.openflow import FlowEntry, GroupEntry
 from testbed.openflow.replies import PortCounters
 from testbed.openflow.session import Port, SwitchSession
 from testbed.paths import SIGNAL_SOCKET
+from testbed.switch.derive import Derived, NextHops
 from testbed.switch.mgmt import Management
 
 
@@ -40,7 +41,7 @@ class Datapath(Protocol):
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
-                  gap_us: int = 0) -> None: ...
+                  gap_us: int = 0, next_ports: NextHops | None = None) -> None: ...
 
     def delete_group(self, sw: int, group_id: int) -> None: ...
 
@@ -74,7 +75,7 @@ class SwitchSpec:
     dpid: int
     ports: list[Port]
     #: port number -> the switch behind it (switch-to-switch links only): where fault notices
-    #: go (:mod:`testbed.plan.notices`)
+    #: go (:mod:`testbed.plan.notices`), whose ports a local choice weighs (``lookahead``)
     peers: dict[int, str] = field(default_factory=dict)
 
 
@@ -86,6 +87,7 @@ class _Conn:
     dirty: bool = False
     # what the datapath holds: the session's groups and flows as last installed
     groups: dict[int, GroupEntry] = field(default_factory=dict)
+    ahead: dict[int, NextHops] = field(default_factory=dict)  # their next switches' ports
     flows: dict[tuple, FlowEntry] = field(default_factory=dict)
     out: bytes = b""
 
@@ -109,8 +111,9 @@ class _Counters:
         return self.datapath.counters(self.spec.index, mask, key)
 
 
-#: how long after a table change the notices are worked out again (a port's change: at once);
-#: notices only take ports away, so ones a few milliseconds stale still loop nowhere
+#: how long after a table change the notices and next switches' ports are worked out again (a
+#: port's change: at once); notices only take ports away, so ones a few milliseconds stale
+#: still loop nowhere
 NOTICES_COALESCE_S = 0.005
 RECONNECT_S, RECONNECT_MAX_S = 0.1, 2.0  # a lost connection's first retry, and the longest wait
 _PUNTS, _LINKS, _WAKE = "\0punts", "\0links", "\0wake"  # selector keys beside switch names
@@ -146,11 +149,11 @@ class SwitchAgent:
         #: fault notices between the switches (:mod:`testbed.plan.notices`): on, the groups
         #: installed are the controller's less the ports whose switch stranded their routes
         self.notify = notify
-        self.excluded: notices.Exclusions = {}
-        #: when the notices are to be worked out again (monotonic; None: nothing changed)
+        #: the notices' exclusions and the next switches' ports (what every table implies)
+        self.derived = Derived(notify, {n: s.peers for n, s in switches.items()},
+                               {n: s.index for n, s in switches.items()})
+        #: when they are to be worked out again (monotonic; None: nothing changed)
         self.notices_at: float | None = None
-        #: what the notices did, the newest 1000: (monotonic time, switch, group, ports out)
-        self.notice_log: list[tuple[float, str, int, tuple[int, ...]]] = []
         self.mgmt_dir = mgmt_dir  # each switch's management socket here (None: none)
         self.tls = tls  # OpenFlow over TLS: the run's client context (controller.tls)
         self.switches = switches
@@ -251,7 +254,8 @@ class SwitchAgent:
                 return
             self.datapath.set_live(conn.spec.index, port, live)
             conn.out += conn.session.port_status(port, live)
-            self.notices_at = 0.0 if self.notify else None  # a port: at once
+            if self.notify:  # a port: at once
+                self.notices_at = 0.0
         try:
             self._waker[1].send(b"x")
         except OSError:  # stopped
@@ -315,57 +319,54 @@ class SwitchAgent:
             except OSError:  # a port that is down (ENETDOWN): the frame is lost, as on a wire
                 pass
 
+    @property
+    def excluded(self):
+        """Per switch and group, the ports fault notices took (:mod:`testbed.plan.notices`)."""
+        return self.derived.excluded
+
+    @property
+    def notice_log(self) -> list[tuple[float, str, int, tuple[int, ...]]]:
+        """What the notices did, the newest 1000: (monotonic time, switch, group, ports out)."""
+        return self.derived.log
+
     def _install(self, conn: _Conn, notify: bool = True) -> None:
         """The session's tables into the datapath: the groups that changed, the flow table if
         a flow did (a reroute changes a group or two, one message each, and each message is
         installed before the next is read). A group goes in less the ports fault notices
-        took from it."""
-        session, sw = conn.session, conn.spec.index
-        stopped = self.excluded.get(self.by_index[sw], {})
-        installed = {}
+        took from it, with the next switches' ports its choice weighs."""
+        session, sw, name = conn.session, conn.spec.index, self.by_index[conn.spec.index]
+        installed, ahead = {}, {}
         for gid, group in session.groups.items():
-            installed[gid] = group = notices.narrowed(group, stopped.get(gid))
-            if conn.groups.get(gid) != group:
+            group, hops = self.derived.group(name, gid, group)
+            installed[gid], ahead[gid] = group, hops
+            if conn.groups.get(gid) != group or conn.ahead.get(gid, []) != hops:
                 self.datapath.set_group(sw, gid, group.kind, list(group.ports),
                                         list(group.weights) or None, group.hash_basis,
-                                        group.selection, group.gap_us)
+                                        group.selection, group.gap_us, hops or None)
         if session.flows != conn.flows:
             self.datapath.set_table(sw, tss.compile_table(session.flows.values()))
         for gid in set(conn.groups) - set(session.groups):
             self.datapath.delete_group(sw, gid)
-        conn.groups, conn.flows = installed, dict(session.flows)
+        conn.groups, conn.ahead, conn.flows = installed, ahead, dict(session.flows)
         conn.dirty = False
-        if notify and self.notify and self.notices_at is None and (self.excluded or any(
-                _may_strand(c.session) for c in list(self.conns.values()))):
+        if notify and self.notices_at is None and self.derived.wanted(
+                [c.session for c in list(self.conns.values())]):
             # the new tables may strand a destination (here or behind a neighbour), or no
-            # longer strand one: worked out once the messages that come together are in (a
-            # reroute's dozen group mods)
+            # longer strand one, or change what a local choice weighs: worked out once the
+            # messages that come together are in (a reroute's dozen group mods)
             self.notices_at = time.monotonic() + NOTICES_COALESCE_S
 
     def _notices(self) -> None:
-        """Fault notices over every connected switch, from the controller's tables and the
-        ports' liveness: the groups whose stopped ports changed are installed again."""
+        """Fault notices and next switches' ports over every connected switch, from the
+        controller's tables and the ports' liveness: the groups that change are installed
+        again."""
         self.notices_at = None
         with self.lock:
             conns = dict(self.conns)
-        views = {name: notices.SwitchView(
-                    tuple(c.session.flows.values()), c.session.groups,
-                    frozenset(n for n, p in c.session.ports.items() if not p.live), c.spec.peers)
-                 for name, c in conns.items()}
-        excluded = notices.exclusions(views) if any(
-            _may_strand(c.session) for c in conns.values()) else {}
-        if excluded == self.excluded:
-            return
-        before, self.excluded = self.excluded, excluded
-        now = time.monotonic()
-        for name, conn in conns.items():
-            old, new = before.get(name, {}), excluded.get(name, {})
-            for gid in set(old) | set(new):
-                if old.get(gid) != new.get(gid):
-                    self.notice_log.append((now, name, gid, tuple(sorted(new.get(gid, ())))))
-            if old != new:
-                self._install(conn, notify=False)
-        del self.notice_log[:-1000]  # a long run's: its latest events' (failures[].notices)
+        changed = self.derived.update({n: c.session for n, c in conns.items()},
+                                      time.monotonic())
+        for name in changed:
+            self._install(conns[name], notify=False)
 
     def _serve(self) -> None:
         """The agent's loop; what it did not expect is recorded (``errors``) and the loop goes
@@ -491,8 +492,3 @@ class SwitchAgent:
                 if len(self.disconnects) < 100:
                     self.disconnects.append(f"{name}: reconnecting: {err}")
 
-
-def _may_strand(session: SwitchSession) -> bool:
-    """Whether a switch's tables may strand a destination: a dead port or an empty group."""
-    return (any(not p.live for p in session.ports.values())
-            or any(not g.ports for g in session.groups.values()))

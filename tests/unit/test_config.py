@@ -92,6 +92,7 @@ def test_the_schema_and_the_typed_specs_agree():
         EcmpSelection,
         Fidelity,
         Granularity,
+        Load,
         Routing,
         TcpCongestion,
     )
@@ -102,6 +103,7 @@ def test_the_schema_and_the_typed_specs_agree():
     routing = defs["controller"]["properties"]["routing"]["oneOf"]
     assert routing[0]["enum"] == list(Routing) == routing[1]["properties"]["mode"]["enum"]
     assert routing[1]["properties"]["granularity"]["enum"] == list(Granularity)
+    assert routing[1]["properties"]["load"]["enum"] == list(Load)
     assert defs["controller"]["properties"]["ecmp_seed"]["enum"] == list(EcmpSeed)
     assert defs["controller"]["properties"]["ecmp_selection"]["enum"] == list(EcmpSelection)
     assert defs["emulator"]["properties"]["fidelity"]["enum"] == list(Fidelity)

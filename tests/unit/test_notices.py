@@ -5,8 +5,10 @@ forms a loop."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import random
+import socket
 
 import networkx as nx
 
@@ -166,25 +168,19 @@ def test_only_routes_count_and_a_group_shared_with_a_reachable_destination_keeps
         7, (4,), weights=(3,))
 
 
-def test_the_switch_agent_applies_the_notices_to_the_datapath_and_lifts_them():
-    """A k=4 fat-tree's 20 eBPF switches in one agent, programmed by a controller on loopback:
-    core1's port to agg2_1 dies, and the other pods' agg_1 switches stop sending pod 2's
-    subnets to core1 in the datapath, while their OpenFlow groups stay the controller's; the
-    port back, the datapath's groups are the controller's again. Off: nothing is taken."""
-    import socket
-
+@contextlib.contextmanager
+def programmed_agent(topo, tables, notify: bool = True):
+    """Every switch of ``topo`` in one switch agent over fake maps, programmed with ``tables``
+    by a controller on loopback; yields (agent, maps, specs, the controller's connections)."""
     from os_ken.ofproto import ofproto_v1_5_parser as parser
 
     from controllers.routing.ofmsgs import to_messages
     from controllers.routing.tables import diff_tables
     from testbed.openflow.session import Port
-    from testbed.poll import wait_for
     from testbed.switch.agent import SwitchAgent, SwitchSpec
     from tests.unit.test_switch_agent import FakeMaps, _read_messages
     from tests.unit.test_switch_session import FakeDatapath, _wire
 
-    topo = fat_tree(4)
-    tables = compute_tables(topo, {})
     specs = {}
     for index, sw in enumerate(topo.switches, start=1):
         ports = [Port(n, link.end(sw.name).ifname, f"02:00:00:00:{index:02x}:{n:02x}")
@@ -193,53 +189,69 @@ def test_the_switch_agent_applies_the_notices_to_the_datapath_and_lifts_them():
                  if link.tier == "fabric"}
         specs[sw.name] = SwitchSpec(index, sw.dpid, ports, peers)
     by_dpid = {sw.dpid: sw.name for sw in topo.switches}
+    maps = FakeMaps()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(5)
+        agent = SwitchAgent(maps, specs, server.getsockname(), notify=notify)
+        agent.start()
+        conns = {}
+        try:
+            for _ in specs:  # as the controller: greet and program every switch
+                conn, _ = server.accept()
+                dp = FakeDatapath()
+                conn.sendall(_wire(parser.OFPHello(dp), 1)
+                             + _wire(parser.OFPFeaturesRequest(dp), 2))
+                (features,) = [m for m in _read_messages(conn, parser.OFPSwitchFeatures)
+                               if isinstance(m, parser.OFPSwitchFeatures)]
+                conns[by_dpid[features.datapath_id]] = conn
+                ops = diff_tables(None, tables[by_dpid[features.datapath_id]])
+                conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
+                                      for m in to_messages(dp, op)))
+                _read_messages(conn, parser.OFPBarrierReply)
+            yield agent, maps, specs, conns
+        finally:
+            agent.stop()
+            for conn in conns.values():
+                conn.close()
+    assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
+
+
+def test_the_switch_agent_applies_the_notices_to_the_datapath_and_lifts_them():
+    """A k=4 fat-tree's 20 eBPF switches in one agent, programmed by a controller on loopback:
+    core1's port to agg2_1 dies, and the other pods' agg_1 switches stop sending pod 2's
+    subnets to core1 in the datapath, while their OpenFlow groups stay the controller's; the
+    port back, the datapath's groups are the controller's again. Off: nothing is taken."""
+    from os_ken.ofproto import ofproto_v1_5_parser as parser
+
+    from testbed.poll import wait_for
+    from tests.unit.test_switch_agent import _read_messages
+
+    topo = fat_tree(4)
+    tables = compute_tables(topo, {})
     core_port = topo.find_link("core1", "agg2_1").end("core1").port
     agg3_up = topo.find_link("agg3_1", "core1").end("agg3_1").port
     pod2 = [gid for gid, sw in enumerate(topo.access_switches, start=1)
             if sw.name.startswith("edge2_")]
     for notify in (True, False):
-        maps = FakeMaps()
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            server.settimeout(5)
-            agent = SwitchAgent(maps, specs, server.getsockname(), notify=notify)
-            agent.start()
-            conns = {}
-            try:
-                for _ in specs:  # as the controller: greet and program every switch
-                    conn, _ = server.accept()
-                    dp = FakeDatapath()
-                    conn.sendall(_wire(parser.OFPHello(dp), 1)
-                                 + _wire(parser.OFPFeaturesRequest(dp), 2))
-                    (features,) = [m for m in _read_messages(conn, parser.OFPSwitchFeatures)
-                                   if isinstance(m, parser.OFPSwitchFeatures)]
-                    conns[by_dpid[features.datapath_id]] = conn
-                    ops = diff_tables(None, tables[by_dpid[features.datapath_id]])
-                    conn.sendall(b"".join(_wire(m, 10 + i) for i, op in enumerate(ops)
-                                          for m in to_messages(dp, op)))
-                    _read_messages(conn, parser.OFPBarrierReply)
-                agg3 = specs["agg3_1"].index
+        with programmed_agent(topo, tables, notify) as (agent, maps, specs, conns):
+            agg3 = specs["agg3_1"].index
+            assert all(agg3_up in maps.groups[(agg3, g)][1] for g in pod2)
+            agent.set_port("core1", core_port, False)
+            if notify:
+                wait_for(lambda: all(maps.groups[(agg3, g)][1] == [
+                    p for p in tables["agg3_1"].groups[g].ports if p != agg3_up]
+                    for g in pod2), 5, "agg3_1's groups for pod 2 without core1")
+                session = agent.conns["agg3_1"].session
+                assert all(session.groups[g] == tables["agg3_1"].groups[g] for g in pod2)
+                assert {(name, gid) for _, name, gid, _ in agent.notice_log} == {
+                    (agg, g) for agg in ("agg1_1", "agg3_1", "agg4_1") for g in pod2}
+                agent.set_port("core1", core_port, True)
+                wait_for(lambda: all(agg3_up in maps.groups[(agg3, g)][1] for g in pod2),
+                         5, "agg3_1's groups for pod 2 with core1 again")
+            else:  # the port's status reached the controller: the loop went past
+                _read_messages(conns["core1"], parser.OFPPortStatus)
                 assert all(agg3_up in maps.groups[(agg3, g)][1] for g in pod2)
-                agent.set_port("core1", core_port, False)
-                if notify:
-                    wait_for(lambda: all(maps.groups[(agg3, g)][1] == [
-                        p for p in tables["agg3_1"].groups[g].ports if p != agg3_up]
-                        for g in pod2), 5, "agg3_1's groups for pod 2 without core1")
-                    session = agent.conns["agg3_1"].session
-                    assert all(session.groups[g] == tables["agg3_1"].groups[g] for g in pod2)
-                    assert {(name, gid) for _, name, gid, _ in agent.notice_log} == {
-                        (agg, g) for agg in ("agg1_1", "agg3_1", "agg4_1") for g in pod2}
-                    agent.set_port("core1", core_port, True)
-                    wait_for(lambda: all(agg3_up in maps.groups[(agg3, g)][1] for g in pod2),
-                             5, "agg3_1's groups for pod 2 with core1 again")
-                else:  # the port's status reached the controller: the loop went past
-                    _read_messages(conns["core1"], parser.OFPPortStatus)
-                    assert all(agg3_up in maps.groups[(agg3, g)][1] for g in pod2)
-                    assert (agent.notice_log, agent.excluded) == ([], {})
-            finally:
-                agent.stop()
-                for conn in conns.values():
-                    conn.close()
-        assert not agent.errors or all("closed" in e for e in agent.errors), agent.errors
+                assert (agent.notice_log, agent.excluded) == ([], {})
 
 
 def test_fault_notices_are_on_by_default_and_off_when_asked():

@@ -55,7 +55,7 @@ class FakeLinks:
 class FakeMaps:
     def __init__(self) -> None:
         self.tables, self.groups, self.live, self.calls = {}, {}, {}, []
-        self.selections = {}
+        self.selections, self.ahead = {}, {}
         self.punts, self._punt_in = socket.socketpair()  # readable when punted packets wait
         self.waiting: list = []
 
@@ -80,9 +80,10 @@ class FakeMaps:
         self.calls.append("table")
 
     def set_group(self, sw, group_id, kind, ports, weights=None, basis=0, selection="hash",
-                  gap_us=0):
+                  gap_us=0, next_ports=None):
         self.groups[(sw, group_id)] = (kind, ports, weights, basis)
         self.selections[(sw, group_id)] = (selection, gap_us)
+        self.ahead[(sw, group_id)] = next_ports
         self.calls.append("group")
 
     def delete_group(self, sw, group_id):

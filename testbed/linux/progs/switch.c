@@ -7,7 +7,9 @@
  * egress qdiscs -- shaping, the ECN marker -- apply as on any port), through a group (a SELECT
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
  * failover: the first live port; switch-local adaptive: the least-loaded live port for each
- * flowlet or each packet, testbed/plan/localroute.py), or drops. Every port's load is a
+ * flowlet or each packet, testbed/plan/localroute.py; weighing the next switch, each port by
+ * the longer of its queue and that of the port the switch behind it must take,
+ * testbed/plan/lookahead.py), or drops. Every port's load is a
  * virtual queue of the bytes sent out of it, drained at its rate (sw_load). A TCP
  * acknowledgement echoing congestion (ECE) marks its flow as congested at every switch it
  * passes (sw_echoes): that flow's next flowlet avoids the port it took. Each entry counts
@@ -84,6 +86,9 @@ struct group {
 	__u64 gap_ns;		/* flowlet: the idle gap after which a flow may move */
 	__u32 ports[MAX_BUCKETS];
 	__u32 weights[MAX_BUCKETS];
+	/* switch-local, weighing the next switch: per bucket, the port the switch behind it
+	 * must take for the group's destinations (port 0: none, or the next switch chooses) */
+	struct port_id next[MAX_BUCKETS];
 };
 /* a port's load: the bytes sent out of it, drained at its rate since last_ns */
 struct port_load {
@@ -309,18 +314,21 @@ static __always_inline int live(__u32 sw, __u32 port)
 }
 
 /* The least-loaded live port of a group (ties: the h-th of the least, modulo their number);
- * 0 when none is live. Two passes over the buckets by bpf_loop, each bucket's step verified
- * once (unrolled, the branches of sixteen buckets multiplied past the verifier's limit). */
+ * 0 when none is live. A bucket's load: its port's queue, or the queue of the port the next
+ * switch must take after it where that is longer (the path's worse link). Two passes over
+ * the buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
+ * sixteen buckets multiplied past the verifier's limit); the second picks among the least
+ * the first found (read again, another CPU's packet could leave no port at the least). */
 struct least {
 	struct group *g;
 	__u64 now, best;
-	__u32 sw, ties, pick, port, avoid;
+	__u32 sw, ties, pick, port, avoid, least;	/* least: a bit per bucket at the least */
 };
 
 static long least_scan(__u32 i, void *arg)
 {
 	struct least *c = arg;
-	__u64 d;
+	__u64 d, ahead;
 
 	if (i >= MAX_BUCKETS || i >= c->g->n)
 		return 1;
@@ -328,11 +336,18 @@ static long least_scan(__u32 i, void *arg)
 	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]))
 		return 0;
 	d = delay_ns(c->sw, c->g->ports[i], c->now);
+	if (c->g->next[i].port) {
+		ahead = delay_ns(c->g->next[i].sw, c->g->next[i].port, c->now);
+		if (ahead > d)
+			d = ahead;
+	}
 	if (d < c->best) {
 		c->best = d;
 		c->ties = 1;
+		c->least = 1U << i;
 	} else if (d == c->best) {
 		c->ties++;
+		c->least |= 1U << i;
 	}
 	return 0;
 }
@@ -344,8 +359,7 @@ static long least_pick(__u32 i, void *arg)
 	if (i >= MAX_BUCKETS || i >= c->g->n)
 		return 1;
 	asm volatile("%0 &= 0xf" : "+r"(i));
-	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]) ||
-	    delay_ns(c->sw, c->g->ports[i], c->now) != c->best)
+	if (!(c->least & (1U << i)))
 		return 0;
 	if (c->pick) {
 		c->pick--;
