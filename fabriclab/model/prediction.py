@@ -14,7 +14,7 @@ from testbed.model.topology import hostname
 from traffic.measure import metrics
 from traffic.predict.iterations import iterations
 from traffic.predict.predictor import DEFAULT_DRAWS, SHARE_CV, Predicted, Predictor
-from traffic.predict.router import LOCAL_FLOWLET, LOCAL_PACKET, Router
+from traffic.predict.router import LOCAL_FLOWLET, LOCAL_FLOWLET_NEXT, LOCAL_PACKET, Router
 from traffic.measure.transport import goodput_fraction
 from traffic.protocol import Connection
 from traffic.workloads.program import Program, Reported
@@ -39,12 +39,15 @@ WHAT = ("max-min sharing of the links by each step's connections on the paths th
 def routing_of(ctl) -> str:
     """The routing the prediction assumes: the controller's mode (switch-local adaptive
     routing's by its granularity: :data:`~traffic.predict.router.LOCAL_FLOWLET`,
-    :data:`~traffic.predict.router.LOCAL_PACKET`); an app's or a remote controller's routes
-    are unknown: ECMP's."""
+    :data:`~traffic.predict.router.LOCAL_PACKET`, by flowlet weighing the next switch
+    :data:`~traffic.predict.router.LOCAL_FLOWLET_NEXT`; by packet it is modelled as an even
+    split either way); an app's or a remote controller's routes are unknown: ECMP's."""
     if not ctl.own:
         return "ecmp"
     if str(ctl.routing) == "local_adaptive":
-        return LOCAL_PACKET if str(ctl.granularity) == "packet" else LOCAL_FLOWLET
+        if str(ctl.granularity) == "packet":
+            return LOCAL_PACKET
+        return LOCAL_FLOWLET_NEXT if str(ctl.load) == "next_switch" else LOCAL_FLOWLET
     return str(ctl.routing)
 
 

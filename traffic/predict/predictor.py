@@ -20,8 +20,10 @@ the path the switches give it:
 * ``local_adaptive`` by flowlet (``local_flowlet``): each step's new connections in a random
   order, each switch putting each on the next hop it has put the fewest of the step's
   connections on, ties drawn (a switch balances its own ports, blind to the links beyond;
-  flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. By packet
-  (``local_packet``): an even split at every switch, as ``spray``.
+  flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. Weighing the
+  next switch (``local_flowlet_next``): the count on a next hop is the more of its link's and
+  that of the one link the next switch must take. By packet (``local_packet``): an even split
+  at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);
 the next step starts a hand-off after the slowest has ended (:data:`STEP_OVERHEAD_S` per
@@ -48,7 +50,7 @@ from testbed.model.topology import Topology
 from traffic.predict.flowsim import finish_times
 from traffic.predict.pathdraws import BoundDraws, step_bound
 from traffic.predict.progress import completion, own_connections
-from traffic.predict.router import LOCAL_FLOWLET, Router, sprayed
+from traffic.predict.router import FLOWLETS, Router, sprayed
 from traffic.predict.shares import Shares
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
@@ -143,7 +145,7 @@ class Predictor:
         router = self.router
         random_paths = not paths and any(router.random_paths(sprayed(j)) for j in jobs)
         # switch-local flowlets break the switches' ties by draw as well (no bound for those)
-        drawn = random_paths or (not paths and router.routing == LOCAL_FLOWLET
+        drawn = random_paths or (not paths and router.routing in FLOWLETS
                                  and not all(sprayed(j) for j in jobs))
         draws = (self.draws if drawn else min(self.draws, SHARE_DRAWS)
                  if self.share_cv > 0 else 1)
@@ -271,7 +273,7 @@ class Predictor:
         router, placed = self.router, None
         new = list({(j.index, s, d, ch): (j, s, d, ch) for j, s, d, ch, _n in conns
                     if (j.index, s, d, ch) not in paths}.items())
-        if router.routing == LOCAL_FLOWLET:
+        if router.routing in FLOWLETS:
             placed = {}
             for j, s, d, ch, _n in conns:
                 for link, _w in paths.get((j.index, s, d, ch), ()):

@@ -2,7 +2,9 @@
 ECMP's hash draws (seeded, or as an eBPF switch hashes a given 5-tuple), packet spraying's even
 split, adaptive routing's candidates and switch-local adaptive routing's choices (by flowlet:
 each switch puts a connection on the next hop it has placed the fewest of the step's
-connections on, blind to the links beyond; by packet: an even split, as spraying), as (link
+connections on, blind to the links beyond -- or, weighing the next switch, counting as well
+the connections on the one link that switch must take; by packet: an even split, as
+spraying), as (link
 index, share of the bytes) over the fabric's directed links, each link's capacity at the
 wire's payload share."""
 
@@ -19,8 +21,10 @@ from traffic.workloads.workload import Job
 
 Link = tuple[str, str]  # a directed link: (from node, to node)
 #: switch-local adaptive routing's modes (``controller.routing: local_adaptive``), by its
-#: granularity
+#: granularity; by flowlet weighing the next switch (``load: next_switch``)
 LOCAL_FLOWLET, LOCAL_PACKET = "local_flowlet", "local_packet"
+LOCAL_FLOWLET_NEXT = "local_flowlet_next"
+FLOWLETS = (LOCAL_FLOWLET, LOCAL_FLOWLET_NEXT)
 
 
 class Router:
@@ -65,7 +69,9 @@ class Router:
              placed: dict[int, int] | None = None) -> tuple[tuple[int, float], ...]:
         """The links (index, share of the bytes) of one connection from host ``src`` to
         ``dst``; switch-local flowlets with ``placed`` (link index -> connections on it so
-        far, updated): at each switch the next hop it placed the fewest on (ties: ``rng``)."""
+        far, updated): at each switch the next hop it placed the fewest on (ties: ``rng``);
+        weighing the next switch, the fewest on either that link or the one link the next
+        switch must take after it."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
         s, d, a, b = self.ends(src, dst, channel)
@@ -80,11 +86,12 @@ class Router:
                 if self.routing == "dmodk":
                     pick = nxt[dmodk_port(self.topo, node, self.number[d], list(range(len(nxt))),
                                           len(nxt))]
-                elif self.routing == LOCAL_FLOWLET and placed is not None:
-                    fewest = min(placed.get(self.index[(node, n)], 0) for n in nxt)
-                    pick = rng.choice([n for n in nxt
-                                       if placed.get(self.index[(node, n)], 0) == fewest])
-                    placed[self.index[(node, pick)]] = fewest + 1
+                elif self.routing in FLOWLETS and placed is not None:
+                    count = {n: self._placed(placed, node, n, b) for n in nxt}
+                    fewest = min(count.values())
+                    pick = rng.choice([n for n in nxt if count[n] == fewest])
+                    link = self.index[(node, pick)]
+                    placed[link] = placed.get(link, 0) + 1
                 elif self.shared_hash:
                     pick = nxt[draw % len(nxt)]
                 else:
@@ -92,6 +99,17 @@ class Router:
                 hops[(node, pick)] = 1.0
                 node = pick
         return tuple(sorted((self.index[link], w) for link, w in hops.items()))
+
+    def _placed(self, placed: dict[int, int], node: str, nxt: str, target: str) -> int:
+        """The connections a switch-local flowlet choice at ``node`` counts on next hop
+        ``nxt``: on the link to it, or (weighing the next switch) the more of that and the
+        one link ``nxt`` must take towards ``target``."""
+        here = placed.get(self.index[(node, nxt)], 0)
+        if self.routing != LOCAL_FLOWLET_NEXT or nxt == target:
+            return here
+        after = self.hops(nxt, target)
+        return max(here, placed.get(self.index[(nxt, after[0])], 0)) if len(after) == 1 \
+            else here
 
     def hashed_path(self, src: str, dst: str, channel: int,
                     five_tuple: tuple[str, str, int, int, int]) -> tuple[tuple[int, float], ...]:
