@@ -22,11 +22,13 @@ switch reaches host b through a SELECT group of four buckets (all on its one por
 so that every bucket is live and equally loaded: the decision scans all four, as a 4-way ECMP
 group's would) chosen by that method, so the difference between the rows is the decision's
 cost per packet-hop (``hash``: the 5-tuple's hash; ``flowlet``: the flowlet table and, at a
-gap, the least-loaded port; ``packet``: the least-loaded port for every packet).
+gap, the least-loaded port; ``packet``: the least-loaded port for every packet;
+``flowlet_next``, ``packet_next``: the same, each bucket weighing the next switch's port
+towards b as well, one more load read per bucket).
 
 Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000]
                          [--datapaths ebpf,ovs,ovs-kernel] [--rate-mbps R] [--queue-kb 256]
-                         [--selections hash,flowlet,packet] [--vm] [--json F]
+                         [--selections hash,flowlet,packet,packet_next] [--vm] [--json F]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from controllers.routing.tables import FlowEntry  # noqa: E402
 from testbed.linux.cpu import sample, usage  # noqa: E402
-from testbed.linux.ebpfswitch import EbpfSwitches  # noqa: E402
+from testbed.linux.ebpfswitch import SELECTION, EbpfSwitches  # noqa: E402
 from testbed.linux import ovs  # noqa: E402
 from testbed.linux.capabilities import probe_ovs_kernel_datapath  # noqa: E402
 from testbed.linux.netlink import Netlink  # noqa: E402
@@ -118,8 +120,11 @@ def ebpf_chain(tag: str, hops: int, state: Path, selection: str | None = None):
             switches.add_port(nl, i, 2, port2, PORT_RATE_BYTES_S)
             to_b = route(B, 2)
             if selection is not None:
+                ahead = [(i + 1, 2)] * GROUP_BUCKETS if (
+                    selection.endswith("_next") and i < hops) else None
                 switches.set_group(i, 1, "select", [2] * GROUP_BUCKETS, basis=i,
-                                   selection=selection, gap_us=FLOWLET_GAP_US)
+                                   selection=selection, gap_us=FLOWLET_GAP_US,
+                                   next_ports=ahead)
                 to_b = FlowEntry(200, to_b.match, (("group", 1),))
             switches.set_table(i, tss.compile_table([route(A, 1), to_b]))
     return switches
@@ -265,15 +270,16 @@ def main() -> int:
     parser.add_argument("--queue-kb", type=int, default=256)
     parser.add_argument("--selections", default=None,
                         help="ebpf: comma-separated group selection methods (hash, flowlet, "
-                             "packet), one run each through a SELECT group")
+                             "packet, flowlet_next, packet_next), one run each through a "
+                             "SELECT group")
     parser.add_argument("--vm", action="store_true",
                         help="run inside the vm backend's full-kernel guest")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     selections = args.selections.split(",") if args.selections else [None]
-    bad = sorted(set(selections) - {None, "hash", "dp_hash", "flowlet", "packet"})
+    bad = sorted(set(selections) - {None, "hash", "dp_hash", *SELECTION})
     if bad:
-        parser.error(f"--selections: unknown {', '.join(bad)} (of hash, flowlet, packet)")
+        parser.error(f"--selections: unknown {', '.join(bad)} (of {', '.join(SELECTION)})")
     if args.vm:
         return in_guest(args)
     names = args.datapaths.split(",") if args.datapaths else available()

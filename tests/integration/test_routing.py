@@ -241,3 +241,51 @@ def test_the_ebpf_switches_route_around_a_remote_failure_while_the_controller_is
     else:  # nothing answered after the cut (a third of the way in; the last probes unanswered
         # count as no outage): the probes of the second after it all lost
         assert result["answered"] <= result["sent"] * 0.5 / 1.5 + 2, result
+
+
+@pytest.mark.parametrize("load", ["local", "next_switch"])
+def test_switches_weighing_the_next_switch_leave_a_cores_busy_link_into_a_pod(make_fabric, load):
+    """local_adaptive by packet on the eBPF switches; core1's link down to agg1_1 (its only way
+    into pod 1) is given a busy queue in the datapath. Weighing the next switch, the
+    aggregation switches of pod 2 send pod 1's packets through core2 only (their groups carry
+    core1's and core2's downlinks as next ports, and dump as ``packet_next``); blind to it,
+    some go through core1 still."""
+    from testbed.plan.lookahead import WEIGHS_NEXT
+    from testbed.poll import wait_for
+
+    fabric = make_fabric(experiment(K4 + "controller: {routing: {mode: local_adaptive, "
+                                    f"granularity: packet, load: {load}}}}}\n", "ebpf"))
+    switches, topo = fabric.switches, fabric.topo
+    if load == "next_switch":
+        wait_for(lambda: "agg2_1" in switches.agent.derived.ahead, 10,
+                 "agg2_1's next switches' ports")
+        groups = switches.agent.conns["agg2_1"].session.groups.values()
+        assert {g.selection for g in groups} <= set(WEIGHS_NEXT)
+    down = {core: topo.find_link(core, "agg1_1").end(core).ifname for core in ("core1", "core2")}
+    rate = int(topo.find_link("core1", "agg1_1").rate_mbps * 1e6 / 8)
+    switches.ebpf.set_port_load(*switches.ebpf_ports[down["core1"]], rate,
+                                level=rate * 60, last_ns=time.monotonic_ns())
+    src, dst = fabric.hosts.node("h2_1_1"), topo.nodes["h1_1_1"].ip
+    assert " 0% packet loss" in src.cmd(f"ping -c 2 -W 2 {dst}")  # the neighbours learnt
+    before = {core: switches.ebpf.sent_bytes(*switches.ebpf_ports[port])
+              for core, port in down.items()}
+    # 40 flows (source ports) of 10 datagrams: idle ports' ties go by the flow's hash
+    src.cmd("python3 -c \"import socket, time; socks = [socket.socket(socket.AF_INET, "
+            "socket.SOCK_DGRAM) for _ in range(40)]; [s.bind(('', 40000 + i)) for i, s in "
+            f"enumerate(socks)]; [(s.sendto(b'x' * 1000, ('{dst}', 9)), time.sleep(0.001)) "
+            "for s in socks for _ in range(10)]\"")
+
+    def sent() -> dict[str, int]:
+        return {core: switches.ebpf.sent_bytes(*switches.ebpf_ports[port]) - before[core]
+                for core, port in down.items()}
+
+    seen: list[dict[str, int]] = []  # until the host's queue has drained: two reads alike
+    wait_for(lambda: seen.append(sent()) or (len(seen) > 1 and seen[-1] == seen[-2]), 10,
+             "the datagrams through", interval_s=0.3)
+    got = seen[-1]
+    # edge2_1 sends about half of them up agg2_1, which has core1 and core2 to choose from
+    assert got["core2"] >= 50 * 1000, got
+    if load == "next_switch":
+        assert got["core1"] == 0, got
+    else:
+        assert got["core1"] >= 50 * 1000, got
