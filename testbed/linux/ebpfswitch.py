@@ -267,8 +267,8 @@ class EbpfSwitches:
         """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``; a SELECT
         group's ``selection``: ``hash``/``dp_hash``, or switch-local ``flowlet`` (with its
         ``gap_us``) or ``packet``; a switch-local one's ``next_ports``, per bucket: the (switch,
-        port) the switch behind it must take for the group's destinations, whose queue it
-        weighs as well (None: none; :mod:`testbed.plan.lookahead`)."""
+        port) of the first link every way beyond it takes towards the group's destinations,
+        whose queue it weighs as well (None: none; :mod:`testbed.plan.lookahead`)."""
         if len(ports) > MAX_BUCKETS:
             raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
         if selection not in SELECTION:

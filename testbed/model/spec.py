@@ -53,7 +53,7 @@ class Granularity(StrEnum):
 
 
 class Load(StrEnum):
-    """What a switch-local choice weighs: its ports' queues, or also the next switch's port's
+    """What a switch-local choice weighs: its ports' queues, or also one link beyond each
     towards the destination (global load balancing: :mod:`testbed.plan.lookahead`)."""
     LOCAL = "local"
     NEXT_SWITCH = "next_switch"

@@ -20,8 +20,8 @@ fairly):
   down, at a port no switch on the way up sees).
 
 A selection that weighs the next switch (``flowlet_next``, ``packet_next``) compares each
-port by the longer of two queues: its own, and that of the port the switch behind it must
-take towards the group's destinations (:mod:`testbed.plan.lookahead`; :func:`bucket_delay`).
+port by the longer of two queues: its own, and that of the first link every way beyond the
+switch behind it takes towards the group's destinations (:mod:`testbed.plan.lookahead`; :func:`bucket_delay`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the switch agent derives from every connected switch's tables at once: the groups less
-the ports fault notices took from them (:mod:`testbed.plan.notices`), the ports the next
-switch must take, which switch-local choices weigh (:mod:`testbed.plan.lookahead`), and a log
+the ports fault notices took from them (:mod:`testbed.plan.notices`), the links beyond each
+port that switch-local choices weigh (:mod:`testbed.plan.lookahead`), and a log
 of what the notices did. Kept apart from the agent's connections: the agent hands it the
 switches' sessions and installs the groups it returns."""
 

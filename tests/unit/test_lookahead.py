@@ -30,11 +30,12 @@ def _gid(topo, edge: str) -> int:
                 if sw.name == edge)
 
 
-def test_an_aggregation_switch_weighs_each_cores_only_link_into_the_destination_pod():
+def test_each_switch_weighs_the_first_link_every_way_beyond_its_next_switch_takes():
     """k=4 fat-tree, packet_next: agg2_1's group towards edge1_1 weighs core1's and core2's
-    links down to agg1_1; edge2_1's group towards edge1_1 weighs nothing (each aggregation
-    switch has two cores to choose from); edge1_1's group towards edge1_2 weighs
-    agg1_1's and agg1_2's links down to edge1_2."""
+    links down to agg1_1 (each core's only way into pod 1); edge2_1's group towards edge1_1
+    weighs agg1_1's and agg1_2's links down to edge1_1 (whichever core agg2_1 picks, the flow
+    comes down through agg1_1); edge1_1's group towards edge1_2 weighs agg1_1's and agg1_2's
+    links down to edge1_2."""
     topo = fat_tree(4)
     ahead = next_ports(_views(topo, compute_tables(
         topo, {}, Routing.LOCAL_ADAPTIVE, local=("packet_next", 0))))
@@ -42,7 +43,9 @@ def test_an_aggregation_switch_weighs_each_cores_only_link_into_the_destination_
     assert ahead["agg2_1"][gid] == {
         _port(topo, "agg2_1", core): (core, _port(topo, core, "agg1_1"))
         for core in ("core1", "core2")}
-    assert gid not in ahead.get("edge2_1", {})
+    assert ahead["edge2_1"][gid] == {
+        _port(topo, "edge2_1", f"agg2_{j}"): (f"agg1_{j}", _port(topo, f"agg1_{j}", "edge1_1"))
+        for j in (1, 2)}
     assert ahead["edge1_1"][_gid(topo, "edge1_2")] == {
         _port(topo, "edge1_1", agg): (agg, _port(topo, agg, "edge1_2"))
         for agg in ("agg1_1", "agg1_2")}

@@ -22,7 +22,7 @@ the path the switches give it:
   connections on, ties drawn (a switch balances its own ports, blind to the links beyond;
   flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. Weighing the
   next switch (``local_flowlet_next``): the count on a next hop is the more of its link's and
-  that of the one link the next switch must take. By packet (``local_packet``): an even split
+  that of the first link every way beyond it takes. By packet (``local_packet``): an even split
   at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);

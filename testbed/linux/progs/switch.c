@@ -8,7 +8,7 @@
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
  * failover: the first live port; switch-local adaptive: the least-loaded live port for each
  * flowlet or each packet, testbed/plan/localroute.py; weighing the next switch, each port by
- * the longer of its queue and that of the port the switch behind it must take,
+ * the longer of its queue and that of the first link every way beyond it takes,
  * testbed/plan/lookahead.py), or drops. Every port's load is a
  * virtual queue of the bytes sent out of it, drained at its rate (sw_load). A TCP
  * acknowledgement echoing congestion (ECE) marks its flow as congested at every switch it
@@ -86,8 +86,8 @@ struct group {
 	__u64 gap_ns;		/* flowlet: the idle gap after which a flow may move */
 	__u32 ports[MAX_BUCKETS];
 	__u32 weights[MAX_BUCKETS];
-	/* switch-local, weighing the next switch: per bucket, the port the switch behind it
-	 * must take for the group's destinations (port 0: none, or the next switch chooses) */
+	/* switch-local, weighing the next switch: per bucket, the first link every way beyond
+	 * it takes towards the group's destinations (port 0: none weighed) */
 	struct port_id next[MAX_BUCKETS];
 };
 /* a port's load: the bytes sent out of it, drained at its rate since last_ns */
@@ -314,9 +314,8 @@ static __always_inline int live(__u32 sw, __u32 port)
 }
 
 /* The least-loaded live port of a group (ties: the h-th of the least, modulo their number);
- * 0 when none is live. A bucket's load: its port's queue, or the queue of the port the next
- * switch must take after it where that is longer (the path's worse link). Two passes over
- * the buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
+ * 0 when none is live. A bucket's load: its port's queue, or the queue of the link beyond
+ * it (g->next) where that is longer (the path's worse link). Two passes over the buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
  * sixteen buckets multiplied past the verifier's limit); the second picks among the least
  * the first found (read again, another CPU's packet could leave no port at the least). */
 struct least {
