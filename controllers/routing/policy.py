@@ -38,8 +38,8 @@ class FabricPolicy:
         granularity: local_adaptive: ``flowlet`` or ``packet``.
         flowlet_gap_us: local_adaptive flowlets' idle gap.
         load: local_adaptive: ``local`` (the switch's ports) or ``next_switch`` (also the
-            first link every way beyond each port takes: the groups' selection
-            ``flowlet_next``, ``packet_next``).
+            next switches' path qualities: the groups' selection ``flowlet_next``,
+            ``packet_next``).
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,

@@ -23,8 +23,9 @@ FIELD_BITS = {"in_port": 1, "eth_type": 2, "eth_dst": 4, "ip_dscp": 8, "ip_proto
 A_OUTPUT, A_GROUP, A_DROP, A_CONTROLLER = 1, 2, 3, 4
 G_SELECT, G_FF = 1, 2
 #: a SELECT group's selection in the datapath (progs/switch.c SEL_*): both hash methods hash
-SELECTION = {"hash": 0, "dp_hash": 0, "flowlet": 1, "packet": 2, "flowlet_next": 1,
-             "packet_next": 2}
+#: (SEL_NEXT, 4: weighing the next switch's path quality, publishing the group's own)
+SELECTION = {"hash": 0, "dp_hash": 0, "flowlet": 1, "packet": 2, "flowlet_next": 5,
+             "packet_next": 6}
 PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
 PUNT_RING_BYTES = 1 << 22  # progs/switch.c PUNT_RING
 
@@ -77,7 +78,13 @@ class Group(ctypes.Structure):
                 ("selection", ctypes.c_uint32), ("gap_ns", ctypes.c_uint64),
                 ("ports", ctypes.c_uint32 * MAX_BUCKETS),
                 ("weights", ctypes.c_uint32 * MAX_BUCKETS),
-                ("next", PortId * MAX_BUCKETS)]
+                ("next", GroupId * MAX_BUCKETS)]
+
+
+class Quality(ctypes.Structure):
+    """A group's path quality (progs/switch.c struct quality)."""
+
+    _fields_ = [("delay_ns", ctypes.c_uint64), ("at_ns", ctypes.c_uint64)]
 
 
 class PortLoad(ctypes.Structure):
@@ -133,7 +140,7 @@ class EbpfSwitches:
             ("sw_ports", ctypes.c_uint32, PortId), ("sw_out", PortId, PortOut),
             ("sw_masks", TableId, MaskValue), ("sw_flows", FlowKey, Action),
             ("sw_groups", GroupId, Group), ("sw_load", PortId, PortLoad),
-            ("sw_dead", PortId, ctypes.c_uint64))}
+            ("sw_dead", PortId, ctypes.c_uint64), ("sw_quality", GroupId, Quality))}
         # switch -> its flow keys in the map and what they hold, by subtable mask and key
         self.written: dict[int, dict[tuple, tuple[FlowKey, tuple]]] = {}
         self.masks: dict[int, list[bytes | None]] = {}  # switch -> its subtables' masks written
@@ -263,12 +270,13 @@ class EbpfSwitches:
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
                   gap_us: int = 0,
-                  next_ports: list[tuple[int, int] | None] | None = None) -> None:
+                  next_groups: list[tuple[int, int] | None] | None = None) -> None:
         """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``; a SELECT
         group's ``selection``: ``hash``/``dp_hash``, or switch-local ``flowlet`` (with its
-        ``gap_us``) or ``packet``; a switch-local one's ``next_ports``, per bucket: the (switch,
-        port) of the first link every way beyond it takes towards the group's destinations,
-        whose queue it weighs as well (None: none; :mod:`testbed.plan.lookahead`)."""
+        ``gap_us``) or ``packet``, or either weighing the next switch (``flowlet_next``,
+        ``packet_next``) with its ``next_groups``, per bucket: the (switch, group) behind it
+        towards the same destinations, whose path quality it weighs (None: none;
+        :mod:`testbed.plan.lookahead`)."""
         if len(ports) > MAX_BUCKETS:
             raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
         if selection not in SELECTION:
@@ -279,9 +287,17 @@ class EbpfSwitches:
         for i, port in enumerate(ports):
             g.ports[i] = port
             g.weights[i] = (weights or [1] * len(ports))[i]
-            if next_ports and next_ports[i] is not None:
-                g.next[i] = PortId(*next_ports[i])
+            if next_groups and next_groups[i] is not None:
+                g.next[i] = GroupId(*next_groups[i])
         self.maps["sw_groups"].update(GroupId(sw, group_id), g)
+
+    def quality(self, sw: int, group_id: int) -> Quality | None:
+        """The path quality a group weighing the next switch last published (None: none)."""
+        return self.maps["sw_quality"].lookup(GroupId(sw, group_id))
+
+    def set_quality(self, sw: int, group_id: int, delay_ns: int, at_ns: int) -> None:
+        """A group's path quality as if it had published it at ``at_ns`` (CLOCK_MONOTONIC)."""
+        self.maps["sw_quality"].update(GroupId(sw, group_id), Quality(int(delay_ns), int(at_ns)))
 
     def delete_group(self, sw: int, group_id: int) -> None:
         """Remove a group of switch ``sw`` (no entry may point at it any more)."""

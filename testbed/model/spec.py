@@ -53,8 +53,8 @@ class Granularity(StrEnum):
 
 
 class Load(StrEnum):
-    """What a switch-local choice weighs: its ports' queues, or also one link beyond each
-    towards the destination (global load balancing: :mod:`testbed.plan.lookahead`)."""
+    """What a switch-local choice weighs: its ports' queues, or also the next switches' path
+    qualities (global load balancing: :mod:`testbed.plan.lookahead`)."""
     LOCAL = "local"
     NEXT_SWITCH = "next_switch"
 

@@ -20,8 +20,10 @@ fairly):
   down, at a port no switch on the way up sees).
 
 A selection that weighs the next switch (``flowlet_next``, ``packet_next``) compares each
-port by the longer of two queues: its own, and that of the first link every way beyond the
-switch behind it takes towards the group's destinations (:mod:`testbed.plan.lookahead`; :func:`bucket_delay`).
+port by the longer of its own queue and what is left of the path quality the next switch's
+group towards the same destinations last published (:func:`beyond_ns`, :func:`bucket_delay`;
+:mod:`testbed.plan.lookahead`), and publishes the least it finds, at every packet, as its own
+group's path quality.
 """
 
 from __future__ import annotations
@@ -74,10 +76,28 @@ class PortLoad:
         return self.queued(now_ns) * NS_PER_S // self.rate_bytes_s if self.rate_bytes_s else 0
 
 
+def beyond_ns(published: tuple[int, int] | None, now_ns: int) -> int:
+    """What is left now of a path quality (delay, at) published by the next switch's group: a
+    queue drains at least as fast as time passes while nothing joins it (None: 0)."""
+    if published is None:
+        return 0
+    delay, at = published
+    age = now_ns - at if now_ns > at else 0
+    return delay - age if delay > age else 0
+
+
 def bucket_delay(own_ns: int, next_ns: int | None = None) -> int:
     """A bucket's load as a choice weighing the next switch compares it: the longer of its
-    port's queue and the next switch's port's (None: nothing weighed beyond the port)."""
+    port's queue and the next switch's path quality (None: nothing weighed beyond it)."""
     return own_ns if next_ns is None else max(own_ns, next_ns)
+
+
+def path_quality(ports: Sequence[int], live: Callable[[int], bool],
+                 delay: Callable[[int], int]) -> int | None:
+    """The path quality a group weighing the next switch publishes: the least load over its
+    live ports (None: none is live, nothing published)."""
+    loads = [delay(p) for p in ports if live(p)]
+    return min(loads) if loads else None
 
 
 def least_loaded(ports: Sequence[int], live: Callable[[int], bool],

@@ -41,7 +41,7 @@ class Datapath(Protocol):
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
-                  gap_us: int = 0, next_ports: NextHops | None = None) -> None: ...
+                  gap_us: int = 0, next_groups: NextHops | None = None) -> None: ...
 
     def delete_group(self, sw: int, group_id: int) -> None: ...
 
@@ -75,7 +75,7 @@ class SwitchSpec:
     dpid: int
     ports: list[Port]
     #: port number -> the switch behind it (switch-to-switch links only): where fault notices
-    #: go (:mod:`testbed.plan.notices`), whose ports a local choice weighs (``lookahead``)
+    #: go (:mod:`testbed.plan.notices`), whose path quality a local choice weighs (``lookahead``)
     peers: dict[int, str] = field(default_factory=dict)
 
 
@@ -87,7 +87,7 @@ class _Conn:
     dirty: bool = False
     # what the datapath holds: the session's groups and flows as last installed
     groups: dict[int, GroupEntry] = field(default_factory=dict)
-    ahead: dict[int, NextHops] = field(default_factory=dict)  # their next switches' ports
+    ahead: dict[int, NextHops] = field(default_factory=dict)  # their next switches' groups
     flows: dict[tuple, FlowEntry] = field(default_factory=dict)
     out: bytes = b""
 
@@ -111,7 +111,7 @@ class _Counters:
         return self.datapath.counters(self.spec.index, mask, key)
 
 
-#: how long after a table change the notices and next switches' ports are worked out again (a
+#: how long after a table change the notices and next switches' groups are worked out again (a
 #: port's change: at once); notices only take ports away, so ones a few milliseconds stale
 #: still loop nowhere
 NOTICES_COALESCE_S = 0.005
@@ -149,7 +149,7 @@ class SwitchAgent:
         #: fault notices between the switches (:mod:`testbed.plan.notices`): on, the groups
         #: installed are the controller's less the ports whose switch stranded their routes
         self.notify = notify
-        #: the notices' exclusions and the next switches' ports (what every table implies)
+        #: the notices' exclusions and the next switches' groups (what every table implies)
         self.derived = Derived(notify, {n: s.peers for n, s in switches.items()},
                                {n: s.index for n, s in switches.items()})
         #: when they are to be worked out again (monotonic; None: nothing changed)
@@ -333,7 +333,7 @@ class SwitchAgent:
         """The session's tables into the datapath: the groups that changed, the flow table if
         a flow did (a reroute changes a group or two, one message each, and each message is
         installed before the next is read). A group goes in less the ports fault notices
-        took from it, with the next switches' ports its choice weighs."""
+        took from it, with the next switches' groups its choice weighs."""
         session, sw, name = conn.session, conn.spec.index, self.by_index[conn.spec.index]
         installed, ahead = {}, {}
         for gid, group in session.groups.items():
@@ -357,7 +357,7 @@ class SwitchAgent:
             self.notices_at = time.monotonic() + NOTICES_COALESCE_S
 
     def _notices(self) -> None:
-        """Fault notices and next switches' ports over every connected switch, from the
+        """Fault notices and next switches' groups over every connected switch, from the
         controller's tables and the ports' liveness: the groups that change are installed
         again."""
         self.notices_at = None

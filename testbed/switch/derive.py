@@ -1,6 +1,6 @@
 """What the switch agent derives from every connected switch's tables at once: the groups less
-the ports fault notices took from them (:mod:`testbed.plan.notices`), the links beyond each
-port that switch-local choices weigh (:mod:`testbed.plan.lookahead`), and a log
+the ports fault notices took from them (:mod:`testbed.plan.notices`), the next switches'
+groups whose path quality switch-local choices weigh (:mod:`testbed.plan.lookahead`), and a log
 of what the notices did. Kept apart from the agent's connections: the agent hands it the
 switches' sessions and installs the groups it returns."""
 
@@ -13,7 +13,7 @@ from testbed.plan import lookahead, notices
 #: the notices' log keeps the newest this many entries (failures[].notices reads it)
 LOG_KEEP = 1000
 
-#: per bucket, the datapath's (switch index, port) of the next switch's port; None: none
+#: per bucket, the datapath's (switch index, group) of the next switch's group; None: none
 NextHops = list[tuple[int, int] | None]
 
 
@@ -29,7 +29,7 @@ def weighs_next(session: SwitchSession) -> bool:
 
 
 class Derived:
-    """The notices' exclusions and the next switches' ports, as last worked out.
+    """The notices' exclusions and the next switches' groups, as last worked out.
 
     ``notify``: fault notices on; ``peers``: per switch, port -> the switch behind it;
     ``index``: switch name -> its index in the datapath's maps (the switches of this machine:
@@ -39,7 +39,7 @@ class Derived:
                  index: dict[str, int]) -> None:
         self.notify, self.peers, self.index = notify, peers, index
         self.excluded: notices.Exclusions = {}
-        self.ahead: lookahead.NextPorts = {}
+        self.ahead: lookahead.NextGroups = {}
         #: what the notices did, the newest LOG_KEEP: (monotonic time, switch, group, ports out)
         self.log: list[tuple[float, str, int, tuple[int, ...]]] = []
 
@@ -50,7 +50,7 @@ class Derived:
 
     def update(self, sessions: dict[str, SwitchSession], now: float) -> set[str]:
         """Worked out again from the switches' sessions; the switches whose groups are to be
-        installed again (their exclusions or next switches' ports changed)."""
+        installed again (their exclusions or next switches' groups changed)."""
         views = {name: notices.SwitchView(
                     tuple(s.flows.values()), s.groups,
                     frozenset(n for n, p in s.ports.items() if not p.live),
@@ -58,7 +58,7 @@ class Derived:
                  for name, s in sessions.items()}
         excluded = notices.exclusions(views) if self.notify and any(
             may_strand(s) for s in sessions.values()) else {}
-        ahead = lookahead.next_ports(views) if any(
+        ahead = lookahead.next_groups(views) if any(
             weighs_next(s) for s in sessions.values()) else {}
         changed = {name for name in sessions
                    if excluded.get(name, {}) != self.excluded.get(name, {})
@@ -74,7 +74,7 @@ class Derived:
 
     def group(self, name: str, gid: int, group: GroupEntry) -> tuple[GroupEntry, NextHops]:
         """Switch ``name``'s group ``gid`` as the datapath is to hold it: less the ports
-        notices took, and per bucket left the next switch's port it weighs ([]: none)."""
+        notices took, and per bucket left the next switch's group it weighs ([]: none)."""
         group = notices.narrowed(group, self.excluded.get(name, {}).get(gid))
         ahead = self.ahead.get(name, {}).get(gid, {})
         hops = [(self.index[ahead[p][0]], ahead[p][1])

@@ -365,32 +365,49 @@ def test_local_adaptive_selection_follows_the_reference(star):
 
 
 def test_a_choice_weighing_the_next_switch_follows_the_reference(star):
-    """``packet_next``: each port weighed by the longer of its queue and that of the port the
-    next switch must take (here entries of a switch 9 whose ports' loads alone exist): the
-    packets go where the reference's path is the less loaded, whichever queue makes it."""
-    from testbed.plan.localroute import PortLoad, bucket_delay, least_loaded
+    """``packet_next``: each port weighed by the longer of its queue and what is left of the
+    path quality the next switch's group published (here groups of a switch 9 whose
+    qualities alone exist): the packets go where the reference's path is the less loaded,
+    whichever part makes it; the group publishes the least it found as its own quality."""
+    from testbed.plan.localroute import (
+        PortLoad,
+        beyond_ns,
+        bucket_delay,
+        least_loaded,
+        path_quality,
+    )
 
     tag, switches = star
     ahead = {2: (9, 1), 3: (9, 2)}
+    second = 1_000_000_000
     switches.set_group(7, 5, "select", [2, 3], selection="packet_next",
-                       next_ports=[ahead[2], ahead[3]])
+                       next_groups=[ahead[2], ahead[3]])
     switches.set_table(7, tss.compile_table([_route(3, (("group", 5),)), FlowEntry(0, (), ())]))
-    cases = ({(7, 2): 0, (7, 3): 0, (9, 1): RATE_BYTES_S, (9, 2): 0},  # beyond port 2: busy
-             {(7, 2): 0, (7, 3): 0, (9, 1): 0, (9, 2): RATE_BYTES_S},  # beyond port 3
+    cases = (({2: 0, 3: 0}, {(9, 1): second, (9, 2): 0}),  # beyond port 2: a busy path
+             ({2: 0, 3: 0}, {(9, 1): 0, (9, 2): second}),  # beyond port 3
              # port 2 half a second, beyond port 3 a second: port 2's path is the shorter
-             {(7, 2): RATE_BYTES_S // 2, (7, 3): 0, (9, 1): 0, (9, 2): RATE_BYTES_S})
-    for levels in cases:
+             ({2: RATE_BYTES_S // 2, 3: 0}, {(9, 1): 0, (9, 2): second}))
+    for levels, published in cases:
         now = time.monotonic_ns()
-        loads = {key: PortLoad(RATE_BYTES_S, level, now) for key, level in levels.items()}
-        for (sw, port), level in levels.items():
-            switches.set_port_load(sw, port, RATE_BYTES_S, level, now)
-        want = least_loaded([2, 3], lambda p: True, lambda p: bucket_delay(
-            loads[(7, p)].delay_ns(now), loads[ahead[p]].delay_ns(now)), h=0)
+        loads = {p: PortLoad(RATE_BYTES_S, level, now) for p, level in levels.items()}
+        for port, level in levels.items():
+            switches.set_port_load(7, port, RATE_BYTES_S, level, now)
+        for (sw, gid), delay in published.items():
+            switches.set_quality(sw, gid, delay, now)
+
+        def load(p: int, at: int) -> int:
+            return bucket_delay(loads[p].delay_ns(at), beyond_ns((published[ahead[p]], now), at))
+
+        want = least_loaded([2, 3], lambda p: True, lambda p: load(p, now), h=0)
         before = {p: _tx(tag, p) for p in (2, 3)}
         _send_udp(tag, 1, 3, 20)
         got = {p: _tx(tag, p) - before[p] for p in (2, 3)}
-        assert got[want] >= 20 and got[5 - want] == 0, (levels, want, got)
-    # without the next switch's ports, the same loads leave the choice to the local queues
+        assert got[want] >= 20 and got[5 - want] == 0, (levels, published, want, got)
+        quality = switches.quality(7, 5)  # published at the last packet's choice
+        best = path_quality([2, 3], lambda p: True, lambda p: load(p, quality.at_ns))
+        # within a packet's worth of the reference (its own bytes joined the queue since)
+        assert abs(quality.delay_ns - best) <= 1_000_000, (quality.delay_ns, best)
+    # without the next switch, the same loads leave the choice to the local queues
     switches.set_group(7, 5, "select", [2, 3], selection="packet")
     before = {p: _tx(tag, p) for p in (2, 3)}
     _send_udp(tag, 1, 3, 20)

@@ -246,10 +246,10 @@ def test_the_ebpf_switches_route_around_a_remote_failure_while_the_controller_is
 @pytest.mark.parametrize("load", ["local", "next_switch"])
 def test_switches_weighing_the_next_switch_leave_a_cores_busy_link_into_a_pod(make_fabric, load):
     """local_adaptive by packet on the eBPF switches; core1's link down to agg1_1 (its only way
-    into pod 1) is given a busy queue in the datapath. Weighing the next switch, the
-    aggregation switches of pod 2 send pod 1's packets through core2 only (their groups carry
-    core1's and core2's downlinks as next ports, and dump as ``packet_next``); blind to it,
-    some go through core1 still."""
+    into pod 1) is given a busy queue in the datapath. Weighing the next switch, pod 2's
+    aggregation switches send pod 1's packets through core2 once core1's group has published
+    its path quality (at the first packet it forwards; their groups carry core1's and core2's
+    groups as next ones, and dump as ``packet_next``); blind to it, many go through core1."""
     from testbed.plan.lookahead import WEIGHS_NEXT
     from testbed.poll import wait_for
 
@@ -258,7 +258,7 @@ def test_switches_weighing_the_next_switch_leave_a_cores_busy_link_into_a_pod(ma
     switches, topo = fabric.switches, fabric.topo
     if load == "next_switch":
         wait_for(lambda: "agg2_1" in switches.agent.derived.ahead, 10,
-                 "agg2_1's next switches' ports")
+                 "agg2_1's next switches' groups")
         groups = switches.agent.conns["agg2_1"].session.groups.values()
         assert {g.selection for g in groups} <= set(WEIGHS_NEXT)
     down = {core: topo.find_link(core, "agg1_1").end(core).ifname for core in ("core1", "core2")}
@@ -285,7 +285,7 @@ def test_switches_weighing_the_next_switch_leave_a_cores_busy_link_into_a_pod(ma
     got = seen[-1]
     # edge2_1 sends about half of them up agg2_1, which has core1 and core2 to choose from
     assert got["core2"] >= 50 * 1000, got
-    if load == "next_switch":
-        assert got["core1"] == 0, got
+    if load == "next_switch":  # the first packet (or two, on two CPUs at once) at most
+        assert got["core1"] <= 2 * 1100, got
     else:
         assert got["core1"] >= 50 * 1000, got

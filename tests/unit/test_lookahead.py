@@ -1,6 +1,7 @@
 """What a switch-local choice weighs beyond its own ports (testbed/plan/lookahead.py): on the
-controller's tables, each group that weighs the next switch learns, per port, the one port
-the switch behind it must take towards the group's destinations."""
+controller's tables, each group that weighs the next switch learns, per port, the group
+through which the switch behind it forwards the same destinations (whose path quality it
+weighs)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from controllers.routing.policy import FabricPolicy
 from testbed.model.builders import fat_tree, leaf_spine
 from testbed.model.openflow import FlowEntry, GroupEntry
 from testbed.model.spec import Routing
-from testbed.plan.lookahead import next_ports
+from testbed.plan.lookahead import next_groups
 from testbed.plan.notices import SwitchView
 
 
@@ -30,70 +31,66 @@ def _gid(topo, edge: str) -> int:
                 if sw.name == edge)
 
 
-def test_each_switch_weighs_the_first_link_every_way_beyond_its_next_switch_takes():
+def test_each_bucket_weighs_the_next_switchs_group_towards_the_same_destinations():
     """k=4 fat-tree, packet_next: agg2_1's group towards edge1_1 weighs core1's and core2's
-    links down to agg1_1 (each core's only way into pod 1); edge2_1's group towards edge1_1
-    weighs agg1_1's and agg1_2's links down to edge1_1 (whichever core agg2_1 picks, the flow
-    comes down through agg1_1); edge1_1's group towards edge1_2 weighs agg1_1's and agg1_2's
-    links down to edge1_2."""
+    groups towards edge1_1 (each core's only way into pod 1, whose quality is that link's
+    queue and beyond), edge2_1's weighs agg2_1's and agg2_2's (the best of their two cores'
+    ways), core1's agg1_1's; groups are numbered by destination edge switch alike everywhere."""
     topo = fat_tree(4)
-    ahead = next_ports(_views(topo, compute_tables(
+    ahead = next_groups(_views(topo, compute_tables(
         topo, {}, Routing.LOCAL_ADAPTIVE, local=("packet_next", 0))))
     gid = _gid(topo, "edge1_1")
-    assert ahead["agg2_1"][gid] == {
-        _port(topo, "agg2_1", core): (core, _port(topo, core, "agg1_1"))
-        for core in ("core1", "core2")}
-    assert ahead["edge2_1"][gid] == {
-        _port(topo, "edge2_1", f"agg2_{j}"): (f"agg1_{j}", _port(topo, f"agg1_{j}", "edge1_1"))
-        for j in (1, 2)}
-    assert ahead["edge1_1"][_gid(topo, "edge1_2")] == {
-        _port(topo, "edge1_1", agg): (agg, _port(topo, agg, "edge1_2"))
-        for agg in ("agg1_1", "agg1_2")}
-    # a core's own group has one port: nothing beyond it to weigh (agg1_1 chooses an edge by
-    # the destination, its one port)
-    assert ahead["core1"][gid] == {_port(topo, "core1", "agg1_1"):
-                                   ("agg1_1", _port(topo, "agg1_1", "edge1_1"))}
+    assert ahead["agg2_1"][gid] == {_port(topo, "agg2_1", c): (c, gid)
+                                    for c in ("core1", "core2")}
+    assert ahead["edge2_1"][gid] == {_port(topo, "edge2_1", a): (a, gid)
+                                     for a in ("agg2_1", "agg2_2")}
+    assert ahead["core1"][gid] == {_port(topo, "core1", "agg1_1"): ("agg1_1", gid)}
+    # agg1_1 delivers edge1_1's subnet through its one port, edge1_1 to its hosts by /32
+    # routes: nothing beyond agg1_1's port to weigh
+    assert gid not in ahead.get("agg1_1", {})
+    other = _gid(topo, "edge1_2")
+    assert ahead["edge1_1"][other] == {_port(topo, "edge1_1", a): (a, other)
+                                       for a in ("agg1_1", "agg1_2")}
 
 
-def test_a_leaf_weighs_each_spines_link_down_to_the_destination_leaf():
-    """Leaf-spine: the whole path (a spine has one port to each leaf)."""
+def test_a_leaf_weighs_each_spines_group_towards_the_destination_leaf():
+    """Leaf-spine: each spine's one way down, so the whole path."""
     topo = leaf_spine(2, 4, 2)
-    ahead = next_ports(_views(topo, compute_tables(
+    ahead = next_groups(_views(topo, compute_tables(
         topo, {}, Routing.LOCAL_ADAPTIVE, local=("flowlet_next", 100))))
     leaves = [sw.name for sw in topo.access_switches]
     spines = [sw.name for sw in topo.switches if sw.name not in leaves]
     gid = _gid(topo, leaves[1])
-    assert ahead[leaves[0]][gid] == {_port(topo, leaves[0], s): (s, _port(topo, s, leaves[1]))
-                                     for s in spines}
+    assert ahead[leaves[0]][gid] == {_port(topo, leaves[0], s): (s, gid) for s in spines}
 
 
 def test_groups_that_do_not_weigh_the_next_switch_and_switches_elsewhere_get_nothing():
     """Plain flowlet selection: nothing; a switch behind a port that is not among the views
     (another machine's): that port is left out."""
     topo = fat_tree(4)
-    assert next_ports(_views(topo, compute_tables(
+    assert next_groups(_views(topo, compute_tables(
         topo, {}, Routing.LOCAL_ADAPTIVE, local=("flowlet", 100)))) == {}
     views = _views(topo, compute_tables(topo, {}, Routing.LOCAL_ADAPTIVE,
                                         local=("packet_next", 0)))
     del views["core1"]
-    ahead = next_ports(views)
     gid = _gid(topo, "edge1_1")
-    assert ahead["agg2_1"][gid] == {_port(topo, "agg2_1", "core2"):
-                                    ("core2", _port(topo, "core2", "agg1_1"))}
+    assert next_groups(views)["agg2_1"][gid] == {_port(topo, "agg2_1", "core2"):
+                                                 ("core2", gid)}
 
 
 def test_a_next_switch_that_splits_the_destinations_or_sends_them_elsewhere_is_not_weighed():
-    """The switch behind forwards one of the group's destinations out of another port, or to
-    no port at all (a destination it has no route for): nothing weighed there."""
+    """The switch behind forwards the group's destinations through two groups, out of a port,
+    or has no route for one: nothing weighed there; through one group: that group."""
     route = lambda net, action: FlowEntry(  # noqa: E731
         100, (("eth_type", 0x0800), ("ipv4_dst", (net, "255.255.255.0"))), (action,))
     up = SwitchView((route("10.1.0.0", ("group", 1)), route("10.2.0.0", ("group", 1))),
                     {1: GroupEntry(1, (1, 2), selection="packet_next")}, peers={1: "a", 2: "b"})
-    a = SwitchView((route("10.1.0.0", ("output", 5)), route("10.2.0.0", ("output", 6))), {})
-    b = SwitchView((route("10.1.0.0", ("output", 7)),), {})
-    assert next_ports({"up": up, "a": a, "b": b}) == {}
-    a_one = SwitchView((route("10.1.0.0", ("output", 5)), route("10.2.0.0", ("output", 5))), {})
-    assert next_ports({"up": up, "a": a_one, "b": b}) == {"up": {1: {1: ("a", 5)}}}
+    one = SwitchView((route("10.1.0.0", ("group", 3)), route("10.2.0.0", ("group", 3))), {})
+    two = SwitchView((route("10.1.0.0", ("group", 3)), route("10.2.0.0", ("group", 4))), {})
+    out = SwitchView((route("10.1.0.0", ("output", 5)), route("10.2.0.0", ("output", 5))), {})
+    partial = SwitchView((route("10.1.0.0", ("group", 3)),), {})
+    assert next_groups({"up": up, "a": one, "b": partial}) == {"up": {1: {1: ("a", 3)}}}
+    assert next_groups({"up": up, "a": two, "b": out}) == {}
 
 
 def test_the_controller_sets_the_next_switch_methods_when_asked():
@@ -111,9 +108,9 @@ def test_the_controller_sets_the_next_switch_methods_when_asked():
 
 def test_the_switch_agent_installs_the_next_switches_ports_beside_the_notices():
     """A k=4 fat-tree's switches in one agent, packet_next: agg3_1's groups towards pod 2 go
-    into the datapath with core1's and core2's ports down to pod 2's agg_1 as their buckets'
-    next ports; core1's link to agg2_1 dies and the notices take core1 out of agg3_1's groups,
-    core2's next port staying with its bucket."""
+    into the datapath with core1's and core2's groups towards pod 2 as their buckets' next
+    groups; core1's link to agg2_1 dies and the notices take core1 out of agg3_1's groups,
+    core2's next group staying with its bucket."""
     from testbed.poll import wait_for
     from tests.unit.test_notices import programmed_agent
 
@@ -122,19 +119,18 @@ def test_the_switch_agent_installs_the_next_switches_ports_beside_the_notices():
     pod2 = [_gid(topo, "edge2_1"), _gid(topo, "edge2_2")]
     with programmed_agent(topo, tables) as (agent, maps, specs, _conns):
         agg3, index = specs["agg3_1"].index, {n: s.index for n, s in specs.items()}
-        down = {core: (index[core], _port(topo, core, "agg2_1")) for core in ("core1", "core2")}
-        ports = {core: _port(topo, "agg3_1", core) for core in down}
+        ports = {core: _port(topo, "agg3_1", core) for core in ("core1", "core2")}
         wait_for(lambda: all(maps.ahead.get((agg3, g)) for g in pod2), 5,
-                 "agg3_1's groups towards pod 2 with their next ports")
+                 "agg3_1's groups towards pod 2 with their next groups")
         for g in pod2:
             group = maps.groups[(agg3, g)][1]
-            assert maps.ahead[(agg3, g)] == [down[c] for p in group for c in down
+            assert maps.ahead[(agg3, g)] == [(index[c], g) for p in group for c in ports
                                              if ports[c] == p]
             assert maps.selections[(agg3, g)] == ("packet_next", 0)
         agent.set_port("core1", _port(topo, "core1", "agg2_1"), False)
         wait_for(lambda: all(maps.groups[(agg3, g)][1] == [ports["core2"]] for g in pod2),
                  5, "agg3_1's groups towards pod 2 without core1")
-        assert all(maps.ahead[(agg3, g)] == [down["core2"]] for g in pod2)
+        assert all(maps.ahead[(agg3, g)] == [(index["core2"], g)] for g in pod2)
 
 
 def test_the_experiment_file_asks_for_it_and_the_controller_is_told():

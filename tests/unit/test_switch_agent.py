@@ -80,10 +80,10 @@ class FakeMaps:
         self.calls.append("table")
 
     def set_group(self, sw, group_id, kind, ports, weights=None, basis=0, selection="hash",
-                  gap_us=0, next_ports=None):
+                  gap_us=0, next_groups=None):
         self.groups[(sw, group_id)] = (kind, ports, weights, basis)
         self.selections[(sw, group_id)] = (selection, gap_us)
-        self.ahead[(sw, group_id)] = next_ports
+        self.ahead[(sw, group_id)] = next_groups
         self.calls.append("group")
 
     def delete_group(self, sw, group_id):

@@ -22,7 +22,7 @@ the path the switches give it:
   connections on, ties drawn (a switch balances its own ports, blind to the links beyond;
   flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. Weighing the
   next switch (``local_flowlet_next``): the count on a next hop is the more of its link's and
-  that of the first link every way beyond it takes. By packet (``local_packet``): an even split
+  the next hop's own least count beyond it (its path quality), recursively. By packet (``local_packet``): an even split
   at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);

@@ -2,10 +2,10 @@
 ECMP's hash draws (seeded, or as an eBPF switch hashes a given 5-tuple), packet spraying's even
 split, adaptive routing's candidates and switch-local adaptive routing's choices (by flowlet:
 each switch puts a connection on the next hop it has placed the fewest of the step's
-connections on, blind to the links beyond -- or, weighing the next switch, counting as well
-those on the first link every way beyond the next hop takes; by packet: an even split, as
-spraying), as (link index, share of the bytes) over the fabric's directed links, each link's
-capacity at the wire's payload share."""
+connections on, blind to the links beyond -- or, weighing the next switch, the more of those
+and the next hop's own least count beyond it; by packet: an even split, as spraying), as
+(link index, share of the bytes) over the fabric's directed links, each link's capacity at the
+wire's payload share."""
 
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ class Router:
             self.capacity.append(mbps * 1e6 / 8 * goodput)
         self.names = {i: f"{a}->{b}" for (a, b), i in self.index.items()}
         self.hops = lru_cache(maxsize=None)(self._next)  # (node, target) -> next switches
-        self.shared = lru_cache(maxsize=None)(self._shared)  # -> the links all ways take
 
     def _next(self, node: str, target: str) -> tuple[str, ...]:
         """The next switches from ``node`` towards access switch ``target`` (port order)."""
@@ -70,8 +69,8 @@ class Router:
         """The links (index, share of the bytes) of one connection from host ``src`` to
         ``dst``; switch-local flowlets with ``placed`` (link index -> connections on it so
         far, updated): at each switch the next hop it placed the fewest on (ties: ``rng``);
-        weighing the next switch, the fewest on either that link or the first link every way
-        beyond it takes."""
+        weighing the next switch, the least of the more of that link's and the next hop's own
+        least count beyond it."""
         if self.fluid.routes.get(src, {}).get(dst) is not None:  # inside a server
             return tuple((self.index[link], w) for link, w in self.fluid.shares(src, dst))
         s, d, a, b = self.ends(src, dst, channel)
@@ -103,17 +102,13 @@ class Router:
     def _placed(self, placed: dict[int, int], node: str, nxt: str, target: str) -> int:
         """The connections a switch-local flowlet choice at ``node`` counts on next hop
         ``nxt``: on the link to it, or (weighing the next switch) the more of that and the
-        first link every way from ``nxt`` towards ``target`` takes
-        (:mod:`testbed.plan.lookahead`)."""
+        path quality of ``nxt`` towards ``target``: the fewest it counts on any of its own next
+        hops, recursively (:mod:`testbed.plan.lookahead`)."""
         here = placed.get(self.index[(node, nxt)], 0)
-        beyond = self.shared(nxt, target) if self.routing == LOCAL_FLOWLET_NEXT else ()
-        return max(here, placed.get(self.index[beyond[0]], 0)) if beyond else here
-
-    def _shared(self, node: str, target: str) -> tuple[Link, ...]:
-        """The links every way from ``node`` to access switch ``target`` takes, nearest first."""
-        ways = [((node, n),) + self.shared(n, target) for n in self.hops(node, target)]
-        return tuple(link for link in ways[0] if all(link in w for w in ways[1:])) \
-            if ways else ()
+        if self.routing != LOCAL_FLOWLET_NEXT or nxt == target:
+            return here
+        return max(here, min(self._placed(placed, nxt, m, target)
+                             for m in self.hops(nxt, target)))
 
     def hashed_path(self, src: str, dst: str, channel: int,
                     five_tuple: tuple[str, str, int, int, int]) -> tuple[tuple[int, float], ...]:

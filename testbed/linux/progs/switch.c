@@ -8,7 +8,7 @@
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
  * failover: the first live port; switch-local adaptive: the least-loaded live port for each
  * flowlet or each packet, testbed/plan/localroute.py; weighing the next switch, each port by
- * the longer of its queue and that of the first link every way beyond it takes,
+ * the longer of its queue and the path quality the next switch's group published,
  * testbed/plan/lookahead.py), or drops. Every port's load is a
  * virtual queue of the bytes sent out of it, drained at its rate (sw_load). A TCP
  * acknowledgement echoing congestion (ECE) marks its flow as congested at every switch it
@@ -54,6 +54,8 @@
 #define SEL_HASH 0
 #define SEL_FLOWLET 1
 #define SEL_PACKET 2
+#define SEL_KIND 3
+#define SEL_NEXT 4	/* flag: weighs each bucket's next switch's path quality, publishes its own */
 #define NS_PER_US 1000ULL
 #define US_PER_S 1000000ULL
 #define DRAIN_ALL_S 3600ULL	/* a port idle this long has drained, whatever it held */
@@ -86,10 +88,12 @@ struct group {
 	__u64 gap_ns;		/* flowlet: the idle gap after which a flow may move */
 	__u32 ports[MAX_BUCKETS];
 	__u32 weights[MAX_BUCKETS];
-	/* switch-local, weighing the next switch: per bucket, the first link every way beyond
-	 * it takes towards the group's destinations (port 0: none weighed) */
-	struct port_id next[MAX_BUCKETS];
+	/* switch-local, weighing the next switch: per bucket, the next switch's group towards
+	 * the same destinations, whose path quality it weighs (group 0: none) */
+	struct group_id next[MAX_BUCKETS];
 };
+/* a group's path quality (SEL_NEXT): the least delay its choice found, and when */
+struct quality { __u64 delay_ns, at_ns; };
 /* a port's load: the bytes sent out of it, drained at its rate since last_ns */
 struct port_load {
 	struct bpf_spin_lock lock;
@@ -117,6 +121,8 @@ struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
 	 __type(key, struct port_id); __type(value, struct port_load); } sw_load SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
+	 __type(key, struct group_id); __type(value, struct quality); } sw_quality SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 262144);
 	 __type(key, struct flowlet_key); __type(value, struct flowlet); } sw_flowlets SEC(".maps");
 /* Packets sent to a port that is not live (its link failed; a group with no live bucket
@@ -314,8 +320,10 @@ static __always_inline int live(__u32 sw, __u32 port)
 }
 
 /* The least-loaded live port of a group (ties: the h-th of the least, modulo their number);
- * 0 when none is live. A bucket's load: its port's queue, or the queue of the link beyond
- * it (g->next) where that is longer (the path's worse link). Two passes over the buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
+ * 0 when none is live. A bucket's load: its port's queue, or the path quality the next
+ * switch's group published (g->next) where that is longer (the path's worse part); a
+ * group weighing the next switch publishes its own least (SEL_NEXT). Two passes over the
+ * buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
  * sixteen buckets multiplied past the verifier's limit); the second picks among the least
  * the first found (read again, another CPU's packet could leave no port at the least). */
 struct least {
@@ -323,6 +331,19 @@ struct least {
 	__u64 now, best;
 	__u32 sw, ties, pick, port, avoid, least;	/* least: a bit per bucket at the least */
 };
+
+/* What is left of a path quality published at at_ns: a queue drains at least as fast as
+ * time passes while nothing joins it (none: 0) */
+static __always_inline __u64 beyond_ns(struct group_id *next, __u64 now)
+{
+	struct quality *q = bpf_map_lookup_elem(&sw_quality, next);
+	__u64 age;
+
+	if (!q)
+		return 0;
+	age = now > q->at_ns ? now - q->at_ns : 0;
+	return q->delay_ns > age ? q->delay_ns - age : 0;
+}
 
 static long least_scan(__u32 i, void *arg)
 {
@@ -335,8 +356,8 @@ static long least_scan(__u32 i, void *arg)
 	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]))
 		return 0;
 	d = delay_ns(c->sw, c->g->ports[i], c->now);
-	if (c->g->next[i].port) {
-		ahead = delay_ns(c->g->next[i].sw, c->g->next[i].port, c->now);
+	if (c->g->next[i].group) {
+		ahead = beyond_ns(&c->g->next[i], c->now);
 		if (ahead > d)
 			d = ahead;
 	}
@@ -368,11 +389,14 @@ static long least_pick(__u32 i, void *arg)
 	return 1;
 }
 
-/* ... but for port ``avoid`` where another is live */
-static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __u64 now,
-					  __u32 avoid)
+/* ... but for port ``avoid`` where another is live; with ``publish``, the least found
+ * becomes the group's path quality (what a switch sending it these destinations weighs) */
+static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 gid, __u32 h,
+					  __u64 now, __u32 avoid, int publish)
 {
 	struct least c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = avoid };
+	struct group_id id = { sw, gid };
+	struct quality q;
 
 	bpf_loop(MAX_BUCKETS, least_scan, &c, 0);
 	if (!c.ties && avoid) {
@@ -381,6 +405,11 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __
 	}
 	if (!c.ties)
 		return 0;
+	if (publish) {
+		q.delay_ns = c.best;
+		q.at_ns = now;
+		bpf_map_update_elem(&sw_quality, &id, &q, BPF_ANY);
+	}
 	c.pick = h % c.ties;
 	bpf_loop(MAX_BUCKETS, least_pick, &c, 0);
 	return c.port;
@@ -389,7 +418,9 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 h, __
 /* A flowlet's port: the one its flow took, while its packets come closer than the group's
  * gap and the port is live and still the group's; else the least-loaded, remembered -- but
  * not the port it took if an acknowledgement echoed congestion on it (ECE) more than
- * ECHO_HOLD_GAPS gaps after that port was chosen (earlier echoes speak of the port before) */
+ * ECHO_HOLD_GAPS gaps after that port was chosen (earlier echoes speak of the port before).
+ * Weighing the next switch, every packet's least is worked out (and published) whatever
+ * the flowlet does: the switches sending this one its destinations read it. */
 #define ECHO_HOLD_GAPS 4
 static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, __u32 h,
 					  __u32 h0, __u64 now)
@@ -397,9 +428,11 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 	struct flowlet_key key = { sw, gid, h };
 	struct flowlet *f = bpf_map_lookup_elem(&sw_flowlets, &key), fresh = {};
 	struct echo_key ek = { sw, h0 };
-	__u32 i, avoid = 0;
+	__u32 i, avoid = 0, best = 0;
 	__u64 *echo;
 
+	if (g->selection & SEL_NEXT)
+		best = least_loaded(g, sw, gid, h, now, 0, 1);
 	if (f && live(sw, f->port)) {
 		for (i = 0; i < MAX_BUCKETS; i++) {
 			if (i >= g->n)
@@ -416,7 +449,7 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 			break;
 		}
 	}
-	fresh.port = least_loaded(g, sw, h, now, avoid);
+	fresh.port = best && !avoid ? best : least_loaded(g, sw, gid, h, now, avoid, 0);
 	fresh.last_ns = fresh.decided_ns = now;
 	if (fresh.port)
 		bpf_map_update_elem(&sw_flowlets, &key, &fresh, BPF_ANY);
@@ -434,8 +467,9 @@ __noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h, __u32 h0)
 
 	if (!g)
 		return 0;
-	return g->selection == SEL_FLOWLET ? flowlet_port(g, sw, gid, h, h0, now)
-					   : least_loaded(g, sw, h, now, 0);
+	return (g->selection & SEL_KIND) == SEL_FLOWLET ?
+		flowlet_port(g, sw, gid, h, h0, now) :
+		least_loaded(g, sw, gid, h, now, 0, g->selection & SEL_NEXT);
 }
 
 static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gid,
@@ -450,7 +484,7 @@ static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gi
 	if (g->kind == G_SELECT && g->selection != SEL_HASH) {
 		port = local_port(sw, gid, flow_hash(g->basis, pkt->src, pkt->dst, pkt->proto,
 						     pkt->sport, pkt->dport),
-				  g->selection == SEL_FLOWLET ?
+				  (g->selection & SEL_KIND) == SEL_FLOWLET ?
 				  flow_hash(0, pkt->src, pkt->dst, pkt->proto, pkt->sport,
 					    pkt->dport) : 0);
 		return port ? output(skb, sw, port) : dead_drop(sw, g->ports[0]);
