@@ -24,7 +24,8 @@ group's would) chosen by that method, so the difference between the rows is the 
 cost per packet-hop (``hash``: the 5-tuple's hash; ``flowlet``: the flowlet table and, at a
 gap, the least-loaded port; ``packet``: the least-loaded port for every packet;
 ``flowlet_next``, ``packet_next``: the same, each bucket weighing the next switch's group's
-path quality as well, one more read per bucket and the group's own published per packet).
+path quality and its port towards b as well, two more reads per bucket and the group's own
+quality published per packet).
 
 Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000]
                          [--datapaths ebpf,ovs,ovs-kernel] [--rate-mbps R] [--queue-kb 256]
@@ -120,11 +121,11 @@ def ebpf_chain(tag: str, hops: int, state: Path, selection: str | None = None):
             switches.add_port(nl, i, 2, port2, PORT_RATE_BYTES_S)
             to_b = route(B, 2)
             if selection is not None:
-                ahead = [(i + 1, 1)] * GROUP_BUCKETS if (
+                ahead = [(i + 1, 1, i + 1, 2)] * GROUP_BUCKETS if (
                     selection.endswith("_next") and i < hops) else None
                 switches.set_group(i, 1, "select", [2] * GROUP_BUCKETS, basis=i,
                                    selection=selection, gap_us=FLOWLET_GAP_US,
-                                   next_groups=ahead)
+                                   beyond=ahead)
                 to_b = FlowEntry(200, to_b.match, (("group", 1),))
             switches.set_table(i, tss.compile_table([route(A, 1), to_b]))
     return switches

@@ -73,12 +73,19 @@ class GroupId(ctypes.Structure):
     _fields_ = [("sw", ctypes.c_uint32), ("group", ctypes.c_uint32)]
 
 
+class Beyond(ctypes.Structure):
+    """What a bucket weighs beyond its port (progs/switch.c struct beyond)."""
+
+    _fields_ = [("sw", ctypes.c_uint32), ("group", ctypes.c_uint32),
+                ("link_sw", ctypes.c_uint32), ("link_port", ctypes.c_uint32)]
+
+
 class Group(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_uint32), ("basis", ctypes.c_uint32), ("n", ctypes.c_uint32),
                 ("selection", ctypes.c_uint32), ("gap_ns", ctypes.c_uint64),
                 ("ports", ctypes.c_uint32 * MAX_BUCKETS),
                 ("weights", ctypes.c_uint32 * MAX_BUCKETS),
-                ("next", GroupId * MAX_BUCKETS)]
+                ("next", Beyond * MAX_BUCKETS)]
 
 
 class Quality(ctypes.Structure):
@@ -270,13 +277,14 @@ class EbpfSwitches:
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
                   gap_us: int = 0,
-                  next_groups: list[tuple[int, int] | None] | None = None) -> None:
+                  beyond: list[tuple[int, int, int, int] | None] | None = None) -> None:
         """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``; a SELECT
         group's ``selection``: ``hash``/``dp_hash``, or switch-local ``flowlet`` (with its
         ``gap_us``) or ``packet``, or either weighing the next switch (``flowlet_next``,
-        ``packet_next``) with its ``next_groups``, per bucket: the (switch, group) behind it
-        towards the same destinations, whose path quality it weighs (None: none;
-        :mod:`testbed.plan.lookahead`)."""
+        ``packet_next``) with what each bucket weighs ``beyond`` its port: (the next switch,
+        its group towards the same destinations, whose path quality it weighs (0: none); the
+        switch and port of the first link every way on takes, whose queue it reads (0: none)),
+        None: nothing (:mod:`testbed.plan.lookahead`)."""
         if len(ports) > MAX_BUCKETS:
             raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
         if selection not in SELECTION:
@@ -287,8 +295,8 @@ class EbpfSwitches:
         for i, port in enumerate(ports):
             g.ports[i] = port
             g.weights[i] = (weights or [1] * len(ports))[i]
-            if next_groups and next_groups[i] is not None:
-                g.next[i] = GroupId(*next_groups[i])
+            if beyond and beyond[i] is not None:
+                g.next[i] = Beyond(*beyond[i])
         self.maps["sw_groups"].update(GroupId(sw, group_id), g)
 
     def quality(self, sw: int, group_id: int) -> Quality | None:

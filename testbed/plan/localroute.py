@@ -20,10 +20,10 @@ fairly):
   down, at a port no switch on the way up sees).
 
 A selection that weighs the next switch (``flowlet_next``, ``packet_next``) compares each
-port by the longer of its own queue and what is left of the path quality the next switch's
-group towards the same destinations last published (:func:`beyond_ns`, :func:`bucket_delay`;
-:mod:`testbed.plan.lookahead`), and publishes the least it finds, at every packet, as its own
-group's path quality.
+port by the longest of its own queue, what is left of the path quality the next switch's
+group towards the same destinations last published (:func:`beyond_ns`) and the queue of the
+first link every way on takes (:func:`bucket_delay`; :mod:`testbed.plan.lookahead`), and
+publishes the least it finds, at every packet, as its own group's path quality.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def beyond_ns(published: tuple[int, int] | None, now_ns: int) -> int:
 
 def bucket_delay(own_ns: int, next_ns: int | None = None) -> int:
     """A bucket's load as a choice weighing the next switch compares it: the longer of its
-    port's queue and the next switch's path quality (None: nothing weighed beyond it)."""
+    port's queue and what lies beyond it (the longer of the next switch's path quality and
+    the queue of the link every way on takes; None: nothing weighed beyond it)."""
     return own_ns if next_ns is None else max(own_ns, next_ns)
 
 

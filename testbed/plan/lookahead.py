@@ -10,34 +10,47 @@ quality, not the port's. A group whose selection weighs the next switch (``flowl
 
 - every such group publishes, at each packet it chooses for, the least load it found over
   its buckets: its *path quality* towards its destinations;
-- each bucket's load is the longer of its own port's queue and the path quality published by
+- each bucket's load is the longest of its own port's queue, the path quality published by
   the next switch's group towards the same destinations (what is left of it: a queue drains
-  at least as fast as time passes while nothing joins it).
+  at least as fast as time passes while nothing joins it), and the queue of the first link
+  every way on from the next switch takes, read as it is now (a quality is only as fresh as
+  the last packet that passed: where the way on is fixed, its queue is read itself).
 
 Recursively, a switch weighs the worst queue of the best way on beyond each port: an
 aggregation switch each core's only link into the destination pod, an edge switch the best of
-its aggregation switch's ways there. The next switch's group is found here, from every
+its aggregation switch's ways there and the destination pod's aggregation switch's link down
+to the destination, which every one of those ways takes. Both are found here, from every
 switch's tables: the one group through which the switch behind the bucket's port forwards
-every destination of the bucket's group (where it forwards them otherwise, nothing is
-weighed beyond the port).
+every destination of the bucket's group, and the links every way from it takes.
 
-The next switch's quality is read where it is kept: in the datapath's maps, which hold every
-switch of one machine. A switch of another machine is not weighed (its qualities are that
-machine's).
+The next switches' qualities and queues are read where they are kept: in the datapath's maps,
+which hold every switch of one machine. A switch of another machine is not weighed (its
+qualities and queues are that machine's).
 """
 
 from __future__ import annotations
 
 from ipaddress import IPv4Network
+from typing import NamedTuple
 
 from testbed.plan.notices import SwitchView, destination, forwarding
 
 #: selection methods that weigh the next switch, and the datapath's selection for each
 WEIGHS_NEXT = {"flowlet_next": "flowlet", "packet_next": "packet"}
 
-#: per switch, per group id, per port of the group: (the next switch, its group towards the
-#: same destinations); a port with nothing to weigh beyond it is left out
-NextGroups = dict[str, dict[int, dict[int, tuple[str, int]]]]
+
+
+class Beyond(NamedTuple):
+    """What a bucket weighs beyond its port."""
+
+    switch: str  # the switch behind the port
+    group: int | None  # its group towards the same destinations (None: none)
+    link: tuple[str, int] | None  # the first link every way on takes, (switch, port)
+
+
+#: per switch, per group id, per port of the group: what it weighs beyond the port; a port
+#: with nothing to weigh beyond it is left out
+NextGroups = dict[str, dict[int, dict[int, Beyond]]]
 
 
 def _routes(view: SwitchView) -> list[tuple[IPv4Network, tuple[str, int]]]:
@@ -63,11 +76,50 @@ def _only_group(routes: list[tuple[IPv4Network, tuple[str, int]]],
     return next(iter(groups), None)
 
 
+def _ports(view: SwitchView, routes: list[tuple[IPv4Network, tuple[str, int]]],
+           dsts: tuple[IPv4Network, ...]) -> set[int] | None:
+    """Every port ``view``'s switch forwards the destinations in ``dsts`` out of; None where
+    it forwards one elsewhere (to the controller, nowhere) or has no route for it."""
+    ports: set[int] = set()
+    for dst in dsts:
+        overlapping = [(d, hop) for d, hop in routes if d.overlaps(dst)]
+        if not any(dst.subnet_of(d) for d, _ in overlapping):
+            return None
+        for _, (kind, value) in overlapping:
+            if kind == "output":
+                ports.add(value)
+            elif (group := view.groups.get(value)) is not None:
+                ports.update(group.ports)
+            else:
+                return None
+    return ports
+
+
+def _shared(name: str, dsts: tuple[IPv4Network, ...], views: dict[str, SwitchView],
+            routes: dict, memo: dict, seen: frozenset[str] = frozenset()
+            ) -> tuple[tuple[str, int], ...]:
+    """The links (switch, port) every way from switch ``name`` towards ``dsts`` takes,
+    nearest first, as far as ``views`` know the switches on the way."""
+    key = (name, dsts)
+    if key not in memo:
+        view, ways = views[name], []
+        for port in sorted(_ports(view, routes[name], dsts) or ()):
+            peer = view.peers.get(port)
+            tail = (_shared(peer, dsts, views, routes, memo, seen | {name})
+                    if peer in views and peer not in seen else ())
+            ways.append(((name, port),) + tail)
+        memo[key] = tuple(link for link in ways[0] if all(link in w for w in ways[1:])) \
+            if ways else ()
+    return memo[key]
+
+
 def next_groups(views: dict[str, SwitchView]) -> NextGroups:
-    """For every group whose selection weighs the next switch, per port: (the switch behind
-    it, the group it forwards all of the group's destinations through); ports whose switch
-    behind is not in ``views``, or forwards them otherwise, are left out."""
+    """For every group whose selection weighs the next switch, per port: the switch behind it,
+    the group it forwards all of the group's destinations through and the first link every
+    way from it towards them takes; ports whose switch behind is not in ``views``, or has
+    neither, are left out."""
     routes = {name: _routes(v) for name, v in views.items()}
+    memo: dict = {}
     out: NextGroups = {}
     for name, view in views.items():
         dsts: dict[int, list[IPv4Network]] = {}
@@ -80,9 +132,12 @@ def next_groups(views: dict[str, SwitchView]) -> NextGroups:
             ahead = {}
             for port in group.ports:
                 peer = view.peers.get(port)
-                if peer in views and (
-                        beyond := _only_group(routes[peer], dsts[gid])) is not None:
-                    ahead[port] = (peer, beyond)
+                if peer not in views:
+                    continue
+                group = _only_group(routes[peer], dsts[gid])
+                links = _shared(peer, tuple(dsts[gid]), views, routes, memo, frozenset({name}))
+                if group is not None or links:
+                    ahead[port] = Beyond(peer, group, links[0] if links else None)
             if ahead:
                 out.setdefault(name, {})[gid] = ahead
     return out

@@ -13,8 +13,9 @@ from testbed.plan import lookahead, notices
 #: the notices' log keeps the newest this many entries (failures[].notices reads it)
 LOG_KEEP = 1000
 
-#: per bucket, the datapath's (switch index, group) of the next switch's group; None: none
-NextHops = list[tuple[int, int] | None]
+#: per bucket, what it weighs beyond its port as the datapath holds it (the next switch's
+#: index, its group, the link's switch index and port; 0: none), None: nothing
+NextHops = list[tuple[int, int, int, int] | None]
 
 
 def may_strand(session: SwitchSession) -> bool:
@@ -77,6 +78,13 @@ class Derived:
         notices took, and per bucket left the next switch's group it weighs ([]: none)."""
         group = notices.narrowed(group, self.excluded.get(name, {}).get(gid))
         ahead = self.ahead.get(name, {}).get(gid, {})
-        hops = [(self.index[ahead[p][0]], ahead[p][1])
-                if p in ahead and ahead[p][0] in self.index else None for p in group.ports]
+        hops: NextHops = []
+        for port in group.ports:
+            beyond = ahead.get(port)
+            if beyond is None or beyond.switch not in self.index:
+                hops.append(None)
+                continue
+            link = beyond.link if beyond.link and beyond.link[0] in self.index else None
+            hops.append((self.index[beyond.switch], beyond.group or 0,
+                         self.index[link[0]] if link else 0, link[1] if link else 0))
         return group, hops if any(hops) else []

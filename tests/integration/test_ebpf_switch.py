@@ -365,10 +365,11 @@ def test_local_adaptive_selection_follows_the_reference(star):
 
 
 def test_a_choice_weighing_the_next_switch_follows_the_reference(star):
-    """``packet_next``: each port weighed by the longer of its queue and what is left of the
-    path quality the next switch's group published (here groups of a switch 9 whose
-    qualities alone exist): the packets go where the reference's path is the less loaded,
-    whichever part makes it; the group publishes the least it found as its own quality."""
+    """``packet_next``: each port weighed by the longest of its queue, what is left of the path
+    quality the next switch's group published and the queue of the link every way on takes
+    (here groups and ports of a switch 9 whose qualities and loads alone exist): the packets
+    go where the reference's path is the less loaded, whichever part makes it; the group
+    publishes the least it found as its own quality."""
     from testbed.plan.localroute import (
         PortLoad,
         beyond_ns,
@@ -378,25 +379,30 @@ def test_a_choice_weighing_the_next_switch_follows_the_reference(star):
     )
 
     tag, switches = star
-    ahead = {2: (9, 1), 3: (9, 2)}
+    ahead = {2: (9, 1, 9, 5), 3: (9, 2, 9, 6)}  # (switch, group, link's switch, its port)
     second = 1_000_000_000
     switches.set_group(7, 5, "select", [2, 3], selection="packet_next",
-                       next_groups=[ahead[2], ahead[3]])
+                       beyond=[ahead[2], ahead[3]])
     switches.set_table(7, tss.compile_table([_route(3, (("group", 5),)), FlowEntry(0, (), ())]))
-    cases = (({2: 0, 3: 0}, {(9, 1): second, (9, 2): 0}),  # beyond port 2: a busy path
-             ({2: 0, 3: 0}, {(9, 1): 0, (9, 2): second}),  # beyond port 3
+    half = RATE_BYTES_S // 2
+    cases = (({2: 0, 3: 0, 5: 0, 6: 0}, {1: second, 2: 0}),  # beyond port 2: a busy path
+             ({2: 0, 3: 0, 5: 0, 6: 0}, {1: 0, 2: second}),  # beyond port 3
              # port 2 half a second, beyond port 3 a second: port 2's path is the shorter
-             ({2: RATE_BYTES_S // 2, 3: 0}, {(9, 1): 0, (9, 2): second}))
+             ({2: half, 3: 0, 5: 0, 6: 0}, {1: 0, 2: second}),
+             # the link beyond port 3 half a second, beyond port 2 a quarter: port 2's
+             ({2: 0, 3: 0, 5: half // 2, 6: half}, {1: 0, 2: 0}))
     for levels, published in cases:
         now = time.monotonic_ns()
         loads = {p: PortLoad(RATE_BYTES_S, level, now) for p, level in levels.items()}
         for port, level in levels.items():
-            switches.set_port_load(7, port, RATE_BYTES_S, level, now)
-        for (sw, gid), delay in published.items():
-            switches.set_quality(sw, gid, delay, now)
+            switches.set_port_load(7 if port < 5 else 9, port, RATE_BYTES_S, level, now)
+        for gid, delay in published.items():
+            switches.set_quality(9, gid, delay, now)
 
         def load(p: int, at: int) -> int:
-            return bucket_delay(loads[p].delay_ns(at), beyond_ns((published[ahead[p]], now), at))
+            _, gid, _, link = ahead[p]
+            return bucket_delay(loads[p].delay_ns(at), max(
+                beyond_ns((published[gid], now), at), loads[link].delay_ns(at)))
 
         want = least_loaded([2, 3], lambda p: True, lambda p: load(p, now), h=0)
         before = {p: _tx(tag, p) for p in (2, 3)}

@@ -31,26 +31,33 @@ def _gid(topo, edge: str) -> int:
                 if sw.name == edge)
 
 
-def test_each_bucket_weighs_the_next_switchs_group_towards_the_same_destinations():
+def test_each_bucket_weighs_the_next_switchs_group_and_the_link_every_way_on_takes():
     """k=4 fat-tree, packet_next: agg2_1's group towards edge1_1 weighs core1's and core2's
-    groups towards edge1_1 (each core's only way into pod 1, whose quality is that link's
-    queue and beyond), edge2_1's weighs agg2_1's and agg2_2's (the best of their two cores'
-    ways), core1's agg1_1's; groups are numbered by destination edge switch alike everywhere."""
+    groups towards edge1_1 and their links down to agg1_1 (each core's only way into pod 1);
+    edge2_1's weighs agg2_1's and agg2_2's groups (the best of their two cores' ways) and
+    agg1_1's and agg1_2's links down to edge1_1 (whichever core they pick, the flow comes
+    down there); core1's agg1_1's group and its link down; groups are numbered by
+    destination edge switch alike everywhere."""
     topo = fat_tree(4)
     ahead = next_groups(_views(topo, compute_tables(
         topo, {}, Routing.LOCAL_ADAPTIVE, local=("packet_next", 0))))
     gid = _gid(topo, "edge1_1")
-    assert ahead["agg2_1"][gid] == {_port(topo, "agg2_1", c): (c, gid)
-                                    for c in ("core1", "core2")}
-    assert ahead["edge2_1"][gid] == {_port(topo, "edge2_1", a): (a, gid)
-                                     for a in ("agg2_1", "agg2_2")}
-    assert ahead["core1"][gid] == {_port(topo, "core1", "agg1_1"): ("agg1_1", gid)}
+    assert ahead["agg2_1"][gid] == {
+        _port(topo, "agg2_1", c): (c, gid, (c, _port(topo, c, "agg1_1")))
+        for c in ("core1", "core2")}
+    assert ahead["edge2_1"][gid] == {
+        _port(topo, "edge2_1", f"agg2_{j}"): (f"agg2_{j}", gid,
+                                             (f"agg1_{j}", _port(topo, f"agg1_{j}", "edge1_1")))
+        for j in (1, 2)}
+    assert ahead["core1"][gid] == {_port(topo, "core1", "agg1_1"): (
+        "agg1_1", gid, ("agg1_1", _port(topo, "agg1_1", "edge1_1")))}
     # agg1_1 delivers edge1_1's subnet through its one port, edge1_1 to its hosts by /32
     # routes: nothing beyond agg1_1's port to weigh
     assert gid not in ahead.get("agg1_1", {})
     other = _gid(topo, "edge1_2")
-    assert ahead["edge1_1"][other] == {_port(topo, "edge1_1", a): (a, other)
-                                       for a in ("agg1_1", "agg1_2")}
+    assert ahead["edge1_1"][other] == {
+        _port(topo, "edge1_1", a): (a, other, (a, _port(topo, a, "edge1_2")))
+        for a in ("agg1_1", "agg1_2")}
 
 
 def test_a_leaf_weighs_each_spines_group_towards_the_destination_leaf():
@@ -61,7 +68,8 @@ def test_a_leaf_weighs_each_spines_group_towards_the_destination_leaf():
     leaves = [sw.name for sw in topo.access_switches]
     spines = [sw.name for sw in topo.switches if sw.name not in leaves]
     gid = _gid(topo, leaves[1])
-    assert ahead[leaves[0]][gid] == {_port(topo, leaves[0], s): (s, gid) for s in spines}
+    assert ahead[leaves[0]][gid] == {
+        _port(topo, leaves[0], s): (s, gid, (s, _port(topo, s, leaves[1]))) for s in spines}
 
 
 def test_groups_that_do_not_weigh_the_next_switch_and_switches_elsewhere_get_nothing():
@@ -74,13 +82,14 @@ def test_groups_that_do_not_weigh_the_next_switch_and_switches_elsewhere_get_not
                                         local=("packet_next", 0)))
     del views["core1"]
     gid = _gid(topo, "edge1_1")
-    assert next_groups(views)["agg2_1"][gid] == {_port(topo, "agg2_1", "core2"):
-                                                 ("core2", gid)}
+    assert next_groups(views)["agg2_1"][gid] == {_port(topo, "agg2_1", "core2"): (
+        "core2", gid, ("core2", _port(topo, "core2", "agg1_1")))}
 
 
 def test_a_next_switch_that_splits_the_destinations_or_sends_them_elsewhere_is_not_weighed():
-    """The switch behind forwards the group's destinations through two groups, out of a port,
-    or has no route for one: nothing weighed there; through one group: that group."""
+    """The switch behind forwards the group's destinations through one group: that group is
+    weighed; through two groups, or has no route for one: nothing; out of one port: that
+    port's link."""
     route = lambda net, action: FlowEntry(  # noqa: E731
         100, (("eth_type", 0x0800), ("ipv4_dst", (net, "255.255.255.0"))), (action,))
     up = SwitchView((route("10.1.0.0", ("group", 1)), route("10.2.0.0", ("group", 1))),
@@ -89,8 +98,9 @@ def test_a_next_switch_that_splits_the_destinations_or_sends_them_elsewhere_is_n
     two = SwitchView((route("10.1.0.0", ("group", 3)), route("10.2.0.0", ("group", 4))), {})
     out = SwitchView((route("10.1.0.0", ("output", 5)), route("10.2.0.0", ("output", 5))), {})
     partial = SwitchView((route("10.1.0.0", ("group", 3)),), {})
-    assert next_groups({"up": up, "a": one, "b": partial}) == {"up": {1: {1: ("a", 3)}}}
-    assert next_groups({"up": up, "a": two, "b": out}) == {}
+    assert next_groups({"up": up, "a": one, "b": partial}) == {
+        "up": {1: {1: ("a", 3, None)}}}
+    assert next_groups({"up": up, "a": two, "b": out}) == {"up": {1: {2: ("b", None, ("b", 5))}}}
 
 
 def test_the_controller_sets_the_next_switch_methods_when_asked():
@@ -124,13 +134,15 @@ def test_the_switch_agent_installs_the_next_switches_ports_beside_the_notices():
                  "agg3_1's groups towards pod 2 with their next groups")
         for g in pod2:
             group = maps.groups[(agg3, g)][1]
-            assert maps.ahead[(agg3, g)] == [(index[c], g) for p in group for c in ports
-                                             if ports[c] == p]
+            assert maps.ahead[(agg3, g)] == [
+                (index[c], g, index[c], _port(topo, c, "agg2_1")) for p in group for c in ports
+                if ports[c] == p]
             assert maps.selections[(agg3, g)] == ("packet_next", 0)
         agent.set_port("core1", _port(topo, "core1", "agg2_1"), False)
         wait_for(lambda: all(maps.groups[(agg3, g)][1] == [ports["core2"]] for g in pod2),
                  5, "agg3_1's groups towards pod 2 without core1")
-        assert all(maps.ahead[(agg3, g)] == [(index["core2"], g)] for g in pod2)
+        assert all(maps.ahead[(agg3, g)] == [
+            (index["core2"], g, index["core2"], _port(topo, "core2", "agg2_1"))] for g in pod2)
 
 
 def test_the_experiment_file_asks_for_it_and_the_controller_is_told():

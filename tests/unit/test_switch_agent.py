@@ -80,10 +80,10 @@ class FakeMaps:
         self.calls.append("table")
 
     def set_group(self, sw, group_id, kind, ports, weights=None, basis=0, selection="hash",
-                  gap_us=0, next_groups=None):
+                  gap_us=0, beyond=None):
         self.groups[(sw, group_id)] = (kind, ports, weights, basis)
         self.selections[(sw, group_id)] = (selection, gap_us)
-        self.ahead[(sw, group_id)] = next_groups
+        self.ahead[(sw, group_id)] = beyond
         self.calls.append("group")
 
     def delete_group(self, sw, group_id):

@@ -83,14 +83,17 @@ struct action {
 struct punt_head { __u32 sw, port, total_len, reason; };
 struct punt { struct punt_head head; __u8 data[PUNT_MAX]; };
 struct group_id { __u32 sw; __u32 group; };
+/* beyond a bucket's port: the next switch's group towards the same destinations, whose path
+ * quality it weighs (group 0: none), and the first link every way on takes, whose queue it
+ * reads (port 0: none) */
+struct beyond { __u32 sw, group, link_sw, link_port; };
 struct group {
 	__u32 kind, basis, n, selection;
 	__u64 gap_ns;		/* flowlet: the idle gap after which a flow may move */
 	__u32 ports[MAX_BUCKETS];
 	__u32 weights[MAX_BUCKETS];
-	/* switch-local, weighing the next switch: per bucket, the next switch's group towards
-	 * the same destinations, whose path quality it weighs (group 0: none) */
-	struct group_id next[MAX_BUCKETS];
+	/* switch-local, weighing the next switch: per bucket, what it weighs beyond its port */
+	struct beyond next[MAX_BUCKETS];
 };
 /* a group's path quality (SEL_NEXT): the least delay its choice found, and when */
 struct quality { __u64 delay_ns, at_ns; };
@@ -321,7 +324,8 @@ static __always_inline int live(__u32 sw, __u32 port)
 
 /* The least-loaded live port of a group (ties: the h-th of the least, modulo their number);
  * 0 when none is live. A bucket's load: its port's queue, or the path quality the next
- * switch's group published (g->next) where that is longer (the path's worse part); a
+ * switch's group published, or the queue of the link every way on takes (g->next), where
+ * that is longer (the path's worse part); a
  * group weighing the next switch publishes its own least (SEL_NEXT). Two passes over the
  * buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
  * sixteen buckets multiplied past the verifier's limit); the second picks among the least
@@ -334,9 +338,10 @@ struct least {
 
 /* What is left of a path quality published at at_ns: a queue drains at least as fast as
  * time passes while nothing joins it (none: 0) */
-static __always_inline __u64 beyond_ns(struct group_id *next, __u64 now)
+static __always_inline __u64 beyond_ns(struct beyond *next, __u64 now)
 {
-	struct quality *q = bpf_map_lookup_elem(&sw_quality, next);
+	struct group_id id = { next->sw, next->group };
+	struct quality *q = bpf_map_lookup_elem(&sw_quality, &id);
 	__u64 age;
 
 	if (!q)
@@ -358,6 +363,11 @@ static long least_scan(__u32 i, void *arg)
 	d = delay_ns(c->sw, c->g->ports[i], c->now);
 	if (c->g->next[i].group) {
 		ahead = beyond_ns(&c->g->next[i], c->now);
+		if (ahead > d)
+			d = ahead;
+	}
+	if (c->g->next[i].link_port) {
+		ahead = delay_ns(c->g->next[i].link_sw, c->g->next[i].link_port, c->now);
 		if (ahead > d)
 			d = ahead;
 	}
