@@ -152,10 +152,11 @@ class FailureInjector:
                 sizing[end.ifname] = rates[end.ifname] or link.rate_mbps * 1e6 / 8
                 others = alternatives(topo, link, end.node)
                 if others:
-                    groups[end.ifname] = [o.end(end.node).ifname for o in others]
+                    groups[end.ifname] = [o.ifname for o in others]
                     for o in others:
-                        rates.setdefault(o.end(end.node).ifname, o.rate_mbps * 1e6 / 8 * (
-                            factor if o.name in changed else 1.0))
+                        other = topo.link_at(o.node, o.port)
+                        rates.setdefault(o.ifname, other.rate_mbps * 1e6 / 8 * (
+                            factor if other.name in changed else 1.0))
         index = len(self.applied) - 1
         self._watch = (index, rates, at + FINE_SPAN_S)
         self._fine[index] = []

@@ -241,15 +241,21 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
 
 
 def alternatives(topo: Topology, link, switch: str) -> list:
-    """The links ``switch`` could send the traffic it sends into ``link`` over instead: going
-    up a Clos, its other links to switches of the same role as the link's other end (an
-    aggregation switch's other uplinks to the core); going down, none (one path leads down
-    to each destination)."""
+    """The ports (link ends) over which the fabric could carry the traffic ``switch`` sends
+    into ``link`` instead. Going up a Clos: ``switch``'s other links to switches of the same
+    role as the link's other end (an aggregation switch's other uplinks to the core). Going
+    down there is one path from ``switch`` to each destination, but the switches above
+    choose among ``switch`` and its peers: the other links into the same switch from
+    switches of ``switch``'s role (core2's link down to agg1_1 beside core1's), at their
+    upper ends. None towards a host."""
     mine, peer = topo.nodes[switch], topo.nodes[link.other(switch).node]
-    if not peer.is_switch or ROLE_TIER.get(peer.role, -1) <= ROLE_TIER.get(mine.role, -1):
+    if not peer.is_switch:
         return []
-    return [l for l in topo.ports(switch).values() if l is not link
-            and topo.nodes[l.other(switch).node].role == peer.role]
+    if ROLE_TIER.get(peer.role, -1) > ROLE_TIER.get(mine.role, -1):
+        return [l.end(switch) for l in topo.ports(switch).values() if l is not link
+                and topo.nodes[l.other(switch).node].role == peer.role]
+    return [l.other(peer.name) for l in topo.ports(peer.name).values() if l is not link
+            and topo.nodes[l.other(peer.name).node].role == mine.role]
 
 
 def _live(topo: Topology, link, port_up: dict[str, bool]) -> bool:

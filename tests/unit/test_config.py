@@ -240,32 +240,6 @@ def test_samples_too_few_to_tell_a_move_off_say_so_instead_of_never():
     assert "0 samples" in move_off_unmeasured([0.5, 0.9], 1.0)
 
 
-def test_a_degraded_port_of_a_group_moves_off_when_its_share_fits_its_rate():
-    from testbed.model.builders import fat_tree
-    from testbed.plan.failplan import alternatives, time_to_move_off
-    # a port at half rate beside one at full rate: 1/3 of the group's capacity. Offered half
-    # of the group's traffic for 40 ms after the event, a third after: moved off at 40 ms,
-    # though both stay busy (the absolute rate says nothing here)
-    samples, others, mine, rest = [], [], 0, 0
-    for i in range(300):
-        t = round(1.0 + i * 0.001, 4)
-        samples.append((t, mine))
-        others.append((t, rest))
-        mine += 1500 if t < 1.04 else 1000
-        rest += 1500 if t < 1.04 else 2000
-    took = time_to_move_off(samples, 1.0, 0.5e6, 1500, siblings=others,
-                            sibling_rate_bytes_s=1e6)
-    assert took == pytest.approx(0.04, abs=0.003)
-    # its siblings: an aggregation switch's other uplinks going up; none going down
-    topo = fat_tree(4)
-    up = topo.find_link("agg1_1", "core1")
-    assert [l.other("agg1_1").node for l in alternatives(topo, up, "agg1_1")] == ["core2"]
-    assert alternatives(topo, up, "core1") == []
-    edge = topo.find_link("edge1_1", "agg1_1")
-    assert [l.other("edge1_1").node for l in alternatives(topo, edge, "edge1_1")] == ["agg1_2"]
-    assert alternatives(topo, topo.find_link("h1_1_1", "edge1_1"), "edge1_1") == []
-
-
 @pytest.mark.parametrize("item,path,text", [
     ({"at_s": 1, "link": ["agg1_1", "core9"], "action": "down"}, "failures[0].link[1]",
      "no node 'core9'"),

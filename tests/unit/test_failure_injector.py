@@ -156,3 +156,33 @@ def test_a_slow_ports_rate_is_measured_over_windows_of_four_packets():
     over = offered(lambda t: 2 if t < 1.3 else 0.9)
     took = time_to_move_off(over, 1.0, rate, frame, window)
     assert took is not None and 0.3 <= took <= 0.3 + window + 0.002
+
+
+def test_a_degraded_port_of_a_group_moves_off_when_its_share_fits_its_rate():
+    from testbed.model.builders import fat_tree
+    from testbed.plan.failplan import alternatives, time_to_move_off
+    # a port at half rate beside one at full rate: 1/3 of the group's capacity. Offered half
+    # of the group's traffic for 40 ms after the event, a third after: moved off at 40 ms,
+    # though both stay busy (the absolute rate says nothing here)
+    samples, others, mine, rest = [], [], 0, 0
+    for i in range(300):
+        t = round(1.0 + i * 0.001, 4)
+        samples.append((t, mine))
+        others.append((t, rest))
+        mine += 1500 if t < 1.04 else 1000
+        rest += 1500 if t < 1.04 else 2000
+    took = time_to_move_off(samples, 1.0, 0.5e6, 1500, siblings=others,
+                            sibling_rate_bytes_s=1e6)
+    assert took == pytest.approx(0.04, abs=0.003)
+    # its siblings: an aggregation switch's other uplinks going up; going down, the other
+    # cores' links into the same aggregation switch (the switches above choose among them)
+    topo = fat_tree(4)
+    ends = lambda link, sw: [(e.node, topo.link_at(e.node, e.port).other(e.node).node)  # noqa
+                             for e in alternatives(topo, link, sw)]
+    up = topo.find_link("agg1_1", "core1")
+    assert ends(up, "agg1_1") == [("agg1_1", "core2")]
+    assert ends(up, "core1") == [("core2", "agg1_1")]
+    edge = topo.find_link("edge1_1", "agg1_1")
+    assert ends(edge, "edge1_1") == [("edge1_1", "agg1_2")]
+    assert ends(edge, "agg1_1") == [("agg1_2", "edge1_1")]
+    assert alternatives(topo, topo.find_link("h1_1_1", "edge1_1"), "edge1_1") == []
