@@ -30,6 +30,7 @@ qualities and queues are that machine's).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from ipaddress import IPv4Network
 from typing import NamedTuple
 
@@ -58,40 +59,46 @@ def _routes(view: SwitchView) -> list[tuple[IPv4Network, tuple[str, int]]]:
             if (d := destination(f)) is not None and (hop := forwarding(f)) is not None]
 
 
-def _only_group(routes: list[tuple[IPv4Network, tuple[str, int]]],
-                dsts: list[IPv4Network]) -> int | None:
-    """The one group a switch forwards every destination in ``dsts`` through (its routes
-    that overlap them, one of them covering each); None where it forwards one otherwise."""
-    groups: set[int] = set()
+def _ways_out(routes: list[tuple[IPv4Network, tuple[str, int]]],
+              dsts: Iterable[IPv4Network]) -> set[tuple[str, int]] | None:
+    """How a switch forwards the destinations in ``dsts``: the ways out of its routes that
+    overlap them, ("group", id) or ("output", port); None where one has no route covering
+    it."""
+    ways: set[tuple[str, int]] = set()
     for dst in dsts:
         overlapping = [(d, hop) for d, hop in routes if d.overlaps(dst)]
         if not any(dst.subnet_of(d) for d, _ in overlapping):
             return None
-        for _, (kind, value) in overlapping:
-            if kind != "group":
-                return None
-            groups.add(value)
-        if len(groups) > 1:
-            return None
-    return next(iter(groups), None)
+        ways.update(hop for _, hop in overlapping)
+    return ways
+
+
+def _only_group(routes: list[tuple[IPv4Network, tuple[str, int]]],
+                dsts: list[IPv4Network]) -> int | None:
+    """The one group a switch forwards every destination in ``dsts`` through; None where it
+    forwards one otherwise."""
+    ways = _ways_out(routes, dsts)
+    if ways is None or len(ways) != 1:
+        return None
+    (kind, value), = ways
+    return value if kind == "group" else None
 
 
 def _ports(view: SwitchView, routes: list[tuple[IPv4Network, tuple[str, int]]],
            dsts: tuple[IPv4Network, ...]) -> set[int] | None:
     """Every port ``view``'s switch forwards the destinations in ``dsts`` out of; None where
     it forwards one elsewhere (to the controller, nowhere) or has no route for it."""
+    ways = _ways_out(routes, dsts)
+    if ways is None:
+        return None
     ports: set[int] = set()
-    for dst in dsts:
-        overlapping = [(d, hop) for d, hop in routes if d.overlaps(dst)]
-        if not any(dst.subnet_of(d) for d, _ in overlapping):
+    for kind, value in ways:
+        if kind == "output":
+            ports.add(value)
+        elif kind == "group" and (group := view.groups.get(value)) is not None:
+            ports.update(group.ports)
+        else:
             return None
-        for _, (kind, value) in overlapping:
-            if kind == "output":
-                ports.add(value)
-            elif (group := view.groups.get(value)) is not None:
-                ports.update(group.ports)
-            else:
-                return None
     return ports
 
 
