@@ -308,8 +308,10 @@ class EbpfSwitches:
         self.maps["sw_quality"].update(GroupId(sw, group_id), Quality(int(delay_ns), int(at_ns)))
 
     def delete_group(self, sw: int, group_id: int) -> None:
-        """Remove a group of switch ``sw`` (no entry may point at it any more)."""
+        """Remove a group of switch ``sw`` (no entry may point at it any more), and the path
+        quality it published."""
         self.maps["sw_groups"].delete(GroupId(sw, group_id))
+        self.maps["sw_quality"].delete(GroupId(sw, group_id))
 
 
 def set_live_pinned(pin_dir: Path, ifindex: int, live: bool) -> bool:
