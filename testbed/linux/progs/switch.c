@@ -8,15 +8,14 @@
  * group's weighted buckets by testbed/plan/groups.py's flow hash, skipping dead ports; fast
  * failover: the first live port; switch-local adaptive: the least-loaded live port for each
  * flowlet or each packet, testbed/plan/localroute.py; weighing the next switch, each port by
- * the longer of its queue and the path quality the next switch's group published,
- * testbed/plan/lookahead.py), or drops. Every port's load is a
- * virtual queue of the bytes sent out of it, drained at its rate (sw_load). A TCP
- * acknowledgement echoing congestion (ECE) marks its flow as congested at every switch it
- * passes (sw_echoes): that flow's next flowlet avoids the port it took. Each entry counts
- * its packets and bytes. A packet
- * for the controller (an output to it, or an entry's copy of its first bytes: a punt) goes into
- * the ring buffer sw_punts with its switch, port and length, where the switch's agent reads it
- * and sends it on as a packet-in.
+ * the longest of its queue, the path quality the next switch's group published (sw_quality)
+ * and the queue of the link every way on takes, testbed/plan/lookahead.py), or drops. Every
+ * port's load is a virtual queue of the bytes sent out of it, drained at its rate (sw_load).
+ * A TCP acknowledgement echoing congestion (ECE) marks its flow as congested at every switch
+ * it passes (sw_echoes): that flow's next flowlet avoids the port it took. Each entry counts
+ * its packets and bytes. A packet for the controller (an output to it, or an entry's copy of
+ * its first bytes: a punt) goes into the ring buffer sw_punts with its switch, port and
+ * length, where the switch's agent reads it and sends it on as a packet-in.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -325,11 +324,11 @@ static __always_inline int live(__u32 sw, __u32 port)
 /* The least-loaded live port of a group (ties: the h-th of the least, modulo their number);
  * 0 when none is live. A bucket's load: its port's queue, or the path quality the next
  * switch's group published, or the queue of the link every way on takes (g->next), where
- * that is longer (the path's worse part); a
- * group weighing the next switch publishes its own least (SEL_NEXT). Two passes over the
- * buckets by bpf_loop, each bucket's step verified once (unrolled, the branches of
- * sixteen buckets multiplied past the verifier's limit); the second picks among the least
- * the first found (read again, another CPU's packet could leave no port at the least). */
+ * that is longer (the path's worse part); a group weighing the next switch publishes its
+ * own least (SEL_NEXT). Two passes over the buckets by bpf_loop, each bucket's step
+ * verified once (unrolled, the branches of sixteen buckets multiplied past the verifier's
+ * limit); the second picks among the least the first found (read again, another CPU's
+ * packet could leave no port at the least). */
 struct least {
 	struct group *g;
 	__u64 now, best;
