@@ -31,7 +31,8 @@ BUILD_SCRIPT = ROOT / "scripts" / "build-vm-image.sh"
 INIT_SCRIPT = ROOT / "scripts" / "vm-init.sh"
 DEFAULT_CACHE_DIR = Path("/var/cache/fabriclab/vm")
 OUT_DISK_MB = 64
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".test-deps"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".test-deps",
+             ".hypothesis"}
 #: the checkout's own output folders (top level only: testbed/runs/ is code)
 SKIP_TOP = {"runs", ".vagrant"}
 
