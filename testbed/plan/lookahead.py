@@ -73,22 +73,28 @@ def _ways_out(routes: list[tuple[IPv4Network, tuple[str, int]]],
     return ways
 
 
-def _only_group(routes: list[tuple[IPv4Network, tuple[str, int]]],
-                dsts: list[IPv4Network]) -> int | None:
-    """The one group a switch forwards every destination in ``dsts`` through; None where it
-    forwards one otherwise."""
-    ways = _ways_out(routes, dsts)
+def _ways_of(name: str, dsts: tuple[IPv4Network, ...], routes: dict,
+             memo: dict) -> set[tuple[str, int]] | None:
+    """Switch ``name``'s ways out for ``dsts`` (:func:`_ways_out`), worked out once."""
+    key = ("ways", name, dsts)
+    if key not in memo:
+        memo[key] = _ways_out(routes[name], dsts)
+    return memo[key]
+
+
+def _only_group(ways: set[tuple[str, int]] | None) -> int | None:
+    """The one group of a switch's ways out (:func:`_ways_out`) for some destinations; None
+    where it forwards one otherwise."""
     if ways is None or len(ways) != 1:
         return None
     (kind, value), = ways
     return value if kind == "group" else None
 
 
-def _ports(view: SwitchView, routes: list[tuple[IPv4Network, tuple[str, int]]],
-           dsts: tuple[IPv4Network, ...]) -> set[int] | None:
-    """Every port ``view``'s switch forwards the destinations in ``dsts`` out of; None where
-    it forwards one elsewhere (to the controller, nowhere) or has no route for it."""
-    ways = _ways_out(routes, dsts)
+def _ports(view: SwitchView, ways: set[tuple[str, int]] | None) -> set[int] | None:
+    """Every port ``view``'s switch forwards some destinations out of, from its ways out for
+    them (:func:`_ways_out`); None where it forwards one elsewhere (to the controller,
+    nowhere) or has no route for it."""
     if ways is None:
         return None
     ports: set[int] = set()
@@ -110,7 +116,7 @@ def _shared(name: str, dsts: tuple[IPv4Network, ...], views: dict[str, SwitchVie
     key = (name, dsts)
     if key not in memo:
         view, ways = views[name], []
-        for port in sorted(_ports(view, routes[name], dsts) or ()):
+        for port in sorted(_ports(view, _ways_of(name, dsts, routes, memo)) or ()):
             peer = view.peers.get(port)
             tail = (_shared(peer, dsts, views, routes, memo, seen | {name})
                     if peer in views and peer not in seen else ())
@@ -141,7 +147,7 @@ def next_groups(views: dict[str, SwitchView]) -> NextGroups:
                 peer = view.peers.get(port)
                 if peer not in views:
                     continue
-                group = _only_group(routes[peer], dsts[gid])
+                group = _only_group(_ways_of(peer, tuple(dsts[gid]), routes, memo))
                 links = _shared(peer, tuple(dsts[gid]), views, routes, memo, frozenset({name}))
                 if group is not None or links:
                     ahead[port] = Beyond(peer, group, links[0] if links else None)
