@@ -34,7 +34,8 @@ from collections.abc import Iterable
 from ipaddress import IPv4Network
 from typing import NamedTuple
 
-from testbed.plan.notices import SwitchView, destination, forwarding
+from testbed.plan import notices
+from testbed.plan.notices import SwitchView
 
 #: selection methods that weigh the next switch, and the datapath's selection for each
 WEIGHS_NEXT = {"flowlet_next": "flowlet", "packet_next": "packet"}
@@ -52,11 +53,6 @@ class Beyond(NamedTuple):
 #: per switch, per group id, per port of the group: what it weighs beyond the port; a port
 #: with nothing to weigh beyond it is left out
 NextGroups = dict[str, dict[int, dict[int, Beyond]]]
-
-
-def _routes(view: SwitchView) -> list[tuple[IPv4Network, tuple[str, int]]]:
-    return [(d, hop) for f in view.flows
-            if (d := destination(f)) is not None and (hop := forwarding(f)) is not None]
 
 
 def _ways_out(routes: list[tuple[IPv4Network, tuple[str, int]]],
@@ -131,14 +127,11 @@ def next_groups(views: dict[str, SwitchView]) -> NextGroups:
     the group it forwards all of the group's destinations through and the first link every
     way from it towards them takes; ports whose switch behind is not in ``views``, or has
     neither, are left out."""
-    routes = {name: _routes(v) for name, v in views.items()}
+    routes = {name: notices.routes(v) for name, v in views.items()}
     memo: dict = {}
     out: NextGroups = {}
     for name, view in views.items():
-        dsts: dict[int, list[IPv4Network]] = {}
-        for dst, (kind, value) in routes[name]:
-            if kind == "group":
-                dsts.setdefault(value, []).append(dst)
+        dsts = notices.group_destinations(routes[name])
         for gid, group in view.groups.items():
             if group.selection not in WEIGHS_NEXT or not dsts.get(gid):
                 continue

@@ -80,22 +80,35 @@ def _covered(dsts: Iterable[IPv4Network], stranded: set[IPv4Network]) -> bool:
     return all(any(d.subnet_of(s) for s in stranded) for d in dsts)
 
 
+Route = tuple[IPv4Network, tuple[str, int]]  # a destination and its way out
+
+
+def routes(view: SwitchView) -> list[Route]:
+    """A switch's routes: (destination, way out) of each flow that is one."""
+    return [(d, hop) for f in view.flows
+            if (d := destination(f)) is not None and (hop := forwarding(f)) is not None]
+
+
+def group_destinations(pairs: list[Route]) -> dict[int, list[IPv4Network]]:
+    """Group id -> the destinations of the routes through it."""
+    out: dict[int, list[IPv4Network]] = {}
+    for dst, (kind, value) in pairs:
+        if kind == "group":
+            out.setdefault(value, []).append(dst)
+    return out
+
+
 def exclusions(views: dict[str, SwitchView]) -> Exclusions:
     """Per switch and group, the ports it stops using because the neighbour behind them
     stranded every destination the group forwards (empty where nothing is stranded)."""
-    routes = {name: [(d, hop) for f in v.flows
-                     if (d := destination(f)) is not None and (hop := forwarding(f))]
-              for name, v in views.items()}
-    by_group = {name: {} for name in views}  # switch -> group id -> its routes' destinations
-    for name, pairs in routes.items():
-        for dst, (kind, value) in pairs:
-            if kind == "group":
-                by_group[name].setdefault(value, []).append(dst)
+    by_switch = {name: routes(v) for name, v in views.items()}
+    # switch -> group id -> its routes' destinations
+    by_group = {name: group_destinations(pairs) for name, pairs in by_switch.items()}
     excluded: Exclusions = {name: {} for name in views}
     stranded: dict[str, set[IPv4Network]] = {name: set() for name in views}
     for _ in range(len(views) + 1):  # monotone: each round strands and excludes more, or ends
         for name, v in views.items():
-            for dst, (kind, value) in routes[name]:
+            for dst, (kind, value) in by_switch[name]:
                 if kind == "output":
                     ports: Iterable[int] = (value,)
                 elif (group := v.groups.get(value)) is not None:
