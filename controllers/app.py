@@ -87,12 +87,14 @@ class FabricController(app_manager.OSKenApp):
             self.policy = FabricPolicy(from_dict(json.load(fh)), conf.routing, conf.ecmp_seed,
                                        conf.ecmp_selection, conf.spray_weights,
                                        float(conf.poll_interval_s), conf.granularity,
-                                       float(conf.flowlet_gap_us), conf.load)
+                                       float(conf.flowlet_gap_us), conf.load,
+                                       tuple(int(p) for p in conf.rebalance.split(",")))
         self.session = Session(self.policy)
         LOG.info("routing %s, ECMP seed %s, selection %s, spray weights %s, poll %s s, "
-                 "granularity %s, flowlet gap %s us, load %s", conf.routing, conf.ecmp_seed,
-                 conf.ecmp_selection, conf.spray_weights, conf.poll_interval_s,
-                 conf.granularity, conf.flowlet_gap_us, conf.load)
+                 "granularity %s, flowlet gap %s us, load %s, rebalance %s", conf.routing,
+                 conf.ecmp_seed, conf.ecmp_selection, conf.spray_weights,
+                 conf.poll_interval_s, conf.granularity, conf.flowlet_gap_us, conf.load,
+                 conf.rebalance)
         self.status_path = conf.status
         self.warm_start = bool(conf.warm_start)
         self.readback = WarmStart(self.policy.topo, self._warm_started)

@@ -50,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="local_adaptive flowlets' idle gap, us")
     parser.add_argument("--load", type=Load, choices=list(Load), default=defaults.load,
                         help="local_adaptive: what a switch weighs (its ports, the next switch)")
+    parser.add_argument("--rebalance", type=_percentages,
+                        default=",".join(map(str, defaults.rebalance)),
+                        help="local_adaptive flowlets' reactive rebalancing: the quality "
+                             "delta and the chance per packet, percent (0,0: off)")
     parser.add_argument("--warm-start", action="store_true",
                         help="read each switch's tables back and change only what differs "
                              "(a restart: the switches kept forwarding on what is installed)")
@@ -86,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 "spray_weights": args.spray_weights, "poll_interval_s": args.poll_interval_s,
                 "warm_start": "1" if args.warm_start else "", "granularity": args.granularity,
                 "flowlet_gap_us": args.flowlet_gap_us, "load": args.load,
+                "rebalance": ",".join(map(str, args.rebalance)),
                 "metrics_port": args.metrics_port}
     cfg.CONF.register_opts([cfg.StrOpt(name) for name in settings], group="fabriclab")
     cfg.CONF(args=_os_ken_args(args), project="os_ken")
@@ -104,6 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     _listen_and_say(controller, args.port == 0, args.port_file, args.listen_fd)
     app_manager.AppManager.run_apps([args.user_app or args.app])
     return 0
+
+
+def _percentages(text: str) -> tuple[int, int]:
+    """``DELTA,CHANCE``: two whole percentages (0,0: off)."""
+    try:
+        delta, chance = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not DELTA,CHANCE (25,25)") from None
+    if (delta, chance) != (0, 0) and not (1 <= delta <= 100 and 1 <= chance <= 100):
+        raise argparse.ArgumentTypeError(f"{text!r}: each a percentage, 1-100 (or 0,0: off)")
+    return delta, chance
 
 
 def _os_ken_args(args: argparse.Namespace) -> list[str]:

@@ -40,6 +40,17 @@ class HashSelection:
         return groups.selection_property(self.basis, self.method, self.gap_us)
 
 
+class Rebalance:
+    """fabriclab's group property: a flowlet group's reactive rebalancing (quality delta and
+    chance per packet, percent), which the eBPF switches read."""
+
+    def __init__(self, delta_pct: int, chance_pct: int) -> None:
+        self.delta_pct, self.chance_pct = delta_pct, chance_pct
+
+    def serialize(self) -> bytes:
+        return groups.rebalance_property(self.delta_pct, self.chance_pct)
+
+
 def _clear(dp, _op: Op) -> list:
     ofp, parser = dp.ofproto, dp.ofproto_parser
     return [parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL,
@@ -59,7 +70,8 @@ def _group(command: str) -> Callable[[object, Op], list]:
         buckets = groups.buckets(entry)
         ff = entry.kind == "ff"
         props = [] if op.kind == OpKind.GROUP_DEL or ff else [
-            HashSelection(entry.hash_basis, entry.selection, entry.gap_us)]
+            HashSelection(entry.hash_basis, entry.selection, entry.gap_us)] + (
+            [Rebalance(*entry.rebalance)] if any(entry.rebalance) else [])
         return [parser.OFPGroupMod(dp, command=getattr(ofp, command),
                                    type_=ofp.OFPGT_FF if ff else ofp.OFPGT_SELECT,
                                    group_id=entry.group_id, buckets=buckets, properties=props)]

@@ -40,6 +40,8 @@ class FabricPolicy:
         load: local_adaptive: ``local`` (the switch's ports) or ``next_switch`` (also the
             next switches' path qualities: the groups' selection ``flowlet_next``,
             ``packet_next``).
+        rebalance: local_adaptive flowlets' reactive rebalancing, (quality delta, chance per
+            packet) in percent; (0, 0): off.
     """
 
     def __init__(self, topo: Topology, routing: Routing = Routing.ECMP,
@@ -47,10 +49,11 @@ class FabricPolicy:
                  ecmp_selection: EcmpSelection = EcmpSelection.HASH,
                  spray_weights: SprayWeights = SprayWeights.CAPACITY,
                  poll_s: float = 1.0, granularity: str = "flowlet",
-                 flowlet_gap_us: float = 0.0, load: str = "local") -> None:
+                 flowlet_gap_us: float = 0.0, load: str = "local",
+                 rebalance: tuple[int, int] = (0, 0)) -> None:
         self.topo = topo
         ahead = "_next" if str(load) == "next_switch" else ""
-        self.local = (f"{granularity}{ahead}", int(round(flowlet_gap_us)))
+        self.local = (f"{granularity}{ahead}", int(round(flowlet_gap_us)), tuple(rebalance))
         self.routing = Routing(routing)
         self.ecmp_seed = EcmpSeed(ecmp_seed)
         self.ecmp_selection = EcmpSelection(ecmp_selection)

@@ -134,7 +134,7 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
                    ecmp_selection: EcmpSelection = EcmpSelection.HASH,
                    spray_weights: SprayWeights = SprayWeights.CAPACITY,
                    adaptive: AdaptiveRouting | None = None,
-                   local: tuple[str, int] = ("flowlet", 0)) -> dict[str, SwitchTables]:
+                   local: tuple = ("flowlet", 0, (0, 0))) -> dict[str, SwitchTables]:
     """Compute the desired tables of every switch for the given link state.
 
     Args:
@@ -146,8 +146,9 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
         spray_weights: ``capacity`` or ``equal`` bucket weights (spray only).
         adaptive: the adaptive mode's flows and loads (adaptive only).
         local: local_adaptive's selection (``flowlet``, ``packet``, ``flowlet_next``,
-            ``packet_next``) and flowlet gap in us:
-            the groups' selection method, which the eBPF switches apply per packet.
+            ``packet_next``), flowlet gap in us and flowlets' reactive rebalancing
+            (quality delta, chance; percent): the groups' selection method, which the eBPF
+            switches apply per packet.
 
     Returns:
         switch name -> desired tables.
@@ -158,7 +159,8 @@ def compute_tables(topo: Topology, link_up: dict[str, bool], routing: Routing = 
     if routing == Routing.ECMP:
         _add_ecmp(topo, link_up, ecmp_seed, selection, tables)
     elif routing == Routing.LOCAL_ADAPTIVE:
-        _add_ecmp(topo, link_up, ecmp_seed, local[0], tables, gap_us=local[1])
+        _add_ecmp(topo, link_up, ecmp_seed, local[0], tables, gap_us=local[1],
+                  rebalance=tuple(local[2]) if len(local) > 2 else (0, 0))
     elif routing == Routing.SPRAY:
         _add_ecmp(topo, link_up, ecmp_seed, EcmpSelection.DP_HASH, tables,
                   SprayWeights(spray_weights) == SprayWeights.CAPACITY)
@@ -202,7 +204,9 @@ def _base_tables(topo: Topology) -> dict[str, SwitchTables]:
 
 
 def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: str,
-              tables: dict[str, SwitchTables], weighted: bool = False, gap_us: int = 0) -> None:
+              tables: dict[str, SwitchTables], weighted: bool = False, gap_us: int = 0,
+              rebalance: tuple[int, int] = (0, 0)) -> None:
+    flowlet = str(selection).startswith("flowlet")
     for gid, dst in enumerate(topo.access_switches, start=1):
         dist = distances_to(topo, dst.name, link_up)
         plane = distances_to(topo, dst.name, {})  # a multi-plane fabric's: its own switches
@@ -214,7 +218,7 @@ def _add_ecmp(topo: Topology, link_up: dict[str, bool], seed: str, selection: st
             weights = bucket_weights([shares.get((sw.name, p), 0.0) for p in ports])
             tables[sw.name].add_group(GroupEntry(
                 gid, ports, hash_basis(sw, seed), str(selection), weights,
-                gap_us=gap_us if str(selection).startswith("flowlet") else 0))
+                gap_us=gap_us if flowlet else 0, rebalance=rebalance if flowlet else (0, 0)))
             tables[sw.name].add_flow(FlowEntry(PRIORITY_PREFIX, _prefix_match(dst.subnet),
                                                (("group", gid),)))
 

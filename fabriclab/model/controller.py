@@ -24,16 +24,41 @@ _CONTROLLER_TYPES = {"routing": Routing, "ecmp_seed": EcmpSeed, "ecmp_selection"
                      "spray_weights": SprayWeights, "poll_interval_s": float,
                      "ready_timeout_s": float, "restart": bool, "tls": bool, "app": str,
                      "remote": str, "settle_s": float, "granularity": Granularity,
-                     "flowlet_gap_us": float, "load": Load}
+                     "flowlet_gap_us": float, "load": Load, "rebalance": tuple}
+#: reactive rebalancing's settings as ``rebalance: true`` gives them (percent)
+REBALANCE_DEFAULTS = {"quality_delta_pct": 25, "chance_pct": 25}
 #: fabriclab's own routing's settings: meaningless with an app or a remote controller
 _ROUTING_KEYS = ("routing", "ecmp_seed", "ecmp_selection", "spray_weights", "poll_interval_s",
                  "restart")
 
 
+def _rebalance(value: object, granularity: str) -> tuple[int, int]:
+    """``controller.routing.rebalance``: false, true (the defaults) or ``{quality_delta_pct,
+    chance_pct}``, each a whole percentage from 1 to 100 -> (quality delta, chance)."""
+    field = "controller.routing.rebalance"
+    if value is False:
+        return (0, 0)
+    if granularity != "flowlet":
+        raise ConfigError(field, "moves a flowlet before its gap; granularity packet moves "
+                                 "every packet")
+    given = {} if value is True else value
+    if not isinstance(given, dict):
+        raise ConfigError(field, f"{value!r}: true, false or {{quality_delta_pct, chance_pct}}")
+    for key in sorted(set(given) - set(REBALANCE_DEFAULTS)):
+        raise ConfigError(f"{field}.{key}", "unknown: quality_delta_pct or chance_pct")
+    out = []
+    for key, default in REBALANCE_DEFAULTS.items():
+        pct = given.get(key, default)
+        if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
+            raise ConfigError(f"{field}.{key}", f"{pct!r} is not a whole percentage, 1-100")
+        out.append(pct)
+    return out[0], out[1]
+
+
 def parse_controller(raw: dict, source: str) -> ControllerSpec:
     """The controller section: an app's path made absolute (relative to the experiment file)
     and checked, a remote address checked, settings that do not apply refused by name;
-    ``routing`` a mode's name or ``{mode, granularity, flowlet_gap_us, load}``."""
+    ``routing`` a mode's name or ``{mode, granularity, flowlet_gap_us, load, rebalance}``."""
     raw = dict(raw)
     routing = raw.get("routing")
     if isinstance(routing, dict):
@@ -51,6 +76,9 @@ def parse_controller(raw: dict, source: str) -> ControllerSpec:
             raw["flowlet_gap_us"] = float(routing["flowlet_gap_us"])
         if "load" in routing:
             raw["load"] = Load(routing["load"])
+        if "rebalance" in routing:
+            raw["rebalance"] = _rebalance(routing["rebalance"], routing.get("granularity",
+                                                                           "flowlet"))
     typed = {k: _CONTROLLER_TYPES[k](v) for k, v in raw.items()}
     user = [k for k in ("app", "remote") if raw.get(k)]
     if len(user) == 2:

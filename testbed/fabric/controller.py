@@ -311,7 +311,8 @@ class Controller:
                        "--poll-interval-s", str(ctl.poll_interval_s),
                        "--granularity", ctl.granularity,
                        "--flowlet-gap-us", str(ctl.flowlet_gap_us),
-                       "--load", ctl.load]) + (
+                       "--load", ctl.load,
+                       "--rebalance", ",".join(map(str, ctl.rebalance))]) + (
                    ["--warm-start", "--metrics-port", str(self.metrics_port)] if warm
                    else []) + (
                    ["--tls-dir", str(self.pki.ca.parent)] if self.pki is not None else [])

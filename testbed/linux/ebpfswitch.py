@@ -30,6 +30,12 @@ PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
 PUNT_RING_BYTES = 1 << 22  # progs/switch.c PUNT_RING
 
 
+def chance_of(pct: int) -> int:
+    """A chance in percent as the datapath draws it: of 2^32 (100 %: every draw but one in
+    2^32, the largest that fits)."""
+    return min(int(pct) * (1 << 32) // 100, (1 << 32) - 1)
+
+
 class PortId(ctypes.Structure):
     _fields_ = [("sw", ctypes.c_uint32), ("port", ctypes.c_uint32)]
 
@@ -85,7 +91,8 @@ class Group(ctypes.Structure):
                 ("selection", ctypes.c_uint32), ("gap_ns", ctypes.c_uint64),
                 ("ports", ctypes.c_uint32 * MAX_BUCKETS),
                 ("weights", ctypes.c_uint32 * MAX_BUCKETS),
-                ("next", Beyond * MAX_BUCKETS)]
+                ("next", Beyond * MAX_BUCKETS),
+                ("rb_delta_pct", ctypes.c_uint32), ("rb_chance", ctypes.c_uint32)]
 
 
 class Quality(ctypes.Structure):
@@ -100,7 +107,7 @@ class PortLoad(ctypes.Structure):
     _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("level", ctypes.c_uint64), ("last_ns", ctypes.c_uint64),
                 ("rate_bytes_s", ctypes.c_uint64), ("sent_bytes", ctypes.c_uint64),
-                ("largest", ctypes.c_uint64)]
+                ("largest", ctypes.c_uint64), ("recent", ctypes.c_uint64)]
 
 
 def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
@@ -179,11 +186,13 @@ class EbpfSwitches:
         return self.maps["sw_load"].lookup(PortId(sw, port))
 
     def set_port_load(self, sw: int, port: int, rate_bytes_s: int, level: int = 0,
-                      last_ns: int = 0, sent_bytes: int = 0, largest: int = 0) -> None:
-        """A port's load set: its rate (a degraded link's), and its queue (a test's)."""
+                      last_ns: int = 0, sent_bytes: int = 0, largest: int = 0,
+                      recent: int = 0) -> None:
+        """A port's load set: its rate (a degraded link's), and its queue and rate estimate
+        (a test's)."""
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(
             level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s),
-            sent_bytes=int(sent_bytes), largest=int(largest)))
+            sent_bytes=int(sent_bytes), largest=int(largest), recent=int(recent)))
 
     def sent_bytes(self, sw: int, port: int) -> int:
         """Every byte switch ``sw`` sent to its port so far (what the port was offered)."""
@@ -277,21 +286,25 @@ class EbpfSwitches:
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
                   gap_us: int = 0,
-                  beyond: list[tuple[int, int, int, int] | None] | None = None) -> None:
+                  beyond: list[tuple[int, int, int, int] | None] | None = None,
+                  rebalance: tuple[int, int] = (0, 0)) -> None:
         """A SELECT (``select``) or fast-failover (``ff``) group of switch ``sw``; a SELECT
         group's ``selection``: ``hash``/``dp_hash``, or switch-local ``flowlet`` (with its
         ``gap_us``) or ``packet``, or either weighing the next switch (``flowlet_next``,
         ``packet_next``) with what each bucket weighs ``beyond`` its port: (the next switch,
         its group towards the same destinations, whose path quality it weighs (0: none); the
         switch and port of the first link every way on takes, whose queue it reads (0: none)),
-        None: nothing (:mod:`testbed.plan.lookahead`)."""
+        None: nothing (:mod:`testbed.plan.lookahead`); a flowlet group's ``rebalance``: its
+        reactive rebalancing's quality delta and chance per packet, percent ((0, 0): off;
+        :func:`testbed.plan.localroute.rebalanced`)."""
         if len(ports) > MAX_BUCKETS:
             raise TestbedError(f"switch {sw} group {group_id}: more than {MAX_BUCKETS} buckets")
         if selection not in SELECTION:
             raise TestbedError(f"switch {sw} group {group_id}: selection {selection!r} is not "
                                f"one of {', '.join(SELECTION)}")
         g = Group(kind=G_FF if kind == "ff" else G_SELECT, basis=basis, n=len(ports),
-                  selection=SELECTION[selection], gap_ns=int(gap_us) * 1000)
+                  selection=SELECTION[selection], gap_ns=int(gap_us) * 1000,
+                  rb_delta_pct=rebalance[0], rb_chance=chance_of(rebalance[1]))
         for i, port in enumerate(ports):
             g.ports[i] = port
             g.weights[i] = (weights or [1] * len(ports))[i]

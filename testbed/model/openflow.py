@@ -10,6 +10,8 @@ CONTROLLER_PORT = "controller"  # an output to the controller
 SHARED_HASH_BASIS = 0
 #: Open vSwitch's group property selection_method (an ONF/NTR experimenter property)
 NTR_EXPERIMENTER, NTRT_SELECTION_METHOD = 0x0000154D, 1
+#: fabriclab's own group property: a flowlet group's reactive rebalancing (eBPF switches)
+FABRICLAB_EXPERIMENTER, FLT_REBALANCE = 0x00FAB1AB, 1
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,5 @@ class GroupEntry:
     weights: tuple[int, ...] = ()  # one per port (SELECT bucket weights); empty: all alike
     kind: str = "select"  # or "ff": fast failover, the first live port in order
     gap_us: int = 0  # flowlet: the idle gap after which a flow may take another port
+    # flowlet: reactive rebalancing's (quality delta, chance per packet), percent; (0, 0): off
+    rebalance: tuple[int, int] = (0, 0)

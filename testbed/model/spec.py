@@ -283,6 +283,7 @@ class ControllerSpec:
     granularity: Granularity = Granularity.FLOWLET  # local_adaptive: flowlet or packet
     flowlet_gap_us: float = 0.0  # local_adaptive flowlets' gap (0: the fabric's base RTT)
     load: Load = Load.LOCAL  # local_adaptive: what a switch weighs (its ports, the next switch)
+    rebalance: tuple[int, int] = (0, 0)  # flowlets' (quality delta, chance) %; (0, 0): off
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     restart: bool = False  # a dead controller is replaced (warm) instead of failing the run
     #: OpenFlow over TLS with the run's own certificates; None: wherever the datapath can

@@ -9,7 +9,8 @@ the wrong offset (past the bucket, past the group into the next one), so these a
 their layout and written with os-ken's bucket class. Open vSwitch's ``selection_method`` (an
 ONF/NTR experimenter property) carries the hash method and basis; the eBPF switches also read
 the switch-local methods from it (``flowlet``, its gap in microseconds in the parameter's high
-32 bits, and ``packet``).
+32 bits, and ``packet``), and a flowlet group's reactive rebalancing from fabriclab's own
+experimenter property.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from testbed.model.openflow import NTR_EXPERIMENTER, NTRT_SELECTION_METHOD, GroupEntry
+from testbed.model.openflow import (FABRICLAB_EXPERIMENTER, FLT_REBALANCE, NTR_EXPERIMENTER,
+                                    NTRT_SELECTION_METHOD, GroupEntry)
 
 DESC = struct.Struct(ofp.OFP_GROUP_DESC_STATS_PACK_STR)  # length, type, group id, buckets' length
 
@@ -77,8 +79,33 @@ def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str, int]:
     return basis, selection, gap_us
 
 
+def read_rebalance(raw: bytes, offset: int, end: int) -> tuple[int, int]:
+    """The group properties from ``offset`` to ``end``: fabriclab's rebalancing property's
+    (quality delta, chance), percent; (0, 0) when there is none."""
+    while offset + 8 <= end:
+        ptype, plen = struct.unpack_from("!HH", raw, offset)
+        if plen < 8:
+            break
+        if ptype == 0xFFFF and plen >= 16 and offset + 16 <= end:
+            experimenter, exp_type, delta, chance = struct.unpack_from("!IIBB", raw, offset + 4)
+            if (experimenter, exp_type) == (FABRICLAB_EXPERIMENTER, FLT_REBALANCE):
+                return delta, chance
+        offset += (plen + 7) // 8 * 8
+    return 0, 0
+
+
+def rebalance_property(delta_pct: int, chance_pct: int) -> bytes:
+    """fabriclab's group property (an experimenter property): a flowlet group's reactive
+    rebalancing, its quality delta and chance per packet in percent (1-100 each)."""
+    if not (1 <= delta_pct <= 100 and 1 <= chance_pct <= 100):
+        raise ValueError(f"rebalancing ({delta_pct}, {chance_pct}) is not two percentages")
+    return struct.pack("!HHIIBB2x", 0xFFFF, 16, FABRICLAB_EXPERIMENTER, FLT_REBALANCE,
+                       delta_pct, chance_pct)
+
+
 def entry(group_id: int, kind: int, buckets: list[Bucket], basis: int,
-          selection: str, gap_us: int = 0) -> GroupEntry:
+          selection: str, gap_us: int = 0,
+          rebalance: tuple[int, int] = (0, 0)) -> GroupEntry:
     """The entry of a SELECT or fast-failover group whose buckets each output to one port."""
     if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF):
         raise BadGroup(f"group {group_id}: type {kind}")
@@ -89,7 +116,8 @@ def entry(group_id: int, kind: int, buckets: list[Bucket], basis: int,
     return GroupEntry(group_id, tuple(b.outputs[0] for b in buckets),
                       0 if ff else basis, "hash" if ff else selection,
                       () if ff or all(w == 1 for w in weights) else weights,
-                      "ff" if ff else "select", 0 if ff else gap_us)
+                      "ff" if ff else "select", 0 if ff else gap_us,
+                      (0, 0) if ff or not selection.startswith("flowlet") else rebalance)
 
 
 def read_desc(raw: bytes, offset: int) -> tuple[GroupEntry, int]:
@@ -101,7 +129,8 @@ def read_desc(raw: bytes, offset: int) -> tuple[GroupEntry, int]:
     start = offset + DESC.size
     buckets = read_buckets(raw, start, start + buckets_len)
     basis, selection, gap_us = read_selection(raw, start + buckets_len, end)
-    return entry(group_id, kind, buckets, basis, selection, gap_us), length
+    rebalance = read_rebalance(raw, start + buckets_len, end)
+    return entry(group_id, kind, buckets, basis, selection, gap_us, rebalance), length
 
 
 def describe(group: GroupEntry) -> str:
@@ -116,6 +145,8 @@ def describe(group: GroupEntry) -> str:
             head += f",selection_method_param={group.hash_basis}"
         if group.selection.startswith("flowlet"):
             head += f",flowlet_gap_us={group.gap_us}"
+        if any(group.rebalance):
+            head += f",rebalance_delta={group.rebalance[0]}%,rebalance_chance={group.rebalance[1]}%"
     weights = group.weights or (None,) * len(group.ports)
     return head + "".join(
         f",bucket=bucket_id:{i},{'' if w is None else f'weight:{w},'}watch_port:{p},"
@@ -161,5 +192,7 @@ def desc(group: GroupEntry) -> bytes:
         bucket.serialize(buf, len(buf))
     ff = group.kind == "ff"
     props = b"" if ff else selection_property(group.hash_basis, group.selection, group.gap_us)
+    if not ff and any(group.rebalance):
+        props += rebalance_property(*group.rebalance)
     return DESC.pack(DESC.size + len(buf) + len(props), ofp.OFPGT_FF if ff else ofp.OFPGT_SELECT,
                      group.group_id, len(buf)) + bytes(buf) + props

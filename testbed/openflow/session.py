@@ -372,13 +372,15 @@ class SwitchSession:
         try:
             read = groups.read_buckets(raw, ofp.OFP_GROUP_MOD_SIZE, body_end)
             basis, selection, gap_us = groups.read_selection(raw, body_end, len(raw))
+            rebalance = groups.read_rebalance(raw, body_end, len(raw))
         except groups.BadGroup:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
         return self._set_group(raw, xid, command, kind, group_id, read, basis, selection,
-                               gap_us)
+                               gap_us, rebalance)
 
     def _set_group(self, raw: bytes, xid: int, command: int, kind: int, group_id: int,
-                   read: list, basis: int, selection: str, gap_us: int = 0) -> bytes:
+                   read: list, basis: int, selection: str, gap_us: int = 0,
+                   rebalance: tuple[int, int] = (0, 0)) -> bytes:
         if command == ofp.OFPGC_DELETE:
             if group_id == ofp.OFPG_ALL:
                 self.groups.clear()
@@ -389,7 +391,7 @@ class SwitchSession:
         if kind not in (ofp.OFPGT_SELECT, ofp.OFPGT_FF) or selection not in groups.METHODS:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_TYPE, raw)
         try:
-            group = groups.entry(group_id, kind, read, basis, selection, gap_us)
+            group = groups.entry(group_id, kind, read, basis, selection, gap_us, rebalance)
         except groups.BadGroup:
             return self._error(xid, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_BAD_BUCKET, raw)
         if any(port not in self.ports for port in group.ports):

@@ -24,6 +24,13 @@ port by the longest of its own queue, what is left of the path quality the next 
 group towards the same destinations last published (:func:`beyond_ns`) and the queue of the
 first link every way on takes (:func:`bucket_delay`; :mod:`testbed.plan.lookahead`), and
 publishes the least it finds, at every packet, as its own group's path quality.
+
+Reactive rebalancing (Juniper's, of DLB flowlets) moves a flowlet before its gap: every port
+also keeps a rate estimate (the bytes sent to it lately, fading as its line time passes:
+:func:`faded`), and every flowlet its own; past a hold of one gap since its port was chosen,
+at a chance per packet, a flowlet moves to the path busy least of late when that path,
+carrying it, would be lighter than its own by a quality delta (:func:`rebalanced`); its
+bytes go with it, off the estimates of its old port (and link beyond) onto the new.
 """
 
 from __future__ import annotations
@@ -39,6 +46,16 @@ U64 = (1 << 64) - 1
 DRAIN_ALL_S = 3600
 #: echoes of congestion within this many gaps of a flowlet's choice speak of its port before
 ECHO_HOLD_GAPS = 4
+#: a rate estimate's window: a steady share u of the line holds u times this many bytes
+RECENT_BYTES = 256 * 1024
+#: a packet of no more bytes carries headers only (Ethernet, IPv4, TCP with options)
+HEADERS_ONLY = 94
+
+
+def faded(recent: int, gone: int) -> int:
+    """A rate estimate after ``gone`` bytes of the port's line time: fading linearly, a whole
+    :data:`RECENT_BYTES` of it taking all."""
+    return 0 if gone >= RECENT_BYTES else recent * (RECENT_BYTES - gone) // RECENT_BYTES
 
 
 @dataclass
@@ -48,6 +65,7 @@ class PortLoad:
     rate_bytes_s: int
     level: int = 0
     last_ns: int = 0
+    recent: int = 0  # the bytes sent to it lately (its rate estimate)
 
     def drained(self, now_ns: int) -> tuple[int, int]:
         """(bytes drained since ``last_ns``, the whole microseconds of it in ns), however
@@ -69,7 +87,15 @@ class PortLoad:
         """A packet of ``nbytes`` joins the queue."""
         gone, elapsed = self.drained(now_ns)
         self.level = (self.level - gone if self.level > gone else 0) + nbytes
+        self.recent = faded(self.recent, gone) + nbytes
         self.last_ns += elapsed
+
+    def busy_ns(self, now_ns: int) -> int:
+        """How long its line took, of late, to send what it was sent: its share of the line
+        times :data:`RECENT_BYTES`'s time at its rate (0 for a port of no rate)."""
+        if not self.rate_bytes_s:
+            return 0
+        return faded(self.recent, self.drained(now_ns)[0]) * NS_PER_S // self.rate_bytes_s
 
     def delay_ns(self, now_ns: int) -> int:
         """How long the queue takes to drain (0 for a port of no rate)."""
@@ -120,25 +146,48 @@ class Flowlet:
     port: int
     last_ns: int
     decided_ns: int = 0  # when the port was chosen
+    recent: int = 0  # the bytes it sent lately (its rate estimate, as a port's)
+    data: bool = True  # it carried a packet of more than headers
+
+
+def rebalanced(cur_ns: int, mine_ns: int, best_ns: int, delta_ns: int,
+               echoed: bool = False) -> bool:
+    """Reactive rebalancing's test, at a flowlet's packet past its hold (a gap since its port
+    was chosen) and the group's chance: whether it moves now to the path busy least of late
+    (``best_ns``, its rate estimate in line time) from its own (``cur_ns``), its own bytes
+    lately ``mine_ns``: when that path, carrying it, would be lighter by the quality delta
+    ``delta_ns`` -- or no heavier by it, while its acknowledgements echoed congestion within
+    the last gap (``echoed``). A flow alone on its path stays: another path carrying it would
+    be as busy as its own."""
+    if best_ns + mine_ns + delta_ns <= cur_ns:
+        return True
+    return echoed and best_ns + mine_ns <= cur_ns + delta_ns
 
 
 def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Sequence[int],
                  live: Callable[[int], bool], delay: Callable[[int], int],
-                 h: int, echoed_ns: int | None = None) -> int | None:
+                 h: int, echoed_ns: int | None = None, nbytes: int = 1500,
+                 rebalance: Callable[[Flowlet], int | None] | None = None) -> int | None:
     """A flowlet's port (``flowlets``: the datapath's table, (switch, group, hash) ->
     :class:`Flowlet`, updated as the datapath updates it; ``echoed_ns``: when the switch last
-    saw an acknowledgement of the flow echo congestion, None: never)."""
+    saw an acknowledgement of the flow echo congestion, None: never; ``nbytes``: the packet's
+    length). A flow that has sent headers alone (its handshake) is placed anew at each packet.
+    ``rebalance``: where a flowlet held at least a gap moves now (its group's reactive
+    rebalancing, :func:`rebalanced` at the group's chance), None: it stays."""
     seen = flowlets.get(key)
     avoid = None
     if seen is not None and live(seen.port) and seen.port in ports:
-        if now_ns - seen.last_ns < gap_ns:
+        if now_ns - seen.last_ns < gap_ns and seen.data:
             seen.last_ns = now_ns
+            to = rebalance(seen) if rebalance and now_ns - seen.decided_ns >= gap_ns else None
+            if to is not None:
+                seen.port, seen.decided_ns = to, now_ns
             return seen.port
         if echoed_ns is not None and echoed_ns > seen.decided_ns + ECHO_HOLD_GAPS * gap_ns:
             avoid = seen.port
     port = least_loaded(ports, live, delay, h, avoid)
     if port is not None:
-        flowlets[key] = Flowlet(port, now_ns, now_ns)
+        flowlets[key] = Flowlet(port, now_ns, now_ns, nbytes, nbytes > HEADERS_ONLY)
     return port
 
 

@@ -41,7 +41,8 @@ class Datapath(Protocol):
 
     def set_group(self, sw: int, group_id: int, kind: str, ports: list[int],
                   weights: list[int] | None = None, basis: int = 0, selection: str = "hash",
-                  gap_us: int = 0, beyond: NextHops | None = None) -> None: ...
+                  gap_us: int = 0, beyond: NextHops | None = None,
+                  rebalance: tuple[int, int] = (0, 0)) -> None: ...
 
     def delete_group(self, sw: int, group_id: int) -> None: ...
 
@@ -342,7 +343,8 @@ class SwitchAgent:
             if conn.groups.get(gid) != group or conn.ahead.get(gid, []) != hops:
                 self.datapath.set_group(sw, gid, group.kind, list(group.ports),
                                         list(group.weights) or None, group.hash_basis,
-                                        group.selection, group.gap_us, hops or None)
+                                        group.selection, group.gap_us, hops or None,
+                                        group.rebalance)
         if session.flows != conn.flows:
             self.datapath.set_table(sw, tss.compile_table(session.flows.values()))
         for gid in set(conn.groups) - set(session.groups):

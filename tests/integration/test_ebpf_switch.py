@@ -271,13 +271,14 @@ def _send_udp(tag: str, src: int, dst: int, count: int, sport: int = 40000,
 
 
 def _send_tcp(tag: str, src: int, dst: int, count: int, sport: int, dport: int,
-              flags: int, gap_s: float = 0.01) -> None:
-    """``count`` bare TCP segments (a raw socket: headers only, ``flags`` as given) of one
-    flow from host ``src`` to ``dst``'s address: what the switch parses, no connection."""
+              flags: int, gap_s: float = 0.01, payload: int = 0) -> None:
+    """``count`` bare TCP segments (a raw socket: headers, ``flags`` as given, and
+    ``payload`` bytes) of one flow from host ``src`` to ``dst``'s address: what the switch
+    parses, no connection."""
     code = ("import socket, struct, time\n"
             "s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\n"
             f"seg = struct.pack('!HHIIBBHHH', {sport}, {dport}, 1, 1, 5 << 4, {flags}, 1024,"
-            " 0, 0)\n"
+            f" 0, 0) + b'x' * {payload}\n"
             f"for _ in range({count}):\n"
             f"    s.sendto(seg, ('10.77.0.{dst}', 0))\n"
             f"    time.sleep({gap_s})\n")
@@ -298,7 +299,7 @@ def test_a_flowlet_leaves_the_port_its_acknowledgements_echoed_congestion_on(sta
 
     def sent(count: int, flags: int = 0x10) -> dict[int, int]:
         before = {p: _tx(tag, p) for p in (2, 3)}
-        _send_tcp(tag, 1, 3, count, 40002, 5201, flags)
+        _send_tcp(tag, 1, 3, count, 40002, 5201, flags, payload=100)  # data segments
         return {p: _tx(tag, p) - before[p] for p in (2, 3)}
 
     first = sent(3)
@@ -362,6 +363,51 @@ def test_local_adaptive_selection_follows_the_reference(star):
     assert moved[2] >= 5 and moved[3] == 0, moved
     state = switches.port_load(7, 2)
     assert state.rate_bytes_s == RATE_BYTES_S and state.level > 0  # its packets counted
+
+
+def test_a_rebalancing_flowlet_leaves_a_busy_path_after_its_hold_as_the_reference(star):
+    """Reactive rebalancing (at a chance of 100 %): a flowlet on a port whose rate estimate
+    says another flow fills it stays there while held (a gap since its choice), and moves to
+    the idle port at its first packet past the hold, before any gap, as
+    testbed/plan/localroute.py's rebalanced() decides; its bytes move with it."""
+    from testbed.plan.localroute import RECENT_BYTES, rebalanced
+
+    tag, switches = star
+    gap_s, rate = 3.0, 256 * 1024  # a slow port: its rate window a second long
+    switches.set_group(7, 9, "select", [2, 3], selection="flowlet", gap_us=int(gap_s * 1e6),
+                       rebalance=(25, 100))
+    switches.set_table(7, tss.compile_table([_route(3, (("group", 9),)), FlowEntry(0, (), ())]))
+    window_ns = RECENT_BYTES * 1_000_000_000 // rate
+
+    def fill(port: int) -> None:  # another flow's worth of bytes lately, as of now
+        switches.set_port_load(7, port, rate, last_ns=time.monotonic_ns(),
+                               recent=RECENT_BYTES)
+
+    def sent(count: int = 1) -> dict[int, int]:
+        before = {p: _tx(tag, p) for p in (2, 3)}
+        _send_udp(tag, 1, 3, count, sport=40009)
+        return {p: _tx(tag, p) - before[p] for p in (2, 3)}
+
+    switches.set_port_load(7, 3, rate, rate, time.monotonic_ns())  # queued
+    switches.set_port_load(7, 2, rate)
+    first = sent()
+    assert first[2] == 1 and first[3] == 0, first  # placed by the queues: port 2
+    switches.set_port_load(7, 3, rate)
+    time.sleep(0.5)
+    fill(2)
+    held = sent()
+    assert held[2] == 1 and held[3] == 0, held  # held: no move within a gap of its choice
+    time.sleep(gap_s - 0.3)  # past the hold, within the gap
+    fill(2)
+    # the reference: its path full, its own bytes a datagram's, the other idle: it moves
+    assert rebalanced(cur_ns=window_ns, mine_ns=300 * 1_000_000_000 // rate,
+                      best_ns=0, delta_ns=window_ns // 4)
+    moved = sent()
+    assert moved[3] == 1 and moved[2] == 0, moved
+    state = {p: switches.port_load(7, p).recent for p in (2, 3)}
+    assert state[3] >= 142, state  # its bytes went with it (and its next datagram's)
+    kept = sent(3)  # held again from the move
+    assert kept[3] == 3 and kept[2] == 0, kept
 
 
 def test_a_choice_weighing_the_next_switch_follows_the_reference(star):

@@ -6,10 +6,14 @@ from __future__ import annotations
 from testbed.plan.localroute import (
     DRAIN_ALL_S,
     NS_PER_S,
+    RECENT_BYTES,
     U64,
+    Flowlet,
     PortLoad,
+    faded,
     flowlet_port,
     least_loaded,
+    rebalanced,
 )
 
 RATE = 1_250_000  # 10 Mbit/s in bytes per second: 1.25 bytes per microsecond
@@ -96,3 +100,61 @@ def test_a_flowlet_whose_acknowledgements_echoed_congestion_leaves_its_port():
     assert echo_hash("10.1.1.1", "10.2.1.1", 6, 40000, 5201) == \
         flow_hash(0, "10.1.1.1", "10.2.1.1", 6, 40000, 5201) != \
         flow_hash(0, "10.2.1.1", "10.1.1.1", 6, 5201, 40000)
+
+
+def test_a_ports_rate_estimate_holds_its_share_of_the_window():
+    """The bytes sent lately fade as line time passes: a port sent a steady half of its line
+    settles at half the window, whatever the packets' size; idle a window's time, nothing."""
+    for size in (1500, 9000, 65536):
+        load, now = PortLoad(RATE), 0
+        for _ in range(2000):
+            now += 2 * size * NS_PER_S // RATE  # every other packet time: half the line
+            load.account(now, size)
+        share = load.recent / RECENT_BYTES
+        assert 0.45 <= share <= 0.55 + size / RECENT_BYTES, (size, share)
+        window_ns = RECENT_BYTES * NS_PER_S // RATE
+        assert abs(load.busy_ns(now) - load.recent * NS_PER_S // RATE) <= 1
+        assert load.busy_ns(now + window_ns + 1_000) == 0
+    assert faded(1000, RECENT_BYTES // 2) == 500 and faded(1000, RECENT_BYTES) == 0
+
+
+def test_rebalancing_moves_a_flow_that_shares_its_path_and_leaves_one_alone():
+    window = 100  # the rate window's time, in any unit; the quality delta a quarter of it
+    delta = window // 4
+    # two flows on one path (full), an idle one beside it: moving, the path carries one
+    assert rebalanced(cur_ns=window, mine_ns=window // 2, best_ns=0, delta_ns=delta)
+    # alone on its path at the full line: another path carrying it would be as busy
+    assert not rebalanced(cur_ns=window, mine_ns=window, best_ns=0, delta_ns=delta)
+    # the other path carries a flow of its own: no lighter by the delta
+    assert not rebalanced(cur_ns=window, mine_ns=window // 2, best_ns=window, delta_ns=delta)
+    # alone locally at half the line, its acknowledgements echoing congestion further on:
+    # an idle path is no heavier, and it moves; one carrying a flow is, and it stays
+    assert rebalanced(cur_ns=window // 2, mine_ns=window // 2, best_ns=0, delta_ns=delta,
+                      echoed=True)
+    assert not rebalanced(cur_ns=window // 2, mine_ns=window // 2, best_ns=window,
+                          delta_ns=delta, echoed=True)
+
+
+def test_a_flowlet_is_placed_anew_until_it_carries_data_and_rebalances_after_a_hold():
+    flowlets, gap = {}, 1_000_000
+    loads = {1: 0, 2: 5}
+
+    def port(now: int, nbytes: int, rebalance=None) -> int | None:
+        return flowlet_port(flowlets, ("sw", 1, 7), now, gap, [1, 2], lambda p: True,
+                            lambda p: loads[p], h=0, nbytes=nbytes, rebalance=rebalance)
+
+    assert port(0, 74) == 1  # a SYN: headers alone
+    loads.update({1: 5, 2: 0})
+    assert port(100, 66) == 2  # its handshake's last packet, placed anew
+    assert port(200, 9000) == 2 and flowlets[("sw", 1, 7)].data  # its first data: kept now
+    loads.update({1: 0, 2: 5})
+    assert port(300, 9000) == 2  # within the gap, data carried: kept
+    moves = []
+
+    def move(seen: Flowlet) -> int:
+        moves.append(seen.port)
+        return 1
+    assert port(400_000, 9000, move) == 2 and not moves  # held: a gap since its choice
+    assert port(1_200_000, 9000, move) == 1 and moves == [2]  # past the hold: moved
+    assert flowlets[("sw", 1, 7)].decided_ns == 1_200_000  # and held again from there
+    assert port(1_300_000, 9000, move) == 1 and moves == [2]

@@ -55,7 +55,7 @@ class FakeLinks:
 class FakeMaps:
     def __init__(self) -> None:
         self.tables, self.groups, self.live, self.calls = {}, {}, {}, []
-        self.selections, self.ahead = {}, {}
+        self.selections, self.ahead, self.rebalances = {}, {}, {}
         self.punts, self._punt_in = socket.socketpair()  # readable when punted packets wait
         self.waiting: list = []
 
@@ -80,9 +80,10 @@ class FakeMaps:
         self.calls.append("table")
 
     def set_group(self, sw, group_id, kind, ports, weights=None, basis=0, selection="hash",
-                  gap_us=0, beyond=None):
+                  gap_us=0, beyond=None, rebalance=(0, 0)):
         self.groups[(sw, group_id)] = (kind, ports, weights, basis)
         self.selections[(sw, group_id)] = (selection, gap_us)
+        self.rebalances[(sw, group_id)] = rebalance
         self.ahead[(sw, group_id)] = beyond
         self.calls.append("group")
 
@@ -357,15 +358,19 @@ def test_dump_groups_shows_an_ebpf_switchs_local_selection_methods(tmp_path):
     from testbed.switch.groupdump import read_groups
 
     tmp_path = tmp_path / ("deep" * 30)  # longer than a Unix address holds
-    with programmed_edge(None, tmp_path, Routing.LOCAL_ADAPTIVE, local=("flowlet", 120)) as (
-            _agent, _topo, _conn, tables):
+    with programmed_edge(None, tmp_path, Routing.LOCAL_ADAPTIVE,
+                         local=("flowlet", 120, (25, 50))) as (agent, _topo, _conn, tables):
         groups = read_groups(tmp_path / "edge1_1.mgmt")
+        installed = dict(agent.datapath.rebalances)
     want = tables["edge1_1"].groups
     assert sorted(g.group_id for g in groups) == sorted(want), groups
     lines = [describe(g) for g in groups]
     selects = [l for l in lines if "type=select" in l]
     assert selects and all("selection_method=flowlet," in l and ",flowlet_gap_us=120," in l
+                           and ",rebalance_delta=25%,rebalance_chance=50%," in l
                            for l in selects), selects
+    # the rebalancing came over OpenFlow (fabriclab's group property) into the datapath
+    assert installed and set(installed.values()) == {(25, 50)}, installed
     for group in groups:
         line = describe(group)
         assert all(f"actions=output:{p}" in line for p in group.ports), line

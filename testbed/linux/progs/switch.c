@@ -11,6 +11,9 @@
  * the longest of its queue, the path quality the next switch's group published (sw_quality)
  * and the queue of the link every way on takes, testbed/plan/lookahead.py), or drops. Every
  * port's load is a virtual queue of the bytes sent out of it, drained at its rate (sw_load).
+ * It also keeps a rate estimate (the bytes sent to the port lately, fading as its line time
+ * passes): reactive rebalancing moves a flowlet before its gap to a path that, carrying it,
+ * would be lighter by a quality delta (Juniper's reactive path rebalancing of DLB flowlets).
  * A TCP acknowledgement echoing congestion (ECE) marks its flow as congested at every switch
  * it passes (sw_echoes): that flow's next flowlet avoids the port it took. Each entry counts
  * its packets and bytes. A packet for the controller (an output to it, or an entry's copy of
@@ -93,6 +96,9 @@ struct group {
 	__u32 weights[MAX_BUCKETS];
 	/* switch-local, weighing the next switch: per bucket, what it weighs beyond its port */
 	struct beyond next[MAX_BUCKETS];
+	/* flowlet, reactive rebalancing: the quality delta (percent of RECENT_BYTES's time)
+	 * and the chance per packet (of 2^32; 0: never) */
+	__u32 rb_delta_pct, rb_chance;
 };
 /* a group's path quality (SEL_NEXT): the least delay its choice found, and when */
 struct quality { __u64 delay_ns, at_ns; };
@@ -105,9 +111,11 @@ struct port_load {
 	__u64 rate_bytes_s;
 	__u64 sent_bytes;	/* every byte the switch sent to the port (its offered load) */
 	__u64 largest;		/* its largest packet (a host's segmentation-offload unit) */
+	__u64 recent;		/* the bytes sent to it lately (a rate estimate: RECENT_BYTES) */
 };
 struct flowlet_key { __u32 sw, group, hash; };
-struct flowlet { __u32 port, pad; __u64 last_ns, decided_ns; };
+/* data: it has carried a packet of more than headers (a handshake's carry none) */
+struct flowlet { __u32 port, data; __u64 last_ns, decided_ns, recent; };
 struct echo_key { __u32 sw, hash; };
 
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
@@ -237,6 +245,15 @@ static __always_inline __u64 queued(const struct port_load *l, __u64 now)
 	return l->level > gone ? l->level - gone : 0;
 }
 
+/* A rate estimate: bytes sent lately, fading linearly as the port's line time passes, a
+ * whole RECENT_BYTES of it taking all (at a steady share u of the line, it holds u times
+ * RECENT_BYTES) */
+#define RECENT_BYTES (256ULL * 1024)
+static __always_inline __u64 faded(__u64 recent, __u64 gone)
+{
+	return gone >= RECENT_BYTES ? 0 : recent * (RECENT_BYTES - gone) / RECENT_BYTES;
+}
+
 /* A packet of len bytes joins the port's queue (a function of its own, as local_port) */
 __noinline int account(__u32 sw, __u32 port, __u32 len)
 {
@@ -249,12 +266,26 @@ __noinline int account(__u32 sw, __u32 port, __u32 len)
 	bpf_spin_lock(&l->lock);
 	gone = drained(l, now, &elapsed);
 	l->level = (l->level > gone ? l->level - gone : 0) + len;
+	l->recent = faded(l->recent, gone) + len;
 	l->last_ns += elapsed;
 	l->sent_bytes += len;
 	if (len > l->largest)
 		l->largest = len;
 	bpf_spin_unlock(&l->lock);
 	return 1;
+}
+
+/* How long the port's line took, of late, to send what it was sent, ns (its share of the
+ * line times RECENT_BYTES's time at its rate) */
+static __always_inline __u64 busy_ns(__u32 sw, __u32 port, __u64 now)
+{
+	struct port_id id = { sw, port };
+	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
+	__u64 elapsed;
+
+	if (!l || !l->rate_bytes_s)
+		return 0;
+	return faded(l->recent, drained(l, now, &elapsed)) * NS_PER_S / l->rate_bytes_s;
 }
 
 /* How long a port's queue takes to drain, ns (its load: ports of unlike rates compare) */
@@ -349,27 +380,38 @@ static __always_inline __u64 beyond_ns(struct beyond *next, __u64 now)
 	return q->delay_ns > age ? q->delay_ns - age : 0;
 }
 
+/* Bucket i's load: the longest of its port's queue, what the next switch published and the
+ * queue of the link every way on takes */
+static __always_inline __u64 bucket_ns(struct group *g, __u32 sw, __u32 i, __u64 now)
+{
+	__u64 d, ahead;
+
+	asm volatile("%0 &= 0xf" : "+r"(i));	/* MAX_BUCKETS - 1: a bound the verifier keeps */
+	d = delay_ns(sw, g->ports[i], now);
+	if (g->next[i].group) {
+		ahead = beyond_ns(&g->next[i], now);
+		if (ahead > d)
+			d = ahead;
+	}
+	if (g->next[i].link_port) {
+		ahead = delay_ns(g->next[i].link_sw, g->next[i].link_port, now);
+		if (ahead > d)
+			d = ahead;
+	}
+	return d;
+}
+
 static long least_scan(__u32 i, void *arg)
 {
 	struct least *c = arg;
-	__u64 d, ahead;
+	__u64 d;
 
 	if (i >= MAX_BUCKETS || i >= c->g->n)
 		return 1;
 	asm volatile("%0 &= 0xf" : "+r"(i));	/* MAX_BUCKETS - 1: a bound the verifier keeps */
 	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]))
 		return 0;
-	d = delay_ns(c->sw, c->g->ports[i], c->now);
-	if (c->g->next[i].group) {
-		ahead = beyond_ns(&c->g->next[i], c->now);
-		if (ahead > d)
-			d = ahead;
-	}
-	if (c->g->next[i].link_port) {
-		ahead = delay_ns(c->g->next[i].link_sw, c->g->next[i].link_port, c->now);
-		if (ahead > d)
-			d = ahead;
-	}
+	d = bucket_ns(c->g, c->sw, i, c->now);
 	if (d < c->best) {
 		c->best = d;
 		c->ties = 1;
@@ -429,15 +471,130 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 gid, 
  * not the port it took if an acknowledgement echoed congestion on it (ECE) more than
  * ECHO_HOLD_GAPS gaps after that port was chosen (earlier echoes speak of the port before).
  * Weighing the next switch, every packet's least is worked out (and published) whatever
- * the flowlet does: the switches sending this one its destinations read it. */
+ * the flowlet does: the switches sending this one its destinations read it. A flow that has
+ * sent headers alone (its handshake) is placed anew at each packet: its first data goes where
+ * the load is when it does, not where it was at its SYN. Rebalancing (g->rb_chance), a
+ * flowlet may move before its gap: rebalanced(). */
 #define ECHO_HOLD_GAPS 4
+#define HEADERS_ONLY 94	/* Ethernet, IPv4 and TCP with options: no more than headers */
+/* A bucket's recent busy time: its port's, or the link's every way on takes, where longer */
+static __always_inline __u64 bucket_busy(struct group *g, __u32 sw, __u32 i, __u64 now)
+{
+	__u64 d, ahead;
+
+	asm volatile("%0 &= 0xf" : "+r"(i));
+	d = busy_ns(sw, g->ports[i], now);
+	if (g->next[i].link_port) {
+		ahead = busy_ns(g->next[i].link_sw, g->next[i].link_port, now);
+		if (ahead > d)
+			d = ahead;
+	}
+	return d;
+}
+
+struct lightest { struct group *g; __u64 now, best; __u32 sw, avoid, port, bucket; };
+
+static long busy_scan(__u32 i, void *arg)
+{
+	struct lightest *c = arg;
+	__u64 d;
+
+	if (i >= MAX_BUCKETS || i >= c->g->n)
+		return 1;
+	asm volatile("%0 &= 0xf" : "+r"(i));
+	if (c->g->ports[i] == c->avoid || !live(c->sw, c->g->ports[i]))
+		return 0;
+	d = bucket_busy(c->g, c->sw, i, c->now);
+	if (d < c->best) {
+		c->best = d;
+		c->port = c->g->ports[i];
+		c->bucket = i;
+	}
+	return 0;
+}
+
+/* A flowlet's recent bytes, and a packet of len more */
+static __always_inline __u64 flow_recent(struct flowlet *f, __u32 sw, __u64 now, __u32 len)
+{
+	struct port_id id = { sw, f->port };
+	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
+	__u64 gone = 0;
+
+	if (l && now > f->last_ns)
+		gone = (now - f->last_ns) * l->rate_bytes_s / NS_PER_S;
+	f->recent = faded(f->recent, gone) + len;
+	return f->recent;
+}
+
+/* Takes a flow's recent bytes off a port's estimate (off), or adds them (on) */
+static __always_inline void carry(__u32 sw, __u32 port, __u64 bytes, int on)
+{
+	struct port_id id = { sw, port };
+	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
+
+	if (!l)
+		return;
+	if (on)
+		__sync_fetch_and_add(&l->recent, bytes);
+	else
+		l->recent = l->recent > bytes ? l->recent - bytes : 0;
+}
+
+/* A flow moves from bucket i to bucket j: its recent bytes with it, on the ports and on the
+ * links every way on takes (another switch weighing those reads them at once) */
+static __always_inline void carry_flow(struct group *g, __u32 sw, __u32 i, __u32 j, __u64 bytes)
+{
+	asm volatile("%0 &= 0xf" : "+r"(i));
+	asm volatile("%0 &= 0xf" : "+r"(j));
+	carry(sw, g->ports[i], bytes, 0);
+	carry(sw, g->ports[j], bytes, 1);
+	if (g->next[i].link_port)
+		carry(g->next[i].link_sw, g->next[i].link_port, bytes, 0);
+	if (g->next[j].link_port)
+		carry(g->next[j].link_sw, g->next[j].link_port, bytes, 1);
+}
+
+/* Reactive rebalancing: a flowlet held at least a gap since its port was chosen moves, now,
+ * at a chance per packet, to the port (path) busy least of late when, carrying it, that one
+ * would be lighter than the flow's own by the quality delta -- or no heavier, while an
+ * acknowledgement echoed congestion within the last gap. Its port, or 0: stay. */
+static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
+					struct flowlet *f, __u32 i, __u64 *echo, __u32 *to)
+{
+	struct lightest c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = f->port };
+	struct port_id id = { sw, f->port };
+	struct port_load *l;
+	__u64 cur, mine, delta;
+
+	if (now - f->decided_ns < g->gap_ns || i >= MAX_BUCKETS)
+		return 0;
+	if (!g->rb_chance || bpf_get_prandom_u32() >= g->rb_chance)
+		return 0;
+	l = bpf_map_lookup_elem(&sw_load, &id);
+	if (!l || !l->rate_bytes_s)
+		return 0;
+	mine = f->recent * NS_PER_S / l->rate_bytes_s;
+	delta = RECENT_BYTES * NS_PER_S / l->rate_bytes_s * g->rb_delta_pct / 100;
+	cur = bucket_busy(g, sw, i, now);
+	bpf_loop(MAX_BUCKETS, busy_scan, &c, 0);
+	if (!c.port)
+		return 0;
+	*to = c.bucket;
+	if (c.best + mine + delta <= cur)
+		return c.port;
+	if (echo && *echo > f->decided_ns + g->gap_ns && *echo + g->gap_ns > now &&
+	    c.best + mine <= cur + delta)
+		return c.port;
+	return 0;
+}
+
 static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, __u32 h,
-					  __u32 h0, __u64 now)
+					  __u32 h0, __u64 now, __u32 len)
 {
 	struct flowlet_key key = { sw, gid, h };
 	struct flowlet *f = bpf_map_lookup_elem(&sw_flowlets, &key), fresh = {};
 	struct echo_key ek = { sw, h0 };
-	__u32 i, avoid = 0, best = 0;
+	__u32 i, avoid = 0, best = 0, to = 0;
 	__u64 *echo;
 
 	if (g->selection & SEL_NEXT)
@@ -448,11 +605,18 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 				break;
 			if (g->ports[i] != f->port)
 				continue;
-			if (now - f->last_ns < g->gap_ns) {
+			echo = bpf_map_lookup_elem(&sw_echoes, &ek);
+			if (now - f->last_ns < g->gap_ns && f->data) {
+				flow_recent(f, sw, now, len);
 				f->last_ns = now;
+				best = rebalanced(g, sw, now, f, i, echo, &to);
+				if (best) {
+					carry_flow(g, sw, i, to, f->recent);
+					f->port = best;
+					f->decided_ns = now;
+				}
 				return f->port;
 			}
-			echo = bpf_map_lookup_elem(&sw_echoes, &ek);
 			if (echo && *echo > f->decided_ns + ECHO_HOLD_GAPS * g->gap_ns)
 				avoid = f->port;
 			break;
@@ -460,6 +624,8 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 	}
 	fresh.port = best && !avoid ? best : least_loaded(g, sw, gid, h, now, avoid, 0);
 	fresh.last_ns = fresh.decided_ns = now;
+	fresh.recent = len;
+	fresh.data = len > HEADERS_ONLY;
 	if (fresh.port)
 		bpf_map_update_elem(&sw_flowlets, &key, &fresh, BPF_ANY);
 	return fresh.port;
@@ -468,7 +634,7 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 /* A switch-local selection's port for a packet of flow hash h (0: none live). A function
  * of its own, verified on its own: inlined, its loops multiplied the flow table's states
  * past the verifier's limit. */
-__noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h, __u32 h0)
+__noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h, __u32 h0, __u32 len)
 {
 	struct group_id id = { sw, gid };
 	struct group *g = bpf_map_lookup_elem(&sw_groups, &id);
@@ -477,7 +643,7 @@ __noinline __u32 local_port(__u32 sw, __u32 gid, __u32 h, __u32 h0)
 	if (!g)
 		return 0;
 	return (g->selection & SEL_KIND) == SEL_FLOWLET ?
-		flowlet_port(g, sw, gid, h, h0, now) :
+		flowlet_port(g, sw, gid, h, h0, now, len) :
 		least_loaded(g, sw, gid, h, now, 0, g->selection & SEL_NEXT);
 }
 
@@ -495,7 +661,7 @@ static __always_inline int apply_group(struct __sk_buff *skb, __u32 sw, __u32 gi
 						     pkt->sport, pkt->dport),
 				  (g->selection & SEL_KIND) == SEL_FLOWLET ?
 				  flow_hash(0, pkt->src, pkt->dst, pkt->proto, pkt->sport,
-					    pkt->dport) : 0);
+					    pkt->dport) : 0, skb->len);
 		return port ? output(skb, sw, port) : dead_drop(sw, g->ports[0]);
 	}
 	if (g->kind == G_FF) {
