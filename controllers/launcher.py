@@ -52,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="local_adaptive: what a switch weighs (its ports, the next switch)")
     parser.add_argument("--rebalance", type=_percentages,
                         default=",".join(map(str, defaults.rebalance)),
-                        help="local_adaptive flowlets' reactive rebalancing: the quality "
-                             "delta and the chance per packet, percent (0,0: off)")
+                        help="flowlets' rebalancing: quality delta,chance %% (0,0: off)")
     parser.add_argument("--warm-start", action="store_true",
                         help="read each switch's tables back and change only what differs "
                              "(a restart: the switches kept forwarding on what is installed)")
