@@ -401,6 +401,21 @@ static __always_inline __u64 bucket_ns(struct group *g, __u32 sw, __u32 i, __u64
 	return d;
 }
 
+/* A bucket's recent busy time: its port's, or the link's every way on takes, where longer */
+static __always_inline __u64 bucket_busy(struct group *g, __u32 sw, __u32 i, __u64 now)
+{
+	__u64 d, ahead;
+
+	asm volatile("%0 &= 0xf" : "+r"(i));
+	d = busy_ns(sw, g->ports[i], now);
+	if (g->next[i].link_port) {
+		ahead = busy_ns(g->next[i].link_sw, g->next[i].link_port, now);
+		if (ahead > d)
+			d = ahead;
+	}
+	return d;
+}
+
 static long least_scan(__u32 i, void *arg)
 {
 	struct least *c = arg;
@@ -477,21 +492,6 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 gid, 
  * flowlet may move before its gap: rebalanced(). */
 #define ECHO_HOLD_GAPS 4
 #define HEADERS_ONLY 94	/* Ethernet, IPv4 and TCP with options: no more than headers */
-/* A bucket's recent busy time: its port's, or the link's every way on takes, where longer */
-static __always_inline __u64 bucket_busy(struct group *g, __u32 sw, __u32 i, __u64 now)
-{
-	__u64 d, ahead;
-
-	asm volatile("%0 &= 0xf" : "+r"(i));
-	d = busy_ns(sw, g->ports[i], now);
-	if (g->next[i].link_port) {
-		ahead = busy_ns(g->next[i].link_sw, g->next[i].link_port, now);
-		if (ahead > d)
-			d = ahead;
-	}
-	return d;
-}
-
 struct lightest { struct group *g; __u64 now, best; __u32 sw, avoid, port, bucket; };
 
 static long busy_scan(__u32 i, void *arg)
