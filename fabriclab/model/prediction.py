@@ -27,8 +27,9 @@ WHAT = ("max-min sharing of the links by each step's connections on the paths th
         "sprayed transports evenly split, adaptive placed on the least loaded path, "
         "switch-local flowlets at each switch on the next hop it gave the fewest of the "
         "step's connections (ties drawn; the mean over the draws; weighing the next switch, "
-        "counting as well the fewest that hop gave on its way on), switch-local packets "
-        "evenly split), at the "
+        "counting as well the fewest that hop gave on its way on; rebalancing, then, as "
+        "each starts, one at a time to the path lighter by the quality delta at max-min "
+        "rates), switch-local packets evenly split), at the "
         "link rates times the payload share at the MTU; a pairwise all-to-all alone at each "
         "rank's own pace (a sender held to a 64 KiB receive window until its receiver "
         "reaches the step); elsewhere, where several shared links bound a step, TCP's uneven "
@@ -41,14 +42,16 @@ def routing_of(ctl) -> str:
     """The routing the prediction assumes: the controller's mode (switch-local adaptive
     routing's by its granularity: :data:`~traffic.predict.router.LOCAL_FLOWLET`,
     :data:`~traffic.predict.router.LOCAL_PACKET`, by flowlet weighing the next switch
-    :data:`~traffic.predict.router.LOCAL_FLOWLET_NEXT`; by packet it is modelled as an even
+    :data:`~traffic.predict.router.LOCAL_FLOWLET_NEXT`, each with ``_rebalance`` when its
+    flowlets rebalance; by packet it is modelled as an even
     split either way); an app's or a remote controller's routes are unknown: ECMP's."""
     if not ctl.own:
         return "ecmp"
     if str(ctl.routing) == "local_adaptive":
         if str(ctl.granularity) == "packet":
             return LOCAL_PACKET
-        return LOCAL_FLOWLET_NEXT if str(ctl.load) == "next_switch" else LOCAL_FLOWLET
+        mode = LOCAL_FLOWLET_NEXT if str(ctl.load) == "next_switch" else LOCAL_FLOWLET
+        return f"{mode}_rebalance" if any(getattr(ctl, "rebalance", (0, 0))) else mode
     return str(ctl.routing)
 
 

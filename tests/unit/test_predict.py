@@ -333,6 +333,36 @@ def test_switch_local_flowlets_weighing_the_next_switch_avoid_a_taken_core_downl
     assert ahead.seconds <= blind.seconds + 1e-9
 
 
+def test_rebalanced_flowlets_move_off_a_shared_link_and_leave_a_lone_flow():
+    """``local_flowlet_next_rebalance``: of two flows placed on one core's downlink, one
+    moves to the path whose busiest link, carrying it, is lighter by the quality delta; a
+    flow alone on its path stays (another path carrying it would be as busy); a shift
+    permutation and a random one come out no slower than without rebalancing."""
+    topo = fat_tree(4)
+    router = Router(topo, "local_flowlet_next_rebalance")
+    ways = {key: router.candidates(*key) for key in (("h2_1_1", "h1_1_1", 0),
+                                                     ("h3_1_1", "h1_1_2", 0))}
+    down = {i for (a, b), i in router.index.items() if a == "core1" and b == "agg1_1"}
+
+    def through(way) -> bool:
+        return bool({i for i, _ in way} & down)
+    paths = {key: next(w for w in ways[key] if through(w)) for key in ways}
+    router.rebalance(dict(zip(ways, ways)), paths, random.Random(1))
+    assert sum(through(p) for p in paths.values()) == 1, paths
+    alone = {("h2_1_1", "h1_1_1", 0): paths[("h2_1_1", "h1_1_1", 0)]}
+    before = dict(alone)
+    router.rebalance({k: k for k in alone}, alone, random.Random(2))
+    assert alone == before
+    kw = dict(draws=32, **NO_OVERHEAD, share_cv=0.0)
+    for pairs in ([(i, (i + 5) % 16) for i in range(16)],
+                  list(enumerate(random.Random(7).sample(range(16), 16)))):
+        wl = Workload((_job(topo, flows(pairs, 16, 12_500_000),
+                            [h.name for h in topo.hosts]),))
+        plain = Predictor(topo, "local_flowlet_next", **kw).workload(wl)[0]
+        moved = Predictor(topo, "local_flowlet_next_rebalance", **kw).workload(wl)[0]
+        assert moved.seconds <= plain.seconds + 1e-9, (pairs, moved.seconds, plain.seconds)
+
+
 SHIPPED = ["quickstart.yaml", "rails.yaml", "sweep-oversubscription.yaml", "routing-compare.yaml",
            "transports.yaml", "incast.yaml"]
 
@@ -481,3 +511,16 @@ def test_a_collective_behind_a_barrier_adds_its_release_spread_an_overlapped_buc
     bucket = Collective("all_reduce", tuple(hosts), ring, barrier=False)
     wl = Workload((Job(0, (bucket,), 1, 60.0),))
     assert timed.workload(wl)[0].seconds == pytest.approx(bare.workload(wl)[0].seconds)
+
+
+def test_the_prediction_assumes_the_switch_local_mode_the_controller_sets():
+    from fabriclab.model.prediction import routing_of
+    from testbed.model.spec import ControllerSpec, Granularity, Load, Routing
+
+    local = dict(routing=Routing.LOCAL_ADAPTIVE)
+    assert routing_of(ControllerSpec(**local)) == "local_flowlet"
+    assert routing_of(ControllerSpec(**local, load=Load.NEXT_SWITCH)) == "local_flowlet_next"
+    assert routing_of(ControllerSpec(**local, load=Load.NEXT_SWITCH, rebalance=(25, 25))) \
+        == "local_flowlet_next_rebalance"
+    assert routing_of(ControllerSpec(**local, rebalance=(25, 25))) == "local_flowlet_rebalance"
+    assert routing_of(ControllerSpec(**local, granularity=Granularity.PACKET)) == "local_packet"

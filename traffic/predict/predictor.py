@@ -22,7 +22,10 @@ the path the switches give it:
   connections on, ties drawn (a switch balances its own ports, blind to the links beyond;
   flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. Weighing the
   next switch (``local_flowlet_next``): the count on a next hop is the more of its link's and
-  the next hop's own least count beyond it (its path quality), recursively. By packet (``local_packet``): an even split
+  the next hop's own least count beyond it (its path quality), recursively. Rebalancing
+  (``local_flowlet_rebalance``, ``local_flowlet_next_rebalance``): then one connection at a
+  time moves to the path whose busiest link (or source switch's own link), carrying it,
+  holds fewer, until none does. By packet (``local_packet``): an even split
   at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);
@@ -50,7 +53,11 @@ from testbed.model.topology import Topology
 from traffic.predict.flowsim import finish_times
 from traffic.predict.pathdraws import BoundDraws, step_bound
 from traffic.predict.progress import completion, own_connections
-from traffic.predict.router import FLOWLETS, Router, sprayed
+from traffic.predict.router import FLOWLETS, REBALANCED, Router, sprayed
+
+#: a step of at most this many new connections is rebalanced as each starts (each pass sees
+#: those started before it); a larger one once, all started
+INCREMENTAL_STEP = 64
 from traffic.predict.shares import Shares
 from traffic.workloads.schedules import chunk_sizes
 from traffic.workloads.workload import Collective, Job, Workload
@@ -279,8 +286,18 @@ class Predictor:
                 for link, _w in paths.get((j.index, s, d, ch), ()):
                     placed[link] = placed.get(link, 0) + 1
             rng.shuffle(new)
+        rebalancing = router.routing in REBALANCED
+        fixed = tuple(paths[(j.index, s, d, ch)] for j, s, d, ch, _n in conns
+                      if (j.index, s, d, ch) in paths) if rebalancing else ()
+        moving: dict[tuple, tuple[str, str, int]] = {}
         for key, (j, s, d, ch) in new:
             paths[key] = router.path(s, d, ch, rng, sprayed(j), placed)
+            if rebalancing and not sprayed(j):
+                moving[key] = (s, d, ch)
+                if len(new) <= INCREMENTAL_STEP:  # moves as they start, one after another
+                    router.rebalance(moving, paths, rng, fixed, placed)
+        if rebalancing and len(new) > INCREMENTAL_STEP:
+            router.rebalance(moving, paths, rng, fixed, placed)
 
     def _paced(self, job: Job, k: int) -> bool:
         """Whether collective ``k`` of ``job`` runs at its ranks' own pace when alone

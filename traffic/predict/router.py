@@ -12,9 +12,12 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
+import numpy as np
+
 from testbed.model.routes import distances_to, dmodk_port, host_numbers, next_hops
 from testbed.model.topology import Topology
 from testbed.plan.groups import flow_hash, hash_basis, select_bucket
+from traffic.predict.flowsim import maxmin_rates
 from traffic.predict.ideal import FluidModel
 from traffic.workloads.workload import Job
 
@@ -23,7 +26,16 @@ Link = tuple[str, str]  # a directed link: (from node, to node)
 #: granularity; by flowlet weighing the next switch (``load: next_switch``)
 LOCAL_FLOWLET, LOCAL_PACKET = "local_flowlet", "local_packet"
 LOCAL_FLOWLET_NEXT = "local_flowlet_next"
-FLOWLETS = (LOCAL_FLOWLET, LOCAL_FLOWLET_NEXT)
+#: flowlets with reactive rebalancing (``rebalance``), weighing their own ports or the path
+LOCAL_FLOWLET_REBALANCE = "local_flowlet_rebalance"
+LOCAL_FLOWLET_NEXT_REBALANCE = "local_flowlet_next_rebalance"
+REBALANCED = (LOCAL_FLOWLET_REBALANCE, LOCAL_FLOWLET_NEXT_REBALANCE)
+WEIGHS_NEXT = (LOCAL_FLOWLET_NEXT, LOCAL_FLOWLET_NEXT_REBALANCE)
+FLOWLETS = (LOCAL_FLOWLET, LOCAL_FLOWLET_NEXT) + REBALANCED
+#: rounds of rebalancing moves over a step's connections at most (a local optimum comes first)
+REBALANCE_ROUNDS = 8
+#: rebalancing's quality delta as a share of the line (``rebalance: true``'s 25 %)
+REBALANCE_DELTA = 0.25
 
 
 class Router:
@@ -43,6 +55,10 @@ class Router:
             self.index[link] = len(self.capacity)
             self.capacity.append(mbps * 1e6 / 8 * goodput)
         self.names = {i: f"{a}->{b}" for (a, b), i in self.index.items()}
+        switches = {sw.name for sw in topo.switches}
+        #: the links between switches, by index: each its source switch's choice
+        self.fabric = {i: a for (a, b), i in self.index.items()
+                       if a in switches and b in switches}
         self.hops = lru_cache(maxsize=None)(self._next)  # (node, target) -> next switches
 
     def _next(self, node: str, target: str) -> tuple[str, ...]:
@@ -105,7 +121,7 @@ class Router:
         path quality of ``nxt`` towards ``target``: the fewest it counts on any of its own next
         hops, recursively (:mod:`testbed.plan.lookahead`)."""
         here = placed.get(self.index[(node, nxt)], 0)
-        if self.routing != LOCAL_FLOWLET_NEXT or nxt == target:
+        if self.routing not in WEIGHS_NEXT or nxt == target:
             return here
         return max(here, min(self._placed(placed, nxt, m, target)
                              for m in self.hops(nxt, target)))
@@ -166,6 +182,67 @@ class Router:
         ends = [(s, a), (b, d)]
         return [tuple(sorted((self.index[link], 1.0) for link in
                              ends + list(zip(walk, walk[1:])))) for walk in done]
+
+
+    def rebalance(self, conns: dict[tuple, tuple[str, str, int]], paths: dict,
+                  rng: random.Random, others: tuple = (),
+                  placed: dict[int, int] | None = None) -> None:
+        """Reactive rebalancing's moves after a step's placement (``conns``: key -> (source,
+        destination, channel) of the connections that may move; ``paths``: their links,
+        updated; ``others``: the links of the step's connections that do not move;
+        ``placed``: link -> connections on it, updated as they move): at the
+        max-min fair rates of the paths as they are, one connection at a time, in a random
+        order, moves to the path whose busiest link (its share of the line), carrying it,
+        would be lighter than its own path's busiest by :data:`REBALANCE_DELTA` -- over its
+        links between switches weighing the next switch, else over its source switch's own
+        link (what that switch sees) -- the rates worked out again after each move, until
+        none moves (a local optimum: a swap of two connections is no single move)."""
+        keys = [k for k in conns if len(self.candidates(*conns[k])) > 1]
+        for _round in range(REBALANCE_ROUNDS):
+            rng.shuffle(keys)
+            moved = False
+            for key in keys:
+                rate, load = self._rates(keys, paths, others)
+                src, dst, channel = conns[key]
+                a = self.ends(src, dst, channel)[2]
+                mine = {link for link, _w in paths[key]}
+                cur = max((load[link] / self.capacity[link] for link in self._seen(mine, a)),
+                          default=0.0)
+                best, ways = cur - REBALANCE_DELTA, []
+                for way in self.candidates(src, dst, channel):
+                    links = {link for link, _w in way}
+                    other = max(((load[link] + rate[key] * (link not in mine))
+                                 / self.capacity[link] for link in self._seen(links, a)),
+                                default=0.0)
+                    if other < best - 1e-9:
+                        best, ways = other, [way]
+                    elif abs(other - best) <= 1e-9 and ways:
+                        ways.append(way)
+                if ways:
+                    way = rng.choice(ways)
+                    for link, sign in [(l, -1) for l in mine] + [(l, 1) for l, _w in way]:
+                        if placed is not None and link in self.fabric:
+                            placed[link] = placed.get(link, 0) + sign
+                    paths[key] = way
+                    moved = True
+            if not moved:
+                return
+
+    def _rates(self, keys: list, paths: dict, others: tuple) -> tuple[dict, np.ndarray]:
+        """The connections' max-min fair rates on their paths, and each link's load."""
+        rows = [paths[k] for k in keys] + list(others)
+        weights = np.zeros((len(rows), len(self.capacity)))
+        for i, row in enumerate(rows):
+            for link, w in row:
+                weights[i, link] = w
+        rates = maxmin_rates(weights, np.ones(len(rows)), np.asarray(self.capacity))
+        return dict(zip(keys, rates)), (weights * rates[:, None]).sum(axis=0)
+
+    def _seen(self, links: set[int], source: str) -> list[int]:
+        """The links of a path a rebalancing choice weighs: its links between switches
+        (weighing the next switch), or the source switch's own."""
+        return [link for link in links if link in self.fabric
+                and (self.routing in WEIGHS_NEXT or self.fabric[link] == source)]
 
 
 def sprayed(job: Job) -> bool:
