@@ -25,7 +25,9 @@ cost per packet-hop (``hash``: the 5-tuple's hash; ``flowlet``: the flowlet tabl
 gap, the least-loaded port; ``packet``: the least-loaded port for every packet;
 ``flowlet_next``, ``packet_next``: the same, each bucket weighing the next switch's group's
 path quality and its port towards b as well, two more reads per bucket and the group's own
-quality published per packet).
+quality published per packet; ``flowlet+rebalance``, ``flowlet_next+rebalance``: the
+flowlets' reactive rebalancing as ``rebalance: true`` sets it, weighed at a quarter of the
+packets past the hold: each bucket's rate estimate read, and the link's beyond it).
 
 Usage: bench/datapath.py [--hops 3] [--duration 5] [--udp-bytes 8900] [--mtu 9000]
                          [--datapaths ebpf,ovs,ovs-kernel] [--rate-mbps R] [--queue-kb 256]
@@ -109,6 +111,9 @@ def shape(tag: str, hops: int, mtu: int, rate_mbps: float, queue_kb: int) -> Non
 #: --selections: the group's buckets towards b, and a flowlet gap (us)
 GROUP_BUCKETS = 4
 FLOWLET_GAP_US = 100
+#: ``+rebalance``: the flowlets' reactive rebalancing as ``rebalance: true`` sets it (a quality
+#: delta and a chance per packet past the hold of 25 % each)
+REBALANCE = (25, 25)
 
 
 def ebpf_chain(tag: str, hops: int, state: Path, selection: str | None = None):
@@ -121,11 +126,12 @@ def ebpf_chain(tag: str, hops: int, state: Path, selection: str | None = None):
             switches.add_port(nl, i, 2, port2, PORT_RATE_BYTES_S)
             to_b = route(B, 2)
             if selection is not None:
+                method, _, extra = selection.partition("+")
                 ahead = [(i + 1, 1, i + 1, 2)] * GROUP_BUCKETS if (
-                    selection.endswith("_next") and i < hops) else None
+                    method.endswith("_next") and i < hops) else None
                 switches.set_group(i, 1, "select", [2] * GROUP_BUCKETS, basis=i,
-                                   selection=selection, gap_us=FLOWLET_GAP_US,
-                                   beyond=ahead)
+                                   selection=method, gap_us=FLOWLET_GAP_US,
+                                   beyond=ahead, rebalance=REBALANCE if extra else (0, 0))
                 to_b = FlowEntry(200, to_b.match, (("group", 1),))
             switches.set_table(i, tss.compile_table([route(A, 1), to_b]))
     return switches
@@ -271,14 +277,16 @@ def main() -> int:
     parser.add_argument("--queue-kb", type=int, default=256)
     parser.add_argument("--selections", default=None,
                         help="ebpf: comma-separated group selection methods (hash, flowlet, "
-                             "packet, flowlet_next, packet_next), one run each through a "
-                             "SELECT group")
+                             "packet, flowlet_next, packet_next; flowlet+rebalance, "
+                             "flowlet_next+rebalance), one run each through a SELECT group")
     parser.add_argument("--vm", action="store_true",
                         help="run inside the vm backend's full-kernel guest")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     selections = args.selections.split(",") if args.selections else [None]
-    bad = sorted(set(selections) - {None, "hash", "dp_hash", *SELECTION})
+    bad = sorted(str(s) for s in set(selections) - {None, "hash", "dp_hash", *SELECTION,
+                                                     "flowlet+rebalance",
+                                                     "flowlet_next+rebalance"})
     if bad:
         parser.error(f"--selections: unknown {', '.join(bad)} (of {', '.join(SELECTION)})")
     if args.vm:
