@@ -514,7 +514,7 @@ static long busy_scan(__u32 i, void *arg)
 }
 
 /* A flowlet's recent bytes, and a packet of len more */
-static __always_inline __u64 flow_recent(struct flowlet *f, __u32 sw, __u64 now, __u32 len)
+static __always_inline void flow_recent(struct flowlet *f, __u32 sw, __u64 now, __u32 len)
 {
 	struct port_id id = { sw, f->port };
 	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
@@ -523,10 +523,10 @@ static __always_inline __u64 flow_recent(struct flowlet *f, __u32 sw, __u64 now,
 	if (l && now > f->last_ns)
 		gone = (now - f->last_ns) * l->rate_bytes_s / NS_PER_S;
 	f->recent = faded(f->recent, gone) + len;
-	return f->recent;
 }
 
-/* Takes a flow's recent bytes off a port's estimate (off), or adds them (on) */
+/* Takes a flow's recent bytes off a port's estimate (off), or adds them (on); unlocked, a
+ * packet another CPU accounts at the same moment may be lost to the estimate (only that) */
 static __always_inline void carry(__u32 sw, __u32 port, __u64 bytes, int on)
 {
 	struct port_id id = { sw, port };
@@ -559,12 +559,12 @@ static __always_inline void carry_flow(struct group *g, __u32 sw, __u32 i, __u32
  * would be lighter than the flow's own by the quality delta -- or no heavier, while an
  * acknowledgement echoed congestion within the last gap. Its port, or 0: stay. */
 static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
-					struct flowlet *f, __u32 i, __u64 *echo, __u32 *to)
+					struct flowlet *f, __u32 i, struct echo_key *ek, __u32 *to)
 {
 	struct lightest c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = f->port };
 	struct port_id id = { sw, f->port };
 	struct port_load *l;
-	__u64 cur, mine, delta;
+	__u64 cur, mine, delta, *echo;
 
 	if (now - f->decided_ns < g->gap_ns || i >= MAX_BUCKETS)
 		return 0;
@@ -582,6 +582,7 @@ static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
 	*to = c.bucket;
 	if (c.best + mine + delta <= cur)
 		return c.port;
+	echo = bpf_map_lookup_elem(&sw_echoes, ek);
 	if (echo && *echo > f->decided_ns + g->gap_ns && *echo + g->gap_ns > now &&
 	    c.best + mine <= cur + delta)
 		return c.port;
@@ -605,11 +606,10 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 				break;
 			if (g->ports[i] != f->port)
 				continue;
-			echo = bpf_map_lookup_elem(&sw_echoes, &ek);
 			if (now - f->last_ns < g->gap_ns && f->data) {
 				flow_recent(f, sw, now, len);
 				f->last_ns = now;
-				best = rebalanced(g, sw, now, f, i, echo, &to);
+				best = rebalanced(g, sw, now, f, i, &ek, &to);
 				if (best) {
 					carry_flow(g, sw, i, to, f->recent);
 					f->port = best;
@@ -617,6 +617,7 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 				}
 				return f->port;
 			}
+			echo = bpf_map_lookup_elem(&sw_echoes, &ek);
 			if (echo && *echo > f->decided_ns + ECHO_HOLD_GAPS * g->gap_ns)
 				avoid = f->port;
 			break;
