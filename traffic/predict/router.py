@@ -197,19 +197,20 @@ class Router:
         links between switches weighing the next switch, else over its source switch's own
         link (what that switch sees) -- the rates worked out again after each move, until
         none moves (a local optimum: a swap of two connections is no single move)."""
-        keys = [k for k in conns if len(self.candidates(*conns[k])) > 1]
+        ways_of = {k: self.candidates(*conns[k]) for k in conns}
+        keys = [k for k in conns if len(ways_of[k]) > 1]
+        rate, load = self._rates(keys, paths, others)
         for _round in range(REBALANCE_ROUNDS):
             rng.shuffle(keys)
             moved = False
             for key in keys:
-                rate, load = self._rates(keys, paths, others)
                 src, dst, channel = conns[key]
                 a = self.ends(src, dst, channel)[2]
                 mine = {link for link, _w in paths[key]}
                 cur = max((load[link] / self.capacity[link] for link in self._seen(mine, a)),
                           default=0.0)
                 best, ways = cur - REBALANCE_DELTA, []
-                for way in self.candidates(src, dst, channel):
+                for way in ways_of[key]:
                     links = {link for link, _w in way}
                     other = max(((load[link] + rate[key] * (link not in mine))
                                  / self.capacity[link] for link in self._seen(links, a)),
@@ -225,6 +226,7 @@ class Router:
                             placed[link] = placed.get(link, 0) + sign
                     paths[key] = way
                     moved = True
+                    rate, load = self._rates(keys, paths, others)
             if not moved:
                 return
 
