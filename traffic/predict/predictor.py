@@ -23,9 +23,9 @@ the path the switches give it:
   flowlets a flow keeps while it sends, as TCP does); the mean over ``draws``. Weighing the
   next switch (``local_flowlet_next``): the count on a next hop is the more of its link's and
   the next hop's own least count beyond it (its path quality), recursively. Rebalancing
-  (``local_flowlet_rebalance``, ``local_flowlet_next_rebalance``): then one connection at a
-  time moves to the path whose busiest link (or source switch's own link), carrying it,
-  holds fewer, until none does. By packet (``local_packet``): an even split
+  (``local_flowlet_rebalance``, ``local_flowlet_next_rebalance``): as each starts, one
+  connection at a time moves to the path whose busiest link (or source switch's own link),
+  carrying it, is lighter by the quality delta at max-min fair rates, until none does. By packet (``local_packet``): an even split
   at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);
@@ -54,13 +54,13 @@ from traffic.predict.flowsim import finish_times
 from traffic.predict.pathdraws import BoundDraws, step_bound
 from traffic.predict.progress import completion, own_connections
 from traffic.predict.router import FLOWLETS, REBALANCED, Router, sprayed
+from traffic.predict.shares import Shares
+from traffic.workloads.schedules import chunk_sizes
+from traffic.workloads.workload import Collective, Job, Workload
 
 #: a step of at most this many new connections is rebalanced as each starts (each pass sees
 #: those started before it); a larger one once, all started
 INCREMENTAL_STEP = 64
-from traffic.predict.shares import Shares
-from traffic.workloads.schedules import chunk_sizes
-from traffic.workloads.workload import Collective, Job, Workload
 
 DEFAULT_DRAWS = 16
 #: what a step costs beyond its bytes, per connection to a peer: the agents hand the next

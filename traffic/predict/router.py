@@ -183,7 +183,6 @@ class Router:
         return [tuple(sorted((self.index[link], 1.0) for link in
                              ends + list(zip(walk, walk[1:])))) for walk in done]
 
-
     def rebalance(self, conns: dict[tuple, tuple[str, str, int]], paths: dict,
                   rng: random.Random, others: tuple = (),
                   placed: dict[int, int] | None = None) -> None:
@@ -199,7 +198,8 @@ class Router:
         none moves (a local optimum: a swap of two connections is no single move)."""
         ways_of = {k: self.candidates(*conns[k]) for k in conns}
         keys = [k for k in conns if len(ways_of[k]) > 1]
-        rate, load = self._rates(keys, paths, others)
+        every = list(conns)  # those with one way load their links too
+        rate, load = self._rates(every, paths, others)
         for _round in range(REBALANCE_ROUNDS):
             rng.shuffle(keys)
             moved = False
@@ -226,7 +226,7 @@ class Router:
                             placed[link] = placed.get(link, 0) + sign
                     paths[key] = way
                     moved = True
-                    rate, load = self._rates(keys, paths, others)
+                    rate, load = self._rates(every, paths, others)
             if not moved:
                 return
 
