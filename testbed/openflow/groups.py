@@ -60,37 +60,37 @@ def read_buckets(raw: bytes, offset: int, end: int) -> list[Bucket]:
 METHODS = ("hash", "dp_hash", "flowlet", "packet", "flowlet_next", "packet_next")
 
 
-def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str, int]:
-    """The group properties from ``offset`` to ``end``: the selection method's (basis, method,
-    flowlet gap in us); (0, "hash", 0) when there is none."""
-    basis, selection, gap_us = 0, "hash", 0
+def _experimenter_props(raw: bytes, offset: int, end: int, size: int):
+    """The experimenter group properties of at least ``size`` bytes from ``offset`` to
+    ``end``: (experimenter, exp_type, offset of the property) each."""
     while offset + 8 <= end:
         ptype, plen = struct.unpack_from("!HH", raw, offset)
         if plen < 8:
             break
-        if ptype == 0xFFFF and plen >= 40 and offset + 40 <= end:
-            experimenter, exp_type = struct.unpack_from("!II", raw, offset + 4)
-            if (experimenter, exp_type) == (NTR_EXPERIMENTER, NTRT_SELECTION_METHOD):
-                selection = raw[offset + 16:offset + 32].rstrip(b"\0").decode(errors="replace")
-                param = struct.unpack_from("!Q", raw, offset + 32)[0]
-                basis = param & 0xFFFFFFFF
-                gap_us = param >> 32 if selection.startswith("flowlet") else 0
+        if ptype == 0xFFFF and plen >= size and offset + size <= end:
+            yield (*struct.unpack_from("!II", raw, offset + 4), offset)
         offset += (plen + 7) // 8 * 8
+
+
+def read_selection(raw: bytes, offset: int, end: int) -> tuple[int, str, int]:
+    """The group properties from ``offset`` to ``end``: the selection method's (basis, method,
+    flowlet gap in us); (0, "hash", 0) when there is none."""
+    basis, selection, gap_us = 0, "hash", 0
+    for experimenter, exp_type, at in _experimenter_props(raw, offset, end, 40):
+        if (experimenter, exp_type) == (NTR_EXPERIMENTER, NTRT_SELECTION_METHOD):
+            selection = raw[at + 16:at + 32].rstrip(b"\0").decode(errors="replace")
+            param = struct.unpack_from("!Q", raw, at + 32)[0]
+            basis = param & 0xFFFFFFFF
+            gap_us = param >> 32 if selection.startswith("flowlet") else 0
     return basis, selection, gap_us
 
 
 def read_rebalance(raw: bytes, offset: int, end: int) -> tuple[int, int]:
     """The group properties from ``offset`` to ``end``: fabriclab's rebalancing property's
     (quality delta, chance), percent; (0, 0) when there is none."""
-    while offset + 8 <= end:
-        ptype, plen = struct.unpack_from("!HH", raw, offset)
-        if plen < 8:
-            break
-        if ptype == 0xFFFF and plen >= 16 and offset + 16 <= end:
-            experimenter, exp_type, delta, chance = struct.unpack_from("!IIBB", raw, offset + 4)
-            if (experimenter, exp_type) == (FABRICLAB_EXPERIMENTER, FLT_REBALANCE):
-                return delta, chance
-        offset += (plen + 7) // 8 * 8
+    for experimenter, exp_type, at in _experimenter_props(raw, offset, end, 16):
+        if (experimenter, exp_type) == (FABRICLAB_EXPERIMENTER, FLT_REBALANCE):
+            return struct.unpack_from("!BB", raw, at + 12)
     return 0, 0
 
 
@@ -146,7 +146,8 @@ def describe(group: GroupEntry) -> str:
         if group.selection.startswith("flowlet"):
             head += f",flowlet_gap_us={group.gap_us}"
         if any(group.rebalance):
-            head += f",rebalance_delta={group.rebalance[0]}%,rebalance_chance={group.rebalance[1]}%"
+            delta, chance = group.rebalance
+            head += f",rebalance_delta={delta}%,rebalance_chance={chance}%"
     weights = group.weights or (None,) * len(group.ports)
     return head + "".join(
         f",bucket=bucket_id:{i},{'' if w is None else f'weight:{w},'}watch_port:{p},"
