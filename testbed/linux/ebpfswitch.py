@@ -14,6 +14,7 @@ from testbed.errors import TestbedError
 from testbed.linux import bpf
 from testbed.linux.netlink import Netlink
 from testbed.linux.rawnl import LinkDump
+from testbed.plan.localroute import chance_of
 from testbed.plan.tss import MAX_SUBTABLES, Subtable
 
 PROGRAM = "switch"
@@ -28,12 +29,6 @@ SELECTION = {"hash": 0, "dp_hash": 0, "flowlet": 1, "packet": 2, "flowlet_next":
              "packet_next": 6}
 PUNT_ALL = 0xFFFF  # the whole packet to the controller (OFPCML_NO_BUFFER)
 PUNT_RING_BYTES = 1 << 22  # progs/switch.c PUNT_RING
-
-
-def chance_of(pct: int) -> int:
-    """A chance in percent as the datapath draws it: of 2^32 (100 %: every draw but one in
-    2^32, the largest that fits)."""
-    return min(int(pct) * (1 << 32) // 100, (1 << 32) - 1)
 
 
 class PortId(ctypes.Structure):

@@ -164,22 +164,95 @@ def rebalanced(cur_ns: int, mine_ns: int, best_ns: int, delta_ns: int,
     return echoed and best_ns + mine_ns <= cur_ns + delta_ns
 
 
+def chance_of(pct: int) -> int:
+    """A chance in percent as the datapath draws it: of 2^32 (100 %: every draw but one in
+    2^32, the largest that fits)."""
+    return min(int(pct) * (1 << 32) // 100, (1 << 32) - 1)
+
+
+def flow_recent(flowlet: Flowlet, now_ns: int, nbytes: int, rate_bytes_s: int) -> None:
+    """A flowlet's rate estimate at a packet of ``nbytes`` more: faded by its port's line
+    time since its last packet (``rate_bytes_s``: its port's rate)."""
+    gone = (now_ns - flowlet.last_ns) * rate_bytes_s // NS_PER_S \
+        if now_ns > flowlet.last_ns else 0
+    flowlet.recent = faded(flowlet.recent, gone) + nbytes
+
+
+@dataclass
+class Rebalancing:
+    """A group's reactive rebalancing as the datapath runs it: the test
+    (:func:`rebalanced`) on the group's ports' rate estimates, and the flow's bytes carried
+    when it moves. ``loads``: each port's :class:`PortLoad`; ``beyond``: per port, the load
+    of the link every way on from the next switch takes (``load: next_switch``), whose
+    estimate a path's is where it is the longer; ``draw``: the datapath's random draw, a
+    32-bit number, against :func:`chance_of` the chance."""
+
+    delta_pct: int
+    chance_pct: int
+    loads: dict[int, PortLoad]
+    beyond: dict[int, PortLoad]
+    draw: Callable[[], int]
+
+    def busy_ns(self, port: int, now_ns: int) -> int:
+        """A path's estimate: its port's, or the link's beyond it where longer."""
+        own = self.loads[port].busy_ns(now_ns)
+        ahead = self.beyond.get(port)
+        return own if ahead is None else max(own, ahead.busy_ns(now_ns))
+
+    def carry(self, port: int, to: int, nbytes: int) -> None:
+        """A flow's recent bytes off ``port``'s estimates (and its link beyond) onto ``to``'s
+        (the raw estimates, as the datapath updates them between packets)."""
+        for gone in filter(None, (self.loads[port], self.beyond.get(port))):
+            gone.recent = gone.recent - nbytes if gone.recent > nbytes else 0
+        for came in filter(None, (self.loads[to], self.beyond.get(to))):
+            came.recent += nbytes
+
+    def moved(self, seen: Flowlet, ports: Sequence[int], live: Callable[[int], bool],
+              now_ns: int, gap_ns: int, echoed_ns: int | None) -> int | None:
+        """Where a flowlet held a gap moves now (its bytes carried), None: it stays. Drawn
+        at the group's chance; the path busy least of late among the other live ports (the
+        first of them where several are); echoes count within the last gap and later than a
+        gap after its choice (earlier ones speak of its port before)."""
+        load = self.loads[seen.port]
+        if not self.chance_pct or self.draw() >= chance_of(self.chance_pct):
+            return None
+        if not load.rate_bytes_s:
+            return None
+        window = RECENT_BYTES * NS_PER_S // load.rate_bytes_s
+        others = [p for p in ports if p != seen.port and live(p)]
+        if not others:
+            return None
+        best = min(others, key=lambda p: self.busy_ns(p, now_ns))
+        echoed = echoed_ns is not None and echoed_ns > seen.decided_ns + gap_ns \
+            and echoed_ns + gap_ns > now_ns
+        if not rebalanced(self.busy_ns(seen.port, now_ns),
+                          seen.recent * NS_PER_S // load.rate_bytes_s,
+                          self.busy_ns(best, now_ns), window * self.delta_pct // 100, echoed):
+            return None
+        self.carry(seen.port, best, seen.recent)
+        return best
+
+
 def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Sequence[int],
                  live: Callable[[int], bool], delay: Callable[[int], int],
                  h: int, echoed_ns: int | None = None, nbytes: int = 1500,
-                 rebalance: Callable[[Flowlet], int | None] | None = None) -> int | None:
+                 rebalance: Rebalancing | None = None) -> int | None:
     """A flowlet's port (``flowlets``: the datapath's table, (switch, group, hash) ->
     :class:`Flowlet`, updated as the datapath updates it; ``echoed_ns``: when the switch last
     saw an acknowledgement of the flow echo congestion, None: never; ``nbytes``: the packet's
     length). A flow that has sent headers alone (its handshake) is placed anew at each packet.
-    ``rebalance``: where a flowlet held at least a gap moves now (its group's reactive
-    rebalancing, :func:`rebalanced` at the group's chance), None: it stays."""
+    ``rebalance``: the group's reactive rebalancing (None: none), which a flowlet held at
+    least a gap since its port was chosen weighs at each packet within the gap, its rate
+    estimate counting the packet."""
     seen = flowlets.get(key)
     avoid = None
     if seen is not None and live(seen.port) and seen.port in ports:
         if now_ns - seen.last_ns < gap_ns and seen.data:
+            if rebalance is not None:
+                flow_recent(seen, now_ns, nbytes, rebalance.loads[seen.port].rate_bytes_s)
             seen.last_ns = now_ns
-            to = rebalance(seen) if rebalance and now_ns - seen.decided_ns >= gap_ns else None
+            to = rebalance.moved(seen, ports, live, now_ns, gap_ns, echoed_ns) \
+                if rebalance is not None and now_ns - seen.decided_ns >= gap_ns else None
             if to is not None:
                 seen.port, seen.decided_ns = to, now_ns
             return seen.port

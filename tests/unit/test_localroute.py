@@ -10,7 +10,10 @@ from testbed.plan.localroute import (
     U64,
     Flowlet,
     PortLoad,
+    Rebalancing,
+    chance_of,
     faded,
+    flow_recent,
     flowlet_port,
     least_loaded,
     rebalanced,
@@ -139,7 +142,7 @@ def test_a_flowlet_is_placed_anew_until_it_carries_data_and_rebalances_after_a_h
     flowlets, gap = {}, 1_000_000
     loads = {1: 0, 2: 5}
 
-    def port(now: int, nbytes: int, rebalance=None) -> int | None:
+    def port(now: int, nbytes: int, rebalance: Rebalancing | None = None) -> int | None:
         return flowlet_port(flowlets, ("sw", 1, 7), now, gap, [1, 2], lambda p: True,
                             lambda p: loads[p], h=0, nbytes=nbytes, rebalance=rebalance)
 
@@ -149,12 +152,58 @@ def test_a_flowlet_is_placed_anew_until_it_carries_data_and_rebalances_after_a_h
     assert port(200, 9000) == 2 and flowlets[("sw", 1, 7)].data  # its first data: kept now
     loads.update({1: 0, 2: 5})
     assert port(300, 9000) == 2  # within the gap, data carried: kept
-    moves = []
-
-    def move(seen: Flowlet) -> int:
-        moves.append(seen.port)
-        return 1
-    assert port(400_000, 9000, move) == 2 and not moves  # held: a gap since its choice
-    assert port(1_200_000, 9000, move) == 1 and moves == [2]  # past the hold: moved
+    # the path it is on full of late, the other idle: it moves once held a gap
+    rebalance = Rebalancing(25, 100, {1: PortLoad(RATE), 2: PortLoad(RATE)}, {}, lambda: 0)
+    rebalance.loads[2].recent = RECENT_BYTES
+    rebalance.loads[2].last_ns = rebalance.loads[1].last_ns = 400_000
+    assert port(400_000, 9000, rebalance) == 2  # held: a gap since its choice
+    assert port(1_200_000, 9000, rebalance) == 1  # past the hold: moved
     assert flowlets[("sw", 1, 7)].decided_ns == 1_200_000  # and held again from there
-    assert port(1_300_000, 9000, move) == 1 and moves == [2]
+    assert port(1_300_000, 9000, rebalance) == 1
+
+
+def test_a_rebalancing_flow_takes_its_bytes_along_and_leaves_its_partner_alone():
+    """Two flows share port 1 at half the line each (the port full), port 2 idle: the first
+    weighed moves, its own estimate going with it; the second then sees its path its own and
+    stays. Drawn above the chance, nothing moves."""
+    gap, now = 1_000_000, 5_000_000
+    loads = {1: PortLoad(RATE, last_ns=now), 2: PortLoad(RATE, last_ns=now)}
+    loads[1].recent = RECENT_BYTES
+    flowlets = {("sw", 1, h): Flowlet(1, now - 1_000, 0, RECENT_BYTES // 2) for h in (7, 8)}
+    draws = [chance_of(25), chance_of(25) - 1, chance_of(25) - 1]
+    rebalance = Rebalancing(25, 25, loads, {}, draws.pop)
+
+    def port(h: int) -> int | None:
+        return flowlet_port(flowlets, ("sw", 1, h), now, gap, [1, 2], lambda p: True,
+                            lambda p: 0, h=h, nbytes=1500, rebalance=rebalance)
+
+    assert port(8) == 2 and flowlets[("sw", 1, 8)].recent > RECENT_BYTES // 2
+    carried = flowlets[("sw", 1, 8)].recent
+    assert loads[2].recent == carried and loads[1].recent == RECENT_BYTES - carried
+    assert port(7) == 1  # alone on port 1 now: another path carrying it is as busy
+    assert port(7) == 1 and not draws  # drawn at the chance's edge: not weighed
+
+
+def test_a_path_weighs_the_link_beyond_its_port_and_carries_a_flow_onto_it():
+    """Weighing the next switch, a path's estimate is the longer of its port's and the link
+    every way on takes: an idle port before a full link is no way out."""
+    now = 5_000_000
+    loads = {p: PortLoad(RATE, last_ns=now) for p in (1, 2, 3)}
+    beyond = {1: PortLoad(RATE, last_ns=now), 2: PortLoad(RATE, last_ns=now)}
+    loads[1].recent, beyond[1].recent = RECENT_BYTES, RECENT_BYTES // 2
+    beyond[2].recent = RECENT_BYTES
+    rebalance = Rebalancing(25, 100, loads, beyond, lambda: 0)
+    assert rebalance.busy_ns(2, now) == RECENT_BYTES * NS_PER_S // RATE
+    seen = Flowlet(1, now, 0, RECENT_BYTES // 2)
+    assert rebalance.moved(seen, [1, 2, 3], lambda p: True, now, 1_000, None) == 3
+    assert beyond[1].recent == 0 and loads[3].recent == RECENT_BYTES // 2
+    seen = Flowlet(1, now, 0, RECENT_BYTES // 2)  # the third port down: nowhere to go
+    assert rebalance.moved(seen, [1, 2, 3], lambda p: p != 3, now, 1_000, None) is None
+
+
+def test_a_flowlets_rate_estimate_fades_with_its_ports_line_time():
+    seen = Flowlet(1, last_ns=0, recent=RECENT_BYTES)
+    flow_recent(seen, RECENT_BYTES // 2 * NS_PER_S // RATE, 100, RATE)
+    assert seen.recent == RECENT_BYTES // 2 + 100
+    flow_recent(seen, 10 * NS_PER_S, 100, RATE)  # long idle: its own packet only
+    assert seen.recent == 100
