@@ -102,7 +102,8 @@ class PortLoad(ctypes.Structure):
     _fields_ = [("lock", ctypes.c_uint32), ("pad", ctypes.c_uint32),
                 ("level", ctypes.c_uint64), ("last_ns", ctypes.c_uint64),
                 ("rate_bytes_s", ctypes.c_uint64), ("sent_bytes", ctypes.c_uint64),
-                ("largest", ctypes.c_uint64), ("recent", ctypes.c_uint64)]
+                ("largest", ctypes.c_uint64), ("recent", ctypes.c_uint64),
+                ("pushed_ns", ctypes.c_uint64)]
 
 
 def flow_key(sw: int, table: int, subtable: Subtable, key: tuple) -> FlowKey:
@@ -182,12 +183,13 @@ class EbpfSwitches:
 
     def set_port_load(self, sw: int, port: int, rate_bytes_s: int, level: int = 0,
                       last_ns: int = 0, sent_bytes: int = 0, largest: int = 0,
-                      recent: int = 0) -> None:
-        """A port's load set: its rate (a degraded link's), and its queue and rate estimate
-        (a test's)."""
+                      recent: int = 0, pushed_ns: int = 0) -> None:
+        """A port's load set: its rate (a degraded link's), and its queue, rate estimate and
+        the time a rebalancing flow was last pushed onto it (a test's)."""
         self.maps["sw_load"].update(PortId(sw, port), PortLoad(
             level=int(level), last_ns=int(last_ns), rate_bytes_s=int(rate_bytes_s),
-            sent_bytes=int(sent_bytes), largest=int(largest), recent=int(recent)))
+            sent_bytes=int(sent_bytes), largest=int(largest), recent=int(recent),
+            pushed_ns=int(pushed_ns)))
 
     def sent_bytes(self, sw: int, port: int) -> int:
         """Every byte switch ``sw`` sent to its port so far (what the port was offered)."""

@@ -50,6 +50,10 @@ ECHO_HOLD_GAPS = 4
 RECENT_BYTES = 256 * 1024
 #: a packet of no more bytes carries headers only (Ethernet, IPv4, TCP with options)
 HEADERS_ONLY = 94
+#: rebalancing: a flow is held back on its path below this share of the line (percent) ...
+HELD_RATE_PCT = 60
+#: ... where its path is busy above this share (percent) of the window's time
+FULL_PCT = 80
 
 
 def faded(recent: int, gone: int) -> int:
@@ -66,6 +70,7 @@ class PortLoad:
     level: int = 0
     last_ns: int = 0
     recent: int = 0  # the bytes sent to it lately (its rate estimate)
+    pushed_ns: int = 0  # when a rebalancing flow last moved onto it beside another
 
     def drained(self, now_ns: int) -> tuple[int, int]:
         """(bytes drained since ``last_ns``, the whole microseconds of it in ns), however
@@ -181,11 +186,12 @@ def flow_recent(flowlet: Flowlet, now_ns: int, nbytes: int, rate_bytes_s: int) -
 @dataclass
 class Rebalancing:
     """A group's reactive rebalancing as the datapath runs it: the test
-    (:func:`rebalanced`) on the group's ports' rate estimates, and the flow's bytes carried
-    when it moves. ``loads``: each port's :class:`PortLoad`; ``beyond``: per port, the load
-    of the link every way on from the next switch takes (``load: next_switch``), whose
-    estimate a path's is where it is the longer; ``draw``: the datapath's random draw, a
-    32-bit number, against :func:`chance_of` the chance."""
+    (:func:`rebalanced`) on the group's ports' rate estimates, the walk of collisions no such
+    move mends (:meth:`moved`), and the flow's bytes carried when it moves. ``loads``: each
+    port's :class:`PortLoad`; ``beyond``: per port, the load of the link every way on from
+    the next switch takes (``load: next_switch``), whose estimate a path's is where it is the
+    longer; ``draw``: the datapath's random draw, a 32-bit number, against
+    :func:`chance_of` the chance."""
 
     delta_pct: int
     chance_pct: int
@@ -193,44 +199,63 @@ class Rebalancing:
     beyond: dict[int, PortLoad]
     draw: Callable[[], int]
 
+    def _path(self, port: int) -> list[PortLoad]:
+        return [load for load in (self.loads[port], self.beyond.get(port)) if load is not None]
+
     def busy_ns(self, port: int, now_ns: int) -> int:
         """A path's estimate: its port's, or the link's beyond it where longer."""
-        own = self.loads[port].busy_ns(now_ns)
-        ahead = self.beyond.get(port)
-        return own if ahead is None else max(own, ahead.busy_ns(now_ns))
+        return max(load.busy_ns(now_ns) for load in self._path(port))
 
-    def carry(self, port: int, to: int, nbytes: int) -> None:
+    def pushed_ns(self, port: int) -> int:
+        """When a flow last moved onto the path beside another (0: never)."""
+        return max(load.pushed_ns for load in self._path(port))
+
+    def carry(self, port: int, to: int, nbytes: int, push_ns: int = 0) -> None:
         """A flow's recent bytes off ``port``'s estimates (and its link beyond) onto ``to``'s
-        (the raw estimates, as the datapath updates them between packets)."""
-        for gone in filter(None, (self.loads[port], self.beyond.get(port))):
+        (the raw estimates, as the datapath updates them between packets); ``push_ns``: the
+        new path marked pushed then (0: not)."""
+        for gone in self._path(port):
             gone.recent = gone.recent - nbytes if gone.recent > nbytes else 0
-        for came in filter(None, (self.loads[to], self.beyond.get(to))):
+        for came in self._path(to):
             came.recent += nbytes
+            if push_ns:
+                came.pushed_ns = push_ns
 
     def moved(self, seen: Flowlet, ports: Sequence[int], live: Callable[[int], bool],
               now_ns: int, gap_ns: int, echoed_ns: int | None) -> int | None:
-        """Where a flowlet held a gap moves now (its bytes carried), None: it stays. Drawn
-        at the group's chance; the path busy least of late among the other live ports (the
-        first of them where several are); echoes count within the last gap and later than a
-        gap after its choice (earlier ones speak of its port before)."""
-        load = self.loads[seen.port]
+        """Where a flowlet within its gap moves now (its bytes carried), None: it stays.
+        Drawn at the group's chance; held a gap from its choice unless its path was pushed
+        since (within a gap); the path busy least of late among the other live ports (the
+        first of them where several are). It moves to a path lighter by the delta, carrying
+        it; pushed, to one no busier by the delta; while its acknowledgements echo congestion
+        (within the last gap, later than a gap after its choice), to one no heavier by the
+        delta carrying it, or, held back on a full path (:data:`HELD_RATE_PCT`,
+        :data:`FULL_PCT`), at a quarter of the chance to one no busier. A move onto a path
+        carrying half a line or more marks it pushed."""
         if not self.chance_pct or self.draw() >= chance_of(self.chance_pct):
             return None
-        if not load.rate_bytes_s:
+        pushed_ns = self.pushed_ns(seen.port)
+        pushed = pushed_ns > seen.decided_ns and pushed_ns + gap_ns > now_ns
+        load = self.loads[seen.port]
+        if now_ns - seen.decided_ns < gap_ns and not pushed or not load.rate_bytes_s:
             return None
-        window = RECENT_BYTES * NS_PER_S // load.rate_bytes_s
         others = [p for p in ports if p != seen.port and live(p)]
         if not others:
             return None
-        best = min(others, key=lambda p: self.busy_ns(p, now_ns))
+        window = RECENT_BYTES * NS_PER_S // load.rate_bytes_s
+        mine, delta = seen.recent * NS_PER_S // load.rate_bytes_s, window * self.delta_pct // 100
+        cur = self.busy_ns(seen.port, now_ns)
+        to = min(others, key=lambda p: self.busy_ns(p, now_ns))
+        best = self.busy_ns(to, now_ns)
         echoed = echoed_ns is not None and echoed_ns > seen.decided_ns + gap_ns \
             and echoed_ns + gap_ns > now_ns
-        if not rebalanced(self.busy_ns(seen.port, now_ns),
-                          seen.recent * NS_PER_S // load.rate_bytes_s,
-                          self.busy_ns(best, now_ns), window * self.delta_pct // 100, echoed):
+        if not (best + mine + delta <= cur or pushed and best <= cur + delta or echoed and (
+                best + mine <= cur + delta or mine * 100 <= window * HELD_RATE_PCT
+                and cur * 100 >= window * FULL_PCT and best <= cur + delta
+                and self.draw() < chance_of(self.chance_pct) // 4)):
             return None
-        self.carry(seen.port, best, seen.recent)
-        return best
+        self.carry(seen.port, to, seen.recent, now_ns if best * 2 >= window else 0)
+        return to
 
 
 def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Sequence[int],
@@ -241,9 +266,9 @@ def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Se
     :class:`Flowlet`, updated as the datapath updates it; ``echoed_ns``: when the switch last
     saw an acknowledgement of the flow echo congestion, None: never; ``nbytes``: the packet's
     length). A flow that has sent headers alone (its handshake) is placed anew at each packet.
-    ``rebalance``: the group's reactive rebalancing (None: none), which a flowlet held at
-    least a gap since its port was chosen weighs at each packet within the gap, its rate
-    estimate counting the packet."""
+    ``rebalance``: the group's reactive rebalancing (None: none), which a flowlet weighs at
+    each packet within the gap (:meth:`Rebalancing.moved`), its rate estimate counting the
+    packet."""
     seen = flowlets.get(key)
     avoid = None
     if seen is not None and live(seen.port) and seen.port in ports:
@@ -252,7 +277,7 @@ def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Se
                 flow_recent(seen, now_ns, nbytes, rebalance.loads[seen.port].rate_bytes_s)
             seen.last_ns = now_ns
             to = rebalance.moved(seen, ports, live, now_ns, gap_ns, echoed_ns) \
-                if rebalance is not None and now_ns - seen.decided_ns >= gap_ns else None
+                if rebalance is not None else None
             if to is not None:
                 seen.port, seen.decided_ns = to, now_ns
             return seen.port

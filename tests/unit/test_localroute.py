@@ -207,3 +207,50 @@ def test_a_flowlets_rate_estimate_fades_with_its_ports_line_time():
     assert seen.recent == RECENT_BYTES // 2 + 100
     flow_recent(seen, 10 * NS_PER_S, 100, RATE)  # long idle: its own packet only
     assert seen.recent == 100
+
+
+def _walk(now: int, draws: list[int]) -> Rebalancing:
+    """Ports 1 and 2 of one switch, each carrying a flow at the full line of late."""
+    loads = {p: PortLoad(RATE, last_ns=now, recent=RECENT_BYTES) for p in (1, 2)}
+    return Rebalancing(25, 25, loads, {}, draws.pop)
+
+
+def test_a_flow_pushed_onto_its_path_moves_at_once_to_one_no_busier_and_pushes_on():
+    """A collision carried along its chain: a flow that another moved onto its path beside it
+    (pushed, after its own choice) moves within its hold to a path no busier, though another
+    flow is on that one; its move marks that path pushed. The flow that moved is not moved by
+    its own push."""
+    gap, now = 1_000_000, 5_000_000
+    rebalance = _walk(now, [0, 0])
+    rebalance.loads[1].recent += RECENT_BYTES // 2  # the pushed flow's, carried onto it
+    rebalance.loads[1].pushed_ns = now - 1_000
+    seen = Flowlet(1, now, decided_ns=now - 10_000, recent=RECENT_BYTES // 2)
+    assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, None) == 2
+    assert rebalance.loads[2].pushed_ns == now  # onto a busy path: pushed on
+    seen = Flowlet(2, now, decided_ns=now, recent=RECENT_BYTES // 2)  # pushed by itself
+    assert rebalance.moved(seen, [1, 2], lambda p: True, now + 1_000, gap, None) is None
+
+
+def test_a_held_back_flow_starts_a_walk_at_a_quarter_of_the_chance():
+    """Echoed, at half the line on a full path, the other path as busy: no move mends it;
+    the flow moves there anyway at a quarter of the chance (a second draw), pushing it; a
+    flow at its full rate does not."""
+    gap, now = 1_000_000, 5_000_000
+    echoed = now - 1_000
+    for second, moves in ((chance_of(25) // 4 - 1, 2), (chance_of(25) // 4, None)):
+        rebalance = _walk(now, [second, 0])
+        seen = Flowlet(1, now, decided_ns=now - 2 * gap, recent=RECENT_BYTES // 2)
+        assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, echoed) == moves
+        assert rebalance.loads[2].pushed_ns == (now if moves else 0)
+    rebalance = _walk(now, [0, 0])
+    seen = Flowlet(1, now, decided_ns=now - 2 * gap, recent=RECENT_BYTES)
+    assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, echoed) is None
+
+
+def test_a_plain_move_to_an_idle_path_pushes_nothing():
+    gap, now = 1_000_000, 5_000_000
+    rebalance = _walk(now, [0])
+    rebalance.loads[2].recent = 0
+    seen = Flowlet(1, now, decided_ns=now - 2 * gap, recent=RECENT_BYTES // 2)
+    assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, None) == 2
+    assert rebalance.loads[2].pushed_ns == 0

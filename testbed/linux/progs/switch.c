@@ -112,6 +112,7 @@ struct port_load {
 	__u64 sent_bytes;	/* every byte the switch sent to the port (its offered load) */
 	__u64 largest;		/* its largest packet (a host's segmentation-offload unit) */
 	__u64 recent;		/* the bytes sent to it lately (a rate estimate: RECENT_BYTES) */
+	__u64 pushed_ns;	/* when a flow last moved onto it beside another (rebalancing) */
 };
 struct flowlet_key { __u32 sw, group, hash; };
 /* data: it has carried a packet of more than headers (a handshake's carry none) */
@@ -527,64 +528,115 @@ static __always_inline void flow_recent(struct flowlet *f, __u32 sw, __u64 now, 
 
 /* Takes a flow's recent bytes off a port's estimate (off), or adds them (on); unlocked, a
  * packet another CPU accounts at the same moment may be lost to the estimate (only that) */
-static __always_inline void carry(__u32 sw, __u32 port, __u64 bytes, int on)
+static __always_inline void carry(__u32 sw, __u32 port, __u64 bytes, int on, __u64 push_ns)
 {
 	struct port_id id = { sw, port };
 	struct port_load *l = bpf_map_lookup_elem(&sw_load, &id);
 
 	if (!l)
 		return;
-	if (on)
+	if (on) {
 		__sync_fetch_and_add(&l->recent, bytes);
-	else
+		if (push_ns)
+			l->pushed_ns = push_ns;
+	} else {
 		l->recent = l->recent > bytes ? l->recent - bytes : 0;
+	}
+}
+
+/* When a flow last moved onto bucket i's path beside another (its port or the link every way
+ * on takes), 0: never */
+static __always_inline __u64 pushed_at(struct group *g, __u32 sw, __u32 i)
+{
+	struct port_id id = { sw, 0 };
+	struct port_load *l;
+	__u64 at = 0;
+
+	asm volatile("%0 &= 0xf" : "+r"(i));
+	id.port = g->ports[i];
+	l = bpf_map_lookup_elem(&sw_load, &id);
+	if (l)
+		at = l->pushed_ns;
+	if (g->next[i].link_port) {
+		id.sw = g->next[i].link_sw;
+		id.port = g->next[i].link_port;
+		l = bpf_map_lookup_elem(&sw_load, &id);
+		if (l && l->pushed_ns > at)
+			at = l->pushed_ns;
+	}
+	return at;
 }
 
 /* A flow moves from bucket i to bucket j: its recent bytes with it, on the ports and on the
  * links every way on takes (another switch weighing those reads them at once) */
-static __always_inline void carry_flow(struct group *g, __u32 sw, __u32 i, __u32 j, __u64 bytes)
+static __always_inline void carry_flow(struct group *g, __u32 sw, __u32 i, __u32 j, __u64 bytes,
+				       __u64 push_ns)
 {
 	asm volatile("%0 &= 0xf" : "+r"(i));
 	asm volatile("%0 &= 0xf" : "+r"(j));
-	carry(sw, g->ports[i], bytes, 0);
-	carry(sw, g->ports[j], bytes, 1);
+	carry(sw, g->ports[i], bytes, 0, 0);
+	carry(sw, g->ports[j], bytes, 1, push_ns);
 	if (g->next[i].link_port)
-		carry(g->next[i].link_sw, g->next[i].link_port, bytes, 0);
+		carry(g->next[i].link_sw, g->next[i].link_port, bytes, 0, 0);
 	if (g->next[j].link_port)
-		carry(g->next[j].link_sw, g->next[j].link_port, bytes, 1);
+		carry(g->next[j].link_sw, g->next[j].link_port, bytes, 1, push_ns);
 }
 
 /* Reactive rebalancing: a flowlet held at least a gap since its port was chosen moves, now,
  * at a chance per packet, to the port (path) busy least of late when, carrying it, that one
  * would be lighter than the flow's own by the quality delta -- or no heavier, while an
- * acknowledgement echoed congestion within the last gap. Its port, or 0: stay. */
+ * acknowledgement echoed congestion within the last gap. Its port, or 0: stay.
+ *
+ * Collisions that one such move cannot mend (in a fat tree: the flows' pairwise constraints,
+ * at the edge switches they leave and reach, link them in chains, and a move only shifts a
+ * collision along its chain) are walked: a flow held back on a full path (echoes, its own rate
+ * under HELD_RATE_PCT of the line, its path over FULL_PCT busy) moves, at a quarter of the
+ * chance, to a path no busier by the delta though another flow is on it; a move onto a path
+ * carrying half a line or more marks it pushed (*push), and a flow whose path was pushed after
+ * its own choice moves at once (no hold) to a path no busier. The collision goes along its
+ * chain until it meets another, where a move is a plain one to a lighter path and marks
+ * nothing. */
+#define HELD_RATE_PCT 60
+#define FULL_PCT 80
 static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
-					struct flowlet *f, __u32 i, struct echo_key *ek, __u32 *to)
+					struct flowlet *f, __u32 i, struct echo_key *ek, __u32 *to,
+					int *push)
 {
 	struct lightest c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = f->port };
 	struct port_id id = { sw, f->port };
 	struct port_load *l;
-	__u64 cur, mine, delta, *echo;
+	__u64 cur, mine, delta, window, at, *echo;
+	int pushed;
 
-	if (now - f->decided_ns < g->gap_ns || i >= MAX_BUCKETS)
+	if (i >= MAX_BUCKETS || !g->rb_chance || bpf_get_prandom_u32() >= g->rb_chance)
 		return 0;
-	if (!g->rb_chance || bpf_get_prandom_u32() >= g->rb_chance)
+	at = pushed_at(g, sw, i);
+	pushed = at > f->decided_ns && at + g->gap_ns > now;
+	if (now - f->decided_ns < g->gap_ns && !pushed)
 		return 0;
 	l = bpf_map_lookup_elem(&sw_load, &id);
 	if (!l || !l->rate_bytes_s)
 		return 0;
+	window = RECENT_BYTES * NS_PER_S / l->rate_bytes_s;
 	mine = f->recent * NS_PER_S / l->rate_bytes_s;
-	delta = RECENT_BYTES * NS_PER_S / l->rate_bytes_s * g->rb_delta_pct / 100;
+	delta = window * g->rb_delta_pct / 100;
 	cur = bucket_busy(g, sw, i, now);
 	bpf_loop(MAX_BUCKETS, busy_scan, &c, 0);
 	if (!c.port)
 		return 0;
 	*to = c.bucket;
+	*push = c.best * 2 >= window;
 	if (c.best + mine + delta <= cur)
 		return c.port;
+	if (pushed && c.best <= cur + delta)
+		return c.port;
 	echo = bpf_map_lookup_elem(&sw_echoes, ek);
-	if (echo && *echo > f->decided_ns + g->gap_ns && *echo + g->gap_ns > now &&
-	    c.best + mine <= cur + delta)
+	if (!echo || *echo <= f->decided_ns + g->gap_ns || *echo + g->gap_ns <= now)
+		return 0;
+	if (c.best + mine <= cur + delta)
+		return c.port;
+	if (mine * 100 <= window * HELD_RATE_PCT && cur * 100 >= window * FULL_PCT &&
+	    c.best <= cur + delta && bpf_get_prandom_u32() < g->rb_chance / 4)
 		return c.port;
 	return 0;
 }
@@ -596,6 +648,7 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 	struct flowlet *f = bpf_map_lookup_elem(&sw_flowlets, &key), fresh = {};
 	struct echo_key ek = { sw, h0 };
 	__u32 i, avoid = 0, best = 0, to = 0;
+	int push = 0;
 	__u64 *echo;
 
 	if (g->selection & SEL_NEXT)
@@ -609,9 +662,9 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 			if (now - f->last_ns < g->gap_ns && f->data) {
 				flow_recent(f, sw, now, len);
 				f->last_ns = now;
-				best = rebalanced(g, sw, now, f, i, &ek, &to);
+				best = rebalanced(g, sw, now, f, i, &ek, &to, &push);
 				if (best) {
-					carry_flow(g, sw, i, to, f->recent);
+					carry_flow(g, sw, i, to, f->recent, push ? now : 0);
 					f->port = best;
 					f->decided_ns = now;
 				}
