@@ -54,6 +54,10 @@ HEADERS_ONLY = 94
 HELD_RATE_PCT = 60
 #: ... where its path is busy above this share (percent) of the window's time
 FULL_PCT = 80
+#: a flow walks (moves beside another) at most once in this many gaps
+WALK_HOLD_GAPS = 8
+#: a flow's hold doubles with each move it made, up to 2 to this power gaps
+MOVES_BACKOFF = 3
 
 
 def faded(recent: int, gone: int) -> int:
@@ -153,6 +157,8 @@ class Flowlet:
     decided_ns: int = 0  # when the port was chosen
     recent: int = 0  # the bytes it sent lately (its rate estimate, as a port's)
     data: bool = True  # it carried a packet of more than headers
+    moves: int = 0  # how often rebalancing moved it
+    walked_ns: int = 0  # when it last moved in a walk (rebalancing)
 
 
 def rebalanced(cur_ns: int, mine_ns: int, best_ns: int, delta_ns: int,
@@ -224,20 +230,23 @@ class Rebalancing:
     def moved(self, seen: Flowlet, ports: Sequence[int], live: Callable[[int], bool],
               now_ns: int, gap_ns: int, echoed_ns: int | None) -> int | None:
         """Where a flowlet within its gap moves now (its bytes carried), None: it stays.
-        Drawn at the group's chance; held a gap from its choice unless its path was pushed
-        since (within a gap); the path busy least of late among the other live ports (the
-        first of them where several are). It moves to a path lighter by the delta, carrying
-        it; pushed, to one no busier by the delta; while its acknowledgements echo congestion
-        (within the last gap, later than a gap after its choice), to one no heavier by the
-        delta carrying it, or, held back on a full path (:data:`HELD_RATE_PCT`,
-        :data:`FULL_PCT`), at a quarter of the chance to one no busier. A move onto a path
-        carrying half a line or more marks it pushed."""
+        Drawn at the group's chance; held from its choice a gap, doubled for each move it
+        made (up to :data:`MOVES_BACKOFF` times), unless its path was pushed since (within a
+        gap); the path busy least of late among the other live ports (the first of them where
+        several are). It moves to a path lighter by the delta, carrying it; while its
+        acknowledgements echo congestion (within the last gap, later than a gap after its
+        choice), to one no heavier by the delta carrying it. It walks, at most once in
+        :data:`WALK_HOLD_GAPS` gaps: pushed, to a path no busier by the delta; echoed and held
+        back on a full path (:data:`HELD_RATE_PCT`, :data:`FULL_PCT`), at a quarter of the
+        chance to one no busier. A move onto a path carrying half a line or more marks it
+        pushed."""
         if not self.chance_pct or self.draw() >= chance_of(self.chance_pct):
             return None
         pushed_ns = self.pushed_ns(seen.port)
         pushed = pushed_ns > seen.decided_ns and pushed_ns + gap_ns > now_ns
+        hold = gap_ns << min(seen.moves, MOVES_BACKOFF)
         load = self.loads[seen.port]
-        if now_ns - seen.decided_ns < gap_ns and not pushed or not load.rate_bytes_s:
+        if now_ns - seen.decided_ns < hold and not pushed or not load.rate_bytes_s:
             return None
         others = [p for p in ports if p != seen.port and live(p)]
         if not others:
@@ -249,10 +258,18 @@ class Rebalancing:
         best = self.busy_ns(to, now_ns)
         echoed = echoed_ns is not None and echoed_ns > seen.decided_ns + gap_ns \
             and echoed_ns + gap_ns > now_ns
-        if not (best + mine + delta <= cur or pushed and best <= cur + delta or echoed and (
-                best + mine <= cur + delta or mine * 100 <= window * HELD_RATE_PCT
-                and cur * 100 >= window * FULL_PCT and best <= cur + delta
-                and self.draw() < chance_of(self.chance_pct) // 4)):
+        walk = now_ns - seen.walked_ns >= WALK_HOLD_GAPS * gap_ns and best <= cur + delta
+        if best + mine + delta <= cur:
+            pass
+        elif walk and pushed:
+            seen.walked_ns = now_ns
+        elif echoed and best + mine <= cur + delta:
+            pass
+        elif echoed and walk and mine * 100 <= window * HELD_RATE_PCT \
+                and cur * 100 >= window * FULL_PCT \
+                and self.draw() < chance_of(self.chance_pct) // 4:
+            seen.walked_ns = now_ns
+        else:
             return None
         self.carry(seen.port, to, seen.recent, now_ns if best * 2 >= window else 0)
         return to
@@ -279,7 +296,7 @@ def flowlet_port(flowlets: dict, key: tuple, now_ns: int, gap_ns: int, ports: Se
             to = rebalance.moved(seen, ports, live, now_ns, gap_ns, echoed_ns) \
                 if rebalance is not None else None
             if to is not None:
-                seen.port, seen.decided_ns = to, now_ns
+                seen.port, seen.decided_ns, seen.moves = to, now_ns, seen.moves + 1
             return seen.port
         if echoed_ns is not None and echoed_ns > seen.decided_ns + ECHO_HOLD_GAPS * gap_ns:
             avoid = seen.port

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from testbed.plan.localroute import (
     DRAIN_ALL_S,
+    MOVES_BACKOFF,
     NS_PER_S,
     RECENT_BYTES,
     U64,
+    WALK_HOLD_GAPS,
     Flowlet,
     PortLoad,
     Rebalancing,
@@ -220,7 +222,7 @@ def test_a_flow_pushed_onto_its_path_moves_at_once_to_one_no_busier_and_pushes_o
     (pushed, after its own choice) moves within its hold to a path no busier, though another
     flow is on that one; its move marks that path pushed. The flow that moved is not moved by
     its own push."""
-    gap, now = 1_000_000, 5_000_000
+    gap, now = 1_000_000, 50_000_000
     rebalance = _walk(now, [0, 0])
     rebalance.loads[1].recent += RECENT_BYTES // 2  # the pushed flow's, carried onto it
     rebalance.loads[1].pushed_ns = now - 1_000
@@ -235,7 +237,7 @@ def test_a_held_back_flow_starts_a_walk_at_a_quarter_of_the_chance():
     """Echoed, at half the line on a full path, the other path as busy: no move mends it;
     the flow moves there anyway at a quarter of the chance (a second draw), pushing it; a
     flow at its full rate does not."""
-    gap, now = 1_000_000, 5_000_000
+    gap, now = 1_000_000, 50_000_000
     echoed = now - 1_000
     for second, moves in ((chance_of(25) // 4 - 1, 2), (chance_of(25) // 4, None)):
         rebalance = _walk(now, [second, 0])
@@ -254,3 +256,39 @@ def test_a_plain_move_to_an_idle_path_pushes_nothing():
     seen = Flowlet(1, now, decided_ns=now - 2 * gap, recent=RECENT_BYTES // 2)
     assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, None) == 2
     assert rebalance.loads[2].pushed_ns == 0
+
+
+def test_a_flow_walks_at_most_once_in_its_walk_hold():
+    """Pushed again within :data:`WALK_HOLD_GAPS` gaps of its last walk, a flow stays: a
+    collision no placement mends is not walked round and round."""
+    gap, now = 1_000_000, 50_000_000
+    rebalance = _walk(now, [0, 0])
+    rebalance.loads[1].recent += RECENT_BYTES // 2
+    rebalance.loads[1].pushed_ns = now - 1_000
+    seen = Flowlet(1, now, decided_ns=now - 10_000, recent=RECENT_BYTES // 2,
+                   walked_ns=now - (WALK_HOLD_GAPS - 1) * gap)
+    assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, None) is None
+    seen.walked_ns = now - WALK_HOLD_GAPS * gap
+    assert rebalance.moved(seen, [1, 2], lambda p: True, now, gap, None) == 2
+    assert seen.walked_ns == now
+
+
+def test_a_flows_hold_doubles_with_each_move_it_made():
+    flowlets, gap = {}, 1_000_000
+    loads = {1: PortLoad(RATE), 2: PortLoad(RATE)}
+    rebalance = Rebalancing(25, 100, loads, {}, lambda: 0)
+
+    def port(now: int) -> int | None:
+        for p, load in loads.items():  # the flow's path two flows' of late, the other idle
+            load.last_ns, load.recent = now, 2 * RECENT_BYTES if p == seen.port else 0
+        return flowlet_port(flowlets, ("sw", 1, 7), now, gap, [1, 2], lambda p: True,
+                            lambda p: 0, h=0, nbytes=500, rebalance=rebalance)
+
+    flowlets[("sw", 1, 7)] = seen = Flowlet(1, 0, 0, 500)
+    now = 0
+    for moves in range(MOVES_BACKOFF + 2):
+        hold = gap << min(moves, MOVES_BACKOFF)
+        for t in range(now + gap // 2, now + hold, gap // 2):  # within the gap, held
+            assert port(t) == seen.port and seen.moves == moves
+        was, now = seen.port, now + hold
+        assert port(now) != was and seen.moves == moves + 1

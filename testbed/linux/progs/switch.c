@@ -116,7 +116,7 @@ struct port_load {
 };
 struct flowlet_key { __u32 sw, group, hash; };
 /* data: it has carried a packet of more than headers (a handshake's carry none) */
-struct flowlet { __u32 port, data; __u64 last_ns, decided_ns, recent; };
+struct flowlet { __u32 port, data, moves, pad; __u64 last_ns, decided_ns, recent, walked_ns; };
 struct echo_key { __u32 sw, hash; };
 
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 65536);
@@ -582,9 +582,10 @@ static __always_inline void carry_flow(struct group *g, __u32 sw, __u32 i, __u32
 		carry(g->next[j].link_sw, g->next[j].link_port, bytes, 1, push_ns);
 }
 
-/* Reactive rebalancing: a flowlet held at least a gap since its port was chosen moves, now,
- * at a chance per packet, to the port (path) busy least of late when, carrying it, that one
- * would be lighter than the flow's own by the quality delta -- or no heavier, while an
+/* Reactive rebalancing: a flowlet held at least a gap since its port was chosen (twice that
+ * after one move, up to 2^MOVES_BACKOFF gaps after more: flows that keep moving settle) moves,
+ * now, at a chance per packet, to the port (path) busy least of late when, carrying it, that
+ * one would be lighter than the flow's own by the quality delta -- or no heavier, while an
  * acknowledgement echoed congestion within the last gap. Its port, or 0: stay.
  *
  * Collisions that one such move cannot mend (in a fat tree: the flows' pairwise constraints,
@@ -595,9 +596,12 @@ static __always_inline void carry_flow(struct group *g, __u32 sw, __u32 i, __u32
  * carrying half a line or more marks it pushed (*push), and a flow whose path was pushed after
  * its own choice moves at once (no hold) to a path no busier. The collision goes along its
  * chain until it meets another, where a move is a plain one to a lighter path and marks
- * nothing. */
+ * nothing. A flow walks at most once in WALK_HOLD_GAPS gaps: a collision no placement mends
+ * (more flows than paths) is not walked round and round. */
 #define HELD_RATE_PCT 60
 #define FULL_PCT 80
+#define WALK_HOLD_GAPS 8
+#define MOVES_BACKOFF 3
 static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
 					struct flowlet *f, __u32 i, struct echo_key *ek, __u32 *to,
 					int *push)
@@ -605,14 +609,15 @@ static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
 	struct lightest c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = f->port };
 	struct port_id id = { sw, f->port };
 	struct port_load *l;
-	__u64 cur, mine, delta, window, at, *echo;
-	int pushed;
+	__u64 cur, mine, delta, window, at, hold, *echo;
+	int pushed, walk;
 
 	if (i >= MAX_BUCKETS || !g->rb_chance || bpf_get_prandom_u32() >= g->rb_chance)
 		return 0;
 	at = pushed_at(g, sw, i);
 	pushed = at > f->decided_ns && at + g->gap_ns > now;
-	if (now - f->decided_ns < g->gap_ns && !pushed)
+	hold = g->gap_ns << (f->moves < MOVES_BACKOFF ? f->moves : MOVES_BACKOFF);
+	if (now - f->decided_ns < hold && !pushed)
 		return 0;
 	l = bpf_map_lookup_elem(&sw_load, &id);
 	if (!l || !l->rate_bytes_s)
@@ -628,17 +633,21 @@ static __always_inline __u32 rebalanced(struct group *g, __u32 sw, __u64 now,
 	*push = c.best * 2 >= window;
 	if (c.best + mine + delta <= cur)
 		return c.port;
-	if (pushed && c.best <= cur + delta)
-		return c.port;
+	walk = now - f->walked_ns >= WALK_HOLD_GAPS * g->gap_ns;
+	if (pushed && walk && c.best <= cur + delta)
+		goto walked;
 	echo = bpf_map_lookup_elem(&sw_echoes, ek);
 	if (!echo || *echo <= f->decided_ns + g->gap_ns || *echo + g->gap_ns <= now)
 		return 0;
 	if (c.best + mine <= cur + delta)
 		return c.port;
-	if (mine * 100 <= window * HELD_RATE_PCT && cur * 100 >= window * FULL_PCT &&
+	if (walk && mine * 100 <= window * HELD_RATE_PCT && cur * 100 >= window * FULL_PCT &&
 	    c.best <= cur + delta && bpf_get_prandom_u32() < g->rb_chance / 4)
-		return c.port;
+		goto walked;
 	return 0;
+walked:
+	f->walked_ns = now;
+	return c.port;
 }
 
 static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, __u32 h,
@@ -667,6 +676,7 @@ static __always_inline __u32 flowlet_port(struct group *g, __u32 sw, __u32 gid, 
 					carry_flow(g, sw, i, to, f->recent, push ? now : 0);
 					f->port = best;
 					f->decided_ns = now;
+					f->moves++;
 				}
 				return f->port;
 			}
