@@ -463,7 +463,7 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 gid, 
 {
 	struct least c = { .g = g, .now = now, .best = ~0ULL, .sw = sw, .avoid = avoid };
 	struct group_id id = { sw, gid };
-	struct quality q;
+	struct quality q, *at;
 
 	bpf_loop(MAX_BUCKETS, least_scan, &c, 0);
 	if (!c.ties && avoid) {
@@ -473,9 +473,17 @@ static __always_inline __u32 least_loaded(struct group *g, __u32 sw, __u32 gid, 
 	if (!c.ties)
 		return 0;
 	if (publish) {
-		q.delay_ns = c.best;
-		q.at_ns = now;
-		bpf_map_update_elem(&sw_quality, &id, &q, BPF_ANY);
+		/* in place where the group has published before: a hash map's update takes a
+		 * new element at every packet; a reader may see one field new, the other not */
+		at = bpf_map_lookup_elem(&sw_quality, &id);
+		if (at) {
+			at->delay_ns = c.best;
+			at->at_ns = now;
+		} else {
+			q.delay_ns = c.best;
+			q.at_ns = now;
+			bpf_map_update_elem(&sw_quality, &id, &q, BPF_ANY);
+		}
 	}
 	c.pick = h % c.ties;
 	bpf_loop(MAX_BUCKETS, least_pick, &c, 0);
