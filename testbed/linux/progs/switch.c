@@ -13,7 +13,8 @@
  * port's load is a virtual queue of the bytes sent out of it, drained at its rate (sw_load).
  * It also keeps a rate estimate (the bytes sent to the port lately, fading as its line time
  * passes): reactive rebalancing moves a flowlet before its gap to a path that, carrying it,
- * would be lighter by a quality delta (Juniper's reactive path rebalancing of DLB flowlets).
+ * would be lighter by a quality delta (Juniper's reactive path rebalancing of DLB flowlets),
+ * and walks the collisions no such move mends along their chains of flows (rebalanced()).
  * A TCP acknowledgement echoing congestion (ECE) marks its flow as congested at every switch
  * it passes (sw_echoes): that flow's next flowlet avoids the port it took. Each entry counts
  * its packets and bytes. A packet for the controller (an output to it, or an entry's copy of
