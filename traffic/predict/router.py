@@ -36,6 +36,10 @@ FLOWLETS = (LOCAL_FLOWLET, LOCAL_FLOWLET_NEXT) + REBALANCED
 REBALANCE_ROUNDS = 8
 #: rebalancing's quality delta as a share of the line (``rebalance: true``'s 25 %)
 REBALANCE_DELTA = 0.25
+#: rebalancing's walks (testbed/plan/localroute.py): a connection is held back below this
+#: share of its line on a path whose busiest link it weighs is busier than FULL; walks after
+#: a local optimum at most, and moves in one walk at most
+HELD, FULL, WALKS, WALK_STEPS = 0.6, 0.8, 16, 16
 
 
 class Router:
@@ -189,48 +193,113 @@ class Router:
         """Reactive rebalancing's moves after a step's placement (``conns``: key -> (source,
         destination, channel) of the connections that may move; ``paths``: their links,
         updated; ``others``: the links of the step's connections that do not move;
-        ``placed``: link -> connections on it, updated as they move): at the
-        max-min fair rates of the paths as they are, one connection at a time, in a random
-        order, moves to the path whose busiest link (its share of the line), carrying it,
-        would be lighter than its own path's busiest by :data:`REBALANCE_DELTA` -- over its
-        links between switches weighing the next switch, else over its source switch's own
-        link (what that switch sees) -- the rates worked out again after each move, until
-        none moves (a local optimum: a swap of two connections is no single move)."""
+        ``placed``: link -> connections on it, updated as they move): at the max-min fair
+        rates of the paths as they are, one connection at a time, in a random order, moves to
+        the path whose busiest link (its share of the line), carrying it, would be lighter
+        than its own path's busiest by :data:`REBALANCE_DELTA` -- over its links between
+        switches weighing the next switch, else over its source switch's own link (what that
+        switch sees) -- the rates worked out again after each move, until none moves (a local
+        optimum: a swap of two connections is no single move). Then up to :data:`WALKS`
+        walks (:meth:`_walk`), each from a connection held back (under :data:`HELD` of its
+        line, its path busier than :data:`FULL`), each followed by single moves again, while
+        no more than half the connections are held back."""
         ways_of = {k: self.candidates(*conns[k]) for k in conns}
         keys = [k for k in conns if len(ways_of[k]) > 1]
-        every = list(conns)  # those with one way load their links too
-        rate, load = self._rates(every, paths, others)
-        for _round in range(REBALANCE_ROUNDS):
-            rng.shuffle(keys)
-            moved = False
-            for key in keys:
-                src, dst, channel = conns[key]
-                a = self.ends(src, dst, channel)[2]
-                mine = {link for link, _w in paths[key]}
-                cur = max((load[link] / self.capacity[link] for link in self._seen(mine, a)),
-                          default=0.0)
-                best, ways = cur - REBALANCE_DELTA, []
-                for way in ways_of[key]:
-                    links = {link for link, _w in way}
-                    other = max(((load[link] + rate[key] * (link not in mine))
-                                 / self.capacity[link] for link in self._seen(links, a)),
-                                default=0.0)
-                    if other < best - 1e-9:
-                        best, ways = other, [way]
-                    elif abs(other - best) <= 1e-9 and ways:
-                        ways.append(way)
-                if ways:
-                    way = rng.choice(ways)
-                    for link, sign in [(l, -1) for l in mine] + [(l, 1) for l, _w in way]:
-                        if placed is not None and link in self.fabric:
-                            placed[link] = placed.get(link, 0) + sign
-                    paths[key] = way
-                    moved = True
-                    rate, load = self._rates(every, paths, others)
-            if not moved:
-                return
+        rows = (list(conns), others)  # those with one way load their links too
+        state = self._rates(*rows, paths)
+        for walk in range(WALKS + 1):
+            for _round in range(REBALANCE_ROUNDS):
+                rng.shuffle(keys)
+                moved = False
+                for key in keys:
+                    way = self._lighter(key, conns[key], ways_of[key], paths, state, rng)
+                    if way is not None:
+                        self._move(key, way, paths, placed)
+                        state, moved = self._rates(*rows, paths), True
+                if not moved:
+                    break
+            rate, load = state
+            held = [k for k in keys if rate[k] < HELD * self._line(conns[k])
+                    and self._busiest(conns[k], paths[k], load) >= FULL]
+            if walk == WALKS or not held or len(held) * 2 > len(keys):
+                return  # (most held back: a fabric no placement relieves, all links full)
+            state = self._walk(rng.choice(held), conns, ways_of, paths, rng, rows, placed)
 
-    def _rates(self, keys: list, paths: dict, others: tuple) -> tuple[dict, np.ndarray]:
+    def _line(self, conn: tuple[str, str, int]) -> float:
+        """A connection's line: its source NIC's link's capacity."""
+        s, _d, a, _b = self.ends(*conn)
+        return self.capacity[self.index[(s, a)]]
+
+    def _busiest(self, conn: tuple[str, str, int], way, load, carry: float = 0.0,
+                 mine: set[int] | frozenset = frozenset()) -> float:
+        """The busiest link of ``way`` that the connection's choice weighs, as a share of its
+        capacity, ``carry`` (the connection's rate) added on the links not in ``mine`` (its
+        own path's)."""
+        links = {link for link, _w in way}
+        return max(((load[link] + carry * (link not in mine)) / self.capacity[link]
+                    for link in self._seen(links, self.ends(*conn)[2])), default=0.0)
+
+    def _on(self, links: set[int], rate: float) -> np.ndarray:
+        """A load of ``rate`` on ``links``, nothing elsewhere."""
+        out = np.zeros(len(self.capacity))
+        out[list(links)] = rate
+        return out
+
+    def _lighter(self, key: tuple, conn: tuple[str, str, int], ways: list, paths: dict,
+                 state: tuple[dict, np.ndarray], rng: random.Random):
+        """The way a connection moves to by a single move (lighter, carrying it, by the
+        delta), one of the lightest drawn by ``rng``; None: it stays."""
+        rate, load = state
+        mine = {link for link, _w in paths[key]}
+        best, found = self._busiest(conn, paths[key], load) - REBALANCE_DELTA, []
+        for way in ways:
+            other = self._busiest(conn, way, load, rate[key], mine)
+            if other < best - 1e-9:
+                best, found = other, [way]
+            elif abs(other - best) <= 1e-9 and found:
+                found.append(way)
+        return rng.choice(found) if found else None
+
+    def _move(self, key: tuple, way, paths: dict, placed: dict[int, int] | None) -> None:
+        """Connection ``key`` onto ``way``, counted on its links between switches."""
+        for link, sign in [(l, -1) for l, _w in paths[key]] + [(l, 1) for l, _w in way]:
+            if placed is not None and link in self.fabric:
+                placed[link] = placed.get(link, 0) + sign
+        paths[key] = way
+
+    def _walk(self, key: tuple, conns: dict, ways_of: dict, paths: dict, rng: random.Random,
+              rows: tuple, placed: dict[int, int] | None) -> tuple[dict, np.ndarray]:
+        """A walk of a collision along its chain of connections, from held-back ``key``, as
+        the datapath's rebalancing makes it: the connection moves to the way busiest least
+        without it when that is no busier than its own by the delta, though another
+        connection is on it; a move onto a way busier than half its line pushes a
+        connection there (drawn by ``rng``), which moves the same way, until a move lands
+        on a way less busy (the collision mended) or none is allowed, at most
+        :data:`WALK_STEPS` moves. The rates after it."""
+        state = self._rates(*rows, paths)
+        for _step in range(WALK_STEPS):
+            rate, load = state
+            conn, mine = conns[key], {link for link, _w in paths[key]}
+            cur = self._busiest(conn, paths[key], load)
+            options = [(self._busiest(conn, way, load - self._on(mine, rate[key])), way)
+                       for way in ways_of[key] if {l for l, _w in way} != mine]
+            if not options:
+                break
+            best = min(b for b, _way in options)
+            if best > cur + REBALANCE_DELTA + 1e-9:
+                break
+            way = rng.choice([w for b, w in options if abs(b - best) <= 1e-9])
+            self._move(key, way, paths, placed)
+            state = self._rates(*rows, paths)
+            links = {link for link, _w in way}
+            pushed = [k for k in ways_of if k != key and len(ways_of[k]) > 1
+                      and links & {link for link, _w in paths[k]} & set(self.fabric)]
+            if best < 0.5 or not pushed:
+                break
+            key = rng.choice(pushed)
+        return state
+
+    def _rates(self, keys: list, others: tuple, paths: dict) -> tuple[dict, np.ndarray]:
         """The connections' max-min fair rates on their paths, and each link's load."""
         rows = [paths[k] for k in keys] + list(others)
         weights = np.zeros((len(rows), len(self.capacity)))
