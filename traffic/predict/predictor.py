@@ -25,8 +25,10 @@ the path the switches give it:
   the next hop's own least count beyond it (its path quality), recursively. Rebalancing
   (``local_flowlet_rebalance``, ``local_flowlet_next_rebalance``): as each starts, one
   connection at a time moves to the path whose busiest link (or source switch's own link),
-  carrying it, is lighter by the quality delta at max-min fair rates, until none does. By packet (``local_packet``): an even split
-  at every switch, as ``spray``.
+  carrying it, is lighter by the quality delta at max-min fair rates, until none does; then
+  held-back connections are walked along their chains of collisions
+  (:meth:`~traffic.predict.router.Router.rebalance`). By packet (``local_packet``): an even
+  split at every switch, as ``spray``.
 
 A step's flows start together and share links max-min fairly (:mod:`traffic.predict.flowsim`);
 the next step starts a hand-off after the slowest has ended (:data:`STEP_OVERHEAD_S` per

@@ -291,9 +291,9 @@ class Router:
             way = rng.choice([w for b, w in options if abs(b - best) <= 1e-9])
             self._move(key, way, paths, placed)
             state = self._rates(*rows, paths)
-            links = {link for link, _w in way}
+            shared = {link for link, _w in way if link in self.fabric}
             pushed = [k for k in ways_of if k != key and len(ways_of[k]) > 1
-                      and links & {link for link, _w in paths[k]} & set(self.fabric)]
+                      and any(link in shared for link, _w in paths[k])]
             if best < 0.5 or not pushed:
                 break
             key = rng.choice(pushed)
