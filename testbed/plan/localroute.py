@@ -30,7 +30,10 @@ also keeps a rate estimate (the bytes sent to it lately, fading as its line time
 :func:`faded`), and every flowlet its own; past a hold of one gap since its port was chosen,
 at a chance per packet, a flowlet moves to the path busy least of late when that path,
 carrying it, would be lighter than its own by a quality delta (:func:`rebalanced`); its
-bytes go with it, off the estimates of its old port (and link beyond) onto the new.
+bytes go with it, off the estimates of its old port (and link beyond) onto the new. A flow
+held back beyond what one move mends walks its collision along its chain of flows, pushing
+the flow it moves beside, which moves on (:class:`Rebalancing`); each move doubles a flow's
+hold, up to :data:`MOVES_BACKOFF` times.
 """
 
 from __future__ import annotations
