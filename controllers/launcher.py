@@ -14,9 +14,11 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from pathlib import Path
 
+from controllers.serialtls import SerialTLS
 from testbed.model.spec import (
     ControllerSpec,
     EcmpSeed,
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     _dead_when_the_connection_ends(controller.Datapath)
+    _one_tls_operation_at_a_time(controller.Datapath)
     _listen_and_say(controller, args.port == 0, args.port_file, args.listen_fd)
     app_manager.AppManager.run_apps([args.user_app or args.app])
     return 0
@@ -206,6 +209,19 @@ def _dead_when_the_connection_ends(datapath_class) -> None:
             self.send(b"", close_socket=True)  # wakes the send thread, which then ends
 
     datapath_class._recv_loop = _recv_loop
+
+
+def _one_tls_operation_at_a_time(datapath_class) -> None:
+    """A switch's TLS connection used by os-ken's receive and send threads one operation at a
+    time (:class:`controllers.serialtls.SerialTLS`): at the same moment they corrupt it."""
+    construct = datapath_class.__init__
+
+    def __init__(self, sock, address, *args, **kwargs) -> None:
+        construct(self, sock, address, *args, **kwargs)
+        if isinstance(self.socket, ssl.SSLSocket):
+            self.socket = SerialTLS(self.socket)
+
+    datapath_class.__init__ = __init__
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from testbed.poll import wait_for
 from tests.integration.conftest import DATAPATHS, ROOT
@@ -25,8 +26,18 @@ def _check(tmp_path, experiment: str) -> dict:
     path = tmp_path / "exp.yaml"
     path.write_text(experiment)
     done = _cli(tmp_path / "state", "up", "--check", "--json", str(path))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:] + _logs(done.stdout)
     return json.loads(done.stdout)
+
+
+def _logs(stdout: str) -> str:
+    """The ends of the logs a failed check kept (the controller's, every vswitchd's)."""
+    try:
+        kept = json.loads(stdout).get("logs")
+    except ValueError:
+        return ""
+    return "".join(f"\n--- {log}\n" + log.read_text(errors="replace")[-3000:]
+                   for log in sorted(Path(kept).rglob("*")) if log.is_file()) if kept else ""
 
 
 def _with_controller(text: str, controller: str) -> str:
