@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, _stop)
-    _dead_when_the_connection_ends(controller.Datapath)
-    _one_tls_operation_at_a_time(controller.Datapath)
+    _mended(controller.Datapath)
     _listen_and_say(controller, args.port == 0, args.port_file, args.listen_fd)
     app_manager.AppManager.run_apps([args.user_app or args.app])
     return 0
@@ -189,6 +188,13 @@ class _UnixSocket(socket.socket):
     def setsockopt(self, level, *args):
         if level != socket.IPPROTO_TCP:
             super().setsockopt(level, *args)
+
+
+def _mended(datapath_class) -> None:
+    """os-ken's switch connection as fabriclab runs it: its end announced at once, its TLS
+    used one operation at a time."""
+    _dead_when_the_connection_ends(datapath_class)
+    _one_tls_operation_at_a_time(datapath_class)
 
 
 def _dead_when_the_connection_ends(datapath_class) -> None:

@@ -23,7 +23,7 @@ from telemetry.exporter import RunTelemetry
 from testbed.cluster.agent import machine_state_dirs
 from testbed.errors import ConfigError
 from testbed.fabric.failures import set_links_of_running_fabric
-from testbed.fabric.lifecycle import keep_logs
+from testbed.fabric.lifecycle import keep_logs, keep_tables
 from testbed.model.spec import Backend
 from testbed.runs import cleanup
 from testbed.runs.registry import Registry
@@ -94,9 +94,10 @@ def up(req: UpRequest, ui: Console) -> int:
                  "unreachable: " + ", ".join(f"{s}->{d}" for s, d in result.failed[:20]))
         doc["reachability"] = {**result.to_dict(), "reachable_s": reach_s if result.complete
                                else None}
-        if not result.complete:  # why: the controller's and the switches' logs, kept
+        if not result.complete:  # why: the controller's and the switches' logs and tables
             kept = keep_logs(fabric)
             if kept is not None:
+                keep_tables(fabric, kept)
                 doc["logs"] = str(kept)
                 ui.print(f"the run's logs are kept in {kept}")
         code = EXIT_OK if result.complete else EXIT_UNREACHABLE

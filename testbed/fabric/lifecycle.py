@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from testbed.linux.files import copy_file, make_dirs
+from testbed.paths import MGMT_SUFFIX, SWITCH_MGMT_DIR
 from testbed.plan.reachability import (
     Reachability,
     evaluate,
@@ -52,6 +53,31 @@ def keep_logs(fabric) -> Path | None:
         make_dirs(target.parent)
         copy_file(path, target)
     return kept
+
+
+def keep_tables(fabric, kept: Path) -> int:
+    """Every switch's flow table (``ovs-ofctl dump-flows`` through its management socket, or
+    the machine's bridge) and its groups, written to ``kept/tables/<switch>.txt`` before the
+    teardown removes them; returns how many switches were read."""
+    record = fabric.run.record
+    run_dir = Path(record.run_dir)
+    targets = {bridge: bridge for bridge in record.bridges}  # the machine's Open vSwitch
+    targets.update({path.name.removesuffix(MGMT_SUFFIX): f"unix:{path}" for path in
+                    [*run_dir.glob(f"ovs*/*{MGMT_SUFFIX}"),  # a private vswitchd's
+                     *(run_dir / SWITCH_MGMT_DIR).glob(f"*{MGMT_SUFFIX}")]})  # eBPF's
+    for switch, target in sorted(targets.items()):
+        said = []
+        for command in ("dump-flows", "dump-groups"):
+            try:
+                done = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", command, target],
+                                      capture_output=True, text=True, timeout=10, check=False)
+                said.append(f"$ ovs-ofctl {command}\n{done.stdout}{done.stderr}")
+            except (OSError, subprocess.TimeoutExpired) as err:
+                said.append(f"$ ovs-ofctl {command}\n(not read: {err})\n")
+        path = kept / "tables" / f"{switch}.txt"
+        make_dirs(path.parent)
+        path.write_text("".join(said))
+    return len(targets)
 
 
 @contextmanager

@@ -115,3 +115,31 @@ def test_the_classic_openflow_1_3_learning_switch_reaches_every_pair(tmp_path, d
     doc = _check(tmp_path, _leaf_spine("learning_switch.py", datapath, 1))
     reach = doc["reachability"]
     assert (reach["ok"], reach["pairs"], reach["lost"]) == (30, 30, 0), reach
+
+
+@DATAPATHS
+def test_a_failed_check_keeps_the_logs_and_every_switchs_tables(tmp_path, datapath):
+    """An app that routes nothing: the check fails (exit 1) and says where it kept the run's
+    logs, the controller's and every switch's flow table among them."""
+    app = tmp_path / "nothing.py"
+    app.write_text("from os_ken.base import app_manager\n"
+                   "from os_ken.controller import ofp_event\n"
+                   "from os_ken.controller.handler import CONFIG_DISPATCHER, set_ev_cls\n"
+                   "from os_ken.ofproto import ofproto_v1_3\n\n\n"
+                   "class Nothing(app_manager.OSKenApp):\n"
+                   "    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]\n\n"
+                   "    @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)\n"
+                   "    def switch_features(self, ev):\n"
+                   "        pass  # a switch connected: nothing installed\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text(_leaf_spine("learning_switch.py", datapath, 1)
+                    .replace(str(ROOT / "examples" / "learning_switch.py"), str(app)))
+    done = _cli(tmp_path / "state", "up", "--check", "--json", str(path))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["reachability"]["ok"] == 0
+    kept = Path(doc["logs"])
+    assert kept.is_relative_to(tmp_path / "state" / "logs") and (kept / "controller.log").is_file()
+    tables = {p.stem: p.read_text() for p in (kept / "tables").glob("*.txt")}
+    assert set(tables) == {"spine1", "leaf1", "leaf2", "leaf3"}, sorted(tables)
+    assert all("OFPST_FLOW reply" in text for text in tables.values()), tables
