@@ -64,11 +64,13 @@ class Router:
         self.fabric = {i: a for (a, b), i in self.index.items()
                        if a in switches and b in switches}
         self.hops = lru_cache(maxsize=None)(self._next)  # (node, target) -> next switches
+        self.distances = lru_cache(maxsize=None)(  # target -> every switch's hops to it
+            lambda target: distances_to(self.topo, target, {}))
+        self.split = lru_cache(maxsize=None)(self._split)  # (a, b) -> spraying's shares
 
     def _next(self, node: str, target: str) -> tuple[str, ...]:
         """The next switches from ``node`` towards access switch ``target`` (port order)."""
-        dist = distances_to(self.topo, target, {})
-        ports = sorted(next_hops(self.topo, node, dist, {}))
+        ports = sorted(next_hops(self.topo, node, self.distances(target), {}))
         return tuple(self.topo.ports(node)[p].other(node).node for p in ports)
 
     def ends(self, src: str, dst: str, channel: int) -> tuple[str, str, str, str]:
@@ -96,7 +98,7 @@ class Router:
         s, d, a, b = self.ends(src, dst, channel)
         hops: dict[Link, float] = {(s, a): 1.0, (b, d): 1.0}
         if spray or self.routing in ("spray", LOCAL_PACKET):
-            hops |= self._split(a, b)
+            hops |= self.split(a, b)  # (read, never changed)
         elif a != b:
             draw = rng.getrandbits(32)
             node = a
@@ -155,7 +157,7 @@ class Router:
         """An even split at every switch from ``a`` to ``b`` (packet spraying's shares)."""
         weight = {a: 1.0}
         out: dict[Link, float] = {}
-        dist = distances_to(self.topo, b, {})
+        dist = self.distances(b)
         frontier = [a] if a != b else []
         while frontier:
             node = max(frontier, key=lambda n: dist[n])  # all its weight is in
