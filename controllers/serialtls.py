@@ -40,9 +40,11 @@ class SerialTLS:
         """Up to ``size`` bytes; b"" at the end of the connection."""
         while True:
             with self._lock:
-                done = self._now(self._tls.recv, size)
-            if isinstance(done, bytes) or not self._waited(*done):
-                return done if isinstance(done, bytes) else b""
+                data, wait_for = self._now(self._tls.recv, size)
+            if wait_for is None:
+                return data
+            if not self._waited(wait_for):
+                return b""
 
     def sendall(self, data: bytes) -> None:
         """All of ``data``, sent as the socket takes it (a write TLS could not finish is
@@ -50,36 +52,39 @@ class SerialTLS:
         view = memoryview(data)
         while view:
             with self._lock:
-                done = self._now(self._tls.send, view)
-            if isinstance(done, int):
-                view = view[done:]
-            elif not self._waited(*done):
+                sent, wait_for = self._now(self._tls.send, view)
+            if wait_for is None:
+                view = view[sent:]
+            elif not self._waited(wait_for):
                 raise BrokenPipeError("the connection ended while sending")
 
     def _now(self, operation, arg):
-        """``operation(arg)`` without blocking, or the sockets to wait on (for reading, or for
-        writing) before trying again."""
+        """(``operation(arg)`` done without blocking, None), or (None, what to wait for
+        before trying again: the socket readable, or writable where TLS must write first)."""
         self._tls.settimeout(0.0)
         try:
-            return operation(arg)
+            return operation(arg), None
         except ssl.SSLWantReadError:
-            return [self._tls], []
+            return None, select.POLLIN
         except ssl.SSLWantWriteError:
-            return [], [self._tls]
+            return None, select.POLLOUT
         finally:
             self._tls.settimeout(self._timeout_s)
 
-    def _waited(self, readers: list, writers: list) -> bool:
-        """Wait, outside the lock, for the socket; False: it was closed meanwhile. Raises
-        ``socket.timeout`` where the socket's timeout passed first (os-ken's receive loop then
-        reads again; its send loop ends the connection)."""
+    def _waited(self, events: int) -> bool:
+        """Wait, outside the lock, for the socket (poll: no limit on the descriptor's number);
+        False: it was closed meanwhile. Raises ``socket.timeout`` where the socket's timeout
+        passed first (os-ken's receive loop then reads again; its send loop ends the
+        connection)."""
+        poller = select.poll()
         try:
-            ready = select.select(readers, writers, [], self._timeout_s)
+            poller.register(self._tls.fileno(), events)
         except (OSError, ValueError):  # closed by another thread
             return False
-        if not any(ready):
+        ready = poller.poll(None if self._timeout_s is None else self._timeout_s * 1000)
+        if not ready:
             raise socket.timeout("timed out")
-        return True
+        return not any(mask & select.POLLNVAL for _fd, mask in ready)
 
     def shutdown(self, how: int) -> None:
         with self._lock:
