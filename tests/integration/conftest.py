@@ -51,9 +51,24 @@ def no_leaks():
     assert not leaked, f"left behind: {leaked}"
 
 
-def _sockets(directory: str, names: list[str]) -> set[str]:
-    """copytree ignore: the daemons' unix sockets (only regular files and folders are kept)."""
-    return {n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)}
+def _not_copied(directory: str, names: list[str]) -> set[str]:
+    """copytree ignore: the daemons' unix sockets (only regular files and folders are kept),
+    and the files that were gone by the time they were looked at (the fabric is still up: a
+    controller's status written through a temporary file renamed into place)."""
+    def passed_over(name: str) -> bool:
+        try:
+            return stat.S_ISSOCK(os.lstat(os.path.join(directory, name)).st_mode)
+        except FileNotFoundError:
+            return True
+    return {n for n in names if n.endswith(".tmp") or passed_over(n)}
+
+
+def _copy_if_there(src: str, dst: str) -> None:
+    """copytree's copy, for a file of a live run directory that may be renamed away first."""
+    try:
+        shutil.copy2(src, dst)
+    except FileNotFoundError:
+        pass
 
 
 @pytest.fixture
@@ -79,7 +94,8 @@ DATAPATHS = pytest.mark.parametrize("datapath", ["ovs", "ebpf"])
 
 def keep_artifacts(fabric: Fabric, into: Path) -> None:
     """The run directory (logs, controller status) and every qdisc's counters, for a post-mortem."""
-    shutil.copytree(fabric.run_dir, into / "run", dirs_exist_ok=True, ignore=_sockets)
+    shutil.copytree(fabric.run_dir, into / "run", dirs_exist_ok=True, ignore=_not_copied,
+                    copy_function=_copy_if_there)
     (into / "tc.txt").write_text(subprocess.run(
         ["tc", "-s", "qdisc", "show"], capture_output=True, text=True, check=False).stdout)
 
