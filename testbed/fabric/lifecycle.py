@@ -55,29 +55,45 @@ def keep_logs(fabric) -> Path | None:
     return kept
 
 
-def keep_tables(fabric, kept: Path) -> int:
+def keep_tables(fabric, kept: Path) -> None:
     """Every switch's flow table (``ovs-ofctl dump-flows`` through its management socket, or
     the machine's bridge) and its groups, written to ``kept/tables/<switch>.txt`` before the
-    teardown removes them; returns how many switches were read."""
+    teardown removes them; an eBPF switch's groups read as ``fabriclab ofctl`` reads them
+    (ovs-ofctl refuses the switch-local selection methods)."""
     record = fabric.run.record
     run_dir = Path(record.run_dir)
     targets = {bridge: bridge for bridge in record.bridges}  # the machine's Open vSwitch
     targets.update({path.name.removesuffix(MGMT_SUFFIX): f"unix:{path}" for path in
-                    [*run_dir.glob(f"ovs*/*{MGMT_SUFFIX}"),  # a private vswitchd's
-                     *(run_dir / SWITCH_MGMT_DIR).glob(f"*{MGMT_SUFFIX}")]})  # eBPF's
+                    run_dir.glob(f"ovs*/*{MGMT_SUFFIX}")})  # a private vswitchd's
+    ebpf = {path.name.removesuffix(MGMT_SUFFIX): path
+            for path in (run_dir / SWITCH_MGMT_DIR).glob(f"*{MGMT_SUFFIX}")}
+    targets.update({name: f"unix:{path}" for name, path in ebpf.items()})
     for switch, target in sorted(targets.items()):
-        said = []
-        for command in ("dump-flows", "dump-groups"):
-            try:
-                done = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", command, target],
-                                      capture_output=True, text=True, timeout=10, check=False)
-                said.append(f"$ ovs-ofctl {command}\n{done.stdout}{done.stderr}")
-            except (OSError, subprocess.TimeoutExpired) as err:
-                said.append(f"$ ovs-ofctl {command}\n(not read: {err})\n")
+        said = [_ofctl("dump-flows", target)]
+        said.append(_ebpf_groups(ebpf[switch]) if switch in ebpf else
+                    _ofctl("dump-groups", target))
         path = kept / "tables" / f"{switch}.txt"
         make_dirs(path.parent)
         path.write_text("".join(said))
-    return len(targets)
+
+
+def _ofctl(command: str, target: str) -> str:
+    try:
+        done = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", command, target],
+                              capture_output=True, text=True, timeout=10, check=False)
+        return f"$ ovs-ofctl {command}\n{done.stdout}{done.stderr}"
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"$ ovs-ofctl {command}\n(not read: {err})\n"
+
+
+def _ebpf_groups(path: Path) -> str:
+    from testbed.openflow.groups import BadGroup, describe
+    from testbed.switch.groupdump import read_groups
+
+    try:
+        return "$ groups\n" + "".join(f" {describe(g)}\n" for g in read_groups(path))
+    except (OSError, BadGroup) as err:
+        return f"$ groups\n(not read: {err})\n"
 
 
 @contextmanager
