@@ -35,7 +35,7 @@ from testbed.model.congestion import link_utilization, summarize_congestion
 from testbed.plan import delayline
 from fabriclab import delayprobe
 from fabriclab import programs as programs_run
-from traffic.agents.runner import JobOutcome, run_batch
+from traffic.agents.runner import JobOutcome, batch_start_at, run_batch
 from traffic.workloads.program import Program
 from traffic.workloads.workload import Job
 
@@ -44,8 +44,9 @@ MARKER = ("ebpf: a virtual queue at each switch port's clsact egress "
 RED_MARKER = ("red: the kernel's RED qdisc as each lossy class's leaf at the switch ports (ecn, "
               "nodrop, instantaneous backlog); lossless classes by the eBPF marker")
 
-#: runs a batch of jobs on a fabric (:func:`traffic.agents.runner.run_batch`)
-BatchRunner = Callable[[RunningFabric, list[Job]], list[JobOutcome]]
+#: runs a batch of jobs on a fabric, their traffic from a wall-clock time
+#: (:func:`traffic.agents.runner.run_batch`)
+BatchRunner = Callable[[RunningFabric, list[Job], float], list[JobOutcome]]
 
 
 class RunView:
@@ -226,8 +227,6 @@ class ExperimentRun:
         errors_before = len(fabric.service_errors)
         before = fabric.congestion()
         began = time.monotonic()
-        if services.injector is not None:
-            services.injector.begin()
         self.reading = before
         if fabric.spec.fabric.delay_line == "hosts":  # what the relay adds, unloaded
             self.relay_probe = delayprobe.probe(fabric)
@@ -237,13 +236,19 @@ class ExperimentRun:
             wait_s = batch[0].not_before_s - (time.monotonic() - began)
             if wait_s > 0:  # a replayed trace's timestamp
                 time.sleep(wait_s)
-            errors = self.run_batch(fabric, services, batch, runner)
+            start_at = batch_start_at(batch)
+            if index == 0 and services.injector is not None:  # failure times count from the
+                # traffic's start, not from the agents' (1-2 s to start and connect)
+                services.injector.begin(time.monotonic() + max(0.0, start_at - time.time()))
+            errors = self.run_batch(fabric, services, batch, runner, start_at)
             errors += self.record(fabric, services, before, began, (index, batch))
             errors += [f"fabric service failed: {e}"
                        for e in fabric.service_errors[errors_before:]]
             if errors:
                 raise TestbedError("\n".join(errors))
         if self.exp.workload.program is not None:
+            if services.injector is not None and services.injector.began is None:
+                services.injector.begin()  # no collectives first: from the program's start
             errors = self.run_program(fabric, self.exp.workload.program)
             errors += self.record(fabric, services, before, began)
             errors += [f"fabric service failed: {e}"
@@ -261,8 +266,9 @@ class ExperimentRun:
         return [f"program: {run.error}"] if run.error else []
 
     def run_batch(self, fabric: RunningFabric, services: Services, batch: list[Job],
-                  runner: BatchRunner) -> list[str]:
-        """One batch of jobs at once; their rows into the document. Returns the jobs' errors."""
+                  runner: BatchRunner, start_at: float) -> list[str]:
+        """One batch of jobs at once, their traffic from ``start_at`` (wall clock); their rows
+        into the document. Returns the jobs' errors."""
         self.view.batch(batch)
         workload = services.telemetry.workload
         for job in batch:
@@ -270,7 +276,7 @@ class ExperimentRun:
             workload.started(job.index, first.label or first.op, first.op, job.transport)
         errors = []
         first_row = len(self.doc.collectives)
-        outcomes = runner(fabric, batch)
+        outcomes = runner(fabric, batch, start_at)
         for outcome in outcomes:
             if outcome.error is not None:
                 errors.append(f"job {outcome.job.index} ({batch_text([outcome.job])}): "
@@ -370,6 +376,9 @@ class ExperimentRun:
         write_text_atomic(self.out_dir / "collectives.csv",
                           rundir.collectives_csv(doc.collectives))
         write_text_atomic(self.out_dir / "flows.csv", rundir.flows_csv(self.flows))
+        if services.injector is not None and services.injector.port_samples():
+            write_text_atomic(self.out_dir / "ports.csv",
+                              rundir.ports_csv(services.injector.port_samples()))
         return errors
 
     def save(self) -> None:

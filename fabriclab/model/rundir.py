@@ -8,6 +8,9 @@ SHA-256, and the per-collective and per-flow CSV tables.
     software versions and machine facts (:mod:`testbed.linux.environment`).
 ``DIR/collectives.csv``, ``DIR/flows.csv``
     one row per collective run / per transfer.
+``DIR/ports.csv``
+    with failures: the bytes offered to a failed or degraded link's switch ports and to
+    their alternatives every millisecond after each event (``failures[].move_off``'s data).
 ``DIR/logs/``
     the controller's log and the traffic agents' stderr.
 """
@@ -40,6 +43,11 @@ FLOW_COLUMNS = ("job", "repetition", "label", "op", "src", "dst", "step", "bytes
                 "start_unix_s", "start_s", "end_s", "fct_s", "ideal_fct_s", "slowdown",
                 "line_rate_fct_s", "retransmitted", "protocol", "src_ip", "src_ports", "dst_ip",
                 "dst_port", "path")
+
+#: ports.csv: ``event``, the index in ``failures``; ``t_s``, from the workload's start (the
+#: event's ``applied_s`` on the same clock); ``offered_bytes``, cumulative since the fabric
+#: came up (a difference over a window is what the port was offered in it)
+PORT_COLUMNS = ("event", "t_s", "port", "offered_bytes")
 
 
 def experiment_document(raw: dict) -> dict:
@@ -116,3 +124,12 @@ def flows_csv(rows: list[list]) -> str:
 
 def _num(value) -> str:
     return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def ports_csv(rows: list[tuple[int, float, str, int]]) -> str:
+    """The watched ports' samples (:data:`PORT_COLUMNS`)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(PORT_COLUMNS)
+    writer.writerows([event, f"{t:.6f}", port, count] for event, t, port, count in rows)
+    return out.getvalue()

@@ -68,9 +68,10 @@ class FailureInjector:
                            for l in fabric.topo.ports(sw.name).values()
                            if not fabric.topo.nodes[l.other(sw.name).node].is_switch}
 
-    def begin(self) -> None:
-        """The workload starts now: event times count from here."""
-        self.began = time.monotonic()
+    def begin(self, at: float | None = None) -> None:
+        """The workload starts at ``at`` (monotonic; None: now), where its traffic does:
+        event times count from there."""
+        self.began = time.monotonic() if at is None else at
         self._begin.set()
 
     def finish(self) -> None:
@@ -272,6 +273,14 @@ class FailureInjector:
                 row["notices"] = self._notices[index]
             out.append(row)
         return out
+
+    def port_samples(self) -> list[tuple[int, float, str, int]]:
+        """Every sample of the watched ports' offered bytes, in event and time order:
+        ``(event index, s since the workload began, port, cumulative bytes offered)``
+        (``ports.csv``: what ``move_off`` was worked out from)."""
+        return [(index, at, port, counts[port])
+                for index in sorted(self._fine)
+                for at, counts in self._fine[index] for port in sorted(counts)]
 
 
 def set_links_of_running_fabric(registry, target: list[str], up: bool,

@@ -200,6 +200,8 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
     the windows first fit for :data:`MOVE_SETTLE_S` in a row, less ``at_s``; 0.0 if they fit
     from the start; None if they never fit that long.
 
+    Windows end at every sample from a whole window after the first on; a window's start
+    falls between two samples, whose bytes count as coming evenly between them.
     A window fits when the port was offered at most its rate (more by at most
     :data:`MOVE_TOLERANCE`, plus one packet of ``packet_bytes``: a frame, or the largest
     offered; 0 for a failed link), or, with ``siblings`` (the
@@ -218,16 +220,21 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
     if len(after) < 2:
         return None
     last_over, settled_from, start = None, None, 0
-    for t, b in after:
-        while after[start][0] < t - window_s:
+    for k, (t, b) in enumerate(after):
+        while start + 1 < k and after[start + 1][0] <= t - window_s:
             start += 1
-        t0, b0 = after[start]
-        if t - t0 < window_s * 0.5:  # too short a window yet
+        if t - after[start][0] < window_s:  # not a whole window since the first sample
             continue
-        over = (b - b0) * window_s / (t - t0) > \
-            rate_bytes_s * MOVE_TOLERANCE * window_s + packet_bytes
-        if over and siblings is not None and t in others and t0 in others:
-            mine, rest = b - b0, others[t] - others[t0]
+        # the counters at the window's start, between two samples: as though their bytes
+        # came evenly between them (a sampler held back leaves a gap: a window cut short at
+        # the sample after it and scaled up would read a few packets as a burst)
+        lo = t - window_s
+        mine = b - _between(after, start, lo)
+        over = mine > rate_bytes_s * MOVE_TOLERANCE * window_s + packet_bytes
+        if over and siblings is not None and t in others and all(
+                after[i][0] in others for i in (start, min(start + 1, k))):
+            rest = others[t] - _between([(u, others[u]) for u, _ in after[start:start + 2]],
+                                        0, lo)
             share = rate_bytes_s / (rate_bytes_s + sibling_rate_bytes_s) \
                 if rate_bytes_s + sibling_rate_bytes_s else 0.0
             over = mine > share * MOVE_TOLERANCE * (mine + rest) + packet_bytes
@@ -238,6 +245,16 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         if t - settled_from >= MOVE_SETTLE_S:
             return 0.0 if last_over is None else round(last_over - at_s, 4)
     return None
+
+
+def _between(samples: list[tuple[float, int]], i: int, at: float) -> float:
+    """A cumulative counter at ``at``, from its samples ``i`` and ``i + 1`` (the last one's
+    where there is none after it, or ``at`` is not past sample ``i``)."""
+    t0, b0 = samples[i]
+    if at <= t0 or i + 1 >= len(samples):
+        return b0
+    t1, b1 = samples[i + 1]
+    return b0 + (b1 - b0) * min(1.0, (at - t0) / (t1 - t0)) if t1 > t0 else b1
 
 
 def alternatives(topo: Topology, link, switch: str) -> list:

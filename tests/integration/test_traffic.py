@@ -158,9 +158,8 @@ def _two_flows_and(state_dir, tmp_path, failure: str, head: str = PINNED) -> dic
 def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(state_dir,
                                                                             tmp_path):
     """Two cross-pod flows from edge1_1, which D-mod-k sends up different aggregation switches;
-    at 6 s (the agents start 1-2 s after the workload does) one of edge1_1's uplinks fails,
-    and from then on both share the other one."""
-    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 6, link: [edge1_1, agg1_1], action: down}")
+    4 s into them one of edge1_1's uplinks fails, and from then on both share the other one."""
+    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 4, link: [edge1_1, agg1_1], action: down}")
     (failure,) = doc["failures"]
     tp = failure["throughput"]
     assert tp["windows_s"]["before"] == pytest.approx([failure["applied_s"] - 3,
@@ -172,10 +171,10 @@ def test_the_throughput_before_during_and_after_a_failure_is_in_the_results(stat
 
 def test_a_link_degraded_to_half_rate_carries_half_and_its_ports_are_watched(state_dir,
                                                                             tmp_path):
-    """The same two flows; at 6 s edge1_1-agg1_1 drops to half its rate (both directions):
+    """The same two flows; at 4 s edge1_1-agg1_1 drops to half its rate (both directions):
     one flow is left 5 Mbit/s, the other keeps 10, and the bytes offered to the link's two
     switch ports are sampled every millisecond against the new rate."""
-    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 6, link: [edge1_1, agg1_1], "
+    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 4, link: [edge1_1, agg1_1], "
                          "action: degrade, rate_factor: 0.5}")
     (event,) = doc["failures"]
     assert event["action"] == "degrade" and event["rate_factor"] == 0.5 and not event["errors"]
@@ -201,7 +200,7 @@ def test_hosts_that_hand_their_nics_one_segment_at_a_time_put_frames_on_the_link
     frames (the largest packet at edge1_1's uplink is one), not its offload units."""
     head = ("version: 1\nfabric: {topology: fat_tree, k: 4, hosts: {offload_segments: 1}}\n"
             "controller: {routing: dmodk}\n")
-    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 6, link: [edge1_1, agg1_1], "
+    doc = _two_flows_and(state_dir, tmp_path, "{at_s: 4, link: [edge1_1, agg1_1], "
                          "action: degrade, rate_factor: 0.5}", head)
     move = doc["failures"][0]["move_off"]
     assert move["packet_bytes"] == {"edge1_1-eth3": 9014, "agg1_1-eth1": 9014}, move

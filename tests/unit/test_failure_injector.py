@@ -128,8 +128,9 @@ def test_a_degrade_is_applied_and_its_ports_watched_until_the_traffic_fits(tmp_p
 
 def test_a_slow_ports_rate_is_measured_over_windows_of_four_packets():
     """A time-scaled fabric's port at 3.3 Mbit/s sends a 9,014-byte frame in 21.7 ms: a 5 ms
-    window holds one frame or none, and reads a port offered less than its rate as over it
-    whenever a frame lands in it (never fitting). Windows of four frames read the rate."""
+    window holds one frame or none, which fits the one packet a window may take beyond the
+    rate: it reads a port offered twice its rate as fitting. Windows of four frames read
+    the rate."""
     from testbed.plan.failplan import MOVE_WINDOW_S, move_window_s, time_to_move_off
     rate, frame = 3.33e6 / 8, 9014
 
@@ -144,7 +145,8 @@ def test_a_slow_ports_rate_is_measured_over_windows_of_four_packets():
         return samples
 
     under = offered(lambda t: 0.9)
-    assert time_to_move_off(under, 1.0, rate, frame) is None  # 5 ms: "never fitted"
+    over = offered(lambda t: 2 if t < 1.3 else 0.9)  # twice its rate for 300 ms, then 0.9
+    assert time_to_move_off(over, 1.0, rate, frame) == 0.0  # 5 ms: blind to it
     window = move_window_s(rate, frame)
     assert window == pytest.approx(4 * frame / rate)  # 87 ms
     assert move_window_s(100e6 / 8, frame) == MOVE_WINDOW_S  # 4 frames: 2.9 ms at 100 Mbit/s
@@ -152,8 +154,6 @@ def test_a_slow_ports_rate_is_measured_over_windows_of_four_packets():
     assert move_window_s(50e6 / 8, 65536) == pytest.approx(0.0419, abs=1e-4)
     assert move_window_s(0.0, frame) == MOVE_WINDOW_S  # a failed link
     assert time_to_move_off(under, 1.0, rate, frame, window) == 0.0
-    # twice its rate for 300 ms after the event, then 0.9 of it: moved off after 300 ms
-    over = offered(lambda t: 2 if t < 1.3 else 0.9)
     took = time_to_move_off(over, 1.0, rate, frame, window)
     assert took is not None and 0.3 <= took <= 0.3 + window + 0.002
 

@@ -131,7 +131,7 @@ def test_a_machine_handle_offers_every_method_of_its_actor_with_its_parameters()
 
 def _runner(calls: list, fail_batch: int | None = None, raise_error=None):
     """A batch runner whose jobs move 1 MB each over the fake fabric's ports."""
-    def run(fabric, batch):
+    def run(fabric, batch, start_at):
         calls.append([job.index for job in batch])
         if raise_error is not None and len(calls) - 1 == fail_batch:
             raise raise_error

@@ -78,8 +78,17 @@ class CutOffWatch:
             if now - self.since >= self.grace_s else None
 
 
-def run_batch(fabric: TrafficFabric, jobs: list[Job]) -> list[JobOutcome]:
-    """Run several jobs at once, each on its own agent port, all starting together.
+def batch_start_at(jobs: list[Job]) -> float:
+    """When a batch of jobs started now starts its traffic (wall clock): time for its agents
+    to start and connect, a tenth of a second per rank."""
+    hosts = {h for job in jobs for h in job.collectives[0].hosts}
+    return time.time() + START_DELAY_S + 0.1 * len(hosts) * len(jobs)
+
+
+def run_batch(fabric: TrafficFabric, jobs: list[Job],
+              start_at: float | None = None) -> list[JobOutcome]:
+    """Run several jobs at once, each on its own agent port, all starting together at
+    ``start_at`` (wall clock; None: :func:`batch_start_at`), each after its offset.
 
     Returns:
         One outcome per job, in order: a job that failed (an agent error, a timeout) carries
@@ -89,8 +98,7 @@ def run_batch(fabric: TrafficFabric, jobs: list[Job]) -> list[JobOutcome]:
         Exception: anything other than a TestbedError (a bug) is raised again here, after
             every job's thread has ended.
     """
-    hosts = {h for job in jobs for h in job.collectives[0].hosts}
-    start_at = time.time() + START_DELAY_S + 0.1 * len(hosts) * len(jobs)
+    start_at = batch_start_at(jobs) if start_at is None else start_at
     outcomes: list[JobOutcome | None] = [None] * len(jobs)
     crashes: list[BaseException] = []
 
