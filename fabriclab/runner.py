@@ -44,8 +44,7 @@ MARKER = ("ebpf: a virtual queue at each switch port's clsact egress "
 RED_MARKER = ("red: the kernel's RED qdisc as each lossy class's leaf at the switch ports (ecn, "
               "nodrop, instantaneous backlog); lossless classes by the eBPF marker")
 
-#: runs a batch of jobs on a fabric, their traffic from a wall-clock time
-#: (:func:`traffic.agents.runner.run_batch`)
+#: runs a batch of jobs from a wall-clock time (:func:`traffic.agents.runner.run_batch`)
 BatchRunner = Callable[[RunningFabric, list[Job], float], list[JobOutcome]]
 
 
@@ -236,9 +235,8 @@ class ExperimentRun:
             wait_s = batch[0].not_before_s - (time.monotonic() - began)
             if wait_s > 0:  # a replayed trace's timestamp
                 time.sleep(wait_s)
-            start_at = batch_start_at(batch)
-            if index == 0 and services.injector is not None:  # failure times count from the
-                # traffic's start, not from the agents' (1-2 s to start and connect)
+            start_at = batch_start_at(batch)  # failures count from the traffic's start
+            if index == 0 and services.injector is not None:
                 services.injector.begin(time.monotonic() + max(0.0, start_at - time.time()))
             errors = self.run_batch(fabric, services, batch, runner, start_at)
             errors += self.record(fabric, services, before, began, (index, batch))

@@ -256,7 +256,8 @@ class FailureApplied(Record):
     """A link failure, repair or degradation as applied, with the throughput around it and,
     for a failure or degradation, how long the traffic offered to its ports took to fit
     (``move_off``: ``rates_mbps``, ``ms`` (None where it never did), ``window_ms``, the
-    resolution, and ``packet_bytes`` per switch port), and what the eBPF switches' fault
+    resolution, ``averaged_ms`` (over ``averaged_window_ms``) and ``packet_bytes`` per switch
+    port), and what the eBPF switches' fault
     notices did in its first 2 s (``notices``: ``ms`` after it, ``switch``, ``group``,
     ``ports_out``; an empty list: the group whole again)."""
 

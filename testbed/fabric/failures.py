@@ -26,6 +26,7 @@ from testbed.paths import SWITCH_MGMT_DIR
 from testbed.plan.failplan import (
     FINE_SAMPLE_S,
     FINE_SPAN_S,
+    MOVE_SETTLE_S,
     MOVE_WINDOW_S,
     SAMPLE_S,
     FailureEvent,
@@ -34,6 +35,7 @@ from testbed.plan.failplan import (
     move_off_unmeasured,
     move_window_s,
     throughput_around,
+    time_to_fit_on_average,
     time_to_move_off,
 )
 from testbed.fabric.linkfail import End, LinkCut, set_links
@@ -212,7 +214,8 @@ class FailureInjector:
         """The event's time to move off per watched port (:func:`time_to_move_off`), in ms:
         by its share of its alternatives' traffic where it has some; over windows of at
         least four of its largest packets at the port's rate (``window_ms``, the resolution;
-        ``packet_bytes``, that packet, at least a frame)."""
+        ``packet_bytes``, that packet, at least a frame); and on average over 50 ms
+        (``averaged_ms``, :func:`time_to_fit_on_average`)."""
         samples = self._fine.get(index) or []
         rates, groups = self._rates.get(index, {}), self._groups.get(index, {})
         doc = dict(item["move_off"])
@@ -228,14 +231,20 @@ class FailureInjector:
             others = groups.get(port)
             sibling = None if not others else [
                 (t, sum(c.get(o, 0) for o in others)) for t, c in samples]
-            took = time_to_move_off(series, item["applied_s"], rates[port],
-                                    doc["packet_bytes"][port], window[port], siblings=sibling,
-                                    sibling_rate_bytes_s=sum(rates[o] for o in others or ()))
-            doc["ms"][port] = None if took is None else round(took * 1000, 1)
-        doc["ms"].update({port: None for port in doc["rates_mbps"] if port not in doc["ms"]})
+            fit = (series, item["applied_s"], rates[port], doc["packet_bytes"][port])
+            around = {"siblings": sibling,
+                      "sibling_rate_bytes_s": sum(rates[o] for o in others or ())}
+            for key, took in (("ms", time_to_move_off(*fit, window[port], **around)),
+                              ("averaged_ms", time_to_fit_on_average(*fit, **around))):
+                doc.setdefault(key, {})[port] = None if took is None else round(took * 1000, 1)
+        for key in ("ms", "averaged_ms"):
+            doc.setdefault(key, {}).update(
+                {port: None for port in doc["rates_mbps"] if port not in doc[key]})
+        doc["averaged_window_ms"] = round(MOVE_SETTLE_S * 1000, 1)
         if self.time_scale != 1:  # the real fabric's: its time and rates
-            doc["real_ms"] = {p: None if v is None else round(v / self.time_scale, 4)
-                              for p, v in doc["ms"].items()}
+            for key in ("ms", "averaged_ms"):
+                doc[f"real_{key}"] = {p: None if v is None else round(v / self.time_scale, 4)
+                                      for p, v in doc[key].items()}
             doc["real_rates_mbps"] = {p: round(v * self.time_scale, 3)
                                       for p, v in doc["rates_mbps"].items()}
             doc["real_window_ms"] = {p: round(v / self.time_scale, 4)

@@ -229,22 +229,68 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         # came evenly between them (a sampler held back leaves a gap: a window cut short at
         # the sample after it and scaled up would read a few packets as a burst)
         lo = t - window_s
-        mine = b - _between(after, start, lo)
-        over = mine > rate_bytes_s * MOVE_TOLERANCE * window_s + packet_bytes
-        if over and siblings is not None and t in others and all(
-                after[i][0] in others for i in (start, min(start + 1, k))):
+        mine, rest = b - _between(after, start, lo), None
+        if siblings is not None and t in others and all(
+                after[i][0] in others for i in (start, start + 1)):
             rest = others[t] - _between([(u, others[u]) for u, _ in after[start:start + 2]],
                                         0, lo)
-            share = rate_bytes_s / (rate_bytes_s + sibling_rate_bytes_s) \
-                if rate_bytes_s + sibling_rate_bytes_s else 0.0
-            over = mine > share * MOVE_TOLERANCE * (mine + rest) + packet_bytes
-        if over:
+        if _over(mine, rest, window_s, rate_bytes_s, packet_bytes, sibling_rate_bytes_s):
             last_over, settled_from = t, None
             continue
         settled_from = t if settled_from is None else settled_from
         if t - settled_from >= MOVE_SETTLE_S:
             return 0.0 if last_over is None else round(last_over - at_s, 4)
     return None
+
+
+def time_to_fit_on_average(samples: list[tuple[float, int]], at_s: float,
+                           rate_bytes_s: float, packet_bytes: int,
+                           siblings: list[tuple[float, int]] | None = None,
+                           sibling_rate_bytes_s: float = 0.0,
+                           span_s: float = MOVE_SETTLE_S) -> float | None:
+    """How long after an event at ``at_s`` the traffic offered to a port took to fit on
+    average: the first sample from which every window of ``span_s`` that starts within the
+    next ``span_s`` fits (by :func:`time_to_move_off`'s rules), less ``at_s``; 0.0 if that
+    is the first; None if none did while the samples last.
+
+    :func:`time_to_move_off`'s short windows catch a single burst, a frame beyond the
+    port's share in a few milliseconds (as per-packet choices by several switches make while
+    every path holds a queue); this reads when the traffic's level moved, to the samples'
+    spacing, a burst counting by its bytes alone."""
+    after = [s for s in samples if s[0] >= at_s]
+    others = dict(s for s in (siblings or ()) if s[0] >= at_s)
+    known = siblings is not None and all(t in others for t, _ in after)
+    fits, j = [], 0
+    for t, b in after:  # whether the window of span_s starting at each sample fits
+        end = t + span_s
+        if end > after[-1][0]:
+            break
+        while after[j + 1][0] < end:
+            j += 1
+        mine = _between(after, j, end) - b
+        rest = _between([(u, others[u]) for u, _ in after[j:j + 2]], 0, end) - others[t] \
+            if known else None
+        fits.append((t, not _over(mine, rest, span_s, rate_bytes_s, packet_bytes,
+                                  sibling_rate_bytes_s)))
+    for i, (t, _) in enumerate(fits):
+        ahead = [ok for u, ok in fits[i:] if u <= t + span_s]
+        if fits[-1][0] >= t + span_s and all(ahead):
+            return 0.0 if i == 0 else round(t - at_s, 4)
+    return None
+
+
+def _over(mine: float, rest: float | None, window_s: float, rate_bytes_s: float,
+          packet_bytes: int, sibling_rate_bytes_s: float) -> bool:
+    """Whether a port offered ``mine`` bytes in a window of ``window_s`` did not fit: more
+    than its rate allows, and, where its alternatives were offered ``rest`` (None: not
+    known, or none), more than its share of all of it by their rates."""
+    if mine <= rate_bytes_s * MOVE_TOLERANCE * window_s + packet_bytes:
+        return False
+    if rest is None:
+        return True
+    total_rate = rate_bytes_s + sibling_rate_bytes_s
+    share = rate_bytes_s / total_rate if total_rate else 0.0
+    return mine > share * MOVE_TOLERANCE * (mine + rest) + packet_bytes
 
 
 def _between(samples: list[tuple[float, int]], i: int, at: float) -> float:

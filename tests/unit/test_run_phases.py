@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import time
 
 import pytest
 
@@ -220,3 +221,33 @@ def test_sigterm_is_not_swallowed_by_except_exception():
             raise Terminated("signal 15")
         except Exception:  # noqa: BLE001 - what the test is about
             pytest.fail("except Exception caught SIGTERM's Terminated")
+
+
+def test_failure_times_count_from_the_traffic_start_not_from_the_agents(tmp_path):
+    """The agents take a second or more to start and connect before the ranks start together
+    at the batch's ``start_at``: an event 0.1 s into the workload comes 0.1 s after that,
+    not while the agents connect."""
+    exp = xp.parse({**EXPERIMENT, "failures": [
+        {"at_s": 0.1, "link": ["leaf1", "spine1"], "action": "degrade", "rate_factor": 0.5}]})
+    fabrics, calls, seen = [], [], {}
+    run = _runner(calls)
+
+    def traffic(fabric, batch, start_at):
+        if not seen:  # the first batch: nothing applied before its traffic starts
+            seen["start_at"], seen["called"] = start_at, time.time()
+            time.sleep(max(0.0, start_at - time.time() - 0.05))
+            seen["before"] = [e for e in fabric.log if e.startswith("set_rates")]
+            deadline = time.monotonic() + 10
+            while not any(e.startswith("set_rates") for e in fabric.log) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen["applied"] = time.time()
+        return run(fabric, batch, start_at)
+
+    doc = run_experiment(exp, tmp_path / "run", tmp_path / "state",
+                         shared=_pool(tmp_path, fabrics), runner=traffic).to_json()
+    assert seen["start_at"] - seen["called"] >= 1.0  # the agents' time to start and connect
+    assert seen["before"] == []
+    assert seen["start_at"] + 0.1 <= seen["applied"] + 0.01, seen
+    (event,) = doc["failures"]
+    assert 0.1 <= event["applied_s"] < 1.0, event
