@@ -203,8 +203,9 @@ class Results:
 
     def to_dataframe(self, kind: str = "collectives"):
         """A pandas data frame of every run here (a sweep's cells, the variants, or the one
-        run): one row per collective (``kind="collectives"``) or per transfer (``"flows"``,
-        flows.csv's columns), each run's name and parameters (a sweep's axes by field path,
+        run): one row per collective (``kind="collectives"``), per transfer (``"flows"``,
+        flows.csv's columns) or per failure event and watched port (``"failures"``: the
+        event, its throughput around it, each port's times to move off), each run's name and parameters (a sweep's axes by field path,
         ``variant``, ``cell_repetition``) as columns. Needs pandas (``fabriclab[frames]``)."""
         from fabriclab.frames import dataframe
 

@@ -17,7 +17,7 @@ from fabriclab.rundirs import read_document
 from testbed.errors import ConfigError
 from testbed.linux.files import write_bytes_atomic, write_text_atomic
 
-KINDS = ("collectives", "flows")
+KINDS = ("collectives", "flows", "failures")
 WHY_NO_PARQUET = "pandas and pyarrow are not installed (pip install 'fabriclab[frames]')"
 
 
@@ -55,12 +55,15 @@ def runs(directory: str | Path) -> list[tidy.Run]:
 
 
 def records(directory: str | Path, kind: str = "collectives") -> list[dict]:
-    """The tidy records of ``kind`` (``collectives`` or ``flows``) of every run under
-    ``directory``."""
+    """The tidy records of ``kind`` (``collectives``, ``flows`` or ``failures``) of every run
+    under ``directory``."""
     if kind not in KINDS:
         raise ConfigError("kind", f"{kind!r}: one of {', '.join(KINDS)}")
-    found = runs(directory)
-    return tidy.collective_records(found) if kind == "collectives" else tidy.flow_records(found)
+    return _TABLES[kind](runs(directory))
+
+
+_TABLES = {"collectives": tidy.collective_records, "flows": tidy.flow_records,
+           "failures": tidy.failure_records}
 
 
 def dataframe(directory: str | Path, kind: str = "collectives"):
@@ -78,14 +81,18 @@ def dataframe(directory: str | Path, kind: str = "collectives"):
 
 def write_tables(directory: str | Path) -> list[str]:
     """A sweep's or a variants run's tables across its runs, beside them:
-    ``collectives.csv`` and ``flows.csv``, and their Parquet twins where pandas and pyarrow
-    are installed; a single run's Parquet twins of its own tables only (its CSVs are the
-    run's). Returns what it wrote (and why no Parquet, if so)."""
+    ``collectives.csv`` and ``flows.csv`` (and ``failures.csv`` where the runs had failures),
+    and their Parquet twins where pandas and pyarrow are installed; a single run's Parquet
+    twins of its own collectives and flows only (its CSVs are the run's). Returns what it
+    wrote (and why no Parquet, if so)."""
     directory = Path(directory)
     found = runs(directory)
     written = []
-    tables = {"collectives": tidy.collective_records(found), "flows": tidy.flow_records(found)}
     single = (directory / "results.json").is_file()
+    tables = {"collectives": tidy.collective_records(found), "flows": tidy.flow_records(found)}
+    failures = [] if single else tidy.failure_records(found)
+    if failures:
+        tables["failures"] = failures
     for kind, rows in tables.items():
         if not single:
             write_text_atomic(directory / f"{kind}.csv", tidy.to_csv(rows))

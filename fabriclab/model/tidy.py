@@ -80,6 +80,37 @@ def flow_records(runs: list[Run]) -> list[dict]:
     return out
 
 
+def failure_records(runs: list[Run]) -> list[dict]:
+    """One record per failure event and watched port of every run (one with ``port`` None
+    for an event that watched none, a repair): ``run``, its parameters, the event (its index
+    in ``failures``, action, target, planned and applied time, rate factor, the delivered
+    throughput before, during and after it) and, per port, the rate it carries, its
+    alternatives and the times to move off (``ms``, ``averaged_ms``; ``real_`` on a
+    time-scaled fabric)."""
+    out = []
+    for run in runs:
+        doc = run.document
+        for index, f in enumerate(doc.failures or () if doc else ()):
+            tp = f.throughput or {}
+            event = {"run": run.name, **run.parameters, "event": index, "action": f.action,
+                     "target": f.link, "at_s": f.at_s, "applied_s": f.applied_s,
+                     "rate_factor": f.rate_factor, "before_mbps": tp.get("before_mbps"),
+                     "during_mbps": tp.get("during_mbps"), "after_mbps": tp.get("after_mbps")}
+            move = f.move_off or {}
+            ports = sorted(move.get("rates_mbps") or {})
+            for port in ports or [None]:
+                row = {**event, "port": port}
+                if port is not None:
+                    row["alternatives"] = " ".join((move.get("alternatives") or {}).get(port, []))
+                    for key in ("rates_mbps", "ms", "averaged_ms", "window_ms", "packet_bytes",
+                                "real_ms", "real_averaged_ms"):
+                        if key in move:
+                            row["rate_mbps" if key == "rates_mbps" else key] = \
+                                move[key].get(port)
+                out.append(row)
+    return out
+
+
 def to_csv(records: list[dict]) -> str:
     """Records as CSV, the columns in the order they first appear (a parameter only some
     runs have is empty in the others)."""

@@ -87,6 +87,45 @@ def test_the_tables_are_written_beside_the_cells_as_csv_and_parquet(tmp_path):
         frames.runs(tmp_path / "nothing")
 
 
+def test_failures_are_a_table_of_events_and_watched_ports(tmp_path):
+    """A degrade watched at two ports, then its repair (nothing watched): three rows a cell,
+    with the cell's parameters, the throughput around each event and each port's times to
+    move off; written beside the cells as failures.csv and its Parquet twin."""
+    out = _sweep(tmp_path)
+    for k in (4, 6):
+        path = out / f"fabric.k={k}" / "results.json"
+        doc = json.loads(path.read_text())
+        doc["failures"] = [
+            {"action": "degrade", "target": "link agg1_1-core1", "at_s": 2.0,
+             "applied_s": 2.004, "rate_factor": 0.5,
+             "throughput": {"before_mbps": 400.0, "during_mbps": 350.0, "after_mbps": 340.0},
+             "move_off": {"rates_mbps": {"agg1_1-eth3": 50.0, "core1-eth1": 50.0},
+                          "ms": {"agg1_1-eth3": 0.0, "core1-eth1": 42.0 if k == 4 else None},
+                          "averaged_ms": {"agg1_1-eth3": 0.0, "core1-eth1": 3.0},
+                          "window_ms": {"agg1_1-eth3": 5.8, "core1-eth1": 5.8},
+                          "alternatives": {"agg1_1-eth3": ["agg1_1-eth4"],
+                                           "core1-eth1": ["core2-eth1"]}}},
+            {"action": "degrade", "target": "link agg1_1-core1", "at_s": 4.0,
+             "applied_s": 4.003, "rate_factor": 1.0, "throughput": {}}]
+        path.write_text(json.dumps(doc))
+    rows = frames.records(out, "failures")
+    assert len(rows) == 6
+    first, far, repair = rows[:3]
+    assert (first["run"], first["fabric.k"], first["event"], first["port"]) == \
+        ("fabric.k=4", 4, 0, "agg1_1-eth3")
+    assert (first["before_mbps"], first["rate_mbps"], first["alternatives"]) == \
+        (400.0, 50.0, "agg1_1-eth4")
+    assert (far["ms"], far["averaged_ms"], far["window_ms"]) == (42.0, 3.0, 5.8)
+    assert rows[4]["ms"] is None  # never moved off, in the other cell
+    assert (repair["event"], repair["port"], repair["rate_factor"]) == (1, None, 1.0)
+    assert "failures.csv" in frames.write_tables(out)
+    back = pandas.read_parquet(out / "failures.parquet")
+    assert len(back) == 6 and list(back.columns[:2]) == ["run", "fabric.k"]
+    assert Results.read(out).to_dataframe("failures")["averaged_ms"].max() == 3.0
+    # no failures anywhere: no table
+    assert "failures.csv" not in frames.write_tables(_sweep(tmp_path / "plain"))
+
+
 def test_compare_gives_times_fct_slowdown_their_change_and_what_provenance_differs(tmp_path):
     from fabriclab.cli import tables
     from fabriclab.frames import compare_rows
