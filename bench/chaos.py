@@ -378,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{START_SPREAD_S:g} s")
     parser.add_argument("--json", type=Path, help="write every round and the table here")
     args = parser.parse_args(argv)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # started under nohup: the runs
+        # it starts get SIGHUP as a terminal gives it (a handler is not inherited across
+        # exec; an ignored signal is, and fabriclab then keeps ignoring it)
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: None)
     plan = start_schedule(args.start) if args.start else schedule(args.rounds, args.seed)
     args.rounds = len(plan)
     baseline = machine_state()

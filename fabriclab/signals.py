@@ -26,6 +26,9 @@ from testbed import stops
 
 #: the stop signals this module turns into exceptions
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: whether the process started with SIGHUP ignored: ``nohup`` (or ``trap '' HUP``) asked it
+#: to outlive its terminal, and it keeps ignoring SIGHUP
+HUP_IGNORED_AT_START = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 class Terminated(BaseException):
@@ -96,12 +99,15 @@ def _on_unraisable(unraisable) -> None:
 def raise_on_stop_signals() -> None:
     """Turn SIGTERM and SIGHUP (an ssh connection dropping) into :class:`Terminated`, and
     SIGINT into ``KeyboardInterrupt`` even where the shell started us with SIGINT ignored (a
-    background job of a non-interactive shell): each tears down like Ctrl-C. A stop dropped
-    in a callback is delivered again. From the main thread; elsewhere nothing."""
+    background job of a non-interactive shell): each tears down like Ctrl-C. SIGHUP stays
+    ignored where the process started with it ignored (``nohup``: a run meant to outlive its
+    terminal). A stop dropped in a callback is delivered again. From the main thread;
+    elsewhere nothing."""
     if threading.current_thread() is threading.main_thread():
         _received.clear()  # a new command: stops sent to an earlier one are its own
         for sig in STOP_SIGNALS:
-            signal.signal(sig, _on_signal)
+            if sig != signal.SIGHUP or not HUP_IGNORED_AT_START:
+                signal.signal(sig, _on_signal)
         global _resender
         if _resender is None or not _resender.is_alive():
             _resender = threading.Thread(target=_resend_forever, name="stop-resender",

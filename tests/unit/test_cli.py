@@ -163,6 +163,25 @@ def test_sighup_and_sigint_tear_down_even_from_a_shell_that_ignores_sigint():
         proc.stderr
 
 
+def test_a_command_started_under_nohup_keeps_ignoring_sighup():
+    """``nohup fabriclab run ...``: SIGHUP was ignored when the process started, and stays
+    ignored (the run outlives its terminal); SIGTERM still tears it down."""
+    code = (
+        "import os, signal, time\n"
+        "from fabriclab.signals import Terminated, raise_on_stop_signals\n"
+        "raise_on_stop_signals()\n"
+        "os.kill(os.getpid(), signal.SIGHUP); time.sleep(0.2); print('outlived SIGHUP')\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('missed SIGTERM')\n"
+        "except Terminated:\n"
+        "    print('caught SIGTERM')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, cwd=ROOT,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert proc.stdout.split("\n")[:2] == ["outlived SIGHUP", "caught SIGTERM"], \
+        proc.stdout + proc.stderr
+
+
 def test_small_things_a_user_expects(tmp_path):
     """--version; every argument has help; bash completion made from the parser completes
     commands, options and choices; every shipped experiment names the schema for editors."""
