@@ -272,10 +272,14 @@ def time_to_fit_on_average(samples: list[tuple[float, int]], at_s: float,
             if known else None
         fits.append((t, not _over(mine, rest, span_s, rate_bytes_s, packet_bytes,
                                   sibling_rate_bytes_s)))
-    for i, (t, _) in enumerate(fits):
-        ahead = [ok for u, ok in fits[i:] if u <= t + span_s]
-        if fits[-1][0] >= t + span_s and all(ahead):
-            return 0.0 if i == 0 else round(t - at_s, 4)
+    i = 0
+    while i < len(fits) and fits[-1][0] >= fits[i][0] + span_s:
+        j = i  # the first window within span_s of this one that does not fit, if any
+        while j < len(fits) and fits[j][0] <= fits[i][0] + span_s and fits[j][1]:
+            j += 1
+        if j == len(fits) or fits[j][0] > fits[i][0] + span_s:
+            return 0.0 if i == 0 else round(fits[i][0] - at_s, 4)
+        i = j + 1  # no window up to j can start the span: j is within span_s of each
     return None
 
 
