@@ -374,9 +374,9 @@ class ExperimentRun:
         write_text_atomic(self.out_dir / "collectives.csv",
                           rundir.collectives_csv(doc.collectives))
         write_text_atomic(self.out_dir / "flows.csv", rundir.flows_csv(self.flows))
-        if services.injector is not None and services.injector.port_samples():
-            write_text_atomic(self.out_dir / "ports.csv",
-                              rundir.ports_csv(services.injector.port_samples()))
+        watched = services.injector.port_samples() if services.injector is not None else []
+        if watched:
+            write_text_atomic(self.out_dir / "ports.csv", rundir.ports_csv(watched))
         return errors
 
     def save(self) -> None:

@@ -80,7 +80,8 @@ class CutOffWatch:
 
 def batch_start_at(jobs: list[Job]) -> float:
     """When a batch of jobs started now starts its traffic (wall clock): time for its agents
-    to start and connect, a tenth of a second per rank."""
+    to start and connect, :data:`START_DELAY_S` and a tenth of a second per rank of each
+    job."""
     hosts = {h for job in jobs for h in job.collectives[0].hosts}
     return time.time() + START_DELAY_S + 0.1 * len(hosts) * len(jobs)
 
