@@ -143,43 +143,41 @@ def test_an_internal_error_exits_3_with_one_line_and_the_traceback_in_a_file(tmp
         out.replace("\n", "")
 
 
+STOPS_IN_A_CHILD = (
+    "import os, signal, time\n"
+    "from fabriclab.signals import Terminated, raise_on_stop_signals\n"
+    "raise_on_stop_signals()\n"
+    "for name in {names}:\n"
+    "    sig = signal.Signals[name]\n"
+    "    try:\n"
+    "        os.kill(os.getpid(), sig); time.sleep(0.5); print('outlived', name)\n"
+    "    except (Terminated, KeyboardInterrupt) as exc:\n"
+    "        print(type(exc).__name__, name)\n")
+
+
+def _stops_in_a_child(names: list[str], ignored: signal.Signals) -> list[str]:
+    """What a process started with ``ignored`` ignored, its stop handlers installed, does with
+    each of the signals ``names`` sent to itself in turn: a line each."""
+    proc = subprocess.run([sys.executable, "-c", STOPS_IN_A_CHILD.format(names=names)],
+                          capture_output=True, text=True, timeout=30, cwd=ROOT,
+                          preexec_fn=lambda: signal.signal(ignored, signal.SIG_IGN))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
 def test_sighup_and_sigint_tear_down_even_from_a_shell_that_ignores_sigint():
     """``raise_on_stop_signals``: SIGHUP (an ssh session ending) is Terminated like SIGTERM, and
     SIGINT is KeyboardInterrupt although the process started with SIGINT ignored (what a
     non-interactive shell does to its background jobs)."""
-    code = (
-        "import os, signal, time\n"
-        "from fabriclab.signals import Terminated, raise_on_stop_signals\n"
-        "raise_on_stop_signals()\n"
-        "for sig, exc in ((signal.SIGHUP, Terminated), (signal.SIGINT, KeyboardInterrupt)):\n"
-        "    try:\n"
-        "        os.kill(os.getpid(), sig); time.sleep(5); print('missed', sig)\n"
-        "    except exc:\n"
-        "        print('caught', sig.name)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=30, cwd=ROOT,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    assert proc.stdout.split("\n")[:2] == ["caught SIGHUP", "caught SIGINT"], proc.stdout + \
-        proc.stderr
+    assert _stops_in_a_child(["SIGHUP", "SIGINT"], signal.SIGINT) == [
+        "Terminated SIGHUP", "KeyboardInterrupt SIGINT"]
 
 
 def test_a_command_started_under_nohup_keeps_ignoring_sighup():
     """``nohup fabriclab run ...``: SIGHUP was ignored when the process started, and stays
     ignored (the run outlives its terminal); SIGTERM still tears it down."""
-    code = (
-        "import os, signal, time\n"
-        "from fabriclab.signals import Terminated, raise_on_stop_signals\n"
-        "raise_on_stop_signals()\n"
-        "os.kill(os.getpid(), signal.SIGHUP); time.sleep(0.2); print('outlived SIGHUP')\n"
-        "try:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5); print('missed SIGTERM')\n"
-        "except Terminated:\n"
-        "    print('caught SIGTERM')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=30, cwd=ROOT,
-                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    assert proc.stdout.split("\n")[:2] == ["outlived SIGHUP", "caught SIGTERM"], \
-        proc.stdout + proc.stderr
+    assert _stops_in_a_child(["SIGHUP", "SIGTERM"], signal.SIGHUP) == [
+        "outlived SIGHUP", "Terminated SIGTERM"]
 
 
 def test_small_things_a_user_expects(tmp_path):
