@@ -17,7 +17,9 @@ from fabriclab.rundirs import read_document
 from testbed.errors import ConfigError
 from testbed.linux.files import write_bytes_atomic, write_text_atomic
 
-KINDS = ("collectives", "flows", "failures")
+_TABLES = {"collectives": tidy.collective_records, "flows": tidy.flow_records,
+           "failures": tidy.failure_records}
+KINDS = tuple(_TABLES)
 WHY_NO_PARQUET = "pandas and pyarrow are not installed (pip install 'fabriclab[frames]')"
 
 
@@ -62,10 +64,6 @@ def records(directory: str | Path, kind: str = "collectives") -> list[dict]:
     return _TABLES[kind](runs(directory))
 
 
-_TABLES = {"collectives": tidy.collective_records, "flows": tidy.flow_records,
-           "failures": tidy.failure_records}
-
-
 def dataframe(directory: str | Path, kind: str = "collectives"):
     """:func:`records` as a pandas data frame.
 
@@ -89,10 +87,9 @@ def write_tables(directory: str | Path) -> list[str]:
     found = runs(directory)
     written = []
     single = (directory / "results.json").is_file()
-    tables = {"collectives": tidy.collective_records(found), "flows": tidy.flow_records(found)}
-    failures = [] if single else tidy.failure_records(found)
-    if failures:
-        tables["failures"] = failures
+    tables = {kind: table(found) for kind, table in _TABLES.items()}
+    if single or not tables["failures"]:  # a run's own: its results.json; none: no table
+        del tables["failures"]
     for kind, rows in tables.items():
         if not single:
             write_text_atomic(directory / f"{kind}.csv", tidy.to_csv(rows))

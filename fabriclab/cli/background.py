@@ -207,19 +207,18 @@ def ofctl(req: OfctlRequest, ui: Console) -> int:
 def _dump_ebpf_groups(path: Path, rest: list[str]) -> int:
     """An eBPF switch's groups as ``ovs-ofctl dump-groups`` prints them, the switch-local
     selection methods included (:mod:`testbed.switch.groupdump`); ``rest``: a group id."""
-    from testbed.openflow.groups import BadGroup, describe
-    from testbed.switch.groupdump import read_groups
+    from testbed.openflow.groups import BadGroup
+    from testbed.switch.groupdump import dump_lines
 
     if len(rest) > 1 or rest and not rest[0].isdigit():
         raise ConfigError("ofctl", f"dump-groups takes at most a group id, not {' '.join(rest)}")
     try:
-        groups = read_groups(path)
+        lines = dump_lines(path, int(rest[0]) if rest else None)
     except (OSError, BadGroup) as err:
         raise TestbedError(f"the switch's groups could not be read from {path}: {err}") from None
     print("OFPST_GROUP_DESC reply (OF1.5):")
-    for group in groups:
-        if not rest or group.group_id == int(rest[0]):
-            print(f" {describe(group)}")
+    for line in lines:
+        print(line)
     return EXIT_OK
 
 

@@ -131,5 +131,5 @@ def ports_csv(rows: list[tuple[int, float, str, int]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(PORT_COLUMNS)
-    writer.writerows([event, f"{t:.6f}", port, count] for event, t, port, count in rows)
+    writer.writerows([event, f"{t:.9f}", port, count] for event, t, port, count in rows)
     return out.getvalue()

@@ -87,11 +87,11 @@ def _ofctl(command: str, target: str) -> str:
 
 
 def _ebpf_groups(path: Path) -> str:
-    from testbed.openflow.groups import BadGroup, describe
-    from testbed.switch.groupdump import read_groups
+    from testbed.openflow.groups import BadGroup
+    from testbed.switch.groupdump import dump_lines
 
     try:
-        return "$ groups\n" + "".join(f" {describe(g)}\n" for g in read_groups(path))
+        return "$ groups\n" + "".join(f"{line}\n" for line in dump_lines(path))
     except (OSError, BadGroup) as err:
         return f"$ groups\n(not read: {err})\n"
 

@@ -215,8 +215,7 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         samples: ``(seconds, cumulative bytes offered to the port)``, in order, at least
             from ``at_s`` on; ``siblings`` likewise, at the same times.
     """
-    after = [s for s in samples if s[0] >= at_s]
-    others = dict(s for s in (siblings or ()) if s[0] >= at_s)
+    after, theirs = _aligned(samples, siblings, at_s)
     if len(after) < 2:
         return None
     last_over, settled_from, start = None, None, 0
@@ -229,11 +228,8 @@ def time_to_move_off(samples: list[tuple[float, int]], at_s: float, rate_bytes_s
         # came evenly between them (a sampler held back leaves a gap: a window cut short at
         # the sample after it and scaled up would read a few packets as a burst)
         lo = t - window_s
-        mine, rest = b - _between(after, start, lo), None
-        if siblings is not None and t in others and all(
-                after[i][0] in others for i in (start, start + 1)):
-            rest = others[t] - _between([(u, others[u]) for u, _ in after[start:start + 2]],
-                                        0, lo)
+        mine = b - _between(after, start, lo)
+        rest = None if theirs is None else theirs[k][1] - _between(theirs, start, lo)
         if _over(mine, rest, window_s, rate_bytes_s, packet_bytes, sibling_rate_bytes_s):
             last_over, settled_from = t, None
             continue
@@ -257,19 +253,16 @@ def time_to_fit_on_average(samples: list[tuple[float, int]], at_s: float,
     port's share in a few milliseconds (as per-packet choices by several switches make while
     every path holds a queue); this reads when the traffic's level moved, to the samples'
     spacing, a burst counting by its bytes alone."""
-    after = [s for s in samples if s[0] >= at_s]
-    others = dict(s for s in (siblings or ()) if s[0] >= at_s)
-    known = siblings is not None and all(t in others for t, _ in after)
+    after, theirs = _aligned(samples, siblings, at_s)
     fits, j = [], 0
-    for t, b in after:  # whether the window of span_s starting at each sample fits
+    for k, (t, b) in enumerate(after):  # whether the window of span_s starting here fits
         end = t + span_s
         if end > after[-1][0]:
             break
         while after[j + 1][0] < end:
             j += 1
         mine = _between(after, j, end) - b
-        rest = _between([(u, others[u]) for u, _ in after[j:j + 2]], 0, end) - others[t] \
-            if known else None
+        rest = None if theirs is None else _between(theirs, j, end) - theirs[k][1]
         fits.append((t, not _over(mine, rest, span_s, rate_bytes_s, packet_bytes,
                                   sibling_rate_bytes_s)))
     i = 0
@@ -281,6 +274,17 @@ def time_to_fit_on_average(samples: list[tuple[float, int]], at_s: float,
             return 0.0 if i == 0 else round(fits[i][0] - at_s, 4)
         i = j + 1  # no window up to j can start the span: j is within span_s of each
     return None
+
+
+def _aligned(samples: list[tuple[float, int]], siblings: list[tuple[float, int]] | None,
+             at_s: float) -> tuple[list[tuple[float, int]], list[tuple[float, int]] | None]:
+    """A port's samples from ``at_s`` on, and its alternatives' at the same times (None
+    without alternatives, or where their samples do not match the port's)."""
+    after = [s for s in samples if s[0] >= at_s]
+    others = dict(s for s in (siblings or ()) if s[0] >= at_s)
+    if siblings is None or any(t not in others for t, _ in after):
+        return after, None
+    return after, [(t, others[t]) for t, _ in after]
 
 
 def _over(mine: float, rest: float | None, window_s: float, rate_bytes_s: float,

@@ -14,7 +14,7 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 
 from testbed.linux.files import unix_address
 from testbed.model.openflow import GroupEntry
-from testbed.openflow.groups import BadGroup, read_desc
+from testbed.openflow.groups import BadGroup, describe, read_desc
 
 HEADER = struct.Struct("!BBHI")
 XID = 0x66AB
@@ -81,3 +81,14 @@ def read_groups(path: Path, timeout_s: float = 5.0) -> list[GroupEntry]:
             buf = buf[used:]
             if done:
                 return groups
+
+
+def dump_lines(path: Path, group_id: int | None = None) -> list[str]:
+    """The switch's groups as ``ovs-ofctl dump-groups`` prints them, a line each (``group_id``'s
+    alone where given).
+
+    Raises:
+        OSError, BadGroup: as :func:`read_groups`.
+    """
+    return [f" {describe(g)}" for g in read_groups(path)
+            if group_id is None or g.group_id == group_id]
